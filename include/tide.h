@@ -1,0 +1,347 @@
+/*
+ * nccl-tide public C API.
+ *
+ * Zero-copy, SM-free all-gather (TIDE-AG) and reduce-scatter (TIDE-RS) for FSDP-style
+ * training, on top of NCCL. This header is the only public interface of libnccl-tide.so.
+ *
+ * Conventions for every function here:
+ *   - Returns tideResult_t; tideSuccess (0) on success. On failure a one-line reason is
+ *     available from tideGetLastError() (thread-local, valid until the next failing call
+ *     on the same thread). No C++ exception ever crosses this interface.
+ *   - Bad input is detected before any data is written: a failing call leaves every
+ *     output buffer untouched.
+ *   - Structs passed in start with `size` (set it to sizeof(the struct)) and `version`
+ *     (set it to the matching TIDE_*_VERSION macro); structs only ever grow.
+ *   - Handles are opaque; the caller owns what it creates and releases it with the
+ *     matching Destroy function. Destroy(NULL) is a no-op returning tideSuccess.
+ *   - "(since 0.1)" gives the library version in which a function appeared.
+ *
+ * Layout semantics (one FSDP parameter group; FSDP2 dim-0 sharding):
+ *   W = worldSize, R = ranksPerNode, N = W / R nodes, rank r = node (r / R), local rank (r % R).
+ *   For parameter i with numel n_i and rowNumel c_i (elements per dim-0 row; 1 for flat):
+ *     rows_i            = n_i / c_i
+ *     shardNumel_i      = ceil(rows_i / W) * c_i          (padding at the end of dim 0)
+ *     unsharded storage = shardNumel_i * W elements; the parameter is its prefix [0, n_i)
+ *   Rank r's shard of parameter i is elements [r * shardNumel_i, (r+1) * shardNumel_i) of the
+ *   padded unsharded tensor (elements >= n_i are padding).
+ *   Packed send buffer (what FSDP2 calls all_gather_input): param-major, parameter i at
+ *     sendOffset_i bytes, shardNumel_i elements; offsets are the running sum of shard bytes,
+ *     each aligned up to the parameter's element size.
+ *   Slot (unsharded storage of the whole group): param-major, parameter i at slotOffset_i
+ *     bytes, shardNumel_i * W elements; each offset aligned up to TIDE_SLOT_ALIGN bytes.
+ *   RS packed output: param-major, parameter i at rsOutOffset_i *elements* (of the output
+ *     dtype), shardNumel_i elements, no gaps (FSDP2's flat reduce-scatter output layout).
+ *
+ * AG result: on every rank, for every parameter i and every source rank s,
+ *   param_i[s * shardNumel_i + k] = shard_i(rank s)[k] for k < shardNumel_i (byte copy).
+ *
+ * RS result and accumulation order (the contract every executor meets bit for bit):
+ *   For output rank r, parameter i, element k < shardNumel_i, let j = r * shardNumel_i + k and
+ *   x_s = (float) grad_i(rank s)[j] if j < n_i else 0.0f (exact conversion to fp32).
+ *   With op PREMUL_SUM, x_s = x_s * scale (fp32 multiply, round to nearest, no FMA).
+ *   partial(node m) = (((x_{mR} + x_{mR+1}) + x_{mR+2}) + ... + x_{mR+R-1})   fp32, left to right
+ *   total          = ((partial(0) + partial(1)) + ... + partial(N-1))        fp32, left to right
+ *   With op AVG, total = total / (float) W (fp32 IEEE division).
+ *   out = total (fp32) or total rounded to nearest-even in bf16/fp16.
+ *   All fp32 operations are individually rounded (no contraction into FMA).
+ */
+#ifndef NCCL_TIDE_H_
+#define NCCL_TIDE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TIDE_VERSION_MAJOR 0
+#define TIDE_VERSION_MINOR 1
+#define TIDE_VERSION_PATCH 0
+/* Encoded as major * 10000 + minor * 100 + patch. */
+#define TIDE_VERSION_CODE (TIDE_VERSION_MAJOR * 10000 + TIDE_VERSION_MINOR * 100 + TIDE_VERSION_PATCH)
+
+/* Alignment of every parameter's offset inside a slot, in bytes. */
+#define TIDE_SLOT_ALIGN 256
+
+/* Hard limits that keep every derived size far from 64-bit overflow. */
+#define TIDE_MAX_PARAMS (1 << 20)
+#define TIDE_MAX_WORLD_SIZE 65536
+#define TIDE_MAX_RANKS_PER_NODE 64
+#define TIDE_MAX_PARAM_NUMEL (1ULL << 40)
+
+/* ------------------------------------------------------------------------------------ */
+/* Results and errors                                                                    */
+/* ------------------------------------------------------------------------------------ */
+
+typedef enum {
+  tideSuccess = 0,
+  tideInvalidArgument = 1, /* a NULL, out-of-range, misaligned or inconsistent argument */
+  tideInvalidUsage = 2,    /* a call that is not allowed in the current state */
+  tideUnsupported = 3,     /* valid, but this build or runtime cannot do it (no CUDA, old NCCL, ...) */
+  tideOutOfMemory = 4,     /* host or device allocation failed; nothing was leaked */
+  tideCudaError = 5,       /* a CUDA runtime/driver call failed; see tideGetLastError() */
+  tideNcclError = 6,       /* an NCCL call failed */
+  tideSystemError = 7,     /* an OS call failed (dlopen, ...) */
+  tideMismatch = 8,        /* ranks disagree (layout or config hash) */
+  tideTimeout = 9,         /* a bounded wait expired */
+  tideInternalError = 10,  /* a bug in TIDE; please report it */
+  tideNumResults = 11
+} tideResult_t;
+
+/* Static, never-NULL name of a result code, e.g. "tideInvalidArgument: invalid argument".
+ * (since 0.1) */
+const char* tideGetErrorString(tideResult_t result);
+
+/* Message of the last failing call on this thread ("" if none). The pointer stays valid
+ * until the next TIDE call on this thread. (since 0.1) */
+const char* tideGetLastError(void);
+
+/* Writes TIDE_VERSION_CODE of the loaded library to *version. Errors: tideInvalidArgument
+ * if version is NULL. (since 0.1) */
+tideResult_t tideGetVersion(int* version);
+
+/* ------------------------------------------------------------------------------------ */
+/* Data types and reduction ops                                                          */
+/* ------------------------------------------------------------------------------------ */
+
+typedef enum {
+  tideBfloat16 = 0,
+  tideFloat16 = 1,
+  tideFloat32 = 2,
+  tideFloat8e4m3 = 3,
+  tideFloat8e5m2 = 4,
+  tideInt8 = 5,
+  tideInt32 = 6,
+  tideNumDataTypes = 7
+} tideDataType_t;
+
+typedef enum {
+  tideSum = 0,        /* plain sum */
+  tideAvg = 1,        /* sum divided by world size (see the order above) */
+  tidePremulSum = 2,  /* sum of (input * scale), scale an fp32 host value */
+  tideNumRedOps = 3
+} tideRedOp_t;
+
+/* Size in bytes of one element of dtype into *bytes. Errors: tideInvalidArgument for an
+ * unknown dtype or NULL bytes. (since 0.1) */
+tideResult_t tideDataTypeSize(tideDataType_t dtype, size_t* bytes);
+
+/* ------------------------------------------------------------------------------------ */
+/* Configuration                                                                         */
+/* ------------------------------------------------------------------------------------ */
+
+#define TIDE_CONFIG_VERSION 1
+
+/* Knobs that change plans. A zero field means "use the NCCL_TIDE_* parameter's value"
+ * (docs/env.md). Every field is part of the layout hash: it must match on all ranks. */
+typedef struct {
+  size_t size;            /* sizeof(tideConfig_t) */
+  unsigned int version;   /* TIDE_CONFIG_VERSION */
+  uint64_t rsChunkBytes;  /* RS pipeline chunk, bytes of this rank's fp32 output (NCCL_TIDE_RS_CHUNK_BYTES) */
+  uint64_t paceBytes;     /* inter-node cap on bytes in flight per schedule step (NCCL_TIDE_PACE_BYTES) */
+} tideConfig_t;
+
+/* ------------------------------------------------------------------------------------ */
+/* Layouts and plans (host only; no GPU or NCCL needed)                                  */
+/* ------------------------------------------------------------------------------------ */
+
+typedef struct tideLayout* tideLayout_t;
+
+#define TIDE_LAYOUT_DESC_VERSION 1
+
+typedef struct {
+  size_t size;                   /* sizeof(tideLayoutDesc_t) */
+  unsigned int version;          /* TIDE_LAYOUT_DESC_VERSION */
+  int nParams;                   /* 1 .. TIDE_MAX_PARAMS */
+  const uint64_t* numels;        /* [nParams], each 1 .. TIDE_MAX_PARAM_NUMEL */
+  const uint64_t* rowNumels;     /* [nParams] elements per dim-0 row (divides numel), or NULL for all 1 */
+  const tideDataType_t* dtypes;  /* [nParams] */
+  int worldSize;                 /* 1 .. TIDE_MAX_WORLD_SIZE */
+  int ranksPerNode;              /* 1 .. min(worldSize, TIDE_MAX_RANKS_PER_NODE), divides worldSize */
+  int rank;                      /* 0 .. worldSize-1: the calling rank (not part of the hash) */
+} tideLayoutDesc_t;
+
+/* Creates an immutable layout and all its plans. The desc's arrays are copied; the caller
+ * keeps ownership of them. config may be NULL (all defaults).
+ * Errors: tideInvalidArgument (NULL pointers, bad struct size/version, zero or too large
+ * counts, rowNumel not dividing numel, unknown dtype, world/rank/ranksPerNode out of range,
+ * ranksPerNode not dividing worldSize, derived sizes that would overflow), tideOutOfMemory.
+ * On failure *layout is set to NULL. (since 0.1) */
+tideResult_t tideLayoutCreate(const tideLayoutDesc_t* desc, const tideConfig_t* config, tideLayout_t* layout);
+
+/* Releases a layout. Safe on NULL. (since 0.1) */
+tideResult_t tideLayoutDestroy(tideLayout_t layout);
+
+#define TIDE_LAYOUT_INFO_VERSION 1
+
+typedef struct {
+  size_t size;              /* caller sets sizeof(tideLayoutInfo_t) */
+  unsigned int version;     /* caller sets TIDE_LAYOUT_INFO_VERSION */
+  int nParams;
+  int worldSize;
+  int ranksPerNode;
+  int nNodes;
+  int rank;
+  uint64_t hash;            /* stable 64-bit hash of everything that must match across ranks */
+  uint64_t sendBytes;       /* packed send buffer (this rank's shards) */
+  uint64_t slotBytes;       /* unsharded storage of the whole group */
+  uint64_t rsOutNumel;      /* elements of one rank's packed RS output (sum of shardNumel_i) */
+  uint64_t rsChunkNumel;    /* RS pipeline chunk, in output elements */
+  int rsNumChunks;          /* ceil(rsOutNumel / rsChunkNumel) */
+  uint64_t rsStagingBytes;  /* per-rank RS staging (depends on ranksPerNode and chunk, never on worldSize) */
+  int slotReuseFits;        /* 1 if rsStagingBytes <= slotBytes: staging may live in the vacated AG slot */
+  uint64_t paceBytes;       /* effective inter-node pacing cap */
+} tideLayoutInfo_t;
+
+/* Fills *info. Errors: tideInvalidArgument (NULL, bad size/version). (since 0.1) */
+tideResult_t tideLayoutGetInfo(tideLayout_t layout, tideLayoutInfo_t* info);
+
+#define TIDE_PARAM_INFO_VERSION 1
+
+typedef struct {
+  size_t size;              /* caller sets sizeof(tideParamInfo_t) */
+  unsigned int version;     /* caller sets TIDE_PARAM_INFO_VERSION */
+  uint64_t numel;
+  uint64_t rowNumel;
+  uint64_t shardNumel;      /* padded shard: ceil(rows / W) * rowNumel */
+  tideDataType_t dtype;
+  size_t elemSize;
+  uint64_t sendOffset;      /* bytes, in the packed send buffer */
+  uint64_t slotOffset;      /* bytes, in the slot; multiple of TIDE_SLOT_ALIGN */
+  uint64_t rsOutOffset;     /* elements, in the packed RS output */
+} tideParamInfo_t;
+
+/* Fills *info for parameter index. Errors: tideInvalidArgument (NULL, index out of range,
+ * bad size/version). (since 0.1) */
+tideResult_t tideLayoutGetParam(tideLayout_t layout, int index, tideParamInfo_t* info);
+
+/* Inter-node all-gather schedule ("rail" recursive doubling over nodes, Bruck-style so that
+ * any node count works). Every rank takes part on its rail: the ranks with its local index
+ * on every node. In round k (k = 0 .. ceil(log2 N) - 1) node n sends to node
+ * (n - 2^k) mod N the blocks it holds of nodes n .. n + cnt - 1 (mod N), cnt = min(2^k, N - 2^k),
+ * and receives from node (n + 2^k) mod N the blocks of nodes n + 2^k .. n + 2^k + cnt - 1.
+ * A block is one rank's packed send buffer (sendBytes). Each round is cut into steps of at
+ * most paceBytes; steps run one after another, so at most paceBytes are in flight per rank.
+ * After the schedule, the node-local fan-out delivers every block to the other local ranks. */
+#define TIDE_SCHEDULE_STEP_VERSION 1
+
+typedef struct {
+  size_t size;           /* caller sets sizeof(tideScheduleStep_t) */
+  unsigned int version;  /* caller sets TIDE_SCHEDULE_STEP_VERSION */
+  int round;
+  int sendToNode;        /* node this step's data goes to */
+  int recvFromNode;      /* node this step's data comes from */
+  int sendBlockNode;     /* whose block is sent */
+  int recvBlockNode;     /* whose block is received */
+  uint64_t offset;       /* bytes into the block (packed send buffer layout) */
+  uint64_t bytes;        /* 1 .. paceBytes */
+} tideScheduleStep_t;
+
+/* Number of steps node `node` executes into *count (0 for a single node).
+ * Errors: tideInvalidArgument. (since 0.1) */
+tideResult_t tideLayoutGetScheduleLength(tideLayout_t layout, int node, int* count);
+
+/* Step `index` (0 .. count-1) of node `node`. Errors: tideInvalidArgument. (since 0.1) */
+tideResult_t tideLayoutGetScheduleStep(tideLayout_t layout, int node, int index, tideScheduleStep_t* step);
+
+/* ------------------------------------------------------------------------------------ */
+/* Host executor: all W ranks simulated in one process (the oracle for every test)       */
+/* ------------------------------------------------------------------------------------ */
+
+/* All-gather over every rank. Pointer tables are indexed [rank * nParams + i]:
+ *   shards[...]: rank's shard of parameter i, shardNumel_i elements of dtype_i (read only);
+ *   params[...]: rank's unsharded storage of parameter i, shardNumel_i * W elements (written).
+ * Follows the inter-node schedule when nNodes > 1, then the node-local fan-out.
+ * Errors: tideInvalidArgument (NULL table or entry, overlapping output). Nothing is written
+ * on error. (since 0.1) */
+tideResult_t tideHostAllGather(tideLayout_t layout, const void* const* shards, void* const* params);
+
+/* Reduce-scatter over every rank, in the accumulation order documented at the top.
+ *   grads[rank * nParams + i]: rank's gradient of parameter i, numel_i elements of dtype_i,
+ *     dtype_i one of bf16, fp16, fp32 (read only; no padding needed);
+ *   outs[rank]: rank's packed output, rsOutNumel elements of outType (fp32, bf16 or fp16).
+ * scale is used by tidePremulSum only.
+ * Errors: tideInvalidArgument (NULL, bad op/outType, a parameter dtype that is not bf16/fp16/
+ * fp32, non-finite scale). Nothing is written on error. (since 0.1) */
+tideResult_t tideHostReduceScatter(tideLayout_t layout, const void* const* grads, void* const* outs,
+                                   tideDataType_t outType, tideRedOp_t op, float scale);
+
+/* ------------------------------------------------------------------------------------ */
+/* Parameters (NCCL_TIDE_* environment variables)                                        */
+/* ------------------------------------------------------------------------------------ */
+
+/* Number of registered parameters. (since 0.1) */
+tideResult_t tideParamCount(int* count);
+
+/* Describes parameter index: static strings, never freed. type is one of "bool", "int64",
+ * "uint64", "bytes", "string"; value is the effective value as text (environment or
+ * default). Any output pointer may be NULL. Errors: tideInvalidArgument (index out of
+ * range), tideInvalidArgument if the environment holds a value that does not parse
+ * (message names the variable and the accepted form). (since 0.1) */
+tideResult_t tideParamDescribe(int index, const char** name, const char** type, const char** defaultValue,
+                               const char** doc, const char** value);
+
+/* ------------------------------------------------------------------------------------ */
+/* Communicators and the CUDA data path                                                  */
+/* (built only with CUDA; a host-only build returns tideUnsupported)                     */
+/* ------------------------------------------------------------------------------------ */
+
+typedef struct tideComm* tideComm_t;
+
+/* Creates a loopback world: nRanks (2..8) virtual ranks in this process on CUDA device
+ * `device`, each with its own comm handle, written to comms[0 .. nRanks-1]. Peer memory of
+ * a virtual rank is the other virtual ranks' allocations. Used for tests and single-GPU
+ * benchmarks; the executors do not know which provider they run on.
+ * Errors: tideInvalidArgument, tideUnsupported (no CUDA build or device), tideCudaError.
+ * (since 0.1) */
+tideResult_t tideLoopbackCreate(int nRanks, int device, tideComm_t* comms);
+
+/* Releases a comm (for a loopback world: every comm of the world must be destroyed; the
+ * shared resources go with the last). Waits for nothing: the caller synchronizes its
+ * streams first. Safe on NULL. (since 0.1) */
+tideResult_t tideCommDestroy(tideComm_t comm);
+
+/* Rank and world size of a comm. (since 0.1) */
+tideResult_t tideCommGetRank(tideComm_t comm, int* rank, int* worldSize);
+
+/* Allocates `bytes` of peer-mapped device memory on this rank (a slot): the same call must be
+ * made by every rank of the comm in the same order with the same size (collective for
+ * NCCL comms; for a loopback world, once per virtual rank). *ptr is this rank's address.
+ * Slots hold unsharded parameters (AG destination) and RS staging. (since 0.1) */
+tideResult_t tideSlotAlloc(tideComm_t comm, size_t bytes, void** ptr);
+
+/* Frees a slot (same collective rules). (since 0.1) */
+tideResult_t tideSlotFree(tideComm_t comm, void* ptr);
+
+/* TIDE-AG on a CUDA stream of the comm's device. Stream-ordered and asynchronous.
+ *   sendbuff: this rank's packed send buffer (sendBytes), or NULL to use shardPtrs;
+ *   shardPtrs: [nParams] this rank's shard of each parameter (when sendbuff is NULL);
+ *   slot: start of a slot region of at least slotBytes (inside a tideSlotAlloc allocation,
+ *     at the same offset on every rank); parameter i is written at slot + slotOffset_i.
+ * Every rank of the comm must make the matching call. No kernel is launched.
+ * Errors (before any copy): tideInvalidArgument (NULL/misaligned pointers, slot not inside a
+ * slot allocation, layout world/rank not matching the comm, stream of another device).
+ * (since 0.1) */
+tideResult_t tideAllGather(tideComm_t comm, tideLayout_t layout, const void* sendbuff, const void* const* shardPtrs,
+                           void* slot, void* stream);
+
+/* TIDE-RS on a CUDA stream. grads: [nParams] this rank's gradient of each parameter
+ * (numel_i elements, bf16/fp16/fp32, need not be registered). out: this rank's packed
+ * output (rsOutNumel elements of outType). staging: a slot region of at least
+ * rsStagingBytes at the same offset on every rank (Slot-Reuse: the group's vacated AG
+ * slot), or NULL to use the comm's own staging buffer. Same error rules as tideAllGather.
+ * (since 0.1) */
+tideResult_t tideReduceScatter(tideComm_t comm, tideLayout_t layout, const void* const* grads, void* out,
+                               tideDataType_t outType, tideRedOp_t op, float scale, void* staging, void* stream);
+
+/* 1 if the NVLink multicast gate of DESIGN.md section 6 is open in this environment:
+ * NCCL_NVLS_ENABLE is not "0", TORCH_SYMM_MEM_DISABLE_MULTICAST and NVSHMEM_DISABLE_NVLS
+ * are unset, and NCCL_TIDE_NVLS=1. Host-only; always available. (since 0.1) */
+tideResult_t tideMulticastAllowed(int* allowed);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* NCCL_TIDE_H_ */
