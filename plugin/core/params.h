@@ -1,0 +1,57 @@
+// NCCL_TIDE_* parameters: one registry (name, type, default, one-line doc) from which the typed accessors below,
+// tideParamCount/tideParamDescribe and docs/env.md all come (a test fails when docs/env.md drifts).
+//
+// Parsing is strict (the whole string must match; bytes accept a plain integer or a K/M/G/KiB/MiB/GiB suffix,
+// powers of 1024; bool accepts 0/1; ranges are checked). The environment is read once, on first use; every value
+// that came from the environment is logged at INFO. An invalid value makes the accessor return the default (with
+// one WARN) and makes status()/describe() report tideInvalidArgument naming the variable and the accepted form.
+#ifndef TIDE_CORE_PARAMS_H_
+#define TIDE_CORE_PARAMS_H_
+
+#include <cstdint>
+
+#include "log.h"
+#include "tide.h"
+
+namespace tide {
+namespace params {
+
+enum class Type { kBool, kInt64, kUint64, kBytes, kString };
+
+// Indices into the registry (order = order of tideParamDescribe and of docs/env.md).
+enum Id : int {
+  kDebug = 0,         // NCCL_TIDE_DEBUG
+  kRsChunkBytes = 1,  // NCCL_TIDE_RS_CHUNK_BYTES
+  kPaceBytes = 2,     // NCCL_TIDE_PACE_BYTES
+  kNvls = 3,          // NCCL_TIDE_NVLS
+  kAgBatch = 4,       // NCCL_TIDE_AG_BATCH
+  kNumParams = 5
+};
+
+// Typed accessors (effective values: environment if valid, else default).
+log::Level debugLevel();
+uint64_t rsChunkBytes();
+uint64_t paceBytes();
+bool nvlsRequested();  // NCCL_TIDE_NVLS=1; only one of the conditions of the multicast gate (see multicast.h)
+bool agBatch();        // NCCL_TIDE_AG_BATCH: use cudaMemcpyBatchAsync when the runtime has it
+
+// tideSuccess if the environment value of parameter `id` (if any) parses; else records and returns
+// tideInvalidArgument with a message naming the variable and the accepted form.
+tideResult_t status(Id id);
+
+// Registry access for the C API.
+int count();
+// Static strings; any output may be NULL. Errors: index out of range, or an unparsable environment value.
+tideResult_t describe(int index, const char** name, const char** type, const char** defaultValue, const char** doc,
+                      const char** value);
+
+// Strict parsers, exposed for the multicast gate (which re-reads its variables at every call) and for tests.
+bool parseBool(const char* text, bool* out);
+bool parseBytes(const char* text, uint64_t* out);
+bool parseInt64(const char* text, int64_t* out);
+bool parseUint64(const char* text, uint64_t* out);
+
+}  // namespace params
+}  // namespace tide
+
+#endif  // TIDE_CORE_PARAMS_H_
