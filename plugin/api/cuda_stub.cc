@@ -1,0 +1,43 @@
+// The CUDA data path of include/tide.h for a library built without CUDA: every call explains how to get it.
+// Compiled only when TIDE_BUILD_CUDA is off (or no CUDA sources exist yet); plugin/api/cuda_api.cc replaces it.
+#include "api_guard.h"
+#include "errors.h"
+#include "tide.h"
+
+namespace {
+
+tideResult_t unsupported(const char* fn) {
+  return tide::fail(tideUnsupported, "API",
+                    "%s: this libnccl-tide.so was built without CUDA; rebuild with nvcc on PATH (or "
+                    "-DTIDE_BUILD_CUDA=ON, e.g. CMAKE_ARGS=-DTIDE_BUILD_CUDA=ON pip install .)",
+                    fn);
+}
+
+}  // namespace
+
+extern "C" {
+
+TIDE_EXPORT tideResult_t tideLoopbackCreate(int, int, tideComm_t*) { return unsupported(__func__); }
+
+// Destroy(NULL) is a no-op in every build; no non-NULL comm can exist without CUDA.
+TIDE_EXPORT tideResult_t tideCommDestroy(tideComm_t comm) {
+  if (comm == nullptr) return tideSuccess;
+  return unsupported(__func__);
+}
+
+TIDE_EXPORT tideResult_t tideCommGetRank(tideComm_t, int*, int*) { return unsupported(__func__); }
+
+TIDE_EXPORT tideResult_t tideSlotAlloc(tideComm_t, size_t, void**) { return unsupported(__func__); }
+
+TIDE_EXPORT tideResult_t tideSlotFree(tideComm_t, void*) { return unsupported(__func__); }
+
+TIDE_EXPORT tideResult_t tideAllGather(tideComm_t, tideLayout_t, const void*, const void* const*, void*, void*) {
+  return unsupported(__func__);
+}
+
+TIDE_EXPORT tideResult_t tideReduceScatter(tideComm_t, tideLayout_t, const void* const*, void*, tideDataType_t,
+                                           tideRedOp_t, float, void*, void*) {
+  return unsupported(__func__);
+}
+
+}  // extern "C"

@@ -1,0 +1,273 @@
+// The NCCL_TIDE_* registry, strict parsers and typed accessors.
+#include "params.h"
+
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <strings.h>
+
+#include "errors.h"
+
+namespace tide {
+namespace params {
+namespace {
+
+constexpr const char* kComponent = "Params";
+constexpr uint64_t kKiB = 1024;
+constexpr uint64_t kTiB = kKiB * kKiB * kKiB * kKiB;
+
+struct Def {
+  const char* name;
+  Type type;
+  const char* typeName;
+  const char* defaultValue;  // canonical text: what describe() reports as value when the variable is unset
+  const char* doc;           // one line, no '|' (it is a cell of the docs/env.md table)
+  uint64_t minValue;         // numeric types: inclusive range
+  uint64_t maxValue;
+  const char* choices;       // string type: '|'-separated accepted values (case-insensitive)
+  const char* form;          // the accepted form, for error messages
+};
+
+// THE registry. docs/env.md must list exactly these rows (a test compares them).
+const Def kDefs[kNumParams] = {
+    {"NCCL_TIDE_DEBUG", Type::kString, "string", "WARN",
+     "Log level of TIDE/* lines on stderr: NONE, WARN, INFO or TRACE.", 0, 0, "NONE|WARN|INFO|TRACE",
+     "one of NONE, WARN, INFO, TRACE"},
+    {"NCCL_TIDE_RS_CHUNK_BYTES", Type::kBytes, "bytes", "33554432",
+     "Reduce-scatter pipeline chunk in bytes of this rank's fp32 output (4 KiB to 1 TiB); part of the layout hash.",
+     4 * kKiB, kTiB, nullptr, "an integer number of bytes, optionally with K, M, G, KiB, MiB or GiB, from 4K to 1T"},
+    {"NCCL_TIDE_PACE_BYTES", Type::kBytes, "bytes", "8388608",
+     "Inter-node cap on bytes in flight per schedule step and rank (4 KiB to 1 TiB); part of the layout hash.",
+     4 * kKiB, kTiB, nullptr, "an integer number of bytes, optionally with K, M, G, KiB, MiB or GiB, from 4K to 1T"},
+    {"NCCL_TIDE_NVLS", Type::kBool, "bool", "0",
+     "1 allows NVLink multicast, and only if NCCL_NVLS_ENABLE is not 0 and TORCH_SYMM_MEM_DISABLE_MULTICAST and "
+     "NVSHMEM_DISABLE_NVLS are unset.",
+     0, 1, nullptr, "0 or 1"},
+    {"NCCL_TIDE_AG_BATCH", Type::kBool, "bool", "1",
+     "1 issues all-gather copies with cudaMemcpyBatchAsync when the CUDA runtime has it; 0 uses one cudaMemcpyAsync "
+     "per copy.",
+     0, 1, nullptr, "0 or 1"},
+};
+
+struct Entry {
+  bool fromEnv = false;
+  bool valid = true;
+  uint64_t value = 0;   // bool / bytes / uint64; int64 stored two's complement; string: index into choices
+  char text[64] = {0};  // canonical effective value
+  char envText[128] = {0};
+};
+
+struct State {
+  Entry entries[kNumParams];
+};
+
+bool parseChoice(const Def& def, const char* text, uint64_t* index) {
+  const char* p = def.choices;
+  for (uint64_t i = 0; p != nullptr && *p != '\0'; ++i) {
+    const char* end = strchr(p, '|');
+    size_t len = end ? static_cast<size_t>(end - p) : strlen(p);
+    if (strlen(text) == len && strncasecmp(text, p, len) == 0) {
+      *index = i;
+      return true;
+    }
+    p = end ? end + 1 : nullptr;
+  }
+  return false;
+}
+
+void choiceText(const Def& def, uint64_t index, char* out, size_t outBytes) {
+  const char* p = def.choices;
+  for (uint64_t i = 0; i < index && p; ++i) {
+    p = strchr(p, '|');
+    if (p) ++p;
+  }
+  const char* end = p ? strchr(p, '|') : nullptr;
+  size_t len = p ? (end ? static_cast<size_t>(end - p) : strlen(p)) : 0;
+  snprintf(out, outBytes, "%.*s", static_cast<int>(len), p ? p : "");
+}
+
+// Parses text by def's type and range; on success stores value and canonical text.
+bool parseValue(const Def& def, const char* text, Entry* e) {
+  uint64_t u = 0;
+  int64_t s = 0;
+  switch (def.type) {
+    case Type::kBool: {
+      bool b = false;
+      if (!parseBool(text, &b)) return false;
+      e->value = b ? 1 : 0;
+      snprintf(e->text, sizeof(e->text), "%d", b ? 1 : 0);
+      return true;
+    }
+    case Type::kBytes:
+    case Type::kUint64:
+      if (!(def.type == Type::kBytes ? parseBytes(text, &u) : parseUint64(text, &u))) return false;
+      if (u < def.minValue || u > def.maxValue) return false;
+      e->value = u;
+      snprintf(e->text, sizeof(e->text), "%" PRIu64, u);
+      return true;
+    case Type::kInt64:
+      if (!parseInt64(text, &s)) return false;
+      if (s < static_cast<int64_t>(def.minValue) || s > static_cast<int64_t>(def.maxValue)) return false;
+      e->value = static_cast<uint64_t>(s);
+      snprintf(e->text, sizeof(e->text), "%" PRId64, s);
+      return true;
+    case Type::kString:
+      if (!parseChoice(def, text, &u)) return false;
+      e->value = u;
+      choiceText(def, u, e->text, sizeof(e->text));
+      return true;
+  }
+  return false;
+}
+
+// Reads the environment once. Must not log: logging asks for the debug level, which comes from here.
+State load() {
+  State st;
+  for (int i = 0; i < kNumParams; ++i) {
+    const Def& def = kDefs[i];
+    Entry& e = st.entries[i];
+    if (!parseValue(def, def.defaultValue, &e)) e.valid = false;  // a registry bug; caught by tests
+    const char* env = getenv(def.name);
+    if (env == nullptr) continue;
+    e.fromEnv = true;
+    snprintf(e.envText, sizeof(e.envText), "%s", env);
+    Entry parsed = e;
+    if (parseValue(def, env, &parsed)) {
+      e = parsed;
+    } else {
+      e.valid = false;  // keeps the default's value and text
+    }
+  }
+  return st;
+}
+
+const State& state() {
+  static const State st = load();
+  return st;
+}
+
+std::atomic<bool> gLogged{false};
+
+// Logs, once per process, every value that came from the environment.
+const State& loggedState() {
+  const State& st = state();
+  if (!gLogged.exchange(true)) {
+    for (int i = 0; i < kNumParams; ++i) {
+      const Entry& e = st.entries[i];
+      if (!e.fromEnv) continue;
+      if (e.valid) {
+        TIDE_INFO(kComponent, "%s=%s (from the environment)", kDefs[i].name, e.text);
+      } else {
+        TIDE_WARN(kComponent, "%s='%s' is not valid (accepted: %s); using the default %s", kDefs[i].name, e.envText,
+                  kDefs[i].form, kDefs[i].defaultValue);
+      }
+    }
+  }
+  return st;
+}
+
+}  // namespace
+
+bool parseBool(const char* text, bool* out) {
+  if (text == nullptr) return false;
+  if (strcmp(text, "0") == 0) {
+    *out = false;
+    return true;
+  }
+  if (strcmp(text, "1") == 0) {
+    *out = true;
+    return true;
+  }
+  return false;
+}
+
+bool parseUint64(const char* text, uint64_t* out) {
+  if (text == nullptr || !isdigit(static_cast<unsigned char>(text[0]))) return false;  // no sign, no space
+  errno = 0;
+  char* end = nullptr;
+  unsigned long long v = strtoull(text, &end, 10);
+  if (errno != 0 || end == text || *end != '\0') return false;
+  *out = v;
+  return true;
+}
+
+bool parseInt64(const char* text, int64_t* out) {
+  if (text == nullptr) return false;
+  const char* digits = text[0] == '-' ? text + 1 : text;
+  if (!isdigit(static_cast<unsigned char>(digits[0]))) return false;
+  errno = 0;
+  char* end = nullptr;
+  long long v = strtoll(text, &end, 10);
+  if (errno != 0 || end == text || *end != '\0') return false;
+  *out = v;
+  return true;
+}
+
+bool parseBytes(const char* text, uint64_t* out) {
+  if (text == nullptr || !isdigit(static_cast<unsigned char>(text[0]))) return false;
+  errno = 0;
+  char* end = nullptr;
+  unsigned long long v = strtoull(text, &end, 10);
+  if (errno != 0 || end == text) return false;
+  struct Suffix {
+    const char* text;
+    uint64_t multiplier;
+  };
+  static const Suffix kSuffixes[] = {{"", 1},
+                                     {"K", kKiB},
+                                     {"M", kKiB * kKiB},
+                                     {"G", kKiB * kKiB * kKiB},
+                                     {"KiB", kKiB},
+                                     {"MiB", kKiB * kKiB},
+                                     {"GiB", kKiB * kKiB * kKiB}};
+  for (const Suffix& s : kSuffixes) {
+    if (strcmp(end, s.text) != 0) continue;
+    uint64_t result = 0;
+    if (__builtin_mul_overflow(static_cast<uint64_t>(v), s.multiplier, &result)) return false;
+    *out = result;
+    return true;
+  }
+  return false;
+}
+
+log::Level debugLevel() {
+  // Not loggedState(): the logger calls this to learn its level.
+  return static_cast<log::Level>(state().entries[kDebug].value);
+}
+
+uint64_t rsChunkBytes() { return loggedState().entries[kRsChunkBytes].value; }
+uint64_t paceBytes() { return loggedState().entries[kPaceBytes].value; }
+bool nvlsRequested() { return loggedState().entries[kNvls].value != 0; }
+bool agBatch() { return loggedState().entries[kAgBatch].value != 0; }
+
+tideResult_t status(Id id) {
+  if (id < 0 || id >= kNumParams) return fail(tideInvalidArgument, kComponent, "parameter index %d out of range", id);
+  const Entry& e = loggedState().entries[id];
+  if (e.valid) return tideSuccess;
+  return fail(tideInvalidArgument, kComponent, "%s='%s' is not valid: expected %s (default %s)", kDefs[id].name,
+              e.envText, kDefs[id].form, kDefs[id].defaultValue);
+}
+
+int count() { return kNumParams; }
+
+tideResult_t describe(int index, const char** name, const char** type, const char** defaultValue, const char** doc,
+                      const char** value) {
+  if (index < 0 || index >= kNumParams) {
+    return fail(tideInvalidArgument, kComponent, "parameter index %d out of range [0, %d)", index, kNumParams);
+  }
+  TIDE_CHECK(status(static_cast<Id>(index)));
+  const Def& def = kDefs[index];
+  if (name) *name = def.name;
+  if (type) *type = def.typeName;
+  if (defaultValue) *defaultValue = def.defaultValue;
+  if (doc) *doc = def.doc;
+  if (value) *value = state().entries[index].text;
+  return tideSuccess;
+}
+
+}  // namespace params
+}  // namespace tide
