@@ -1,0 +1,237 @@
+"""ctypes binding of include/tide.h: every struct and every function, nothing more.
+
+The library is loaded lazily (first call of lib()), so `import nccl_tide` works
+without it. Lookup order: $NCCL_TIDE_LIBRARY_PATH (a dev build), then the copy
+shipped in the wheel at nccl_tide/lib/libnccl-tide.so.
+"""
+
+import ctypes
+import os
+import threading
+from ctypes import POINTER, c_char_p, c_float, c_int, c_size_t, c_uint, c_uint64, c_void_p
+from pathlib import Path
+from typing import Optional
+
+from .errors import LibraryNotFoundError, error_for
+
+LIB_NAME = "libnccl-tide.so"
+ENV_LIBRARY_PATH = "NCCL_TIDE_LIBRARY_PATH"
+
+# Mirrors of the #defines in tide.h.
+TIDE_SLOT_ALIGN = 256
+TIDE_MAX_PARAMS = 1 << 20
+TIDE_MAX_WORLD_SIZE = 65536
+TIDE_MAX_RANKS_PER_NODE = 64
+TIDE_MAX_PARAM_NUMEL = 1 << 40
+TIDE_CONFIG_VERSION = 1
+TIDE_LAYOUT_DESC_VERSION = 1
+TIDE_LAYOUT_INFO_VERSION = 1
+TIDE_PARAM_INFO_VERSION = 1
+TIDE_SCHEDULE_STEP_VERSION = 1
+
+# tideResult_t
+tideSuccess = 0
+tideInvalidArgument = 1
+tideInvalidUsage = 2
+tideUnsupported = 3
+tideOutOfMemory = 4
+tideCudaError = 5
+tideNcclError = 6
+tideSystemError = 7
+tideMismatch = 8
+tideTimeout = 9
+tideInternalError = 10
+tideNumResults = 11
+
+# tideDataType_t
+tideBfloat16, tideFloat16, tideFloat32, tideFloat8e4m3, tideFloat8e5m2, tideInt8, tideInt32 = range(7)
+tideNumDataTypes = 7
+
+# tideRedOp_t
+tideSum, tideAvg, tidePremulSum = range(3)
+tideNumRedOps = 3
+
+tideResult_t = c_int
+tideDataType_t = c_int
+tideRedOp_t = c_int
+tideLayout_t = c_void_p
+tideComm_t = c_void_p
+
+
+class tideConfig_t(ctypes.Structure):
+    _fields_ = [
+        ("size", c_size_t),
+        ("version", c_uint),
+        ("rsChunkBytes", c_uint64),
+        ("paceBytes", c_uint64),
+    ]
+
+
+class tideLayoutDesc_t(ctypes.Structure):
+    _fields_ = [
+        ("size", c_size_t),
+        ("version", c_uint),
+        ("nParams", c_int),
+        ("numels", POINTER(c_uint64)),
+        ("rowNumels", POINTER(c_uint64)),
+        ("dtypes", POINTER(tideDataType_t)),
+        ("worldSize", c_int),
+        ("ranksPerNode", c_int),
+        ("rank", c_int),
+    ]
+
+
+class tideLayoutInfo_t(ctypes.Structure):
+    _fields_ = [
+        ("size", c_size_t),
+        ("version", c_uint),
+        ("nParams", c_int),
+        ("worldSize", c_int),
+        ("ranksPerNode", c_int),
+        ("nNodes", c_int),
+        ("rank", c_int),
+        ("hash", c_uint64),
+        ("sendBytes", c_uint64),
+        ("slotBytes", c_uint64),
+        ("rsOutNumel", c_uint64),
+        ("rsChunkNumel", c_uint64),
+        ("rsNumChunks", c_int),
+        ("rsStagingBytes", c_uint64),
+        ("slotReuseFits", c_int),
+        ("paceBytes", c_uint64),
+    ]
+
+
+class tideParamInfo_t(ctypes.Structure):
+    _fields_ = [
+        ("size", c_size_t),
+        ("version", c_uint),
+        ("numel", c_uint64),
+        ("rowNumel", c_uint64),
+        ("shardNumel", c_uint64),
+        ("dtype", tideDataType_t),
+        ("elemSize", c_size_t),
+        ("sendOffset", c_uint64),
+        ("slotOffset", c_uint64),
+        ("rsOutOffset", c_uint64),
+    ]
+
+
+class tideScheduleStep_t(ctypes.Structure):
+    _fields_ = [
+        ("size", c_size_t),
+        ("version", c_uint),
+        ("round", c_int),
+        ("sendToNode", c_int),
+        ("recvFromNode", c_int),
+        ("sendBlockNode", c_int),
+        ("recvBlockNode", c_int),
+        ("offset", c_uint64),
+        ("bytes", c_uint64),
+    ]
+
+
+_P = POINTER
+_PPV = _P(c_void_p)  # const void* const* and void* const* tables
+_PCS = _P(c_char_p)
+
+# name: (restype, argtypes). Every function of tide.h, including the CUDA data path.
+SIGNATURES = {
+    "tideGetErrorString": (c_char_p, [tideResult_t]),
+    "tideGetLastError": (c_char_p, []),
+    "tideGetVersion": (tideResult_t, [_P(c_int)]),
+    "tideDataTypeSize": (tideResult_t, [tideDataType_t, _P(c_size_t)]),
+    "tideLayoutCreate": (tideResult_t, [_P(tideLayoutDesc_t), _P(tideConfig_t), _P(tideLayout_t)]),
+    "tideLayoutDestroy": (tideResult_t, [tideLayout_t]),
+    "tideLayoutGetInfo": (tideResult_t, [tideLayout_t, _P(tideLayoutInfo_t)]),
+    "tideLayoutGetParam": (tideResult_t, [tideLayout_t, c_int, _P(tideParamInfo_t)]),
+    "tideLayoutGetScheduleLength": (tideResult_t, [tideLayout_t, c_int, _P(c_int)]),
+    "tideLayoutGetScheduleStep": (tideResult_t, [tideLayout_t, c_int, c_int, _P(tideScheduleStep_t)]),
+    "tideHostAllGather": (tideResult_t, [tideLayout_t, _PPV, _PPV]),
+    "tideHostReduceScatter": (tideResult_t, [tideLayout_t, _PPV, _PPV, tideDataType_t, tideRedOp_t, c_float]),
+    "tideParamCount": (tideResult_t, [_P(c_int)]),
+    "tideParamDescribe": (tideResult_t, [c_int, _PCS, _PCS, _PCS, _PCS, _PCS]),
+    "tideLoopbackCreate": (tideResult_t, [c_int, c_int, _P(tideComm_t)]),
+    "tideCommDestroy": (tideResult_t, [tideComm_t]),
+    "tideCommGetRank": (tideResult_t, [tideComm_t, _P(c_int), _P(c_int)]),
+    "tideSlotAlloc": (tideResult_t, [tideComm_t, c_size_t, _P(c_void_p)]),
+    "tideSlotFree": (tideResult_t, [tideComm_t, c_void_p]),
+    "tideAllGather": (tideResult_t, [tideComm_t, tideLayout_t, c_void_p, _PPV, c_void_p, c_void_p]),
+    "tideReduceScatter": (
+        tideResult_t,
+        [tideComm_t, tideLayout_t, _PPV, c_void_p, tideDataType_t, tideRedOp_t, c_float, c_void_p, c_void_p],
+    ),
+    "tideMulticastAllowed": (tideResult_t, [_P(c_int)]),
+}
+
+_lock = threading.Lock()
+_lib: Optional[ctypes.CDLL] = None
+
+
+def packaged_library_path() -> Path:
+    return Path(__file__).resolve().parent / "lib" / LIB_NAME
+
+
+def library_path() -> str:
+    """Absolute path of the libnccl-tide.so this package uses (env override first)."""
+    override = os.environ.get(ENV_LIBRARY_PATH)
+    path = Path(override) if override else packaged_library_path()
+    if not path.is_file():
+        where = f"${ENV_LIBRARY_PATH}={override}" if override else str(path)
+        raise LibraryNotFoundError(f"{LIB_NAME} not found at {where}")
+    return str(path.resolve())
+
+
+def lib() -> ctypes.CDLL:
+    """The loaded library with argtypes/restype set for every tide.h function."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is None:
+            path = library_path()
+            try:
+                handle = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
+            except OSError as e:
+                raise LibraryNotFoundError(f"cannot load {path}: {e}") from e
+            for name, (restype, argtypes) in SIGNATURES.items():
+                try:
+                    fn = getattr(handle, name)
+                except AttributeError as e:
+                    raise LibraryNotFoundError(f"{path} does not export {name}: stale or foreign library") from e
+                fn.restype = restype
+                fn.argtypes = argtypes
+            _lib = handle
+    return _lib
+
+
+def last_error() -> str:
+    msg = lib().tideGetLastError()
+    return msg.decode(errors="replace") if msg else ""
+
+
+def check(result: int, what: str = "") -> None:
+    """Raise the typed TideError for a non-success tideResult_t."""
+    if result == tideSuccess:
+        return
+    msg = last_error() or lib().tideGetErrorString(result).decode(errors="replace")
+    raise error_for(result, f"{what}: {msg}" if what else msg)
+
+
+def version_code() -> int:
+    v = c_int(-1)
+    check(lib().tideGetVersion(ctypes.byref(v)), "tideGetVersion")
+    return v.value
+
+
+def version_string() -> str:
+    v = version_code()
+    return f"{v // 10000}.{(v // 100) % 100}.{v % 100}"
+
+
+def make_config(rs_chunk_bytes: int = 0, pace_bytes: int = 0) -> tideConfig_t:
+    return tideConfig_t(ctypes.sizeof(tideConfig_t), TIDE_CONFIG_VERSION, rs_chunk_bytes, pace_bytes)
+
+
+def pointer_table(ptrs) -> "ctypes.Array":
+    return (c_void_p * len(ptrs))(*ptrs)

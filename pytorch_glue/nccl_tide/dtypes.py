@@ -1,0 +1,83 @@
+"""Data type and reduction-op names <-> tide.h enums, and their numpy storage types.
+
+numpy has no bf16 or fp8, so those travel as bit patterns: bf16 as uint16, fp8 as uint8.
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+
+from . import _native as N
+from .errors import InvalidArgumentError
+
+
+class DType(NamedTuple):
+    name: str  # canonical short name
+    code: int  # tideDataType_t
+    size: int  # bytes per element
+    storage: type  # numpy dtype holding the bits
+    nccl_tests_name: str  # name nccl-tests prints in its table
+
+
+DTYPES = {
+    "bf16": DType("bf16", N.tideBfloat16, 2, np.uint16, "bfloat16"),
+    "fp16": DType("fp16", N.tideFloat16, 2, np.float16, "half"),
+    "fp32": DType("fp32", N.tideFloat32, 4, np.float32, "float"),
+    "fp8_e4m3": DType("fp8_e4m3", N.tideFloat8e4m3, 1, np.uint8, "f8e4m3"),
+    "fp8_e5m2": DType("fp8_e5m2", N.tideFloat8e5m2, 1, np.uint8, "f8e5m2"),
+    "int8": DType("int8", N.tideInt8, 1, np.int8, "int8"),
+    "int32": DType("int32", N.tideInt32, 4, np.int32, "int32"),
+}
+BY_CODE = {d.code: d for d in DTYPES.values()}
+
+# Aliases accepted on input (nccl-tests and torch spellings).
+ALIASES = {
+    "bfloat16": "bf16",
+    "half": "fp16",
+    "float16": "fp16",
+    "float": "fp32",
+    "float32": "fp32",
+    "f8e4m3": "fp8_e4m3",
+    "float8_e4m3fn": "fp8_e4m3",
+    "e4m3": "fp8_e4m3",
+    "f8e5m2": "fp8_e5m2",
+    "float8_e5m2": "fp8_e5m2",
+    "e5m2": "fp8_e5m2",
+}
+
+# Reduce-scatter accepts these gradient and output types (tide.h).
+RS_TYPES = ("bf16", "fp16", "fp32")
+
+
+def dtype(x) -> DType:
+    """Accepts a name ('bf16', 'bfloat16', ...), a tideDataType_t code, a DType or a torch.dtype."""
+    if isinstance(x, DType):
+        return x
+    if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+        if int(x) in BY_CODE:
+            return BY_CODE[int(x)]
+        raise InvalidArgumentError(f"unknown tideDataType_t {int(x)}; valid: 0..{N.tideNumDataTypes - 1}")
+    name = str(x)
+    if name.startswith("torch."):  # torch.bfloat16 and friends, without importing torch
+        name = name[len("torch.") :]
+    name = name.lower()
+    name = ALIASES.get(name, name)
+    if name not in DTYPES:
+        raise InvalidArgumentError(f"unknown dtype {x!r}; use one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+OPS = {"sum": N.tideSum, "avg": N.tideAvg, "premul": N.tidePremulSum}
+OP_ALIASES = {"premul_sum": "premul", "premulsum": "premul", "mulsum": "premul", "mean": "avg"}
+
+
+def op_code(op) -> int:
+    if isinstance(op, (int, np.integer)) and not isinstance(op, bool):
+        if 0 <= int(op) < N.tideNumRedOps:
+            return int(op)
+        raise InvalidArgumentError(f"unknown tideRedOp_t {int(op)}")
+    name = str(op).lower()
+    name = OP_ALIASES.get(name, name)
+    if name not in OPS:
+        raise InvalidArgumentError(f"unknown reduction op {op!r}; use one of {', '.join(OPS)}")
+    return OPS[name]

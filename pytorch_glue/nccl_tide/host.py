@@ -1,0 +1,120 @@
+"""Host executor wrappers: all ranks of a layout simulated in this process.
+
+Inputs may be numpy arrays or CPU torch tensors (torch is never imported here).
+Outputs are numpy arrays of the dtype's storage type (bf16 as uint16 bits, fp8 as
+uint8 bits), filled with 0xFF bytes before the call so an unwritten element shows;
+or pass your own outputs (numpy or CPU torch), which are written in place.
+"""
+
+from typing import Any, List, Optional, Sequence
+
+import numpy as np
+
+from . import _native as N
+from .dtypes import RS_TYPES, DType, dtype as to_dtype, op_code
+from .errors import InvalidArgumentError
+from .layout import Layout
+
+POISON_BYTE = 0xFF
+
+
+def _pointer(x: Any, numel: int, elem_size: int, what: str, writable: bool) -> int:
+    """Address of a contiguous CPU buffer of exactly numel elements of elem_size bytes."""
+    if isinstance(x, np.ndarray):
+        if not x.flags.c_contiguous:
+            raise InvalidArgumentError(f"{what}: numpy array must be C-contiguous")
+        if writable and not x.flags.writeable:
+            raise InvalidArgumentError(f"{what}: numpy array is read-only")
+        itemsize, size, ptr = x.itemsize, x.size, x.ctypes.data
+    elif hasattr(x, "data_ptr") and hasattr(x, "element_size"):  # a torch.Tensor
+        if x.device.type != "cpu":
+            raise InvalidArgumentError(f"{what}: tensor is on {x.device}; the host executor needs CPU tensors")
+        if not x.is_contiguous():
+            raise InvalidArgumentError(f"{what}: tensor must be contiguous")
+        itemsize, size, ptr = x.element_size(), x.numel(), x.data_ptr()
+    else:
+        raise InvalidArgumentError(f"{what}: expected a numpy array or a CPU torch tensor, got {type(x).__name__}")
+    if itemsize != elem_size:
+        raise InvalidArgumentError(f"{what}: element size {itemsize} bytes, layout dtype needs {elem_size}")
+    if size != numel:
+        raise InvalidArgumentError(f"{what}: {size} elements, layout needs {numel}")
+    if numel and not ptr:
+        raise InvalidArgumentError(f"{what}: NULL data pointer")
+    return ptr
+
+
+def _check_table(table: Sequence, world: int, what: str) -> None:
+    if len(table) != world:
+        raise InvalidArgumentError(f"{what}: {len(table)} ranks given, layout has world_size {world}")
+
+
+def poisoned(numel: int, dt: DType) -> np.ndarray:
+    out = np.empty(numel, dtype=dt.storage)
+    out.view(np.uint8)[...] = POISON_BYTE
+    return out
+
+
+def host_all_gather(layout: Layout, shards: Sequence[Sequence[Any]], params: Optional[List[List[Any]]] = None):
+    """TIDE-AG over every rank: shards[r][i] (shard_numel_i elements) -> params[r][i] (shard_numel_i * W).
+
+    Returns params. Raises InvalidArgumentError before anything is written on bad input.
+    """
+    W, infos = layout.world_size, layout.params
+    _check_table(shards, W, "shards")
+    if params is None:
+        params = [[poisoned(p.shard_numel * W, to_dtype(p.dtype)) for p in infos] for _ in range(W)]
+    _check_table(params, W, "params")
+    src, dst = [], []
+    for r in range(W):
+        if len(shards[r]) != len(infos) or len(params[r]) != len(infos):
+            raise InvalidArgumentError(f"rank {r}: need {len(infos)} tensors per rank")
+        for i, p in enumerate(infos):
+            src.append(_pointer(shards[r][i], p.shard_numel, p.elem_size, f"shards[{r}][{i}]", False))
+            dst.append(_pointer(params[r][i], p.shard_numel * W, p.elem_size, f"params[{r}][{i}]", True))
+    N.check(
+        N.lib().tideHostAllGather(layout.handle, N.pointer_table(src), N.pointer_table(dst)), "host_all_gather"
+    )
+    return params
+
+
+def host_reduce_scatter(
+    layout: Layout,
+    grads: Sequence[Sequence[Any]],
+    out_dtype="fp32",
+    op="sum",
+    scale: float = 1.0,
+    outs: Optional[List[Any]] = None,
+):
+    """TIDE-RS over every rank: grads[r][i] (numel_i elements, bf16/fp16/fp32) -> outs[r].
+
+    outs[r] is rank r's packed output: rs_out_numel elements of out_dtype, parameter i at
+    params[i].rs_out_offset. op: 'sum', 'avg' or 'premul' (multiply by `scale` first).
+    """
+    W, infos = layout.world_size, layout.params
+    odt = to_dtype(out_dtype)
+    if odt.name not in RS_TYPES:
+        raise InvalidArgumentError(f"out_dtype {odt.name}: reduce-scatter writes one of {', '.join(RS_TYPES)}")
+    code = op_code(op)
+    _check_table(grads, W, "grads")
+    if outs is None:
+        outs = [poisoned(layout.rs_out_numel, odt) for _ in range(W)]
+    _check_table(outs, W, "outs")
+    src, dst = [], []
+    for r in range(W):
+        if len(grads[r]) != len(infos):
+            raise InvalidArgumentError(f"rank {r}: need {len(infos)} gradients, got {len(grads[r])}")
+        for i, p in enumerate(infos):
+            src.append(_pointer(grads[r][i], p.numel, p.elem_size, f"grads[{r}][{i}]", False))
+        dst.append(_pointer(outs[r], layout.rs_out_numel, odt.size, f"outs[{r}]", True))
+    N.check(
+        N.lib().tideHostReduceScatter(
+            layout.handle, N.pointer_table(src), N.pointer_table(dst), odt.code, code, float(scale)
+        ),
+        "host_reduce_scatter",
+    )
+    return outs
+
+
+def unpack_rs_output(layout: Layout, out: np.ndarray) -> List[np.ndarray]:
+    """Views of one rank's packed RS output, one per parameter (shard_numel_i elements)."""
+    return [out[p.rs_out_offset : p.rs_out_offset + p.shard_numel] for p in layout.params]

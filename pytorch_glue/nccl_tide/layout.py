@@ -1,0 +1,186 @@
+"""Layout: one FSDP parameter group as the C library sees it (tideLayout_t).
+
+The math (shard sizes, offsets, schedule) lives in the library; this class only
+describes the group, creates the handle and reads the derived values back.
+"""
+
+import ctypes
+from typing import List, NamedTuple, Optional, Sequence
+
+from . import _native as N
+from .dtypes import DType, dtype as to_dtype
+from .errors import InvalidArgumentError
+
+
+class ParamInfo(NamedTuple):
+    numel: int
+    row_numel: int
+    shard_numel: int
+    dtype: str
+    elem_size: int
+    send_offset: int  # bytes in the packed send buffer
+    slot_offset: int  # bytes in the slot
+    rs_out_offset: int  # elements in the packed RS output
+
+
+class Step(NamedTuple):
+    round: int
+    send_to_node: int
+    recv_from_node: int
+    send_block_node: int
+    recv_block_node: int
+    offset: int  # bytes into the block
+    bytes: int
+
+
+def default_ranks_per_node(world_size: int) -> int:
+    """Largest divisor of world_size that is <= 8 (a DGX-style node).
+
+    So world <= 8 is one node, 16/64/512 ranks are nodes of 8, 12 ranks are 2 nodes of 6.
+    """
+    for r in range(min(world_size, 8), 0, -1):
+        if world_size % r == 0:
+            return r
+    return 1
+
+
+class Layout:
+    """An immutable FSDP group layout. Use as a context manager or call close()."""
+
+    def __init__(
+        self,
+        numels: Sequence[int],
+        dtypes,
+        world_size: int,
+        ranks_per_node: Optional[int] = None,
+        rank: int = 0,
+        row_numels: Optional[Sequence[int]] = None,
+        rs_chunk_bytes: Optional[int] = None,
+        pace_bytes: Optional[int] = None,
+    ):
+        self._handle = None
+        numels = [int(n) for n in numels]
+        n = len(numels)
+        if isinstance(dtypes, (str, DType)) or not hasattr(dtypes, "__len__"):
+            dtypes = [dtypes] * n  # one dtype for the whole group
+        dts: List[DType] = [to_dtype(d) for d in dtypes]
+        if len(dts) != n:
+            raise InvalidArgumentError(f"{n} numels but {len(dts)} dtypes")
+        if row_numels is not None and len(row_numels) != n:
+            raise InvalidArgumentError(f"{n} numels but {len(row_numels)} row_numels")
+        if any(x < 0 for x in numels) or (row_numels is not None and any(int(x) < 0 for x in row_numels)):
+            raise InvalidArgumentError("numels and row_numels must be positive")
+        world_size = int(world_size)
+        if ranks_per_node is None:
+            ranks_per_node = default_ranks_per_node(world_size) if world_size >= 1 else 1
+
+        lib = N.lib()
+        c_numels = (ctypes.c_uint64 * max(n, 1))(*numels)
+        c_rows = (ctypes.c_uint64 * n)(*[int(x) for x in row_numels]) if row_numels is not None else None
+        c_dtypes = (N.tideDataType_t * max(n, 1))(*[d.code for d in dts])
+        desc = N.tideLayoutDesc_t(
+            ctypes.sizeof(N.tideLayoutDesc_t),
+            N.TIDE_LAYOUT_DESC_VERSION,
+            n,
+            c_numels,
+            c_rows,
+            c_dtypes,
+            world_size,
+            int(ranks_per_node),
+            int(rank),
+        )
+        config = N.make_config(int(rs_chunk_bytes or 0), int(pace_bytes or 0))
+        handle = N.tideLayout_t()
+        N.check(lib.tideLayoutCreate(ctypes.byref(desc), ctypes.byref(config), ctypes.byref(handle)), "Layout")
+        self._handle = handle
+        self._dtypes = dts
+
+        info = N.tideLayoutInfo_t()
+        info.size, info.version = ctypes.sizeof(info), N.TIDE_LAYOUT_INFO_VERSION
+        N.check(lib.tideLayoutGetInfo(handle, ctypes.byref(info)), "tideLayoutGetInfo")
+        self._info = info
+        self._params = [self._param(i) for i in range(n)]
+
+    def _param(self, i: int) -> ParamInfo:
+        p = N.tideParamInfo_t()
+        p.size, p.version = ctypes.sizeof(p), N.TIDE_PARAM_INFO_VERSION
+        N.check(N.lib().tideLayoutGetParam(self.handle, i, ctypes.byref(p)), "tideLayoutGetParam")
+        return ParamInfo(
+            p.numel,
+            p.rowNumel,
+            p.shardNumel,
+            to_dtype(p.dtype).name,
+            p.elemSize,
+            p.sendOffset,
+            p.slotOffset,
+            p.rsOutOffset,
+        )
+
+    # -- handle lifetime -------------------------------------------------------------------
+    @property
+    def handle(self):
+        if self._handle is None:
+            raise InvalidArgumentError("layout is closed")
+        return self._handle
+
+    def close(self) -> None:
+        h, self._handle = self._handle, None
+        if h is not None and h.value:
+            N.lib().tideLayoutDestroy(h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may already be gone
+            pass
+
+    # -- derived values ----------------------------------------------------------------------
+    n_params = property(lambda self: self._info.nParams)
+    world_size = property(lambda self: self._info.worldSize)
+    ranks_per_node = property(lambda self: self._info.ranksPerNode)
+    n_nodes = property(lambda self: self._info.nNodes)
+    rank = property(lambda self: self._info.rank)
+    hash = property(lambda self: self._info.hash)
+    send_bytes = property(lambda self: self._info.sendBytes)
+    slot_bytes = property(lambda self: self._info.slotBytes)
+    rs_out_numel = property(lambda self: self._info.rsOutNumel)
+    rs_chunk_numel = property(lambda self: self._info.rsChunkNumel)
+    rs_num_chunks = property(lambda self: self._info.rsNumChunks)
+    rs_staging_bytes = property(lambda self: self._info.rsStagingBytes)
+    slot_reuse_fits = property(lambda self: bool(self._info.slotReuseFits))
+    pace_bytes = property(lambda self: self._info.paceBytes)
+
+    @property
+    def params(self) -> List[ParamInfo]:
+        return list(self._params)
+
+    @property
+    def dtypes(self) -> List[DType]:
+        return list(self._dtypes)
+
+    def schedule(self, node: int) -> List[Step]:
+        """Inter-node all-gather steps that node `node` runs, in order (empty for one node)."""
+        lib = N.lib()
+        count = ctypes.c_int(-1)
+        N.check(lib.tideLayoutGetScheduleLength(self.handle, int(node), ctypes.byref(count)), "schedule length")
+        steps = []
+        s = N.tideScheduleStep_t()
+        for k in range(count.value):
+            s.size, s.version = ctypes.sizeof(s), N.TIDE_SCHEDULE_STEP_VERSION
+            N.check(lib.tideLayoutGetScheduleStep(self.handle, int(node), k, ctypes.byref(s)), "schedule step")
+            steps.append(
+                Step(s.round, s.sendToNode, s.recvFromNode, s.sendBlockNode, s.recvBlockNode, s.offset, s.bytes)
+            )
+        return steps
+
+    def __repr__(self):
+        return (
+            f"Layout(n_params={self.n_params}, world_size={self.world_size}, ranks_per_node={self.ranks_per_node}, "
+            f"send_bytes={self.send_bytes}, slot_bytes={self.slot_bytes}, hash=0x{self.hash:016x})"
+        )

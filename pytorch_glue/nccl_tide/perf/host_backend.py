@@ -1,0 +1,158 @@
+"""Host backend of tide-perf: every rank simulated in this process by the C host executor.
+
+Timings are wall time of one host-executor call (all ranks), so bandwidths measure the
+simulation, not a network. Inputs are generated once per size; the numpy reference
+(nccl_tide.reference, independent of the C library) is computed once per size.
+"""
+
+import os
+import time
+from typing import Callable, List, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from .. import reference as ref
+from ..data import random_values, rank_rng
+from ..dtypes import DType
+from ..errors import InvalidArgumentError
+from ..host import host_all_gather, host_reduce_scatter, poisoned
+from ..layout import Layout
+from .report import NA, Variant
+
+# Test-only hook: when set, one byte of the checked result is flipped before comparison,
+# so tests can prove that a wrong result is counted and fails the run. Never set it otherwise.
+CORRUPT_ENV = "TIDE_PERF_TEST_CORRUPT"
+
+
+class Case(NamedTuple):
+    numels: List[int]
+    row_numels: List[int]
+    world: int
+    ranks_per_node: Optional[int]
+
+
+class Opts(NamedTuple):
+    dtype: DType
+    out_dtype: DType
+    op: str
+    scale: float
+    iters: int
+    warmup: int
+    check: int
+    seed: int
+
+
+def _time_us(fn: Callable[[], None], iters: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t0) / max(iters, 1) * 1e6
+
+
+def _corrupt(arr: np.ndarray) -> None:
+    if os.environ.get(CORRUPT_ENV):
+        arr.view(np.uint8)[arr.nbytes // 2] ^= 0x01
+
+
+def _count_wrong(got: np.ndarray, want: np.ndarray) -> int:
+    """Elements whose bits differ (bit-exact; NaN poison counts as wrong)."""
+    isz = got.itemsize
+    bits = {1: np.uint8, 2: np.uint16, 4: np.uint32}[isz]
+    return int(np.count_nonzero(got.view(bits) != want.view(bits)))
+
+
+def _bw(nbytes_total: int, world: int, time_us: float):
+    algbw = nbytes_total / 1e3 / time_us if time_us > 0 else 0.0  # bytes/us/1e3 = GB/s
+    return algbw, algbw * (world - 1) / world
+
+
+def _fill(dst: np.ndarray, byte: int = 0xFF) -> None:
+    dst.view(np.uint8)[...] = byte
+
+
+def all_gather(case: Case, o: Opts):
+    """Returns (out-of-place Variant, in-place Variant, note or None)."""
+    W = case.world
+    with Layout(case.numels, o.dtype.name, W, case.ranks_per_node, row_numels=case.row_numels) as lay:
+        infos = lay.params
+        shards = [[random_values(rank_rng(o.seed, r), o.dtype, p.shard_numel) for p in infos] for r in range(W)]
+        params = [[poisoned(p.shard_numel * W, o.dtype) for p in infos] for _ in range(W)]
+        total_bytes = sum(p.shard_numel for p in infos) * W * o.dtype.size
+        expected = [ref.all_gather_param([shards[s][i] for s in range(W)]) for i in range(len(infos))]
+
+        def check() -> int:
+            _corrupt(params[-1][-1])
+            return sum(_count_wrong(params[r][i], expected[i]) for r in range(W) for i in range(len(infos)))
+
+        # out-of-place
+        wrong = None
+        if o.check:
+            host_all_gather(lay, shards, params)
+            wrong = check()
+        t = _time_us(lambda: host_all_gather(lay, shards, params), o.iters, o.warmup)
+        oop = Variant(t, *_bw(total_bytes, W, t), wrong)
+
+        # in-place: each rank's shard is read from its own position in its unsharded storage
+        ip_shards = [[params[r][i][r * p.shard_numel : (r + 1) * p.shard_numel] for i, p in enumerate(infos)] for r in range(W)]
+
+        def reset() -> None:
+            for r in range(W):
+                for i in range(len(infos)):
+                    _fill(params[r][i])
+                    ip_shards[r][i][...] = shards[r][i]
+
+        try:
+            wrong = None
+            reset()
+            host_all_gather(lay, ip_shards, params)
+            if o.check:
+                wrong = check()
+            t = _time_us(lambda: host_all_gather(lay, ip_shards, params), o.iters, o.warmup)
+            return oop, Variant(t, *_bw(total_bytes, W, t), wrong), None
+        except InvalidArgumentError as e:
+            return oop, NA, f"in-place all-gather not accepted by the host executor: {e.detail}"
+
+
+def reduce_scatter(case: Case, o: Opts):
+    W = case.world
+    with Layout(case.numels, o.dtype.name, W, case.ranks_per_node, row_numels=case.row_numels) as lay:
+        infos = lay.params
+        R = lay.ranks_per_node
+        grads = [[random_values(rank_rng(o.seed, r), o.dtype, p.numel) for p in infos] for r in range(W)]
+        outs = [poisoned(lay.rs_out_numel, o.out_dtype) for _ in range(W)]
+        total_bytes = lay.rs_out_numel * W * o.dtype.size
+        expected = None
+        if o.check:
+            expected = ref.rs_reference(
+                grads, case.numels, case.row_numels, [o.dtype] * len(infos), R, o.out_dtype, o.op, o.scale
+            )
+
+        def run(g: Sequence, out: List[np.ndarray]) -> None:
+            host_reduce_scatter(lay, g, o.out_dtype, o.op, o.scale, outs=out)
+
+        def check(out: List[np.ndarray]) -> int:
+            _corrupt(out[-1])
+            return sum(_count_wrong(out[r], expected[r]) for r in range(W))
+
+        wrong = None
+        if o.check:
+            run(grads, outs)
+            wrong = check(outs)
+        t = _time_us(lambda: run(grads, outs), o.iters, o.warmup)
+        oop = Variant(t, *_bw(total_bytes, W, t), wrong)
+
+        # in-place (nccl-tests: recvbuff = sendbuff + rank * recvcount) only means something
+        # for one flat tensor whose output type equals its input type.
+        if len(infos) != 1 or o.out_dtype.name != o.dtype.name:
+            return oop, NA, "in-place reduce-scatter needs --layout flat and an output type equal to -d: N/A"
+        shard = infos[0].shard_numel
+        work = [[g[0].copy()] for g in grads]
+        ip_outs = [work[r][0][r * shard : (r + 1) * shard] for r in range(W)]
+        wrong = None
+        if o.check:
+            run(work, ip_outs)
+            wrong = check(ip_outs)
+        t = _time_us(lambda: run(work, ip_outs), o.iters, o.warmup)
+        return oop, Variant(t, *_bw(total_bytes, W, t), wrong), None
