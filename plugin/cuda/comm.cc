@@ -1,0 +1,109 @@
+#include "comm.h"
+
+#include <cinttypes>
+
+#include "../core/errors.h"
+#include "cuda_check.h"
+
+namespace tide {
+namespace cuda {
+
+tideResult_t commInit(tideComm* comm) {
+  TIDE_CUDA_CHECK(cudaSetDevice(comm->device));
+  TIDE_CUDA_CHECK(cudaStreamCreateWithFlags(&comm->sideStream, cudaStreamNonBlocking));
+  TIDE_CUDA_CHECK(cudaEventCreateWithFlags(&comm->forkEvent, cudaEventDisableTiming));
+  TIDE_CUDA_CHECK(cudaEventCreateWithFlags(&comm->joinEvent, cudaEventDisableTiming));
+  return tideSuccess;
+}
+
+void commRelease(tideComm* comm) {
+  if (comm->joinEvent) (void)cudaEventDestroy(comm->joinEvent);
+  if (comm->forkEvent) (void)cudaEventDestroy(comm->forkEvent);
+  if (comm->sideStream) (void)cudaStreamDestroy(comm->sideStream);
+  comm->joinEvent = comm->forkEvent = nullptr;
+  comm->sideStream = nullptr;
+  (void)cudaGetLastError();
+}
+
+tideResult_t layoutView(tideComm* comm, tideLayout_t layout, std::shared_ptr<const LayoutView>* out) {
+  auto v = std::make_shared<LayoutView>();
+  v->info.size = sizeof(v->info);
+  v->info.version = TIDE_LAYOUT_INFO_VERSION;
+  TIDE_CHECK(tideLayoutGetInfo(layout, &v->info));
+  auto it = comm->layoutCache.find(layout);
+  if (it != comm->layoutCache.end() && it->second.hash == v->info.hash &&
+      it->second.view->info.nParams == v->info.nParams && it->second.view->info.rank == v->info.rank) {
+    *out = it->second.view;
+    return tideSuccess;
+  }
+  v->params.resize(v->info.nParams);
+  for (int i = 0; i < v->info.nParams; ++i) {
+    tideParamInfo_t& p = v->params[i];
+    p.size = sizeof(p);
+    p.version = TIDE_PARAM_INFO_VERSION;
+    TIDE_CHECK(tideLayoutGetParam(layout, i, &p));
+    if (p.elemSize > v->maxElemSize) v->maxElemSize = p.elemSize;
+    if (p.dtype != v->params[0].dtype) v->uniformDtype = false;
+  }
+  if (comm->layoutCache.size() > 256) comm->layoutCache.clear();
+  comm->layoutCache[layout] = tideComm::CacheEntry{v->info.hash, v};
+  *out = std::move(v);
+  return tideSuccess;
+}
+
+tideResult_t checkLayoutAndStream(tideComm* comm, const LayoutView& view, cudaStream_t stream, const char* what) {
+  const tideLayoutInfo_t& in = view.info;
+  if (in.worldSize != comm->worldSize || in.rank != comm->rank) {
+    return fail(tideInvalidArgument, "Cuda",
+                "%s: layout is for rank %d of %d but the comm is rank %d of %d (create one layout per rank)", what,
+                in.rank, in.worldSize, comm->rank, comm->worldSize);
+  }
+  if (in.nNodes != 1) {
+    return fail(tideUnsupported, "Cuda",
+                "%s: layout spans %d nodes (ranksPerNode %d); the %s provider runs single-node layouts only "
+                "(ranksPerNode == worldSize)",
+                what, in.nNodes, in.ranksPerNode, comm->provider->name());
+  }
+  if (in.ranksPerNode > flag::kMaxLocalRanks) {
+    return fail(tideUnsupported, "Cuda", "%s: %d ranks per node exceed the supported %d", what, in.ranksPerNode,
+                flag::kMaxLocalRanks);
+  }
+  int dev = -1;
+  cudaError_t err = cudaStreamGetDevice(stream, &dev);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return fail(tideInvalidArgument, "Cuda", "%s: stream %p is not a valid CUDA stream (%s)", what,
+                static_cast<void*>(stream), cudaGetErrorName(err));
+  }
+  if (dev != comm->device) {
+    return fail(tideInvalidArgument, "Cuda", "%s: stream belongs to device %d but the comm runs on device %d", what,
+                dev, comm->device);
+  }
+  return tideSuccess;
+}
+
+tideResult_t checkDevicePointer(const tideComm* comm, const void* p, size_t align, const char* what) {
+  if (p == nullptr) return fail(tideInvalidArgument, "Cuda", "%s is NULL", what);
+  if (align > 1 && reinterpret_cast<uintptr_t>(p) % align != 0) {
+    return fail(tideInvalidArgument, "Cuda", "%s (%p) is not aligned to %zu bytes", what, p, align);
+  }
+  cudaPointerAttributes attr{};
+  cudaError_t err = cudaPointerGetAttributes(&attr, p);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return fail(tideInvalidArgument, "Cuda", "%s (%p) is not a CUDA pointer (%s)", what, p, cudaGetErrorName(err));
+  }
+  if (attr.type == cudaMemoryTypeDevice) {
+    if (attr.device != comm->device) {
+      return fail(tideInvalidArgument, "Cuda", "%s (%p) is memory of device %d but the comm runs on device %d", what,
+                  p, attr.device, comm->device);
+    }
+    return tideSuccess;
+  }
+  if (attr.type == cudaMemoryTypeManaged) return tideSuccess;
+  return fail(tideInvalidArgument, "Cuda", "%s (%p) is not device memory (%s)", what, p,
+              attr.type == cudaMemoryTypeHost ? "pinned host memory" : "unregistered host memory");
+}
+
+}  // namespace cuda
+}  // namespace tide

@@ -1,0 +1,77 @@
+// The communicator handle of include/tide.h for the CUDA data path, and the per-layout facts the executors derive
+// (read through the public layout queries, cached per layout handle).
+#ifndef TIDE_CUDA_COMM_H_
+#define TIDE_CUDA_COMM_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "peer_provider.h"
+#include "tide.h"
+
+namespace tide {
+namespace cuda {
+
+// What the executors need of a layout, fetched once per layout handle.
+struct LayoutView {
+  tideLayoutInfo_t info{};
+  std::vector<tideParamInfo_t> params;
+  size_t maxElemSize = 0;
+  bool uniformDtype = true;  // every parameter has params[0].dtype
+};
+
+}  // namespace cuda
+}  // namespace tide
+
+struct tideComm {
+  int rank = 0;
+  int worldSize = 0;
+  int device = 0;
+  std::shared_ptr<tide::cuda::PeerProvider> provider;
+
+  // Per-comm sequence numbers; every rank makes the same calls in the same order, so they agree across ranks.
+  uint64_t agEpoch = 0;
+  uint64_t rsEpoch = 0;
+  uint64_t rsChunkSeq = 0;  // global RS chunk counter (flag values)
+
+  // RS pipeline: phase 1 (CE pushes) runs on sideStream, forked from and joined to the caller's stream.
+  cudaStream_t sideStream = nullptr;
+  cudaEvent_t forkEvent = nullptr;
+  cudaEvent_t joinEvent = nullptr;
+
+  std::mutex mu;  // one call at a time per comm
+  struct CacheEntry {
+    uint64_t hash;
+    std::shared_ptr<const tide::cuda::LayoutView> view;
+  };
+  std::unordered_map<const void*, CacheEntry> layoutCache;
+};
+
+namespace tide {
+namespace cuda {
+
+// Creates the comm's internal stream and events (on the provider's device).
+tideResult_t commInit(tideComm* comm);
+// Releases the internal stream/events (the caller synchronized first).
+void commRelease(tideComm* comm);
+
+// Cached view of `layout` for this comm (validates nothing about the comm).
+tideResult_t layoutView(tideComm* comm, tideLayout_t layout, std::shared_ptr<const LayoutView>* out);
+
+// Checks that layout matches the comm (world size, rank, a single node) and that `stream` belongs to the comm's
+// device. what names the calling function.
+tideResult_t checkLayoutAndStream(tideComm* comm, const LayoutView& view, cudaStream_t stream, const char* what);
+
+// tideInvalidArgument unless p is device memory (device or managed) that the comm's device can address, aligned to
+// `align` bytes.
+tideResult_t checkDevicePointer(const tideComm* comm, const void* p, size_t align, const char* what);
+
+}  // namespace cuda
+}  // namespace tide
+
+#endif  // TIDE_CUDA_COMM_H_

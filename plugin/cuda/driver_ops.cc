@@ -1,0 +1,115 @@
+#include "driver_ops.h"
+
+#include <cuda.h>  // driver types only; no symbol of libcuda is linked
+
+#include <mutex>
+
+#include "../core/errors.h"
+#include "../core/log.h"
+#include "cuda_check.h"
+
+namespace tide {
+namespace cuda {
+namespace {
+
+using BatchMemOpFn = CUresult (*)(CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int);
+using ValueOp32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+using GetErrorNameFn = CUresult (*)(CUresult, const char**);
+
+struct DriverOps {
+  BatchMemOpFn batchMemOp = nullptr;
+  ValueOp32Fn waitValue32 = nullptr;
+  ValueOp32Fn writeValue32 = nullptr;
+  GetErrorNameFn getErrorName = nullptr;
+  tideResult_t status = tideSuccess;
+};
+
+DriverOps g_ops;
+std::once_flag g_once;
+
+// The v2 memop entry points date from CUDA 11.7 and are the default from 12.0; ask for the 12.0 ABI.
+constexpr unsigned int kAbiVersion = 12000;
+
+template <typename Fn>
+bool resolve(const char* name, Fn* out) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+  cudaError_t err = cudaGetDriverEntryPointByVersion(name, &fn, kAbiVersion, cudaEnableDefault, &q);
+  if (err != cudaSuccess || q != cudaDriverEntryPointSuccess || fn == nullptr) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  *out = reinterpret_cast<Fn>(fn);
+  return true;
+}
+
+void resolveAll() {
+  bool ok = resolve("cuStreamBatchMemOp", &g_ops.batchMemOp);
+  ok = resolve("cuStreamWaitValue32", &g_ops.waitValue32) && ok;
+  ok = resolve("cuStreamWriteValue32", &g_ops.writeValue32) && ok;
+  (void)resolve("cuGetErrorName", &g_ops.getErrorName);
+  if (!ok || g_ops.waitValue32 == nullptr || g_ops.writeValue32 == nullptr) {
+    g_ops.status = fail(tideUnsupported, "Cuda",
+                        "the CUDA driver does not provide stream memory operations (cuStreamWaitValue32/"
+                        "cuStreamWriteValue32, driver API 12.0); update the NVIDIA driver");
+  }
+}
+
+tideResult_t driverFail(CUresult res, const char* what) {
+  const char* name = "CUDA_ERROR_UNKNOWN";
+  if (g_ops.getErrorName) g_ops.getErrorName(res, &name);
+  (void)cudaGetLastError();
+  return fail(tideCudaError, "Cuda", "%s failed: %s (%d)", what, name ? name : "?", static_cast<int>(res));
+}
+
+}  // namespace
+
+tideResult_t driverOpsInit() {
+  std::call_once(g_once, resolveAll);
+  if (g_ops.status != tideSuccess) {
+    return fail(g_ops.status, "Cuda", "stream memory operations are unavailable (see the first warning)");
+  }
+  return tideSuccess;
+}
+
+tideResult_t enqueueFlagOps(cudaStream_t stream, const std::vector<FlagOp>& ops) {
+  if (ops.empty()) return tideSuccess;
+  TIDE_CHECK(driverOpsInit());
+  CUstream s = reinterpret_cast<CUstream>(stream);
+  if (g_ops.batchMemOp != nullptr) {
+    std::vector<CUstreamBatchMemOpParams> params(ops.size());
+    for (size_t i = 0; i < ops.size(); ++i) {
+      CUstreamBatchMemOpParams& p = params[i];
+      p = CUstreamBatchMemOpParams{};
+      if (ops[i].kind == FlagOp::kWait) {
+        p.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+        p.waitValue.address = reinterpret_cast<CUdeviceptr>(ops[i].addr);
+        p.waitValue.value = ops[i].value;
+        p.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+      } else {
+        p.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+        p.writeValue.address = reinterpret_cast<CUdeviceptr>(ops[i].addr);
+        p.writeValue.value = ops[i].value;
+        p.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+      }
+    }
+    // The driver caps the ops of one batch (256 on current drivers); stay well under it.
+    constexpr size_t kMaxBatch = 128;
+    for (size_t at = 0; at < params.size(); at += kMaxBatch) {
+      unsigned int n = static_cast<unsigned int>(std::min(kMaxBatch, params.size() - at));
+      CUresult res = g_ops.batchMemOp(s, n, params.data() + at, 0);
+      if (res != CUDA_SUCCESS) return driverFail(res, "cuStreamBatchMemOp");
+    }
+    return tideSuccess;
+  }
+  for (const FlagOp& op : ops) {
+    CUdeviceptr addr = reinterpret_cast<CUdeviceptr>(op.addr);
+    CUresult res = (op.kind == FlagOp::kWait) ? g_ops.waitValue32(s, addr, op.value, CU_STREAM_WAIT_VALUE_GEQ)
+                                               : g_ops.writeValue32(s, addr, op.value, CU_STREAM_WRITE_VALUE_DEFAULT);
+    if (res != CUDA_SUCCESS) return driverFail(res, op.kind == FlagOp::kWait ? "cuStreamWaitValue32" : "cuStreamWriteValue32");
+  }
+  return tideSuccess;
+}
+
+}  // namespace cuda
+}  // namespace tide

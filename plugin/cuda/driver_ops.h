@@ -1,0 +1,37 @@
+// Stream memory operations (flag writes and waits) through driver entry points resolved at run time.
+//
+// The library never links -lcuda: cuStreamBatchMemOp / cuStreamWriteValue32 / cuStreamWaitValue32 are looked up
+// with cudaGetDriverEntryPointByVersion on first use (never at load time, so the library loads without a GPU).
+// Waits use CU_STREAM_WAIT_VALUE_GEQ, which compares cyclically ((int32_t)(*addr - value) >= 0), so the epoch
+// counters may wrap. Writes use the default flags (with a memory barrier: every write issued earlier in the stream,
+// copies included, is visible before the flag is).
+#ifndef TIDE_CUDA_DRIVER_OPS_H_
+#define TIDE_CUDA_DRIVER_OPS_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "tide.h"
+
+namespace tide {
+namespace cuda {
+
+// One flag operation: wait until *addr >= value (cyclic), or write value to *addr.
+struct FlagOp {
+  enum Kind { kWait, kWrite } kind;
+  uint32_t* addr;
+  uint32_t value;
+};
+
+// Resolves the entry points (once per process). tideUnsupported if the driver lacks them.
+tideResult_t driverOpsInit();
+
+// Enqueues ops on stream, in order, as one cuStreamBatchMemOp (falls back to one call per op).
+tideResult_t enqueueFlagOps(cudaStream_t stream, const std::vector<FlagOp>& ops);
+
+}  // namespace cuda
+}  // namespace tide
+
+#endif  // TIDE_CUDA_DRIVER_OPS_H_

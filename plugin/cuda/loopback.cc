@@ -1,0 +1,210 @@
+#include "loopback.h"
+
+#include "../core/errors.h"
+#include "../core/log.h"
+#include "cuda_check.h"
+
+namespace tide {
+namespace cuda {
+namespace {
+
+// Zero source for RS padding; a larger padding run is filled with several copies of it.
+constexpr size_t kZeroBytes = 1 << 20;
+
+// Switches to `device` for the lifetime of the object and back afterwards.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&prev_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      prev_ = -1;
+    }
+    if (prev_ != device) (void)cudaSetDevice(device);
+  }
+  ~DeviceGuard() {
+    int cur = -1;
+    if (prev_ >= 0 && cudaGetDevice(&cur) == cudaSuccess && cur != prev_) (void)cudaSetDevice(prev_);
+  }
+
+ private:
+  int prev_ = -1;
+};
+
+}  // namespace
+
+tideResult_t LoopbackProvider::create(int nRanks, int device, std::shared_ptr<LoopbackProvider>* out) {
+  std::shared_ptr<LoopbackProvider> p(new LoopbackProvider(nRanks, device));
+  DeviceGuard guard(device);
+  p->slots_.resize(nRanks);
+  TIDE_CUDA_CHECK(cudaSetDevice(device));
+  size_t flagBytes = sizeof(uint32_t) * flag::kWords * nRanks;
+  TIDE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p->flagMem_), flagBytes));
+  TIDE_CUDA_CHECK(cudaMalloc(&p->zeros_, kZeroBytes));
+  p->zeroBytes_ = kZeroBytes;
+  TIDE_CUDA_CHECK(cudaMemset(p->flagMem_, 0, flagBytes));
+  TIDE_CUDA_CHECK(cudaMemset(p->zeros_, 0, kZeroBytes));
+  // The memsets run on the legacy stream, which non-blocking streams do not wait for: finish them here.
+  TIDE_CUDA_CHECK(cudaDeviceSynchronize());
+  TIDE_INFO("Cuda", "loopback world: %d virtual ranks on device %d", nRanks, device);
+  *out = std::move(p);
+  return tideSuccess;
+}
+
+LoopbackProvider::~LoopbackProvider() {
+  DeviceGuard guard(device_);
+  for (auto& rankSlots : slots_)
+    for (auto& s : rankSlots)
+      if (s.live) (void)cudaFree(s.base);
+  for (auto& g : staging_)
+    for (void* p : g.ptrs) (void)cudaFree(p);
+  if (flagMem_) (void)cudaFree(flagMem_);
+  if (zeros_) (void)cudaFree(zeros_);
+  (void)cudaGetLastError();
+}
+
+tideResult_t LoopbackProvider::slotAlloc(int rank, size_t bytes, void** ptr) {
+  if (bytes == 0) return fail(tideInvalidArgument, "Cuda", "tideSlotAlloc: bytes must be > 0");
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Slot>& mine = slots_[rank];
+  size_t index = mine.size();
+  // Collective rule: a peer that already made its index-th allocation must have used the same size.
+  for (int q = 0; q < nRanks_; ++q) {
+    if (q != rank && slots_[q].size() > index && slots_[q][index].bytes != bytes) {
+      return fail(tideInvalidUsage, "Cuda",
+                  "tideSlotAlloc: virtual rank %d's allocation #%zu has %zu bytes but rank %d's has %zu; every rank "
+                  "must allocate the same sizes in the same order",
+                  rank, index, bytes, q, slots_[q][index].bytes);
+    }
+  }
+  DeviceGuard guard(device_);
+  void* p = nullptr;
+  TIDE_CUDA_CHECK(cudaMalloc(&p, bytes));
+  mine.push_back(Slot{static_cast<char*>(p), bytes, true});
+  *ptr = p;
+  TIDE_TRACE("Cuda", "slot alloc rank %d #%zu: %zu bytes at %p", rank, index, bytes, p);
+  return tideSuccess;
+}
+
+tideResult_t LoopbackProvider::slotFree(int rank, void* ptr) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Slot& s : slots_[rank]) {
+    if (s.live && s.base == ptr) {
+      DeviceGuard guard(device_);
+      s.live = false;
+      TIDE_CUDA_CHECK(cudaFree(ptr));
+      return tideSuccess;
+    }
+  }
+  return fail(tideInvalidArgument, "Cuda", "tideSlotFree: %p is not a live slot of virtual rank %d", ptr, rank);
+}
+
+tideResult_t LoopbackProvider::peerPtr(int rank, const void* local, size_t bytes, int peer, const char* what,
+                                       void** out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const char* p = static_cast<const char*>(local);
+  const std::vector<Slot>& mine = slots_[rank];
+  for (size_t k = 0; k < mine.size(); ++k) {
+    const Slot& s = mine[k];
+    if (!s.live || p < s.base || p >= s.base + s.bytes) continue;
+    size_t off = static_cast<size_t>(p - s.base);
+    if (bytes > s.bytes - off) {
+      return fail(tideInvalidArgument, "Cuda",
+                  "%s: region of %zu bytes at offset %zu runs past the end of virtual rank %d's slot (%zu bytes)", what,
+                  bytes, off, rank, s.bytes);
+    }
+    if (peer == rank) {
+      *out = const_cast<char*>(p);
+      return tideSuccess;
+    }
+    const std::vector<Slot>& theirs = slots_[peer];
+    if (theirs.size() <= k || !theirs[k].live || theirs[k].bytes != s.bytes) {
+      return fail(tideInvalidUsage, "Cuda",
+                  "%s: virtual rank %d has no slot #%zu matching rank %d's (%zu bytes): allocate slots on every rank "
+                  "in the same order with the same sizes",
+                  what, peer, k, rank, s.bytes);
+    }
+    *out = theirs[k].base + off;
+    return tideSuccess;
+  }
+  return fail(tideInvalidArgument, "Cuda", "%s: %p is not inside a live slot of virtual rank %d (use tideSlotAlloc)",
+              what, local, rank);
+}
+
+uint32_t* LoopbackProvider::flags(int rank, int owner) {
+  (void)rank;
+  return flagMem_ + static_cast<size_t>(owner) * flag::kWords;
+}
+
+tideResult_t LoopbackProvider::ownStaging(int rank, int owner, uint64_t bytes, uint64_t epoch, void** out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Generation valid for this epoch: the last one that started at or before it.
+  int gen = -1;
+  for (int g = static_cast<int>(staging_.size()) - 1; g >= 0; --g) {
+    if (staging_[g].startEpoch <= epoch) {
+      gen = g;
+      break;
+    }
+  }
+  if (gen < 0 || staging_[gen].bytes < bytes) {
+    bool isLatest = (gen == static_cast<int>(staging_.size()) - 1);
+    bool startsHere = gen >= 0 && staging_[gen].startEpoch == epoch;
+    if (!isLatest || startsHere) {
+      return fail(tideMismatch, "Cuda",
+                  "reduce-scatter epoch %llu: virtual rank %d needs %llu bytes of own staging but another rank of the "
+                  "same epoch used a smaller layout; every rank must pass the same layout in the same order",
+                  static_cast<unsigned long long>(epoch), rank, static_cast<unsigned long long>(bytes));
+    }
+    // Grow for every rank at once. Older generations stay allocated until the world is destroyed: work already
+    // enqueued may still use them, and the hot path must not synchronize.
+    StagingGen g;
+    g.startEpoch = epoch;
+    g.bytes = bytes;
+    DeviceGuard guard(device_);
+    for (int q = 0; q < nRanks_; ++q) {
+      void* p = nullptr;
+      cudaError_t err = cudaMalloc(&p, bytes);
+      if (err != cudaSuccess) {
+        for (void* x : g.ptrs) (void)cudaFree(x);
+        return cudaFail(err, "cudaMalloc(own RS staging)", __FILE__, __LINE__);
+      }
+      g.ptrs.push_back(p);
+    }
+    TIDE_INFO("Cuda", "loopback: own RS staging grown to %llu bytes per rank from epoch %llu",
+              static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(epoch));
+    staging_.push_back(std::move(g));
+    gen = static_cast<int>(staging_.size()) - 1;
+  }
+  *out = staging_[gen].ptrs[owner];
+  return tideSuccess;
+}
+
+const void* LoopbackProvider::zeros(size_t* bytes) {
+  *bytes = zeroBytes_;
+  return zeros_;
+}
+
+tideResult_t LoopbackProvider::checkStream(int rank, CollKind kind, uint64_t epoch, cudaStream_t stream) {
+  if (stream == nullptr || stream == cudaStreamLegacy) {
+    return fail(tideInvalidUsage, "Cuda",
+                "loopback world: virtual rank %d passed the legacy default stream; every virtual rank needs a "
+                "non-default stream of its own (a shared stream deadlocks on the cross-rank flags)",
+                rank);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  StreamUse* uses = streamUse_[static_cast<int>(kind)];
+  for (int q = 0; q < nRanks_; ++q) {
+    if (q != rank && uses[q].epoch == epoch && uses[q].stream == stream) {
+      return fail(tideInvalidUsage, "Cuda",
+                  "loopback world: virtual ranks %d and %d use the same stream for one %s; every virtual rank needs "
+                  "a stream of its own (this world is now unusable: rank %d's enqueued work waits for a rank that "
+                  "cannot run)",
+                  q, rank, kind == CollKind::kAllGather ? "all-gather" : "reduce-scatter", q);
+    }
+  }
+  uses[rank].epoch = epoch;
+  uses[rank].stream = stream;
+  return tideSuccess;
+}
+
+}  // namespace cuda
+}  // namespace tide

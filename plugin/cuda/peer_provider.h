@@ -1,0 +1,86 @@
+// Peer memory providers: where a virtual or real rank's slots, flags and own RS staging live, and how one rank
+// addresses another rank's memory.
+//
+// The executors (ag_executor.cc, rs_executor.cc) see only this interface, so the loopback provider of this issue
+// and the NCCL providers (windows, CUDA IPC) of the NCCL-binding issue plug in without touching them.
+// Addresses returned here are device addresses that the calling rank's device can read and write directly
+// (peer-mapped); for loopback they are plain allocations on the one device.
+#ifndef TIDE_CUDA_PEER_PROVIDER_H_
+#define TIDE_CUDA_PEER_PROVIDER_H_
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tide.h"
+
+namespace tide {
+namespace cuda {
+
+// Flag words of one rank (uint32 each, zero at creation). A peer writes into these words of the owner's array.
+namespace flag {
+constexpr int kAgReady = 0;      // owner: AG epoch it has entered (its slot may be written)
+constexpr int kRsEnter = 1;      // owner: RS epoch it has entered (its staging may be written)
+constexpr int kRsConsumed = 2;   // owner: global RS chunk number it has reduced (that staging buffer is free again)
+constexpr int kAgDone = 64;      // + source local rank: AG epoch whose copies into the owner have completed
+constexpr int kRsFull = 128;     // + source local rank: global RS chunk number pushed into the owner's staging
+constexpr int kMaxLocalRanks = 64;
+constexpr int kWords = 256;
+}  // namespace flag
+
+// Kinds of collective, for the loopback stream check.
+enum class CollKind { kAllGather = 0, kReduceScatter = 1 };
+
+class PeerProvider {
+ public:
+  virtual ~PeerProvider() = default;
+
+  virtual const char* name() const = 0;
+  virtual int worldSize() const = 0;
+  virtual int device() const = 0;
+
+  // Collective slot allocation (same order and sizes on every rank).
+  virtual tideResult_t slotAlloc(int rank, size_t bytes, void** ptr) = 0;
+  virtual tideResult_t slotFree(int rank, void* ptr) = 0;
+
+  // Address, as seen by `rank`, of peer `peer`'s copy of the slot region [local, local + bytes) of `rank`.
+  // tideInvalidArgument if the region is not inside one of rank's slots (what names the argument);
+  // tideInvalidUsage if the peer has not (yet) allocated the matching slot.
+  virtual tideResult_t peerPtr(int rank, const void* local, size_t bytes, int peer, const char* what,
+                               void** out) = 0;
+
+  // Device address of `owner`'s flag array (flag::kWords words), as seen by `rank`.
+  virtual uint32_t* flags(int rank, int owner) = 0;
+
+  // The provider's own RS staging buffer of `owner` (at least `bytes`) for the RS epoch `epoch`, as seen by `rank`.
+  // Every rank of one epoch gets the same buffers. Errors: tideOutOfMemory, tideMismatch (ranks disagree on size).
+  virtual tideResult_t ownStaging(int rank, int owner, uint64_t bytes, uint64_t epoch, void** out) = 0;
+
+  // Device buffer of zeros (at least *bytes long) that a copy engine reads to fill padding.
+  virtual const void* zeros(size_t* bytes) = 0;
+
+  // NVLink multicast address of the slot region, or nullptr if the provider has none (loopback never has one; the
+  // NCCL provider hands out only what ncclGetLsaMultimemDevicePointer returns; TIDE never creates multicast objects).
+  virtual void* multicastPtr(int rank, const void* local, size_t bytes) {
+    (void)rank;
+    (void)local;
+    (void)bytes;
+    return nullptr;
+  }
+
+  // Provider-specific check of the stream a rank uses for a collective epoch (loopback: each virtual rank needs a
+  // stream of its own, never the legacy default stream). Default: nothing to check.
+  virtual tideResult_t checkStream(int rank, CollKind kind, uint64_t epoch, cudaStream_t stream) {
+    (void)rank;
+    (void)kind;
+    (void)epoch;
+    (void)stream;
+    return tideSuccess;
+  }
+};
+
+}  // namespace cuda
+}  // namespace tide
+
+#endif  // TIDE_CUDA_PEER_PROVIDER_H_

@@ -1,0 +1,238 @@
+// TIDE-RS on one node: copy-engine pushes into each owner's staging (phase 1), a short-lived reduce kernel per chunk
+// on the owner (phase 2), pipelined over the chunks of the packed output.
+//
+// Chunks: the layout cuts each rank's packed output into numChunks ranges of chunkNumel output elements. Chunk k of
+// owner d holds, for every parameter i overlapping the range, gradient elements d*shard_i + q of every rank (q the
+// position inside the shard; elements at or past numel_i are padding and are filled with zeros from a zero buffer,
+// so the kernel folds dense inputs). Staging (caller's Slot-Reuse region or the provider's own buffer) holds
+// nb = (numChunks > 1 ? 2 : 1) buffers of R inputs, input s at buffer + s * chunkNumel * elemSize.
+//
+// Flags (values: the comm's RS epoch e, and a global chunk counter g that every rank advances identically):
+//   caller stream S: write own enter = e; fork the side stream P; for each chunk k: wait own full[s] >= g_k for all
+//                    s, reduce kernel, write own consumed = g_k; join P.
+//   side stream P:   for each chunk k: wait, for every owner d, enter(d) >= e (k < nb: d entered this call, so all
+//                    its earlier chunks are reduced and its staging region is free) or consumed(d) >= g_{k-nb} (the
+//                    buffer's previous chunk is reduced); CE batch of the chunk into every owner; write full[me] = g_k
+//                    into every owner's flags.
+// Phase 1 of chunk k+1 (on P) therefore overlaps phase 2 of chunk k (on S).
+#include <cinttypes>
+#include <cmath>
+
+#include "../core/errors.h"
+#include "../core/log.h"
+#include "copy_batch.h"
+#include "cuda_check.h"
+#include "driver_ops.h"
+#include "executors.h"
+#include "reduce_kernel.h"
+
+namespace tide {
+namespace cuda {
+namespace {
+
+bool reducible(tideDataType_t t) { return t == tideBfloat16 || t == tideFloat16 || t == tideFloat32; }
+
+size_t typeSize(tideDataType_t t) { return t == tideFloat32 ? 4 : 2; }
+
+const char* typeName(tideDataType_t t) {
+  switch (t) {
+    case tideBfloat16:
+      return "bf16";
+    case tideFloat16:
+      return "fp16";
+    case tideFloat32:
+      return "fp32";
+    default:
+      return "non-reducible";
+  }
+}
+
+}  // namespace
+
+tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* const* grads, void* out,
+                           tideDataType_t outType, tideRedOp_t op, float scale, void* staging, cudaStream_t stream) {
+  static const char* kWhat = "tideReduceScatter";
+  std::shared_ptr<const LayoutView> viewPtr;
+  TIDE_CHECK(layoutView(comm, layout, &viewPtr));
+  const LayoutView& v = *viewPtr;
+  TIDE_CHECK(checkLayoutAndStream(comm, v, stream, kWhat));
+  const int W = comm->worldSize;
+  const int R = v.info.ranksPerNode;  // == W (single node, checked above)
+  const int me = comm->rank;
+  const int nParams = v.info.nParams;
+
+  // Arguments.
+  if (static_cast<int>(op) < 0 || static_cast<int>(op) >= static_cast<int>(tideNumRedOps)) {
+    return fail(tideInvalidArgument, "Cuda", "%s: op is %d; use tideSum, tideAvg or tidePremulSum", kWhat,
+                static_cast<int>(op));
+  }
+  if (!reducible(outType)) {
+    return fail(tideInvalidArgument, "Cuda", "%s: outType %d is not tideFloat32, tideBfloat16 or tideFloat16", kWhat,
+                static_cast<int>(outType));
+  }
+  if (!std::isfinite(scale)) return fail(tideInvalidArgument, "Cuda", "%s: scale is not finite", kWhat);
+  const tideDataType_t inType = v.params[0].dtype;
+  for (int i = 0; i < nParams; ++i) {
+    if (!reducible(v.params[i].dtype)) {
+      return fail(tideInvalidArgument, "Cuda", "%s: parameter %d has dtype %d; reduce-scatter takes bf16, fp16 or fp32",
+                  kWhat, i, static_cast<int>(v.params[i].dtype));
+    }
+  }
+  if (!v.uniformDtype) {
+    for (int i = 0; i < nParams; ++i) {
+      if (v.params[i].dtype != inType) {
+        return fail(tideUnsupported, "Cuda",
+                    "%s: the CUDA reduce-scatter needs one gradient dtype per layout, but parameter 0 is %s and "
+                    "parameter %d is %s; split the group by dtype (or use the host executor)",
+                    kWhat, typeName(inType), i, typeName(v.params[i].dtype));
+      }
+    }
+  }
+  const size_t inElem = typeSize(inType), outElem = typeSize(outType);
+  if (grads == nullptr) return fail(tideInvalidArgument, "Cuda", "%s: grads is NULL", kWhat);
+  for (int i = 0; i < nParams; ++i) {
+    char what[64];
+    snprintf(what, sizeof(what), "%s: grads[%d]", kWhat, i);
+    TIDE_CHECK(checkDevicePointer(comm, grads[i], inElem, what));
+  }
+  TIDE_CHECK(checkDevicePointer(comm, out, outElem, "tideReduceScatter: out"));
+
+  // Staging geometry: nb buffers of R inputs of chunkNumel elements.
+  const uint64_t chunk = v.info.rsChunkNumel;
+  const int numChunks = v.info.rsNumChunks;
+  const int nb = numChunks > 1 ? 2 : 1;
+  const uint64_t srcStride = chunk * inElem;
+  const uint64_t bufBytes = static_cast<uint64_t>(R) * srcStride;
+  const uint64_t need = bufBytes * nb;
+  if (need > v.info.rsStagingBytes) {
+    return fail(tideInternalError, "Cuda", "%s: staging needs %" PRIu64 " bytes but the layout reserves %" PRIu64,
+                kWhat, need, v.info.rsStagingBytes);
+  }
+  const uint64_t outBytes = v.info.rsOutNumel * outElem;
+  std::vector<char*> stagingOf(W);
+  if (staging != nullptr) {
+    if (reinterpret_cast<uintptr_t>(staging) % TIDE_SLOT_ALIGN != 0) {
+      return fail(tideInvalidArgument, "Cuda", "%s: staging (%p) is not aligned to TIDE_SLOT_ALIGN (%d)", kWhat, staging,
+                  TIDE_SLOT_ALIGN);
+    }
+    for (int d = 0; d < W; ++d) {
+      void* p = nullptr;
+      TIDE_CHECK(comm->provider->peerPtr(me, staging, v.info.rsStagingBytes, d, "tideReduceScatter: staging", &p));
+      stagingOf[d] = static_cast<char*>(p);
+    }
+    const char* o = static_cast<const char*>(out);
+    if (o < stagingOf[me] + v.info.rsStagingBytes && o + outBytes > stagingOf[me]) {
+      return fail(tideInvalidArgument, "Cuda", "%s: out overlaps the staging region", kWhat);
+    }
+  }
+  // Gradients are read while the output is written (by the kernel, chunk by chunk): they must not overlap.
+  {
+    const char* o = static_cast<const char*>(out);
+    for (int i = 0; i < nParams; ++i) {
+      const char* g = static_cast<const char*>(grads[i]);
+      if (g < o + outBytes && g + v.params[i].numel * inElem > o) {
+        return fail(tideInvalidArgument, "Cuda", "%s: out overlaps grads[%d]", kWhat, i);
+      }
+    }
+  }
+
+  TIDE_CHECK(driverOpsInit());
+  const uint64_t epoch = comm->rsEpoch + 1;
+  TIDE_CHECK(comm->provider->checkStream(me, CollKind::kReduceScatter, epoch, stream));
+  if (staging == nullptr) {
+    for (int d = 0; d < W; ++d) {
+      void* p = nullptr;
+      TIDE_CHECK(comm->provider->ownStaging(me, d, need, epoch, &p));
+      stagingOf[d] = static_cast<char*>(p);
+    }
+  }
+  comm->rsEpoch = epoch;
+  const uint64_t g0 = comm->rsChunkSeq;  // chunk k has global number g0 + k + 1
+  comm->rsChunkSeq += static_cast<uint64_t>(numChunks);
+  const uint32_t e = static_cast<uint32_t>(epoch);
+  PeerProvider* pp = comm->provider.get();
+  uint32_t* own = pp->flags(me, me);
+  size_t zeroBytes = 0;
+  const char* zeros = static_cast<const char*>(pp->zeros(&zeroBytes));
+
+  // Enter, fork.
+  TIDE_CHECK(enqueueFlagOps(stream, {FlagOp{FlagOp::kWrite, own + flag::kRsEnter, e}}));
+  TIDE_CUDA_CHECK(cudaEventRecord(comm->forkEvent, stream));
+  TIDE_CUDA_CHECK(cudaStreamWaitEvent(comm->sideStream, comm->forkEvent, 0));
+
+  std::vector<FlagOp> ops;
+  CopyList copies;
+  int pi = 0;  // first parameter that can overlap the current chunk
+  for (int k = 0; k < numChunks; ++k) {
+    const uint64_t c0 = static_cast<uint64_t>(k) * chunk;
+    const uint64_t c1 = std::min(c0 + chunk, v.info.rsOutNumel);
+    const uint32_t gk = static_cast<uint32_t>(g0 + k + 1);
+    const int b = k % nb;
+
+    // Phase 1 (side stream): wait for each owner's buffer, push, announce.
+    ops.clear();
+    for (int d = 0; d < W; ++d) {
+      uint32_t* fd = pp->flags(me, d);
+      if (k < nb) {
+        // consumed >= g0 as well: d may have run its previous reduce-scatter on another stream.
+        ops.push_back({FlagOp::kWait, fd + flag::kRsEnter, e});
+        ops.push_back({FlagOp::kWait, fd + flag::kRsConsumed, static_cast<uint32_t>(g0)});
+      } else {
+        ops.push_back({FlagOp::kWait, fd + flag::kRsConsumed, static_cast<uint32_t>(g0 + (k - nb) + 1)});
+      }
+    }
+    TIDE_CHECK(enqueueFlagOps(comm->sideStream, ops));
+    copies.clear();
+    while (pi < nParams && v.params[pi].rsOutOffset + v.params[pi].shardNumel <= c0) ++pi;
+    for (int dd = 0; dd < W; ++dd) {
+      const int d = (me + dd) % W;
+      char* dst = stagingOf[d] + static_cast<uint64_t>(b) * bufBytes + static_cast<uint64_t>(me) * srcStride;
+      for (int i = pi; i < nParams && v.params[i].rsOutOffset < c1; ++i) {
+        const tideParamInfo_t& p = v.params[i];
+        const uint64_t lo = std::max(c0, p.rsOutOffset), hi = std::min(c1, p.rsOutOffset + p.shardNumel);
+        if (lo >= hi) continue;
+        const uint64_t q = lo - p.rsOutOffset;                          // position inside the shard
+        const uint64_t j = static_cast<uint64_t>(d) * p.shardNumel + q;  // gradient element
+        const uint64_t count = hi - lo;
+        const uint64_t valid = j >= p.numel ? 0 : std::min(count, p.numel - j);
+        char* to = dst + (lo - c0) * inElem;
+        copies.add(to, static_cast<const char*>(grads[i]) + j * inElem, valid * inElem);
+        for (uint64_t z = valid * inElem; z < count * inElem; z += zeroBytes) {
+          copies.add(to + z, zeros, std::min<uint64_t>(zeroBytes, count * inElem - z));
+        }
+      }
+    }
+    TIDE_CHECK(copies.enqueue(comm->sideStream, comm->device));
+    ops.clear();
+    for (int d = 0; d < W; ++d) ops.push_back({FlagOp::kWrite, pp->flags(me, d) + flag::kRsFull + me, gk});
+    TIDE_CHECK(enqueueFlagOps(comm->sideStream, ops));
+
+    // Phase 2 (caller's stream): wait for every input of this chunk, reduce, release the buffer.
+    ops.clear();
+    for (int s = 0; s < W; ++s) ops.push_back({FlagOp::kWait, own + flag::kRsFull + s, gk});
+    TIDE_CHECK(enqueueFlagOps(stream, ops));
+    ReduceArgs a;
+    a.staging = stagingOf[me] + static_cast<uint64_t>(b) * bufBytes;
+    a.srcStride = srcStride;
+    a.nSrc = R;
+    a.n = c1 - c0;
+    a.out = static_cast<char*>(out) + c0 * outElem;
+    a.inType = inType;
+    a.outType = outType;
+    a.op = op;
+    a.scale = scale;
+    a.divisor = static_cast<float>(W);
+    TIDE_CHECK(launchReduce(a, stream));
+    TIDE_CHECK(enqueueFlagOps(stream, {FlagOp{FlagOp::kWrite, own + flag::kRsConsumed, gk}}));
+  }
+
+  // Join: the caller's stream owns the gradients again only after the side stream has read them.
+  TIDE_CUDA_CHECK(cudaEventRecord(comm->joinEvent, comm->sideStream));
+  TIDE_CUDA_CHECK(cudaStreamWaitEvent(stream, comm->joinEvent, 0));
+  TIDE_TRACE("Cuda", "RS rank %d epoch %" PRIu64 ": %d chunks of %" PRIu64 " elements, staging %s", me, epoch,
+             numChunks, chunk, staging ? "slot" : "own");
+  return tideSuccess;
+}
+
+}  // namespace cuda
+}  // namespace tide
