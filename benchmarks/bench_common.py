@@ -383,8 +383,15 @@ def profile_gpu(ctx, fn, iters=5, warmup=2):
         with open(path) as f:
             data = json.load(f)
     events = data.get("traceEvents", []) if isinstance(data, dict) else data
+    n_sm = torch.cuda.get_device_properties(ctx.device).multi_processor_count if ctx.cuda else None
+    return parse_trace(events, iters, n_sm)
+
+
+def parse_trace(events, iters, n_sm=None):
+    """Per-call kernel/memcpy figures from chrome-trace events (see profile_gpu)."""
     kern, mem = [], []
     names = Counter()
+    sm_weighted = 0.0 if n_sm else None
     for e in events:
         if e.get("ph") != "X":
             continue
@@ -393,6 +400,12 @@ def profile_gpu(ctx, fn, iters=5, warmup=2):
         if cat == "kernel":
             kern.append(iv)
             names[str(e.get("name", "?"))[:80]] += 1
+            grid = (e.get("args") or {}).get("grid")
+            if sm_weighted is not None and isinstance(grid, list) and grid:
+                blocks = math.prod(int(g) for g in grid)
+                sm_weighted += (iv[1] - iv[0]) * min(1.0, blocks / n_sm)
+            else:
+                sm_weighted = None
         elif cat in ("gpu_memcpy", "gpu_memset"):
             mem.append(iv)
     return {
@@ -403,6 +416,7 @@ def profile_gpu(ctx, fn, iters=5, warmup=2):
         "n_memcpy": len(mem) / iters,
         "memcpy_us": sum(b - a for a, b in mem) / iters,
         "kernel_memcpy_overlap_us": _intersection_len(kern, mem) / iters,
+        "sm_weighted_us": None if sm_weighted is None else sm_weighted / iters,  # dur x min(1, CTAs/SMs)
         "kernel_names": dict(names.most_common(6)),
     }
 
@@ -503,3 +517,25 @@ def standalone(run, name=None, argv=None):
             json.dump(jsonable(res), f, indent=1)
     print(table(res.get("summary", [])))
     return res
+
+
+def selftest():
+    """CPU checks of the parts a dry run cannot reach otherwise (GPU trace parsing, stats)."""
+    ev = [
+        {"ph": "X", "cat": "kernel", "name": "k1", "ts": 0.0, "dur": 10.0, "args": {"grid": [66, 1, 1]}},
+        {"ph": "X", "cat": "kernel", "name": "k2", "ts": 5.0, "dur": 10.0, "args": {"grid": [264, 1, 1]}},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoD", "ts": 12.0, "dur": 8.0},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 0.0, "dur": 100.0},
+        {"ph": "i", "cat": "kernel", "name": "marker", "ts": 0.0},
+    ]
+    r = parse_trace(ev, iters=1, n_sm=132)
+    assert r["n_kernels"] == 2 and r["kernel_us"] == 20.0 and r["kernel_busy_us"] == 15.0, r
+    assert r["n_memcpy"] == 1 and r["memcpy_us"] == 8.0 and r["kernel_memcpy_overlap_us"] == 3.0, r
+    assert abs(r["sm_weighted_us"] - (10.0 * 0.5 + 10.0)) < 1e-9, r
+    assert parse_trace(ev[:1], iters=1, n_sm=None)["sm_weighted_us"] is None
+    s = stats([3.0, 1.0, 2.0, 4.0])
+    assert s["median"] == 2.5 and s["min"] == 1.0 and s["max"] == 4.0 and s["p25"] <= s["median"] <= s["p75"], s
+    lay = RefLayout([10 * 4, 5], 2, 4, 0, [4, 1])
+    assert [p.shard_numel for p in lay.params] == [12, 2] and lay.params[1].slot_offset == 256, vars(lay)
+    assert lay.send_bytes == 28 and lay.rs_out_numel == 14
+    return True

@@ -9,6 +9,7 @@ The compact summary table comes last on stdout; results.md is a snippet for benc
 """
 
 import argparse
+import faulthandler
 import json
 import os
 import sys
@@ -17,7 +18,7 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_common import Ctx, env_info, jsonable, row, table  # noqa: E402
+from bench_common import Ctx, env_info, jsonable, row, selftest, table  # noqa: E402
 
 BENCHES = ("ag_placement", "rs", "interference")
 
@@ -71,10 +72,17 @@ def main(argv=None):
     ap.add_argument("--out", required=True, help="directory for results.json and results.md")
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes, CUDA-only parts replaced")
     ap.add_argument("--only", default="", help=f"comma list out of {','.join(BENCHES)}")
+    ap.add_argument("--watchdog-s", type=float, default=480.0,
+                    help="dump every thread's stack and exit after this many seconds (a hung collective)")
     a = ap.parse_args(argv)
+    if a.watchdog_s > 0:
+        faulthandler.dump_traceback_later(a.watchdog_s, exit=True)
     os.makedirs(a.out, exist_ok=True)
     t_start = time.time()
     ctx = Ctx(a.dry_run)
+    if a.dry_run:
+        selftest()
+        print("# selftest (trace parsing, stats, reference layout): ok", flush=True)
     env = env_info(ctx)
     print("# env " + json.dumps(env), flush=True)
     results = {"env": env, "dry_run": a.dry_run, "benchmarks": {}}
@@ -110,6 +118,7 @@ def main(argv=None):
     results["errors"] = errors
     results["wall_s"] = time.time() - t_start
     _write(a.out, results)
+    faulthandler.cancel_dump_traceback_later()
     md = markdown(results, summary, errors)
     with open(os.path.join(a.out, "results.md"), "w") as f:
         f.write(md)
