@@ -124,7 +124,7 @@ def loopback8(ctx, model, iters, notes):
         base_out = [torch.empty(lay.slot_bytes, dtype=torch.uint8, device=ctx.device) for _ in range(W)]
         base_views = [param_views(b, lay, W) for b in base_out]
         flat_views = [f[: W * send_numel * 2].view(torch.bfloat16).view(W, send_numel) for f in flat_slots]
-        streams = [ctx.stream() for _ in range(W)] if ctx.cuda else None
+        streams = ctx.rank_streams(world)
 
         def tide_ag():
             ctx.fanout(streams)
@@ -148,8 +148,9 @@ def loopback8(ctx, model, iters, notes):
         for t in list(slots) + base_out + list(flat_slots):
             t.fill_(255)
         tide_ag()
+        ctx.world_sync(world)
         baseline()
-        ctx.sync()
+        ctx.world_sync(world)
         wrong = 0
         for r in range(W):
             for p in lay.params:
@@ -192,6 +193,8 @@ def run(ctx):
     iters = 3 if ctx.dry_run else 20
     notes, res, summary, errors = [], {"method": METHOD.format(iters=iters), "loopback8": [], "copy_out": []}, [], []
     res["notes"], res["summary"], res["errors"] = notes, summary, errors
+    notes.append("ag_placement: TIDE's per-rank SM time in the W=64 rows is the loopback-8 measurement (kernels "
+                 "launched by TIDE AG / 8); at W=64 only the baseline copy-out runs (TIDE places by the CE writes)")
     for m in models:
         tide_sm_us = None  # TIDE's measured SM time per rank per AG (transport + placement)
         try:

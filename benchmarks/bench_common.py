@@ -19,7 +19,11 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from types import SimpleNamespace
 
-import torch
+# nccl_tide.cuda: with 5+ virtual ranks, more busy streams than hardware queues can alias two ranks onto one
+# queue and deadlock on the cross-rank flags; this must be set before CUDA initializes.
+os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+
+import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TIDE_SLOT_ALIGN = 256
@@ -187,6 +191,33 @@ class Ctx:
     # streams and events
     def stream(self):
         return torch.cuda.Stream() if self.cuda else None
+
+    def streams_avoiding(self, n, avoid=()):
+        """n distinct streams, none equal to a stream in `avoid` (torch hands out streams round-robin
+        from a pool of 32, so a later request can return a stream already in use elsewhere)."""
+        if not self.cuda:
+            return [None] * n
+        seen = {int(s.cuda_stream) for s in avoid if s is not None}
+        out = []
+        for _ in range(128):
+            s = torch.cuda.Stream()
+            if int(s.cuda_stream) not in seen:
+                seen.add(int(s.cuda_stream))
+                out.append(s)
+                if len(out) == n:
+                    return out
+        raise RuntimeError(f"could not get {n} streams distinct from {len(avoid)} others")
+
+    @staticmethod
+    def rank_streams(world):
+        """The loopback world's own streams, one per virtual rank (None in the dry run)."""
+        return list(world.streams) if hasattr(world, "streams") else None
+
+    def world_sync(self, world, timeout=60.0):
+        """Host wait for the world's streams with a timeout (a cross-rank deadlock raises instead of hanging)."""
+        if self.cuda and hasattr(world, "synchronize"):
+            world.synchronize(timeout=timeout)
+        self.sync()
 
     def event(self):
         return torch.cuda.Event(enable_timing=True) if self.cuda else CpuEvent()

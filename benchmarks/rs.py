@@ -89,7 +89,7 @@ def rs_model(ctx, model, iters, notes):
     try:
         grads = [[rand(ctx, s, torch.bfloat16, seed=1000 * r + i) for i, (_, s) in enumerate(shapes)] for r in range(W)]
         outs = [torch.empty(M, dtype=torch.float32, device=ctx.device) for _ in range(W)]
-        streams = [ctx.stream() for _ in range(W)] if ctx.cuda else None
+        streams = ctx.rank_streams(world)
         rsin = torch.empty(W, W * M, dtype=torch.float32, device=ctx.device)
         base_out = torch.empty(W, M, dtype=torch.float32, device=ctx.device)
 
@@ -114,6 +114,7 @@ def rs_model(ctx, model, iters, notes):
             o.fill_(float("nan"))
         base_out.fill_(float("nan"))
         tide_rs()
+        ctx.world_sync(world)
         baseline()
         ctx.sync()
         res["check"] = _check(rsin, base_out, outs, W, M)
@@ -131,7 +132,7 @@ def rs_model(ctx, model, iters, notes):
             res["one_chunk_num_chunks"] = getattr(lays1[0], "rs_num_chunks", None)
             staging = None  # the world's own staging (grown by the library to the layout's rs_staging_bytes)
             tide_rs(lays1, staging)
-            ctx.sync()
+            ctx.world_sync(world)
             res["one_chunk_check"] = _check(rsin, base_out, outs, W, M, ref_only=True)
             res["one_chunk_profile"] = profile_gpu(ctx, lambda: tide_rs(lays1, staging))
             res["one_chunk_ms"] = time_ms(ctx, lambda: tide_rs(lays1, staging), iters)
