@@ -204,9 +204,10 @@ def run(ctx):
             tide_sm_us = pt["kernel_us"] / r["virtual_ranks"]
             summary.append(row(1, f"AG loopback-8 e2e {m}", r["tide_ag_ms"]["median"], r["baseline_ms"]["median"],
                                r["speedup"], "info (8-GPU target >=1.3x)", None, "ms"))
-            summary.append(row(3, f"kernels per TIDE AG (8 ranks) {m}", pt["n_kernels"], r["baseline_profile"]["n_kernels"],
-                               None, "0", pt["n_kernels"] == 0, "kernels"))
-            summary.append(row(1, f"AG wrong regions {m}", r["wrong_regions"], None, None, "0", r["wrong_regions"] == 0))
+            summary.append(row(3, f"kernels per TIDE AG (8 ranks) {m}", pt["n_kernels"],
+                               r["baseline_profile"]["n_kernels"], None, "0", pt["n_kernels"] == 0, "kernels"))
+            summary.append(row(1, f"AG wrong regions {m}", r["wrong_regions"], None, None, "0",
+                               r["wrong_regions"] == 0))
         except Exception as e:
             _fail(errors, f"loopback8 {m}", e)
             ctx.free()

@@ -33,7 +33,8 @@ def markdown(results, summary, errors):
     lines = [
         f"### One H200 benchmarks (issue 3), {e['date_utc']} UTC, commit {e.get('git_commit')}",
         "",
-        f"Command: `{e['command']}`" + (" (dry run: CPU, tiny sizes; numbers are meaningless)" if results["dry_run"] else ""),
+        f"Command: `{e['command']}`"
+        + (" (dry run: CPU, tiny sizes; numbers are meaningless)" if results["dry_run"] else ""),
         "",
         f"Device: {e['device']}; torch {e['torch']}, CUDA {e['cuda_runtime']}, NCCL (torch) {e.get('nccl_torch')}, "
         f"nccl-tide {e.get('nccl_tide')} (library {e.get('nccl_tide_library')}), Python {e['python']}.",
