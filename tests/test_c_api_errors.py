@@ -6,10 +6,9 @@ import os
 import subprocess
 import sys
 
+import nccl_tide
 import numpy as np
 import pytest
-
-import nccl_tide
 from nccl_tide import InvalidArgumentError, Layout, UnsupportedError, host_all_gather, host_reduce_scatter
 from nccl_tide import _native as N
 from nccl_tide.data import random_values
@@ -118,8 +117,19 @@ def test_query_errors(native):
 
 def test_error_strings(native):
     lib = N.lib()
-    names = ["tideSuccess", "tideInvalidArgument", "tideInvalidUsage", "tideUnsupported", "tideOutOfMemory",
-             "tideCudaError", "tideNcclError", "tideSystemError", "tideMismatch", "tideTimeout", "tideInternalError"]
+    names = [
+        "tideSuccess",
+        "tideInvalidArgument",
+        "tideInvalidUsage",
+        "tideUnsupported",
+        "tideOutOfMemory",
+        "tideCudaError",
+        "tideNcclError",
+        "tideSystemError",
+        "tideMismatch",
+        "tideTimeout",
+        "tideInternalError",
+    ]
     for code, name in enumerate(names):
         s = lib.tideGetErrorString(code).decode()
         assert s.startswith(name), s
@@ -128,8 +138,12 @@ def test_error_strings(native):
 
 
 def _poisoned_tables(lay, world):
-    shards = [[random_values(np.random.default_rng(r), p.dtype, p.shard_numel) for p in lay.params] for r in range(world)]
-    params = [[poisoned(p.shard_numel * world, nccl_tide.dtypes.dtype(p.dtype)) for p in lay.params] for _ in range(world)]
+    shards = [
+        [random_values(np.random.default_rng(r), p.dtype, p.shard_numel) for p in lay.params] for r in range(world)
+    ]
+    params = [
+        [poisoned(p.shard_numel * world, nccl_tide.dtypes.dtype(p.dtype)) for p in lay.params] for _ in range(world)
+    ]
     return shards, params
 
 
@@ -162,14 +176,23 @@ def test_host_reduce_scatter_bad_args_write_nothing(native):
     lib, world = N.lib(), 4
     numels = [50, 9]
     with Layout(numels, ["bf16", "fp32"], world, 2) as lay:
-        grads = [[random_values(np.random.default_rng(r), d, n) for d, n in zip(["bf16", "fp32"], numels)] for r in range(world)]
+        grads = [
+            [random_values(np.random.default_rng(r), d, n) for d, n in zip(["bf16", "fp32"], numels)]
+            for r in range(world)
+        ]
         outs = [poisoned(lay.rs_out_numel, nccl_tide.dtypes.dtype("fp32")) for _ in range(world)]
         src = N.pointer_table([a.ctypes.data for r in grads for a in r])
         dst = N.pointer_table([o.ctypes.data for o in outs])
         bad = {
             "NULL grads": (None, dst, N.tideFloat32, N.tideSum, 1.0),
             "NULL outs": (src, None, N.tideFloat32, N.tideSum, 1.0),
-            "NULL out entry": (src, N.pointer_table([None] + [o.ctypes.data for o in outs[1:]]), N.tideFloat32, N.tideSum, 1.0),
+            "NULL out entry": (
+                src,
+                N.pointer_table([None] + [o.ctypes.data for o in outs[1:]]),
+                N.tideFloat32,
+                N.tideSum,
+                1.0,
+            ),
             "out int8": (src, dst, N.tideInt8, N.tideSum, 1.0),
             "out fp8": (src, dst, N.tideFloat8e4m3, N.tideSum, 1.0),
             "out unknown": (src, dst, 99, N.tideSum, 1.0),
@@ -186,8 +209,12 @@ def test_host_reduce_scatter_bad_args_write_nothing(native):
         g = [[np.ones(40, np.int8)] for _ in range(world)]
         o = [poisoned(lay.rs_out_numel, nccl_tide.dtypes.dtype("fp32")) for _ in range(world)]
         rc = lib.tideHostReduceScatter(
-            lay.handle, N.pointer_table([x[0].ctypes.data for x in g]), N.pointer_table([x.ctypes.data for x in o]),
-            N.tideFloat32, N.tideSum, 1.0,
+            lay.handle,
+            N.pointer_table([x[0].ctypes.data for x in g]),
+            N.pointer_table([x.ctypes.data for x in o]),
+            N.tideFloat32,
+            N.tideSum,
+            1.0,
         )
         assert rc == N.tideInvalidArgument
         assert _all_poisoned(o)
@@ -264,8 +291,11 @@ def test_multicast_gate(native):
         "import ctypes; from nccl_tide import _native as N; v = ctypes.c_int(-1); "
         "assert N.lib().tideMulticastAllowed(ctypes.byref(v)) == 0; print(v.value)"
     )
-    base = {k: v for k, v in os.environ.items() if k not in
-            ("NCCL_TIDE_NVLS", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")}
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("NCCL_TIDE_NVLS", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
+    }
     for extra, want in MULTICAST_CASES:
         out = subprocess.run([sys.executable, "-c", code], env={**base, **extra}, capture_output=True, text=True)
         assert out.returncode == 0, out.stderr

@@ -2,12 +2,11 @@
 
 import numpy as np
 import pytest
-from tide_ref import ALL_DTYPES
-
 from nccl_tide import Layout, host_all_gather, host_reduce_scatter
 from nccl_tide import reference as ref
 from nccl_tide.data import random_values
 from nccl_tide.dtypes import dtype as to_dtype
+from tide_ref import ALL_DTYPES
 
 RS_IN = ["bf16", "fp16", "fp32"]
 CASES = [(1, 1), (2, 2), (3, 1), (4, 2), (6, 3), (8, 8), (8, 2), (12, 4), (16, 8), (24, 8)]
@@ -37,7 +36,7 @@ def bits(a):
 
 @pytest.mark.parametrize("world,rpn", CASES)
 def test_all_gather_byte_exact(world, rpn, rng):
-    for trial in range(3):
+    for _trial in range(3):
         numels, rows, dtypes = small_group(rng, world, ALL_DTYPES)
         with Layout(numels, dtypes, world, rpn, row_numels=rows) as lay:
             shards = [[random_values(rng, p.dtype, p.shard_numel) for p in lay.params] for _ in range(world)]
@@ -63,7 +62,9 @@ def test_all_gather_every_dtype_and_torch_inputs(rng):
             for r in range(world):
                 for i in range(3):
                     np.testing.assert_array_equal(bits(out_np[r][i]), bits(out_t[r][i]))
-                    np.testing.assert_array_equal(bits(out_np[r][i]), bits(ref.all_gather_param([s[i] for s in shards])))
+                    np.testing.assert_array_equal(
+                        bits(out_np[r][i]), bits(ref.all_gather_param([s[i] for s in shards]))
+                    )
 
 
 def test_all_gather_into_torch_bf16_outputs(rng):
@@ -71,7 +72,10 @@ def test_all_gather_into_torch_bf16_outputs(rng):
     world = 3
     with Layout([10, 7], "bf16", world) as lay:
         shards = [[torch.randn(p.shard_numel).bfloat16() + 3 for p in lay.params] for _ in range(world)]
-        outs = [[torch.full((p.shard_numel * world,), float("nan"), dtype=torch.bfloat16) for p in lay.params] for _ in range(world)]
+        outs = [
+            [torch.full((p.shard_numel * world,), float("nan"), dtype=torch.bfloat16) for p in lay.params]
+            for _ in range(world)
+        ]
         host_all_gather(lay, shards, outs)
         for r in range(world):
             for i in range(2):
@@ -151,4 +155,3 @@ def test_padding_of_premul_with_negative_scale(rng):
         for r in range(world):
             np.testing.assert_array_equal(outs[r].view(np.uint32), want[r].view(np.uint32))
         assert want[3].view(np.uint32)[0] == 0x80000000
-

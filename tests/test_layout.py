@@ -3,10 +3,9 @@
 import math
 
 import pytest
-from tide_ref import ALL_DTYPES, SLOT_ALIGN, divisors_upto, ref_layout
-
 from nccl_tide import Layout
 from nccl_tide.layout import default_ranks_per_node
+from tide_ref import ALL_DTYPES, SLOT_ALIGN, divisors_upto, ref_layout
 
 WORLDS = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64]
 
@@ -40,7 +39,7 @@ def random_group(rng, world, n_params=None):
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_layout_matches_reference(world, rng):
-    for trial in range(6):
+    for _trial in range(6):
         rpn = int(rng.choice(divisors_upto(world, 8)))
         rank = int(rng.integers(0, world))
         numels, rows, dtypes = random_group(rng, world)
@@ -129,7 +128,7 @@ def test_torch_dtypes_accepted():
 def test_staging_independent_of_world_size(rng):
     """RS staging depends on ranks per node and chunk, never on world size (Slot-Reuse)."""
     # 16/64/512 ranks of 8 per node: 2, 8, 64 nodes (all multi-node); same per-rank shard sizes.
-    for trial in range(3):
+    for _trial in range(3):
         shard_rows = [int(x) for x in rng.integers(1, 2000, size=4)]
         rows = [int(x) for x in rng.choice([1, 128, 4096], size=4)]
         chunk = int(rng.choice([4096, 1 << 20, 32 << 20]))

@@ -7,9 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import nccl_tide
+import pytest
 from nccl_tide import _native as N
 from nccl_tide import errors
 from nccl_tide.models import MODELS, model_params, numels_and_rows
@@ -17,9 +16,9 @@ from nccl_tide.models import MODELS, model_params, numels_and_rows
 
 def header_functions(repo):
     text = (repo / "include" / "tide.h").read_text()
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.DOTALL)
     protos = {}
-    for m in re.finditer(r"^[\w\s\*]*?\b(tide[A-Z]\w*)\s*\(([^;{]*?)\)\s*;", text, flags=re.M | re.S):
+    for m in re.finditer(r"^[\w\s\*]*?\b(tide[A-Z]\w*)\s*\(([^;{]*?)\)\s*;", text, flags=re.MULTILINE | re.DOTALL):
         args = m.group(2).strip()
         protos[m.group(1)] = 0 if args in ("", "void") else args.count(",") + 1
     return protos
@@ -38,7 +37,7 @@ def test_every_header_function_is_bound(native, repo):
 def test_struct_layouts_match_the_c_compiler(tmp_path, repo):
     """sizeof/offsetof of every tide.h struct, as g++ sees it, equals the ctypes mirror."""
     structs = ["tideConfig_t", "tideLayoutDesc_t", "tideLayoutInfo_t", "tideParamInfo_t", "tideScheduleStep_t"]
-    lines = ['#include <cstdio>', '#include <cstddef>', '#include "tide.h"', "int main() {"]
+    lines = ["#include <cstdio>", "#include <cstddef>", '#include "tide.h"', "int main() {"]
     for s in structs:
         lines.append(f'  printf("{s} SIZEOF %zu\\n", sizeof({s}));')
         for field, _ in getattr(N, s)._fields_:
@@ -73,7 +72,11 @@ def test_import_without_torch_and_library_path(native):
 
 def test_missing_library_error_says_what_to_do(tmp_path):
     env = dict(os.environ, NCCL_TIDE_LIBRARY_PATH=str(tmp_path / "nope.so"))
-    code = "import nccl_tide\ntry:\n    nccl_tide.Layout([1], 'fp32', 1)\nexcept nccl_tide.LibraryNotFoundError as e:\n    print(e)"
+    code = (
+        "import nccl_tide\n"
+        "try:\n    nccl_tide.Layout([1], 'fp32', 1)\n"
+        "except nccl_tide.LibraryNotFoundError as e:\n    print(e)"
+    )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "nope.so" in out.stdout and "pip install" in out.stdout and "NCCL_TIDE_LIBRARY_PATH" in out.stdout
@@ -113,7 +116,14 @@ def test_models():
     assert set(MODELS) == {"llama3-8b-layer", "llama3-70b-layer", "qwen3-30b-a3b-layer"}
     # FSDP2 order for HF Llama: q, k, v, o, gate, up, down, norms.
     assert [n.split(".")[-2] for n, _ in model_params("llama3-8b-layer")] == [
-        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "input_layernorm",
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+        "input_layernorm",
         "post_attention_layernorm",
     ]
 
@@ -126,8 +136,17 @@ def test_c_smoke_program(native, repo, tmp_path):
     lib = Path(N.library_path())
     exe = tmp_path / "host_smoke"
     build = [
-        "g++", "-std=c++17", "-O2", f"-I{repo / 'include'}", f"-I{repo / 'plugin' / 'core'}", str(src),
-        str(repo / "plugin" / "core" / "dtype.cc"), str(lib), f"-Wl,-rpath,{lib.parent}", "-o", str(exe),
+        "g++",
+        "-std=c++17",
+        "-O2",
+        f"-I{repo / 'include'}",
+        f"-I{repo / 'plugin' / 'core'}",
+        str(src),
+        str(repo / "plugin" / "core" / "dtype.cc"),
+        str(lib),
+        f"-Wl,-rpath,{lib.parent}",
+        "-o",
+        str(exe),
     ]
     subprocess.run(build, check=True, capture_output=True, text=True)
     out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)

@@ -75,11 +75,30 @@ def test_fresh_venv_install_and_run(wheel, tmp_path):
     py, bin_ = venv / "bin" / "python", venv / "bin"
     r = subprocess.run([str(py), "-m", "pip", "install", "-q", str(wheel)], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    env = {k: v for k, v in os.environ.items() if k not in ("NCCL_TIDE_LIBRARY_PATH", "PYTHONPATH", "TIDE_PERF_TEST_CORRUPT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("NCCL_TIDE_LIBRARY_PATH", "PYTHONPATH", "TIDE_PERF_TEST_CORRUPT")
+    }
     code = "import nccl_tide, sys; p = nccl_tide.library_path(); assert p.startswith(sys.prefix), p; print(p)"
     r = subprocess.run([str(py), "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    cmd = [str(bin_ / "tide-perf"), "all_gather", "--backend", "host", "--ranks", "4", "-b", "1K", "-e", "64K", "-f", "4", "-c", "1"]
+    cmd = [
+        str(bin_ / "tide-perf"),
+        "all_gather",
+        "--backend",
+        "host",
+        "--ranks",
+        "4",
+        "-b",
+        "1K",
+        "-e",
+        "64K",
+        "-f",
+        "4",
+        "-c",
+        "1",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "# Out of bounds values : 0 OK" in r.stdout

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from nccl_tide.perf.cli import parse_size
 
 ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(-?\d+)" + r"\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)" * 2 + r"\s*$")
@@ -17,19 +16,40 @@ def tide_perf(*args, env=None, timeout=300):
     e = dict(os.environ)
     e.pop("TIDE_PERF_TEST_CORRUPT", None)
     e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "nccl_tide.perf", *args], capture_output=True, text=True, env=e, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "nccl_tide.perf", *args], capture_output=True, text=True, env=e, timeout=timeout
+    )
 
 
 def parse(stdout):
     rows = [ROW.match(line).groups() for line in stdout.splitlines() if line and not line.startswith("#")]
-    foot = dict(re.findall(r"^# (Out of bounds values|Avg bus bandwidth)\s*: (\S+)", stdout, flags=re.M))
+    foot = dict(re.findall(r"^# (Out of bounds values|Avg bus bandwidth)\s*: (\S+)", stdout, flags=re.MULTILINE))
     return rows, foot
 
 
 def test_all_gather_table(tmp_path):
     js = tmp_path / "ag.json"
-    r = tide_perf("all_gather", "--backend", "host", "--ranks", "8", "-b", "1K", "-e", "64K", "-f", "4", "-c", "1",
-                  "-n", "3", "-d", "bf16", "-J", str(js))
+    r = tide_perf(
+        "all_gather",
+        "--backend",
+        "host",
+        "--ranks",
+        "8",
+        "-b",
+        "1K",
+        "-e",
+        "64K",
+        "-f",
+        "4",
+        "-c",
+        "1",
+        "-n",
+        "3",
+        "-d",
+        "bf16",
+        "-J",
+        str(js),
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "# Collective test starting: all_gather_perf" in r.stdout
     assert "# Collective test concluded: all_gather_perf" in r.stdout
@@ -52,8 +72,29 @@ def test_all_gather_table(tmp_path):
 
 @pytest.mark.parametrize("op", ["sum", "avg", "premul"])
 def test_reduce_scatter_ops_and_in_place(op):
-    r = tide_perf("reduce_scatter", "--ranks", "6", "--ranks-per-node", "3", "-b", "4K", "-e", "16K", "-f", "2",
-                  "-d", "bf16", "--out-type", "same", "-o", op, "-n", "2", "-c", "1")
+    r = tide_perf(
+        "reduce_scatter",
+        "--ranks",
+        "6",
+        "--ranks-per-node",
+        "3",
+        "-b",
+        "4K",
+        "-e",
+        "16K",
+        "-f",
+        "2",
+        "-d",
+        "bf16",
+        "--out-type",
+        "same",
+        "-o",
+        op,
+        "-n",
+        "2",
+        "-c",
+        "1",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     rows, foot = parse(r.stdout)
     assert len(rows) == 3 and all(x[3] == op and x[2] == "bfloat16" for x in rows)

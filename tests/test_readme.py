@@ -5,7 +5,7 @@ import re
 
 def readme_commands(repo):
     text = (repo / "README.md").read_text()
-    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL)
     return [b.strip() for b in blocks]
 
 

@@ -3,7 +3,6 @@
 import math
 
 import pytest
-
 from nccl_tide import Layout
 
 
@@ -15,7 +14,7 @@ def build(n_nodes, rpn, send_bytes, pace):
 
 def simulate(lay):
     """Runs every rank's steps; returns what each rank holds as {block rank: set of byte ranges}."""
-    N, R, B = lay.n_nodes, lay.ranks_per_node, lay.send_bytes
+    N, B = lay.n_nodes, lay.send_bytes
     steps = {n: lay.schedule(n) for n in range(N)}
     # Node-level holdings (identical on every rail): node -> block node -> covered byte ranges.
     held = {n: {n: {(0, B)}} for n in range(N)}
@@ -34,13 +33,20 @@ def simulate(lay):
                 assert 1 <= s.bytes <= lay.pace_bytes, s
                 assert s.offset + s.bytes <= B, s
                 # A node only sends what it held before the round started.
-                assert any(lo <= s.offset and s.offset + s.bytes <= hi for lo, hi in held[n].get(s.send_block_node, ())), s
+                assert any(
+                    lo <= s.offset and s.offset + s.bytes <= hi for lo, hi in held[n].get(s.send_block_node, ())
+                ), s
                 sent.setdefault(s.send_block_node, []).append((s.offset, s.bytes))
                 incoming.append((n, s))
             # Per round a node sends exactly cnt whole blocks.
             assert len(sent) == cnt and all(sum(b for _, b in v) == B for v in sent.values())
         # Every receive is matched by the peer's send of the same bytes.
-        sends = {(n, s.send_to_node, s.send_block_node, s.offset, s.bytes) for n in range(N) for s in steps[n] if s.round == k}
+        sends = {
+            (n, s.send_to_node, s.send_block_node, s.offset, s.bytes)
+            for n in range(N)
+            for s in steps[n]
+            if s.round == k
+        }
         for n, s in incoming:
             assert (s.recv_from_node, n, s.recv_block_node, s.offset, s.bytes) in sends, s
         for n, s in incoming:
@@ -74,9 +80,11 @@ def test_every_rank_ends_with_every_block(n_nodes):
                 for m in range(n_nodes):
                     assert covered(held[n].get(m, ()), lay.send_bytes), (n, m)
             ranks_holding = {
-                (n, l): {(m, j) for m in range(n_nodes) if covered(held[n].get(m, ()), lay.send_bytes) for j in range(rpn)}
+                (n, loc): {
+                    (m, j) for m in range(n_nodes) if covered(held[n].get(m, ()), lay.send_bytes) for j in range(rpn)
+                }
                 for n in range(n_nodes)
-                for l in range(rpn)
+                for loc in range(rpn)
             }
             every = {(m, j) for m in range(n_nodes) for j in range(rpn)}
             assert all(v == every for v in ranks_holding.values())

@@ -4,7 +4,8 @@ Written from the header's text only, never from the C++ sources, so the tests co
 implementations rather than one with itself.
 """
 
-from typing import List, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import List, NamedTuple
 
 SLOT_ALIGN = 256
 ELEM_SIZE = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1, "int32": 4}

@@ -26,11 +26,11 @@ from .host import host_all_gather, host_reduce_scatter
 from .layout import Layout, ParamInfo, Step
 
 
-
 def _find_version() -> str:
     # Installed: the distribution's metadata. Source checkout: the repo's VERSION file.
     try:
-        from importlib.metadata import PackageNotFoundError, version as _dist_version
+        from importlib.metadata import PackageNotFoundError
+        from importlib.metadata import version as _dist_version
 
         return _dist_version("nccl-tide")
     except (ImportError, PackageNotFoundError):
@@ -50,8 +50,8 @@ def library_version() -> str:
 
 
 __all__ = [
-    "CudaError",
     "DTYPES",
+    "CudaError",
     "InternalError",
     "InvalidArgumentError",
     "InvalidUsageError",

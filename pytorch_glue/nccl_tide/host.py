@@ -6,12 +6,14 @@ uint8 bits), filled with 0xFF bytes before the call so an unwritten element show
 or pass your own outputs (numpy or CPU torch), which are written in place.
 """
 
-from typing import Any, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, List, Optional
 
 import numpy as np
 
 from . import _native as N
-from .dtypes import RS_TYPES, DType, dtype as to_dtype, op_code
+from .dtypes import RS_TYPES, DType, op_code
+from .dtypes import dtype as to_dtype
 from .errors import InvalidArgumentError
 from .layout import Layout
 
@@ -71,9 +73,7 @@ def host_all_gather(layout: Layout, shards: Sequence[Sequence[Any]], params: Opt
         for i, p in enumerate(infos):
             src.append(_pointer(shards[r][i], p.shard_numel, p.elem_size, f"shards[{r}][{i}]", False))
             dst.append(_pointer(params[r][i], p.shard_numel * W, p.elem_size, f"params[{r}][{i}]", True))
-    N.check(
-        N.lib().tideHostAllGather(layout.handle, N.pointer_table(src), N.pointer_table(dst)), "host_all_gather"
-    )
+    N.check(N.lib().tideHostAllGather(layout.handle, N.pointer_table(src), N.pointer_table(dst)), "host_all_gather")
     return params
 
 

@@ -5,10 +5,12 @@ describes the group, creates the handle and reads the derived values back.
 """
 
 import ctypes
-from typing import List, NamedTuple, Optional, Sequence
+from collections.abc import Sequence
+from typing import List, NamedTuple, Optional
 
 from . import _native as N
-from .dtypes import DType, dtype as to_dtype
+from .dtypes import DType
+from .dtypes import dtype as to_dtype
 from .errors import InvalidArgumentError
 
 

@@ -27,7 +27,12 @@ def _llama_layer(hidden: int, intermediate: int, q_heads: int, kv_heads: int, he
 
 
 def _qwen3_moe_layer(
-    hidden: int = 2048, q_heads: int = 32, kv_heads: int = 4, head_dim: int = 128, experts: int = 128, moe_inter: int = 768
+    hidden: int = 2048,
+    q_heads: int = 32,
+    kv_heads: int = 4,
+    head_dim: int = 128,
+    experts: int = 128,
+    moe_inter: int = 768,
 ) -> List[Param]:
     q, kv = q_heads * head_dim, kv_heads * head_dim
     params: List[Param] = [

@@ -5,11 +5,13 @@ the executors against. All fp32 arithmetic is numpy float32 (IEEE, individually
 rounded, no FMA), folded in exactly the documented order.
 """
 
-from typing import List, Sequence
+from collections.abc import Sequence
+from typing import List
 
 import numpy as np
 
-from .dtypes import DType, dtype as to_dtype
+from .dtypes import DType
+from .dtypes import dtype as to_dtype
 
 
 def shard_numel(numel: int, row_numel: int, world: int) -> int:

@@ -1,8 +1,8 @@
 """tide-perf command line: nccl-tests' flags, table and exit status.
 
-  tide-perf all_gather|reduce_scatter [-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP]
-            [-c CHECK] [-d TYPE] [-o OP] [-z BLOCKING] [-a AVERAGE] [-J FILE.json]
-            [--backend host] [--ranks N] [--ranks-per-node R] [--layout flat|<model>]
+tide-perf all_gather|reduce_scatter [-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP]
+          [-c CHECK] [-d TYPE] [-o OP] [-z BLOCKING] [-a AVERAGE] [-J FILE.json]
+          [--backend host] [--ranks N] [--ranks-per-node R] [--layout flat|<model>]
 """
 
 import argparse
@@ -14,7 +14,8 @@ import sys
 from typing import List, Optional
 
 from .. import _native
-from ..dtypes import RS_TYPES, dtype as to_dtype, op_code
+from ..dtypes import RS_TYPES, op_code
+from ..dtypes import dtype as to_dtype
 from ..errors import TideError
 from ..layout import default_ranks_per_node
 from ..models import MODELS, model_params, numels_and_rows
@@ -37,7 +38,9 @@ def parse_size(text: str) -> int:
     try:
         value = int(t) * mult
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid size {text!r}: use an integer with an optional K, M or G suffix")
+        raise argparse.ArgumentTypeError(
+            f"invalid size {text!r}: use an integer with an optional K, M or G suffix"
+        ) from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"invalid size {text!r}: must be >= 0")
     return value
@@ -58,7 +61,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--iters", type=int, default=None, help="timed iterations (20; 1 for model layouts)")
     p.add_argument("-w", "--warmup_iters", type=int, default=None, help="warm-up iterations (1; 0 for model layouts)")
     p.add_argument("-c", "--check", type=int, default=1, help="validate against the numpy reference (1) or not (0)")
-    p.add_argument("-d", "--datatype", default="float", help="bfloat16|bf16, half|fp16, float|fp32, f8e4m3, f8e5m2, int8, int32")
+    p.add_argument(
+        "-d", "--datatype", default="float", help="bfloat16|bf16, half|fp16, float|fp32, f8e4m3, f8e5m2, int8, int32"
+    )
     p.add_argument("-o", "--op", default="sum", help="sum, avg or premul (reduce_scatter)")
     p.add_argument("-z", "--blocking", type=int, default=0, help="accepted; host calls are always blocking")
     p.add_argument("-a", "--average", type=int, default=1, help="accepted; the host backend is one process")
@@ -67,7 +72,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ranks", type=int, default=8, help="simulated world size")
     p.add_argument("--ranks-per-node", type=int, default=None, help="default: largest divisor of --ranks <= 8")
     p.add_argument("--layout", default="flat", choices=["flat"] + sorted(MODELS))
-    p.add_argument("--out-type", default="fp32", help="reduce_scatter output type: fp32 (default), bf16, fp16 or 'same' (= -d)")
+    p.add_argument(
+        "--out-type", default="fp32", help="reduce_scatter output type: fp32 (default), bf16, fp16 or 'same' (= -d)"
+    )
     p.add_argument("--scale", type=float, default=0.3, help="premul scale (fp32)")
     p.add_argument("--seed", type=int, default=1)
     return p
@@ -137,7 +144,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     from .. import __version__
 
     out = sys.stdout
-    out.write(f"# nccl-tide tide-perf {__version__} library={lib_version} nccl-headers=N/A nccl-library=N/A (backend host)\n")
+    out.write(
+        f"# nccl-tide tide-perf {__version__} library={lib_version} nccl-headers=N/A nccl-library=N/A (backend host)\n"
+    )
     out.write(f"# Collective test starting: {name}\n")
     step = f"{a.stepfactor}(factor)" if a.stepfactor > 1 else f"{a.stepbytes}(bytes)"
     out.write(
@@ -146,7 +155,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     out.write(f"# backend: host executor, {a.ranks} simulated ranks, {rpn} ranks per node, {a.ranks // rpn} nodes\n")
     if coll == "reduce_scatter":
-        out.write(f"# reduce_scatter: input {dt.name}, output {out_dt.name}, op {op}" + (f", scale {a.scale}" if op == "premul" else "") + "\n")
+        out.write(
+            f"# reduce_scatter: input {dt.name}, output {out_dt.name}, op {op}"
+            + (f", scale {a.scale}" if op == "premul" else "")
+            + "\n"
+        )
     if model:
         params = model_params(a.layout)
         numels, rows = numels_and_rows(params)
@@ -167,7 +180,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     out.write("#\n# Using devices\n")
     out.write(
         "#  Rank %2d Group %2d Pid %6d on %10s device %4s [host] %s\n"
-        % (0, 0, os.getpid(), socket.gethostname(), "host", f"{platform.processor() or platform.machine()} (host executor)")
+        % (
+            0,
+            0,
+            os.getpid(),
+            socket.gethostname(),
+            "host",
+            f"{platform.processor() or platform.machine()} (host executor)",
+        )
     )
     out.write("#\n")
     report.header(out)
@@ -180,7 +200,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         try:
             oop, ip, note = run(case, opts)
         except MemoryError:
-            _die("out of host memory: the host backend holds every simulated rank; use fewer --ranks or a smaller layout")
+            _die(
+                "out of host memory: the host backend holds every simulated rank; use fewer --ranks or a smaller layout"
+            )
         except TideError as e:
             _die(str(e))
         if note:

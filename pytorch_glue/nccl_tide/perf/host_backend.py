@@ -7,7 +7,8 @@ simulation, not a network. Inputs are generated once per size; the numpy referen
 
 import os
 import time
-from typing import Callable, List, NamedTuple, Optional, Sequence
+from collections.abc import Sequence
+from typing import Callable, List, NamedTuple, Optional
 
 import numpy as np
 
@@ -95,7 +96,9 @@ def all_gather(case: Case, o: Opts):
         oop = Variant(t, *_bw(total_bytes, W, t), wrong)
 
         # in-place: each rank's shard is read from its own position in its unsharded storage
-        ip_shards = [[params[r][i][r * p.shard_numel : (r + 1) * p.shard_numel] for i, p in enumerate(infos)] for r in range(W)]
+        ip_shards = [
+            [params[r][i][r * p.shard_numel : (r + 1) * p.shard_numel] for i, p in enumerate(infos)] for r in range(W)
+        ]
 
         def reset() -> None:
             for r in range(W):

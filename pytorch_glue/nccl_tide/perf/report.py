@@ -60,9 +60,7 @@ def _variant(v: Variant) -> str:
 
 
 def row_line(r: Row) -> str:
-    return "%12li  %12li  %8s  %6s  %6i" % (r.size, r.count, r.type, r.redop, r.root) + _variant(r.oop) + _variant(
-        r.ip
-    )
+    return "%12li  %12li  %8s  %6s  %6i" % (r.size, r.count, r.type, r.redop, r.root) + _variant(r.oop) + _variant(r.ip)
 
 
 def avg_busbw(rows: List[Row]) -> float:
