@@ -1,0 +1,399 @@
+"""CUDA data path from Python: loopback worlds of virtual ranks on one GPU (tests, single-GPU benchmarks).
+
+    import torch, nccl_tide
+    from nccl_tide.cuda import LoopbackWorld
+    world = LoopbackWorld(4)                       # 4 virtual ranks on cuda:0
+    layouts = [nccl_tide.Layout(numels, "bf16", 4, rank=r) for r in range(4)]
+    slots = world.alloc_slot(layouts[0].slot_bytes)  # one uint8 tensor per rank (zero-copy view of tideSlotAlloc)
+    world.all_gather(layouts, slots, sendbufs=[...])
+    world.synchronize()
+
+torch is imported lazily (importing nccl_tide never needs it). Ordering: with the world's own streams
+(streams=None), each rank's stream first waits for the current torch stream, so inputs written there are
+visible; nothing waits for the collective afterwards: call synchronize() (host) or join() (current stream).
+Every virtual rank needs a stream of its own (a shared stream deadlocks on the cross-rank flags; the library
+rejects it). With 5 or more ranks, CUDA_DEVICE_MAX_CONNECTIONS should be 32 before CUDA initializes (more busy
+streams than hardware queues can alias two ranks onto one queue and deadlock): constructing the first
+LoopbackWorld before torch initializes CUDA sets it when unset.
+"""
+
+import ctypes
+import os
+import time
+from collections.abc import Sequence
+from typing import Any, List, Optional
+
+from . import _native as N
+from .dtypes import dtype as to_dtype
+from .dtypes import op_code
+from .errors import InvalidArgumentError, TideTimeoutError
+
+_TORCH_RS_TYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("nccl_tide.cuda needs PyTorch with CUDA: pip install torch") from e
+    return torch
+
+
+def _set_connections_early() -> None:
+    torch = _torch()
+    if not torch.cuda.is_initialized():
+        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+
+
+class _DriverStreams:
+    """Fresh non-blocking streams straight from the CUDA driver (libcuda.so.1, loaded here by Python only; the
+    library itself never links it).
+
+    Why not torch.cuda.Stream(): torch hands out streams of a pool created all at once (32 per priority), so a
+    world's streams would share hardware queues with the pool's and with the library's internal streams created at
+    other times. Streams created back to back with the world's internal ones land on distinct queues (round robin),
+    which the cross-stream flag waits need to be deadlock-free."""
+
+    _lib = None
+
+    @classmethod
+    def lib(cls):
+        if cls._lib is None:
+            lib = ctypes.CDLL("libcuda.so.1")
+            lib.cuStreamCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
+            lib.cuStreamCreate.restype = ctypes.c_int
+            lib.cuStreamDestroy_v2.argtypes = [ctypes.c_void_p]
+            lib.cuStreamDestroy_v2.restype = ctypes.c_int
+            lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+            lib.cuCtxGetCurrent.restype = ctypes.c_int
+            cls._lib = lib
+        return cls._lib
+
+    @classmethod
+    def create(cls, torch, n: int, device: int):
+        """n torch.cuda.ExternalStream objects and their raw handles, or None if the driver is not usable."""
+        try:
+            lib = cls.lib()
+        except OSError:
+            return None
+        with torch.cuda.device(device):
+            torch.cuda.synchronize()  # makes the device's primary context current on this thread
+            ctx = ctypes.c_void_p()
+            if lib.cuCtxGetCurrent(ctypes.byref(ctx)) != 0 or not ctx.value:
+                return None
+            raw = []
+            for _ in range(n):
+                h = ctypes.c_void_p()
+                if lib.cuStreamCreate(ctypes.byref(h), 1) != 0:  # CU_STREAM_NON_BLOCKING
+                    for x in raw:
+                        lib.cuStreamDestroy_v2(x)
+                    return None
+                raw.append(h.value)
+            dev = torch.device("cuda", device)
+            return [torch.cuda.ExternalStream(h, device=dev) for h in raw], raw
+
+    @classmethod
+    def destroy(cls, raw) -> None:
+        if raw:
+            lib = cls.lib()
+            for h in raw:
+                lib.cuStreamDestroy_v2(h)
+
+
+def new_streams(n: int, device: int = 0):
+    """n fresh streams for caller-provided-stream use with a loopback world (create them right after the world).
+    Returns (streams, release) where release() destroys them (synchronize first)."""
+    torch = _torch()
+    made = _DriverStreams.create(torch, n, device)
+    if made is None:
+        return [torch.cuda.Stream(device=torch.device("cuda", device)) for _ in range(n)], (lambda: None)
+    streams, raw = made
+    return streams, (lambda: _DriverStreams.destroy(raw))
+
+
+class _SlotMemory:
+    """__cuda_array_interface__ holder so torch can wrap tideSlotAlloc memory without copying."""
+
+    def __init__(self, ptr: int, nbytes: int):
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (ptr, False),
+            "version": 3,
+            "strides": None,
+            "stream": None,
+        }
+
+
+def _ptr(t: Any, what: str, nbytes: Optional[int] = None, at_least: bool = False) -> int:
+    """Device address of a contiguous CUDA tensor (or a raw int address), checking its byte size."""
+    if isinstance(t, int):
+        return t
+    if not hasattr(t, "data_ptr"):
+        raise InvalidArgumentError(f"{what}: expected a CUDA tensor, got {type(t).__name__}")
+    if t.device.type != "cuda":
+        raise InvalidArgumentError(f"{what}: tensor is on {t.device}; the CUDA path needs CUDA tensors")
+    if not t.is_contiguous():
+        raise InvalidArgumentError(f"{what}: tensor must be contiguous")
+    if nbytes is not None:
+        have = t.numel() * t.element_size()
+        if (have < nbytes) if at_least else (have != nbytes):
+            raise InvalidArgumentError(f"{what}: {have} bytes, layout needs {'at least ' if at_least else ''}{nbytes}")
+    return t.data_ptr()
+
+
+class LoopbackWorld:
+    """n_ranks (2..8) virtual ranks of one process on one CUDA device (tideLoopbackCreate)."""
+
+    def __init__(self, n_ranks: int, device: int = 0):
+        _set_connections_early()
+        torch = _torch()
+        self._comms: List[int] = []
+        self._slots: List[List[int]] = []  # per allocation: one pointer per rank
+        n_ranks, device = int(n_ranks), int(device)
+        lib = N.lib()
+        arr = (N.tideComm_t * max(n_ranks, 1))()
+        N.check(lib.tideLoopbackCreate(n_ranks, device, arr), "tideLoopbackCreate")
+        self._comms = [arr[r] for r in range(n_ranks)]
+        self.n_ranks = n_ranks
+        self.device = device
+        self._torch_device = torch.device("cuda", device)
+        # Created right after the library's internal streams (see _DriverStreams); torch's pool as a fallback.
+        self._raw_streams = []
+        made = _DriverStreams.create(torch, n_ranks, device)
+        if made is not None:
+            self._streams, self._raw_streams = made
+        else:
+            self._streams = [torch.cuda.Stream(device=self._torch_device) for _ in range(n_ranks)]
+
+    # -- handles -----------------------------------------------------------------------------
+    @property
+    def comms(self) -> List[int]:
+        if not self._comms:
+            raise InvalidArgumentError("LoopbackWorld is closed")
+        return list(self._comms)
+
+    @property
+    def streams(self):
+        """The world's own streams, one per virtual rank (torch.cuda.Stream)."""
+        return list(self._streams)
+
+    # -- slots ---------------------------------------------------------------------------------
+    def alloc_slot(self, nbytes: int) -> List[Any]:
+        """tideSlotAlloc on every rank; returns one uint8 CUDA tensor per rank (zero-copy views, valid until
+        free_slot() or close())."""
+        torch = _torch()
+        nbytes = int(nbytes)
+        lib = N.lib()
+        ptrs: List[int] = []
+        try:
+            for c in self.comms:
+                p = ctypes.c_void_p()
+                N.check(lib.tideSlotAlloc(c, nbytes, ctypes.byref(p)), "tideSlotAlloc")
+                ptrs.append(p.value)
+        except Exception:
+            for c, p in zip(self._comms, ptrs):
+                lib.tideSlotFree(c, p)
+            raise
+        self._slots.append(ptrs)
+        with torch.cuda.device(self.device):
+            return [torch.as_tensor(_SlotMemory(p, nbytes), device=self._torch_device) for p in ptrs]
+
+    def free_slot(self, tensors: Sequence[Any]) -> None:
+        """Frees a slot returned by alloc_slot (synchronize first; the tensors must not be used afterwards)."""
+        ptrs = [int(t.data_ptr()) if hasattr(t, "data_ptr") else int(t) for t in tensors]
+        for entry in list(self._slots):
+            if entry == ptrs:
+                for c, p in zip(self._comms, entry):
+                    N.check(N.lib().tideSlotFree(c, p), "tideSlotFree")
+                self._slots.remove(entry)
+                return
+        raise InvalidArgumentError("free_slot: not a slot of this world (pass the list alloc_slot returned)")
+
+    # -- collectives -------------------------------------------------------------------------
+    def _rank_streams(self, streams):
+        torch = _torch()
+        if streams is None:
+            cur = torch.cuda.current_stream(self._torch_device)
+            for s in self._streams:
+                s.wait_stream(cur)
+            return self._streams
+        if len(streams) != self.n_ranks:
+            raise InvalidArgumentError(f"streams: {len(streams)} given, world has {self.n_ranks} ranks")
+        return list(streams)
+
+    def _check_layouts(self, layouts) -> None:
+        if len(layouts) != self.n_ranks:
+            raise InvalidArgumentError(f"layouts: {len(layouts)} given, world has {self.n_ranks} ranks")
+
+    @staticmethod
+    def _stream_handle(s) -> int:
+        return int(s.cuda_stream) if hasattr(s, "cuda_stream") else int(s)
+
+    def all_gather(self, layouts, slots, sendbufs=None, shards=None, streams=None) -> None:
+        """TIDE-AG on every virtual rank. layouts[r]: rank r's Layout; slots[r]: its slot region (tensor or address,
+        at least slot_bytes, same offset on every rank); sendbufs[r]: packed send buffer (send_bytes), or
+        shards[r][i]: rank r's shard of parameter i. Asynchronous on the ranks' streams."""
+        self._check_layouts(layouts)
+        if (sendbufs is None) == (shards is None):
+            raise InvalidArgumentError("all_gather: pass exactly one of sendbufs and shards")
+        rank_streams = self._rank_streams(streams)
+        for r in range(self.n_ranks):
+            self.rank_all_gather(
+                r,
+                layouts[r],
+                slots[r],
+                sendbuf=None if sendbufs is None else sendbufs[r],
+                shards=None if shards is None else shards[r],
+                stream=rank_streams[r],
+            )
+
+    def rank_all_gather(self, rank, layout, slot, sendbuf=None, shards=None, stream=None) -> None:
+        """tideAllGather for one virtual rank (every rank must make its matching call)."""
+        lib = N.lib()
+        infos = layout.params
+        slot_ptr = _ptr(slot, f"slots[{rank}]", layout.slot_bytes, at_least=True)
+        if sendbuf is not None:
+            send_ptr = _ptr(sendbuf, f"sendbufs[{rank}]", layout.send_bytes, at_least=True)
+            table = None
+        else:
+            if len(shards) != len(infos):
+                raise InvalidArgumentError(f"shards[{rank}]: {len(shards)} tensors, layout has {len(infos)} params")
+            table = N.pointer_table(
+                [
+                    _ptr(t, f"shards[{rank}][{i}]", p.shard_numel * p.elem_size)
+                    for i, (t, p) in enumerate(zip(shards, infos))
+                ]
+            )
+            send_ptr = None
+        s = self._streams[rank] if stream is None else stream
+        N.check(
+            lib.tideAllGather(self.comms[rank], layout.handle, send_ptr, table, slot_ptr, self._stream_handle(s)),
+            f"tideAllGather(rank {rank})",
+        )
+
+    def reduce_scatter(
+        self, layouts, grads, outs, op="sum", scale: float = 1.0, staging=None, streams=None, out_dtype=None
+    ) -> None:
+        """TIDE-RS on every virtual rank. grads[r][i]: rank r's gradient of parameter i (numel_i elements);
+        outs[r]: rank r's packed output (rs_out_numel elements; its torch dtype, or out_dtype for raw buffers, picks
+        fp32/bf16/fp16); op 'sum' | 'avg' | 'premul' (times scale); staging[r]: a slot region of at least
+        rs_staging_bytes (Slot-Reuse) or None for the world's own staging."""
+        self._check_layouts(layouts)
+        rank_streams = self._rank_streams(streams)
+        for r in range(self.n_ranks):
+            self.rank_reduce_scatter(
+                r,
+                layouts[r],
+                grads[r],
+                outs[r],
+                op=op,
+                scale=scale,
+                staging=None if staging is None else staging[r],
+                stream=rank_streams[r],
+                out_dtype=out_dtype,
+            )
+
+    def rank_reduce_scatter(
+        self, rank, layout, grads, out, op="sum", scale: float = 1.0, staging=None, stream=None, out_dtype=None
+    ) -> None:
+        """tideReduceScatter for one virtual rank (every rank must make its matching call)."""
+        lib = N.lib()
+        infos = layout.params
+        if out_dtype is None:
+            name = str(getattr(out, "dtype", "")).replace("torch.", "")
+            rev = {v: k for k, v in _TORCH_RS_TYPES.items()}
+            if name not in rev:
+                raise InvalidArgumentError(
+                    f"outs[{rank}]: dtype {name or type(out).__name__} is not float32/bfloat16/float16; pass out_dtype"
+                )
+            out_dtype = rev[name]
+        odt = to_dtype(out_dtype)
+        if len(grads) != len(infos):
+            raise InvalidArgumentError(f"grads[{rank}]: {len(grads)} tensors, layout has {len(infos)} params")
+        table = N.pointer_table(
+            [_ptr(g, f"grads[{rank}][{i}]", p.numel * p.elem_size) for i, (g, p) in enumerate(zip(grads, infos))]
+        )
+        out_ptr = _ptr(out, f"outs[{rank}]", layout.rs_out_numel * odt.size)
+        stag = None if staging is None else _ptr(staging, f"staging[{rank}]", layout.rs_staging_bytes, at_least=True)
+        s = self._streams[rank] if stream is None else stream
+        N.check(
+            lib.tideReduceScatter(
+                self.comms[rank],
+                layout.handle,
+                table,
+                out_ptr,
+                odt.code,
+                op_code(op),
+                float(scale),
+                stag,
+                self._stream_handle(s),
+            ),
+            f"tideReduceScatter(rank {rank})",
+        )
+
+    # -- completion --------------------------------------------------------------------------
+    def join(self, stream=None) -> None:
+        """Makes `stream` (default: the current torch stream) wait for every rank's stream."""
+        torch = _torch()
+        target = stream if stream is not None else torch.cuda.current_stream(self._torch_device)
+        for s in self._streams:
+            target.wait_stream(s)
+
+    def synchronize(self, streams=None, timeout: float = 120.0) -> None:
+        """Waits on the host for every rank's stream, polling so that a cross-rank deadlock becomes a
+        TideTimeoutError instead of a hang."""
+        torch = _torch()
+        events = []
+        for s in streams if streams is not None else self._streams:
+            ev = torch.cuda.Event()
+            ev.record(s)
+            events.append(ev)
+        deadline = time.monotonic() + timeout
+        while not all(ev.query() for ev in events):
+            if time.monotonic() > deadline:
+                raise TideTimeoutError(
+                    f"loopback world: streams not done after {timeout:.0f} s (cross-rank deadlock? every virtual "
+                    "rank needs its own stream and CUDA_DEVICE_MAX_CONNECTIONS=32)"
+                )
+            time.sleep(0.0005)
+
+    def close(self) -> None:
+        """Frees every slot and destroys the comms (synchronizes the world's streams first)."""
+        if not self._comms:
+            return
+        try:
+            self.synchronize(timeout=60.0)
+        finally:
+            lib = N.lib()
+            for entry in self._slots:
+                for c, p in zip(self._comms, entry):
+                    lib.tideSlotFree(c, p)
+            self._slots = []
+            for c in self._comms:
+                lib.tideCommDestroy(c)
+            self._comms = []
+            _DriverStreams.destroy(self._raw_streams)
+            self._raw_streams = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def multicast_allowed() -> bool:
+    """tideMulticastAllowed: the NVLink multicast gate of DESIGN.md section 6 (host only)."""
+    v = ctypes.c_int(-1)
+    N.check(N.lib().tideMulticastAllowed(ctypes.byref(v)), "tideMulticastAllowed")
+    return bool(v.value)
+
+
+__all__ = ["LoopbackWorld", "multicast_allowed", "new_streams"]
