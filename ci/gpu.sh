@@ -37,30 +37,30 @@ export NCCL_TIDE_LIBRARY_PATH="$PWD/$BUILD/libnccl-tide.so"
 export PYTHONPATH="$PWD/pytorch_glue:$PWD/tests/gpu${PYTHONPATH:+:$PYTHONPATH}"
 
 step "tests/gpu"
-timeout -k 10 900 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu --junitxml="$OUT/gpu-tests.xml" \
+timeout -k 10 "${TIDE_GPU_TEST_TIMEOUT:-900}" python3 -m pytest -q -rs -p no:cacheprovider tests/gpu --junitxml="$OUT/gpu-tests.xml" \
   -o junit_family=xunit1 2>&1 | tee "$OUT/gpu-tests.log" | tail -60
 rc=${PIPESTATUS[0]}
 echo "tests/gpu exit status: $rc"
 [ "$rc" -eq 0 ] || status=1
 
+if [ "${TIDE_GPU_SKIP_PERF:-0}" != "1" ]; then
+  step "tests/gpu/perf_smoke.py"
+  timeout -k 10 "${TIDE_GPU_PERF_TIMEOUT:-300}" python3 tests/gpu/perf_smoke.py 2>&1 | tee "$OUT/perf-smoke.log"
+  rc=${PIPESTATUS[0]}
+  echo "perf_smoke exit status: $rc"
+  [ "$rc" -eq 0 ] || status=1
+fi
+
 if [ "${TIDE_GPU_SKIP_SANITIZER:-0}" != "1" ]; then
   for tool in memcheck racecheck; do
     step "compute-sanitizer --tool $tool (tests/gpu/sanitizer_case.py)"
-    timeout -k 10 600 compute-sanitizer --tool "$tool" --error-exitcode 86 python3 tests/gpu/sanitizer_case.py \
+    timeout -k 10 "${TIDE_GPU_SAN_TIMEOUT:-600}" compute-sanitizer --tool "$tool" --error-exitcode 86 python3 tests/gpu/sanitizer_case.py \
       >"$OUT/sanitizer-$tool.log" 2>&1
     rc=$?
     tail -5 "$OUT/sanitizer-$tool.log"
     echo "compute-sanitizer $tool exit status: $rc"
     [ "$rc" -eq 0 ] || status=1
   done
-fi
-
-if [ "${TIDE_GPU_SKIP_PERF:-0}" != "1" ]; then
-  step "tests/gpu/perf_smoke.py"
-  timeout -k 10 300 python3 tests/gpu/perf_smoke.py 2>&1 | tee "$OUT/perf-smoke.log"
-  rc=${PIPESTATUS[0]}
-  echo "perf_smoke exit status: $rc"
-  [ "$rc" -eq 0 ] || status=1
 fi
 
 if [ -f benchmarks/run_all.py ] && [ "${TIDE_GPU_SKIP_BENCH:-0}" != "1" ]; then

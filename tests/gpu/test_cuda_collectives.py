@@ -13,7 +13,7 @@ import nccl_tide
 from gpu_util import ALL_DTYPES, POISON, RS_DTYPES, as_bits, int_dtype, make_layouts, random_bytes, random_float
 from gpu_util import random_layout_spec
 
-pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(120)]
 
 WORLDS = list(range(2, 9))
 

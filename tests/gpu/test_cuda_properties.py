@@ -11,7 +11,7 @@ import pytest
 import nccl_tide
 from gpu_util import POISON, as_bits, make_layouts, random_bytes, random_float
 
-pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(120)]
 
 
 @pytest.fixture(scope="module")
