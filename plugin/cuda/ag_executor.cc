@@ -10,7 +10,9 @@
 // With the multicast gate open and a provider that hands out a multicast address of the slot, step 3 becomes one
 // CE write per parameter to that address (never the case for loopback, which has none).
 #include <atomic>
+#include <algorithm>
 #include <cinttypes>
+#include <cstdio>
 
 #include "../core/errors.h"
 #include "../core/log.h"

@@ -1,5 +1,6 @@
 #include "copy_batch.h"
 
+#include <algorithm>
 #include <atomic>
 
 #include "../core/errors.h"

@@ -2,6 +2,7 @@
 
 #include <cuda.h>  // driver types only; no symbol of libcuda is linked
 
+#include <algorithm>
 #include <mutex>
 
 #include "../core/errors.h"

@@ -15,7 +15,9 @@
 //                    buffer's previous chunk is reduced); CE batch of the chunk into every owner; write full[me] = g_k
 //                    into every owner's flags.
 // Phase 1 of chunk k+1 (on P) therefore overlaps phase 2 of chunk k (on S).
+#include <algorithm>
 #include <cinttypes>
+#include <cstdio>
 #include <cmath>
 
 #include "../core/errors.h"
