@@ -185,7 +185,8 @@ typedef struct {
   int rank;
   uint64_t hash;            /* stable 64-bit hash of everything that must match across ranks */
   uint64_t sendBytes;       /* packed send buffer (this rank's shards) */
-  uint64_t slotBytes;       /* unsharded storage of the whole group */
+  uint64_t slotBytes;       /* unsharded storage of the whole group: slotOffset + shardNumel * W * elemSize of
+                               the last parameter (no trailing padding) */
   uint64_t rsOutNumel;      /* elements of one rank's packed RS output (sum of shardNumel_i) */
   uint64_t rsChunkNumel;    /* RS pipeline chunk, in output elements */
   int rsNumChunks;          /* ceil(rsOutNumel / rsChunkNumel) */
@@ -261,9 +262,10 @@ tideResult_t tideHostAllGather(tideLayout_t layout, const void* const* shards, v
  *   grads[rank * nParams + i]: rank's gradient of parameter i, numel_i elements of dtype_i,
  *     dtype_i one of bf16, fp16, fp32 (read only; no padding needed);
  *   outs[rank]: rank's packed output, rsOutNumel elements of outType (fp32, bf16 or fp16).
- * scale is used by tidePremulSum only.
+ * scale is used by tidePremulSum only (it must be finite for every op).
  * Errors: tideInvalidArgument (NULL, bad op/outType, a parameter dtype that is not bf16/fp16/
- * fp32, non-finite scale). Nothing is written on error. (since 0.1) */
+ * fp32, non-finite scale, an output overlapping another output or any gradient: there is no
+ * in-place form). Nothing is written on error. (since 0.1) */
 tideResult_t tideHostReduceScatter(tideLayout_t layout, const void* const* grads, void* const* outs,
                                    tideDataType_t outType, tideRedOp_t op, float scale);
 
