@@ -42,6 +42,15 @@ __version__ = _find_version()
 version = __version__
 
 
+def __getattr__(name: str):
+    # Submodules that need torch load on first use, so `import nccl_tide` never imports torch.
+    if name in ("fsdp", "reference_executor"):
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'nccl_tide' has no attribute {name!r}")
+
+
 def library_version() -> str:
     """Version of the loaded libnccl-tide.so ("major.minor.patch")."""
     from ._native import version_string

@@ -1,0 +1,178 @@
+"""nccl_tide.fsdp: TIDE all-gather and reduce-scatter inside PyTorch FSDP2 (fully_shard).
+
+    model = ...; fully_shard(block) for each block; fully_shard(model)
+    handle = nccl_tide.fsdp.enable(model)         # after fully_shard, between steps
+    ... train as usual ...
+    handle.stats()                                # per group: TIDE AG/RS calls, fallbacks
+    nccl_tide.fsdp.disable(model)                 # stock FSDP2 again
+
+For every FSDP parameter group it can take, enable() builds one nccl_tide.Layout in FSDP2's
+parameter order and padding, places the group's unsharded parameters in one slot (each
+parameter a view at its slot offset) and routes the group's all-gather and reduce-scatter
+through TIDE: no flat all-gather output and no copy-out, no chunk_cat copy-in of the
+gradients, fp32 sharded gradients written where FSDP2 expects them. Anything it cannot take
+keeps stock FSDP2 and warns once, saying why. Details: docs/fsdp.md.
+"""
+
+import weakref
+from typing import List, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+
+from ..errors import InvalidArgumentError, InvalidUsageError
+from ..reference_executor import NATIVE_UNAVAILABLE, get_executor
+from . import _adapter, _patch
+from ._group import GroupState, static_reason
+from ._warn import TideFSDPWarning, warn_once
+
+__all__ = ["TideFSDPHandle", "TideFSDPWarning", "disable", "enable", "handle_of", "stats"]
+
+_handles: "weakref.WeakKeyDictionary[nn.Module, TideFSDPHandle]" = weakref.WeakKeyDictionary()
+
+
+def _param_groups(state) -> list:
+    groups = getattr(state, "_fsdp_param_groups", None)  # torch >= 2.13: several per module
+    if groups is None:
+        g = getattr(state, "_fsdp_param_group", None)
+        groups = [g] if g is not None else []
+    return list(groups)
+
+
+class TideFSDPHandle:
+    """What enable() did to one model: which groups run TIDE, which kept stock, and counters."""
+
+    def __init__(self, model: nn.Module, executor_name: str, slot_reuse: bool, adapter: Optional[str]):
+        self._model = weakref.ref(model)
+        self.executor = executor_name
+        self.slot_reuse = slot_reuse
+        self.adapter = adapter
+        self.groups: List[GroupState] = []
+        self.stock: List[dict] = []  # {"group": label, "reason": why}
+        self.enabled = True
+
+    def stats(self) -> dict:
+        """Per group counters. 'tide' groups: ag_calls/rs_calls (TIDE collectives run),
+        fallbacks (per-call stock reductions, by reason), ag_bytes/rs_bytes (bytes written into
+        the slot / gradient bytes consumed), stock_bytes_avoided (FSDP2 buffers not allocated:
+        flat AG output, fp32 RS input), executor_temp_bytes (what the executor allocated
+        instead; the reference executor is not the fast path), rs_staging_in_slot."""
+        tide = []
+        for g in self.groups:
+            d = g.stats.as_dict()
+            d.update(group=g.label, n_params=len(g.pg.fsdp_params), world_size=g.world)
+            d.update(slot_bytes=g.layout.slot_bytes if g.layout is not None else None)
+            tide.append(d)
+        keys = ("ag_calls", "rs_calls", "ag_bytes", "rs_bytes", "stock_bytes_avoided", "executor_temp_bytes")
+        return {
+            "enabled": self.enabled,
+            "executor": self.executor,
+            "adapter": self.adapter,
+            "torch": torch.__version__,
+            "slot_reuse": self.slot_reuse,
+            "tide_groups": tide,
+            "stock_groups": list(self.stock),
+            "total": {k: sum(d[k] for d in tide) for k in keys}
+            | {"fallbacks": sum(sum(d["fallbacks"].values()) for d in tide)},
+        }
+
+    def __repr__(self):
+        return (
+            f"TideFSDPHandle(executor={self.executor!r}, tide_groups={len(self.groups)}, "
+            f"stock_groups={len(self.stock)}, enabled={self.enabled})"
+        )
+
+
+def _pick_executor(executor: str, groups) -> str:
+    if executor not in ("auto", "reference", "native"):
+        raise InvalidArgumentError(f"executor={executor!r}: use 'auto', 'reference' or 'native'")
+    if executor == "native":
+        get_executor("native")  # raises UnsupportedError naming issue 4
+    if executor == "auto":
+        warn_once(
+            f"nccl_tide.fsdp: {NATIVE_UNAVAILABLE}; executor='auto' uses the reference executor "
+            "(torch.distributed collectives plus copies: correct, not the fast path)"
+        )
+    return "reference"
+
+
+def enable(
+    model: nn.Module,
+    *,
+    slot_reuse: bool = True,
+    executor: str = "auto",
+    ranks_per_node: Optional[int] = None,
+) -> TideFSDPHandle:
+    """Route the FSDP2 collectives of `model` (after fully_shard) through TIDE.
+
+    slot_reuse: RS staging lives in the group's vacated all-gather slot when the group was
+      resharded after backward; otherwise in a buffer of the executor.
+    executor: 'auto' (native when it exists, else reference, with one warning), 'reference'
+      (torch.distributed, any backend; gloo on CPU) or 'native' (raises UnsupportedError
+      until the NCCL binding of issue 4 exists).
+    ranks_per_node: for the layout's RS accumulation order (default: the largest divisor of
+      the shard world size that is <= 8, as nccl_tide.Layout).
+    Call between steps (every group sharded), on every rank, with the same arguments.
+    Returns the handle (also nccl_tide.fsdp.handle_of(model)); enabling twice is an error.
+    """
+    if not isinstance(model, nn.Module):
+        raise InvalidArgumentError(f"enable() takes the root nn.Module, got {type(model).__name__}")
+    if model in _handles and _handles[model].enabled:
+        raise InvalidUsageError("nccl_tide.fsdp.enable(): already enabled on this model (disable() first)")
+    if not dist.is_available() or not dist.is_initialized():
+        raise InvalidUsageError(
+            "nccl_tide.fsdp.enable(): call torch.distributed.init_process_group and fully_shard first"
+        )
+    labels = {}
+    for name, mod in model.named_modules():
+        if isinstance(mod, FSDPModule):
+            for pg in _param_groups(mod._get_fsdp_state()):
+                labels.setdefault(id(pg), (pg, name or "<root>"))
+    selection = _adapter.select()
+    executor_name = _pick_executor(executor, labels) if selection.adapter is not None else executor
+    handle = TideFSDPHandle(model, executor_name, slot_reuse, selection.adapter.name if selection.adapter else None)
+    reasons = {}
+    for pg, label in labels.values():
+        reason = selection.reason or static_reason(pg, (DefaultAllGather, DefaultReduceScatter))
+        if reason:
+            handle.stock.append({"group": label, "reason": reason})
+            reasons.setdefault(reason, []).append(label)
+            continue
+        ex = get_executor(executor_name, pg.mesh_info.shard_process_group)
+        handle.groups.append(GroupState(pg, label, ex, slot_reuse, ranks_per_node))
+    for reason, names in reasons.items():
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        warn_once(f"nccl_tide.fsdp: keeping stock FSDP2 for {shown}: {reason}")
+    if handle.groups:
+        _patch.install()
+        for g in handle.groups:
+            g.install()
+    _handles[model] = handle
+    return handle
+
+
+def disable(model: nn.Module) -> None:
+    """Give every group of `model` back to stock FSDP2 (between steps). No-op if not enabled."""
+    handle = _handles.get(model)
+    if handle is None or not handle.enabled:
+        return
+    for g in handle.groups:  # check all first: nothing is half-undone
+        if g.views_installed and not g.pg.is_sharded:
+            raise InvalidUsageError(f"nccl_tide.fsdp.disable(): {g.label} is unsharded; call it between steps")
+    for g in handle.groups:
+        g.uninstall()
+    if handle.groups:
+        _patch.uninstall()
+    handle.enabled = False
+
+
+def handle_of(model: nn.Module) -> Optional[TideFSDPHandle]:
+    return _handles.get(model)
+
+
+def stats(model: nn.Module) -> Optional[dict]:
+    h = _handles.get(model)
+    return h.stats() if h is not None else None

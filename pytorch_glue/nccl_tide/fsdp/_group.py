@@ -1,0 +1,368 @@
+"""One FSDP2 parameter group under TIDE: eligibility, layout, slot, AG and RS.
+
+State lives in the group's comm objects (TideAllGather / TideReduceScatter, installed as
+the group's private _all_gather_comm / _reduce_scatter_comm, one instance per group as
+FSDP2's Comm contract asks), so the patched functions find it from their arguments.
+"""
+
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.nn as nn
+from torch.distributed.device_mesh import _get_device_handle
+from torch.distributed.fsdp._fully_shard import _fsdp_collectives as _coll
+from torch.distributed.fsdp._fully_shard import _fsdp_common as _common
+from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, CPUOffloadPolicy, ReduceScatter
+from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState
+
+from ..errors import InvalidUsageError
+from ..layout import Layout, default_ranks_per_node
+from ..reference_executor import tide_dtype_name
+from ._warn import warn_once
+
+_RS_GRAD_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def effective_param_dtype(fsdp_param, mp_policy) -> torch.dtype:
+    """The dtype FSDP2 all-gathers this parameter in (FSDPParam.init_dtype_attrs' rule)."""
+    orig = fsdp_param.sharded_param.dtype
+    pd = mp_policy.param_dtype
+    if pd is None or pd == orig or not orig.is_floating_point:
+        return orig
+    return pd
+
+
+def static_reason(pg, default_comms: Tuple[type, type]) -> Optional[str]:
+    """Why TIDE cannot take this FSDPParamGroup (None: it can). Checked once, at enable()."""
+    if not pg.fsdp_params:
+        return "no parameters"
+    if not isinstance(pg.mesh_info, _common.FSDPMeshInfo) or isinstance(pg.mesh_info, _common.HSDPMeshInfo):
+        return "HSDP or replicate mesh (only 1-D FSDP sharding is supported)"
+    if isinstance(pg.offload_policy, CPUOffloadPolicy):
+        return "CPU offload"
+    if pg.post_forward_mesh_info is not None and pg.post_forward_mesh_info != pg.mesh_info:
+        return "reshard_after_forward to a smaller mesh (int)"
+    if pg.mesh_info.shard_process_group.size() == 1:
+        return "shard world size 1 (FSDP2 runs no collective)"
+    ag, rs = default_comms
+    if type(pg._all_gather_comm) is not ag or type(pg._reduce_scatter_comm) is not rs:
+        return "a custom or symmetric-memory comm is already installed on the group"
+    dtypes = set()
+    for fp in pg.fsdp_params:
+        if fp.fsdp_placement.dim != 0:
+            return f"Shard({fp.fsdp_placement.dim}) placement (only dim-0 sharding)"
+        if hasattr(fp._sharded_local_tensor, "fsdp_pre_all_gather"):
+            return "custom fsdp_pre_all_gather extension"
+        if fp.is_dtensor:
+            return "DTensor parameter (TP/EP): unsharded DTensor spec"
+        if fp._sharded_param_data.is_meta:
+            return "parameters on the meta device"
+        if fp.sharded_state != ShardedState.SHARDED:
+            return "group not sharded at enable() (call enable() between steps)"
+        dtypes.add(effective_param_dtype(fp, pg.mp_policy))
+    if len(dtypes) != 1:
+        return f"mixed dtypes in one group ({', '.join(sorted(str(d) for d in dtypes))})"
+    (dt,) = dtypes
+    if dt not in _RS_GRAD_DTYPES:
+        return f"parameter dtype {dt} (TIDE reduce-scatter takes bf16, fp16, fp32)"
+    return None
+
+
+class GroupStats:
+    def __init__(self):
+        self.ag_calls = 0
+        self.rs_calls = 0
+        self.ag_bytes = 0  # bytes written into the slot (every rank's shards)
+        self.rs_bytes = 0  # bytes of gradients consumed
+        self.fallbacks: Dict[str, int] = {}
+        self.stock_bytes_avoided = 0  # FSDP2 buffers not allocated: flat AG output, RS input
+        self.executor_temp_bytes = 0  # temporaries the executor allocated (reference: gather buffers)
+        self.rs_staging_in_slot = 0
+
+    def fallback(self, reason: str) -> None:
+        self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__, fallbacks=dict(self.fallbacks))
+
+
+class GroupState:
+    """TIDE state of one FSDPParamGroup."""
+
+    def __init__(self, pg, label: str, executor, slot_reuse: bool, ranks_per_node: Optional[int]):
+        self.pg = pg
+        self.label = label
+        self.executor = executor
+        self.slot_reuse = slot_reuse
+        self.stats = GroupStats()
+        self.stock_ag = pg._all_gather_comm
+        self.stock_rs = pg._reduce_scatter_comm
+        self.world = pg.mesh_info.shard_process_group.size()
+        self.rank = pg.mesh_info.shard_process_group.rank()
+        self.ranks_per_node = ranks_per_node or default_ranks_per_node(self.world)
+        self.layout: Optional[Layout] = None
+        self.dtype: Optional[torch.dtype] = None
+        self.slot: Optional[torch.Tensor] = None  # owns the storage; FSDP's views come from it
+        self.exec_slot: Optional[torch.Tensor] = None  # same storage, own version counter
+        self.exec_views: List[torch.Tensor] = []
+        self.views_installed = False
+        self._rs_layouts: Dict[Tuple[int, ...], Layout] = {}
+        self.ag_comm = TideAllGather(self)
+        self.rs_comm = TideReduceScatter(self)
+
+    # -- install / uninstall -------------------------------------------------------------------
+    def install(self) -> None:
+        self.pg._all_gather_comm = self.ag_comm
+        self.pg._reduce_scatter_comm = self.rs_comm
+
+    def uninstall(self) -> None:
+        pg = self.pg
+        if self.views_installed:
+            if not pg.is_sharded:
+                raise InvalidUsageError(f"{self.label}: disable() needs the group sharded (call it between steps)")
+            for fp in pg.fsdp_params:  # stock FSDP2 re-creates its own storage on the next unshard
+                fp.all_gather_outputs = []
+                if hasattr(fp, "_unsharded_param"):
+                    del fp._unsharded_param
+            self.views_installed = False
+        pg._all_gather_comm = self.stock_ag
+        pg._reduce_scatter_comm = self.stock_rs
+        self.slot = self.exec_slot = None
+        self.exec_views = []
+        for lay in [self.layout, *self._rs_layouts.values()]:
+            if lay is not None:
+                lay.close()
+        self.layout, self._rs_layouts = None, {}
+
+    # -- layout and slot -----------------------------------------------------------------------
+    def _build(self) -> None:
+        pg = self.pg
+        dt = effective_param_dtype(pg.fsdp_params[0], pg.mp_policy)
+        numels, rows = [], []
+        for fp in pg.fsdp_params:
+            size = fp._orig_size
+            n = size.numel()
+            numels.append(n)
+            rows.append(n // size[0] if len(size) >= 1 and size[0] else 1)
+            # FSDP2's padded shard must be TIDE's shard (tide.h: ceil(rows / W) * rowNumel)
+        layout = Layout(numels, tide_dtype_name(dt), self.world, self.ranks_per_node, self.rank, row_numels=rows)
+        for fp, p in zip(pg.fsdp_params, layout.params):
+            if fp._sharded_param_data.numel() != p.shard_numel:
+                layout.close()
+                raise InvalidUsageError(
+                    f"{self.label}: FSDP2 padded shard of {fp._param_fqn} has {fp._sharded_param_data.numel()} "
+                    f"elements, TIDE's layout {p.shard_numel}"
+                )
+        elem = layout.params[0].elem_size
+        slot = torch.empty(layout.slot_bytes // elem, dtype=dt, device=pg.device)
+        exec_slot = torch.empty(0, dtype=dt, device=pg.device).set_(slot.untyped_storage(), 0, (slot.numel(),))
+        self.layout, self.dtype, self.slot, self.exec_slot = layout, dt, slot, exec_slot
+        self.exec_views = [
+            exec_slot.narrow(0, p.slot_offset // elem, p.shard_numel * self.world) for p in layout.params
+        ]
+        _free(slot)
+
+    def _install_views(self) -> None:
+        """Each parameter's unsharded tensor becomes a view of the slot at its slot offset.
+
+        FSDPParam.init_unsharded_param would build the parameter with as_strided(...,
+        storage_offset=0), which is wrong for a view at a nonzero offset of a shared buffer;
+        so the parameter is built here with the view's own offset, and init_unsharded_param
+        then returns early (it only runs once per FSDPParam). Stock free_unsharded_param
+        resizes the shared storage to 0; the slot is re-allocated before every AG.
+        """
+        elem = self.layout.params[0].elem_size
+        for fp, p in zip(self.pg.fsdp_params, self.layout.params):
+            view = self.slot.narrow(0, p.slot_offset // elem, p.shard_numel * self.world)
+            fp.all_gather_outputs = [view]
+            unsharded = torch.as_strided(
+                view, fp._orig_size, fp._contiguous_orig_stride, storage_offset=view.storage_offset()
+            )
+            fp._unsharded_param = nn.Parameter(unsharded, requires_grad=fp.sharded_param.requires_grad)
+        self.views_installed = True
+
+    # -- all-gather ----------------------------------------------------------------------------
+    def all_gather(self, fsdp_params, group, async_op, copy_in_stream, ag_stream, device, stock_fn):
+        if self.layout is None:
+            try:
+                self._build()
+            except Exception as e:  # layout the library refuses: stock FSDP2 for good
+                reason = f"layout refused: {e}"
+                warn_once(f"nccl_tide.fsdp: {self.label}: keeping stock FSDP2 all-gather and reduce-scatter ({reason})")
+                self.stats.fallback(reason)
+                self.pg._all_gather_comm, self.pg._reduce_scatter_comm = self.stock_ag, self.stock_rs
+                return stock_fn(fsdp_params, group, async_op, copy_in_stream, ag_stream, device, self.stock_ag)
+        if fsdp_params is not self.pg.fsdp_params or group.size() != self.world:
+            raise InvalidUsageError(f"{self.label}: all-gather called with another parameter list or process group")
+        if any(fp.sharded_state != ShardedState.SHARDED for fp in fsdp_params):
+            raise InvalidUsageError(f"{self.label}: TIDE all-gather from a non-SHARDED state")
+        _alloc(self.slot, self.layout.slot_bytes)  # FSDP2 freed it (resize to 0) at the last reshard
+        if not self.views_installed:
+            self._install_views()
+        handle = _get_device_handle(device.type)
+        with handle.stream(copy_in_stream):
+            # Cast fused into the packing of the send buffer (FSDP2's copy #1; copy #2 is gone).
+            send = self.executor.pack(self.layout, [fp._sharded_param_data for fp in fsdp_params])
+        ag_stream.wait_stream(copy_in_stream)
+        with handle.stream(ag_stream):
+            temp = self.executor.all_gather(self.layout, send, self.exec_views)
+            event = ag_stream.record_event()
+        st = self.stats
+        st.ag_calls += 1
+        st.ag_bytes += self.layout.send_bytes * self.world
+        st.stock_bytes_avoided += self.layout.send_bytes * self.world  # FSDP2's flat all-gather output
+        st.executor_temp_bytes += temp
+        fields = {f: [] for f in _coll.AllGatherResult._fields}
+        fields.update(all_gather_output=send.new_empty(0), all_gather_event=event, all_gather_work=None)
+        return TideAllGatherResult(**fields)
+
+    # -- reduce-scatter ------------------------------------------------------------------------
+    def rs_plan(self, fsdp_params, grads, rs_group, reduce_dtype, factor, ar_group, force_sum, device):
+        """(layout, op, scale) for this call, or a fallback reason string."""
+        if self.layout is None:
+            return "reduce-scatter before the first TIDE all-gather"
+        if ar_group is not None:
+            return "all-reduce group (HSDP)"
+        if rs_group is None or rs_group.size() != self.world:
+            return "reduce-scatter group differs from the all-gather group"
+        gdts = {g.dtype for g in grads}
+        if len(gdts) != 1:
+            return f"mixed gradient dtypes {sorted(str(d) for d in gdts)}"
+        (gdt,) = gdts
+        if gdt not in _RS_GRAD_DTYPES:
+            return f"gradient dtype {gdt}"
+        rdt = reduce_dtype or gdt
+        if rdt != torch.float32:
+            return f"reduce_dtype {rdt}: TIDE-RS reduces in fp32 (MixedPrecisionPolicy(reduce_dtype=torch.float32))"
+        pre, _post, rs_op, _ar_op = _coll._get_gradient_divide_factors(
+            rs_group, ar_group, rdt, device.type, factor, force_sum
+        )
+        if pre is not None:
+            return "pre-division of the gradients"
+        if rs_op == torch.distributed.ReduceOp.SUM:
+            op, scale = "sum", 1.0
+        elif rs_op == torch.distributed.ReduceOp.AVG:
+            op, scale = "avg", 1.0
+        else:  # PREMUL_SUM(1 / factor): FSDP2 builds it from gradient_divide_factor
+            op, scale = "premul", 1.0 / factor
+        index = {id(fp): i for i, fp in enumerate(self.pg.fsdp_params)}
+        try:
+            key = tuple(index[id(fp)] for fp in fsdp_params)
+        except KeyError:
+            return "gradients of parameters outside the group"
+        for fp, g in zip(fsdp_params, grads):
+            if g.numel() != fp._orig_size.numel():
+                return "gradient size differs from the parameter"
+        return self._rs_layout(key, gdt), op, scale
+
+    def _rs_layout(self, key: Tuple[int, ...], gdt: torch.dtype) -> Layout:
+        full = tuple(range(len(self.pg.fsdp_params)))
+        if key == full and gdt == self.dtype:
+            return self.layout
+        if (key, gdt) not in self._rs_layouts:  # only some parameters got gradients this step
+            ps = [self.layout.params[i] for i in key]
+            self._rs_layouts[(key, gdt)] = Layout(
+                [p.numel for p in ps],
+                tide_dtype_name(gdt),
+                self.world,
+                self.ranks_per_node,
+                self.rank,
+                row_numels=[p.row_numel for p in ps],
+            )
+        return self._rs_layouts[(key, gdt)]
+
+    def reduce_scatter(self, layout: Layout, grads, out: torch.Tensor, op: str, scale: float) -> None:
+        st = self.stats
+        staging = None
+        vacated = _storage_bytes(self.slot) == 0
+        gdt = grads[0].dtype
+        need = self.executor.staging_numel(layout)
+        if self.slot_reuse and vacated and gdt == self.dtype and need <= self.exec_slot.numel():
+            _alloc(self.slot, self.layout.slot_bytes)  # Slot-Reuse: staging in the vacated AG slot
+            staging = self.exec_slot
+        try:
+            temp = self.executor.reduce_scatter(layout, grads, out, op=op, scale=scale, staging=staging)
+        finally:
+            if staging is not None:
+                _free(self.slot)
+        st.rs_calls += 1
+        st.rs_staging_in_slot += staging is not None
+        st.rs_bytes += sum(g.numel() * g.element_size() for g in grads)
+        st.stock_bytes_avoided += layout.rs_out_numel * self.world * 4  # FSDP2's fp32 chunk_cat input
+        st.executor_temp_bytes += temp
+
+
+def _storage_bytes(t: torch.Tensor) -> int:
+    return t.untyped_storage().size()
+
+
+def _alloc(t: torch.Tensor, nbytes: int) -> None:
+    if (s := t.untyped_storage()).size() != nbytes:
+        s.resize_(nbytes)
+
+
+def _free(t: torch.Tensor) -> None:
+    if (s := t.untyped_storage()).size() != 0:
+        s.resize_(0)
+
+
+class TideAllGatherResult(_coll.AllGatherResult):
+    """An AllGatherResult whose parameters are already in place (no copy-out)."""
+
+    __slots__ = ()
+
+
+class TideAllGather(AllGather):
+    """The group's all-gather comm while TIDE holds it; FSDP2 never calls it directly."""
+
+    def __init__(self, state: GroupState):
+        self.state = state
+
+    def allocate(self, size, *, dtype, device):
+        return self.state.stock_ag.allocate(size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, async_op=False):
+        raise InvalidUsageError("TideAllGather is driven by the patched foreach_all_gather only")
+
+
+class TideReduceScatter(ReduceScatter):
+    """The group's reduce-scatter comm while TIDE holds it.
+
+    Armed by the patched foreach_reduce with this call's gradients and plan: FSDP2 then asks
+    for the RS input (TIDE returns an empty placeholder that keeps the gradients alive exactly
+    as long as FSDP2 keeps its RS input), skips the copy-in (patched), asks for the fp32 output
+    (a real buffer, FSDP2's sharded gradients become views of it) and calls the comm, which
+    runs TIDE-RS from the per-parameter gradients.
+    """
+
+    def __init__(self, state: GroupState):
+        self.state = state
+        self.armed = None  # (layout, grads, op, scale)
+        self._phase = 0
+
+    def arm(self, layout, grads, op, scale):
+        self.armed, self._phase = (layout, grads, op, scale), 0
+
+    def disarm(self):
+        self.armed, self._phase = None, 0
+
+    def allocate(self, size, *, dtype, device):
+        if self.armed is None:
+            return self.state.stock_rs.allocate(size, dtype=dtype, device=device)
+        layout, grads = self.armed[0], self.armed[1]
+        self._phase += 1
+        if self._phase == 1:  # FSDP2's reduce_scatter_input
+            ph = torch.empty(0, dtype=dtype, device=device)
+            ph._tide_rs_placeholder = True
+            ph._tide_grads = grads
+            return ph
+        if int(torch.Size(size).numel()) != layout.rs_out_numel:
+            raise InvalidUsageError(f"RS output of {tuple(size)} elements, TIDE layout has {layout.rs_out_numel}")
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        if self.armed is None or not getattr(input_tensor, "_tide_rs_placeholder", False):
+            raise InvalidUsageError("TideReduceScatter called outside the patched foreach_reduce")
+        layout, grads, tide_op, scale = self.armed
+        self.state.reduce_scatter(layout, grads, output_tensor, tide_op, scale)
+        return None

@@ -1,0 +1,142 @@
+"""The four module globals nccl_tide.fsdp replaces while at least one model is enabled.
+
+* _fsdp_param_group.foreach_all_gather: TIDE groups run TIDE-AG into the slot;
+* _fsdp_param_group.foreach_all_gather_copy_out: a TIDE result needs no copy-out;
+* _fsdp_param_group.foreach_reduce: arms a TIDE group's reduce-scatter comm (or hands the
+  stock comm to a call TIDE cannot take), then runs FSDP2's own foreach_reduce, which keeps
+  doing everything after the collective (post-divide, sharded-gradient views, accumulation,
+  hooks) exactly as stock;
+* _fsdp_collectives.foreach_reduce_scatter_copy_in: skipped for TIDE's placeholder input.
+
+Every wrapper passes anything that is not a TIDE group straight to the original, so other
+FSDP2 models in the process keep stock behaviour. FSDPParamGroup imported the first three by
+name, so the patch points are the names in its module namespace (as torch's own
+common_fsdp.patch_foreach_all_gather does); foreach_reduce looks the copy-in up as a global
+of _fsdp_collectives at call time.
+"""
+
+import inspect
+from typing import Callable, Dict
+
+from torch.distributed.device_mesh import _get_device_handle
+from torch.distributed.fsdp._fully_shard import _fsdp_collectives as _coll
+from torch.distributed.fsdp._fully_shard import _fsdp_param_group as _pgm
+
+from ._group import TideAllGather, TideAllGatherResult, TideReduceScatter
+from ._warn import warn_once
+
+_orig: Dict[str, Callable] = {}
+_users = 0
+
+
+def _sig(fn) -> inspect.Signature:
+    return inspect.signature(inspect.unwrap(fn))
+
+
+def _tide_foreach_all_gather(*args, **kwargs):
+    ba = _SIGS["ag"].bind(*args, **kwargs)
+    a = ba.arguments
+    comm = a["all_gather_comm"]
+    if not isinstance(comm, TideAllGather):
+        return _orig["ag"](*args, **kwargs)
+    return comm.state.all_gather(
+        a["fsdp_params"],
+        a["group"],
+        a["async_op"],
+        a["all_gather_copy_in_stream"],
+        a["all_gather_stream"],
+        a["device"],
+        _orig["ag"],
+    )
+
+
+def _tide_foreach_all_gather_copy_out(*args, **kwargs):
+    ba = _SIGS["copy_out"].bind(*args, **kwargs)
+    result = ba.arguments["all_gather_result"]
+    if not isinstance(result, TideAllGatherResult):
+        return _orig["copy_out"](*args, **kwargs)
+    # The parameters are already in place: only order the compute stream after the AG.
+    if result.all_gather_event is not None:
+        device = ba.arguments["fsdp_params"][0].device
+        _get_device_handle(device.type).current_stream().wait_event(result.all_gather_event)
+    if result.all_gather_work is not None:
+        result.all_gather_work.wait()
+    return None
+
+
+def _tide_foreach_reduce(*args, **kwargs):
+    ba = _SIGS["reduce"].bind(*args, **kwargs)
+    ba.apply_defaults()
+    a = ba.arguments
+    comm = a["reduce_scatter_comm"]
+    if not isinstance(comm, TideReduceScatter):
+        return _orig["reduce"](*args, **kwargs)
+    st = comm.state
+    plan = st.rs_plan(
+        a["fsdp_params"],
+        a["unsharded_grads"],
+        a["reduce_scatter_group"],
+        a.get("reduce_dtype"),
+        a.get("gradient_divide_factor"),
+        a.get("all_reduce_group"),
+        a.get("force_sum_reduction_for_comms", False),
+        a["device"],
+    )
+    if isinstance(plan, str):
+        st.stats.fallback(plan)
+        warn_once(f"nccl_tide.fsdp: stock FSDP2 reduce-scatter for this call: {plan} (counted in stats())")
+        a["reduce_scatter_comm"] = st.stock_rs
+        return _orig["reduce"](*ba.args, **ba.kwargs)
+    layout, op, scale = plan
+    comm.arm(layout, list(a["unsharded_grads"]), op, scale)
+    try:
+        return _orig["reduce"](*ba.args, **ba.kwargs)
+    finally:
+        comm.disarm()
+
+
+def _tide_foreach_reduce_scatter_copy_in(unsharded_grads, reduce_scatter_input, world_size):
+    if getattr(reduce_scatter_input, "_tide_rs_placeholder", False):
+        return None  # TIDE-RS reads the per-parameter gradients directly
+    return _orig["copy_in"](unsharded_grads, reduce_scatter_input, world_size)
+
+
+_POINTS = {
+    "ag": (_pgm, "foreach_all_gather", _tide_foreach_all_gather),
+    "copy_out": (_pgm, "foreach_all_gather_copy_out", _tide_foreach_all_gather_copy_out),
+    "reduce": (_pgm, "foreach_reduce", _tide_foreach_reduce),
+    "copy_in": (_coll, "foreach_reduce_scatter_copy_in", _tide_foreach_reduce_scatter_copy_in),
+}
+# Argument names from the definitions in _fsdp_collectives (not from whatever the patch
+# points hold now: another wrapper may sit there).
+_SIGS = {k: _sig(getattr(_coll, name)) for k, (_mod, name, _) in _POINTS.items() if k != "copy_in"}
+
+
+def install() -> None:
+    global _users
+    if _users == 0:
+        for key, (mod, name, fn) in _POINTS.items():
+            _orig[key] = getattr(mod, name)
+            setattr(mod, name, fn)
+    _users += 1
+
+
+def uninstall() -> None:
+    global _users
+    if _users == 0:
+        return
+    _users -= 1
+    if _users == 0:
+        for key, (mod, name, fn) in _POINTS.items():
+            if getattr(mod, name) is fn:  # leave a later patch by someone else alone
+                setattr(mod, name, _orig[key])
+        _orig.clear()
+
+
+def installed() -> bool:
+    return _users > 0
+
+
+def patched_names() -> Dict[str, str]:
+    """'module.name' of every patch point -> whether TIDE's wrapper is in place now."""
+    return {f"{mod.__name__}.{name}": getattr(mod, name) is fn for mod, name, fn in _POINTS.values()}

@@ -1,0 +1,153 @@
+"""Shared by tests/test_fsdp*.py: a tiny Llama-style model and a multi-process launcher.
+
+Sizes are chosen so that no dim-0 divides the world sizes used (2, 4), and one parameter
+has fewer rows than ranks (trailing ranks hold only padding).
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+VOCAB, DIM, HEADS, HIDDEN, LAYERS = 37, 26, 2, 45, 2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(script: Path, world: int, args, timeout: float = 180.0, env=None):
+    """Runs `python script worker <rank> <world> <port> <args...>` on `world` processes.
+
+    Returns the JSON each rank printed on its last stdout line. Fails (with every rank's
+    output) on a non-zero exit, and kills every rank on timeout: a hang is a failure.
+    """
+    port = free_port()
+    e = dict(os.environ)
+    e.update(env or {})
+    e.setdefault("OMP_NUM_THREADS", "1")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), "worker", str(r), str(world), str(port), *map(str, args)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=e,
+        )
+        for r in range(world)
+    ]
+    outs, failed = [], False
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            out = (p.communicate()[0] or "") + f"\n<timeout after {timeout} s: killed>"
+            failed = True
+        outs.append(out)
+        failed |= p.returncode != 0
+    if failed:
+        raise AssertionError("\n\n".join(f"--- rank {r} ---\n{o[-6000:]}" for r, o in enumerate(outs)))
+    return [json.loads(o.strip().splitlines()[-1]) for o in outs]
+
+
+def init_worker(rank: int, world: int, port: int):
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    return dist
+
+
+def build_model(seed: int = 0, tied: bool = False):
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class RMSNorm(nn.Module):
+        def __init__(self, dim, eps=1e-5):
+            super().__init__()
+            self.eps = eps
+            self.weight = nn.Parameter(torch.ones(dim))
+
+        def forward(self, x):
+            xf = x.float()
+            return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wq = nn.Linear(DIM, DIM, bias=False)
+            self.wk = nn.Linear(DIM, DIM, bias=False)
+            self.wv = nn.Linear(DIM, DIM, bias=False)
+            self.wo = nn.Linear(DIM, DIM, bias=False)
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            hd = DIM // HEADS
+            q, k, v = (w(x).view(b, t, HEADS, hd).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.wo(y.transpose(1, 2).reshape(b, t, DIM))
+
+    class MLP(nn.Module):  # SwiGLU
+        def __init__(self):
+            super().__init__()
+            self.w1 = nn.Linear(DIM, HIDDEN, bias=False)
+            self.w3 = nn.Linear(DIM, HIDDEN, bias=False)
+            self.w2 = nn.Linear(HIDDEN, DIM, bias=False)
+
+        def forward(self, x):
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn_norm, self.attn = RMSNorm(DIM), Attention()
+            self.mlp_norm, self.mlp = RMSNorm(DIM), MLP()
+            self.gate = nn.Parameter(torch.ones(3))  # 3 rows: rank 3 of 4 holds only padding
+
+        def forward(self, x):
+            x = x + self.gate[0] * self.attn(self.attn_norm(x))
+            return x + self.gate[1] * self.mlp(self.mlp_norm(x)) + 0 * self.gate[2]
+
+    class Llama(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok = nn.Embedding(VOCAB, DIM)
+            self.layers = nn.ModuleList(Block() for _ in range(LAYERS))
+            self.norm = RMSNorm(DIM)
+            self.out = nn.Linear(DIM, VOCAB, bias=False)
+            if tied:
+                self.out.weight = self.tok.weight
+
+        def forward(self, tokens):
+            x = self.tok(tokens)
+            for layer in self.layers:
+                x = layer(x)
+            return self.out(self.norm(x))
+
+    torch.manual_seed(seed)
+    model = Llama()
+    with torch.no_grad():  # non-trivial norms and gates, so their gradients are not symmetric
+        for m in model.modules():
+            if isinstance(m, RMSNorm):
+                m.weight.uniform_(0.5, 1.5)
+        for layer in model.layers:
+            layer.gate.uniform_(0.5, 1.5)
+    return model
+
+
+def batch(step: int, rank: int, b: int = 2, t: int = 7):
+    import torch
+
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    tokens = torch.randint(0, VOCAB, (b, t + 1), generator=g)
+    return tokens[:, :-1], tokens[:, 1:]
