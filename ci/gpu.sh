@@ -36,6 +36,15 @@ grep -q "CUDA data path ON" "$OUT/build.log" || { echo "ci/gpu.sh: CUDA data pat
 export NCCL_TIDE_LIBRARY_PATH="$PWD/$BUILD/libnccl-tide.so"
 export PYTHONPATH="$PWD/pytorch_glue:$PWD/tests/gpu${PYTHONPATH:+:$PYTHONPATH}"
 
+step "smoke: tests/gpu/sanitizer_case.py without the sanitizer (a hang here stops the job early)"
+timeout -k 5 "${TIDE_GPU_SMOKE_TIMEOUT:-120}" python3 tests/gpu/sanitizer_case.py 2>&1 | tee "$OUT/smoke.log"
+rc=${PIPESTATUS[0]}
+echo "smoke exit status: $rc"
+if [ "$rc" -ne 0 ]; then
+  echo "ci/gpu.sh: smoke FAILED; skipping the rest"
+  exit 1
+fi
+
 step "tests/gpu"
 timeout -k 10 "${TIDE_GPU_TEST_TIMEOUT:-900}" python3 -m pytest -q -rs -p no:cacheprovider tests/gpu --junitxml="$OUT/gpu-tests.xml" \
   -o junit_family=xunit1 2>&1 | tee "$OUT/gpu-tests.log" | tail -60

@@ -206,5 +206,38 @@ tideResult_t LoopbackProvider::checkStream(int rank, CollKind kind, uint64_t epo
   return tideSuccess;
 }
 
+tideResult_t LoopbackProvider::schedulePushes(int rank, uint64_t epoch, int numChunks, IssueFn issue) {
+  std::vector<IssueFn> ready;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    PendingPushes& p = pending_[epoch];
+    if (p.issue.empty()) {
+      p.issue.resize(nRanks_);
+      p.numChunks = numChunks;
+    }
+    if (p.numChunks != numChunks) {
+      return fail(tideMismatch, "Cuda",
+                  "reduce-scatter epoch %llu: virtual rank %d has %d chunks but an earlier rank has %d; every rank must "
+                  "pass the same layout in the same order",
+                  static_cast<unsigned long long>(epoch), rank, numChunks, p.numChunks);
+    }
+    if (p.issue[rank]) {
+      return fail(tideInternalError, "Cuda", "reduce-scatter epoch %llu: virtual rank %d submitted twice",
+                  static_cast<unsigned long long>(epoch), rank);
+    }
+    p.issue[rank] = std::move(issue);
+    if (++p.submitted < nRanks_) return tideSuccess;
+    ready = std::move(p.issue);
+    pending_.erase(epoch);
+  }
+  // Chunk-major, rank-minor: a push never sits in a queue ahead of a push it waits for.
+  for (int k = 0; k <= numChunks; ++k) {
+    for (int r = 0; r < nRanks_; ++r) {
+      TIDE_CHECK(ready[r](k));
+    }
+  }
+  return tideSuccess;
+}
+
 }  // namespace cuda
 }  // namespace tide

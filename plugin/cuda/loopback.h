@@ -14,6 +14,7 @@
 #define TIDE_CUDA_LOOPBACK_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -42,6 +43,9 @@ class LoopbackProvider final : public PeerProvider {
   tideResult_t ownStaging(int rank, int owner, uint64_t bytes, uint64_t epoch, void** out) override;
   const void* zeros(size_t* bytes) override;
   tideResult_t checkStream(int rank, CollKind kind, uint64_t epoch, cudaStream_t stream) override;
+  // Deferred until every virtual rank of the epoch has submitted, then issued chunk-major across ranks (all
+  // virtual ranks share the device's copy-engine queues).
+  tideResult_t schedulePushes(int rank, uint64_t epoch, int numChunks, IssueFn issue) override;
 
  private:
   LoopbackProvider(int nRanks, int device) : nRanks_(nRanks), device_(device) {}
@@ -71,6 +75,12 @@ class LoopbackProvider final : public PeerProvider {
   size_t zeroBytes_ = 0;
   std::vector<StagingGen> staging_;
   StreamUse streamUse_[2][kMaxRanks];
+  struct PendingPushes {
+    int submitted = 0;
+    int numChunks = 0;
+    std::vector<IssueFn> issue;  // per rank
+  };
+  std::map<uint64_t, PendingPushes> pending_;  // by RS epoch
 };
 
 }  // namespace cuda

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "tide.h"
 
@@ -23,6 +24,7 @@ namespace flag {
 constexpr int kAgReady = 0;      // owner: AG epoch it has entered (its slot may be written)
 constexpr int kRsEnter = 1;      // owner: RS epoch it has entered (its staging may be written)
 constexpr int kRsConsumed = 2;   // owner: global RS chunk number it has reduced (that staging buffer is free again)
+constexpr int kRsPushDone = 3;   // owner: RS epoch whose phase-1 pushes (reads of its gradients) have all completed
 constexpr int kAgDone = 64;      // + source local rank: AG epoch whose copies into the owner have completed
 constexpr int kRsFull = 128;     // + source local rank: global RS chunk number pushed into the owner's staging
 constexpr int kMaxLocalRanks = 64;
@@ -67,6 +69,22 @@ class PeerProvider {
     (void)local;
     (void)bytes;
     return nullptr;
+  }
+
+  // Issues a rank's RS phase-1 pushes: issue(k) enqueues chunk k for k < numChunks, and issue(numChunks) the
+  // tail. Default: all of them now, in order. A provider whose ranks share copy-engine queues (loopback: all
+  // virtual ranks on one device) must issue the chunks of all ranks interleaved, chunk-major, once every rank of
+  // the epoch has submitted: a push of chunk k waits for the owners' reduction of chunk k-2, which waits for the
+  // other ranks' pushes of chunk k-2; those must not sit behind it in a shared queue.
+  using IssueFn = std::function<tideResult_t(int chunk)>;
+  virtual tideResult_t schedulePushes(int rank, uint64_t epoch, int numChunks, IssueFn issue) {
+    (void)rank;
+    (void)epoch;
+    for (int k = 0; k <= numChunks; ++k) {
+      tideResult_t r = issue(k);
+      if (r != tideSuccess) return r;
+    }
+    return tideSuccess;
   }
 
   // Provider-specific check of the stream a rank uses for a collective epoch (loopback: each virtual rank needs a

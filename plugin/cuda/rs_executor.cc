@@ -8,13 +8,16 @@
 // nb = (numChunks > 1 ? 2 : 1) buffers of R inputs, input s at buffer + s * chunkNumel * elemSize.
 //
 // Flags (values: the comm's RS epoch e, and a global chunk counter g that every rank advances identically):
-//   caller stream S: write own enter = e; fork the side stream P; for each chunk k: wait own full[s] >= g_k for all
-//                    s, reduce kernel, write own consumed = g_k; join P.
+//   caller stream S: write own enter = e; for each chunk k: wait own full[s] >= g_k for all s, reduce kernel, write
+//                    own consumed = g_k; finally wait own pushDone >= e (the side stream has read every gradient).
 //   side stream P:   for each chunk k: wait, for every owner d, enter(d) >= e (k < nb: d entered this call, so all
 //                    its earlier chunks are reduced and its staging region is free) or consumed(d) >= g_{k-nb} (the
 //                    buffer's previous chunk is reduced); CE batch of the chunk into every owner; write full[me] = g_k
-//                    into every owner's flags.
-// Phase 1 of chunk k+1 (on P) therefore overlaps phase 2 of chunk k (on S).
+//                    into every owner's flags; at the end write own pushDone = e.
+// Phase 1 of chunk k+1 (on P) therefore overlaps phase 2 of chunk k (on S). The side stream is ordered after the
+// caller's earlier work by the wait on enter(me), and the caller's later work after the pushes by pushDone: flags,
+// not events, because the provider may issue phase 1 later (loopback issues every virtual rank's pushes chunk-major
+// once all ranks have called: they share the device's copy-engine queues, see PeerProvider::schedulePushes).
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
@@ -157,34 +160,42 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
   size_t zeroBytes = 0;
   const char* zeros = static_cast<const char*>(pp->zeros(&zeroBytes));
 
-  // Enter, fork.
-  TIDE_CHECK(enqueueFlagOps(stream, {FlagOp{FlagOp::kWrite, own + flag::kRsEnter, e}}));
-  TIDE_CUDA_CHECK(cudaEventRecord(comm->forkEvent, stream));
-  TIDE_CUDA_CHECK(cudaStreamWaitEvent(comm->sideStream, comm->forkEvent, 0));
-
-  std::vector<FlagOp> ops;
-  CopyList copies;
+  // Phase 1 is planned now and issued by the provider (at once, or interleaved with the other ranks' pushes).
+  struct PushPlan {
+    cudaStream_t side;
+    int device;
+    std::vector<std::vector<FlagOp>> before, after;  // per chunk: waits for the owners' buffers; full[me] writes
+    std::vector<CopyList> copies;                      // per chunk
+    uint32_t* pushDone;
+    uint32_t epoch;
+  };
+  auto plan = std::make_shared<PushPlan>();
+  plan->side = comm->sideStream;
+  plan->device = comm->device;
+  plan->before.resize(numChunks);
+  plan->after.resize(numChunks);
+  plan->copies.resize(numChunks);
+  plan->pushDone = own + flag::kRsPushDone;
+  plan->epoch = e;
   int pi = 0;  // first parameter that can overlap the current chunk
   for (int k = 0; k < numChunks; ++k) {
     const uint64_t c0 = static_cast<uint64_t>(k) * chunk;
     const uint64_t c1 = std::min(c0 + chunk, v.info.rsOutNumel);
     const uint32_t gk = static_cast<uint32_t>(g0 + k + 1);
     const int b = k % nb;
-
-    // Phase 1 (side stream): wait for each owner's buffer, push, announce.
-    ops.clear();
+    std::vector<FlagOp>& ops = plan->before[k];
     for (int d = 0; d < W; ++d) {
       uint32_t* fd = pp->flags(me, d);
       if (k < nb) {
-        // consumed >= g0 as well: d may have run its previous reduce-scatter on another stream.
+        // enter(me) also orders the side stream after the caller's earlier work (the gradients). consumed >= g0:
+        // d may have run its previous reduce-scatter on another stream.
         ops.push_back({FlagOp::kWait, fd + flag::kRsEnter, e});
         ops.push_back({FlagOp::kWait, fd + flag::kRsConsumed, static_cast<uint32_t>(g0)});
       } else {
         ops.push_back({FlagOp::kWait, fd + flag::kRsConsumed, static_cast<uint32_t>(g0 + (k - nb) + 1)});
       }
     }
-    TIDE_CHECK(enqueueFlagOps(comm->sideStream, ops));
-    copies.clear();
+    CopyList& copies = plan->copies[k];
     while (pi < nParams && v.params[pi].rsOutOffset + v.params[pi].shardNumel <= c0) ++pi;
     for (int dd = 0; dd < W; ++dd) {
       const int d = (me + dd) % W;
@@ -204,17 +215,22 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
         }
       }
     }
-    TIDE_CHECK(copies.enqueue(comm->sideStream, comm->device));
-    ops.clear();
-    for (int d = 0; d < W; ++d) ops.push_back({FlagOp::kWrite, pp->flags(me, d) + flag::kRsFull + me, gk});
-    TIDE_CHECK(enqueueFlagOps(comm->sideStream, ops));
+    for (int d = 0; d < W; ++d) plan->after[k].push_back({FlagOp::kWrite, pp->flags(me, d) + flag::kRsFull + me, gk});
+  }
 
-    // Phase 2 (caller's stream): wait for every input of this chunk, reduce, release the buffer.
+  // Caller's stream: enter, then phase 2 per chunk (wait for every input, reduce, release the buffer), then wait
+  // until this rank's pushes are done (the caller owns its gradients again).
+  TIDE_CHECK(enqueueFlagOps(stream, {FlagOp{FlagOp::kWrite, own + flag::kRsEnter, e}}));
+  std::vector<FlagOp> ops;
+  for (int k = 0; k < numChunks; ++k) {
+    const uint64_t c0 = static_cast<uint64_t>(k) * chunk;
+    const uint64_t c1 = std::min(c0 + chunk, v.info.rsOutNumel);
+    const uint32_t gk = static_cast<uint32_t>(g0 + k + 1);
     ops.clear();
     for (int s = 0; s < W; ++s) ops.push_back({FlagOp::kWait, own + flag::kRsFull + s, gk});
     TIDE_CHECK(enqueueFlagOps(stream, ops));
     ReduceArgs a;
-    a.staging = stagingOf[me] + static_cast<uint64_t>(b) * bufBytes;
+    a.staging = stagingOf[me] + static_cast<uint64_t>(k % nb) * bufBytes;
     a.srcStride = srcStride;
     a.nSrc = R;
     a.n = c1 - c0;
@@ -227,10 +243,17 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
     TIDE_CHECK(launchReduce(a, stream));
     TIDE_CHECK(enqueueFlagOps(stream, {FlagOp{FlagOp::kWrite, own + flag::kRsConsumed, gk}}));
   }
+  TIDE_CHECK(enqueueFlagOps(stream, {FlagOp{FlagOp::kWait, own + flag::kRsPushDone, e}}));
 
-  // Join: the caller's stream owns the gradients again only after the side stream has read them.
-  TIDE_CUDA_CHECK(cudaEventRecord(comm->joinEvent, comm->sideStream));
-  TIDE_CUDA_CHECK(cudaStreamWaitEvent(stream, comm->joinEvent, 0));
+  // Side stream: phase 1.
+  TIDE_CHECK(pp->schedulePushes(me, epoch, numChunks, [plan, numChunks](int k) -> tideResult_t {
+    if (k == numChunks) {
+      return enqueueFlagOps(plan->side, {FlagOp{FlagOp::kWrite, plan->pushDone, plan->epoch}});
+    }
+    TIDE_CHECK(enqueueFlagOps(plan->side, plan->before[k]));
+    TIDE_CHECK(plan->copies[k].enqueue(plan->side, plan->device));
+    return enqueueFlagOps(plan->side, plan->after[k]);
+  }));
   TIDE_TRACE("Cuda", "RS rank %d epoch %" PRIu64 ": %d chunks of %" PRIu64 " elements, staging %s", me, epoch,
              numChunks, chunk, staging ? "slot" : "own");
   return tideSuccess;
