@@ -49,6 +49,7 @@ class Adapter(NamedTuple):
 # Recorded from the published wheels' sources (python -m nccl_tide.fsdp._adapter).
 ADAPTERS: List[Adapter] = [
     Adapter(
+        # torch 2.13.0 (+cpu wheel: this CI machine).
         "torch-2.13",
         {
             "_fsdp_collectives:foreach_all_gather": "c7cfa65e269f630b",
@@ -63,6 +64,30 @@ ADAPTERS: List[Adapter] = [
             "_fsdp_param:FSDPParam.init_unsharded_param": "84184b634a168a45",
             "_fsdp_param:FSDPParam.alloc_all_gather_outputs": "a83a38318f3eaa59",
             "_fsdp_param:FSDPParam.free_unsharded_param": "37cbfc11ad5eed9d",
+            "_fsdp_param:FSDPParam.to_sharded": "3e4cea41343b192d",
+            "_fsdp_param:FSDPParam.to_unsharded": "7c698f7186613c18",
+            "_fsdp_param:free_storage": "d483e17ff7a64e42",
+        },
+    ),
+    Adapter(
+        # The GPU test machine's torch (2.11.0+cu130). Same code path as 2.13: the differing
+        # functions differ in compiled-autograd branches (refused: _group.static_reason and
+        # GroupState.all_gather), comments, the RS-state bookkeeping after foreach_reduce and
+        # PREMUL_SUM built by _make_nccl_premul_sum (TIDE recomputes 1/factor itself).
+        "torch-2.11",
+        {
+            "_fsdp_collectives:foreach_all_gather": "c7cfa65e269f630b",
+            "_fsdp_collectives:foreach_all_gather_copy_out": "f3dfe376b5c14e88",
+            "_fsdp_collectives:foreach_reduce": "5db92806bc13e8fd",
+            "_fsdp_collectives:foreach_reduce_scatter_copy_in": "2aa11853e4e61227",
+            "_fsdp_param_group:FSDPParamGroup.unshard": "5b32cbf653caa7fa",
+            "_fsdp_param_group:FSDPParamGroup.wait_for_unshard": "fdf099860c67a2c3",
+            "_fsdp_param_group:FSDPParamGroup.post_backward": "4474a5020d8bde4f",
+            "_fsdp_collectives:_get_gradient_divide_factors": "e118ec862d874f1e",
+            "_fsdp_param:FSDPParam.init_all_gather_outputs": "a6072e0ee69ee93d",
+            "_fsdp_param:FSDPParam.init_unsharded_param": "d760845ece84deb1",
+            "_fsdp_param:FSDPParam.alloc_all_gather_outputs": "a83a38318f3eaa59",
+            "_fsdp_param:FSDPParam.free_unsharded_param": "9ce5f6c2e4f9dac3",
             "_fsdp_param:FSDPParam.to_sharded": "3e4cea41343b192d",
             "_fsdp_param:FSDPParam.to_unsharded": "7c698f7186613c18",
             "_fsdp_param:free_storage": "d483e17ff7a64e42",

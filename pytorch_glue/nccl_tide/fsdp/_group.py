@@ -32,6 +32,11 @@ def effective_param_dtype(fsdp_param, mp_policy) -> torch.dtype:
     return pd
 
 
+def _compiled_autograd() -> bool:
+    fn = getattr(_common, "compiled_autograd_enabled", None)  # torch <= 2.12 has compile branches
+    return bool(fn()) if fn is not None else False
+
+
 def static_reason(pg, default_comms: Tuple[type, type]) -> Optional[str]:
     """Why TIDE cannot take this FSDPParamGroup (None: it can). Checked once, at enable()."""
     if not pg.fsdp_params:
@@ -42,6 +47,8 @@ def static_reason(pg, default_comms: Tuple[type, type]) -> Optional[str]:
         return "CPU offload"
     if pg.post_forward_mesh_info is not None and pg.post_forward_mesh_info != pg.mesh_info:
         return "reshard_after_forward to a smaller mesh (int)"
+    if _compiled_autograd():
+        return "compiled autograd is on (FSDP2 re-creates unsharded storage under compile)"
     if pg.mesh_info.shard_process_group.size() == 1:
         return "shard world size 1 (FSDP2 runs no collective)"
     ag, rs = default_comms
@@ -192,6 +199,8 @@ class GroupState:
                 self.stats.fallback(reason)
                 self.pg._all_gather_comm, self.pg._reduce_scatter_comm = self.stock_ag, self.stock_rs
                 return stock_fn(fsdp_params, group, async_op, copy_in_stream, ag_stream, device, self.stock_ag)
+        if _compiled_autograd():
+            raise InvalidUsageError(f"{self.label}: compiled autograd is not supported with nccl_tide.fsdp")
         if fsdp_params is not self.pg.fsdp_params or group.size() != self.world:
             raise InvalidUsageError(f"{self.label}: all-gather called with another parameter list or process group")
         if any(fp.sharded_state != ShardedState.SHARDED for fp in fsdp_params):
