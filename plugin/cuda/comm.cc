@@ -4,6 +4,7 @@
 
 #include "../core/errors.h"
 #include "cuda_check.h"
+#include "reduce_kernel.h"
 
 namespace tide {
 namespace cuda {
@@ -13,6 +14,7 @@ tideResult_t commInit(tideComm* comm) {
   TIDE_CUDA_CHECK(cudaStreamCreateWithFlags(&comm->sideStream, cudaStreamNonBlocking));
   TIDE_CUDA_CHECK(cudaEventCreateWithFlags(&comm->forkEvent, cudaEventDisableTiming));
   TIDE_CUDA_CHECK(cudaEventCreateWithFlags(&comm->joinEvent, cudaEventDisableTiming));
+  TIDE_CHECK(preloadReduceKernels());
   return tideSuccess;
 }
 

@@ -199,7 +199,28 @@ tideResult_t launchIn(const ReduceArgs& a, cudaStream_t stream, int grid) {
   }
 }
 
+template <typename InT, typename OutT>
+tideResult_t preloadPair() {
+  cudaFuncAttributes attr;
+  TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, reduceKernel<InT, OutT, true>));
+  TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, reduceKernel<InT, OutT, false>));
+  return tideSuccess;
+}
+
+template <typename InT>
+tideResult_t preloadIn() {
+  TIDE_CHECK((preloadPair<InT, float>()));
+  TIDE_CHECK((preloadPair<InT, Bf16>()));
+  return preloadPair<InT, Fp16>();
+}
+
 }  // namespace
+
+tideResult_t preloadReduceKernels() {
+  TIDE_CHECK(preloadIn<float>());
+  TIDE_CHECK(preloadIn<Bf16>());
+  return preloadIn<Fp16>();
+}
 
 int reduceGridSize(uint64_t n, int device) {
   const uint64_t perBlock = static_cast<uint64_t>(kThreads) * kVec * kStepsPerThread;

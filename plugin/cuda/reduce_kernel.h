@@ -28,6 +28,12 @@ struct ReduceArgs {
 // Enqueues the kernel on stream. out[k] = fold over s of x_s[k] in the order of include/tide.h.
 tideResult_t launchReduce(const ReduceArgs& args, cudaStream_t stream);
 
+// Loads every reduce kernel into the current device's context now. Required before the first RS: under lazy
+// module loading (CUDA_MODULE_LOADING=LAZY, which PyTorch sets) the first launch of a kernel loads it, and loading
+// waits for the device's work in flight, which includes this rank's flag waits for work that other (virtual)
+// ranks have not issued yet: the host thread would wait forever.
+tideResult_t preloadReduceKernels();
+
 // Grid the launcher uses for n elements (exposed for the benchmarks' SM-time accounting and tests).
 int reduceGridSize(uint64_t n, int device);
 
