@@ -41,7 +41,9 @@ def test_all_gather_launches_no_kernel(torch_cuda, world4, tmp_path):
     slots = world4.alloc_slot(L.slot_bytes)
     rng = np.random.default_rng(7)
     send = [random_bytes(torch, rng, L.send_bytes, "cuda") for _ in range(W)]
-    grads = [[random_float(torch, rng, p.numel, "bf16").cuda() for p in L.params] for _ in range(W)]
+    # RS control layout: one gradient dtype (the CUDA RS needs that; the AG layout above mixes bf16 and fp32).
+    rs_layouts = make_layouts([1 << 16, 4096], [1, 1], ["bf16", "bf16"], W)
+    grads = [[random_float(torch, rng, p.numel, "bf16").cuda() for p in rs_layouts[0].params] for _ in range(W)]
     world4.all_gather(layouts, slots, sendbufs=send)  # warm-up (driver entry points, batch API)
     world4.synchronize()
     torch.cuda.synchronize()
@@ -56,9 +58,10 @@ def test_all_gather_launches_no_kernel(torch_cuda, world4, tmp_path):
     ag_copies = [e for e in ag_events if e.get("cat") in ("gpu_memcpy", "gpu_memset")]
 
     # Positive control: the profiler does see kernels (the RS reduce kernel) in this process.
-    outs = [torch.empty(L.rs_out_numel, dtype=torch.float32, device="cuda") for _ in range(W)]
+    outs = [torch.empty(rs_layouts[0].rs_out_numel, dtype=torch.float32, device="cuda") for _ in range(W)]
+    torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof2:
-        world4.reduce_scatter(layouts, grads, outs)
+        world4.reduce_scatter(rs_layouts, grads, outs)
         world4.synchronize()
         torch.cuda.synchronize()
     rs_kernels = [e for e in _trace_events(prof2, tmp_path) if e.get("cat") == "kernel"]
