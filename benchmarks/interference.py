@@ -44,14 +44,42 @@ class Gemm:
         torch.matmul(self.a, self.b, out=self.c)
 
 
+def _probe_lib():
+    """The hinted-copy probe (ce_copy_probe.cu), compiled with nvcc on first use; None where that cannot be done."""
+    import ctypes
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
+    if nvcc is None:
+        return None
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ce_copy_probe.cu")
+    so = os.path.join(tempfile.mkdtemp(prefix="tide_probe_"), "probe.so")
+    subprocess.check_call([nvcc, "-shared", "-Xcompiler", "-fPIC", "-arch=sm_90", "-o", so, src])
+    lib = ctypes.CDLL(so)
+    lib.tide_probe_copy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                                    ctypes.c_int, ctypes.c_int]
+    lib.tide_probe_copy.restype = ctypes.c_int
+    return lib
+
+
 def side_ops(ctx, notes):
-    """name -> (setup() -> (unit(), streams, cleanup())). Setups run lazily, one at a time."""
-    W = 8
+    """name -> (setup() -> (unit(), streams, cleanup())). Setups run lazily, one at a time.
+
+    TIDE_BENCH_INTERFERENCE_RANKS (comma list, default "8") picks the loopback world sizes;
+    TIDE_BENCH_INTERFERENCE_PROBE=1 adds raw copies issued exactly as DESIGN.md section 9 measured them
+    (hinted batch on 1 and on 8 streams, plain cudaMemcpyAsync on 1 stream), to tell the copy mechanism
+    apart from TIDE's own issue pattern."""
+    import os
+
     model = "tiny-layer" if ctx.dry_run else "llama3-8b-layer"
     shapes = model_params(model)
     numels, rows = numels_rows(shapes)
+    world_sizes = [int(w) for w in os.environ.get("TIDE_BENCH_INTERFERENCE_RANKS", "8").split(",") if w]
 
-    def tide(kind):
+    def tide(kind, W):
         def setup():
             world = ctx.loopback_world(W)
             layouts = [make_layout(numels, W, r, rows, notes=notes) for r in range(W)]
@@ -100,12 +128,37 @@ def side_ops(ctx, notes):
 
         return unit, [side], lambda: None
 
-    return {
-        "TIDE AG (loopback 8, 8B layer)": (tide("ag"), True),
-        "TIDE RS (loopback 8, 8B layer)": (tide("rs"), True),
-        "SM copy (copy_ 1 GiB)": (sm_copy, False),
-        "SM reduction (bf16->fp32 sum, 1 GiB)": (sm_reduce, False),
-    }
+    def probe_copy(n_streams, hinted):
+        def setup():
+            lib = _probe_lib()
+            if lib is None:
+                raise RuntimeError("nvcc not found: the copy probe cannot be built here")
+            streams = [ctx.stream() for _ in range(n_streams)]
+            n = 1 << 30
+            bufs = [(rand(ctx, (n // 4,), torch.float32, seed=7 + i), torch.empty(n // 4, device=ctx.device))
+                    for i in range(n_streams)]
+
+            def unit():
+                for s, (src, dst) in zip(streams, bufs):
+                    rc = lib.tide_probe_copy(dst.data_ptr(), src.data_ptr(), n, s.cuda_stream, int(hinted), 16)
+                    if rc != 0:
+                        raise RuntimeError(f"probe copy failed: cudaError {rc}")
+
+            return unit, streams, lambda: None
+
+        return setup
+
+    ops = {}
+    for W in world_sizes:
+        ops[f"TIDE AG (loopback {W}, 8B layer)"] = (tide("ag", W), True)
+        ops[f"TIDE RS (loopback {W}, 8B layer)"] = (tide("rs", W), True)
+    ops["SM copy (copy_ 1 GiB)"] = (sm_copy, False)
+    ops["SM reduction (bf16->fp32 sum, 1 GiB)"] = (sm_reduce, False)
+    if os.environ.get("TIDE_BENCH_INTERFERENCE_PROBE") == "1" and not ctx.dry_run:
+        ops["probe: hinted batch copy, 1 stream (1 GiB)"] = (probe_copy(1, True), False)
+        ops["probe: hinted batch copy, 8 streams (8 x 1 GiB)"] = (probe_copy(8, True), False)
+        ops["probe: cudaMemcpyAsync, 1 stream (1 GiB)"] = (probe_copy(1, False), False)
+    return ops
 
 
 def _wait(ctx, stream, event):
