@@ -54,43 +54,14 @@ def import_nccl_tide():
 # ---------------------------------------------------------------------------------------------
 
 
-def _llama_layer(hidden, inter, q_heads, kv_heads, head_dim):
-    q, kv = q_heads * head_dim, kv_heads * head_dim
-    return [
-        ("self_attn.q_proj.weight", (q, hidden)),
-        ("self_attn.k_proj.weight", (kv, hidden)),
-        ("self_attn.v_proj.weight", (kv, hidden)),
-        ("self_attn.o_proj.weight", (hidden, q)),
-        ("mlp.gate_proj.weight", (inter, hidden)),
-        ("mlp.up_proj.weight", (inter, hidden)),
-        ("mlp.down_proj.weight", (hidden, inter)),
-        ("input_layernorm.weight", (hidden,)),
-        ("post_attention_layernorm.weight", (hidden,)),
-    ]
-
-
-# Used when nccl_tide.models is not importable, and for the dry run ("tiny-layer": odd sizes so
-# that dim-0 padding happens at 8 and 64 ranks).
-LOCAL_MODELS = {
-    "llama3-8b-layer": _llama_layer(4096, 14336, 32, 8, 128),
-    "llama3-70b-layer": _llama_layer(8192, 28672, 64, 8, 128),
-    "tiny-layer": _llama_layer(48, 136, 3, 1, 16),
-}
-
-
 def model_params(name):
-    """[(param name, shape)] of one decoder layer, in FSDP2 parameter order."""
-    if name in LOCAL_MODELS and name.startswith("tiny"):
-        return list(LOCAL_MODELS[name])
-    nt = import_nccl_tide()
-    if nt is not None:
-        try:
-            from nccl_tide import models
+    """[(param name, shape)] of one decoder layer, in FSDP2 parameter order (nccl_tide.models), or, for the dry
+    run, "tiny-layer": odd sizes so that dim-0 padding happens at 8 and 64 ranks."""
+    from nccl_tide import models
 
-            return [(n, tuple(int(d) for d in s)) for n, s in models.model_params(name)]
-        except (ImportError, AttributeError):
-            pass
-    return list(LOCAL_MODELS[name])
+    if name == "tiny-layer":
+        return [(n, tuple(s)) for n, s in models._llama_layer(48, 136, 3, 1, 16)]
+    return [(n, tuple(int(d) for d in s)) for n, s in models.model_params(name)]
 
 
 def numels_rows(params):
