@@ -342,6 +342,88 @@ tideResult_t tideReduceScatter(tideComm_t comm, tideLayout_t layout, const void*
  * are unset, and NCCL_TIDE_NVLS=1. Host-only; always available. (since 0.1) */
 tideResult_t tideMulticastAllowed(int* allowed);
 
+/* ------------------------------------------------------------------------------------ */
+/* NCCL binding: communicators over NCCL or a caller's bootstrap                         */
+/* ------------------------------------------------------------------------------------ */
+
+/* Feature bits of tideNcclInfo_t.features: present only if every named entry point is
+ * exported by the loaded libnccl (looked up with dlsym; a missing one is never called).
+ * (since 0.1) */
+#define TIDE_NCCL_FEATURE_MEM_ALLOC (1ULL << 0)        /* ncclMemAlloc, ncclMemFree */
+#define TIDE_NCCL_FEATURE_WINDOW_REGISTER (1ULL << 1)  /* ncclCommWindowRegister/Deregister */
+#define TIDE_NCCL_FEATURE_WIN_GET_USER_PTR (1ULL << 2) /* ncclWinGetUserPtr (2.29.2) */
+#define TIDE_NCCL_FEATURE_LSA_POINTERS (1ULL << 3)     /* ncclGetLsaDevicePointer, ncclGetPeerDevicePointer (2.29.2) */
+#define TIDE_NCCL_FEATURE_LSA_MULTIMEM (1ULL << 4)     /* ncclGetLsaMultimemDevicePointer (2.29.2) */
+#define TIDE_NCCL_FEATURE_PUT_SIGNAL (1ULL << 5)       /* ncclPutSignal, ncclSignal, ncclWaitSignal (2.29.2) */
+#define TIDE_NCCL_FEATURE_QUERY_PROPERTIES (1ULL << 6) /* ncclCommQueryProperties (2.29.2) */
+#define TIDE_NCCL_FEATURE_COLL_CONFIG (1ULL << 7)      /* ncclAllGatherConfig, ncclReduceScatterConfig (2.31.2) */
+
+#define TIDE_NCCL_INFO_VERSION 1
+
+/* (since 0.1) */
+typedef struct {
+  size_t size;              /* caller sets sizeof(tideNcclInfo_t) */
+  unsigned int version;     /* caller sets TIDE_NCCL_INFO_VERSION */
+  int headerVersion;        /* NCCL_VERSION_CODE of the nccl.h this library was built with, 0 if none */
+  int runtimeVersion;       /* ncclGetVersion of the loaded libnccl, e.g. 22809 for 2.28.9 */
+  int effectiveVersion;     /* runtimeVersion, or 23299 for 2.33+ (treated as 2.32, with a warning) */
+  uint64_t features;        /* TIDE_NCCL_FEATURE_* bits */
+  const char* provider;     /* peer-memory provider the version calls for: "window" (>= 2.29.2 with the window
+                               symbols) or "ipc" (CUDA IPC, single node); static string */
+  const char* transport;    /* inter-node transport: "putsignal" (ncclPutSignal/ncclWaitSignal) or "sendrecv" */
+} tideNcclInfo_t;
+
+/* Finds the libnccl already loaded in this process (dlopen("libnccl.so.2", RTLD_NOLOAD):
+ * TIDE never loads a second copy), reads its version and resolves its entry points. Host
+ * only; needs no GPU. Logs the header and library versions at INFO on first success.
+ * Errors: tideInvalidArgument (NULL, bad size/version), tideUnsupported (no libnccl loaded:
+ * load it first, e.g. import torch; a version older than 2.28 or not 2.x; a 2.28 entry
+ * point missing). (since 0.1) */
+tideResult_t tideNcclGetInfo(tideNcclInfo_t* info);
+
+/* Creates this rank's TIDE communicator over an NCCL communicator (an ncclComm_t, passed as
+ * struct ncclComm*). Collective over the NCCL communicator: every rank calls it. Rank and
+ * world come from ncclCommUserRank/ncclCommCount, the device from ncclCommCuDevice; host
+ * bytes (host hash, config hash, IPC handles) are exchanged with ncclAllGather on an
+ * internal stream. Provider: CUDA IPC of TIDE's own cudaMalloc memory (single node; the
+ * window provider of NCCL >= 2.29.2 is not implemented yet, so such NCCL also uses IPC and
+ * says so at INFO). config may be NULL. Destroy the TIDE comm (collective, tideCommDestroy)
+ * before the NCCL communicator.
+ * Errors: tideInvalidArgument, tideUnsupported (no CUDA build, NCCL not loaded or out of
+ * range, ranks on several hosts), tideMismatch (configs differ across ranks: on every
+ * rank), tideNcclError, tideCudaError. (since 0.1) */
+struct ncclComm;
+tideResult_t tideCommCreate(struct ncclComm* ncclComm, const tideConfig_t* config, tideComm_t* comm);
+
+/* All-gather of host bytes for tideCommCreateWithBootstrap: writes worldSize blocks of
+ * `bytes` into `all`, block r being rank r's `mine`. Blocking and collective; returns 0 on
+ * success, anything else is an error. (since 0.1) */
+typedef int (*tideAllGatherFn_t)(const void* mine, void* all, size_t bytes, void* user);
+
+#define TIDE_BOOTSTRAP_VERSION 1
+
+/* (since 0.1) */
+typedef struct {
+  size_t size;                  /* sizeof(tideBootstrap_t) */
+  unsigned int version;         /* TIDE_BOOTSTRAP_VERSION */
+  tideAllGatherFn_t allgather;  /* called during create, tideSlotAlloc/Free, own-staging growth inside
+                                   tideReduceScatter, and tideCommDestroy: keep it (and user) valid until then */
+  void* user;                   /* passed to allgather */
+} tideBootstrap_t;
+
+/* Like tideCommCreate, with the exchange done by the caller's all-gather (e.g. over a
+ * torch.distributed gloo group) instead of NCCL: for ranks NCCL cannot form, such as several
+ * processes sharing one GPU. One rank per process, all on one host; device is this rank's
+ * CUDA device (ranks may share it). Collective over the bootstrap.
+ * Errors: as tideCommCreate, plus tideInvalidUsage (two ranks in one process) and
+ * tideSystemError (the callback failed). (since 0.1) */
+tideResult_t tideCommCreateWithBootstrap(int rank, int worldSize, int device, const tideBootstrap_t* bootstrap,
+                                         const tideConfig_t* config, tideComm_t* comm);
+
+/* Name of the comm's peer-memory provider ("loopback", "ipc"); a static string.
+ * Errors: tideInvalidArgument. (since 0.1) */
+tideResult_t tideCommGetProvider(tideComm_t comm, const char** name);
+
 #ifdef __cplusplus
 }
 #endif

@@ -28,6 +28,20 @@ TIDE_LAYOUT_DESC_VERSION = 1
 TIDE_LAYOUT_INFO_VERSION = 1
 TIDE_PARAM_INFO_VERSION = 1
 TIDE_SCHEDULE_STEP_VERSION = 1
+TIDE_NCCL_INFO_VERSION = 1
+TIDE_BOOTSTRAP_VERSION = 1
+
+# TIDE_NCCL_FEATURE_* bits of tideNcclInfo_t.features
+NCCL_FEATURES = {
+    "mem_alloc": 1 << 0,
+    "window_register": 1 << 1,
+    "win_get_user_ptr": 1 << 2,
+    "lsa_pointers": 1 << 3,
+    "lsa_multimem": 1 << 4,
+    "put_signal": 1 << 5,
+    "query_properties": 1 << 6,
+    "coll_config": 1 << 7,
+}
 
 # tideResult_t
 tideSuccess = 0
@@ -131,6 +145,32 @@ class tideScheduleStep_t(ctypes.Structure):
     ]
 
 
+class tideNcclInfo_t(ctypes.Structure):
+    _fields_ = [
+        ("size", c_size_t),
+        ("version", c_uint),
+        ("headerVersion", c_int),
+        ("runtimeVersion", c_int),
+        ("effectiveVersion", c_int),
+        ("features", c_uint64),
+        ("provider", c_char_p),
+        ("transport", c_char_p),
+    ]
+
+
+# int (*)(const void* mine, void* all, size_t bytes, void* user)
+tideAllGatherFn_t = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, c_size_t, c_void_p)
+
+
+class tideBootstrap_t(ctypes.Structure):
+    _fields_ = [
+        ("size", c_size_t),
+        ("version", c_uint),
+        ("allgather", tideAllGatherFn_t),
+        ("user", c_void_p),
+    ]
+
+
 _P = POINTER
 _PPV = _P(c_void_p)  # const void* const* and void* const* tables
 _PCS = _P(c_char_p)
@@ -162,6 +202,13 @@ SIGNATURES = {
         [tideComm_t, tideLayout_t, _PPV, c_void_p, tideDataType_t, tideRedOp_t, c_float, c_void_p, c_void_p],
     ),
     "tideMulticastAllowed": (tideResult_t, [_P(c_int)]),
+    "tideNcclGetInfo": (tideResult_t, [_P(tideNcclInfo_t)]),
+    "tideCommCreate": (tideResult_t, [c_void_p, _P(tideConfig_t), _P(tideComm_t)]),
+    "tideCommCreateWithBootstrap": (
+        tideResult_t,
+        [c_int, c_int, c_int, _P(tideBootstrap_t), _P(tideConfig_t), _P(tideComm_t)],
+    ),
+    "tideCommGetProvider": (tideResult_t, [tideComm_t, _PCS]),
 }
 
 _lock = threading.Lock()

@@ -1,0 +1,283 @@
+// C API entry points of the NCCL binding (include/tide.h, "NCCL binding"): tideNcclGetInfo (host only, every build)
+// and the communicator constructors over NCCL or a caller's bootstrap (CUDA builds; tideUnsupported otherwise).
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "api_guard.h"
+#include "errors.h"
+#include "log.h"
+#include "nccl/nccl_lib.h"
+#include "params.h"
+#include "tide.h"
+
+#ifdef TIDE_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "cuda/comm.h"
+#include "cuda/cuda_check.h"
+#include "cuda/ipc_provider.h"
+#endif
+
+namespace {
+
+constexpr const char* kComponent = "Nccl";
+
+#ifdef TIDE_HAVE_CUDA
+
+// Effective plan knobs of a config (a nonzero field wins, else the NCCL_TIDE_* parameter), hashed: what must match
+// on every rank for their layouts to agree.
+tideResult_t configHash(const tideConfig_t* config, uint64_t* hash) {
+  uint64_t chunk = 0, pace = 0;
+  if (config != nullptr) {
+    if (config->size < sizeof(tideConfig_t)) {
+      return tide::fail(tideInvalidArgument, kComponent, "config->size is %zu; set it to sizeof(tideConfig_t) = %zu",
+                        config->size, sizeof(tideConfig_t));
+    }
+    if (config->version < 1 || config->version > TIDE_CONFIG_VERSION) {
+      return tide::fail(tideInvalidArgument, kComponent, "config->version is %u; this library supports 1..%d",
+                        config->version, TIDE_CONFIG_VERSION);
+    }
+    chunk = config->rsChunkBytes;
+    pace = config->paceBytes;
+  }
+  if (chunk == 0) {
+    TIDE_CHECK(tide::params::status(tide::params::kRsChunkBytes));
+    chunk = tide::params::rsChunkBytes();
+  }
+  if (pace == 0) {
+    TIDE_CHECK(tide::params::status(tide::params::kPaceBytes));
+    pace = tide::params::paceBytes();
+  }
+  uint64_t h = 1469598103934665603ULL;
+  for (uint64_t v : {chunk, pace, static_cast<uint64_t>(TIDE_CONFIG_VERSION)}) {
+    for (int b = 0; b < 8; ++b) {
+      h ^= (v >> (8 * b)) & 0xff;
+      h *= 1099511628211ULL;
+    }
+  }
+  *hash = h;
+  return tideSuccess;
+}
+
+// Exchange over an NCCL communicator: ncclAllGather of the bytes through a small device buffer on an internal stream.
+struct NcclExchange {
+  const tide::nccl::Lib* lib = nullptr;
+  tide::nccl::ncclComm_t comm = nullptr;
+  int device = 0;
+  int world = 0;
+  cudaStream_t stream = nullptr;
+  void* buf = nullptr;
+  size_t cap = 0;
+
+  ~NcclExchange() {
+    (void)cudaSetDevice(device);
+    if (buf) (void)cudaFree(buf);
+    if (stream) (void)cudaStreamDestroy(stream);
+    (void)cudaGetLastError();
+  }
+
+  tideResult_t run(const void* mine, void* all, size_t bytes) {
+    TIDE_CUDA_CHECK(cudaSetDevice(device));
+    if (stream == nullptr) TIDE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    size_t need = bytes * static_cast<size_t>(world + 1);
+    if (need > cap) {
+      if (buf) TIDE_CUDA_CHECK(cudaFree(buf));
+      buf = nullptr;
+      cap = 0;
+      TIDE_CUDA_CHECK(cudaMalloc(&buf, need));
+      cap = need;
+    }
+    char* recv = static_cast<char*>(buf);
+    char* send = recv + bytes * static_cast<size_t>(world);
+    TIDE_CUDA_CHECK(cudaMemcpyAsync(send, mine, bytes, cudaMemcpyHostToDevice, stream));
+    tide::nccl::ncclResult_t r = lib->allGather(send, recv, bytes, tide::nccl::kNcclUint8, comm, stream);
+    while (r == tide::nccl::kNcclInProgress) {  // non-blocking communicator
+      tide::nccl::ncclResult_t async = tide::nccl::kNcclSuccess;
+      if (lib->commGetAsyncError(comm, &async) != tide::nccl::kNcclSuccess) break;
+      r = async;
+    }
+    if (r != tide::nccl::kNcclSuccess) return tide::nccl::ncclFail(*lib, r, "ncclAllGather (TIDE exchange)");
+    TIDE_CUDA_CHECK(cudaMemcpyAsync(all, recv, bytes * static_cast<size_t>(world), cudaMemcpyDeviceToHost, stream));
+    TIDE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return tideSuccess;
+  }
+};
+
+// Builds the comm around an IPC provider. On failure *comm stays NULL and nothing leaks.
+tideResult_t createIpcComm(int rank, int world, int device, const tideConfig_t* config, tide::cuda::ExchangeFn ex,
+                           tideComm_t* comm) {
+  uint64_t hash = 0;
+  tideResult_t local = configHash(config, &hash);
+  if (local != tideSuccess) hash = ~0ULL;  // still take part in the exchange: the others fail with tideMismatch
+  std::shared_ptr<tide::cuda::IpcProvider> provider;
+  tideResult_t r = tide::cuda::IpcProvider::create(rank, world, device, hash, std::move(ex), &provider);
+  if (local != tideSuccess) return local;
+  TIDE_CHECK(r);
+  std::unique_ptr<tideComm> c(new tideComm());
+  c->rank = rank;
+  c->worldSize = world;
+  c->device = device;
+  c->provider = provider;
+  tideResult_t res = tide::cuda::commInit(c.get());
+  if (res != tideSuccess) {
+    tide::cuda::commRelease(c.get());
+    return res;
+  }
+  *comm = c.release();
+  return tideSuccess;
+}
+
+tideResult_t checkDevice(int device, const char* fn) {
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    (void)cudaGetLastError();
+    return tide::fail(tideUnsupported, "API", "%s: no CUDA device is available (%s)", fn,
+                      err == cudaSuccess ? "device count is 0" : cudaGetErrorName(err));
+  }
+  if (device < 0 || device >= count) {
+    return tide::fail(tideInvalidArgument, "API", "%s: device %d does not exist (%d devices)", fn, device, count);
+  }
+  return tideSuccess;
+}
+
+#endif  // TIDE_HAVE_CUDA
+
+}  // namespace
+
+extern "C" {
+
+TIDE_EXPORT tideResult_t tideNcclGetInfo(tideNcclInfo_t* info) {
+  TIDE_API_BEGIN
+  if (info == nullptr) return tide::fail(tideInvalidArgument, "API", "tideNcclGetInfo: info is NULL");
+  if (info->size < sizeof(tideNcclInfo_t) || info->version < 1 || info->version > TIDE_NCCL_INFO_VERSION) {
+    return tide::fail(tideInvalidArgument, "API",
+                      "tideNcclGetInfo: info->size %zu / version %u; set sizeof(tideNcclInfo_t) = %zu and "
+                      "TIDE_NCCL_INFO_VERSION",
+                      info->size, info->version, sizeof(tideNcclInfo_t));
+  }
+  const tide::nccl::Lib* lib = nullptr;
+  TIDE_CHECK(tide::nccl::resolve(&lib));
+  info->headerVersion = tide::nccl::headerVersion();
+  info->runtimeVersion = lib->runtimeVersion;
+  info->effectiveVersion = lib->effectiveVersion;
+  info->features = lib->features;
+  info->provider = lib->provider;
+  info->transport = lib->transport;
+  return tideSuccess;
+  TIDE_API_END
+}
+
+#ifdef TIDE_HAVE_CUDA
+
+TIDE_EXPORT tideResult_t tideCommCreate(struct ncclComm* ncclComm, const tideConfig_t* config, tideComm_t* comm) {
+  TIDE_API_BEGIN
+  if (comm == nullptr) return tide::fail(tideInvalidArgument, "API", "tideCommCreate: comm is NULL");
+  *comm = nullptr;
+  if (ncclComm == nullptr) return tide::fail(tideInvalidArgument, "API", "tideCommCreate: ncclComm is NULL");
+  const tide::nccl::Lib* lib = nullptr;
+  TIDE_CHECK(tide::nccl::resolve(&lib));
+  int rank = -1, world = 0, device = -1;
+  tide::nccl::ncclResult_t r = lib->commUserRank(ncclComm, &rank);
+  if (r != tide::nccl::kNcclSuccess) return tide::nccl::ncclFail(*lib, r, "ncclCommUserRank");
+  r = lib->commCount(ncclComm, &world);
+  if (r != tide::nccl::kNcclSuccess) return tide::nccl::ncclFail(*lib, r, "ncclCommCount");
+  r = lib->commCuDevice(ncclComm, &device);
+  if (r != tide::nccl::kNcclSuccess) return tide::nccl::ncclFail(*lib, r, "ncclCommCuDevice");
+  TIDE_CHECK(checkDevice(device, "tideCommCreate"));
+  if (std::strcmp(lib->provider, "window") == 0) {
+    TIDE_INFO(kComponent,
+              "NCCL %d.%d.%d calls for the window provider, which this build does not implement yet: using CUDA IPC "
+              "(single node)",
+              lib->major, lib->minor, lib->patch);
+  }
+  auto ex = std::make_shared<NcclExchange>();
+  ex->lib = lib;
+  ex->comm = ncclComm;
+  ex->device = device;
+  ex->world = world;
+  tide::cuda::ExchangeFn fn = [ex](const void* mine, void* all, size_t bytes) { return ex->run(mine, all, bytes); };
+  TIDE_CHECK(createIpcComm(rank, world, device, config, std::move(fn), comm));
+  TIDE_INFO(kComponent, "tideCommCreate: rank %d of %d on device %d over NCCL %d.%d.%d, provider ipc", rank, world,
+            device, lib->major, lib->minor, lib->patch);
+  return tideSuccess;
+  TIDE_API_END
+}
+
+TIDE_EXPORT tideResult_t tideCommCreateWithBootstrap(int rank, int worldSize, int device,
+                                                     const tideBootstrap_t* bootstrap, const tideConfig_t* config,
+                                                     tideComm_t* comm) {
+  TIDE_API_BEGIN
+  if (comm == nullptr) return tide::fail(tideInvalidArgument, "API", "tideCommCreateWithBootstrap: comm is NULL");
+  *comm = nullptr;
+  if (bootstrap == nullptr || bootstrap->allgather == nullptr) {
+    return tide::fail(tideInvalidArgument, "API", "tideCommCreateWithBootstrap: bootstrap or its allgather is NULL");
+  }
+  if (bootstrap->size < sizeof(tideBootstrap_t) || bootstrap->version < 1 ||
+      bootstrap->version > TIDE_BOOTSTRAP_VERSION) {
+    return tide::fail(tideInvalidArgument, "API",
+                      "tideCommCreateWithBootstrap: bootstrap->size %zu / version %u; set sizeof(tideBootstrap_t) = "
+                      "%zu and TIDE_BOOTSTRAP_VERSION",
+                      bootstrap->size, bootstrap->version, sizeof(tideBootstrap_t));
+  }
+  if (worldSize < 1 || worldSize > TIDE_MAX_RANKS_PER_NODE || rank < 0 || rank >= worldSize) {
+    return tide::fail(tideInvalidArgument, "API",
+                      "tideCommCreateWithBootstrap: rank %d of worldSize %d; need 0 <= rank < worldSize <= %d (one "
+                      "node)",
+                      rank, worldSize, TIDE_MAX_RANKS_PER_NODE);
+  }
+  TIDE_CHECK(checkDevice(device, "tideCommCreateWithBootstrap"));
+  tideAllGatherFn_t cb = bootstrap->allgather;
+  void* user = bootstrap->user;
+  tide::cuda::ExchangeFn fn = [cb, user](const void* mine, void* all, size_t bytes) -> tideResult_t {
+    int rc = cb(mine, all, bytes, user);
+    if (rc != 0) {
+      return tide::fail(tideSystemError, kComponent, "bootstrap all-gather callback failed (returned %d) on %zu bytes",
+                        rc, bytes);
+    }
+    return tideSuccess;
+  };
+  TIDE_CHECK(createIpcComm(rank, worldSize, device, config, std::move(fn), comm));
+  return tideSuccess;
+  TIDE_API_END
+}
+
+TIDE_EXPORT tideResult_t tideCommGetProvider(tideComm_t comm, const char** name) {
+  TIDE_API_BEGIN
+  if (comm == nullptr || name == nullptr) {
+    return tide::fail(tideInvalidArgument, "API", "tideCommGetProvider: comm or name is NULL");
+  }
+  if (!comm->provider) return tide::fail(tideInvalidUsage, "API", "tideCommGetProvider: comm is not initialized");
+  *name = comm->provider->name();
+  return tideSuccess;
+  TIDE_API_END
+}
+
+#else  // host-only build
+
+namespace {
+tideResult_t unsupported(const char* fn) {
+  return tide::fail(tideUnsupported, "API",
+                    "%s: this libnccl-tide.so was built without CUDA; rebuild with nvcc on PATH (or "
+                    "-DTIDE_BUILD_CUDA=ON)",
+                    fn);
+}
+}  // namespace
+
+TIDE_EXPORT tideResult_t tideCommCreate(struct ncclComm*, const tideConfig_t*, tideComm_t* comm) {
+  if (comm) *comm = nullptr;
+  return unsupported(__func__);
+}
+
+TIDE_EXPORT tideResult_t tideCommCreateWithBootstrap(int, int, int, const tideBootstrap_t*, const tideConfig_t*,
+                                                     tideComm_t* comm) {
+  if (comm) *comm = nullptr;
+  return unsupported(__func__);
+}
+
+TIDE_EXPORT tideResult_t tideCommGetProvider(tideComm_t, const char**) { return unsupported(__func__); }
+
+#endif  // TIDE_HAVE_CUDA
+
+}  // extern "C"

@@ -1,0 +1,308 @@
+#include "ipc_provider.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "../core/errors.h"
+#include "../core/log.h"
+#include "cuda_check.h"
+
+namespace tide {
+namespace cuda {
+namespace {
+
+constexpr const char* kComponent = "Ipc";
+constexpr size_t kZeroBytes = 1 << 20;
+
+uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ULL) {
+  const unsigned char* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+// What every rank announces at creation.
+struct Hello {
+  uint64_t hostHash;
+  uint64_t configHash;
+  int64_t pid;
+  int32_t device;
+  int32_t ok;  // 0: this rank failed before the exchange (it still takes part, so nobody hangs)
+  cudaIpcMemHandle_t flags;
+};
+
+// One rank's part of a collective allocation.
+struct ShareMsg {
+  uint64_t bytes;
+  int32_t ok;
+  int32_t pad;
+  cudaIpcMemHandle_t handle;
+};
+
+}  // namespace
+
+uint64_t hostHash() {
+  char buf[512] = {0};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) snprintf(buf, sizeof(buf), "unknown-host");
+  uint64_t h = fnv1a(buf, strlen(buf));
+  // Containers may share a hostname across machines; the boot id tells kernels apart.
+  if (FILE* f = fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char id[64] = {0};
+    size_t n = fread(id, 1, sizeof(id) - 1, f);
+    fclose(f);
+    h = fnv1a(id, n, h);
+  }
+  return h;
+}
+
+tideResult_t IpcProvider::create(int rank, int worldSize, int device, uint64_t configHash, ExchangeFn exchange,
+                                 std::shared_ptr<IpcProvider>* out) {
+  std::shared_ptr<IpcProvider> p(new IpcProvider(rank, worldSize, device, std::move(exchange)));
+  Hello mine{};
+  mine.hostHash = hostHash();
+  mine.configHash = configHash;
+  mine.pid = static_cast<int64_t>(getpid());
+  mine.device = device;
+  mine.ok = 1;
+  // The flag array (exported) and the zero buffer (local).
+  tideResult_t local = tideSuccess;
+  {
+    cudaError_t err = cudaSetDevice(device);
+    size_t flagBytes = sizeof(uint32_t) * flag::kWords;
+    if (err == cudaSuccess) err = cudaMalloc(reinterpret_cast<void**>(&p->flags_.base), flagBytes);
+    if (err == cudaSuccess) err = cudaMemset(p->flags_.base, 0, flagBytes);
+    if (err == cudaSuccess) err = cudaMalloc(&p->zeros_, kZeroBytes);
+    if (err == cudaSuccess) err = cudaMemset(p->zeros_, 0, kZeroBytes);
+    if (err == cudaSuccess) err = cudaDeviceSynchronize();  // memsets on the legacy stream: finish before use
+    if (err == cudaSuccess) err = cudaIpcGetMemHandle(&mine.flags, p->flags_.base);
+    if (err != cudaSuccess) {
+      local = cudaFail(err, "IPC provider setup (flags, zeros)", __FILE__, __LINE__);
+      mine.ok = 0;
+    }
+    p->flags_.bytes = flagBytes;
+    p->flags_.live = p->flags_.base != nullptr;
+    p->zeroBytes_ = kZeroBytes;
+  }
+  std::vector<Hello> all(worldSize);
+  TIDE_CHECK(p->exchange_(&mine, all.data(), sizeof(Hello)));
+  if (local != tideSuccess) return local;
+  for (int r = 0; r < worldSize; ++r) {
+    if (!all[r].ok) {
+      return fail(tideCudaError, kComponent, "rank %d failed to set up its IPC memory; see its log", r);
+    }
+  }
+  for (int r = 0; r < worldSize; ++r) {
+    if (all[r].configHash != all[0].configHash) {
+      return fail(tideMismatch, kComponent,
+                  "config mismatch: rank %d's config hash is %016llx but rank 0's is %016llx; every rank must pass "
+                  "the same tideConfig_t and the same NCCL_TIDE_* plan parameters",
+                  r, static_cast<unsigned long long>(all[r].configHash),
+                  static_cast<unsigned long long>(all[0].configHash));
+    }
+  }
+  for (int r = 0; r < worldSize; ++r) {
+    if (all[r].hostHash != all[0].hostHash) {
+      return fail(tideUnsupported, kComponent,
+                  "rank %d is on another host than rank 0: the CUDA IPC provider (NCCL 2.28.x) is single-node only; "
+                  "multi-node needs NCCL >= 2.29.2 (window provider)",
+                  r);
+    }
+    for (int q = 0; q < r; ++q) {
+      if (all[q].pid == all[r].pid) {
+        return fail(tideInvalidUsage, kComponent,
+                    "ranks %d and %d are in the same process; the IPC provider needs one rank per process (use "
+                    "tideLoopbackCreate for several ranks in one process)",
+                    q, r);
+      }
+    }
+  }
+  p->flags_.peers.assign(worldSize, nullptr);
+  for (int r = 0; r < worldSize; ++r) {
+    if (r == rank) {
+      p->flags_.peers[r] = p->flags_.base;
+      continue;
+    }
+    void* q = nullptr;
+    cudaError_t err = cudaIpcOpenMemHandle(&q, all[r].flags, cudaIpcMemLazyEnablePeerAccess);
+    if (err != cudaSuccess) {
+      p->unshare(&p->flags_);
+      return cudaFail(err, "cudaIpcOpenMemHandle(peer flags)", __FILE__, __LINE__);
+    }
+    p->flags_.peers[r] = static_cast<char*>(q);
+  }
+  p->ready_ = true;
+  TIDE_INFO(kComponent, "rank %d of %d on device %d: IPC provider ready (one node)", rank, worldSize, device);
+  *out = std::move(p);
+  return tideSuccess;
+}
+
+IpcProvider::~IpcProvider() {
+  (void)cudaSetDevice(device_);
+  if (ready_) {
+    // Collective (tideCommDestroy on every rank): no rank frees memory that a peer's queued work may still write.
+    (void)cudaDeviceSynchronize();
+    if (barrier() != tideSuccess) TIDE_WARN(kComponent, "rank %d: barrier before releasing IPC memory failed", rank_);
+  }
+  for (auto& s : slots_) unshare(&s);
+  for (auto& s : staging_) unshare(&s);
+  unshare(&flags_);
+  if (zeros_) (void)cudaFree(zeros_);
+  (void)cudaGetLastError();
+}
+
+tideResult_t IpcProvider::barrier() {
+  uint64_t mine = 0;
+  std::vector<uint64_t> all(world_);
+  return exchange_(&mine, all.data(), sizeof(mine));
+}
+
+tideResult_t IpcProvider::share(size_t bytes, const char* what, Shared* out) {
+  ShareMsg mine{};
+  mine.bytes = bytes;
+  mine.ok = 1;
+  void* p = nullptr;
+  cudaError_t err = cudaSetDevice(device_);
+  if (err == cudaSuccess) err = cudaMalloc(&p, bytes);
+  if (err == cudaSuccess) err = cudaIpcGetMemHandle(&mine.handle, p);
+  tideResult_t local = tideSuccess;
+  if (err != cudaSuccess) {
+    local = cudaFail(err, what, __FILE__, __LINE__);
+    mine.ok = 0;
+  }
+  std::vector<ShareMsg> all(world_);
+  tideResult_t ex = exchange_(&mine, all.data(), sizeof(ShareMsg));
+  auto cleanup = [&] {
+    if (p) (void)cudaFree(p);
+    (void)cudaGetLastError();
+  };
+  if (ex != tideSuccess || local != tideSuccess) {
+    cleanup();
+    return ex != tideSuccess ? ex : local;
+  }
+  for (int r = 0; r < world_; ++r) {
+    if (!all[r].ok) {
+      cleanup();
+      return fail(tideOutOfMemory, kComponent, "%s: rank %d could not allocate %llu bytes; see its log", what, r,
+                  static_cast<unsigned long long>(all[r].bytes));
+    }
+    if (all[r].bytes != bytes) {
+      cleanup();
+      return fail(tideMismatch, kComponent,
+                  "%s: rank %d allocates %llu bytes but rank %d allocates %llu; every rank must make the same "
+                  "allocations in the same order",
+                  what, r, static_cast<unsigned long long>(all[r].bytes), rank_, static_cast<unsigned long long>(bytes));
+    }
+  }
+  Shared s;
+  s.base = static_cast<char*>(p);
+  s.bytes = bytes;
+  s.live = true;
+  s.peers.assign(world_, nullptr);
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_) {
+      s.peers[r] = s.base;
+      continue;
+    }
+    void* q = nullptr;
+    err = cudaIpcOpenMemHandle(&q, all[r].handle, cudaIpcMemLazyEnablePeerAccess);
+    if (err != cudaSuccess) {
+      tideResult_t res = cudaFail(err, "cudaIpcOpenMemHandle", __FILE__, __LINE__);
+      unshare(&s);
+      return res;
+    }
+    s.peers[r] = static_cast<char*>(q);
+  }
+  *out = std::move(s);
+  return tideSuccess;
+}
+
+void IpcProvider::unshare(Shared* s) {
+  if (!s->live) return;
+  for (int r = 0; r < static_cast<int>(s->peers.size()); ++r) {
+    if (r != rank_ && s->peers[r] != nullptr) (void)cudaIpcCloseMemHandle(s->peers[r]);
+  }
+  if (s->base) (void)cudaFree(s->base);
+  s->peers.clear();
+  s->base = nullptr;
+  s->live = false;
+  (void)cudaGetLastError();
+}
+
+tideResult_t IpcProvider::slotAlloc(int rank, size_t bytes, void** ptr) {
+  (void)rank;
+  if (bytes == 0) return fail(tideInvalidArgument, kComponent, "tideSlotAlloc: bytes must be > 0");
+  std::lock_guard<std::mutex> lock(mu_);
+  Shared s;
+  TIDE_CHECK(share(bytes, "tideSlotAlloc", &s));
+  *ptr = s.base;
+  TIDE_TRACE(kComponent, "slot alloc rank %d #%zu: %zu bytes at %p", rank_, slots_.size(), bytes, *ptr);
+  slots_.push_back(std::move(s));
+  return tideSuccess;
+}
+
+tideResult_t IpcProvider::slotFree(int rank, void* ptr) {
+  (void)rank;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Shared& s : slots_) {
+    if (s.live && s.base == ptr) {
+      // Collective: no rank frees its memory while a peer's work may still write into it.
+      TIDE_CUDA_CHECK(cudaSetDevice(device_));
+      TIDE_CUDA_CHECK(cudaDeviceSynchronize());
+      TIDE_CHECK(barrier());
+      unshare(&s);
+      return tideSuccess;
+    }
+  }
+  return fail(tideInvalidArgument, kComponent, "tideSlotFree: %p is not a live slot of rank %d", ptr, rank_);
+}
+
+tideResult_t IpcProvider::peerPtr(int rank, const void* local, size_t bytes, int peer, const char* what, void** out) {
+  (void)rank;
+  std::lock_guard<std::mutex> lock(mu_);
+  const char* p = static_cast<const char*>(local);
+  for (const Shared& s : slots_) {
+    if (!s.live || p < s.base || p >= s.base + s.bytes) continue;
+    size_t off = static_cast<size_t>(p - s.base);
+    if (bytes > s.bytes - off) {
+      return fail(tideInvalidArgument, kComponent,
+                  "%s: region of %zu bytes at offset %zu runs past the end of rank %d's slot (%zu bytes)", what, bytes,
+                  off, rank_, s.bytes);
+    }
+    *out = s.peers[peer] + off;
+    return tideSuccess;
+  }
+  return fail(tideInvalidArgument, kComponent, "%s: %p is not inside a live slot of rank %d (use tideSlotAlloc)", what,
+              local, rank_);
+}
+
+uint32_t* IpcProvider::flags(int rank, int owner) {
+  (void)rank;
+  return reinterpret_cast<uint32_t*>(flags_.peers[owner]);
+}
+
+tideResult_t IpcProvider::ownStaging(int rank, int owner, uint64_t bytes, uint64_t epoch, void** out) {
+  (void)rank;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (staging_.empty() || staging_.back().bytes < bytes) {
+    // Collective growth: every rank reaches this point in the same RS call (same layouts in the same order).
+    Shared s;
+    TIDE_CHECK(share(bytes, "own RS staging", &s));
+    TIDE_INFO(kComponent, "rank %d: own RS staging grown to %llu bytes from epoch %llu", rank_,
+              static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(epoch));
+    staging_.push_back(std::move(s));
+  }
+  *out = staging_.back().peers[owner];
+  return tideSuccess;
+}
+
+const void* IpcProvider::zeros(size_t* bytes) {
+  *bytes = zeroBytes_;
+  return zeros_;
+}
+
+}  // namespace cuda
+}  // namespace tide

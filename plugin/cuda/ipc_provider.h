@@ -1,0 +1,85 @@
+// CUDA IPC provider: one rank per process on one node, peer memory through cudaIpcGetMemHandle/cudaIpcOpenMemHandle.
+//
+// Everything TIDE hands to peers (slots, the flag array, the own RS staging) is TIDE's own cudaMalloc memory; its
+// IPC handles travel through a pluggable exchange step, an all-gather of host bytes over the ranks: over an NCCL
+// communicator (tideCommCreate) or a caller's callback (tideCommCreateWithBootstrap, e.g. torch.distributed gloo,
+// which also serves several processes sharing one GPU: opening a handle of another process's memory on the same
+// device is allowed). Collective calls (creation, slotAlloc/slotFree, a growth of the own staging) exchange once;
+// every rank sees the same gathered bytes, so a disagreement (sizes, config hash, hosts) fails on every rank alike.
+// Flags are ordinary device words in IPC-mapped memory; the executors write and wait on them with stream memory
+// operations (cuStreamWriteValue32 / cuStreamWaitValue32), which work on such mappings.
+#ifndef TIDE_CUDA_IPC_PROVIDER_H_
+#define TIDE_CUDA_IPC_PROVIDER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "peer_provider.h"
+
+namespace tide {
+namespace cuda {
+
+// All-gather of host bytes: `all` receives worldSize blocks of `bytes`, block r from rank r. Blocking, collective.
+using ExchangeFn = std::function<tideResult_t(const void* mine, void* all, size_t bytes)>;
+
+class IpcProvider final : public PeerProvider {
+ public:
+  // Collective. configHash must match on every rank (tideMismatch on every rank otherwise); all ranks must be on
+  // one host (tideUnsupported otherwise) and in distinct processes (tideInvalidUsage: use tideLoopbackCreate).
+  static tideResult_t create(int rank, int worldSize, int device, uint64_t configHash, ExchangeFn exchange,
+                             std::shared_ptr<IpcProvider>* out);
+  ~IpcProvider() override;
+
+  const char* name() const override { return "ipc"; }
+  int worldSize() const override { return world_; }
+  int device() const override { return device_; }
+
+  tideResult_t slotAlloc(int rank, size_t bytes, void** ptr) override;
+  tideResult_t slotFree(int rank, void* ptr) override;
+  tideResult_t peerPtr(int rank, const void* local, size_t bytes, int peer, const char* what, void** out) override;
+  uint32_t* flags(int rank, int owner) override;
+  tideResult_t ownStaging(int rank, int owner, uint64_t bytes, uint64_t epoch, void** out) override;
+  const void* zeros(size_t* bytes) override;
+
+  // Host-side barrier over the exchange (an all-gather of one word).
+  tideResult_t barrier();
+
+ private:
+  IpcProvider(int rank, int world, int device, ExchangeFn exchange)
+      : rank_(rank), world_(world), device_(device), exchange_(std::move(exchange)) {}
+
+  // A buffer of this rank and its mappings of every peer's matching buffer (peers_[rank_] = own).
+  struct Shared {
+    char* base = nullptr;
+    size_t bytes = 0;
+    bool live = false;
+    std::vector<char*> peers;
+  };
+  // Collective: allocates `bytes` here, exchanges handles (and sizes: a mismatch fails on every rank), maps peers.
+  tideResult_t share(size_t bytes, const char* what, Shared* out);
+  void unshare(Shared* s);
+
+  const int rank_;
+  const int world_;
+  const int device_;
+  ExchangeFn exchange_;
+  bool ready_ = false;  // created on every rank: destruction is collective (a barrier before freeing)
+  std::mutex mu_;
+  Shared flags_;
+  void* zeros_ = nullptr;
+  size_t zeroBytes_ = 0;
+  std::vector<Shared> slots_;
+  std::vector<Shared> staging_;  // generations; the last is current (older ones kept: enqueued work may use them)
+};
+
+// 64-bit hash of this host (hostname and boot id): equal hashes = one node.
+uint64_t hostHash();
+
+}  // namespace cuda
+}  // namespace tide
+
+#endif  // TIDE_CUDA_IPC_PROVIDER_H_

@@ -1,0 +1,179 @@
+#include "nccl_lib.h"
+
+#include <dlfcn.h>
+
+#include <mutex>
+
+#include "../core/errors.h"
+#include "../core/log.h"
+
+namespace tide {
+namespace nccl {
+namespace {
+
+constexpr const char* kComponent = "Nccl";
+constexpr int kMinVersion = 22800;     // 2.28.0
+constexpr int kNewestKnownMinor = 32;  // 2.32.x
+
+std::mutex gMu;
+Lib gLib;
+bool gResolved = false;
+
+int versionCode(int major, int minor, int patch) {
+  return (major <= 2 && minor <= 8) ? major * 1000 + minor * 100 + patch : major * 10000 + minor * 100 + patch;
+}
+
+template <typename F>
+void sym(void* handle, const char* name, F* out) {
+  dlerror();
+  *out = reinterpret_cast<F>(dlsym(handle, name));
+}
+
+tideResult_t load(Lib* lib) {
+  // The NCCL of this process: never load one ourselves (a second copy would not know the caller's communicators).
+  void* h = dlopen("libnccl.so.2", RTLD_NOLOAD | RTLD_NOW);
+  if (h == nullptr) h = dlopen("libnccl.so", RTLD_NOLOAD | RTLD_NOW);
+  if (h == nullptr) {
+    return fail(tideUnsupported, kComponent,
+                "no NCCL library (libnccl.so.2) is loaded in this process; TIDE uses the NCCL of the framework and "
+                "never loads a second copy: import torch (with CUDA) or load libnccl.so.2 before creating a TIDE "
+                "communicator");
+  }
+  lib->handle = h;
+  sym(h, "ncclGetVersion", &lib->getVersion);
+  if (lib->getVersion == nullptr) {
+    return fail(tideUnsupported, kComponent, "the loaded libnccl.so.2 has no ncclGetVersion: not an NCCL library");
+  }
+  int code = 0;
+  if (lib->getVersion(&code) != kNcclSuccess || code <= 0) {
+    return fail(tideUnsupported, kComponent, "ncclGetVersion of the loaded libnccl.so.2 failed");
+  }
+  lib->runtimeVersion = code;
+  if (code < 10000) {  // encoding of 2.8 and older: X*1000 + Y*100 + Z
+    lib->major = code / 1000;
+    lib->minor = (code % 1000) / 100;
+    lib->patch = code % 100;
+  } else {
+    lib->major = code / 10000;
+    lib->minor = (code % 10000) / 100;
+    lib->patch = code % 100;
+  }
+  if (lib->major != 2 || code < kMinVersion) {
+    return fail(tideUnsupported, kComponent,
+                "the loaded NCCL is %d.%d.%d (code %d); TIDE supports NCCL 2.28.x through 2.32.x: upgrade NCCL "
+                "(pip install -U nvidia-nccl-cu13, or a PyTorch built with NCCL >= 2.28)",
+                lib->major, lib->minor, lib->patch, code);
+  }
+  lib->effectiveVersion = code;
+  if (lib->minor > kNewestKnownMinor) {
+    TIDE_WARN(kComponent,
+              "NCCL %d.%d.%d is newer than the newest version TIDE knows (2.%d.x); treating it as 2.%d (features "
+              "are still looked up symbol by symbol)",
+              lib->major, lib->minor, lib->patch, kNewestKnownMinor, kNewestKnownMinor);
+    lib->effectiveVersion = versionCode(2, kNewestKnownMinor, 99);
+  }
+
+  // 2.28 base: all required.
+  struct Req {
+    const char* name;
+    bool ok;
+  };
+  sym(h, "ncclGetErrorString", &lib->getErrorString);
+  sym(h, "ncclCommCount", &lib->commCount);
+  sym(h, "ncclCommUserRank", &lib->commUserRank);
+  sym(h, "ncclCommCuDevice", &lib->commCuDevice);
+  sym(h, "ncclCommGetAsyncError", &lib->commGetAsyncError);
+  sym(h, "ncclAllGather", &lib->allGather);
+  sym(h, "ncclSend", &lib->send);
+  sym(h, "ncclRecv", &lib->recv);
+  sym(h, "ncclGroupStart", &lib->groupStart);
+  sym(h, "ncclGroupEnd", &lib->groupEnd);
+  const Req required[] = {
+      {"ncclGetErrorString", lib->getErrorString != nullptr}, {"ncclCommCount", lib->commCount != nullptr},
+      {"ncclCommUserRank", lib->commUserRank != nullptr},     {"ncclCommCuDevice", lib->commCuDevice != nullptr},
+      {"ncclCommGetAsyncError", lib->commGetAsyncError != nullptr},
+      {"ncclAllGather", lib->allGather != nullptr},           {"ncclSend", lib->send != nullptr},
+      {"ncclRecv", lib->recv != nullptr},                     {"ncclGroupStart", lib->groupStart != nullptr},
+      {"ncclGroupEnd", lib->groupEnd != nullptr},
+  };
+  for (const Req& r : required) {
+    if (!r.ok) {
+      return fail(tideUnsupported, kComponent, "the loaded NCCL %d.%d.%d does not export %s (required since 2.28)",
+                  lib->major, lib->minor, lib->patch, r.name);
+    }
+  }
+
+  // Optional entry points, by feature: a feature counts only if every one of its symbols is there.
+  sym(h, "ncclMemAlloc", &lib->memAlloc);
+  sym(h, "ncclMemFree", &lib->memFree);
+  if (lib->memAlloc && lib->memFree) lib->features |= kMemAlloc;
+  sym(h, "ncclCommWindowRegister", &lib->commWindowRegister);
+  sym(h, "ncclCommWindowDeregister", &lib->commWindowDeregister);
+  if (lib->commWindowRegister && lib->commWindowDeregister) lib->features |= kWindowRegister;
+  sym(h, "ncclWinGetUserPtr", &lib->winGetUserPtr);
+  if (lib->winGetUserPtr) lib->features |= kWinGetUserPtr;
+  sym(h, "ncclGetLsaDevicePointer", &lib->getLsaDevicePointer);
+  sym(h, "ncclGetPeerDevicePointer", &lib->getPeerDevicePointer);
+  if (lib->getLsaDevicePointer && lib->getPeerDevicePointer) lib->features |= kLsaPointers;
+  sym(h, "ncclGetLsaMultimemDevicePointer", &lib->getLsaMultimemDevicePointer);
+  if (lib->getLsaMultimemDevicePointer) lib->features |= kLsaMultimem;
+  sym(h, "ncclPutSignal", &lib->putSignal);
+  sym(h, "ncclSignal", &lib->signal);
+  sym(h, "ncclWaitSignal", &lib->waitSignal);
+  if (lib->putSignal && lib->signal && lib->waitSignal) lib->features |= kPutSignal;
+  sym(h, "ncclCommQueryProperties", &lib->commQueryProperties);
+  if (lib->commQueryProperties) lib->features |= kQueryProperties;
+  sym(h, "ncclAllGatherConfig", &lib->allGatherConfig);
+  sym(h, "ncclReduceScatterConfig", &lib->reduceScatterConfig);
+  if (lib->allGatherConfig && lib->reduceScatterConfig) lib->features |= kCollConfig;
+
+  // Provider: windows need the host-side peer pointer queries of 2.29.2; older NCCL gets CUDA IPC (single node).
+  const uint64_t windowNeeds = kMemAlloc | kWindowRegister | kLsaPointers;
+  lib->provider = (lib->effectiveVersion >= 22902 && lib->has(static_cast<Feature>(windowNeeds))) ? "window" : "ipc";
+  lib->transport = lib->has(kPutSignal) ? "putsignal" : "sendrecv";
+
+  Dl_info info{};
+  const char* path = (dladdr(reinterpret_cast<void*>(lib->getVersion), &info) && info.dli_fname) ? info.dli_fname
+                                                                                                  : "libnccl.so.2";
+  int hv = headerVersion();
+  TIDE_INFO(kComponent,
+            "NCCL library %d.%d.%d (code %d) at %s; headers at build time %d; features 0x%llx; provider %s, "
+            "inter-node transport %s",
+            lib->major, lib->minor, lib->patch, code, path, hv, static_cast<unsigned long long>(lib->features),
+            lib->provider, lib->transport);
+  return tideSuccess;
+}
+
+}  // namespace
+
+int headerVersion() {
+#ifdef TIDE_NCCL_HEADER_VERSION
+  return TIDE_NCCL_HEADER_VERSION;
+#else
+  return 0;
+#endif
+}
+
+tideResult_t resolve(const Lib** out) {
+  std::lock_guard<std::mutex> lock(gMu);
+  if (!gResolved) {
+    Lib lib;
+    tideResult_t r = load(&lib);
+    if (r != tideSuccess) {
+      if (lib.handle) dlclose(lib.handle);  // drops only the reference RTLD_NOLOAD took
+      return r;
+    }
+    gLib = lib;
+    gResolved = true;
+  }
+  *out = &gLib;
+  return tideSuccess;
+}
+
+tideResult_t ncclFail(const Lib& lib, ncclResult_t r, const char* what) {
+  const char* s = lib.getErrorString ? lib.getErrorString(r) : nullptr;
+  return fail(tideNcclError, kComponent, "%s failed: %s (NCCL error %d)", what, s ? s : "unknown error", r);
+}
+
+}  // namespace nccl
+}  // namespace tide

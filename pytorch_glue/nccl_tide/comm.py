@@ -1,0 +1,274 @@
+"""TIDE communicators of real ranks (one per process): over an NCCL communicator or a torch.distributed bootstrap.
+
+    import torch, torch.distributed as dist, nccl_tide
+    from nccl_tide.comm import Comm
+    dist.init_process_group("gloo", rank=rank, world_size=world)      # several processes may share one GPU
+    comm = Comm.from_bootstrap(rank, world, device=0)                  # CUDA IPC peer memory, gloo exchange
+    layout = nccl_tide.Layout(numels, "bf16", world, rank=rank)
+    slot = comm.alloc_slot(layout.slot_bytes)                          # collective
+    comm.all_gather(layout, slot, sendbuf=send)                        # on the current torch stream
+    comm.synchronize()
+
+or, over a torch NCCL process group: Comm.from_process_group(group) (tideCommCreate on its ncclComm_t).
+Collectives run on the current torch stream unless a stream is given. Creation, alloc_slot/free_slot, the first
+reduce_scatter of a larger layout (own staging growth) and close() are collective: every rank calls them in the
+same order. nccl_info() reports the NCCL library TIDE found in this process (host only, no GPU needed).
+"""
+
+import ctypes
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+from . import _native as N
+from .cuda import _TORCH_RS_TYPES, _ptr, _SlotMemory
+from .dtypes import dtype as to_dtype
+from .dtypes import op_code
+from .errors import InvalidArgumentError, TideTimeoutError
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("nccl_tide.comm needs PyTorch: pip install torch") from e
+    return torch
+
+
+def _version_text(code: int) -> str:
+    if code <= 0:
+        return "none"
+    if code < 10000:
+        return f"{code // 1000}.{(code % 1000) // 100}.{code % 100}"
+    return f"{code // 10000}.{(code % 10000) // 100}.{code % 100}"
+
+
+def nccl_info() -> Dict[str, Any]:
+    """tideNcclGetInfo: versions (codes and text), feature names, provider and transport of the loaded libnccl.
+    Raises UnsupportedError when no libnccl is loaded in this process or its version is outside 2.28-2.32."""
+    info = N.tideNcclInfo_t(ctypes.sizeof(N.tideNcclInfo_t), N.TIDE_NCCL_INFO_VERSION)
+    N.check(N.lib().tideNcclGetInfo(ctypes.byref(info)), "tideNcclGetInfo")
+    return {
+        "header_version": info.headerVersion,
+        "runtime_version": info.runtimeVersion,
+        "effective_version": info.effectiveVersion,
+        "header": _version_text(info.headerVersion),
+        "runtime": _version_text(info.runtimeVersion),
+        "features": sorted(name for name, bit in N.NCCL_FEATURES.items() if info.features & bit),
+        "feature_bits": info.features,
+        "provider": info.provider.decode(),
+        "transport": info.transport.decode(),
+    }
+
+
+def make_gloo_allgather(group=None, world: Optional[int] = None):
+    """A tideAllGatherFn_t (ctypes callback) doing an all-gather of host bytes over a torch.distributed group (gloo:
+    CPU tensors). Errors inside are reported on stderr and returned as 1 (TIDE then fails the call cleanly)."""
+    torch = _torch()
+    import torch.distributed as dist
+
+    n = dist.get_world_size(group) if world is None else int(world)
+
+    def allgather(mine, all_out, nbytes, user):
+        try:
+            src = torch.frombuffer(bytearray(ctypes.string_at(mine, nbytes)), dtype=torch.uint8)
+            parts = [torch.empty(nbytes, dtype=torch.uint8) for _ in range(n)]
+            dist.all_gather(parts, src, group=group)
+            joined = torch.cat(parts).contiguous()
+            ctypes.memmove(all_out, joined.data_ptr(), nbytes * n)
+            return 0
+        except BaseException as e:  # never let an exception cross the C boundary
+            print(f"nccl_tide.comm: bootstrap all-gather failed: {e!r}", file=sys.stderr, flush=True)
+            return 1
+
+    return N.tideAllGatherFn_t(allgather)
+
+
+class Comm:
+    """One rank's TIDE communicator (tideCommCreate / tideCommCreateWithBootstrap)."""
+
+    def __init__(self, handle: int, keepalive=()):
+        self._handle = handle
+        self._keep = list(keepalive)  # the bootstrap callback must outlive the comm (destroy calls it)
+        self._slots: List[int] = []
+        r, w = ctypes.c_int(), ctypes.c_int()
+        N.check(N.lib().tideCommGetRank(handle, ctypes.byref(r), ctypes.byref(w)), "tideCommGetRank")
+        self.rank, self.world_size = r.value, w.value
+        self.device = None  # set by the constructors
+
+    # -- construction --------------------------------------------------------------------------
+    @classmethod
+    def from_bootstrap(cls, rank: int, world: int, device: int = 0, group=None, config=None, allgather=None):
+        """tideCommCreateWithBootstrap with an all-gather over `group` (a torch.distributed gloo group; default the
+        world group), or the given ctypes tideAllGatherFn_t."""
+        cb = allgather if allgather is not None else make_gloo_allgather(group, world)
+        boot = N.tideBootstrap_t(ctypes.sizeof(N.tideBootstrap_t), N.TIDE_BOOTSTRAP_VERSION, cb, None)
+        out = N.tideComm_t()
+        cfg = None if config is None else ctypes.byref(config)
+        N.check(
+            N.lib().tideCommCreateWithBootstrap(
+                int(rank), int(world), int(device), ctypes.byref(boot), cfg, ctypes.byref(out)
+            ),
+            "tideCommCreateWithBootstrap",
+        )
+        c = cls(out.value, keepalive=[cb, boot])
+        c.device = int(device)
+        return c
+
+    @classmethod
+    def from_nccl(cls, nccl_comm_ptr: int, device: int, config=None, keepalive=()):
+        """tideCommCreate on a raw ncclComm_t (an int address)."""
+        if not nccl_comm_ptr:
+            raise InvalidArgumentError("from_nccl: the ncclComm_t is NULL (has the process group run a collective?)")
+        out = N.tideComm_t()
+        cfg = None if config is None else ctypes.byref(config)
+        N.check(N.lib().tideCommCreate(int(nccl_comm_ptr), cfg, ctypes.byref(out)), "tideCommCreate")
+        c = cls(out.value, keepalive=keepalive)
+        c.device = int(device)
+        return c
+
+    @classmethod
+    def from_process_group(cls, group=None, config=None):
+        """tideCommCreate on the ncclComm_t of a torch NCCL process group (its backend's _comm_ptr()). The process
+        group's communicator is created lazily by torch: a barrier on the group runs first."""
+        torch = _torch()
+        import torch.distributed as dist
+
+        pg = group if group is not None else dist.distributed_c10d._get_default_group()
+        dev = torch.cuda.current_device()
+        dist.barrier(group=group, device_ids=[dev])  # makes torch create the NCCL communicator
+        backend = pg._get_backend(torch.device("cuda", dev))
+        get_ptr = getattr(backend, "_comm_ptr", None)
+        if get_ptr is None:
+            raise InvalidArgumentError(f"{type(backend).__name__} has no _comm_ptr(): not a ProcessGroupNCCL")
+        return cls.from_nccl(int(get_ptr()), dev, config=config, keepalive=[pg])
+
+    # -- properties ----------------------------------------------------------------------------
+    @property
+    def handle(self) -> int:
+        if not self._handle:
+            raise InvalidArgumentError("Comm is closed")
+        return self._handle
+
+    @property
+    def provider(self) -> str:
+        name = ctypes.c_char_p()
+        N.check(N.lib().tideCommGetProvider(self.handle, ctypes.byref(name)), "tideCommGetProvider")
+        return name.value.decode()
+
+    # -- slots ---------------------------------------------------------------------------------
+    def alloc_slot(self, nbytes: int):
+        """tideSlotAlloc (collective); a uint8 CUDA tensor viewing the slot (valid until free_slot/close)."""
+        torch = _torch()
+        p = ctypes.c_void_p()
+        N.check(N.lib().tideSlotAlloc(self.handle, int(nbytes), ctypes.byref(p)), "tideSlotAlloc")
+        self._slots.append(p.value)
+        dev = torch.device("cuda", self.device)
+        with torch.cuda.device(self.device):
+            return torch.as_tensor(_SlotMemory(p.value, int(nbytes)), device=dev)
+
+    def free_slot(self, slot) -> None:
+        """tideSlotFree (collective; synchronizes the device first)."""
+        p = int(slot.data_ptr()) if hasattr(slot, "data_ptr") else int(slot)
+        if p not in self._slots:
+            raise InvalidArgumentError("free_slot: not a slot of this comm")
+        N.check(N.lib().tideSlotFree(self.handle, p), "tideSlotFree")
+        self._slots.remove(p)
+
+    # -- collectives ---------------------------------------------------------------------------
+    def _stream(self, stream) -> int:
+        if stream is None:
+            torch = _torch()
+            return int(torch.cuda.current_stream(torch.device("cuda", self.device)).cuda_stream)
+        return int(stream.cuda_stream) if hasattr(stream, "cuda_stream") else int(stream)
+
+    def all_gather(self, layout, slot, sendbuf=None, shards=None, stream=None) -> None:
+        """tideAllGather for this rank: sendbuf (packed, send_bytes) or shards[i]; slot (>= slot_bytes)."""
+        if (sendbuf is None) == (shards is None):
+            raise InvalidArgumentError("all_gather: pass exactly one of sendbuf and shards")
+        slot_ptr = _ptr(slot, "slot", layout.slot_bytes, at_least=True)
+        table = None
+        send_ptr = None
+        if sendbuf is not None:
+            send_ptr = _ptr(sendbuf, "sendbuf", layout.send_bytes, at_least=True)
+        else:
+            infos = layout.params
+            if len(shards) != len(infos):
+                raise InvalidArgumentError(f"shards: {len(shards)} tensors, layout has {len(infos)} params")
+            table = N.pointer_table(
+                [_ptr(t, f"shards[{i}]", p.shard_numel * p.elem_size) for i, (t, p) in enumerate(zip(shards, infos))]
+            )
+        N.check(
+            N.lib().tideAllGather(self.handle, layout.handle, send_ptr, table, slot_ptr, self._stream(stream)),
+            f"tideAllGather(rank {self.rank})",
+        )
+
+    def reduce_scatter(
+        self, layout, grads, out, op="sum", scale: float = 1.0, staging=None, stream=None, out_dtype=None
+    ) -> None:
+        """tideReduceScatter for this rank: grads[i] (numel_i elements), out (rs_out_numel elements of fp32, bf16 or
+        fp16, from its torch dtype or out_dtype), op 'sum' | 'avg' | 'premul'."""
+        infos = layout.params
+        if out_dtype is None:
+            name = str(getattr(out, "dtype", "")).replace("torch.", "")
+            rev = {v: k for k, v in _TORCH_RS_TYPES.items()}
+            if name not in rev:
+                raise InvalidArgumentError(f"out: dtype {name or type(out).__name__} is not float32/bfloat16/float16")
+            out_dtype = rev[name]
+        odt = to_dtype(out_dtype)
+        if len(grads) != len(infos):
+            raise InvalidArgumentError(f"grads: {len(grads)} tensors, layout has {len(infos)} params")
+        table = N.pointer_table(
+            [_ptr(g, f"grads[{i}]", p.numel * p.elem_size) for i, (g, p) in enumerate(zip(grads, infos))]
+        )
+        out_ptr = _ptr(out, "out", layout.rs_out_numel * odt.size)
+        stag = None if staging is None else _ptr(staging, "staging", layout.rs_staging_bytes, at_least=True)
+        N.check(
+            N.lib().tideReduceScatter(
+                self.handle,
+                layout.handle,
+                table,
+                out_ptr,
+                odt.code,
+                op_code(op),
+                float(scale),
+                stag,
+                self._stream(stream),
+            ),
+            f"tideReduceScatter(rank {self.rank})",
+        )
+
+    def synchronize(self, stream=None, timeout: float = 60.0) -> None:
+        """Waits on the host for `stream` (default: the current torch stream), polling: a cross-process deadlock
+        becomes a TideTimeoutError instead of a hang."""
+        torch = _torch()
+        s = stream if stream is not None else torch.cuda.current_stream(torch.device("cuda", self.device))
+        ev = torch.cuda.Event()
+        ev.record(s)
+        deadline = time.monotonic() + timeout
+        while not ev.query():
+            if time.monotonic() > deadline:
+                raise TideTimeoutError(f"rank {self.rank}: stream not done after {timeout:.0f} s (a peer missing?)")
+            time.sleep(0.0005)
+
+    def close(self) -> None:
+        """Frees the slots and destroys the comm (collective: every rank calls it)."""
+        if not self._handle:
+            return
+        lib = N.lib()
+        try:
+            for p in list(self._slots):
+                lib.tideSlotFree(self._handle, p)
+            self._slots = []
+        finally:
+            lib.tideCommDestroy(self._handle)
+            self._handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+__all__ = ["Comm", "make_gloo_allgather", "nccl_info"]

@@ -1,0 +1,65 @@
+/* A stand-in libnccl.so.2 for the CI tests of TIDE's NCCL symbol resolution (no GPU, no real NCCL).
+ *
+ * Build: cc -shared -fPIC -Wl,-soname,libnccl.so.2 -DSTUB_VERSION=22809 stub_nccl.c -o <dir>/libnccl.so.2
+ * It exports ncclGetVersion (returning STUB_VERSION) and exactly the entry points that NCCL release exports (per
+ * shared/reference/nccl_api.md section 0): 2.28 base, + 2.29.2 windows pointers/RMA/properties, + 2.31.2 per-collective
+ * config. Every function other than ncclGetVersion aborts loudly: resolving the library must call nothing else,
+ * and an entry point missing from the stub can never be called by accident (the test checks the exit status). */
+#include <stdio.h>
+#include <stdlib.h>
+
+#ifndef STUB_VERSION
+#error "define STUB_VERSION, e.g. -DSTUB_VERSION=22809"
+#endif
+
+#define UNEXPECTED(name)                                                                   \
+  int name(void) {                                                                         \
+    fprintf(stderr, "stub libnccl %d: unexpected call to %s\n", STUB_VERSION, #name);      \
+    fflush(stderr);                                                                        \
+    abort();                                                                               \
+  }
+
+int ncclGetVersion(int* version) {
+  *version = STUB_VERSION;
+  return 0;
+}
+
+/* 2.28 base (everything TIDE requires, and more of the 2.28 API). */
+UNEXPECTED(ncclGetErrorString)
+UNEXPECTED(ncclCommCount)
+UNEXPECTED(ncclCommUserRank)
+UNEXPECTED(ncclCommCuDevice)
+UNEXPECTED(ncclCommGetAsyncError)
+UNEXPECTED(ncclAllGather)
+UNEXPECTED(ncclReduceScatter)
+UNEXPECTED(ncclSend)
+UNEXPECTED(ncclRecv)
+UNEXPECTED(ncclGroupStart)
+UNEXPECTED(ncclGroupEnd)
+UNEXPECTED(ncclCommInitRankConfig)
+UNEXPECTED(ncclCommDestroy)
+UNEXPECTED(ncclCommAbort)
+UNEXPECTED(ncclMemAlloc)
+UNEXPECTED(ncclMemFree)
+UNEXPECTED(ncclCommWindowRegister)
+UNEXPECTED(ncclCommWindowDeregister)
+UNEXPECTED(ncclDevCommCreate)
+UNEXPECTED(ncclDevCommDestroy)
+
+#if STUB_VERSION >= 22902
+UNEXPECTED(ncclWinGetUserPtr)
+UNEXPECTED(ncclGetLsaDevicePointer)
+UNEXPECTED(ncclGetPeerDevicePointer)
+UNEXPECTED(ncclGetLsaMultimemDevicePointer)
+UNEXPECTED(ncclGetMultimemDevicePointer)
+UNEXPECTED(ncclPutSignal)
+UNEXPECTED(ncclSignal)
+UNEXPECTED(ncclWaitSignal)
+UNEXPECTED(ncclCommQueryProperties)
+#endif
+
+#if STUB_VERSION >= 23102
+UNEXPECTED(ncclAllGatherConfig)
+UNEXPECTED(ncclReduceScatterConfig)
+UNEXPECTED(ncclAllReduceConfig)
+#endif
