@@ -1,5 +1,6 @@
 // C API: the host executor (all ranks simulated in one process).
 #include "api_guard.h"
+#include "c_enum.h"
 #include "errors.h"
 #include "host_executor.h"
 #include "tide.h"
@@ -17,7 +18,17 @@ TIDE_EXPORT tideResult_t tideHostReduceScatter(tideLayout_t layout, const void* 
                                                tideDataType_t outType, tideRedOp_t op, float scale) {
   TIDE_API_BEGIN
   if (layout == nullptr) return tide::fail(tideInvalidArgument, "API", "tideHostReduceScatter: layout is NULL");
-  return tide::hostReduceScatter(*layout, grads, outs, outType, op, scale);
+  // Range-check the caller's ints before they are used as enums (tide/c_enum.h); the core validates the rest.
+  const int rawOut = tide::rawEnum(outType), rawOp = tide::rawEnum(op);
+  if (!tide::enumInRange(rawOp, tideNumRedOps)) {
+    return tide::fail(tideInvalidArgument, "HostRS", "op is %d; use tideSum, tideAvg or tidePremulSum", rawOp);
+  }
+  if (!tide::enumInRange(rawOut, tideNumDataTypes)) {
+    return tide::fail(tideInvalidArgument, "HostRS",
+                      "outType is %d (unknown); use tideFloat32, tideBfloat16 or tideFloat16", rawOut);
+  }
+  return tide::hostReduceScatter(*layout, grads, outs, static_cast<tideDataType_t>(rawOut),
+                                 static_cast<tideRedOp_t>(rawOp), scale);
   TIDE_API_END
 }
 

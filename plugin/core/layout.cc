@@ -5,6 +5,7 @@
 #include <cinttypes>
 #include <new>
 
+#include "c_enum.h"
 #include "dtype.h"
 #include "errors.h"
 #include "log.h"
@@ -63,9 +64,9 @@ tideResult_t validateDesc(const tideLayoutDesc_t* d) {
     if (n < 1 || n > TIDE_MAX_PARAM_NUMEL) {
       return fail(tideInvalidArgument, kComponent, "numels[%d] is %" PRIu64 "; must be in [1, 2^40]", i, n);
     }
-    if (!dtype::valid(d->dtypes[i])) {
-      return fail(tideInvalidArgument, kComponent, "dtypes[%d] is %d, not a tideDataType_t", i,
-                  static_cast<int>(d->dtypes[i]));
+    const int rawDtype = rawEnum(d->dtypes[i]);  // the caller's int: never load it as the enum before checking
+    if (!enumInRange(rawDtype, tideNumDataTypes)) {
+      return fail(tideInvalidArgument, kComponent, "dtypes[%d] is %d, not a tideDataType_t", i, rawDtype);
     }
     if (d->rowNumels != nullptr) {
       uint64_t c = d->rowNumels[i];

@@ -29,7 +29,9 @@ tideResult_t computeSchedule(Layout* l) {
     return tideSuccess;
   }
   while ((1ll << s.numRounds) < l->nNodes) ++s.numRounds;
-  s.piecesPerBlock = (l->sendBytes + l->paceBytes - 1) / l->paceBytes;
+  // Ceiling division that cannot wrap: (sendBytes + paceBytes - 1) / paceBytes wrapped to 0 pieces for a pacing cap
+  // near 2^64 (any nonzero tideConfig_t::paceBytes is accepted), leaving a multi-node layout with an empty schedule.
+  s.piecesPerBlock = l->sendBytes / l->paceBytes + (l->sendBytes % l->paceBytes != 0 ? 1 : 0);
   uint64_t total = 0;
   for (int k = 0; k < s.numRounds; ++k) {
     s.roundStart.push_back(total);
