@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -38,6 +39,20 @@ struct tideComm {
   uint64_t agEpoch = 0;
   uint64_t rsEpoch = 0;
   uint64_t rsChunkSeq = 0;  // global RS chunk counter (flag values)
+
+  // What the last reduce-scatter enqueued, for tideCommDebugDump: epoch e, its chunks have global numbers
+  // g0 + 1 .. g0 + numChunks, nb staging buffers, own staging or a slot region.
+  struct RsRecord {
+    uint64_t epoch = 0;
+    uint64_t g0 = 0;
+    int numChunks = 0;
+    int nb = 0;
+    bool ownStaging = false;
+  };
+  RsRecord lastRs;
+  // Where the host thread is inside a TIDE call on this comm ("idle" between calls): a static string, readable
+  // from another thread while a call is stuck (tideCommDebugDump).
+  std::atomic<const char*> phase{"idle"};
 
   // RS pipeline: phase 1 (CE pushes) runs on sideStream, forked from and joined to the caller's stream.
   cudaStream_t sideStream = nullptr;

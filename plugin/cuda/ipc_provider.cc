@@ -16,6 +16,13 @@ namespace {
 constexpr const char* kComponent = "Ipc";
 constexpr size_t kZeroBytes = 1 << 20;
 
+// cudaMalloc may sub-allocate small requests from a larger block, and CUDA IPC then shares (and maps in the
+// importer) the whole underlying block, other sub-allocations included (CUDA C++ Programming Guide, Interprocess
+// Communication: "only share allocations with a 2MiB aligned size"). Every buffer TIDE exports is allocated in
+// whole 2 MiB units so that each handle covers exactly one allocation of its own.
+constexpr size_t kIpcGranule = size_t(2) << 20;
+size_t ipcAllocBytes(size_t bytes) { return (bytes + kIpcGranule - 1) / kIpcGranule * kIpcGranule; }
+
 uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ULL) {
   const unsigned char* p = static_cast<const unsigned char*>(data);
   for (size_t i = 0; i < n; ++i) {
@@ -73,8 +80,8 @@ tideResult_t IpcProvider::create(int rank, int worldSize, int device, uint64_t c
   {
     cudaError_t err = cudaSetDevice(device);
     size_t flagBytes = sizeof(uint32_t) * flag::kWords;
-    if (err == cudaSuccess) err = cudaMalloc(reinterpret_cast<void**>(&p->flags_.base), flagBytes);
-    if (err == cudaSuccess) err = cudaMemset(p->flags_.base, 0, flagBytes);
+    if (err == cudaSuccess) err = cudaMalloc(reinterpret_cast<void**>(&p->flags_.base), ipcAllocBytes(flagBytes));
+    if (err == cudaSuccess) err = cudaMemset(p->flags_.base, 0, ipcAllocBytes(flagBytes));
     if (err == cudaSuccess) err = cudaMalloc(&p->zeros_, kZeroBytes);
     if (err == cudaSuccess) err = cudaMemset(p->zeros_, 0, kZeroBytes);
     if (err == cudaSuccess) err = cudaDeviceSynchronize();  // memsets on the legacy stream: finish before use
@@ -143,9 +150,15 @@ tideResult_t IpcProvider::create(int rank, int worldSize, int device, uint64_t c
 IpcProvider::~IpcProvider() {
   (void)cudaSetDevice(device_);
   if (ready_) {
-    // Collective (tideCommDestroy on every rank): no rank frees memory that a peer's queued work may still write.
+    // Collective (tideCommDestroy on every rank): no rank frees memory that a peer's queued work may still write,
+    // and no rank frees exported memory before every importer has closed its mapping (cudaFree of an exported
+    // region before cudaIpcCloseMemHandle in the importing process is undefined behaviour).
     (void)cudaDeviceSynchronize();
     if (barrier() != tideSuccess) TIDE_WARN(kComponent, "rank %d: barrier before releasing IPC memory failed", rank_);
+    for (auto& s : slots_) closePeers(&s);
+    for (auto& s : staging_) closePeers(&s);
+    closePeers(&flags_);
+    if (barrier() != tideSuccess) TIDE_WARN(kComponent, "rank %d: barrier after closing IPC mappings failed", rank_);
   }
   for (auto& s : slots_) unshare(&s);
   for (auto& s : staging_) unshare(&s);
@@ -166,7 +179,7 @@ tideResult_t IpcProvider::share(size_t bytes, const char* what, Shared* out) {
   mine.ok = 1;
   void* p = nullptr;
   cudaError_t err = cudaSetDevice(device_);
-  if (err == cudaSuccess) err = cudaMalloc(&p, bytes);
+  if (err == cudaSuccess) err = cudaMalloc(&p, ipcAllocBytes(bytes));
   if (err == cudaSuccess) err = cudaIpcGetMemHandle(&mine.handle, p);
   tideResult_t local = tideSuccess;
   if (err != cudaSuccess) {
@@ -216,15 +229,46 @@ tideResult_t IpcProvider::share(size_t bytes, const char* what, Shared* out) {
     }
     s.peers[r] = static_cast<char*>(q);
   }
+  // A new mapping of a peer's buffer must not overlap any live mapping of that peer (flags, slots, staging): if the
+  // driver handed back an address inside an earlier mapping (handles sharing one underlying block), the pushes and
+  // copies into this buffer would land on the flags or another buffer. Fail loudly instead of corrupting.
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_) continue;
+    const char* lo = s.peers[r];
+    const char* hi = lo + bytes;
+    auto overlaps = [&](const Shared& o, size_t oBytes) {
+      if (!o.live || static_cast<int>(o.peers.size()) <= r || o.peers[r] == nullptr) return false;
+      return lo < o.peers[r] + oBytes && o.peers[r] < hi;
+    };
+    bool bad = overlaps(flags_, flags_.bytes);
+    for (const Shared& o : slots_) bad = bad || overlaps(o, o.bytes);
+    for (const Shared& o : staging_) bad = bad || overlaps(o, o.bytes);
+    if (bad) {
+      tideResult_t res = fail(tideInternalError, kComponent,
+                              "%s: cudaIpcOpenMemHandle mapped rank %d's new buffer at %p, inside a live mapping of "
+                              "another of its buffers (IPC handles sharing one allocation block)",
+                              what, r, static_cast<void*>(s.peers[r]));
+      unshare(&s);
+      return res;
+    }
+  }
+  TIDE_TRACE(kComponent, "%s: rank %d shares %zu bytes at %p; first peer mapping %p", what, rank_, bytes,
+             static_cast<void*>(s.base), static_cast<void*>(s.peers[(rank_ + 1) % world_]));
   *out = std::move(s);
   return tideSuccess;
 }
 
-void IpcProvider::unshare(Shared* s) {
-  if (!s->live) return;
+void IpcProvider::closePeers(Shared* s) {
   for (int r = 0; r < static_cast<int>(s->peers.size()); ++r) {
     if (r != rank_ && s->peers[r] != nullptr) (void)cudaIpcCloseMemHandle(s->peers[r]);
+    if (r != rank_) s->peers[r] = nullptr;
   }
+  (void)cudaGetLastError();
+}
+
+void IpcProvider::unshare(Shared* s) {
+  if (!s->live) return;
+  closePeers(s);
   if (s->base) (void)cudaFree(s->base);
   s->peers.clear();
   s->base = nullptr;
@@ -252,6 +296,10 @@ tideResult_t IpcProvider::slotFree(int rank, void* ptr) {
       // Collective: no rank frees its memory while a peer's work may still write into it.
       TIDE_CUDA_CHECK(cudaSetDevice(device_));
       TIDE_CUDA_CHECK(cudaDeviceSynchronize());
+      TIDE_CHECK(barrier());
+      // Every rank closes its mappings of the peers' copies before any rank frees its own (freeing exported memory
+      // that an importer still maps is undefined behaviour).
+      closePeers(&s);
       TIDE_CHECK(barrier());
       unshare(&s);
       return tideSuccess;

@@ -62,6 +62,8 @@ class IpcProvider final : public PeerProvider {
   // Collective: allocates `bytes` here, exchanges handles (and sizes: a mismatch fails on every rank), maps peers.
   tideResult_t share(size_t bytes, const char* what, Shared* out);
   void unshare(Shared* s);
+  // Closes this rank's mappings of the peers' copies of s (its own memory stays allocated).
+  void closePeers(Shared* s);
 
   const int rank_;
   const int world_;

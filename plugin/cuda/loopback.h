@@ -45,6 +45,7 @@ class LoopbackProvider final : public PeerProvider {
   tideResult_t checkStream(int rank, CollKind kind, uint64_t epoch, cudaStream_t stream) override;
   // Deferred until every virtual rank of the epoch has submitted, then issued chunk-major across ranks (all
   // virtual ranks share the device's copy-engine queues).
+  bool defersPushes() const override { return true; }
   tideResult_t schedulePushes(int rank, uint64_t epoch, int numChunks, IssueFn issue) override;
 
  private:

@@ -71,8 +71,13 @@ class PeerProvider {
     return nullptr;
   }
 
+  // True if the provider issues RS phase-1 pushes itself through schedulePushes (loopback). False (default): the
+  // executor issues them, interleaved with the reduce chunks in host order so that no wait is enqueued before the
+  // operation of the same process that satisfies it; schedulePushes is then not called.
+  virtual bool defersPushes() const { return false; }
+
   // Issues a rank's RS phase-1 pushes: issue(k) enqueues chunk k for k < numChunks, and issue(numChunks) the
-  // tail. Default: all of them now, in order. A provider whose ranks share copy-engine queues (loopback: all
+  // tail. Called only if defersPushes(). Default: all of them now, in order. A provider whose ranks share copy-engine queues (loopback: all
   // virtual ranks on one device) must issue the chunks of all ranks interleaved, chunk-major, once every rank of
   // the epoch has submitted: a push of chunk k waits for the owners' reduction of chunk k-2, which waits for the
   // other ranks' pushes of chunk k-2; those must not sit behind it in a shared queue.

@@ -18,6 +18,8 @@
 // caller's earlier work by the wait on enter(me), and the caller's later work after the pushes by pushDone: flags,
 // not events, because the provider may issue phase 1 later (loopback issues every virtual rank's pushes chunk-major
 // once all ranks have called: they share the device's copy-engine queues, see PeerProvider::schedulePushes).
+// Providers that do not defer (IPC: one rank per process) get the two streams' operations interleaved in host issue
+// order, so that every wait is enqueued after the operation of this process that satisfies it.
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
@@ -145,6 +147,8 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
   const uint64_t epoch = comm->rsEpoch + 1;
   TIDE_CHECK(comm->provider->checkStream(me, CollKind::kReduceScatter, epoch, stream));
   if (staging == nullptr) {
+    comm->phase.store("tideReduceScatter: own staging (collective growth: cudaMalloc, exchange, IPC open)",
+                      std::memory_order_relaxed);
     for (int d = 0; d < W; ++d) {
       void* p = nullptr;
       TIDE_CHECK(comm->provider->ownStaging(me, d, need, epoch, &p));
@@ -154,6 +158,7 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
   comm->rsEpoch = epoch;
   const uint64_t g0 = comm->rsChunkSeq;  // chunk k has global number g0 + k + 1
   comm->rsChunkSeq += static_cast<uint64_t>(numChunks);
+  comm->lastRs = tideComm::RsRecord{epoch, g0, numChunks, nb, staging == nullptr};
   const uint32_t e = static_cast<uint32_t>(epoch);
   PeerProvider* pp = comm->provider.get();
   uint32_t* own = pp->flags(me, me);
@@ -220,13 +225,11 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
 
   // Caller's stream: enter, then phase 2 per chunk (wait for every input, reduce, release the buffer), then wait
   // until this rank's pushes are done (the caller owns its gradients again).
-  TIDE_CHECK(enqueueFlagOps(stream, {FlagOp{FlagOp::kWrite, own + flag::kRsEnter, e}}));
-  std::vector<FlagOp> ops;
-  for (int k = 0; k < numChunks; ++k) {
+  auto enqueueReduce = [&](int k) -> tideResult_t {
     const uint64_t c0 = static_cast<uint64_t>(k) * chunk;
     const uint64_t c1 = std::min(c0 + chunk, v.info.rsOutNumel);
     const uint32_t gk = static_cast<uint32_t>(g0 + k + 1);
-    ops.clear();
+    std::vector<FlagOp> ops;
     for (int s = 0; s < W; ++s) ops.push_back({FlagOp::kWait, own + flag::kRsFull + s, gk});
     TIDE_CHECK(enqueueFlagOps(stream, ops));
     ReduceArgs a;
@@ -241,19 +244,40 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
     a.scale = scale;
     a.divisor = static_cast<float>(W);
     TIDE_CHECK(launchReduce(a, stream));
-    TIDE_CHECK(enqueueFlagOps(stream, {FlagOp{FlagOp::kWrite, own + flag::kRsConsumed, gk}}));
-  }
-  TIDE_CHECK(enqueueFlagOps(stream, {FlagOp{FlagOp::kWait, own + flag::kRsPushDone, e}}));
-
-  // Side stream: phase 1.
-  TIDE_CHECK(pp->schedulePushes(me, epoch, numChunks, [plan, numChunks](int k) -> tideResult_t {
+    return enqueueFlagOps(stream, {FlagOp{FlagOp::kWrite, own + flag::kRsConsumed, gk}});
+  };
+  // Side stream: phase 1 of chunk k (k == numChunks: the final pushDone write).
+  PeerProvider::IssueFn issue = [plan, numChunks](int k) -> tideResult_t {
     if (k == numChunks) {
       return enqueueFlagOps(plan->side, {FlagOp{FlagOp::kWrite, plan->pushDone, plan->epoch}});
     }
     TIDE_CHECK(enqueueFlagOps(plan->side, plan->before[k]));
     TIDE_CHECK(plan->copies[k].enqueue(plan->side, plan->device));
     return enqueueFlagOps(plan->side, plan->after[k]);
-  }));
+  };
+  comm->phase.store("tideReduceScatter: enqueueing", std::memory_order_relaxed);
+  TIDE_CHECK(enqueueFlagOps(stream, {FlagOp{FlagOp::kWrite, own + flag::kRsEnter, e}}));
+  if (pp->defersPushes()) {
+    // The provider issues phase 1 later (loopback: chunk-major across virtual ranks once all have submitted).
+    for (int k = 0; k < numChunks; ++k) TIDE_CHECK(enqueueReduce(k));
+    TIDE_CHECK(enqueueFlagOps(stream, {FlagOp{FlagOp::kWait, own + flag::kRsPushDone, e}}));
+    TIDE_CHECK(pp->schedulePushes(me, epoch, numChunks, std::move(issue)));
+  } else {
+    // One rank per process: interleave the two streams in host issue order so that no wait of this process is
+    // enqueued before the operation of this process that satisfies it (enter before the pushes that wait for it,
+    // pushes of chunk k before its reduction, the reduction of chunk k before the push of chunk k + nb that reuses
+    // its buffer, the pushDone write before the caller's wait). Then a CUDA call that implicitly waits for this
+    // process's queued work (lazy module loading, an allocation, a driver-internal serialization point) can only
+    // wait for work that is already enqueued here or that the peers enqueue on their own: never for work this host
+    // thread has yet to enqueue. (docs/notes/multiprocess-rs-hang.md)
+    for (int k = 0; k < nb && k < numChunks; ++k) TIDE_CHECK(issue(k));
+    for (int k = 0; k < numChunks; ++k) {
+      TIDE_CHECK(enqueueReduce(k));
+      if (k + nb < numChunks) TIDE_CHECK(issue(k + nb));
+    }
+    TIDE_CHECK(issue(numChunks));
+    TIDE_CHECK(enqueueFlagOps(stream, {FlagOp{FlagOp::kWait, own + flag::kRsPushDone, e}}));
+  }
   TIDE_TRACE("Cuda", "RS rank %d epoch %" PRIu64 ": %d chunks of %" PRIu64 " elements, staging %s", me, epoch,
              numChunks, chunk, staging ? "slot" : "own");
   return tideSuccess;
