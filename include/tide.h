@@ -337,6 +337,15 @@ tideResult_t tideAllGather(tideComm_t comm, tideLayout_t layout, const void* sen
 tideResult_t tideReduceScatter(tideComm_t comm, tideLayout_t layout, const void* const* grads, void* out,
                                tideDataType_t outType, tideRedOp_t op, float scale, void* staging, void* stream);
 
+/* Diagnostic text about a comm, for a suspected hang: where this rank's host thread is (inside a TIDE call, and
+ * which step, or idle), the last AG/RS epoch and RS chunk numbers, every rank's flag words as this rank sees
+ * them (read back through a separate stream on a helper thread, bounded to a few seconds: a readback that does
+ * not finish is reported as such) and which waits of this rank's last AG and RS are not satisfied yet. Writes
+ * at most `bytes` bytes, NUL-terminated (truncated if needed), into buf. Never blocks on the comm's streams or on
+ * a call in progress on another thread. Errors: tideInvalidArgument (NULL comm or buf, bytes 0).
+ * (since 0.1) */
+tideResult_t tideCommDebugDump(tideComm_t comm, char* buf, size_t bytes);
+
 /* 1 if the NVLink multicast gate of DESIGN.md section 6 is open in this environment:
  * NCCL_NVLS_ENABLE is not "0", TORCH_SYMM_MEM_DISABLE_MULTICAST and NVSHMEM_DISABLE_NVLS
  * are unset, and NCCL_TIDE_NVLS=1. Host-only; always available. (since 0.1) */

@@ -5,15 +5,23 @@
 // plugin/cuda, which validates everything else before it enqueues any work.
 #include <cuda_runtime.h>
 
+#include <chrono>
+#include <condition_variable>
+#include <cstdarg>
+#include <cstdio>
 #include <memory>
 #include <mutex>
 #include <new>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "api_guard.h"
 #include "cuda/comm.h"
 #include "cuda/cuda_check.h"
 #include "cuda/executors.h"
 #include "cuda/loopback.h"
+#include "cuda/peer_provider.h"
 #include "errors.h"
 #include "log.h"
 #include "tide.h"
@@ -47,6 +55,163 @@ class ScopedDevice {
  private:
   int prev_ = -1;
 };
+
+// Sets comm->phase for the duration of an entry point ("idle" afterwards); the executors refine it.
+class PhaseGuard {
+ public:
+  PhaseGuard(tideComm* comm, const char* phase) : comm_(comm) { comm_->phase.store(phase, std::memory_order_relaxed); }
+  ~PhaseGuard() { comm_->phase.store("idle", std::memory_order_relaxed); }
+
+ private:
+  tideComm* comm_;
+};
+
+void appendf(std::string* out, const char* fmt, ...) {
+  char line[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof(line), fmt, ap);
+  va_end(ap);
+  *out += line;
+}
+
+// Flag words of every owner as `rank` sees them, read on a helper thread through a stream of its own, bounded by
+// `timeoutMs`: a readback stuck behind blocked work must not hang the caller. The helper keeps its buffers alive
+// (shared) if it outlives the wait.
+struct FlagReadback {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  cudaError_t err = cudaSuccess;
+  std::vector<uint32_t> words;
+};
+
+bool readFlags(tideComm* comm, int timeoutMs, std::vector<uint32_t>* words, std::string* why) {
+  namespace fl = tide::cuda::flag;
+  const int W = comm->worldSize;
+  std::vector<const uint32_t*> src(W);
+  for (int d = 0; d < W; ++d) src[d] = comm->provider->flags(comm->rank, d);
+  auto rb = std::make_shared<FlagReadback>();
+  rb->words.assign(static_cast<size_t>(W) * fl::kWords, 0);
+  const int device = comm->device;
+  try {
+    std::thread([rb, src, device] {
+      cudaError_t err = cudaSetDevice(device);
+      cudaStream_t s = nullptr;
+      if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+      for (size_t d = 0; d < src.size() && err == cudaSuccess; ++d) {
+        err = cudaMemcpyAsync(rb->words.data() + d * fl::kWords, src[d], sizeof(uint32_t) * fl::kWords,
+                              cudaMemcpyDeviceToHost, s);
+      }
+      if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+      if (s) (void)cudaStreamDestroy(s);
+      (void)cudaGetLastError();
+      std::lock_guard<std::mutex> lock(rb->mu);
+      rb->err = err;
+      rb->done = true;
+      rb->cv.notify_all();
+    }).detach();
+  } catch (const std::exception& e) {
+    *why = std::string("could not start the readback thread: ") + e.what();
+    return false;
+  }
+  std::unique_lock<std::mutex> lock(rb->mu);
+  if (!rb->cv.wait_for(lock, std::chrono::milliseconds(timeoutMs), [&] { return rb->done; })) {
+    *why = "readback did not finish within " + std::to_string(timeoutMs) +
+           " ms (a copy on a fresh stream is blocked: copy engines or the context are stuck)";
+    return false;
+  }
+  if (rb->err != cudaSuccess) {
+    *why = std::string("readback failed: ") + cudaGetErrorName(rb->err);
+    return false;
+  }
+  *words = rb->words;
+  return true;
+}
+
+// want <= have in the cyclic order of CU_STREAM_WAIT_VALUE_GEQ.
+bool reached(uint32_t have, uint32_t want) { return static_cast<int32_t>(have - want) >= 0; }
+
+std::string debugDump(tideComm* comm) {
+  namespace fl = tide::cuda::flag;
+  std::string out;
+  const int W = comm->worldSize, me = comm->rank;
+  const char* phase = comm->phase.load(std::memory_order_relaxed);
+  appendf(&out, "TIDE comm dump: rank %d of %d, provider %s, device %d\n", me, W, comm->provider->name(),
+          comm->device);
+  std::unique_lock<std::mutex> lock(comm->mu, std::try_to_lock);
+  const bool busy = !lock.owns_lock();
+  appendf(&out, "  host: %s%s\n", busy ? "a call is in progress on another thread: " : "", phase ? phase : "?");
+  uint64_t agEpoch = 0;
+  tideComm::RsRecord rs;
+  if (!busy) {
+    agEpoch = comm->agEpoch;
+    rs = comm->lastRs;
+    appendf(&out, "  last AG epoch %llu; last RS epoch %llu: %d chunks (global %llu..%llu), %d staging buffers, %s "
+                  "staging\n",
+            static_cast<unsigned long long>(agEpoch), static_cast<unsigned long long>(rs.epoch), rs.numChunks,
+            static_cast<unsigned long long>(rs.g0 + 1), static_cast<unsigned long long>(rs.g0 + rs.numChunks), rs.nb,
+            rs.ownStaging ? "own" : "slot");
+  }
+  std::vector<uint32_t> words;
+  std::string why;
+  if (!readFlags(comm, 3000, &words, &why)) {
+    appendf(&out, "  flags: %s\n", why.c_str());
+    return out;
+  }
+  for (int d = 0; d < W; ++d) {
+    const uint32_t* f = words.data() + static_cast<size_t>(d) * fl::kWords;
+    appendf(&out, "  flags of rank %d: agReady %u rsEnter %u rsConsumed %u rsPushDone %u | agDone[src]", d,
+            f[fl::kAgReady], f[fl::kRsEnter], f[fl::kRsConsumed], f[fl::kRsPushDone]);
+    for (int s = 0; s < W && s < fl::kMaxLocalRanks; ++s) appendf(&out, " %u", f[fl::kAgDone + s]);
+    out += " | rsFull[src]";
+    for (int s = 0; s < W && s < fl::kMaxLocalRanks; ++s) appendf(&out, " %u", f[fl::kRsFull + s]);
+    out += "\n";
+  }
+  if (busy) return out;
+  // What this rank's last collectives wait for, at their end (values are cyclic 32-bit, as the stream waits).
+  const uint32_t* mine = words.data() + static_cast<size_t>(me) * fl::kWords;
+  int pending = 0;
+  auto need = [&](const char* who, const char* what, int owner, uint32_t have, uint32_t want) {
+    if (reached(have, want)) return;
+    ++pending;
+    appendf(&out, "  PENDING %s: %s of rank %d >= %u (is %u)\n", who, what, owner, want, have);
+  };
+  if (agEpoch > 0) {
+    const uint32_t a = static_cast<uint32_t>(agEpoch);
+    for (int d = 0; d < W; ++d) {
+      const uint32_t* f = words.data() + static_cast<size_t>(d) * fl::kWords;
+      if (d != me) need("AG (caller stream, before its copies)", "agReady", d, f[fl::kAgReady], a);
+    }
+    for (int s = 0; s < W; ++s) {
+      if (s == me) continue;
+      char what[48];
+      snprintf(what, sizeof(what), "agDone[%d]", s);
+      need("AG (caller stream, end)", what, me, mine[fl::kAgDone + s], a);
+    }
+  }
+  if (rs.epoch > 0 && rs.numChunks > 0) {
+    const uint32_t e = static_cast<uint32_t>(rs.epoch);
+    const uint32_t gLast = static_cast<uint32_t>(rs.g0 + rs.numChunks);
+    need("RS (caller stream, first op)", "rsEnter", me, mine[fl::kRsEnter], e);
+    for (int d = 0; d < W; ++d) {
+      const uint32_t* f = words.data() + static_cast<size_t>(d) * fl::kWords;
+      if (d != me) need("RS (side stream, before chunk 0: owner entered)", "rsEnter", d, f[fl::kRsEnter], e);
+      need("RS (side stream, before chunk 0: owner's earlier chunks reduced)", "rsConsumed", d, f[fl::kRsConsumed],
+           static_cast<uint32_t>(rs.g0));
+    }
+    for (int s = 0; s < W; ++s) {
+      char what[48];
+      snprintf(what, sizeof(what), "rsFull[%d]", s);
+      need("RS (caller stream, before the last reduce: pushes of the last chunk)", what, me, mine[fl::kRsFull + s],
+           gLast);
+    }
+    need("RS (caller stream, after the last reduce)", "rsConsumed", me, mine[fl::kRsConsumed], gLast);
+    need("RS (caller stream, end: this rank's pushes done)", "rsPushDone", me, mine[fl::kRsPushDone], e);
+  }
+  if (pending == 0) out += "  no wait of this rank's last AG/RS is pending (its flags reached their final values)\n";
+  return out;
+}
 
 }  // namespace
 
@@ -125,6 +290,7 @@ TIDE_EXPORT tideResult_t tideSlotAlloc(tideComm_t comm, size_t bytes, void** ptr
   if (ptr == nullptr) return tide::fail(tideInvalidArgument, "API", "tideSlotAlloc: ptr is NULL");
   *ptr = nullptr;
   std::lock_guard<std::mutex> lock(comm->mu);
+  PhaseGuard phase(comm, "tideSlotAlloc (collective: cudaMalloc, exchange, IPC open)");
   return comm->provider->slotAlloc(comm->rank, bytes, ptr);
   TIDE_API_END
 }
@@ -134,6 +300,7 @@ TIDE_EXPORT tideResult_t tideSlotFree(tideComm_t comm, void* ptr) {
   TIDE_CHECK(checkComm(comm, "tideSlotFree"));
   if (ptr == nullptr) return tideSuccess;
   std::lock_guard<std::mutex> lock(comm->mu);
+  PhaseGuard phase(comm, "tideSlotFree (collective: device synchronize, barriers)");
   return comm->provider->slotFree(comm->rank, ptr);
   TIDE_API_END
 }
@@ -145,6 +312,7 @@ TIDE_EXPORT tideResult_t tideAllGather(tideComm_t comm, tideLayout_t layout, con
   if (layout == nullptr) return tide::fail(tideInvalidArgument, "API", "tideAllGather: layout is NULL");
   std::lock_guard<std::mutex> lock(comm->mu);
   ScopedDevice scoped(comm->device);
+  PhaseGuard phase(comm, "tideAllGather");
   return tide::cuda::allGather(comm, layout, sendbuff, shardPtrs, slot, static_cast<cudaStream_t>(stream));
   TIDE_API_END
 }
@@ -157,8 +325,22 @@ TIDE_EXPORT tideResult_t tideReduceScatter(tideComm_t comm, tideLayout_t layout,
   if (layout == nullptr) return tide::fail(tideInvalidArgument, "API", "tideReduceScatter: layout is NULL");
   std::lock_guard<std::mutex> lock(comm->mu);
   ScopedDevice scoped(comm->device);
+  PhaseGuard phase(comm, "tideReduceScatter");
   return tide::cuda::reduceScatter(comm, layout, grads, out, outType, op, scale, staging,
                                    static_cast<cudaStream_t>(stream));
+  TIDE_API_END
+}
+
+TIDE_EXPORT tideResult_t tideCommDebugDump(tideComm_t comm, char* buf, size_t bytes) {
+  TIDE_API_BEGIN
+  if (buf == nullptr || bytes == 0) {
+    return tide::fail(tideInvalidArgument, "API", "tideCommDebugDump: buf is NULL or bytes is 0");
+  }
+  buf[0] = '\0';
+  TIDE_CHECK(checkComm(comm, "tideCommDebugDump"));
+  std::string text = debugDump(comm);
+  snprintf(buf, bytes, "%s", text.c_str());
+  return tideSuccess;
   TIDE_API_END
 }
 

@@ -40,4 +40,9 @@ TIDE_EXPORT tideResult_t tideReduceScatter(tideComm_t, tideLayout_t, const void*
   return unsupported(__func__);
 }
 
+TIDE_EXPORT tideResult_t tideCommDebugDump(tideComm_t, char* buf, size_t bytes) {
+  if (buf != nullptr && bytes > 0) buf[0] = '\0';
+  return unsupported(__func__);
+}
+
 }  // extern "C"

@@ -209,6 +209,7 @@ SIGNATURES = {
         [c_int, c_int, c_int, _P(tideBootstrap_t), _P(tideConfig_t), _P(tideComm_t)],
     ),
     "tideCommGetProvider": (tideResult_t, [tideComm_t, _PCS]),
+    "tideCommDebugDump": (tideResult_t, [tideComm_t, c_char_p, c_size_t]),
 }
 
 _lock = threading.Lock()

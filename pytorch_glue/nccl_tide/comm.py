@@ -238,9 +238,21 @@ class Comm:
             f"tideReduceScatter(rank {self.rank})",
         )
 
+    def debug_dump(self) -> str:
+        """tideCommDebugDump: where this rank's host thread is, the last epochs, every rank's flag words (read back
+        with a bounded wait) and the waits of this rank's last AG/RS that are not satisfied yet. Never blocks on the
+        comm's streams; safe to call from another thread while a call on this comm is stuck."""
+        buf = ctypes.create_string_buffer(64 * 1024)
+        rc = N.lib().tideCommDebugDump(self.handle, buf, len(buf))
+        text = buf.value.decode(errors="replace")
+        if rc != N.tideSuccess:
+            text += f"(tideCommDebugDump failed: {N.last_error()})\n"
+        return text
+
     def synchronize(self, stream=None, timeout: float = 60.0) -> None:
         """Waits on the host for `stream` (default: the current torch stream), polling: a cross-process deadlock
-        becomes a TideTimeoutError instead of a hang."""
+        becomes a TideTimeoutError instead of a hang. On timeout the comm's state (debug_dump(): flag words, pending
+        waits) is printed to stderr and included in the error."""
         torch = _torch()
         s = stream if stream is not None else torch.cuda.current_stream(torch.device("cuda", self.device))
         ev = torch.cuda.Event()
@@ -248,7 +260,15 @@ class Comm:
         deadline = time.monotonic() + timeout
         while not ev.query():
             if time.monotonic() > deadline:
-                raise TideTimeoutError(f"rank {self.rank}: stream not done after {timeout:.0f} s (a peer missing?)")
+                try:
+                    dump = self.debug_dump()
+                except Exception as e:  # the dump is best effort; the timeout is the error
+                    dump = f"(debug dump failed: {e!r})\n"
+                print(f"nccl_tide.comm: rank {self.rank}: synchronize timed out after {timeout:.0f} s\n{dump}",
+                      file=sys.stderr, flush=True)
+                raise TideTimeoutError(
+                    f"rank {self.rank}: stream not done after {timeout:.0f} s (a peer missing?)\n{dump}"
+                )
             time.sleep(0.0005)
 
     def close(self) -> None:

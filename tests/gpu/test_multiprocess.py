@@ -24,6 +24,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(240)]
 
 POISON = 0xFF
 SPAWN_TIMEOUT = float(os.environ.get("TIDE_MP_TIMEOUT", "90"))
+# A worker still running after this many seconds prints every Python thread's stack and its comm's debug dump (flag
+# words, pending waits, where the host thread is) to stderr, so that a later outer kill cannot lose the evidence.
+WATCHDOG = float(os.environ.get("TIDE_MP_WATCHDOG", "45"))
 
 
 def free_port() -> int:
@@ -76,10 +79,39 @@ def _gather_bytes(torch, dist, t):
     return parts
 
 
+def _say(rank, msg):
+    print(f"[mp rank {rank} {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _start_watchdog(rank, state):
+    """Daemon timer: after WATCHDOG seconds, dump all Python stacks and the comm's state to stderr (once)."""
+    import faulthandler
+    import threading
+
+    def fire():
+        _say(rank, f"WATCHDOG: still running after {WATCHDOG:.0f} s, at: {state.get('step')}")
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        comm = state.get("comm")
+        if comm is not None:
+            try:
+                _say(rank, "comm debug dump:\n" + comm.debug_dump())
+            except Exception as e:  # best effort
+                _say(rank, f"comm debug dump failed: {e!r}")
+        sys.stderr.flush()
+
+    t = threading.Timer(WATCHDOG, fire)
+    t.daemon = True
+    t.start()
+    return t
+
+
 def _worker(rank, world, port, out_dir, mode):
-    """One rank. Writes out_dir/rank<r>.json: {"ok": bool, "checked": n, "errors": [...], ...}."""
+    """One rank. Writes out_dir/rank<r>.json: {"ok": bool, "checked": n, "errors": [...], ...}, and prints the
+    report to stderr before exiting (the pytest summary that would show it can be lost to an outer kill)."""
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
     report = {"rank": rank, "ok": False, "checked": 0, "errors": []}
+    state = {"step": "start", "comm": None}
+    watchdog = _start_watchdog(rank, state)
     try:
         import datetime
 
@@ -111,6 +143,7 @@ def _worker(rank, world, port, out_dir, mode):
         if gpu:
             torch.cuda.set_device(0)
             comm = Comm.from_bootstrap(rank, world, device=0)
+            state["comm"] = comm
             report["provider"] = comm.provider
             assert comm.provider == "ipc", comm.provider
             assert (comm.rank, comm.world_size) == (rank, world)
@@ -125,6 +158,11 @@ def _worker(rank, world, port, out_dir, mode):
                 rs_chunk_bytes=extra.get("chunk"),
             )
             data_rng = _rng("mp-data", world, ci, rank)
+            for err in report["errors"][state.get("shown", 0) :]:
+                _say(rank, f"ERROR {err}")
+            state["shown"] = len(report["errors"])
+            state["step"] = f"case {ci} ({kind}, {dts[0]}, {extra})"
+            _say(rank, f"{state['step']}: start")
             if kind == "ag":
                 send = torch.from_numpy(data_rng.integers(0, 256, size=L.send_bytes, dtype=np.uint8))
                 if gpu:
@@ -212,7 +250,9 @@ def _worker(rank, world, port, out_dir, mode):
                                 f"{'slot' if extra['slot'] else 'own'} staging): rank {r}: {bad.size} bytes differ"
                             )
                         report["checked"] += 1
+        state["step"] = "close"
         if comm is not None:
+            state["comm"] = None
             comm.close()
         dist.barrier()
         dist.destroy_process_group()
@@ -220,9 +260,12 @@ def _worker(rank, world, port, out_dir, mode):
         _ = N  # keep the import (library loaded in this process)
     except BaseException:
         report["errors"].append(traceback.format_exc())
+    watchdog.cancel()
+    _say(rank, f"report at step {state['step']}: {json.dumps(report, indent=1)}")
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(report, f)
     sys.stdout.flush()
+    sys.stderr.flush()
     os._exit(0 if report["ok"] else 1)
 
 
