@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Fails (exit 1) if a shared library exports any symbol other than the tide* C API (and, once the interposer lands,
-# the nccl* names it is allowed to interpose). Usage: ci/check_exports.sh path/to/libnccl-tide.so
+# Fails (exit 1) if a shared library exports any symbol other than the tide* C API and the four nccl* names of the
+# LD_PRELOAD interposer (plugin/api/interposer.cc), or lacks one of those four. Usage: ci/check_exports.sh path/to/libnccl-tide.so
 set -euo pipefail
 
 if [[ $# -ne 1 || ! -f "$1" ]]; then
@@ -9,13 +9,12 @@ if [[ $# -ne 1 || ! -f "$1" ]]; then
 fi
 lib="$1"
 
-# The interposer's names, allowed when it exists (uncomment together with plugin/exports.map):
+# The interposer's names (the same list as plugin/exports.map):
 ALLOWED_NCCL=(
-  # ncclAllGather
-  # ncclReduceScatter
-  # ncclCommInitRankConfig
-  # ncclCommSplit
-  # ncclCommDestroy
+  ncclAllGather
+  ncclReduceScatter
+  ncclAllGatherConfig
+  ncclReduceScatterConfig
 )
 
 allowed_re='^tide[A-Z]'
@@ -34,8 +33,14 @@ for s in "${symbols[@]}"; do
   fi
 done
 
+for name in "${ALLOWED_NCCL[@]}"; do
+  if ! printf '%s\n' "${symbols[@]}" | grep -qx "${name}"; then
+    bad+=("${name} (missing: the interposer must export it)")
+  fi
+done
+
 if [[ ${#bad[@]} -gt 0 ]]; then
-  echo "check_exports: $lib exports ${#bad[@]} unexpected symbol(s):" >&2
+  echo "check_exports: $lib exports ${#bad[@]} unexpected (or lacks required) symbol(s):" >&2
   printf '  %s\n' "${bad[@]}" >&2
   exit 1
 fi

@@ -51,6 +51,14 @@ const Def kDefs[kNumParams] = {
      "1 issues all-gather copies with cudaMemcpyBatchAsync when the CUDA runtime has it; 0 uses one cudaMemcpyAsync "
      "per copy.",
      0, 1, nullptr, "0 or 1"},
+    {"NCCL_TIDE_ENABLE", Type::kBool, "bool", "0",
+     "1 makes the preloaded interposer classify ncclAllGather/ncclReduceScatter calls (0.1: every call is still passed "
+     "to NCCL); 0 is pure pass-through.",
+     0, 1, nullptr, "0 or 1"},
+    {"NCCL_TIDE_ENABLE_MIN_BYTES", Type::kBytes, "bytes", "1048576",
+     "Interposer: smallest call that can be eligible for TIDE, in bytes per rank (sendcount for all-gather, "
+     "recvcount for reduce-scatter, times the element size).",
+     0, kTiB, nullptr, "an integer number of bytes, optionally with K, M, G, KiB, MiB or GiB, up to 1T"},
 };
 
 struct Entry {
@@ -243,6 +251,8 @@ uint64_t rsChunkBytes() { return loggedState().entries[kRsChunkBytes].value; }
 uint64_t paceBytes() { return loggedState().entries[kPaceBytes].value; }
 bool nvlsRequested() { return loggedState().entries[kNvls].value != 0; }
 bool agBatch() { return loggedState().entries[kAgBatch].value != 0; }
+bool interposerEnabled() { return loggedState().entries[kEnable].value != 0; }
+uint64_t interposerMinBytes() { return loggedState().entries[kEnableMinBytes].value; }
 
 tideResult_t status(Id id) {
   if (id < 0 || id >= kNumParams) return fail(tideInvalidArgument, kComponent, "parameter index %d out of range", id);

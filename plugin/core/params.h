@@ -25,7 +25,9 @@ enum Id : int {
   kPaceBytes = 2,     // NCCL_TIDE_PACE_BYTES
   kNvls = 3,          // NCCL_TIDE_NVLS
   kAgBatch = 4,       // NCCL_TIDE_AG_BATCH
-  kNumParams = 5
+  kEnable = 5,        // NCCL_TIDE_ENABLE
+  kEnableMinBytes = 6,  // NCCL_TIDE_ENABLE_MIN_BYTES
+  kNumParams = 7
 };
 
 // Typed accessors (effective values: environment if valid, else default).
@@ -33,7 +35,9 @@ log::Level debugLevel();
 uint64_t rsChunkBytes();
 uint64_t paceBytes();
 bool nvlsRequested();  // NCCL_TIDE_NVLS=1; only one of the conditions of the multicast gate (see multicast.h)
-bool agBatch();        // NCCL_TIDE_AG_BATCH: use cudaMemcpyBatchAsync when the runtime has it
+bool agBatch();
+bool interposerEnabled();         // NCCL_TIDE_ENABLE: the LD_PRELOAD interposer classifies calls (plugin/api/interposer.cc)
+uint64_t interposerMinBytes();    // NCCL_TIDE_ENABLE_MIN_BYTES: smallest call (bytes) the interposer considers        // NCCL_TIDE_AG_BATCH: use cudaMemcpyBatchAsync when the runtime has it
 
 // tideSuccess if the environment value of parameter `id` (if any) parses; else records and returns
 // tideInvalidArgument with a message naming the variable and the accepted form.

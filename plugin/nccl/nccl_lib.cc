@@ -29,10 +29,16 @@ void sym(void* handle, const char* name, F* out) {
   *out = reinterpret_cast<F>(dlsym(handle, name));
 }
 
-tideResult_t load(Lib* lib) {
-  // The NCCL of this process: never load one ourselves (a second copy would not know the caller's communicators).
+// The NCCL of this process: never load one ourselves (a second copy would not know the caller's communicators).
+// RTLD_NOLOAD finds it whether it was loaded RTLD_GLOBAL or RTLD_LOCAL (torch), unlike RTLD_NEXT.
+void* openLoaded() {
   void* h = dlopen("libnccl.so.2", RTLD_NOLOAD | RTLD_NOW);
   if (h == nullptr) h = dlopen("libnccl.so", RTLD_NOLOAD | RTLD_NOW);
+  return h;
+}
+
+tideResult_t load(Lib* lib) {
+  void* h = openLoaded();
   if (h == nullptr) {
     return fail(tideUnsupported, kComponent,
                 "no NCCL library (libnccl.so.2) is loaded in this process; TIDE uses the NCCL of the framework and "
@@ -168,6 +174,16 @@ tideResult_t resolve(const Lib** out) {
   }
   *out = &gLib;
   return tideSuccess;
+}
+
+void* loadedSymbol(const char* name) {
+  void* h = openLoaded();
+  if (h == nullptr) return nullptr;
+  dlerror();
+  void* p = dlsym(h, name);
+  // The reference RTLD_NOLOAD took is kept on success: the caller keeps using the function.
+  if (p == nullptr) dlclose(h);
+  return p;
 }
 
 tideResult_t ncclFail(const Lib& lib, ncclResult_t r, const char* what) {

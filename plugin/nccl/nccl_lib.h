@@ -86,6 +86,11 @@ struct Lib {
 // missing), with a message saying what to do.
 tideResult_t resolve(const Lib** out);
 
+// One symbol of the NCCL already loaded in this process (the same dlopen("libnccl.so.2", RTLD_NOLOAD) as resolve(),
+// without its version gate), or nullptr when no libnccl is loaded or it lacks `name`. For the interposer
+// (plugin/api/interposer.cc), which forwards to the caller's NCCL whatever its version.
+void* loadedSymbol(const char* name);
+
 // NCCL_VERSION_CODE of the nccl.h seen at build time (0 if the build had none).
 int headerVersion();
 
