@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <cmath>
 
+#include "../core/dtype.h"
 #include "../core/errors.h"
 #include "../core/log.h"
 #include "copy_batch.h"
@@ -35,26 +36,6 @@
 
 namespace tide {
 namespace cuda {
-namespace {
-
-bool reducible(tideDataType_t t) { return t == tideBfloat16 || t == tideFloat16 || t == tideFloat32; }
-
-size_t typeSize(tideDataType_t t) { return t == tideFloat32 ? 4 : 2; }
-
-const char* typeName(tideDataType_t t) {
-  switch (t) {
-    case tideBfloat16:
-      return "bf16";
-    case tideFloat16:
-      return "fp16";
-    case tideFloat32:
-      return "fp32";
-    default:
-      return "non-reducible";
-  }
-}
-
-}  // namespace
 
 tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* const* grads, void* out,
                            tideDataType_t outType, tideRedOp_t op, float scale, void* staging, cudaStream_t stream) {
@@ -73,14 +54,14 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
     return fail(tideInvalidArgument, "Cuda", "%s: op is %d; use tideSum, tideAvg or tidePremulSum", kWhat,
                 static_cast<int>(op));
   }
-  if (!reducible(outType)) {
+  if (!dtype::reducible(outType)) {
     return fail(tideInvalidArgument, "Cuda", "%s: outType %d is not tideFloat32, tideBfloat16 or tideFloat16", kWhat,
                 static_cast<int>(outType));
   }
   if (!std::isfinite(scale)) return fail(tideInvalidArgument, "Cuda", "%s: scale is not finite", kWhat);
   const tideDataType_t inType = v.params[0].dtype;
   for (int i = 0; i < nParams; ++i) {
-    if (!reducible(v.params[i].dtype)) {
+    if (!dtype::reducible(v.params[i].dtype)) {
       return fail(tideInvalidArgument, "Cuda", "%s: parameter %d has dtype %d; reduce-scatter takes bf16, fp16 or fp32",
                   kWhat, i, static_cast<int>(v.params[i].dtype));
     }
@@ -91,11 +72,11 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
         return fail(tideUnsupported, "Cuda",
                     "%s: the CUDA reduce-scatter needs one gradient dtype per layout, but parameter 0 is %s and "
                     "parameter %d is %s; split the group by dtype (or use the host executor)",
-                    kWhat, typeName(inType), i, typeName(v.params[i].dtype));
+                    kWhat, dtype::name(inType), i, dtype::name(v.params[i].dtype));
       }
     }
   }
-  const size_t inElem = typeSize(inType), outElem = typeSize(outType);
+  const size_t inElem = dtype::size(inType), outElem = dtype::size(outType);
   if (grads == nullptr) return fail(tideInvalidArgument, "Cuda", "%s: grads is NULL", kWhat);
   for (int i = 0; i < nParams; ++i) {
     char what[64];
