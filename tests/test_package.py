@@ -36,7 +36,8 @@ def test_every_header_function_is_bound(native, repo):
 
 def test_struct_layouts_match_the_c_compiler(tmp_path, repo):
     """sizeof/offsetof of every tide.h struct, as g++ sees it, equals the ctypes mirror."""
-    structs = ["tideConfig_t", "tideLayoutDesc_t", "tideLayoutInfo_t", "tideParamInfo_t", "tideScheduleStep_t"]
+    structs = ["tideConfig_t", "tideLayoutDesc_t", "tideLayoutInfo_t", "tideParamInfo_t", "tideScheduleStep_t",
+               "tideNcclInfo_t", "tideBootstrap_t"]
     lines = ["#include <cstdio>", "#include <cstddef>", '#include "tide.h"', "int main() {"]
     for s in structs:
         lines.append(f'  printf("{s} SIZEOF %zu\\n", sizeof({s}));')
@@ -48,11 +49,14 @@ def test_struct_layouts_match_the_c_compiler(tmp_path, repo):
     exe = tmp_path / "layout"
     subprocess.run(["g++", "-std=c++17", f"-I{repo / 'include'}", str(src), "-o", str(exe)], check=True)
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split("\n")
+    n = 0
     for line in filter(None, out):
         s, field, value = line.split()
         cls = getattr(N, s)
         got = ctypes.sizeof(cls) if field == "SIZEOF" else getattr(cls, field).offset
         assert int(value) == got, line
+        n += 1
+    assert n == len(structs) + sum(len(getattr(N, s)._fields_) for s in structs)
     assert any(line.startswith("tideLayoutInfo_t paceBytes") for line in out)
 
 
