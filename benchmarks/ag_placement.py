@@ -12,7 +12,6 @@ writes land in the parameters' storage directly: zero extra copies, zero kernels
 """
 
 import torch
-
 from bench_common import (
     Ctx,
     check_layout,
@@ -21,6 +20,7 @@ from bench_common import (
     numels_rows,
     profile_gpu,
     rand,
+    record_failure,
     row,
     standalone,
     time_ms,
@@ -209,7 +209,7 @@ def run(ctx):
             summary.append(row(1, f"AG wrong regions {m}", r["wrong_regions"], None, None, "0",
                                r["wrong_regions"] == 0))
         except Exception as e:
-            _fail(errors, f"loopback8 {m}", e)
+            record_failure("ag_placement", errors, f"loopback8 {m}", e)
             ctx.free()
         for W in (8, 64):
             try:
@@ -221,17 +221,9 @@ def run(ctx):
                 summary.append(row(1, f"placement SM time/rank {m} W={W}", tide_sm_us, pc["kernel_us"], None,
                                    "0 SM", None if tide_sm_us is None else tide_sm_us == 0, "us"))
             except Exception as e:
-                _fail(errors, f"copy_out {m} W={W}", e)
+                record_failure("ag_placement", errors, f"copy_out {m} W={W}", e)
                 ctx.free()
     return res
-
-
-def _fail(errors, what, e):
-    import traceback
-
-    tb = traceback.format_exc()
-    print(f"[ag_placement] {what} FAILED:\n{tb}", flush=True)
-    errors.append({"what": what, "error": f"{type(e).__name__}: {e}", "traceback": tb})
 
 
 NAME = "ag_placement"

@@ -541,3 +541,12 @@ def selftest():
     assert [p.shard_numel for p in lay.params] == [12, 2] and lay.params[1].slot_offset == 256, vars(lay)
     assert lay.send_bytes == 28 and lay.rs_out_numel == 14
     return True
+
+
+def record_failure(bench, errors, what, e):
+    """Prints the traceback of a failed measurement and records it, so the other measurements still run."""
+    import traceback
+
+    tb = traceback.format_exc()
+    print(f"[{bench}] {what} FAILED:\n{tb}", flush=True)
+    errors.append({"what": what, "error": f"{type(e).__name__}: {e}", "traceback": tb})

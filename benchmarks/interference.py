@@ -16,13 +16,13 @@ min/max and IQR; slowdown = median_with / median_alone (alone measured before an
 import math
 
 import torch
-
 from bench_common import (
     Ctx,
     make_layout,
     model_params,
     numels_rows,
     rand,
+    record_failure,
     row,
     standalone,
     stats,
@@ -259,11 +259,7 @@ def run(ctx):
                                "<=1.05x" if is_tide else "info (SM side work)",
                                (d["slowdown"] <= 1.05) if is_tide else None, "ms"))
         except Exception as e:
-            import traceback
-
-            tb = traceback.format_exc()
-            print(f"[interference] {name} FAILED:\n{tb}", flush=True)
-            res["errors"].append({"what": name, "error": f"{type(e).__name__}: {e}", "traceback": tb})
+            record_failure("interference", res["errors"], name, e)
         finally:
             try:
                 if cleanup:

@@ -15,7 +15,6 @@ Outputs are poisoned (NaN) first and checked: bit-exact against a left-to-right 
 """
 
 import torch
-
 from bench_common import (
     Ctx,
     make_layout,
@@ -23,6 +22,7 @@ from bench_common import (
     numels_rows,
     profile_gpu,
     rand,
+    record_failure,
     row,
     standalone,
     time_ms,
@@ -192,13 +192,13 @@ def run(ctx):
         bw = cb["GBps"]
         summary.append(row("2a", "D2D copy bw (copy_ 2 GiB, r+w)", None, bw, None, "reference", None, "GB/s"))
     except Exception as e:
-        _fail(errors, "copy bandwidth", e)
+        record_failure("rs", errors, "copy bandwidth", e)
     for m in models:
         try:
             r = rs_model(ctx, m, iters, res["notes"])
             res["models"].append(r)
         except Exception as e:
-            _fail(errors, f"rs {m}", e)
+            record_failure("rs", errors, f"rs {m}", e)
             ctx.free()
             continue
         for key, label in (("one_chunk_profile", "1 chunk"), ("tide_profile", "pipelined")):
@@ -226,14 +226,6 @@ def run(ctx):
                            c["max_abs_diff_vs_sm_baseline"], None,
                            f"bit-exact {c['bit_exact_ranks']}/8, NaN {c['nan_elements']}", c["ok"]))
     return res
-
-
-def _fail(errors, what, e):
-    import traceback
-
-    tb = traceback.format_exc()
-    print(f"[rs] {what} FAILED:\n{tb}", flush=True)
-    errors.append({"what": what, "error": f"{type(e).__name__}: {e}", "traceback": tb})
 
 
 NAME = "rs"
