@@ -59,6 +59,13 @@ const Def kDefs[kNumParams] = {
      "Interposer: smallest call that can be eligible for TIDE, in bytes per rank (sendcount for all-gather, "
      "recvcount for reduce-scatter, times the element size).",
      0, kTiB, nullptr, "an integer number of bytes, optionally with K, M, G, KiB, MiB or GiB, up to 1T"},
+    {"NCCL_TIDE_RANKS_PER_NODE", Type::kUint64, "uint64", "0",
+     "Virtual nodes: tideCommCreate treats every this many consecutive ranks as one node (must divide the world "
+     "size); 0 discovers the real ranks per node.",
+     0, 64, nullptr, "an integer from 0 to 64"},
+    {"NCCL_TIDE_TIMEOUT_MS", Type::kUint64, "uint64", "0",
+     "Bound in milliseconds on TIDE's host-side waits for peers (docs/reliability.md lists them); 0 waits forever.",
+     0, 86400000, nullptr, "an integer number of milliseconds from 0 to 86400000"},
 };
 
 struct Entry {
@@ -253,6 +260,8 @@ bool nvlsRequested() { return loggedState().entries[kNvls].value != 0; }
 bool agBatch() { return loggedState().entries[kAgBatch].value != 0; }
 bool interposerEnabled() { return loggedState().entries[kEnable].value != 0; }
 uint64_t interposerMinBytes() { return loggedState().entries[kEnableMinBytes].value; }
+int ranksPerNodeOverride() { return static_cast<int>(loggedState().entries[kRanksPerNode].value); }
+uint64_t timeoutMs() { return loggedState().entries[kTimeoutMs].value; }
 
 tideResult_t status(Id id) {
   if (id < 0 || id >= kNumParams) return fail(tideInvalidArgument, kComponent, "parameter index %d out of range", id);

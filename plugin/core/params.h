@@ -27,7 +27,9 @@ enum Id : int {
   kAgBatch = 4,       // NCCL_TIDE_AG_BATCH
   kEnable = 5,        // NCCL_TIDE_ENABLE
   kEnableMinBytes = 6,  // NCCL_TIDE_ENABLE_MIN_BYTES
-  kNumParams = 7
+  kRanksPerNode = 7,    // NCCL_TIDE_RANKS_PER_NODE
+  kTimeoutMs = 8,       // NCCL_TIDE_TIMEOUT_MS
+  kNumParams = 9
 };
 
 // Typed accessors (effective values: environment if valid, else default).
@@ -37,7 +39,9 @@ uint64_t paceBytes();
 bool nvlsRequested();  // NCCL_TIDE_NVLS=1; only one of the conditions of the multicast gate (see multicast.h)
 bool agBatch();
 bool interposerEnabled();         // NCCL_TIDE_ENABLE: the LD_PRELOAD interposer classifies calls (plugin/api/interposer.cc)
-uint64_t interposerMinBytes();    // NCCL_TIDE_ENABLE_MIN_BYTES: smallest call (bytes) the interposer considers        // NCCL_TIDE_AG_BATCH: use cudaMemcpyBatchAsync when the runtime has it
+uint64_t interposerMinBytes();    // NCCL_TIDE_ENABLE_MIN_BYTES: smallest call (bytes) the interposer considers
+int ranksPerNodeOverride();       // NCCL_TIDE_RANKS_PER_NODE: virtual nodes of this many ranks; 0 = discover
+uint64_t timeoutMs();             // NCCL_TIDE_TIMEOUT_MS: bound on host-side waits; 0 = none
 
 // tideSuccess if the environment value of parameter `id` (if any) parses; else records and returns
 // tideInvalidArgument with a message naming the variable and the accepted form.
