@@ -47,6 +47,10 @@ tideResult_t layoutView(tideComm* comm, tideLayout_t layout, std::shared_ptr<con
     if (p.elemSize > v->maxElemSize) v->maxElemSize = p.elemSize;
     if (p.dtype != v->params[0].dtype) v->uniformDtype = false;
   }
+  if (comm->agreedLayouts.count(v->info.hash) == 0) {
+    TIDE_CHECK(comm->provider->agreeOnLayout(comm->rank, v->info.hash));
+    comm->agreedLayouts.insert(v->info.hash);
+  }
   if (comm->layoutCache.size() > 256) comm->layoutCache.clear();
   comm->layoutCache[layout] = tideComm::CacheEntry{v->info.hash, v};
   *out = std::move(v);

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "peer_provider.h"
@@ -65,6 +66,9 @@ struct tideComm {
     std::shared_ptr<const tide::cuda::LayoutView> view;
   };
   std::unordered_map<const void*, CacheEntry> layoutCache;
+  // Layout hashes every rank has agreed on (PeerProvider::agreeOnLayout), keyed by hash rather than by handle, so
+  // a rank that recreates an identical layout object does not start an exchange its peers do not make.
+  std::unordered_set<uint64_t> agreedLayouts;
 };
 
 namespace tide {

@@ -92,6 +92,16 @@ class PeerProvider {
     return tideSuccess;
   }
 
+  // Collective agreement on a layout the comm has not used before (called by every rank at the same call, because
+  // every rank makes the same collective calls in the same order): tideMismatch on every rank if the ranks' layout
+  // hashes differ, never a hang. Default: nothing to compare (loopback: one process, one layout object per rank,
+  // ranks submit one after another, so there is no point at which they could wait for each other).
+  virtual tideResult_t agreeOnLayout(int rank, uint64_t layoutHash) {
+    (void)rank;
+    (void)layoutHash;
+    return tideSuccess;
+  }
+
   // Provider-specific check of the stream a rank uses for a collective epoch (loopback: each virtual rank needs a
   // stream of its own, never the legacy default stream). Default: nothing to check.
   virtual tideResult_t checkStream(int rank, CollKind kind, uint64_t epoch, cudaStream_t stream) {
