@@ -1,7 +1,9 @@
 // C API entry points of the NCCL binding (include/tide.h, "NCCL binding"): tideNcclGetInfo (host only, every build)
 // and the communicator constructors over NCCL or a caller's bootstrap (CUDA builds; tideUnsupported otherwise).
+#include <chrono>
 #include <cstring>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "api_guard.h"
@@ -60,26 +62,68 @@ tideResult_t configHash(const tideConfig_t* config, uint64_t* hash) {
   return tideSuccess;
 }
 
+// The parent NCCL communicator's health, read with ncclCommGetAsyncError (part of the 2.28 base TIDE requires).
+// tideNcclError with a clear message when NCCL reports an asynchronous error (a failed peer, a revoked or aborting
+// communicator); ncclInProgress (a non-blocking communicator still initializing) counts as healthy. This is only
+// valid while the ncclComm_t exists: ncclCommAbort and ncclCommDestroy free it, and no call can detect a freed
+// handle, so the rule is the one of include/tide.h: destroy the TIDE comm before the NCCL communicator.
+tideResult_t parentHealth(const tide::nccl::Lib& lib, tide::nccl::ncclComm_t comm, const char* what) {
+  tide::nccl::ncclResult_t async = tide::nccl::kNcclSuccess;
+  tide::nccl::ncclResult_t r = lib.commGetAsyncError(comm, &async);
+  if (r != tide::nccl::kNcclSuccess) return tide::nccl::ncclFail(lib, r, "ncclCommGetAsyncError");
+  if (async == tide::nccl::kNcclSuccess || async == tide::nccl::kNcclInProgress) return tideSuccess;
+  const char* s = lib.getErrorString ? lib.getErrorString(async) : nullptr;
+  return tide::fail(tideNcclError, kComponent,
+                    "%s: the parent NCCL communicator reports an asynchronous error: %s (NCCL error %d); it failed or "
+                    "is being aborted, so TIDE makes no further call on it. Destroy the TIDE comm, then the NCCL "
+                    "communicator (ncclCommAbort), and fall back to stock collectives or restart the job",
+                    what, s ? s : "unknown error", async);
+}
+
 // Exchange over an NCCL communicator: ncclAllGather of the bytes through a small device buffer on an internal stream.
+//
+// The host waits for the all-gather by polling an event (not cudaStreamSynchronize, not a D2H copy into pageable
+// memory, both of which block with no bound), checking ncclCommGetAsyncError at every poll, up to
+// NCCL_TIDE_TIMEOUT_MS (0: no bound). On a timeout the all-gather stays enqueued: only ncclCommAbort, which is the
+// owner's call (torch's watchdog, the application), can end a kernel waiting for a rank that never comes; TIDE
+// does not own the NCCL communicator and does not abort it. The exchange is then broken: its buffer and stream are
+// never freed (a cudaFree would wait for the stuck kernel) and every later exchange fails at once.
 struct NcclExchange {
   const tide::nccl::Lib* lib = nullptr;
   tide::nccl::ncclComm_t comm = nullptr;
   int device = 0;
   int world = 0;
   cudaStream_t stream = nullptr;
+  cudaEvent_t done = nullptr;
   void* buf = nullptr;
   size_t cap = 0;
+  bool broken = false;
 
   ~NcclExchange() {
+    if (broken) return;  // see above: the stuck all-gather may still write into buf
     (void)cudaSetDevice(device);
     if (buf) (void)cudaFree(buf);
+    if (done) (void)cudaEventDestroy(done);
     if (stream) (void)cudaStreamDestroy(stream);
     (void)cudaGetLastError();
   }
 
   tideResult_t run(const void* mine, void* all, size_t bytes) {
+    if (broken) {
+      return tide::fail(tideInvalidUsage, kComponent,
+                        "an earlier TIDE exchange over this NCCL communicator failed or timed out; the TIDE comm is "
+                        "unusable (destroy it, and abort the NCCL communicator)");
+    }
+    tideResult_t r = runOnce(mine, all, bytes);
+    if (r != tideSuccess) broken = true;
+    return r;
+  }
+
+  tideResult_t runOnce(const void* mine, void* all, size_t bytes) {
+    TIDE_CHECK(parentHealth(*lib, comm, "TIDE exchange"));
     TIDE_CUDA_CHECK(cudaSetDevice(device));
     if (stream == nullptr) TIDE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    if (done == nullptr) TIDE_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     size_t need = bytes * static_cast<size_t>(world + 1);
     if (need > cap) {
       if (buf) TIDE_CUDA_CHECK(cudaFree(buf));
@@ -98,6 +142,27 @@ struct NcclExchange {
       r = async;
     }
     if (r != tide::nccl::kNcclSuccess) return tide::nccl::ncclFail(*lib, r, "ncclAllGather (TIDE exchange)");
+    TIDE_CUDA_CHECK(cudaEventRecord(done, stream));
+    const uint64_t ms = tide::params::timeoutMs();
+    const auto start = std::chrono::steady_clock::now();
+    auto nap = std::chrono::microseconds(20);
+    for (;;) {
+      cudaError_t q = cudaEventQuery(done);
+      if (q == cudaSuccess) break;
+      if (q != cudaErrorNotReady) return tide::cuda::cudaFail(q, "cudaEventQuery (TIDE exchange)", __FILE__, __LINE__);
+      TIDE_CHECK(parentHealth(*lib, comm, "TIDE exchange (waiting for ncclAllGather)"));
+      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+      if (ms > 0 && static_cast<uint64_t>(waited.count()) >= ms) {
+        return tide::fail(tideTimeout, kComponent,
+                          "TIDE exchange: ncclAllGather of %zu bytes per rank did not complete within %llu ms "
+                          "(NCCL_TIDE_TIMEOUT_MS): a rank has not reached the same collective TIDE call (create, "
+                          "tideSlotAlloc/Free, own-staging growth, a new layout, destroy). The all-gather stays "
+                          "enqueued until the NCCL communicator is aborted; this TIDE comm is unusable",
+                          bytes, static_cast<unsigned long long>(ms));
+      }
+      std::this_thread::sleep_for(nap);
+      if (nap < std::chrono::microseconds(1000)) nap *= 2;
+    }
     TIDE_CUDA_CHECK(cudaMemcpyAsync(all, recv, bytes * static_cast<size_t>(world), cudaMemcpyDeviceToHost, stream));
     TIDE_CUDA_CHECK(cudaStreamSynchronize(stream));
     return tideSuccess;
@@ -178,6 +243,7 @@ TIDE_EXPORT tideResult_t tideCommCreate(struct ncclComm* ncclComm, const tideCon
   if (ncclComm == nullptr) return tide::fail(tideInvalidArgument, "API", "tideCommCreate: ncclComm is NULL");
   const tide::nccl::Lib* lib = nullptr;
   TIDE_CHECK(tide::nccl::resolve(&lib));
+  TIDE_CHECK(parentHealth(*lib, ncclComm, "tideCommCreate"));
   int rank = -1, world = 0, device = -1;
   tide::nccl::ncclResult_t r = lib->commUserRank(ncclComm, &rank);
   if (r != tide::nccl::kNcclSuccess) return tide::nccl::ncclFail(*lib, r, "ncclCommUserRank");
@@ -231,7 +297,16 @@ TIDE_EXPORT tideResult_t tideCommCreateWithBootstrap(int rank, int worldSize, in
   tideAllGatherFn_t cb = bootstrap->allgather;
   void* user = bootstrap->user;
   tide::cuda::ExchangeFn fn = [cb, user](const void* mine, void* all, size_t bytes) -> tideResult_t {
+    // TIDE cannot bound a caller's callback from here (it may hold the GIL, a lock, a socket): the callback bounds
+    // itself (nccl_tide.comm.make_gloo_allgather waits at most NCCL_TIDE_TIMEOUT_MS) and returns tideTimeout (9)
+    // when it gave up, which is reported as such; any other nonzero value is a callback failure.
     int rc = cb(mine, all, bytes, user);
+    if (rc == static_cast<int>(tideTimeout)) {
+      return tide::fail(tideTimeout, kComponent,
+                        "bootstrap all-gather callback timed out on %zu bytes (a rank has not reached the same "
+                        "collective TIDE call); this comm is unusable: destroy it",
+                        bytes);
+    }
     if (rc != 0) {
       return tide::fail(tideSystemError, kComponent, "bootstrap all-gather callback failed (returned %d) on %zu bytes",
                         rc, bytes);

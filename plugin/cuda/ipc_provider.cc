@@ -2,11 +2,16 @@
 
 #include <unistd.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <string>
+#include <thread>
 
 #include "../core/errors.h"
 #include "../core/log.h"
+#include "../core/params.h"
 #include "cuda_check.h"
 
 namespace tide {
@@ -21,7 +26,50 @@ constexpr size_t kZeroBytes = 1 << 20;
 // Communication: "only share allocations with a 2MiB aligned size"). Every buffer TIDE exports is allocated in
 // whole 2 MiB units so that each handle covers exactly one allocation of its own.
 constexpr size_t kIpcGranule = size_t(2) << 20;
-size_t ipcAllocBytes(size_t bytes) { return (bytes + kIpcGranule - 1) / kIpcGranule * kIpcGranule; }
+// 0 when rounding up would wrap (bytes within 2 MiB of SIZE_MAX): no device has that much memory, and a wrapped
+// size would allocate a tiny buffer for a huge request.
+size_t ipcAllocBytes(size_t bytes) {
+  if (bytes > SIZE_MAX - (kIpcGranule - 1)) return 0;
+  return (bytes + kIpcGranule - 1) / kIpcGranule * kIpcGranule;
+}
+
+// cudaDeviceSynchronize on a helper thread, waited for at most `ms` milliseconds (0: unbounded, on this thread). A
+// helper that outlives the wait keeps its state alive (shared) and finishes, or not, on its own.
+struct SyncState {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  cudaError_t err = cudaSuccess;
+};
+
+tideResult_t boundedDeviceSync(int device, uint64_t ms, bool* timedOut) {
+  *timedOut = false;
+  if (ms == 0) {
+    cudaError_t err = cudaDeviceSynchronize();
+    return err == cudaSuccess ? tideSuccess : cudaFail(err, "cudaDeviceSynchronize", __FILE__, __LINE__);
+  }
+  auto st = std::make_shared<SyncState>();
+  try {
+    std::thread([st, device] {
+      cudaError_t err = cudaSetDevice(device);
+      if (err == cudaSuccess) err = cudaDeviceSynchronize();
+      (void)cudaGetLastError();
+      std::lock_guard<std::mutex> lock(st->mu);
+      st->err = err;
+      st->done = true;
+      st->cv.notify_all();
+    }).detach();
+  } catch (const std::exception& e) {
+    return fail(tideSystemError, kComponent, "could not start the device-synchronize thread: %s", e.what());
+  }
+  std::unique_lock<std::mutex> lock(st->mu);
+  if (!st->cv.wait_for(lock, std::chrono::milliseconds(ms), [&] { return st->done; })) {
+    *timedOut = true;
+    return tideTimeout;
+  }
+  if (st->err != cudaSuccess) return cudaFail(st->err, "cudaDeviceSynchronize", __FILE__, __LINE__);
+  return tideSuccess;
+}
 
 uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ULL) {
   const unsigned char* p = static_cast<const unsigned char*>(data);
@@ -95,7 +143,8 @@ tideResult_t IpcProvider::create(int rank, int worldSize, int device, uint64_t c
     p->zeroBytes_ = kZeroBytes;
   }
   std::vector<Hello> all(worldSize);
-  TIDE_CHECK(p->exchange_(&mine, all.data(), sizeof(Hello)));
+  tideResult_t ex = p->exchange(&mine, all.data(), sizeof(Hello));
+  if (ex != tideSuccess) return ex;
   if (local != tideSuccess) return local;
   for (int r = 0; r < worldSize; ++r) {
     if (!all[r].ok) {
@@ -149,16 +198,28 @@ tideResult_t IpcProvider::create(int rank, int worldSize, int device, uint64_t c
 
 IpcProvider::~IpcProvider() {
   (void)cudaSetDevice(device_);
-  if (ready_) {
+  if (ready_ && !deviceStuck_) {
     // Collective (tideCommDestroy on every rank): no rank frees memory that a peer's queued work may still write,
     // and no rank frees exported memory before every importer has closed its mapping (cudaFree of an exported
     // region before cudaIpcCloseMemHandle in the importing process is undefined behaviour).
-    (void)cudaDeviceSynchronize();
+    (void)syncDevice("tideCommDestroy");
+  }
+  if (ready_ && !deviceStuck_ && !exchangeBroken_) {
     if (barrier() != tideSuccess) TIDE_WARN(kComponent, "rank %d: barrier before releasing IPC memory failed", rank_);
     for (auto& s : slots_) closePeers(&s);
     for (auto& s : staging_) closePeers(&s);
     closePeers(&flags_);
     if (barrier() != tideSuccess) TIDE_WARN(kComponent, "rank %d: barrier after closing IPC mappings failed", rank_);
+  }
+  if (deviceStuck_) {
+    // Work that waits on a peer's flag is still queued: cudaFree would block behind it, and the peers may still
+    // write into this memory. Leave it to process exit (the job is failing anyway; the NCCL_TIDE_TIMEOUT_MS error
+    // said so).
+    TIDE_WARN(kComponent,
+              "rank %d: device work is still pending after NCCL_TIDE_TIMEOUT_MS; the comm's device memory (%zu slots, "
+              "%zu staging buffers, flags) is not freed and stays allocated until the process exits",
+              rank_, slots_.size(), staging_.size());
+    return;
   }
   for (auto& s : slots_) unshare(&s);
   for (auto& s : staging_) unshare(&s);
@@ -167,10 +228,69 @@ IpcProvider::~IpcProvider() {
   (void)cudaGetLastError();
 }
 
+tideResult_t IpcProvider::exchange(const void* mine, void* all, size_t bytes) {
+  if (exchangeBroken_) {
+    return fail(tideInvalidUsage, kComponent,
+                "rank %d: an earlier exchange of this comm failed or timed out, so the ranks' collective steps no "
+                "longer line up; destroy this comm (and, over NCCL, abort the NCCL communicator)",
+                rank_);
+  }
+  tideResult_t r = exchange_(mine, all, bytes);
+  if (r != tideSuccess) exchangeBroken_ = true;
+  // A timed-out NCCL exchange leaves its all-gather kernel queued until the NCCL communicator is aborted; a cudaFree
+  // (which synchronizes the device) would then block. Device memory is left to process exit from here on.
+  if (r == tideTimeout) deviceStuck_ = true;
+  return r;
+}
+
+tideResult_t IpcProvider::syncDevice(const char* what) {
+  const uint64_t ms = params::timeoutMs();
+  bool timedOut = false;
+  tideResult_t r = boundedDeviceSync(device_, ms, &timedOut);
+  if (timedOut) {
+    deviceStuck_ = true;
+    return fail(tideTimeout, kComponent,
+                "%s: rank %d's queued TIDE work on device %d did not finish within %llu ms (NCCL_TIDE_TIMEOUT_MS): a "
+                "peer has not signalled (it did not make the matching AG/RS call, or it died); nothing was freed. "
+                "tideCommDebugDump names the pending wait",
+                what, rank_, device_, static_cast<unsigned long long>(ms));
+  }
+  return r;
+}
+
 tideResult_t IpcProvider::barrier() {
   uint64_t mine = 0;
   std::vector<uint64_t> all(world_);
-  return exchange_(&mine, all.data(), sizeof(mine));
+  return exchange(&mine, all.data(), sizeof(mine));
+}
+
+tideResult_t IpcProvider::agreeOnLayout(int rank, uint64_t layoutHash) {
+  (void)rank;
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<uint64_t> all(world_);
+  TIDE_CHECK(exchange(&layoutHash, all.data(), sizeof(layoutHash)));
+  int differ = 0;
+  for (int r = 0; r < world_; ++r) differ += all[r] != all[0];
+  if (differ == 0) return tideSuccess;
+  // One message that every rank builds from the same gathered bytes: rank 0's hash, then up to 8 ranks that differ
+  // from it (the error buffer holds about 1 KiB).
+  char list[640] = {0};
+  size_t used = 0;
+  int shown = 0;
+  for (int r = 1; r < world_ && shown < 8; ++r) {
+    if (all[r] == all[0]) continue;
+    int n = snprintf(list + used, sizeof(list) - used, "%srank %d has %016llx", shown ? ", " : "", r,
+                     static_cast<unsigned long long>(all[r]));
+    if (n < 0 || static_cast<size_t>(n) >= sizeof(list) - used) break;
+    used += static_cast<size_t>(n);
+    ++shown;
+  }
+  if (differ > shown) snprintf(list + used, sizeof(list) - used, " and %d more", differ - shown);
+  return fail(tideMismatch, kComponent,
+              "layout mismatch across ranks: rank 0 has layout hash %016llx (%d of %d ranks agree with it), but %s "
+              "(this is rank %d). Every rank must build the layout from the same parameter numels, dtypes, row "
+              "numels, world size, ranks per node and NCCL_TIDE_* plan parameters",
+              static_cast<unsigned long long>(all[0]), world_ - differ, world_, list, rank_);
 }
 
 tideResult_t IpcProvider::share(size_t bytes, const char* what, Shared* out) {
@@ -178,18 +298,22 @@ tideResult_t IpcProvider::share(size_t bytes, const char* what, Shared* out) {
   mine.bytes = bytes;
   mine.ok = 1;
   void* p = nullptr;
+  const size_t allocBytes = ipcAllocBytes(bytes);
   cudaError_t err = cudaSetDevice(device_);
-  if (err == cudaSuccess) err = cudaMalloc(&p, ipcAllocBytes(bytes));
+  if (err == cudaSuccess) err = allocBytes == 0 ? cudaErrorMemoryAllocation : cudaMalloc(&p, allocBytes);
   if (err == cudaSuccess) err = cudaIpcGetMemHandle(&mine.handle, p);
   tideResult_t local = tideSuccess;
   if (err != cudaSuccess) {
-    local = cudaFail(err, what, __FILE__, __LINE__);
+    (void)cudaGetLastError();
+    local = fail(err == cudaErrorMemoryAllocation ? tideOutOfMemory : tideCudaError, kComponent,
+                 "%s: rank %d could not allocate %zu bytes on device %d: %s (%s)", what, rank_, bytes, device_,
+                 cudaGetErrorName(err), cudaGetErrorString(err));
     mine.ok = 0;
   }
   std::vector<ShareMsg> all(world_);
-  tideResult_t ex = exchange_(&mine, all.data(), sizeof(ShareMsg));
+  tideResult_t ex = exchange(&mine, all.data(), sizeof(ShareMsg));
   auto cleanup = [&] {
-    if (p) (void)cudaFree(p);
+    if (p && !deviceStuck_) (void)cudaFree(p);
     (void)cudaGetLastError();
   };
   if (ex != tideSuccess || local != tideSuccess) {
@@ -295,7 +419,7 @@ tideResult_t IpcProvider::slotFree(int rank, void* ptr) {
     if (s.live && s.base == ptr) {
       // Collective: no rank frees its memory while a peer's work may still write into it.
       TIDE_CUDA_CHECK(cudaSetDevice(device_));
-      TIDE_CUDA_CHECK(cudaDeviceSynchronize());
+      TIDE_CHECK(syncDevice("tideSlotFree"));
       TIDE_CHECK(barrier());
       // Every rank closes its mappings of the peers' copies before any rank frees its own (freeing exported memory
       // that an importer still maps is undefined behaviour).

@@ -44,6 +44,9 @@ class IpcProvider final : public PeerProvider {
   uint32_t* flags(int rank, int owner) override;
   tideResult_t ownStaging(int rank, int owner, uint64_t bytes, uint64_t epoch, void** out) override;
   const void* zeros(size_t* bytes) override;
+  // Collective: every rank learns every rank's layout hash; tideMismatch on every rank (naming the ranks and hashes)
+  // if they differ.
+  tideResult_t agreeOnLayout(int rank, uint64_t layoutHash) override;
 
   // Host-side barrier over the exchange (an all-gather of one word).
   tideResult_t barrier();
@@ -64,12 +67,22 @@ class IpcProvider final : public PeerProvider {
   void unshare(Shared* s);
   // Closes this rank's mappings of the peers' copies of s (its own memory stays allocated).
   void closePeers(Shared* s);
+  // The exchange, with the comm's fault state: after an exchange failed (timeout, callback or NCCL error) the ranks'
+  // exchange sequences may no longer line up, so every later exchange fails at once (tideInvalidUsage) instead of
+  // pairing with a different collective step of a peer.
+  tideResult_t exchange(const void* mine, void* all, size_t bytes);
+  // Waits for this device's queued work, bounded by NCCL_TIDE_TIMEOUT_MS (unbounded when 0): tideTimeout if it is
+  // still running then (a peer never signalled); `what` names the caller.
+  tideResult_t syncDevice(const char* what);
 
   const int rank_;
   const int world_;
   const int device_;
   ExchangeFn exchange_;
   bool ready_ = false;  // created on every rank: destruction is collective (a barrier before freeing)
+  bool exchangeBroken_ = false;  // an exchange failed: no further exchange is attempted (see exchange())
+  bool deviceStuck_ = false;     // a bounded device synchronize timed out: device memory is never freed (a cudaFree
+                                 // would block behind the stuck work), it is left to process exit
   std::mutex mu_;
   Shared flags_;
   void* zeros_ = nullptr;

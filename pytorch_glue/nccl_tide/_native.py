@@ -283,3 +283,51 @@ def make_config(rs_chunk_bytes: int = 0, pace_bytes: int = 0) -> tideConfig_t:
 
 def pointer_table(ptrs) -> "ctypes.Array":
     return (c_void_p * len(ptrs))(*ptrs)
+
+
+# -- parameters (additions for NCCL_TIDE_TIMEOUT_MS) ------------------------------------------------------------------
+
+
+def param_value(name: str) -> str:
+    """Effective value (as text) of the NCCL_TIDE_* parameter `name`, read through tideParamDescribe, so the
+    library's strict parser decides (never os.environ). Raises InvalidArgumentError (naming the variable and the
+    accepted form) when the environment value does not parse, KeyError for an unknown name."""
+    count = c_int(0)
+    check(lib().tideParamCount(ctypes.byref(count)), "tideParamCount")
+    failed = None
+    for i in range(count.value):
+        n, v = c_char_p(), c_char_p()
+        rc = lib().tideParamDescribe(i, ctypes.byref(n), None, None, None, ctypes.byref(v))
+        if rc != tideSuccess:
+            # an unparsable environment value fails the whole description (its name included): keep the error,
+            # which names the variable, in case it is the one asked for
+            if failed is None:
+                failed = error_for(rc, f"tideParamDescribe: {last_error()}")
+            continue
+        if n.value is not None and n.value.decode() == name:
+            return v.value.decode() if v.value is not None else ""
+    if failed is not None and name in str(failed):
+        raise failed
+    raise KeyError(f"{name} is not a registered NCCL_TIDE_* parameter")
+
+
+_timeout_warned = False
+
+
+def timeout_seconds(builtin: float) -> float:
+    """Default bound (seconds) of the Python-side host waits (Comm.synchronize, LoopbackWorld.synchronize, the gloo
+    bootstrap all-gather): NCCL_TIDE_TIMEOUT_MS when it is set to a nonzero value, else `builtin`. An invalid value
+    is reported once (a warning carrying the library's message) and ignored, as the library ignores it."""
+    global _timeout_warned
+    from .errors import TideError
+
+    try:
+        ms = int(param_value("NCCL_TIDE_TIMEOUT_MS"))
+    except (TideError, KeyError, ValueError) as e:
+        if not _timeout_warned:
+            _timeout_warned = True
+            import warnings
+
+            warnings.warn(f"nccl_tide: ignoring NCCL_TIDE_TIMEOUT_MS: {e}", RuntimeWarning, stacklevel=3)
+        return builtin
+    return ms / 1000.0 if ms > 0 else builtin

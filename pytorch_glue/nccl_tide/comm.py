@@ -24,7 +24,11 @@ from . import _native as N
 from .cuda import _TORCH_RS_TYPES, _ptr, _SlotMemory
 from .dtypes import dtype as to_dtype
 from .dtypes import op_code
-from .errors import InvalidArgumentError, TideTimeoutError
+from .errors import InvalidArgumentError, TideTimeoutError, describe_pending, first_pending_wait
+
+# Built-in bounds (seconds) when NCCL_TIDE_TIMEOUT_MS is unset or 0: these Python-side waits are bounded anyway, so that
+# a test or a job never hangs silently; NCCL_TIDE_TIMEOUT_MS, when set, replaces them.
+SYNCHRONIZE_TIMEOUT_S = 60.0
 
 
 def _torch():
@@ -61,19 +65,43 @@ def nccl_info() -> Dict[str, Any]:
     }
 
 
-def make_gloo_allgather(group=None, world: Optional[int] = None):
+def make_gloo_allgather(group=None, world: Optional[int] = None, timeout: Optional[float] = None):
     """A tideAllGatherFn_t (ctypes callback) doing an all-gather of host bytes over a torch.distributed group (gloo:
-    CPU tensors). Errors inside are reported on stderr and returned as 1 (TIDE then fails the call cleanly)."""
+    CPU tensors). Errors inside are reported on stderr and returned as 1 (TIDE then fails the call cleanly).
+
+    Bounded wait: with `timeout` (seconds), or NCCL_TIDE_TIMEOUT_MS set, the all-gather is waited for at most that
+    long (work.wait(timeout)); on expiry it returns tideTimeout (9), which TIDE reports as tideTimeout, naming the
+    exchange. Without either, the group's own timeout (init_process_group(timeout=...), 30 min by default for gloo)
+    is the only bound. After a timeout the group's collective sequence is out of step: the TIDE comm and the group
+    are unusable (destroy both)."""
     torch = _torch()
+    import datetime
+
     import torch.distributed as dist
 
     n = dist.get_world_size(group) if world is None else int(world)
+    if timeout is None:
+        timeout = N.timeout_seconds(0.0)  # 0: no bound of ours
+    bound = datetime.timedelta(seconds=float(timeout)) if timeout and timeout > 0 else None
 
     def allgather(mine, all_out, nbytes, user):
         try:
             src = torch.frombuffer(bytearray(ctypes.string_at(mine, nbytes)), dtype=torch.uint8)
             parts = [torch.empty(nbytes, dtype=torch.uint8) for _ in range(n)]
-            dist.all_gather(parts, src, group=group)
+            if bound is None:
+                dist.all_gather(parts, src, group=group)
+            else:
+                work = dist.all_gather(parts, src, group=group, async_op=True)
+                try:
+                    work.wait(timeout=bound)
+                except RuntimeError as e:  # gloo: "Operation timed out!" (or the group's own timeout)
+                    print(
+                        f"nccl_tide.comm: bootstrap all-gather of {nbytes} bytes not done after "
+                        f"{bound.total_seconds():g} s (NCCL_TIDE_TIMEOUT_MS / timeout): {e}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    return N.tideTimeout
             joined = torch.cat(parts).contiguous()
             ctypes.memmove(all_out, joined.data_ptr(), nbytes * n)
             return 0
@@ -249,11 +277,15 @@ class Comm:
             text += f"(tideCommDebugDump failed: {N.last_error()})\n"
         return text
 
-    def synchronize(self, stream=None, timeout: float = 60.0) -> None:
+    def synchronize(self, stream=None, timeout: Optional[float] = None) -> None:
         """Waits on the host for `stream` (default: the current torch stream), polling: a cross-process deadlock
-        becomes a TideTimeoutError instead of a hang. On timeout the comm's state (debug_dump(): flag words, pending
-        waits) is printed to stderr and included in the error."""
+        becomes a TideTimeoutError instead of a hang. timeout (seconds) defaults to NCCL_TIDE_TIMEOUT_MS when that is
+        set (nonzero), else SYNCHRONIZE_TIMEOUT_S. On timeout the error names the peer and the step (flag) of the
+        first pending wait of this rank's last AG/RS; the comm's whole state (debug_dump(): flag words, every pending
+        wait) is printed to stderr and included in the error."""
         torch = _torch()
+        if timeout is None:
+            timeout = N.timeout_seconds(SYNCHRONIZE_TIMEOUT_S)
         s = stream if stream is not None else torch.cuda.current_stream(torch.device("cuda", self.device))
         ev = torch.cuda.Event()
         ev.record(s)
@@ -264,11 +296,12 @@ class Comm:
                     dump = self.debug_dump()
                 except Exception as e:  # the dump is best effort; the timeout is the error
                     dump = f"(debug dump failed: {e!r})\n"
-                print(f"nccl_tide.comm: rank {self.rank}: synchronize timed out after {timeout:.0f} s\n{dump}",
-                      file=sys.stderr, flush=True)
-                raise TideTimeoutError(
-                    f"rank {self.rank}: stream not done after {timeout:.0f} s (a peer missing?)\n{dump}"
-                )
+                pending = first_pending_wait(dump)
+                head = f"rank {self.rank}: stream not done after {timeout:g} s; " + describe_pending(self.rank, pending)
+                print(f"nccl_tide.comm: {head}\n{dump}", file=sys.stderr, flush=True)
+                err = TideTimeoutError(f"{head} (a peer missing or stuck?)\n{dump}")
+                err.pending = pending
+                raise err
             time.sleep(0.0005)
 
     def close(self) -> None:

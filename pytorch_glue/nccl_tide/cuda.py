@@ -26,7 +26,7 @@ from typing import Any, List, Optional
 from . import _native as N
 from .dtypes import dtype as to_dtype
 from .dtypes import op_code
-from .errors import InvalidArgumentError, TideTimeoutError
+from .errors import InvalidArgumentError, TideTimeoutError, describe_pending, first_pending_wait
 
 _TORCH_RS_TYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -340,23 +340,53 @@ class LoopbackWorld:
         for s in self._streams:
             target.wait_stream(s)
 
-    def synchronize(self, streams=None, timeout: float = 120.0) -> None:
+    def synchronize(self, streams=None, timeout: Optional[float] = None) -> None:
         """Waits on the host for every rank's stream, polling so that a cross-rank deadlock becomes a
-        TideTimeoutError instead of a hang."""
+        TideTimeoutError instead of a hang. timeout (seconds) defaults to NCCL_TIDE_TIMEOUT_MS when that is set
+        (nonzero), else 120 s. The error names, for the first rank whose stream is not done, the peer and the step
+        (flag) of its first pending wait (from tideCommDebugDump), and carries every such rank's dump; its `pending`
+        attribute is that wait, parsed ({"rank", "peer", "step", "owner", "want", "have", "where"})."""
         torch = _torch()
+        if timeout is None:
+            timeout = N.timeout_seconds(120.0)
+        waited = list(streams) if streams is not None else list(self._streams)
         events = []
-        for s in streams if streams is not None else self._streams:
+        for s in waited:
             ev = torch.cuda.Event()
             ev.record(s)
             events.append(ev)
         deadline = time.monotonic() + timeout
         while not all(ev.query() for ev in events):
             if time.monotonic() > deadline:
-                raise TideTimeoutError(
-                    f"loopback world: streams not done after {timeout:.0f} s (cross-rank deadlock? every virtual "
-                    "rank needs its own stream and CUDA_DEVICE_MAX_CONNECTIONS=32)"
-                )
+                raise self._timeout_error(timeout, [r for r, ev in enumerate(events) if not ev.query()], len(waited))
             time.sleep(0.0005)
+
+    def _timeout_error(self, timeout: float, stuck: List[int], n_waited: int) -> TideTimeoutError:
+        """TideTimeoutError for synchronize: stream index r is rank r's when one stream per rank was waited for."""
+        per_rank = n_waited == self.n_ranks
+        first = None
+        dumps = []
+        for r in stuck if per_rank else range(self.n_ranks):
+            buf = ctypes.create_string_buffer(64 * 1024)
+            rc = N.lib().tideCommDebugDump(self._comms[r], buf, len(buf))
+            dump = buf.value.decode(errors="replace")
+            if rc != N.tideSuccess:
+                dump += f"(tideCommDebugDump failed: {N.last_error()})\n"
+            dumps.append(dump)
+            p = first_pending_wait(dump)
+            if first is None and p is not None:
+                first = dict(p, rank=r)
+        if first is not None:
+            head = describe_pending(first["rank"], first)
+        else:
+            head = "no pending TIDE wait was found in the debug dumps"
+        where = f"the streams of ranks {stuck}" if per_rank else f"{len(stuck)} of {n_waited} streams"
+        err = TideTimeoutError(
+            f"loopback world: {where} not done after {timeout:g} s; {head} (a rank that has not made its matching "
+            "call? every virtual rank needs its own stream and CUDA_DEVICE_MAX_CONNECTIONS=32)\n" + "".join(dumps)
+        )
+        err.pending = first
+        return err
 
     def close(self) -> None:
         """Frees every slot and destroys the comms (synchronizes the world's streams first)."""

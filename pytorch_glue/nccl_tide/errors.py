@@ -102,6 +102,47 @@ BY_CODE: Dict[int, Type[TideError]] = {
 }
 
 
+_PENDING = None
+
+
+def first_pending_wait(dump: str) -> Optional[Dict[str, object]]:
+    """The first "PENDING" line of a tideCommDebugDump text, parsed: {"step": flag name (agReady, agDone[s], rsEnter,
+    rsFull[s], rsConsumed, rsPushDone), "owner": the rank whose flag word it is, "peer": the rank that has to write
+    it (the source s of agDone[s]/rsFull[s], else the owner), "want", "have", "where": which wait of which stream,
+    "line": the line}; None if the dump lists no pending wait."""
+    global _PENDING
+    import re
+
+    if _PENDING is None:
+        _PENDING = re.compile(r"PENDING (?P<where>.+): (?P<step>\w+(?:\[(?P<src>\d+)\])?) of rank (?P<owner>\d+) >= "
+                              r"(?P<want>\d+) \(is (?P<have>\d+)\)")
+    for line in dump.splitlines():
+        m = _PENDING.search(line)
+        if m:
+            owner = int(m.group("owner"))
+            src = m.group("src")
+            return {
+                "step": m.group("step"),
+                "owner": owner,
+                "peer": int(src) if src is not None else owner,
+                "want": int(m.group("want")),
+                "have": int(m.group("have")),
+                "where": m.group("where"),
+                "line": line.strip(),
+            }
+    return None
+
+
+def describe_pending(rank: int, pending: Optional[Dict[str, object]]) -> str:
+    """One sentence naming the peer and the step a timed-out rank waits for."""
+    if pending is None:
+        return f"rank {rank}: no pending TIDE wait was found in the debug dump"
+    return (
+        f"rank {rank} waits for peer rank {pending['peer']}: step {pending['step']} of rank {pending['owner']} must "
+        f"reach {pending['want']} (it is {pending['have']}), in {pending['where']}"
+    )
+
+
 def error_for(code: int, message: str) -> TideError:
     cls = BY_CODE.get(code)
     if cls is None:
