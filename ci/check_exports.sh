@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Fails (exit 1) if a shared library exports any symbol other than the tide* C API and the four nccl* names of the
-# LD_PRELOAD interposer (plugin/api/interposer.cc), or lacks one of those four. Usage: ci/check_exports.sh path/to/libnccl-tide.so
+# Fails (exit 1) if a shared library exports any symbol other than the tide* C API and the nccl* names of the
+# LD_PRELOAD interposer (plugin/api/interposer.cc), or lacks one of those. Usage: ci/check_exports.sh path/to/libnccl-tide.so
 set -euo pipefail
 
 if [[ $# -ne 1 || ! -f "$1" ]]; then
@@ -15,6 +15,11 @@ ALLOWED_NCCL=(
   ncclReduceScatter
   ncclAllGatherConfig
   ncclReduceScatterConfig
+  ncclGroupStart
+  ncclGroupEnd
+  ncclCommFinalize
+  ncclCommDestroy
+  ncclCommAbort
 )
 
 allowed_re='^tide[A-Z]'

@@ -17,8 +17,18 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 STUB_SRC = os.path.join(HERE, "stub_nccl", "recording_stub_nccl.c")
 TEST_SRC = os.path.join(HERE, "c", "interposer_test.c")
-NCCL_NAMES = {"ncclAllGather", "ncclReduceScatter", "ncclAllGatherConfig", "ncclReduceScatterConfig"}
-PATH_WARN = "the TIDE path of the interposer is not available in this build"
+NCCL_NAMES = {"ncclAllGather", "ncclReduceScatter", "ncclAllGatherConfig", "ncclReduceScatterConfig",
+              "ncclGroupStart", "ncclGroupEnd", "ncclCommFinalize", "ncclCommDestroy", "ncclCommAbort"}
+# With NCCL_TIDE_ENABLE=1 the first eligible call tries to create a TIDE comm over the stub, which cannot work (no
+# GPU, and the stub is not a usable NCCL): TIDE turns itself off for that communicator, once, and NCCL gets the call.
+OFF_WARN = "TIDE is off for NCCL communicator 0xc0ffee00 from now on"
+# A library built without CUDA (TIDE_BUILD_CUDA=OFF) says that instead, once, and classifies eligible calls so.
+NO_CUDA = "this libnccl-tide.so is not a CUDA build"
+ELIGIBLE = "eligible: run by TIDE"
+
+
+def cuda_build(stderr):
+    return NO_CUDA not in stderr
 
 
 def _cc():
@@ -93,9 +103,13 @@ def test_calls_reach_nccl_unchanged(native, programs, tmp_path, enable, how):
         assert "GLOBAL pncclAllGather hidden" in p.stdout
     tide_lines = [x for x in p.stderr.splitlines() if "TIDE/" in x]
     if enable == "1":
-        # Every call still reaches NCCL; the user is told once that nothing is accelerated.
-        assert sum(PATH_WARN in x for x in tide_lines) == 1, p.stderr
-        assert len(tide_lines) == 1, p.stderr
+        # Every call still reaches NCCL; the user is told once, for the one communicator with an eligible call.
+        interposer = [x for x in tide_lines if "TIDE/Interposer" in x]
+        assert len(interposer) == 1, p.stderr
+        if cuda_build(p.stderr):
+            assert OFF_WARN in interposer[0] and "tideCommCreate failed" in interposer[0], p.stderr
+        else:
+            assert NO_CUDA in interposer[0] and "WARN" in interposer[0], p.stderr
     else:
         assert tide_lines == [], p.stderr  # pass-through says nothing
 
@@ -104,15 +118,16 @@ def test_enabled_classifies_each_reason_once(native, programs, tmp_path):
     p, logged = run_prog(native, tmp_path, [programs[23203]["linked"], "0"], "1", debug="INFO")
     expect_pass_through(p, logged, native.library_path())
     info = [x for x in p.stderr.splitlines() if "TIDE/Interposer INFO" in x and "classified:" in x]
-    for reason in ["smaller than NCCL_TIDE_ENABLE_MIN_BYTES", "eligible by size, dtype and op",
+    info += [x for x in p.stderr.splitlines() if "TIDE/Interposer WARN" in x and NO_CUDA in x]  # said at WARN
+    for reason in ["smaller than NCCL_TIDE_ENABLE_MIN_BYTES", ELIGIBLE if cuda_build(p.stderr) else NO_CUDA,
                    "op other than ncclSum", "type other than fp32/fp16/bf16", "unknown ncclDataType_t",
-                   "a ...Config call"]:
+                   "a ...Config call", "without NCCL_TIDE_RS_ACCUM=FP32", "inside ncclGroupStart/ncclGroupEnd"]:
         assert sum(reason in x for x in info) == 1, (reason, p.stderr)
     # TRACE: one line per collective call.
     p, logged = run_prog(native, tmp_path, [programs[23203]["linked"], "0"], "1", debug="TRACE")
     expect_pass_through(p, logged, native.library_path())
     trace = [x for x in p.stderr.splitlines() if "TIDE/Interposer TRACE" in x]
-    assert len(trace) == len([x for x in logged if x not in ("GS", "GE")]), p.stderr
+    assert len(trace) == len([x for x in logged if x.split()[0] in ("AG", "RS", "AGC", "RSC")]), p.stderr
 
 
 def test_min_bytes_param(native, programs, tmp_path):
@@ -127,7 +142,30 @@ def test_min_bytes_param(native, programs, tmp_path):
                          extra={"NCCL_TIDE_ENABLE_MIN_BYTES": "4G"})
     expect_pass_through(p, logged, native.library_path())
     assert "min bytes 4294967296" in p.stderr
-    assert "eligible by size" not in p.stderr
+    assert ELIGIBLE not in p.stderr and NO_CUDA not in p.stderr
+    assert OFF_WARN not in p.stderr  # nothing eligible: no TIDE comm is ever attempted
+
+
+def test_rs_accum_fp32_makes_half_precision_reduce_scatter_eligible(native, programs, tmp_path):
+    # The 2 MiB bf16 sum is the first call above the threshold: without NCCL_TIDE_RS_ACCUM=FP32 it is left to NCCL
+    # (reason logged), with it it is eligible and is the call that tries (and fails, on the stub) to create the TIDE
+    # comm. Either way NCCL gets every call unchanged.
+    argv = [programs[23203]["linked"], "0"]
+    p, logged = run_prog(native, tmp_path, argv, "1", debug="TRACE")
+    expect_pass_through(p, logged, native.library_path())
+    rs_trace = [x for x in p.stderr.splitlines() if "TRACE ncclReduceScatter comm 0xc0ffee00 count 1048576 dtype 9" in x]
+    assert len(rs_trace) == 1 and "without NCCL_TIDE_RS_ACCUM=FP32" in rs_trace[0], p.stderr
+    p, logged = run_prog(native, tmp_path, argv, "1", debug="TRACE", extra={"NCCL_TIDE_RS_ACCUM": "fp32"})
+    expect_pass_through(p, logged, native.library_path())
+    rs_trace = [x for x in p.stderr.splitlines() if "TRACE ncclReduceScatter comm 0xc0ffee00 count 1048576 dtype 9" in x]
+    if not cuda_build(p.stderr):
+        assert len(rs_trace) == 1 and NO_CUDA in rs_trace[0], p.stderr
+        return
+    assert len(rs_trace) == 1 and ELIGIBLE in rs_trace[0], p.stderr
+    lines = p.stderr.splitlines()
+    off = [i for i, x in enumerate(lines) if OFF_WARN in x]
+    assert len(off) == 1 and lines.index(rs_trace[0]) < off[0], p.stderr  # this call was the first attempt
+    assert "with fp32 accumulation (NCCL_TIDE_RS_ACCUM=FP32)" in p.stderr
 
 
 @pytest.mark.parametrize("enable", [None, "1"])
@@ -155,7 +193,7 @@ def test_invalid_enable_value_is_pass_through(native, programs, tmp_path):
     p, logged = run_prog(native, tmp_path, [programs[23203]["linked"], "0"], "yes")
     expect_pass_through(p, logged, native.library_path())
     assert "NCCL_TIDE_ENABLE='yes' is not valid" in p.stderr
-    assert PATH_WARN not in p.stderr
+    assert OFF_WARN not in p.stderr
 
 
 def test_exports_only_the_interposer_names(native, repo):

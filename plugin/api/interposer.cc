@@ -5,9 +5,11 @@
 // dependency of an RTLD_LOCAL extension, which RTLD_NEXT from a preloaded library does not see.
 //
 // NCCL_TIDE_ENABLE unset or 0: pure pass-through (the flag is read once and cached; no allocation, no other work).
-// NCCL_TIDE_ENABLE=1: each call is classified (docs/usage.md "Eligibility") and the reason logged, then passed
-// through unchanged: in 0.1 the TIDE data path is not wired into the interposer (it needs the NCCL binding's
-// tideComm, pending its GPU validation), so one WARN says so and nothing is accelerated.
+// NCCL_TIDE_ENABLE=1: each call is classified (docs/usage.md "Eligibility"); an eligible one is run by TIDE
+// (interposer_tide.cc), any other is passed through unchanged. Grouping is tracked per thread by interposing
+// ncclGroupStart/ncclGroupEnd (TIDE takes only ungrouped calls), and ncclCommFinalize/ncclCommDestroy/ncclCommAbort
+// release TIDE's state of a communicator before NCCL's: two needs of the TIDE path that no other NCCL entry point
+// serves, so these five names are exported as well (plugin/exports.map), each a plain forward when TIDE is off.
 //
 // No NCCL header: the types are the ABI-stable ones of nccl.h (enums are ints, handles pointers); the Config
 // variants (NCCL >= 2.31.2) take the ncclCollConfig_t pointer opaquely, so this builds against 2.28.9 headers too.
@@ -21,6 +23,7 @@
 #include "../core/log.h"
 #include "../core/params.h"
 #include "../nccl/nccl_lib.h"
+#include "interposer_tide.h"
 
 namespace {
 
@@ -36,12 +39,27 @@ using ReduceScatterFn = ncclResult_t (*)(const void*, void*, size_t, int, int, n
 using AllGatherConfigFn = ncclResult_t (*)(const void*, void*, size_t, int, ncclComm_t, cudaStream_t, const void*);
 using ReduceScatterConfigFn = ncclResult_t (*)(const void*, void*, size_t, int, int, ncclComm_t, cudaStream_t,
                                                const void*);
+using VoidFn = ncclResult_t (*)();
+using CommFn = ncclResult_t (*)(ncclComm_t);
 
-enum Entry : int { kAllGather = 0, kReduceScatter, kAllGatherConfig, kReduceScatterConfig, kNumEntries };
-const char* const kRealNames[kNumEntries] = {"pncclAllGather", "pncclReduceScatter", "pncclAllGatherConfig",
-                                             "pncclReduceScatterConfig"};
-const char* const kPublicNames[kNumEntries] = {"ncclAllGather", "ncclReduceScatter", "ncclAllGatherConfig",
-                                               "ncclReduceScatterConfig"};
+enum Entry : int {
+  kAllGather = 0,
+  kReduceScatter,
+  kAllGatherConfig,
+  kReduceScatterConfig,
+  kGroupStart,
+  kGroupEnd,
+  kCommFinalize,
+  kCommDestroy,
+  kCommAbort,
+  kNumEntries
+};
+const char* const kRealNames[kNumEntries] = {"pncclAllGather",     "pncclReduceScatter", "pncclAllGatherConfig",
+                                             "pncclReduceScatterConfig", "pncclGroupStart", "pncclGroupEnd",
+                                             "pncclCommFinalize",  "pncclCommDestroy",   "pncclCommAbort"};
+const char* const kPublicNames[kNumEntries] = {"ncclAllGather",     "ncclReduceScatter", "ncclAllGatherConfig",
+                                               "ncclReduceScatterConfig", "ncclGroupStart", "ncclGroupEnd",
+                                               "ncclCommFinalize",  "ncclCommDestroy",   "ncclCommAbort"};
 
 std::atomic<void*> gReal[kNumEntries];
 std::atomic<bool> gWarned[kNumEntries];
@@ -65,7 +83,9 @@ void* real(Entry e) {
     why = (tide::nccl::loadedSymbol("ncclGetVersion") == nullptr)
               ? "no NCCL library (libnccl.so.2) is loaded in this process; libnccl-tide.so never loads one: load "
                 "NCCL (e.g. import torch with CUDA) before calling it, or do not preload libnccl-tide.so"
-              : "the loaded libnccl.so.2 does not export it (the Config collectives need NCCL >= 2.31.2)";
+              : (e == kAllGatherConfig || e == kReduceScatterConfig)
+                    ? "the loaded libnccl.so.2 does not export it (the Config collectives need NCCL >= 2.31.2)"
+                    : "the loaded libnccl.so.2 does not export it";
   } else if (ownAddress(p)) {
     why = "it resolves to libnccl-tide.so itself (is libnccl-tide.so installed as libnccl.so.2?)";
     p = nullptr;
@@ -73,7 +93,7 @@ void* real(Entry e) {
   if (p == nullptr) {
     if (!gWarned[e].exchange(true)) {
       TIDE_WARN(kComponent, "%s: cannot forward to NCCL's %s: %s; returning %s", kPublicNames[e], kRealNames[e], why,
-                e >= kAllGatherConfig ? "ncclInvalidUsage" : "ncclSystemError");
+                e == kAllGatherConfig || e == kReduceScatterConfig ? "ncclInvalidUsage" : "ncclSystemError");
     }
     return nullptr;
   }
@@ -90,11 +110,16 @@ inline bool enabled() {
   v = tide::params::interposerEnabled() ? 1 : 0;
   gEnabled.store(v, std::memory_order_relaxed);
   if (v) {
-    TIDE_INFO(kComponent, "NCCL_TIDE_ENABLE=1: ncclAllGather/ncclReduceScatter calls are classified (min bytes %llu)",
-              static_cast<unsigned long long>(tide::params::interposerMinBytes()));
+    TIDE_INFO(kComponent, "NCCL_TIDE_ENABLE=1: eligible ncclAllGather/ncclReduceScatter calls run through TIDE "
+                          "(min bytes %llu, bf16/fp16 reduce-scatter %s)",
+              static_cast<unsigned long long>(tide::params::interposerMinBytes()),
+              tide::params::rsAccumFp32() ? "with fp32 accumulation (NCCL_TIDE_RS_ACCUM=FP32)" : "left to NCCL");
   }
   return v != 0;
 }
+
+// ncclGroupStart/End nesting depth of this thread (NCCL's groups are per thread).
+thread_local int tGroupDepth = 0;
 
 // ncclDataType_t sizes (nccl.h): Int8, Uint8, Int32, Uint32, Int64, Uint64, Float16, Float32, Float64, Bfloat16,
 // Float8e4m3, Float8e5m2.
@@ -102,6 +127,7 @@ size_t dtypeBytes(int dtype) {
   static const size_t kSizes[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
   return (dtype >= 0 && dtype < static_cast<int>(sizeof(kSizes) / sizeof(kSizes[0]))) ? kSizes[dtype] : 0;
 }
+constexpr int kNcclFloat16 = 6, kNcclFloat32 = 7, kNcclBfloat16 = 9;
 
 enum Reason : int {
   kEligible = 0,
@@ -110,46 +136,64 @@ enum Reason : int {
   kBelowThreshold,
   kRsOpNotSum,
   kRsDtypeNotFloat,
+  kRsHalfWithoutFp32Accum,
+  kInGroup,
+  kNoCudaBuild,
   kNumReasons
 };
 const char* const kReasonText[kNumReasons] = {
-    "eligible by size, dtype and op (0.1: passed to NCCL anyway, the TIDE path is not available in this build)",
-    "a ...Config call (per-collective config is honoured only by NCCL in 0.1)",
+    "eligible: run by TIDE unless TIDE is off for the communicator",
+    "a ...Config call (per-collective config is honoured only by NCCL)",
     "unknown ncclDataType_t",
     "smaller than NCCL_TIDE_ENABLE_MIN_BYTES",
     "reduce-scatter with an op other than ncclSum",
     "reduce-scatter in a type other than fp32/fp16/bf16",
+    "bf16/fp16 reduce-scatter without NCCL_TIDE_RS_ACCUM=FP32 (TIDE accumulates in fp32 only)",
+    "inside ncclGroupStart/ncclGroupEnd (TIDE takes only ungrouped calls)",
+    "this libnccl-tide.so is not a CUDA build: nothing can be run by TIDE",
 };
 std::atomic<bool> gReasonLogged[kNumReasons];
-std::atomic<bool> gPathWarned{false};
 
-// The eligibility decision (docs/usage.md). `bytes` is the size of the gathered output (AG) or of the full
-// reduce-scatter input. Grouping cannot be seen from here (ncclGroupStart/End are not interposed), which is one of
-// the reasons the 0.1 interposer takes no call.
-void classify(Entry e, size_t count, int dtype, int op, ncclComm_t comm) {
+// The eligibility decision (docs/usage.md). count is per rank (sendcount / recvcount).
+Reason classify(Entry e, size_t count, int dtype, int op, ncclComm_t comm) {
   Reason r = kEligible;
   size_t elem = dtypeBytes(dtype);
+  const bool rs = e == kReduceScatter || e == kReduceScatterConfig;
   if (e == kAllGatherConfig || e == kReduceScatterConfig) {
     r = kConfigCall;
   } else if (elem == 0) {
     r = kUnknownDtype;
-  } else if ((e == kReduceScatter) && op != 0) {
+  } else if (rs && op != 0) {
     r = kRsOpNotSum;
-  } else if ((e == kReduceScatter) && dtype != 6 && dtype != 7 && dtype != 9) {
+  } else if (rs && dtype != kNcclFloat16 && dtype != kNcclFloat32 && dtype != kNcclBfloat16) {
     r = kRsDtypeNotFloat;
   } else if (static_cast<unsigned __int128>(count) * elem < tide::params::interposerMinBytes()) {
-    r = kBelowThreshold;  // per-rank bytes; a multi-rank call is larger still, this only under-counts
+    r = kBelowThreshold;  // per-rank bytes
+  } else if (rs && dtype != kNcclFloat32 && !tide::params::rsAccumFp32()) {
+    r = kRsHalfWithoutFp32Accum;
+  } else if (tGroupDepth > 0) {
+    r = kInGroup;
   }
-  TIDE_TRACE(kComponent, "%s comm %p count %zu dtype %d: %s; passed to NCCL", kPublicNames[e], comm, count, dtype,
-             kReasonText[r]);
-  if (!gReasonLogged[r].exchange(true)) {
-    TIDE_INFO(kComponent, "%s call classified: %s; passed to NCCL (each reason is logged once at INFO; "
-              "NCCL_TIDE_DEBUG=TRACE logs every call)", kPublicNames[e], kReasonText[r]);
+#ifndef TIDE_HAVE_CUDA
+  if (r == kEligible) r = kNoCudaBuild;
+#endif
+  TIDE_TRACE(kComponent, "%s comm %p count %zu dtype %d: %s", kPublicNames[e], comm, count, dtype, kReasonText[r]);
+  if (r == kNoCudaBuild && !gReasonLogged[r].exchange(true)) {
+    TIDE_WARN(kComponent, "NCCL_TIDE_ENABLE=1, but %s; every call goes to NCCL (said once)", kReasonText[r]);
+  } else if (!gReasonLogged[r].exchange(true)) {
+    TIDE_INFO(kComponent, "%s call classified: %s (each reason is logged once at INFO; NCCL_TIDE_DEBUG=TRACE logs "
+              "every call)", kPublicNames[e], kReasonText[r]);
   }
-  if (!gPathWarned.exchange(true)) {
-    TIDE_WARN(kComponent, "NCCL_TIDE_ENABLE=1, but the TIDE path of the interposer is not available in this build "
-              "(0.1): every ncclAllGather/ncclReduceScatter call is passed to NCCL unchanged");
-  }
+  return r;
+}
+
+tideDataType_t tideTypeOf(int ncclDtype) {
+  return ncclDtype == kNcclBfloat16 ? tideBfloat16 : ncclDtype == kNcclFloat16 ? tideFloat16 : tideFloat32;
+}
+
+ncclResult_t forwardComm(Entry e, ncclComm_t comm) {
+  auto f = reinterpret_cast<CommFn>(real(e));
+  return f == nullptr ? kSystemError : f(comm);
 }
 
 }  // namespace
@@ -158,7 +202,11 @@ extern "C" {
 
 TIDE_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, int datatype,
                                        ncclComm_t comm, cudaStream_t stream) {
-  if (__builtin_expect(enabled(), 0)) classify(kAllGather, sendcount, datatype, 0, comm);
+  if (__builtin_expect(enabled(), 0) &&
+      classify(kAllGather, sendcount, datatype, 0, comm) == kEligible &&
+      tide::interposer::tryAllGather(sendbuff, recvbuff, sendcount * dtypeBytes(datatype), comm, stream)) {
+    return 0;  // ncclSuccess: enqueued by TIDE
+  }
   auto f = reinterpret_cast<AllGatherFn>(real(kAllGather));
   if (f == nullptr) return kSystemError;
   return f(sendbuff, recvbuff, sendcount, datatype, comm, stream);
@@ -166,7 +214,11 @@ TIDE_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, siz
 
 TIDE_EXPORT ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, int datatype,
                                            int op, ncclComm_t comm, cudaStream_t stream) {
-  if (__builtin_expect(enabled(), 0)) classify(kReduceScatter, recvcount, datatype, op, comm);
+  if (__builtin_expect(enabled(), 0) &&
+      classify(kReduceScatter, recvcount, datatype, op, comm) == kEligible &&
+      tide::interposer::tryReduceScatter(sendbuff, recvbuff, recvcount, tideTypeOf(datatype), comm, stream)) {
+    return 0;
+  }
   auto f = reinterpret_cast<ReduceScatterFn>(real(kReduceScatter));
   if (f == nullptr) return kSystemError;
   return f(sendbuff, recvbuff, recvcount, datatype, op, comm, stream);
@@ -188,6 +240,40 @@ TIDE_EXPORT ncclResult_t ncclReduceScatterConfig(const void* sendbuff, void* rec
   auto f = reinterpret_cast<ReduceScatterConfigFn>(real(kReduceScatterConfig));
   if (f == nullptr) return kInvalidUsage;
   return f(sendbuff, recvbuff, recvcount, datatype, op, comm, stream, config);
+}
+
+TIDE_EXPORT ncclResult_t ncclGroupStart(void) {
+  auto f = reinterpret_cast<VoidFn>(real(kGroupStart));
+  if (f == nullptr) return kSystemError;
+  ncclResult_t r = f();
+  if (r == 0) ++tGroupDepth;
+  return r;
+}
+
+TIDE_EXPORT ncclResult_t ncclGroupEnd(void) {
+  auto f = reinterpret_cast<VoidFn>(real(kGroupEnd));
+  if (f == nullptr) return kSystemError;
+  // NCCL closes the group level even when the group's operations fail.
+  if (tGroupDepth > 0) --tGroupDepth;
+  return f();
+}
+
+// TIDE's state of a communicator goes before NCCL's: finalize and destroy are collective in NCCL too, so TIDE's
+// collective teardown (slot frees, comm destroy over this communicator) runs while every rank is there; abort is
+// not, so TIDE only lets go (interposer_tide.h).
+TIDE_EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+  if (__builtin_expect(enabled(), 0)) tide::interposer::releaseComm(comm, /*collective=*/true);
+  return forwardComm(kCommFinalize, comm);
+}
+
+TIDE_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  if (__builtin_expect(enabled(), 0)) tide::interposer::releaseComm(comm, /*collective=*/true);
+  return forwardComm(kCommDestroy, comm);
+}
+
+TIDE_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  if (__builtin_expect(enabled(), 0)) tide::interposer::releaseComm(comm, /*collective=*/false);
+  return forwardComm(kCommAbort, comm);
 }
 
 }  // extern "C"

@@ -52,8 +52,8 @@ const Def kDefs[kNumParams] = {
      "per copy.",
      0, 1, nullptr, "0 or 1"},
     {"NCCL_TIDE_ENABLE", Type::kBool, "bool", "0",
-     "1 makes the preloaded interposer classify ncclAllGather/ncclReduceScatter calls (0.1: every call is still passed "
-     "to NCCL); 0 is pure pass-through.",
+     "1 lets the preloaded interposer run eligible ncclAllGather/ncclReduceScatter calls through TIDE (docs/usage.md); "
+     "0 is pure pass-through.",
      0, 1, nullptr, "0 or 1"},
     {"NCCL_TIDE_ENABLE_MIN_BYTES", Type::kBytes, "bytes", "1048576",
      "Interposer: smallest call that can be eligible for TIDE, in bytes per rank (sendcount for all-gather, "
@@ -66,6 +66,10 @@ const Def kDefs[kNumParams] = {
     {"NCCL_TIDE_TIMEOUT_MS", Type::kUint64, "uint64", "0",
      "Bound in milliseconds on TIDE's host-side waits for peers (docs/reliability.md lists them); 0 waits forever.",
      0, 86400000, nullptr, "an integer number of milliseconds from 0 to 86400000"},
+    {"NCCL_TIDE_RS_ACCUM", Type::kString, "string", "OFF",
+     "Interposer: FP32 lets TIDE take bf16/fp16 ncclReduceScatter calls (fp32 accumulation: more accurate than "
+     "NCCL's, so not bitwise NCCL's); OFF passes them to NCCL. fp32 calls are eligible either way.",
+     0, 0, "OFF|FP32", "one of OFF, FP32"},
 };
 
 struct Entry {
@@ -262,6 +266,7 @@ bool interposerEnabled() { return loggedState().entries[kEnable].value != 0; }
 uint64_t interposerMinBytes() { return loggedState().entries[kEnableMinBytes].value; }
 int ranksPerNodeOverride() { return static_cast<int>(loggedState().entries[kRanksPerNode].value); }
 uint64_t timeoutMs() { return loggedState().entries[kTimeoutMs].value; }
+bool rsAccumFp32() { return loggedState().entries[kRsAccum].value == 1; }
 
 tideResult_t status(Id id) {
   if (id < 0 || id >= kNumParams) return fail(tideInvalidArgument, kComponent, "parameter index %d out of range", id);

@@ -29,7 +29,8 @@ enum Id : int {
   kEnableMinBytes = 6,  // NCCL_TIDE_ENABLE_MIN_BYTES
   kRanksPerNode = 7,    // NCCL_TIDE_RANKS_PER_NODE
   kTimeoutMs = 8,       // NCCL_TIDE_TIMEOUT_MS
-  kNumParams = 9
+  kRsAccum = 9,         // NCCL_TIDE_RS_ACCUM
+  kNumParams = 10
 };
 
 // Typed accessors (effective values: environment if valid, else default).
@@ -42,6 +43,7 @@ bool interposerEnabled();         // NCCL_TIDE_ENABLE: the LD_PRELOAD interposer
 uint64_t interposerMinBytes();    // NCCL_TIDE_ENABLE_MIN_BYTES: smallest call (bytes) the interposer considers
 int ranksPerNodeOverride();       // NCCL_TIDE_RANKS_PER_NODE: virtual nodes of this many ranks; 0 = discover
 uint64_t timeoutMs();             // NCCL_TIDE_TIMEOUT_MS: bound on host-side waits; 0 = none
+bool rsAccumFp32();               // NCCL_TIDE_RS_ACCUM=FP32: the interposer may take bf16/fp16 reduce-scatters
 
 // tideSuccess if the environment value of parameter `id` (if any) parses; else records and returns
 // tideInvalidArgument with a message naming the variable and the accepted form.

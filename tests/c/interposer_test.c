@@ -30,6 +30,9 @@ int ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, in
                       void* stream);
 int ncclGroupStart(void);
 int ncclGroupEnd(void);
+int ncclCommFinalize(void* comm);
+int ncclCommDestroy(void* comm);
+int ncclCommAbort(void* comm);
 
 static int failures = 0;
 
@@ -63,6 +66,11 @@ __attribute__((visibility("default")))
 int run_calls(int config_rc) {
   bound("ncclAllGather", (void*)&ncclAllGather);
   bound("ncclReduceScatter", (void*)&ncclReduceScatter);
+  bound("ncclGroupStart", (void*)&ncclGroupStart);
+  bound("ncclGroupEnd", (void*)&ncclGroupEnd);
+  bound("ncclCommFinalize", (void*)&ncclCommFinalize);
+  bound("ncclCommDestroy", (void*)&ncclCommDestroy);
+  bound("ncclCommAbort", (void*)&ncclCommAbort);
   void* comm = P(0xc0ffee00);
   void* stream = P(0x5713a4);
   ag(P(0x1000), P(0x2000), 1, 7, comm, stream);                         /* small fp32 */
@@ -95,6 +103,13 @@ int run_calls(int config_rc) {
     if (config_rc == 0) printf("EXPECT RSC %p %p %zu %d %d %p %p %p\n", P(0x10000), P(0x11000), (size_t)5, 7, 0, comm, stream, cfg);
     check(rsc(P(0x10000), P(0x11000), 5, 7, 0, comm, stream, cfg), config_rc, "ncclReduceScatterConfig");
   }
+  /* Communicator teardown: forwarded in order (the TIDE path releases its state of the comm first). */
+  printf("EXPECT CF %p\n", comm);
+  check(ncclCommFinalize(comm), 0, "ncclCommFinalize");
+  printf("EXPECT CD %p\n", comm);
+  check(ncclCommDestroy(comm), 0, "ncclCommDestroy");
+  printf("EXPECT CA %p\n", P(0xc0ffee01));
+  check(ncclCommAbort(P(0xc0ffee01)), 0, "ncclCommAbort");
   fflush(stdout);
   return failures ? 1 : 0;
 }

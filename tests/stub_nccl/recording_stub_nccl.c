@@ -3,7 +3,7 @@
  * Build: cc -shared -fPIC -Wl,-soname,libnccl.so.2 -DSTUB_VERSION=23203 recording_stub_nccl.c -o <dir>/libnccl.so.2
  * Like real NCCL, each collective is defined as pncclXxx with a weak ncclXxx alias (NCCL_API in NCCL's core.h), and
  * ncclGetVersion reports STUB_VERSION. ncclAllGatherConfig / ncclReduceScatterConfig exist only for
- * STUB_VERSION >= 23102 (2.31.2). Every collective and group call appends one line with all of its arguments to
+ * STUB_VERSION >= 23102 (2.31.2). Every collective, group and communicator-teardown call appends one line with all of its arguments to
  * the file named by STUB_NCCL_LOG (opened per call, so the order is the order of the calls), then returns 0. */
 #include <stddef.h>
 #include <stdio.h>
@@ -63,6 +63,24 @@ int pncclGroupStart(void) {
 NCCL_API(int, ncclGroupEnd, void);
 int pncclGroupEnd(void) {
   record("GE");
+  return 0;
+}
+
+NCCL_API(int, ncclCommFinalize, void* comm);
+int pncclCommFinalize(void* comm) {
+  record("CF %p", comm);
+  return 0;
+}
+
+NCCL_API(int, ncclCommDestroy, void* comm);
+int pncclCommDestroy(void* comm) {
+  record("CD %p", comm);
+  return 0;
+}
+
+NCCL_API(int, ncclCommAbort, void* comm);
+int pncclCommAbort(void* comm) {
+  record("CA %p", comm);
   return 0;
 }
 

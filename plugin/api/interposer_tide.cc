@@ -1,0 +1,290 @@
+// The TIDE path of the LD_PRELOAD interposer: per-communicator state and the accelerated flat collectives.
+//
+// A flat NCCL collective is a one-parameter TIDE layout of W * count elements (rank r's block = its shard):
+// * reduce-scatter: tideReduceScatter reads the send buffer directly (push to the owners' staging, fp32
+//   accumulation) and writes recvbuff; no copy and no registration of the application's buffers;
+// * all-gather: TIDE's peers write into peer-mapped memory only, and an application buffer is not peer-mapped, so
+//   the gather lands in a TIDE slot of this comm ("bounce slot") and one copy-engine copy moves it to recvbuff.
+//   Transport and copy stay off the SMs; the copy-out that a per-parameter layout avoids remains for a flat call
+//   (a layout-aware call, tideAllGather on a slot, has none).
+// Collective steps (comm creation, bounce-slot growth, RS staging growth) happen on calls every rank makes in the
+// same order with the same sizes, so every rank takes them together.
+#include "interposer_tide.h"
+
+#include <cinttypes>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "errors.h"
+#include "log.h"
+
+#ifdef TIDE_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "cuda/copy_batch.h"
+#endif
+
+namespace tide {
+namespace interposer {
+namespace {
+
+constexpr const char* kComponent = "Interposer";
+
+#ifdef TIDE_HAVE_CUDA
+
+struct LayoutKey {
+  int kind;  // 0 all-gather (bytes, tideInt8), 1 reduce-scatter
+  int dtype;
+  uint64_t count;
+  bool operator==(const LayoutKey& o) const { return kind == o.kind && dtype == o.dtype && count == o.count; }
+};
+struct LayoutKeyHash {
+  size_t operator()(const LayoutKey& k) const {
+    return std::hash<uint64_t>()(k.count * 31 + static_cast<uint64_t>(k.kind * 16 + k.dtype));
+  }
+};
+
+struct CommState {
+  std::mutex mu;
+  bool off = false;  // TIDE is off for this communicator (creation or a call failed, or it was aborted)
+  tideComm_t comm = nullptr;
+  int rank = 0, world = 0;
+  void* bounce = nullptr;  // all-gather bounce slot
+  size_t bounceBytes = 0;
+  uint64_t taken = 0;
+  std::unordered_map<LayoutKey, tideLayout_t, LayoutKeyHash> layouts;
+
+  ~CommState() {
+    for (auto& kv : layouts) (void)tideLayoutDestroy(kv.second);
+  }
+};
+
+std::mutex gMu;
+std::unordered_map<void*, std::shared_ptr<CommState>> gStates;
+
+std::shared_ptr<CommState> stateOf(void* ncclComm, bool create) {
+  std::lock_guard<std::mutex> lock(gMu);
+  auto it = gStates.find(ncclComm);
+  if (it != gStates.end()) return it->second;
+  if (!create) return nullptr;
+  auto s = std::make_shared<CommState>();
+  gStates.emplace(ncclComm, s);
+  return s;
+}
+
+// Turns TIDE off for this communicator; every later call goes to NCCL. One WARN per communicator.
+void turnOff(CommState* s, void* ncclComm, const char* what, tideResult_t r) {
+  s->off = true;
+  TIDE_WARN(kComponent,
+            "TIDE is off for NCCL communicator %p from now on (this and every later call go to NCCL): %s failed: "
+            "%s: %s",
+            ncclComm, what, tideGetErrorString(r), tideGetLastError());
+}
+
+// The comm, created on first use. False (and off) if that fails.
+bool ensureComm(CommState* s, void* ncclComm) {
+  if (s->comm != nullptr) return true;
+  tideResult_t r = tideCommCreate(static_cast<struct ncclComm*>(ncclComm), nullptr, &s->comm);
+  if (r != tideSuccess) {
+    s->comm = nullptr;
+    turnOff(s, ncclComm, "tideCommCreate", r);
+    return false;
+  }
+  (void)tideCommGetRank(s->comm, &s->rank, &s->world);
+  const char* provider = "?";
+  (void)tideCommGetProvider(s->comm, &provider);
+  TIDE_INFO(kComponent, "NCCL communicator %p: TIDE takes its eligible calls (rank %d of %d, provider %s)", ncclComm,
+            s->rank, s->world, provider);
+  return true;
+}
+
+tideResult_t layoutFor(CommState* s, int kind, tideDataType_t dtype, uint64_t count, tideLayout_t* out) {
+  LayoutKey key{kind, static_cast<int>(dtype), count};
+  auto it = s->layouts.find(key);
+  if (it != s->layouts.end()) {
+    *out = it->second;
+    return tideSuccess;
+  }
+  uint64_t numel = 0;
+  if (__builtin_mul_overflow(count, static_cast<uint64_t>(s->world), &numel)) {
+    return fail(tideInvalidArgument, kComponent, "count %" PRIu64 " times %d ranks overflows", count, s->world);
+  }
+  tideLayoutDesc_t d{};
+  d.size = sizeof(d);
+  d.version = TIDE_LAYOUT_DESC_VERSION;
+  d.nParams = 1;
+  d.numels = &numel;
+  d.rowNumels = nullptr;
+  d.dtypes = &dtype;
+  d.worldSize = s->world;
+  d.ranksPerNode = s->world;  // the IPC provider is single-node
+  d.rank = s->rank;
+  tideLayout_t l = nullptr;
+  TIDE_CHECK(tideLayoutCreate(&d, nullptr, &l));
+  if (s->layouts.size() >= 64) {  // a long tail of distinct sizes: keep the cache bounded
+    for (auto& kv : s->layouts) (void)tideLayoutDestroy(kv.second);
+    s->layouts.clear();
+  }
+  s->layouts.emplace(key, l);
+  *out = l;
+  return tideSuccess;
+}
+
+// Grows the bounce slot to at least `bytes` (collective: every rank grows at the same call). Power-of-two sizes
+// keep the number of collective reallocations logarithmic in the largest call.
+tideResult_t ensureBounce(CommState* s, size_t bytes) {
+  if (s->bounceBytes >= bytes) return tideSuccess;
+  size_t want = 1 << 20;
+  while (want < bytes) want <<= 1;
+  if (s->bounce != nullptr) {
+    // cudaFree inside the slot free synchronizes the device, so the last all-gather's copy-out has finished.
+    TIDE_CHECK(tideSlotFree(s->comm, s->bounce));
+    s->bounce = nullptr;
+    s->bounceBytes = 0;
+  }
+  TIDE_CHECK(tideSlotAlloc(s->comm, want, &s->bounce));
+  s->bounceBytes = want;
+  return tideSuccess;
+}
+
+bool capturing(void* stream) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &st) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;  // no usable device or stream: comm creation or the call itself reports why
+  }
+  return st != cudaStreamCaptureStatusNone;
+}
+
+std::once_flag gCaptureNotice;
+std::once_flag gInPlaceNotice;
+
+// Common entry: the comm's state, locked, with a comm; nullptr if the call must go to NCCL.
+std::shared_ptr<CommState> enter(void* ncclComm, void* stream, std::unique_lock<std::mutex>* lock) {
+  auto s = stateOf(ncclComm, true);
+  std::unique_lock<std::mutex> l(s->mu);
+  if (s->off) return nullptr;
+  if (capturing(stream)) {
+    // Not an error: TIDE's flags carry per-call values that a graph replay would repeat (docs/usage.md).
+    std::call_once(gCaptureNotice, [] {
+      TIDE_INFO(kComponent, "a call on a stream under CUDA graph capture goes to NCCL (TIDE calls cannot be "
+                            "captured); said once");
+    });
+    return nullptr;
+  }
+  if (!ensureComm(s.get(), ncclComm)) return nullptr;
+  *lock = std::move(l);
+  return s;
+}
+
+#endif  // TIDE_HAVE_CUDA
+
+}  // namespace
+
+#ifdef TIDE_HAVE_CUDA
+
+bool tryAllGather(const void* sendbuff, void* recvbuff, size_t bytes, void* ncclComm, void* stream) {
+  std::unique_lock<std::mutex> lock;
+  auto s = enter(ncclComm, stream, &lock);
+  if (!s) return false;
+  tideLayout_t layout = nullptr;
+  tideResult_t r = layoutFor(s.get(), 0, tideInt8, bytes, &layout);
+  if (r == tideSuccess) r = ensureBounce(s.get(), bytes * static_cast<size_t>(s->world));
+  if (r == tideSuccess) r = tideAllGather(s->comm, layout, sendbuff, nullptr, s->bounce, stream);
+  if (r == tideSuccess) {
+    cuda::CopyList out;
+    out.add(recvbuff, s->bounce, bytes * static_cast<size_t>(s->world));
+    int device = 0;
+    r = cudaGetDevice(&device) == cudaSuccess ? out.enqueue(static_cast<cudaStream_t>(stream), device)
+                                              : fail(tideCudaError, kComponent, "cudaGetDevice failed");
+  }
+  if (r != tideSuccess) {
+    turnOff(s.get(), ncclComm, "the TIDE all-gather", r);
+    return false;
+  }
+  ++s->taken;
+  TIDE_TRACE(kComponent, "ncclAllGather on %p (%zu bytes per rank) taken by TIDE (call %" PRIu64 ")", ncclComm, bytes,
+             s->taken);
+  return true;
+}
+
+bool tryReduceScatter(const void* sendbuff, void* recvbuff, size_t count, tideDataType_t dtype, void* ncclComm,
+                      void* stream) {
+  std::unique_lock<std::mutex> lock;
+  auto s = enter(ncclComm, stream, &lock);
+  if (!s) return false;
+  size_t elem = 0;
+  (void)tideDataTypeSize(dtype, &elem);
+  const auto in = reinterpret_cast<uintptr_t>(sendbuff), out = reinterpret_cast<uintptr_t>(recvbuff);
+  const uintptr_t inBytes = static_cast<uintptr_t>(count) * elem * static_cast<uintptr_t>(s->world);
+  if (out < in + inBytes && in < out + static_cast<uintptr_t>(count) * elem) {
+    // NCCL's in-place form (recvbuff = sendbuff + rank * count): TIDE's outputs may not overlap its inputs. Every
+    // rank of such a call is in place, so every rank passes it to NCCL.
+    std::call_once(gInPlaceNotice, [] {
+      TIDE_INFO(kComponent, "in-place reduce-scatter calls go to NCCL (TIDE's output may not overlap its input); "
+                            "said once");
+    });
+    return false;
+  }
+  tideLayout_t layout = nullptr;
+  tideResult_t r = layoutFor(s.get(), 1, dtype, count, &layout);
+  const void* grads[1] = {sendbuff};
+  if (r == tideSuccess) r = tideReduceScatter(s->comm, layout, grads, recvbuff, dtype, tideSum, 1.0f, nullptr, stream);
+  if (r != tideSuccess) {
+    turnOff(s.get(), ncclComm, "the TIDE reduce-scatter", r);
+    return false;
+  }
+  ++s->taken;
+  TIDE_TRACE(kComponent, "ncclReduceScatter on %p (%zu elements per rank) taken by TIDE (call %" PRIu64 ")", ncclComm,
+             count, s->taken);
+  return true;
+}
+
+void releaseComm(void* ncclComm, bool collective) {
+  std::shared_ptr<CommState> s;
+  {
+    std::lock_guard<std::mutex> lock(gMu);
+    auto it = gStates.find(ncclComm);
+    if (it == gStates.end()) return;
+    s = it->second;
+    gStates.erase(it);  // a later communicator at the same address starts afresh
+  }
+  std::lock_guard<std::mutex> lock(s->mu);
+  if (s->comm == nullptr) return;
+  if (!collective) {
+    // Abort: peers may be gone, so nothing collective (slot free, comm destroy both exchange with every rank).
+    TIDE_INFO(kComponent, "NCCL communicator %p aborted: its TIDE comm is abandoned without collective teardown "
+                          "(%zu bytes of bounce slot and the staging stay allocated)",
+              ncclComm, s->bounceBytes);
+    s->comm = nullptr;
+    return;
+  }
+  // TIDE work of this comm may still be queued on the application's streams; the teardown frees memory it uses.
+  int device = 0;
+  if (cudaGetDevice(&device) == cudaSuccess) (void)cudaDeviceSynchronize();
+  (void)cudaGetLastError();
+  if (s->bounce != nullptr && tideSlotFree(s->comm, s->bounce) != tideSuccess) {
+    TIDE_WARN(kComponent, "releasing the TIDE bounce slot of NCCL communicator %p failed: %s", ncclComm,
+              tideGetLastError());
+  }
+  s->bounce = nullptr;
+  if (tideCommDestroy(s->comm) != tideSuccess) {
+    TIDE_WARN(kComponent, "destroying the TIDE comm of NCCL communicator %p failed: %s", ncclComm,
+              tideGetLastError());
+  }
+  s->comm = nullptr;
+  TIDE_INFO(kComponent, "NCCL communicator %p: TIDE comm released (%" PRIu64 " calls taken)", ncclComm, s->taken);
+}
+
+#else  // no CUDA: nothing can be taken
+
+bool tryAllGather(const void*, void*, size_t, void*, void*) { return false; }
+bool tryReduceScatter(const void*, void*, size_t, tideDataType_t, void*, void*) { return false; }
+void releaseComm(void*, bool) {}
+
+#endif  // TIDE_HAVE_CUDA
+
+}  // namespace interposer
+}  // namespace tide

@@ -1,0 +1,32 @@
+// The TIDE path of the LD_PRELOAD interposer (plugin/api/interposer.cc decides eligibility; this runs the call).
+//
+// One TIDE comm per ncclComm_t, created collectively on the first eligible call (NCCL semantics: every rank makes
+// that call) and released when the application finalizes, destroys or aborts the NCCL communicator. Any failure
+// turns TIDE off for that communicator (one WARN with the reason); the call and every later one go to NCCL.
+#ifndef TIDE_API_INTERPOSER_TIDE_H_
+#define TIDE_API_INTERPOSER_TIDE_H_
+
+#include <cstddef>
+
+#include "tide.h"
+
+namespace tide {
+namespace interposer {
+
+// Flat all-gather of `bytes` per rank. True: TIDE enqueued it on `stream` (the call succeeded). False: the caller
+// passes the call to NCCL unchanged (TIDE is off for this comm, or this call cannot be taken; logged).
+bool tryAllGather(const void* sendbuff, void* recvbuff, size_t bytes, void* ncclComm, void* stream);
+
+// Flat sum reduce-scatter of `count` elements of `dtype` per rank (fp32 accumulation). Same return contract.
+bool tryReduceScatter(const void* sendbuff, void* recvbuff, size_t count, tideDataType_t dtype, void* ncclComm,
+                      void* stream);
+
+// Called before NCCL finalizes or destroys (collective: TIDE's resources are released with the peers) or aborts
+// (not collective: nothing that could wait for a peer is done, TIDE's memory of that comm is left allocated) the
+// communicator. A no-op for a communicator TIDE never touched.
+void releaseComm(void* ncclComm, bool collective);
+
+}  // namespace interposer
+}  // namespace tide
+
+#endif  // TIDE_API_INTERPOSER_TIDE_H_

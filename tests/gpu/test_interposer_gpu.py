@@ -1,0 +1,115 @@
+"""The NCCL_TIDE_ENABLE interposer on a real NCCL (issue 5; marker gpu, one GPU).
+
+torch.distributed with the NCCL backend at world size 1, libnccl-tide.so in LD_PRELOAD: torch's ncclAllGather /
+ncclReduceScatter calls reach the interposer, eligible ones are run by TIDE (tideCommCreate over torch's NCCL
+communicator, bounce slot for the flat all-gather, fp32-accumulating reduce-scatter), and the results must equal
+what NCCL computes for one rank (the input itself; bf16 -> fp32 -> bf16 is exact). The TRACE log counts the calls
+TIDE took, so a run that silently passed everything to NCCL fails. Each case runs in a fresh process (the preload
+and the parameters are read once per process) with a timeout.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+SCRIPT = textwrap.dedent(
+    r"""
+    import datetime, os, socket, sys
+    import torch
+    import torch.distributed as dist
+
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=60), device_id=torch.device("cuda", 0))
+    g = torch.Generator(device="cpu").manual_seed(20261202)
+    calls = 0
+    bad = []
+    # All-gather: several sizes (a bounce-slot growth in between) and dtypes, also an odd byte count.
+    for numel, dtype in [(3 << 20, torch.float32), (1 << 20, torch.bfloat16), (5 << 20, torch.float32),
+                         ((1 << 20) + 3, torch.uint8)]:
+        if dtype == torch.uint8:
+            x = torch.randint(0, 256, (numel,), generator=g, dtype=torch.uint8).cuda()
+        else:
+            x = torch.randn(numel, generator=g).to(dtype).cuda()
+        out = torch.full_like(x, 7)
+        dist.all_gather_into_tensor(out, x)
+        calls += 1
+        torch.cuda.synchronize()
+        if not torch.equal(out, x):
+            bad.append(f"all_gather {dtype} {numel}")
+    # Reduce-scatter, sum: fp32 always eligible; bf16 only with NCCL_TIDE_RS_ACCUM=FP32.
+    for numel, dtype in [(2 << 20, torch.float32), (1 << 20, torch.bfloat16), ((3 << 20) + 8, torch.float32)]:
+        x = torch.randn(numel, generator=g).to(dtype).cuda()
+        out = torch.full_like(x, float("nan"))
+        dist.reduce_scatter_tensor(out, x, op=dist.ReduceOp.SUM)
+        calls += 1
+        torch.cuda.synchronize()
+        if not torch.equal(out, x):
+            bad.append(f"reduce_scatter {dtype} {numel}")
+    print("CALLS", calls)
+    print("BAD", bad)
+    dist.destroy_process_group()
+    print("DONE")
+    sys.stdout.flush()
+    """
+)
+
+
+def run_case(tmp_path, enable, rs_accum=None, timeout=180):
+    from nccl_tide import _native
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_TIDE_")}
+    env.update(
+        LD_PRELOAD=_native.library_path(),
+        NCCL_TIDE_ENABLE=enable,
+        NCCL_TIDE_DEBUG="TRACE",
+        NCCL_TIDE_ENABLE_MIN_BYTES="0",
+        NCCL_NVLS_ENABLE="0",
+        TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
+        NVSHMEM_DISABLE_NVLS="1",
+    )
+    if "NCCL_TIDE_LIBRARY_PATH" in os.environ:
+        env["NCCL_TIDE_LIBRARY_PATH"] = os.environ["NCCL_TIDE_LIBRARY_PATH"]
+    if rs_accum is not None:
+        env["NCCL_TIDE_RS_ACCUM"] = rs_accum
+    script = tmp_path / "interposed.py"
+    script.write_text(SCRIPT)
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=timeout)
+    return p
+
+
+def taken(p, what):
+    return sum(1 for x in p.stderr.splitlines() if f"TRACE {what} on" in x and "taken by TIDE" in x)
+
+
+def test_enabled_calls_run_through_tide(torch_cuda, cuda_lib, tmp_path):
+    p = run_case(tmp_path, "1", rs_accum="FP32")
+    assert p.returncode == 0 and "DONE" in p.stdout, p.stdout + p.stderr[-4000:]
+    assert "BAD []" in p.stdout, p.stdout
+    assert "CALLS 7" in p.stdout
+    assert "TIDE takes its eligible calls" in p.stderr, p.stderr[-4000:]
+    assert "TIDE is off" not in p.stderr, p.stderr[-4000:]
+    assert taken(p, "ncclAllGather") == 4, p.stderr[-4000:]
+    assert taken(p, "ncclReduceScatter") == 3, p.stderr[-4000:]
+
+
+def test_half_precision_reduce_scatter_left_to_nccl_by_default(torch_cuda, cuda_lib, tmp_path):
+    p = run_case(tmp_path, "1")
+    assert p.returncode == 0 and "DONE" in p.stdout, p.stdout + p.stderr[-4000:]
+    assert "BAD []" in p.stdout, p.stdout
+    assert taken(p, "ncclAllGather") == 4, p.stderr[-4000:]
+    assert taken(p, "ncclReduceScatter") == 2, p.stderr[-4000:]  # the bf16 one went to NCCL
+    assert "without NCCL_TIDE_RS_ACCUM=FP32" in p.stderr
+
+
+def test_disabled_is_pass_through(torch_cuda, cuda_lib, tmp_path):
+    p = run_case(tmp_path, "0")
+    assert p.returncode == 0 and "DONE" in p.stdout, p.stdout + p.stderr[-4000:]
+    assert "BAD []" in p.stdout, p.stdout
+    assert "TIDE/Interposer" not in p.stderr, p.stderr[-4000:]
