@@ -2,7 +2,8 @@
 
 torch.distributed with the NCCL backend at world size 1, libnccl-tide.so in LD_PRELOAD: torch's ncclAllGather /
 ncclReduceScatter calls reach the interposer, eligible ones are run by TIDE (tideCommCreate over torch's NCCL
-communicator, bounce slot for the flat all-gather, fp32-accumulating reduce-scatter), and the results must equal
+communicator, bounce slot for the flat all-gather, fp32-accumulating reduce-scatter; the reduce-scatter is called
+through the global ncclReduceScatter symbol because torch skips it at world size 1), and the results must equal
 what NCCL computes for one rank (the input itself; bf16 -> fp32 -> bf16 is exact). The TRACE log counts the calls
 TIDE took, so a run that silently passed everything to NCCL fails. Each case runs in a fresh process (the preload
 and the parameters are read once per process) with a timeout.
@@ -43,15 +44,27 @@ SCRIPT = textwrap.dedent(
         torch.cuda.synchronize()
         if not torch.equal(out, x):
             bad.append(f"all_gather {dtype} {numel}")
-    # Reduce-scatter, sum: fp32 always eligible; bf16 only with NCCL_TIDE_RS_ACCUM=FP32.
+    # Reduce-scatter, sum. At world size 1 ProcessGroupNCCL does not call ncclReduceScatter (a single-rank
+    # shortcut, reference/pytorch_fsdp2.md 5.2), so call NCCL the way a C program does: the global symbol (which the
+    # preload makes the interposer's) on torch's communicator. fp32 is always eligible; bf16 only with
+    # NCCL_TIDE_RS_ACCUM=FP32.
+    import ctypes
+    nccl = ctypes.CDLL(None)
+    rs = nccl.ncclReduceScatter
+    rs.restype = ctypes.c_int
+    rs.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                   ctypes.c_void_p]
+    comm = dist.group.WORLD._get_backend(torch.device("cuda"))._comm_ptr()
+    NCCL_TYPES = {torch.float32: 7, torch.bfloat16: 9}
     for numel, dtype in [(2 << 20, torch.float32), (1 << 20, torch.bfloat16), ((3 << 20) + 8, torch.float32)]:
         x = torch.randn(numel, generator=g).to(dtype).cuda()
         out = torch.full_like(x, float("nan"))
-        dist.reduce_scatter_tensor(out, x, op=dist.ReduceOp.SUM)
+        stream = torch.cuda.current_stream()
+        rc = rs(x.data_ptr(), out.data_ptr(), numel, NCCL_TYPES[dtype], 0, comm, stream.cuda_stream)
         calls += 1
         torch.cuda.synchronize()
-        if not torch.equal(out, x):
-            bad.append(f"reduce_scatter {dtype} {numel}")
+        if rc != 0 or not torch.equal(out, x):
+            bad.append(f"reduce_scatter {dtype} {numel} rc {rc}")
     print("CALLS", calls)
     print("BAD", bad)
     dist.destroy_process_group()
