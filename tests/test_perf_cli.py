@@ -9,7 +9,11 @@ import sys
 import pytest
 from nccl_tide.perf.cli import parse_size
 
-ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(-?\d+)" + r"\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)" * 2 + r"\s*$")
+# size count type redop root impl | oop time algbw busbw #wrong | ip time algbw busbw #wrong | SM GEMM [note]
+ROW = re.compile(
+    r"^\s*(\d+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(-?\d+)\s+(\S+)" + r"\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)" * 2
+    + r"\s+(\S+)\s+(\S+)(?:\s+(.*?))?\s*$"
+)
 
 
 def tide_perf(*args, env=None, timeout=300):
@@ -21,8 +25,14 @@ def tide_perf(*args, env=None, timeout=300):
     )
 
 
-def parse(stdout):
-    rows = [ROW.match(line).groups() for line in stdout.splitlines() if line and not line.startswith("#")]
+def parse_full(stdout):
+    """Every table row as a tuple: size, count, type, redop, root, impl, 4 oop, 4 ip, SM, GEMM, note."""
+    return [ROW.match(line).groups() for line in stdout.splitlines() if line and not line.startswith("#")]
+
+
+def parse(stdout, impl="tide"):
+    """nccl-tests' 13 columns (size .. in-place #wrong) of the rows of one impl, and the footer."""
+    rows = [g[:5] + g[6:14] for g in parse_full(stdout) if g[5] == impl]
     foot = dict(re.findall(r"^# (Out of bounds values|Avg bus bandwidth)\s*: (\S+)", stdout, flags=re.MULTILINE))
     return rows, foot
 
@@ -144,9 +154,10 @@ def test_model_layout_is_one_row():
 @pytest.mark.parametrize(
     "args,needle",
     [
-        (["--backend", "loopback"], "later"),
-        (["--backend", "cuda"], "later"),
+        (["--backend", "cuda"], "unknown --backend"),
         (["--backend", "nope"], "unknown --backend"),
+        (["--impl", "tide,mpi"], "unknown --impl"),
+        (["--interfere", "gemm", "--backend", "host"], "needs a GPU backend"),
         (["-d", "complex"], "unknown dtype"),
         (["-o", "max"], "unknown reduction op"),
         (["--ranks", "6", "--ranks-per-node", "4"], "must divide"),

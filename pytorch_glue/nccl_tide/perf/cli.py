@@ -1,8 +1,10 @@
 """tide-perf command line: nccl-tests' flags, table and exit status.
 
 tide-perf all_gather|reduce_scatter [-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP]
-          [-c CHECK] [-d TYPE] [-o OP] [-z BLOCKING] [-a AVERAGE] [-J FILE.json]
-          [--backend host] [--ranks N] [--ranks-per-node R] [--layout flat|<model>]
+          [-c CHECK] [-d TYPE] [-o OP] [-z BLOCKING] [-a AVERAGE] [-J FILE.json] [--plot FILE.png]
+          [--backend auto|host|loopback|torchrun] [--impl tide,nccl,fsdp2,nccl-ce] [--interfere gemm]
+          [--min-busbw GB/s] [--ranks N] [--ranks-per-node R] [--layout flat|<model>]
+tide-perf plot FILE.json FILE.png
 """
 
 import argparse
@@ -11,7 +13,7 @@ import platform
 import shlex
 import socket
 import sys
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from .. import _native
 from ..dtypes import RS_TYPES, op_code
@@ -19,10 +21,9 @@ from ..dtypes import dtype as to_dtype
 from ..errors import TideError
 from ..layout import default_ranks_per_node
 from ..models import MODELS, model_params, numels_and_rows
-from . import host_backend, report
+from . import host_backend, impls, report
 
 COLLECTIVES = {"all_gather": "all_gather_perf", "reduce_scatter": "reduce_scatter_perf"}
-LATER_BACKENDS = ("loopback", "cuda", "nccl")
 SUFFIX = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 # Model layouts are one whole layer per row and simulate every rank in host memory: keep runs short.
 MODEL_DEFAULT_ITERS, MODEL_DEFAULT_WARMUP = 1, 0
@@ -50,8 +51,9 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tide-perf",
         description="nccl-tests-style benchmark of TIDE all-gather / reduce-scatter.",
-        epilog="The host backend simulates all ranks in one process with the C host executor; "
-        "GPU backends (loopback, cuda, nccl) come in a later release.",
+        epilog="Backends: host (every rank simulated by the C host executor; no GPU), loopback (N virtual ranks on "
+        "one GPU), torchrun (one process per GPU, NCCL). auto: no GPU -> host; GPU and WORLD_SIZE -> torchrun; "
+        "GPU -> loopback. 'tide-perf plot FILE.json FILE.png' plots a JSON written with -J.",
     )
     p.add_argument("collective", choices=sorted(COLLECTIVES) + sorted(COLLECTIVES.values()))
     p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("32M"))
@@ -66,10 +68,22 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-o", "--op", default="sum", help="sum, avg or premul (reduce_scatter)")
     p.add_argument("-z", "--blocking", type=int, default=0, help="accepted; host calls are always blocking")
-    p.add_argument("-a", "--average", type=int, default=1, help="accepted; the host backend is one process")
+    p.add_argument("-a", "--average", type=int, default=1, help="torchrun: 1 average time over ranks, 0 rank 0's")
     p.add_argument("-J", "--output_file", default=None, help="write results as JSON")
-    p.add_argument("--backend", default="auto", help="host (default without a GPU); loopback/cuda/nccl come later")
-    p.add_argument("--ranks", type=int, default=8, help="simulated world size")
+    p.add_argument("--plot", default=None, metavar="FILE", help="plot busbw and SM time vs size (needs matplotlib)")
+    p.add_argument("--backend", default="auto", help="auto (default), host, loopback or torchrun")
+    p.add_argument(
+        "--impl", default="tide", help="comma list of tide, nccl, fsdp2, nccl-ce (or all): rows side by side"
+    )
+    p.add_argument("--interfere", default="none", choices=["none", "gemm"], help="gemm: slowdown of a single-wave GEMM")
+    p.add_argument("--interfere-runs", type=int, default=11, help="GEMM runs per median (--interfere gemm)")
+    p.add_argument("--sm-time", type=int, default=1, help="GPU backends: 1 measure SM time with torch.profiler")
+    p.add_argument(
+        "--min-busbw", type=float, default=None, help="fail if the first impl's average busbw < 0.9 x this "
+        "(nccl-tests' NCCL_TESTS_MIN_BW rule; that variable is honoured too)"
+    )
+    p.add_argument("--device", type=int, default=0, help="loopback: CUDA device")
+    p.add_argument("--ranks", type=int, default=8, help="world size (host: simulated; loopback: virtual ranks 2..8)")
     p.add_argument("--ranks-per-node", type=int, default=None, help="default: largest divisor of --ranks <= 8")
     p.add_argument("--layout", default="flat", choices=["flat"] + sorted(MODELS))
     p.add_argument(
@@ -86,7 +100,8 @@ def _die(msg: str) -> "None":
 
 
 def _gpu_present() -> bool:
-    return os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0")
+    """Indirection so tests can mock the GPU check of backend auto-selection."""
+    return impls.gpu_available()
 
 
 def sizes(a) -> List[int]:
@@ -102,19 +117,56 @@ def sizes(a) -> List[int]:
     return out
 
 
+
+def _min_busbw(a) -> Optional[float]:
+    if a.min_busbw is not None:
+        return a.min_busbw
+    env = os.environ.get("NCCL_TESTS_MIN_BW")
+    if env:
+        try:
+            return float(env)
+        except ValueError:
+            _die(f"NCCL_TESTS_MIN_BW={env!r} is not a number")
+    return None
+
+
+def _flat_cases(a, dt, world: int, out) -> List[Tuple[List[int], List[int], List[tuple]]]:
+    cases = []
+    for size in sizes(a):
+        count = size // dt.size
+        base = (count // world) & ~(16 // dt.size - 1)  # nccl-tests: per-rank count, 16-byte multiple
+        if base == 0:
+            out.write(f"# size {size}: fewer than 16 bytes per rank, skipped\n")
+            continue
+        cases.append(([base * world], [1], [(base * world,)]))
+    return cases
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "plot":
+        from . import plot
+
+        return plot.main(argv[1:])
     a = parser().parse_args(argv)
     coll = a.collective.replace("_perf", "")
     name = COLLECTIVES[coll]
 
-    backend = a.backend
-    if backend == "auto":
-        backend = "host"  # the only backend so far, with or without a GPU
-    if backend in LATER_BACKENDS:
-        _die(f"--backend {backend} is not available yet: GPU backends come in a later release; use --backend host")
-    if backend != "host":
-        _die(f"unknown --backend {backend!r}; use host")
+    try:
+        choice = impls.choose_backend(a.backend, gpu=_gpu_present)
+        wanted = impls.parse_impls(a.impl)
+    except ValueError as e:
+        _die(str(e))
+    backend = choice["backend"]
+    if a.interfere != "none" and backend == "host":
+        _die("--interfere gemm needs a GPU backend (loopback or torchrun); the host backend has no GPU")
+    if a.plot:  # fail before measuring, not after
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            from .plot import MISSING
+
+            _die(MISSING.replace("tide-perf: ", ""))
 
     try:
         dt = to_dtype(a.datatype)
@@ -129,11 +181,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     rpn = a.ranks_per_node if a.ranks_per_node is not None else default_ranks_per_node(a.ranks)
     if rpn < 1 or a.ranks % rpn:
         _die(f"--ranks-per-node {rpn} must divide --ranks {a.ranks}")
+    if backend == "loopback" and not 2 <= a.ranks <= 8:
+        _die(f"--backend loopback runs 2..8 virtual ranks on one GPU, not --ranks {a.ranks}")
+    if backend == "loopback" and a.ranks_per_node is not None and a.ranks_per_node != a.ranks:
+        _die("--backend loopback is one node: --ranks-per-node must equal --ranks (or be left out)")
+    min_busbw = _min_busbw(a)
 
     model = a.layout != "flat"
     iters = a.iters if a.iters is not None else (MODEL_DEFAULT_ITERS if model else FLAT_DEFAULT_ITERS)
     warmup = a.warmup_iters if a.warmup_iters is not None else (MODEL_DEFAULT_WARMUP if model else FLAT_DEFAULT_WARMUP)
-    opts = host_backend.Opts(dt, out_dt, op, a.scale, iters, warmup, a.check, a.seed)
     redop = "none" if coll == "all_gather" else op
 
     try:
@@ -141,25 +197,84 @@ def main(argv: Optional[List[str]] = None) -> int:
     except TideError as e:
         _die(str(e))
 
+    gpu_backend = None
+    if backend != "host":
+        from . import gpu
+
+        gpu.no_multicast_env()
+        if backend == "loopback":
+            os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")  # before CUDA initializes (nccl_tide.cuda)
+            from . import loopback_backend
+
+            gpu_backend = loopback_backend.make(a.ranks, a.device)
+        else:
+            from . import torchrun_backend
+
+            gpu_backend = torchrun_backend.make(a.average)
+    world = a.ranks if backend != "torchrun" else gpu_backend.W
+    if backend == "torchrun":
+        rpn = default_ranks_per_node(world)
+    elif backend == "loopback":
+        rpn = world
+    leader = backend != "torchrun" or gpu_backend.rank == 0
+    out = sys.stdout if leader else open(os.devnull, "w")
+    try:
+        return _run(a, argv, name, coll, backend, choice, wanted, gpu_backend, world, rpn, dt, out_dt, op, redop,
+                    model, iters, warmup, min_busbw, lib_version, leader, out)
+    finally:
+        if gpu_backend is not None:
+            gpu_backend.close()
+
+
+def _run(a, argv, name, coll, backend, choice, wanted, gpu_backend, world, rpn, dt, out_dt, op, redop, model, iters,
+         warmup, min_busbw, lib_version, leader, out) -> int:
     from .. import __version__
 
-    out = sys.stdout
+    versions = {"nccl_tide": __version__, "library": lib_version, "python": platform.python_version()}
+    if gpu_backend is not None:
+        from . import gpu
+
+        versions.update(gpu.versions())
+    nccl_h = versions.get("nccl_header", "N/A")
+    nccl_r = versions.get("nccl_runtime", "N/A")
+    short = lambda v: v if len(str(v)) <= 12 else "N/A"  # noqa: E731  (the reason is in the JSON)
     out.write(
-        f"# nccl-tide tide-perf {__version__} library={lib_version} nccl-headers=N/A nccl-library=N/A (backend host)\n"
+        f"# nccl-tide tide-perf {__version__} library={lib_version} nccl-headers={short(nccl_h)} "
+        f"nccl-library={short(nccl_r)} (backend {backend})\n"
     )
     out.write(f"# Collective test starting: {name}\n")
     step = f"{a.stepfactor}(factor)" if a.stepfactor > 1 else f"{a.stepbytes}(bytes)"
     out.write(
-        f"# nThread 1 nGpus 0 minBytes {a.minbytes} maxBytes {a.maxbytes} step: {step} warmup iters: {warmup} "
-        f"iters: {iters} agg iters: 1 validation: {a.check} graph: 0 unalign: 0\n"
+        f"# nThread 1 nGpus {0 if backend == 'host' else 1} minBytes {a.minbytes} maxBytes {a.maxbytes} step: {step} "
+        f"warmup iters: {warmup} iters: {iters} agg iters: 1 validation: {a.check} graph: 0 unalign: 0\n"
     )
-    out.write(f"# backend: host executor, {a.ranks} simulated ranks, {rpn} ranks per node, {a.ranks // rpn} nodes\n")
+    if backend == "host":
+        out.write(f"# backend: host executor, {world} simulated ranks, {rpn} ranks per node, {world // rpn} nodes\n")
+    else:
+        out.write(f"# backend: {gpu_backend.describe()}\n")
+        if "torch" in versions:
+            out.write(f"# torch {versions.get('torch')} CUDA {versions.get('cuda_runtime')} "
+                      f"NCCL(torch) {versions.get('nccl_torch', 'N/A')} device {versions.get('device', '?')}\n")
+    out.write(f"# backend chosen by {choice['why']}\n")
     if coll == "reduce_scatter":
         out.write(
             f"# reduce_scatter: input {dt.name}, output {out_dt.name}, op {op}"
             + (f", scale {a.scale}" if op == "premul" else "")
             + "\n"
         )
+    copy_op = "split_with_sizes_copy" if coll == "all_gather" else "chunk_cat"
+    table = impls.impl_table(backend, wanted, coll, copy_op=copy_op, out=out_dt.name)
+    for impl in wanted:
+        t = table[impl]
+        out.write(f"# impl {impl}: {t['description']}\n")
+        if t["measured_as"]:
+            out.write(f"#   measured as {t['measured_as']}\n")
+    if a.interfere == "gemm":
+        from . import gpu
+
+        out.write(f"# GEMM column: single-wave bf16 GEMM {'x'.join(map(str, gpu.GEMM_MKN))} beside the collective, "
+                  f"median of {a.interfere_runs} runs / GEMM alone (DESIGN.md section 9)\n")
+
     if model:
         params = model_params(a.layout)
         numels, rows = numels_and_rows(params)
@@ -167,65 +282,89 @@ def main(argv: Optional[List[str]] = None) -> int:
             f"# layout: {a.layout} ({len(params)} parameters, {sum(numels)} elements): one row = the whole layer; "
             "the layout fixes the size, -b/-e/-f/-i are ignored\n"
         )
-        cases = [host_backend.Case(numels, rows, a.ranks, rpn)]
+        cases = [(numels, rows, [tuple(s) for _, s in params])]
     else:
-        cases = []
-        for size in sizes(a):
-            count = size // dt.size
-            base = (count // a.ranks) & ~(16 // dt.size - 1)  # nccl-tests: per-rank count, 16-byte multiple
-            if base == 0:
-                out.write(f"# size {size}: fewer than 16 bytes per rank, skipped\n")
-                continue
-            cases.append(host_backend.Case([base * a.ranks], [1], a.ranks, rpn))
+        cases = _flat_cases(a, dt, world, out)
     out.write("#\n# Using devices\n")
-    out.write(
-        "#  Rank %2d Group %2d Pid %6d on %10s device %4s [host] %s\n"
-        % (
-            0,
-            0,
-            os.getpid(),
-            socket.gethostname(),
-            "host",
-            f"{platform.processor() or platform.machine()} (host executor)",
-        )
-    )
+    devices = _devices(backend, gpu_backend)
+    for d in devices:
+        out.write("#  Rank %2d Group %2d Pid %6d on %10s device %4s %s\n"
+                  % (d["rank"], d["group"], d["pid"], d["hostname"], d["device"], d.get("name", "")))
     out.write("#\n")
     report.header(out)
     out.flush()
 
     rows: List[report.Row] = []
     notes = set()
-    run = host_backend.all_gather if coll == "all_gather" else host_backend.reduce_scatter
-    for case in cases:
-        try:
-            oop, ip, note = run(case, opts)
-        except MemoryError:
-            _die(
-                "out of host memory: the host backend holds every simulated rank; use fewer --ranks or a smaller layout"
-            )
-        except TideError as e:
-            _die(str(e))
-        if note:
-            notes.add(note)
-        count = sum(-(-n // r // case.world) * r for n, r in zip(case.numels, case.row_numels))
-        row = report.Row(count * case.world * dt.size, count, dt.nccl_tests_name, redop, -1, oop, ip)
-        rows.append(row)
-        out.write(report.row_line(row) + "\n")
-        out.flush()
+    extras: dict = {}
+    opts = None
+    if gpu_backend is not None:
+        from . import gpu, runner
+
+        gemm = gpu.Gemm(a.interfere_runs) if a.interfere == "gemm" else None
+        barrier = gpu_backend.barrier if backend == "torchrun" else None
+        opts = runner.MeasureOpts(
+            iters, warmup, a.check, bool(a.sm_time), gemm,
+            reduce_time=getattr(gpu_backend, "reduce_time", lambda t: t),
+            reduce_wrong=getattr(gpu_backend, "reduce_wrong", lambda n: n), barrier=barrier,
+        )
+        if gemm is not None:
+            extras["gemm_alone"] = gemm.alone
+    hopts = host_backend.Opts(dt, out_dt, op, a.scale, iters, warmup, a.check, a.seed)
+    run_host = host_backend.all_gather if coll == "all_gather" else host_backend.reduce_scatter
+    for numels, prow, shapes in cases:
+        count = sum(-(-n // r // world) * r for n, r in zip(numels, prow))
+        size = count * world * dt.size
+        for impl in wanted:
+            reason = table[impl]["not_run_reason"]
+            if reason:
+                row = report.Row(size, count, dt.nccl_tests_name, redop, -1, report.NA, report.NA, impl=impl,
+                                 note=reason, ok=False)
+            elif backend == "host":
+                try:
+                    oop, ip, note = run_host(host_backend.Case(numels, prow, world, rpn), hopts)
+                except MemoryError:
+                    _die("out of host memory: the host backend holds every simulated rank; use fewer --ranks or a "
+                         "smaller layout")
+                except TideError as e:
+                    _die(str(e))
+                if note:
+                    notes.add(note)
+                row = report.Row(size, count, dt.nccl_tests_name, redop, -1, oop, ip, impl=impl)
+            else:
+                from . import runner
+
+                spec = runner.CaseSpec(coll, numels, prow, shapes, dt, out_dt, op, a.scale, a.seed)
+                row = runner.measure(gpu_backend, impl, spec, size, count, dt.nccl_tests_name, redop, world, opts,
+                                     extras)
+            rows.append(row)
+            out.write(report.row_line(row) + "\n")
+            out.flush()
+    if gpu_backend is not None:
+        notes.add("GPU backends: in-place variants are not measured (N/A); SM = sum of kernel durations per call "
+                  "(torch.profiler), copy-engine transfers use no SMs")
     for note in sorted(notes):
         out.write(f"# {note}\n")
-    report.footer(out, rows, name)
+    subject = wanted[0]
+    report.footer(out, rows, name, subject=subject, min_busbw=min_busbw)
+    out.flush()
 
-    if a.output_file:
+    wrong = report.total_wrong(rows)
+    gate_failed = report.busbw_gate_failed(report.avg_busbw(rows, subject), min_busbw)
+    if leader and (a.output_file or a.plot):
         config = {
             "collective": name,
             "command_line": "tide-perf " + " ".join(shlex.quote(x) for x in argv),
-            "versions": {"nccl_tide": __version__, "library": lib_version, "python": platform.python_version()},
-            "backend": "host",
+            "argv": [sys.executable] + sys.argv,
+            "versions": versions,
+            "backend": backend,
+            "backend_choice": choice["why"],
+            "date_utc": _utc_now(),
             "config": {
-                "nranks": a.ranks,
+                "nranks": world,
                 "ranks_per_node": rpn,
                 "layout": a.layout,
+                "impls": wanted,
                 "minbytes": a.minbytes,
                 "maxbytes": a.maxbytes,
                 "stepfactor": a.stepfactor,
@@ -238,11 +377,41 @@ def main(argv: Optional[List[str]] = None) -> int:
                 "out_type": out_dt.name if coll == "reduce_scatter" else dt.name,
                 "blocking": a.blocking,
                 "average": a.average,
+                "interfere": a.interfere,
+                "interfere_runs": a.interfere_runs if a.interfere != "none" else None,
+                "sm_time": bool(a.sm_time) and backend != "host",
             },
+            "notes": sorted(notes),
+            "extras": extras,
         }
-        devices = [{"rank": 0, "group": 0, "pid": os.getpid(), "hostname": socket.gethostname(), "device": "host"}]
-        report.write_json(a.output_file, config, devices, rows)
-    return 1 if report.total_wrong(rows) else 0
+        doc = report.build_json(config, devices, rows, table, subject, min_busbw)
+        if a.output_file:
+            report.write_json(a.output_file, doc)
+        if a.plot:
+            from .plot import PlotUnavailable, plot
+
+            try:
+                plot(doc, a.plot)
+                out.write(f"# plot written to {a.plot}\n")
+            except PlotUnavailable as e:
+                print(str(e), file=sys.stderr)
+                return 3
+    return 1 if (wrong or gate_failed) else 0
+
+
+def _utc_now() -> str:
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _devices(backend, gpu_backend) -> list:
+    if gpu_backend is not None:
+        return gpu_backend.devices()
+    return [{
+        "rank": 0, "group": 0, "pid": os.getpid(), "hostname": socket.gethostname(), "device": "host",
+        "name": f"[host] {platform.processor() or platform.machine()} (host executor)",
+    }]
 
 
 if __name__ == "__main__":

@@ -1,7 +1,12 @@
-"""nccl-tests output format (src/util.cu of nccl-tests 2.19): preamble, table, footer, JSON."""
+"""nccl-tests output format (src/util.cu of nccl-tests 2.19): preamble, table, footer, JSON.
+
+tide-perf adds, per row: the implementation measured (`impl`), SM time per call (sum of kernel durations from
+torch.profiler, us), the slowdown of a concurrent single-wave GEMM (`--interfere gemm`) and a free-text note (the
+stand-in measured, or why the row could not run). One table holds every implementation side by side.
+"""
 
 import json
-from typing import List, NamedTuple, Optional, TextIO
+from typing import Dict, List, NamedTuple, Optional, TextIO
 
 
 class Variant(NamedTuple):
@@ -13,6 +18,9 @@ class Variant(NamedTuple):
     wrong: Optional[int]  # None: not checked (-c 0) or variant not available
 
 
+NA = Variant(None, None, None, None)
+
+
 class Row(NamedTuple):
     size: int
     count: int
@@ -21,9 +29,11 @@ class Row(NamedTuple):
     root: int
     oop: Variant
     ip: Variant
-
-
-NA = Variant(None, None, None, None)
+    impl: str = "tide"
+    sm_us: Optional[float] = None  # SM time per call (sum of kernel durations), out-of-place
+    gemm_x: Optional[float] = None  # concurrent single-wave GEMM time / GEMM alone (--interfere gemm)
+    note: str = ""  # the stand-in measured, or why the row did not run
+    ok: bool = True  # False: the impl could not run (all figures N/A, note says why)
 
 
 def fit_float(v: Optional[float], width: int) -> str:
@@ -37,21 +47,18 @@ def fit_float(v: Optional[float], width: int) -> str:
     return f"{v:.0f}"
 
 
+_COLS = "# %10s  %12s  %8s  %6s  %6s  %8s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %s\n"
+
+
 def header(out: TextIO) -> None:
     out.write(
-        "# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          \n"
-        % ("", "", "", "", "")
+        "# %10s  %12s  %8s  %6s  %6s  %8s           out-of-place                       in-place          \n"
+        % ("", "", "", "", "", "")
     )
     cols = ("time", "algbw", "busbw", "#wrong")
-    out.write(
-        "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s\n"
-        % (("size", "count", "type", "redop", "root") + cols + cols)
-    )
+    out.write(_COLS % (("size", "count", "type", "redop", "root", "impl") + cols + cols + ("SM", "GEMM", "note")))
     units = ("(us)", "(GB/s)", "(GB/s)", "")
-    out.write(
-        "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s\n"
-        % (("(B)", "(elements)", "", "", "") + units + units)
-    )
+    out.write(_COLS % (("(B)", "(elements)", "", "", "", "") + units + units + ("(us)", "(x)", "")))
 
 
 def _variant(v: Variant) -> str:
@@ -60,11 +67,21 @@ def _variant(v: Variant) -> str:
 
 
 def row_line(r: Row) -> str:
-    return "%12li  %12li  %8s  %6s  %6i" % (r.size, r.count, r.type, r.redop, r.root) + _variant(r.oop) + _variant(r.ip)
+    line = (
+        "%12li  %12li  %8s  %6s  %6i  %8s" % (r.size, r.count, r.type, r.redop, r.root, r.impl)
+        + _variant(r.oop)
+        + _variant(r.ip)
+        + "  %7s  %6s" % (fit_float(r.sm_us, 7), fit_float(r.gemm_x, 6))
+    )
+    return line + ("  " + r.note if r.note else "")
 
 
-def avg_busbw(rows: List[Row]) -> float:
-    vals = [v.busbw for r in rows for v in (r.oop, r.ip) if v.busbw is not None]
+def _busbws(rows: List[Row]) -> List[float]:
+    return [v.busbw for r in rows for v in (r.oop, r.ip) if v.busbw is not None]
+
+
+def avg_busbw(rows: List[Row], impl: Optional[str] = None) -> float:
+    vals = _busbws([r for r in rows if impl is None or r.impl == impl])
     return sum(vals) / len(vals) if vals else 0.0
 
 
@@ -72,10 +89,34 @@ def total_wrong(rows: List[Row]) -> int:
     return sum(v.wrong or 0 for r in rows for v in (r.oop, r.ip))
 
 
-def footer(out: TextIO, rows: List[Row], name: str) -> None:
+def impl_order(rows: List[Row]) -> List[str]:
+    seen: List[str] = []
+    for r in rows:
+        if r.impl not in seen:
+            seen.append(r.impl)
+    return seen
+
+
+def busbw_gate_failed(avg: float, min_busbw: Optional[float]) -> bool:
+    """nccl-tests' NCCL_TESTS_MIN_BW rule: the run fails when the average bus bandwidth is below 0.9 x the minimum."""
+    return min_busbw is not None and avg < 0.9 * min_busbw
+
+
+def footer(out: TextIO, rows: List[Row], name: str, subject: Optional[str] = None, min_busbw=None) -> None:
+    """nccl-tests' footer. 'Avg bus bandwidth' is the subject impl's (the first of --impl); with --min-busbw it ends
+    in OK or FAILED as in nccl-tests. One extra line per impl follows when several were measured."""
     wrong = total_wrong(rows)
+    impls = impl_order(rows)
+    subject = subject or (impls[0] if impls else None)
+    avg = avg_busbw(rows, subject)
     out.write("# %-20s : %d %s\n" % ("Out of bounds values", wrong, "OK" if wrong == 0 else "FAILED"))
-    out.write("# %-20s : %g %s\n" % ("Avg bus bandwidth", avg_busbw(rows), ""))
+    gate = "" if min_busbw is None else ("FAILED" if busbw_gate_failed(avg, min_busbw) else "OK")
+    out.write("# %-20s : %g %s\n" % ("Avg bus bandwidth", avg, gate))
+    if len(impls) > 1 or (impls and impls[0] != "tide"):
+        for impl in impls:
+            ran = [r for r in rows if r.impl == impl and r.ok]
+            shown = "%g GB/s" % avg_busbw(rows, impl) if ran else "N/A (did not run)"
+            out.write("#   %-18s : %s%s\n" % (f"busbw avg {impl}", shown, " (gated)" if impl == subject else ""))
     out.write("#\n")
     out.write(f"# Collective test concluded: {name}\n")
 
@@ -84,27 +125,43 @@ def _variant_json(v: Variant) -> dict:
     return {"time": v.time_us, "alg_bw": v.algbw, "bus_bw": v.busbw, "nwrong": v.wrong}
 
 
-def write_json(path: str, config: dict, devices: list, rows: List[Row]) -> None:
+def row_json(r: Row) -> dict:
+    return {
+        "impl": r.impl,
+        "size": r.size,
+        "count": r.count,
+        "type": r.type,
+        "redop": r.redop,
+        "root": r.root,
+        "out_of_place": _variant_json(r.oop),
+        "in_place": _variant_json(r.ip),
+        "sm_time_us": r.sm_us,
+        "gemm_slowdown": r.gemm_x,
+        "ran": r.ok,
+        "note": r.note,
+    }
+
+
+def build_json(config: dict, devices: list, rows: List[Row], impls: Dict[str, dict], subject: str, min_busbw) -> dict:
     doc = dict(config)
+    avg = avg_busbw(rows, subject)
     doc.update(
         {
             "devices": devices,
-            "results": [
-                {
-                    "size": r.size,
-                    "count": r.count,
-                    "type": r.type,
-                    "redop": r.redop,
-                    "root": r.root,
-                    "out_of_place": _variant_json(r.oop),
-                    "in_place": _variant_json(r.ip),
-                }
-                for r in rows
-            ],
+            "impls": impls,
+            "results": [row_json(r) for r in rows],
             "out_of_bounds": {"count": total_wrong(rows), "ok": total_wrong(rows) == 0},
-            "average_bus_bandwidth": avg_busbw(rows),
+            "average_bus_bandwidth": avg,
+            "average_bus_bandwidth_impl": subject,
+            "average_bus_bandwidth_by_impl": {i: avg_busbw(rows, i) for i in impl_order(rows)},
+            "min_busbw": min_busbw,
+            "min_busbw_ok": None if min_busbw is None else not busbw_gate_failed(avg, min_busbw),
         }
     )
+    return doc
+
+
+def write_json(path: str, doc: dict) -> None:
     with open(path, "w") as f:
         json.dump(doc, f, indent=2)
         f.write("\n")

@@ -1,0 +1,330 @@
+"""FSDP2 training-step benchmark: stock FSDP2, FSDP2 with symmetric memory, and TIDE, on one Llama-style model.
+
+    torchrun --nproc_per_node 8 -m nccl_tide.bench.fsdp_step --layers 8 --hidden 4096 --seq 4096 --tokens 16384
+    python -m nccl_tide.bench.fsdp_step --mode layout-cost --models llama3-70b-layer,llama3-8b-layer --worlds 8,64
+
+step mode (needs CUDA; under torchrun, or one process = world size 1): bf16 parameters for compute, fp32 master
+weights and fp32 gradient reduction (MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)), fully_shard per
+block and on the root, AdamW. Per variant: step time (CUDA events per step, median and spread over --steps after
+--warmup), the share of step time in NCCL all-gather / reduce-scatter kernels and in FSDP2's layout conversion
+kernels (split_with_sizes_copy copy-out, chunk_cat copy-in), copy-engine memcpy time, comm SM time (NCCL and TIDE
+kernels) from torch.profiler over --profile-steps steps, and peak memory (torch.cuda.max_memory_allocated).
+Shares are summed kernel durations / step time; kernels on other streams overlap compute, so they are loads, not a
+critical path. Variants that cannot run print a row saying why.
+
+layout-cost mode (one GPU): nccl_tide.bench.layout_cost (per-layer copy-out / copy-in of stock FSDP2 vs TIDE's none).
+
+On a machine without CUDA both modes exit with status 2 and a message saying what they need (no CPU fallback: the
+FSDP2 parity of TIDE on CPU/gloo is covered by tests/test_fsdp_parity.py).
+"""
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import sys
+import tempfile
+from typing import List, Optional
+
+from .model import LlamaConfig
+
+VARIANTS = ("stock", "symm", "tide")
+NO_CUDA = (
+    "needs a CUDA GPU (step mode: one per torchrun process; layout-cost mode: one) and found "
+    "none. On a CPU machine, FSDP2 parity with TIDE is covered by tests/test_fsdp_parity.py (gloo)."
+)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m nccl_tide.bench.fsdp_step", description=__doc__.split("\n\n")[0])
+    p.add_argument("--mode", choices=["step", "layout-cost"], default="step")
+    p.add_argument("--variants", default="stock,symm,tide", help="comma list of stock, symm, tide")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--ffn", type=int, default=14336)
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--seq", type=int, default=2048, help="sequence length")
+    p.add_argument("--tokens", type=int, default=8192, help="tokens per GPU per step (batch = tokens / seq)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--profile-steps", type=int, default=2, help="steps under torch.profiler (0: no SM figures)")
+    p.add_argument("--models", default="llama3-70b-layer,llama3-8b-layer", help="layout-cost: layer layouts")
+    p.add_argument("--worlds", default="8,64", help="layout-cost: simulated world sizes")
+    p.add_argument("--iters", type=int, default=20, help="layout-cost: timed iterations")
+    p.add_argument("-J", "--json", default=None, help="write the results as JSON")
+    return p
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel classification (CPU-testable)
+# ---------------------------------------------------------------------------------------------
+
+
+def classify_kernel(name: str) -> str:
+    """ag / rs (NCCL collectives), comm (other NCCL kernels), layout (FSDP2 copy-out / copy-in), tide (TIDE's reduce
+    kernel) or compute."""
+    n = name.lower()
+    if "nccl" in n:
+        if "allgather" in n or "all_gather" in n:
+            return "ag"
+        if "reducescatter" in n or "reduce_scatter" in n:
+            return "rs"
+        return "comm"
+    if "split_with_sizes_copy" in n or "chunk_cat" in n or "chunkcat" in n:
+        return "layout"
+    if "tide" in n:
+        return "tide"
+    return "compute"
+
+
+def summarize_trace(events, steps: int) -> dict:
+    """Per-step summed durations (us) by class, plus ce_memcpy_us (memcpy events: copy engines) and comm_sm_us."""
+    out = {k: 0.0 for k in ("ag", "rs", "comm", "layout", "tide", "compute", "memcpy")}
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        cat = str(e.get("cat", "")).lower()
+        dur = float(e.get("dur", 0.0))
+        if cat == "kernel":
+            out[classify_kernel(str(e.get("name", "")))] += dur
+        elif cat == "gpu_memcpy":
+            out["memcpy"] += dur
+    per = {f"{k}_us": v / max(steps, 1) for k, v in out.items()}
+    per["comm_sm_us"] = per["ag_us"] + per["rs_us"] + per["comm_us"] + per["tide_us"]
+    return per
+
+
+# ---------------------------------------------------------------------------------------------
+# Step mode
+# ---------------------------------------------------------------------------------------------
+
+
+def _init_dist():
+    import torch
+    import torch.distributed as dist
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    if not dist.is_initialized():
+        try:
+            dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+        except TypeError:
+            dist.init_process_group("nccl")
+    return dist, dist.get_rank(), dist.get_world_size(), torch.device("cuda", local)
+
+
+def _shard(model, variant: str):
+    """fully_shard per block and root; returns (None, note) on success or (reason, None) when the variant cannot run."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in model.layers:
+        fully_shard(block, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    mods = [m for m in model.modules() if hasattr(m, "set_symm_mem_for_comm")]
+    if variant == "symm":
+        if not mods:
+            return f"unavailable: torch {torch.__version__} has no FSDPModule.set_symm_mem_for_comm", None
+        try:
+            for m in mods:
+                m.set_symm_mem_for_comm()
+        except Exception as e:
+            return f"unavailable: set_symm_mem_for_comm failed: {type(e).__name__}: {e}"[:300], None
+        pol = os.environ.get("NCCL_CTA_POLICY")
+        return None, f"set_symm_mem_for_comm on {len(mods)} modules; NCCL_CTA_POLICY={pol or 'unset'}"
+    if variant == "tide":
+        try:
+            import nccl_tide.fsdp
+
+            h = nccl_tide.fsdp.enable(model, executor="native")
+        except Exception as e:
+            return f"unavailable: nccl_tide.fsdp.enable(executor='native'): {type(e).__name__}: {e}"[:400], None
+        st = h.stats()
+        return None, f"TIDE groups {len(st['tide_groups'])}, stock groups {len(st['stock_groups'])}"
+    return None, ""
+
+
+def run_variant(variant: str, cfg: LlamaConfig, a, rank: int, world: int, device) -> dict:
+    import torch
+
+    from .model import build
+
+    row = {"variant": variant, "ran": False}
+    torch.cuda.empty_cache()
+    model = build(cfg, seed=0, device=device)
+    reason, note = _shard(model, variant)
+    if reason:
+        row["reason"] = reason
+        del model
+        torch.cuda.empty_cache()
+        return row
+    row["note"] = note
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    batch = max(1, a.tokens // a.seq)
+    g = torch.Generator(device=device).manual_seed(100 + rank)
+    tokens = torch.randint(0, cfg.vocab, (batch, a.seq + 1), device=device, generator=g)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+
+    def step():
+        logits = model(x)
+        loss = torch.nn.functional.cross_entropy(logits.float().view(-1, cfg.vocab), y.reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    try:
+        for _ in range(a.warmup):
+            step()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+        times = []
+        for _ in range(a.steps):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            loss = step()
+            e.record()
+            times.append((s, e))
+        torch.cuda.synchronize()
+        ms = sorted(s.elapsed_time(e) for s, e in times)
+        row["step_ms"] = {"median": statistics.median(ms), "min": ms[0], "max": ms[-1],
+                          "p25": ms[len(ms) // 4], "p75": ms[(3 * len(ms)) // 4], "n": len(ms)}
+        row["peak_mem_GiB"] = torch.cuda.max_memory_allocated(device) / 2**30
+        row["loss"] = float(loss.item())
+        if a.profile_steps > 0:
+            row["profile"] = _profile(step, a.profile_steps)
+            med_us = row["step_ms"]["median"] * 1e3
+            p = row["profile"]
+            row["share"] = {"ag_rs": (p["ag_us"] + p["rs_us"]) / med_us, "layout": p["layout_us"] / med_us,
+                            "ce_memcpy": p["memcpy_us"] / med_us}
+        row["ran"] = True
+    except Exception as e:
+        row["reason"] = f"failed: {type(e).__name__}: {e}"[:400]
+    finally:
+        if variant == "tide":
+            try:
+                import nccl_tide.fsdp
+
+                nccl_tide.fsdp.disable(model)
+            except Exception:
+                pass
+        del model, opt
+        torch.cuda.empty_cache()
+    return row
+
+
+def _profile(step, steps: int) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            data = json.load(f)
+    events = data.get("traceEvents", []) if isinstance(data, dict) else data
+    return summarize_trace(events, steps)
+
+
+def step_table(rows: List[dict]) -> str:
+    head = ("variant", "step ms (median)", "min-max", "AG+RS %", "layout %", "CE memcpy %", "comm SM us/step",
+            "peak GiB", "note")
+    lines = []
+    for r in rows:
+        if not r.get("ran"):
+            lines.append((r["variant"], "N/A", "", "", "", "", "", "", r.get("reason", "")))
+            continue
+        st, sh, p = r["step_ms"], r.get("share", {}), r.get("profile", {})
+        pct = lambda k: f"{100 * sh[k]:.1f}" if k in sh else "-"  # noqa: E731
+        lines.append((r["variant"], f"{st['median']:.2f}", f"{st['min']:.2f}-{st['max']:.2f}", pct("ag_rs"),
+                      pct("layout"), pct("ce_memcpy"), f"{p['comm_sm_us']:.0f}" if p else "-",
+                      f"{r['peak_mem_GiB']:.2f}", r.get("note", "")))
+    w = [max(len(h), *(len(x[i]) for x in lines)) if lines else len(h) for i, h in enumerate(head)]
+    out = ["| " + " | ".join(h.ljust(w[i]) for i, h in enumerate(head)) + " |",
+           "|" + "|".join("-" * (x + 2) for x in w) + "|"]
+    out += ["| " + " | ".join(x[i].ljust(w[i]) for i in range(len(head))) + " |" for x in lines]
+    return "\n".join(out)
+
+
+def _versions() -> dict:
+    from ..perf.gpu import versions
+
+    return versions()
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    a = parser().parse_args(argv)
+    from ..perf.gpu import no_multicast_env
+
+    no_multicast_env()
+    try:
+        import torch
+    except ImportError:
+        print("nccl_tide.bench.fsdp_step: needs PyTorch: pip install torch", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print(f"nccl_tide.bench.fsdp_step: {NO_CUDA}", file=sys.stderr)
+        return 2
+    doc = {"command_line": "python -m nccl_tide.bench.fsdp_step " + " ".join(shlex.quote(x) for x in argv),
+           "mode": a.mode, "versions": _versions()}
+    if a.mode == "layout-cost":
+        from . import layout_cost
+
+        rows = []
+        for m in [x for x in a.models.split(",") if x]:
+            for w in [int(x) for x in a.worlds.split(",") if x]:
+                rows.append(layout_cost.measure(m, w, a.iters))
+        print(f"# layout cost per FSDP2 rank and layer, {doc['versions'].get('device', '?')}, torch "
+              f"{torch.__version__}: stock FSDP2 copy-out ({rows[0]['copy_out_op'] if rows else '?'}) and fp32 "
+              f"copy-in ({rows[0]['copy_in_op'] if rows else '?'}); TIDE has neither")
+        print(layout_cost.table(rows))
+        doc["results"] = rows
+        wrong = sum(r["wrong_params"] for r in rows)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(doc, f, indent=2)
+        return 1 if wrong else 0
+
+    variants = [v for v in a.variants.split(",") if v]
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad:
+        print(f"nccl_tide.bench.fsdp_step: unknown --variants {bad}; choose from {', '.join(VARIANTS)}",
+              file=sys.stderr)
+        return 2
+    dist, rank, world, device = _init_dist()
+    cfg = LlamaConfig(a.layers, a.hidden, a.heads, a.kv_heads, a.ffn, a.vocab)
+    doc.update({"world_size": world, "model": dict(cfg._asdict(), n_params=cfg.n_params()), "seq": a.seq,
+                "tokens_per_gpu": a.tokens, "warmup": a.warmup, "steps": a.steps})
+    rows = []
+    for v in variants:
+        rows.append(run_variant(v, cfg, a, rank, world, device))
+        dist.barrier(device_ids=[device.index])
+    if rank == 0:
+        print(f"# FSDP2 step, world size {world}, {doc['versions'].get('device', '?')}, torch {torch.__version__}, "
+              f"NCCL {doc['versions'].get('nccl_torch', '?')}; Llama-style {cfg.layers} layers, hidden {cfg.hidden}, "
+              f"{cfg.n_params() / 1e9:.2f}B params, seq {a.seq}, {a.tokens} tokens/GPU; bf16 params, fp32 reduce")
+        print(step_table(rows))
+        doc["results"] = rows
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(doc, f, indent=2)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

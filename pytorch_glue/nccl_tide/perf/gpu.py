@@ -1,0 +1,250 @@
+"""GPU measurement methods shared by the loopback and torchrun backends (the methods of benchmarks/*.py):
+
+* time per call: CUDA events around `iters` back-to-back calls on the current stream, after the warm-up and after a
+  ~1 ms sleep kernel so the CPU gets ahead of the GPU (launch overhead is not timed at large sizes);
+* SM time per call: sum of kernel durations from torch.profiler (ProfilerActivity.CUDA, chrome trace cat=kernel);
+  copy-engine transfers (memcpy) are not SM time;
+* --interfere gemm: DESIGN.md section 9 / benchmarks/interference.py. A single-wave bf16 GEMM (1024x4096x16384) is
+  timed alone, then beside K calls of the measured collective on a side stream: the GEMM stream waits for an event
+  recorded after the first call, so the side work is running when the GEMM starts and K is chosen so it lasts well
+  past the GEMM's end. Slowdown = median(with) / median(alone), alone measured in the same run.
+
+Every call passed in here enqueues its work so that the current stream waits for it (it may use other streams).
+torch is imported inside the functions: importing this module needs no torch.
+"""
+
+import json
+import math
+import os
+import statistics
+import tempfile
+from typing import Callable, List, Optional
+
+SLEEP_CYCLES = 2_000_000  # ~1 ms at H200 clocks
+GEMM_MKN = (1024, 4096, 16384)  # 128 output tiles of 128x1024: one wave on 132 SMs (DESIGN.md section 9)
+
+# Never NVLink multicast on the shared machines (DESIGN.md section 6); set in this process and its children.
+NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def no_multicast_env() -> None:
+    for k, v in NO_MULTICAST_ENV.items():
+        os.environ.setdefault(k, v)
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return {
+        "bf16": torch.bfloat16,
+        "fp16": torch.float16,
+        "fp32": torch.float32,
+        "fp8_e4m3": getattr(torch, "float8_e4m3fn", None),
+        "fp8_e5m2": getattr(torch, "float8_e5m2", None),
+        "int8": torch.int8,
+        "int32": torch.int32,
+    }[name]
+
+
+def bits_dtype(size: int):
+    """Integer torch dtype of `size` bytes, for bit-exact comparisons and copies of any element type."""
+    import torch
+
+    return {1: torch.uint8, 2: torch.int16, 4: torch.int32}[size]
+
+
+def sleep() -> None:
+    import torch
+
+    torch.cuda._sleep(SLEEP_CYCLES)
+
+
+def time_call_us(call: Callable[[], None], iters: int, warmup: int) -> float:
+    """Mean time per call (us) of `iters` back-to-back calls, CUDA events on the current stream."""
+    import torch
+
+    for _ in range(warmup):
+        call()
+    torch.cuda.synchronize()
+    sleep()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iters):
+        call()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) * 1e3 / max(iters, 1)
+
+
+def parse_kernel_time(events, iters: int) -> dict:
+    """Per-call kernel figures from chrome-trace events: n_kernels, kernel_us (sum of durations = SM time),
+    n_memcpy, memcpy_us, top kernel names."""
+    n_k = n_m = 0
+    k_us = m_us = 0.0
+    names = {}
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        cat = str(e.get("cat", "")).lower()
+        dur = float(e.get("dur", 0.0))
+        if cat == "kernel":
+            n_k += 1
+            k_us += dur
+            name = str(e.get("name", "?"))[:60]
+            names[name] = names.get(name, 0) + 1
+        elif cat in ("gpu_memcpy", "gpu_memset"):
+            n_m += 1
+            m_us += dur
+    it = max(iters, 1)
+    top = dict(sorted(names.items(), key=lambda kv: -kv[1])[:4])
+    return {"n_kernels": n_k / it, "kernel_us": k_us / it, "n_memcpy": n_m / it, "memcpy_us": m_us / it,
+            "kernel_names": top}
+
+
+def sm_time(call: Callable[[], None], iters: int = 3) -> dict:
+    """SM time per call from torch.profiler (see parse_kernel_time)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            call()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            data = json.load(f)
+    events = data.get("traceEvents", []) if isinstance(data, dict) else data
+    return parse_kernel_time(events, iters)
+
+
+def side_ops_for(unit_ms: float, gemm_ms: float) -> int:
+    """K side calls so the side work lasts past 3x the GEMM time + 1 ms (interference.py's rule), at most 200."""
+    return min(200, 1 + max(2, math.ceil((3 * gemm_ms + 1.0) / max(unit_ms, 1e-3))))
+
+
+class Gemm:
+    """The single-wave bf16 GEMM of DESIGN.md section 9 and its alone time (measured once per run)."""
+
+    def __init__(self, runs: int = 11):
+        import torch
+
+        m, k, n = GEMM_MKN
+        g = torch.Generator(device="cuda").manual_seed(1)
+        self.a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
+        self.b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16, generator=g)
+        self.c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        self.stream = torch.cuda.Stream()
+        self.side = torch.cuda.Stream()
+        self.head = torch.cuda.Stream()
+        self.runs = runs
+        with torch.cuda.stream(self.stream):  # cuBLAS picks its kernel per stream: warm up where it is timed
+            for _ in range(5):
+                self()
+        torch.cuda.synchronize()
+        self.alone = self._alone()
+
+    def __call__(self):
+        import torch
+
+        torch.matmul(self.a, self.b, out=self.c)
+
+    def _alone(self) -> dict:
+        import torch
+
+        times = []
+        for _ in range(self.runs):
+            torch.cuda.synchronize()
+            with torch.cuda.stream(self.stream):
+                sleep()
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                self()
+                b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b))
+        return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times)}
+
+    def slowdown(self, call: Callable[[], None], unit_ms: float, barrier: Optional[Callable[[], None]] = None) -> dict:
+        """GEMM beside K calls of `call` (on the side stream) / GEMM alone; median over self.runs runs."""
+        import torch
+
+        k = side_ops_for(unit_ms, self.alone["median_ms"])
+        times: List[float] = []
+        covered = 0
+        for _ in range(self.runs):
+            torch.cuda.synchronize()
+            if barrier is not None:
+                barrier()
+            with torch.cuda.stream(self.head):
+                sleep()  # the CPU enqueues everything below while this runs
+            self.side.wait_stream(self.head)
+            with torch.cuda.stream(self.side):
+                call()
+                first = torch.cuda.Event()
+                first.record()
+                for _ in range(k - 1):
+                    call()
+                last = torch.cuda.Event(enable_timing=True)
+                last.record()
+            self.stream.wait_event(first)
+            with torch.cuda.stream(self.stream):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                self()
+                b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b))
+            covered += int(b.elapsed_time(last) > 0)  # side work still running when the GEMM ended
+        med = statistics.median(times)
+        return {"slowdown": med / self.alone["median_ms"], "with_median_ms": med, "alone_median_ms":
+                self.alone["median_ms"], "side_calls": k, "runs": self.runs, "covered_runs": covered}
+
+
+def count_wrong_bits(got, want) -> int:
+    """Elements whose bits differ (equal-shaped integer views)."""
+    import torch
+
+    return int(torch.count_nonzero(got != want))
+
+
+def count_wrong_close(got, ref64, abs_sum64, tol: float) -> int:
+    """Elements not within tol x sum|x_i| of the fp64 reference (NaN counts as wrong)."""
+    import torch
+
+    g = got.double()
+    bad = ~((g - ref64).abs() <= tol * abs_sum64 + 1e-30)
+    return int(torch.count_nonzero(bad | torch.isnan(g)))
+
+
+# Tolerance of a reduce-scatter result relative to sum|x_i|, by output type (fp32 accumulation throughout).
+RS_TOL = {"fp32": 1e-5, "bf16": 2.0**-7, "fp16": 2.0**-10}
+
+
+def versions(torch_mod=None) -> dict:
+    """torch, CUDA, NCCL (torch's, and the one TIDE sees via nccl_tide.comm.nccl_info() where available), device."""
+    out = {}
+    try:
+        import torch
+
+        out["torch"] = torch.__version__
+        out["cuda_runtime"] = torch.version.cuda
+        if torch.cuda.is_available():
+            out["device"] = torch.cuda.get_device_name()
+            v = torch.cuda.nccl.version()
+            out["nccl_torch"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+    except Exception as e:  # report, never fail the benchmark on a version probe
+        out.setdefault("torch", f"unavailable ({type(e).__name__}: {e})")
+    try:
+        from ..comm import nccl_info
+
+        info = nccl_info()
+        out["nccl_header"] = info["header"]
+        out["nccl_runtime"] = info["runtime"]
+        out["nccl_features"] = info["features"]
+    except Exception as e:
+        out["nccl_header"] = out["nccl_runtime"] = f"N/A ({type(e).__name__}: {str(e)[:120]})"
+    return out

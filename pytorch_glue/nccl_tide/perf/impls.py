@@ -1,0 +1,109 @@
+"""What tide-perf can measure where: backend selection and, per implementation, why a row cannot run.
+
+Pure Python (no torch, no GPU): the CPU tests exercise every decision here with the GPU check mocked.
+"""
+
+import os
+from typing import Dict, List, Mapping, Optional
+
+IMPLS = ("tide", "nccl", "fsdp2", "nccl-ce")
+BACKENDS = ("host", "loopback", "torchrun")
+
+DESCRIPTIONS = {
+    "tide": "TIDE all-gather / reduce-scatter (copy engines write each parameter's storage; fp32 RS output)",
+    "nccl": "stock ncclAllGather / ncclReduceScatter on flat buffers (torch all_gather_into_tensor / "
+    "reduce_scatter_tensor)",
+    "fsdp2": "the nccl row plus FSDP2's copy-out (split_with_sizes_copy) after AG / fp32 chunk_cat copy-in before RS",
+    "nccl-ce": "NCCL's zero-CTA copy-engine AllGather on symmetric windows",
+}
+
+# What the loopback backend measures instead of multi-rank NCCL (there is none on one GPU).
+LOOPBACK_STAND_INS = {
+    ("nccl", "all_gather"): "stand-in: flat copy-engine all-gather (TIDE AG of one rank-major flat buffer); "
+    "no multi-rank NCCL on one GPU",
+    ("nccl", "reduce_scatter"): "stand-in: SM reduction of every rank's flat input (torch.sum over ranks, "
+    "{out}); no multi-rank NCCL on one GPU",
+    ("fsdp2", "all_gather"): "stand-in: flat copy-engine all-gather + FSDP2 copy-out ({copy_op}) per rank",
+    ("fsdp2", "reduce_scatter"): "stand-in: FSDP2 copy-in ({copy_op}, {out}) per rank + SM reduction",
+}
+
+
+class BackendChoice(dict):
+    """{'backend': name, 'why': how it was chosen}."""
+
+
+def gpu_available() -> bool:
+    """A CUDA device that torch can use. Device files are checked first so that a CPU machine never imports torch."""
+    if not (os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0")):
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    try:
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+def choose_backend(requested: str, env: Optional[Mapping[str, str]] = None, gpu=None) -> BackendChoice:
+    """auto: no GPU -> host; a GPU and WORLD_SIZE set (torchrun) -> torchrun; a GPU -> loopback.
+    `gpu` is a bool or a callable returning one (default: gpu_available); it is only consulted for auto."""
+    env = os.environ if env is None else env
+    if requested != "auto":
+        if requested not in BACKENDS:
+            raise ValueError(f"unknown --backend {requested!r}; use auto, {', '.join(BACKENDS)}")
+        return BackendChoice(backend=requested, why="--backend")
+    has_gpu = (gpu if gpu is not None else gpu_available)
+    has_gpu = has_gpu() if callable(has_gpu) else bool(has_gpu)
+    if not has_gpu:
+        return BackendChoice(backend="host", why="auto: no usable CUDA GPU")
+    if env.get("WORLD_SIZE"):
+        return BackendChoice(backend="torchrun", why=f"auto: CUDA GPU and WORLD_SIZE={env.get('WORLD_SIZE')}")
+    return BackendChoice(backend="loopback", why="auto: CUDA GPU, no WORLD_SIZE (one process)")
+
+
+def parse_impls(text: str) -> List[str]:
+    """Comma list of implementations, in order, without duplicates; 'all' = every one."""
+    items = [x.strip() for x in str(text).split(",") if x.strip()]
+    if items == ["all"]:
+        return list(IMPLS)
+    out: List[str] = []
+    for x in items:
+        if x not in IMPLS:
+            raise ValueError(f"unknown --impl {x!r}; choose from {', '.join(IMPLS)} (comma list) or all")
+        if x not in out:
+            out.append(x)
+    if not out:
+        raise ValueError("--impl is empty")
+    return out
+
+
+def static_reason(backend: str, impl: str, collective: str) -> Optional[str]:
+    """Why `impl` cannot run with `backend` for `collective`, decided without a GPU; None if it may run (it can still
+    fail at run time, and then its row says why)."""
+    if impl == "nccl-ce" and collective == "reduce_scatter":
+        return "not run: NCCL's copy-engine collectives include no reduce-scatter (a reduction needs SMs)"
+    if backend == "host":
+        if impl == "tide":
+            return None
+        return "not run: host backend (ranks simulated on the CPU, no GPU, no NCCL); use --backend loopback or torchrun"
+    if backend == "loopback" and impl == "nccl-ce":
+        return (
+            "not run: NCCL's CE AllGather needs NCCL communicators between processes with symmetric windows "
+            "(--backend torchrun, NCCL >= 2.28); no multi-rank NCCL on one GPU"
+        )
+    return None
+
+
+def impl_table(backend: str, impls: List[str], collective: str, **fmt) -> Dict[str, dict]:
+    """JSON description of each requested impl: description, static reason, stand-in (loopback)."""
+    out = {}
+    for impl in impls:
+        stand_in = LOOPBACK_STAND_INS.get((impl, collective)) if backend == "loopback" else None
+        out[impl] = {
+            "description": DESCRIPTIONS[impl],
+            "not_run_reason": static_reason(backend, impl, collective),
+            "measured_as": stand_in.format(**fmt) if stand_in and fmt else stand_in,
+        }
+    return out

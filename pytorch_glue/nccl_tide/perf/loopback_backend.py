@@ -1,0 +1,290 @@
+"""Loopback backend of tide-perf: N virtual ranks on one GPU (nccl_tide.cuda.LoopbackWorld).
+
+One call = the collective of every virtual rank (all ranks' work on one device), so time, algbw and busbw are those
+of the whole world on one GPU. There is no multi-rank NCCL on one GPU: the `nccl` and `fsdp2` rows measure the
+closest same-device stand-ins (benchmarks/ag_placement.py and rs.py) and say so in their note; `nccl-ce` cannot run.
+
+Checks (-c 1), before timing, outputs poisoned first: all-gather bit-exact against the send buffers (every rank's
+slot, every parameter); reduce-scatter against an fp64 sum of the inputs within gpu.RS_TOL x sum|x_i|.
+"""
+
+from typing import Callable, List, Optional
+
+from . import gpu
+from .impls import LOOPBACK_STAND_INS
+from .runner import Bench, CaseSpec, Unavailable
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def copy_out_impl():
+    """FSDP2's copy-out op: torch.ops.fsdp.split_with_sizes_copy, else torch.split_with_sizes_copy."""
+    torch = _torch()
+    try:
+        import torch.distributed.fsdp  # noqa: F401  (registers torch.ops.fsdp.*)
+    except Exception:
+        pass
+    try:
+        op = torch.ops.fsdp.split_with_sizes_copy
+        return "torch.ops.fsdp.split_with_sizes_copy", lambda flat, sizes, outs: op(flat, sizes, dim=1, out=outs)
+    except (AttributeError, RuntimeError):
+        pass
+    return "torch.split_with_sizes_copy", lambda flat, sizes, outs: torch.split_with_sizes_copy(
+        flat, sizes, dim=1, out=outs
+    )
+
+
+def chunk_cat_impl():
+    """FSDP2's copy-in op: torch.ops.fsdp.chunk_cat, else torch._chunk_cat (fp32 output from bf16 grads)."""
+    torch = _torch()
+    try:
+        import torch.distributed.fsdp  # noqa: F401
+    except Exception:
+        pass
+    try:
+        op = torch.ops.fsdp.chunk_cat
+        return "torch.ops.fsdp.chunk_cat", lambda ts, n, out: op(ts, dim=0, num_chunks=n, out=out)
+    except (AttributeError, RuntimeError):
+        pass
+    return "torch._chunk_cat", lambda ts, n, out: torch._chunk_cat(ts, 0, n, out=out)
+
+
+def param_views(buf_u8, layout, world: int, bits):
+    """Per-parameter (world, shard_numel) views (integer type `bits`) of a slot-layout byte buffer."""
+    out = []
+    for p in layout.params:
+        nb = p.shard_numel * world * p.elem_size
+        out.append(buf_u8[p.slot_offset : p.slot_offset + nb].view(bits).view(world, p.shard_numel))
+    return out
+
+
+def rs_reference(grads, layout, rank: int, world: int, op: str, scale: float, out):
+    """(ref64, abs_sum64) of rank `rank`'s packed reduce-scatter output: per parameter, the rank's dim-0 shard of the
+    sum over ranks (avg: / world; premul: x scale), zero in the padding."""
+    torch = _torch()
+    M = layout.rs_out_numel
+    ref = torch.zeros(M, dtype=torch.float64, device=out.device)
+    mag = torch.zeros(M, dtype=torch.float64, device=out.device)
+    for i, p in enumerate(layout.params):
+        k = p.shard_numel
+        lo, hi = rank * k, min((rank + 1) * k, p.numel)
+        if hi <= lo:
+            continue
+        dst = slice(p.rs_out_offset, p.rs_out_offset + hi - lo)
+        for s in range(world):
+            x = grads[s][i].reshape(-1)[lo:hi].double()
+            if op == "premul":
+                x = x * scale
+            ref[dst] += x
+            mag[dst] += x.abs()
+        if op == "avg":
+            ref[dst] /= world
+            mag[dst] /= world
+    return ref, mag
+
+
+class LoopbackBackend:
+    name = "loopback"
+
+    def __init__(self, world: int, device: int = 0):
+        from ..cuda import LoopbackWorld
+
+        torch = _torch()
+        if not 2 <= world <= 8:
+            raise ValueError(f"--backend loopback runs 2..8 virtual ranks, not --ranks {world}")
+        torch.cuda.set_device(device)
+        self.W = world
+        self.device = torch.device("cuda", device)
+        self.world = LoopbackWorld(world, device=device)
+
+    def describe(self) -> str:
+        return f"loopback: {self.W} virtual ranks on one GPU (nccl_tide.cuda.LoopbackWorld), one call = every rank"
+
+    def devices(self) -> list:
+        import os
+        import socket
+
+        torch = _torch()
+        name = torch.cuda.get_device_name(self.device)
+        return [{"rank": r, "group": 0, "pid": os.getpid(), "hostname": socket.gethostname(),
+                 "device": self.device.index, "name": f"{name} (virtual rank {r})"} for r in range(self.W)]
+
+    def close(self) -> None:
+        self.world.close()
+
+    # -- benches ---------------------------------------------------------------------------
+    def bench(self, impl: str, case: CaseSpec) -> Bench:
+        if case.collective == "all_gather":
+            return self._ag(impl, case)
+        return self._rs(impl, case)
+
+    def _layouts(self, case: CaseSpec, numels, rows):
+        from ..layout import Layout
+
+        return [Layout(numels, case.dtype.name, self.W, ranks_per_node=self.W, rank=r, row_numels=rows)
+                for r in range(self.W)]
+
+    def _ag(self, impl: str, case: CaseSpec) -> Bench:
+        torch = _torch()
+        W, dev = self.W, self.device
+        world = self.world
+        bits = gpu.bits_dtype(case.dtype.size)
+        lays = self._layouts(case, case.numels, case.rows)
+        lay = lays[0]
+        g = torch.Generator(device=dev).manual_seed(case.seed)
+        send = [torch.randint(0, 256, (lay.send_bytes,), dtype=torch.uint8, device=dev, generator=g)
+                for _ in range(W)]
+        # Expected slot image (identical on every rank): rank s's shard of parameter p at slot_offset + s * nb.
+        expect = torch.full((lay.slot_bytes,), 255, dtype=torch.uint8, device=dev)
+        regions = []
+        for p in lay.params:
+            nb = p.shard_numel * p.elem_size
+            for s in range(W):
+                expect[p.slot_offset + s * nb : p.slot_offset + (s + 1) * nb] = send[s][p.send_offset :
+                                                                                       p.send_offset + nb]
+            regions.append((p.slot_offset, p.slot_offset + W * nb))
+
+        def wrong_in(bufs) -> int:
+            n = 0
+            for b in bufs:
+                for lo, hi in regions:
+                    n += gpu.count_wrong_bits(b[lo:hi].view(bits), expect[lo:hi].view(bits))
+            return n
+
+        if impl == "tide":
+            slots = world.alloc_slot(lay.slot_bytes)
+
+            def call():
+                world.all_gather(lays, slots, sendbufs=send)
+                world.join()
+
+            def check():
+                for s_ in slots:
+                    s_.fill_(255)
+                call()
+                torch.cuda.synchronize()
+                return wrong_in(slots)
+
+            return Bench(call, check, note="", cleanup=lambda: world.free_slot(slots))
+
+        if impl in ("nccl", "fsdp2"):
+            S = lay.send_bytes // case.dtype.size
+            flat_lays = self._layouts(case, [W * S], [1])
+            flat = world.alloc_slot(flat_lays[0].slot_bytes)
+            flat_views = [f[: W * S * case.dtype.size].view(bits).view(W, S) for f in flat]
+
+            def flat_ag():
+                world.all_gather(flat_lays, flat, sendbufs=send)
+                world.join()
+
+            if impl == "nccl":
+                note = LOOPBACK_STAND_INS[("nccl", "all_gather")]
+                if len(case.numels) == 1:
+                    note += " (for a flat layout the same copies as the tide row)"
+                want = torch.cat([s_.view(bits) for s_ in send])
+
+                def check():
+                    for f in flat:
+                        f.fill_(255)
+                    flat_ag()
+                    torch.cuda.synchronize()
+                    return sum(gpu.count_wrong_bits(v.reshape(-1), want) for v in flat_views)
+
+                return Bench(flat_ag, check, note=note, cleanup=lambda: world.free_slot(flat))
+
+            op_name, copy_out = copy_out_impl()
+            sizes = [p.shard_numel for p in lay.params]
+            outs = [torch.empty(lay.slot_bytes, dtype=torch.uint8, device=dev) for _ in range(W)]
+            out_views = [param_views(o, lay, W, bits) for o in outs]
+
+            def call():
+                flat_ag()
+                for r in range(W):
+                    copy_out(flat_views[r], sizes, out_views[r])
+
+            def check():
+                for o in outs:
+                    o.fill_(255)
+                call()
+                torch.cuda.synchronize()
+                return wrong_in(outs)
+
+            note = LOOPBACK_STAND_INS[("fsdp2", "all_gather")].format(copy_op=op_name)
+            return Bench(call, check, note=note, cleanup=lambda: world.free_slot(flat))
+        raise Unavailable(f"not run: no loopback implementation of {impl}")
+
+    def _rs(self, impl: str, case: CaseSpec) -> Bench:
+        torch = _torch()
+        W, dev = self.W, self.device
+        world = self.world
+        lays = self._layouts(case, case.numels, case.rows)
+        lay = lays[0]
+        M = lay.rs_out_numel
+        in_t, out_t = gpu.torch_dtype(case.dtype.name), gpu.torch_dtype(case.out_dtype.name)
+        g = torch.Generator(device=dev).manual_seed(case.seed)
+        grads = [[torch.randn(tuple(shape), dtype=torch.float32, device=dev, generator=g).to(in_t)
+                  for shape in case.shapes] for _ in range(W)]
+        tol = gpu.RS_TOL[case.out_dtype.name]
+        refs: List = []
+
+        def wrong_in(outs) -> int:
+            if not refs:
+                refs.extend(rs_reference(grads, lay, r, W, case.op, case.scale, outs[r]) for r in range(W))
+            return sum(gpu.count_wrong_close(outs[r], *refs[r], tol) for r in range(W))
+
+        if impl == "tide":
+            outs = [torch.empty(M, dtype=out_t, device=dev) for _ in range(W)]
+
+            def call():
+                world.reduce_scatter(lays, grads, outs, op=case.op, scale=case.scale)
+                world.join()
+
+            def check():
+                for o in outs:
+                    o.fill_(float("nan"))
+                call()
+                torch.cuda.synchronize()
+                return wrong_in(outs)
+
+            return Bench(call, check, note="", cleanup=lambda: refs.clear())
+
+        if impl in ("nccl", "fsdp2"):
+            # NCCL reduces in one type: FSDP2 copies the grads into the reduce type (--out-type) first.
+            op_name, chunk_cat = chunk_cat_impl()
+            rsin = torch.empty(W, W * M, dtype=out_t, device=dev)
+            base = torch.empty(W, M, dtype=out_t, device=dev)
+
+            def copy_in():
+                for r in range(W):
+                    chunk_cat(grads[r], W, rsin[r].view(W, M))
+
+            def reduce():
+                torch.sum(rsin.view(W, W, M), dim=0, out=base)
+                if case.op == "avg":
+                    base.div_(W)
+                elif case.op == "premul":
+                    base.mul_(case.scale)
+
+            copy_in()  # the nccl row starts from inputs already in the reduce type
+            call: Callable[[], None] = reduce if impl == "nccl" else (lambda: (copy_in(), reduce()))
+
+            def check():
+                base.fill_(float("nan"))
+                if impl == "fsdp2":
+                    rsin.fill_(float("nan"))
+                call()
+                torch.cuda.synchronize()
+                return wrong_in([base[r] for r in range(W)])
+
+            key = ("nccl", "reduce_scatter") if impl == "nccl" else ("fsdp2", "reduce_scatter")
+            note = LOOPBACK_STAND_INS[key].format(copy_op=op_name, out=case.out_dtype.name)
+            return Bench(call, check, note=note, cleanup=lambda: refs.clear())
+        raise Unavailable(f"not run: no loopback implementation of {impl}")
+
+
+def make(world: int, device: Optional[int] = None) -> LoopbackBackend:
+    return LoopbackBackend(world, 0 if device is None else device)

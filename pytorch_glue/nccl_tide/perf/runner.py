@@ -1,0 +1,117 @@
+"""Runs one (size, impl) measurement on a GPU backend and turns it into a report.Row.
+
+A backend's bench(impl, case) returns a Bench (call, check, note, cleanup) or raises Unavailable (or any error):
+then the row is printed with N/A figures and the reason in its note instead of disappearing.
+"""
+
+import traceback
+from typing import Callable, List, NamedTuple, Optional, Tuple
+
+from ..dtypes import DType
+from .report import NA, Row, Variant
+
+
+class Unavailable(Exception):
+    """An implementation cannot run here; the message is the row's note."""
+
+
+class CaseSpec(NamedTuple):
+    collective: str  # all_gather | reduce_scatter
+    numels: List[int]
+    rows: List[int]
+    shapes: List[Tuple[int, ...]]
+    dtype: DType
+    out_dtype: DType
+    op: str
+    scale: float
+    seed: int
+
+
+class Bench(NamedTuple):
+    call: Callable[[], None]
+    check: Callable[[], int]
+    note: str = ""
+    cleanup: Optional[Callable[[], None]] = None
+
+
+class MeasureOpts(NamedTuple):
+    iters: int
+    warmup: int
+    check: int
+    sm_time: bool
+    gemm: object  # gpu.Gemm or None
+    reduce_time: Callable[[float], float] = lambda t: t  # average over ranks (torchrun)
+    reduce_wrong: Callable[[int], int] = lambda n: n  # sum over ranks (torchrun)
+    barrier: Optional[Callable[[], None]] = None
+
+
+def bw(nbytes_total: int, world: int, time_us: float) -> Tuple[float, float]:
+    algbw = nbytes_total / 1e3 / time_us if time_us > 0 else 0.0  # bytes/us/1e3 = GB/s
+    return algbw, algbw * (world - 1) / world if world > 1 else 0.0
+
+
+def unavailable_row(size: int, count: int, type_name: str, redop: str, impl: str, reason: str) -> Row:
+    return Row(size, count, type_name, redop, -1, NA, NA, impl=impl, note=reason, ok=False)
+
+
+def measure(backend, impl: str, case: CaseSpec, size: int, count: int, type_name: str, redop: str, world: int,
+            o: MeasureOpts, extras: dict) -> Row:
+    """One row. `extras[impl]` collects detail for the JSON (kernel names, interference runs)."""
+    import torch
+
+    try:
+        bench = backend.bench(impl, case)
+    except Unavailable as e:
+        return unavailable_row(size, count, type_name, redop, impl, str(e))
+    except Exception as e:  # a baseline that fails to set up is reported, never hidden
+        tb = traceback.format_exc(limit=3)
+        extras.setdefault("errors", []).append({"impl": impl, "size": size, "traceback": tb})
+        return unavailable_row(size, count, type_name, redop, impl, f"not run: {type(e).__name__}: {e}"[:300])
+    try:
+        wrong = o.reduce_wrong(bench.check()) if o.check else None
+        t = o.reduce_time(gpu_time(bench.call, o))
+        algbw, busbw = bw(size, world, t)
+        sm = None
+        detail = {}
+        if o.sm_time:
+            prof = _sm(bench.call)
+            sm = o.reduce_time(prof["kernel_us"])
+            detail["profile"] = prof
+        gx = None
+        if o.gemm is not None:
+            inter = o.gemm.slowdown(bench.call, t / 1e3, barrier=o.barrier)
+            gx = inter["slowdown"]
+            detail["interference"] = inter
+        if detail:
+            extras.setdefault("detail", []).append({"impl": impl, "size": size, **detail})
+        return Row(size, count, type_name, redop, -1, Variant(t, algbw, busbw, wrong), NA, impl=impl, sm_us=sm,
+                   gemm_x=gx, note=bench.note)
+    except Exception as e:
+        tb = traceback.format_exc(limit=4)
+        extras.setdefault("errors", []).append({"impl": impl, "size": size, "traceback": tb})
+        return unavailable_row(size, count, type_name, redop, impl, f"failed: {type(e).__name__}: {e}"[:300])
+    finally:
+        try:
+            torch.cuda.synchronize()
+            if bench.cleanup:
+                bench.cleanup()
+        finally:
+            del bench
+            import gc
+
+            gc.collect()
+            torch.cuda.empty_cache()
+
+
+def gpu_time(call, o: MeasureOpts) -> float:
+    from . import gpu
+
+    if o.barrier is not None:
+        o.barrier()
+    return gpu.time_call_us(call, o.iters, o.warmup)
+
+
+def _sm(call) -> dict:
+    from . import gpu
+
+    return gpu.sm_time(call)

@@ -1,0 +1,321 @@
+"""torchrun backend of tide-perf: one process per GPU, real NCCL communicators (torch.distributed, backend nccl).
+
+    torchrun --nproc_per_node 8 -m nccl_tide.perf all_gather --impl tide,nccl,fsdp2,nccl-ce -b 1M -e 1G -f 2
+
+Rank 0 prints. Per row: time = mean per call on each rank, averaged over ranks (-a 1, nccl-tests' default) or rank
+0's (-a 0); #wrong summed over ranks. Every rank regenerates every rank's inputs from the seed, so each checks its
+own output locally (all-gather bit-exact; reduce-scatter within gpu.RS_TOL x sum|x_i| of an fp64 sum).
+
+* tide: nccl_tide.comm.Comm.from_process_group (tideCommCreate on the process group's ncclComm_t);
+* nccl: all_gather_into_tensor / reduce_scatter_tensor on flat buffers (RS in the --out-type: NCCL reduces in one
+  type, which is why FSDP2 copies bf16 grads into fp32 first);
+* fsdp2: nccl + split_with_sizes_copy copy-out / fp32 chunk_cat copy-in, per parameter of the layout;
+* nccl-ce: all_gather_into_tensor on symmetric buffers (torch symmetric memory, NCCL backend); the row reports the
+  kernels NCCL launched (0 SM time means the zero-CTA CE path ran).
+"""
+
+import os
+import socket
+from typing import List
+
+from . import gpu
+from .loopback_backend import chunk_cat_impl, copy_out_impl, param_views, rs_reference
+from .runner import Bench, CaseSpec, Unavailable
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+class TorchrunBackend:
+    name = "torchrun"
+
+    def __init__(self, average: int = 1):
+        torch = _torch()
+        import torch.distributed as dist
+
+        gpu.no_multicast_env()
+        self.dist = dist
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        self.device = torch.device("cuda", local)
+        if not dist.is_initialized():
+            try:
+                dist.init_process_group("nccl", device_id=self.device)
+            except TypeError:  # older torch without device_id
+                dist.init_process_group("nccl")
+        self.rank, self.W = dist.get_rank(), dist.get_world_size()
+        self.average = average
+        self._comm = None
+        self._comm_error = None
+
+    def describe(self) -> str:
+        return f"torchrun: {self.W} processes, one GPU each, NCCL process group (torch.distributed)"
+
+    def devices(self) -> list:
+        torch = _torch()
+        mine = {"rank": self.rank, "group": 0, "pid": os.getpid(), "hostname": socket.gethostname(),
+                "device": self.device.index, "name": torch.cuda.get_device_name(self.device)}
+        allv: List = [None] * self.W
+        self.dist.all_gather_object(allv, mine)
+        return allv
+
+    def barrier(self) -> None:
+        self.dist.barrier(device_ids=[self.device.index])
+
+    def reduce_time(self, t: float) -> float:
+        torch = _torch()
+        x = torch.tensor([t], dtype=torch.float64, device=self.device)
+        self.dist.all_reduce(x)
+        return float(x.item()) / self.W if self.average else t
+
+    def reduce_wrong(self, n: int) -> int:
+        torch = _torch()
+        x = torch.tensor([n], dtype=torch.int64, device=self.device)
+        self.dist.all_reduce(x)
+        return int(x.item())
+
+    def close(self) -> None:
+        if self._comm is not None:
+            self._comm.close()
+            self._comm = None
+        if self.dist.is_initialized():
+            self.dist.destroy_process_group()
+
+    # -- helpers -----------------------------------------------------------------------------
+    def comm(self):
+        if self._comm is None and self._comm_error is None:
+            try:
+                from ..comm import Comm
+
+                self._comm = Comm.from_process_group()
+            except Exception as e:
+                self._comm_error = f"not run: nccl_tide.comm.Comm.from_process_group failed: {type(e).__name__}: {e}"
+        if self._comm is None:
+            raise Unavailable(self._comm_error[:300])
+        return self._comm
+
+    def _layout(self, case: CaseSpec, numels, rows):
+        from ..layout import Layout
+
+        return Layout(numels, case.dtype.name, self.W, rank=self.rank, row_numels=rows)
+
+    def _sends(self, case: CaseSpec, nbytes: int):
+        torch = _torch()
+        out = []
+        for s in range(self.W):
+            g = torch.Generator(device=self.device).manual_seed(case.seed * 1000 + s)
+            out.append(torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=self.device, generator=g))
+        return out
+
+    def _grads(self, case: CaseSpec):
+        torch = _torch()
+        in_t = gpu.torch_dtype(case.dtype.name)
+        out = []
+        for s in range(self.W):
+            g = torch.Generator(device=self.device).manual_seed(case.seed * 1000 + s)
+            out.append([torch.randn(tuple(sh), dtype=torch.float32, device=self.device, generator=g).to(in_t)
+                        for sh in case.shapes])
+        return out
+
+    def bench(self, impl: str, case: CaseSpec) -> Bench:
+        return self._ag(impl, case) if case.collective == "all_gather" else self._rs(impl, case)
+
+    # -- all-gather ----------------------------------------------------------------------------
+    def _ag(self, impl: str, case: CaseSpec) -> Bench:
+        torch = _torch()
+        dist, W, dev, me = self.dist, self.W, self.device, self.rank
+        bits = gpu.bits_dtype(case.dtype.size)
+        lay = self._layout(case, case.numels, case.rows)
+        sends = self._sends(case, lay.send_bytes)
+        send = sends[me]
+        S = lay.send_bytes // case.dtype.size
+        expect = torch.full((lay.slot_bytes,), 255, dtype=torch.uint8, device=dev)
+        regions = []
+        for p in lay.params:
+            nb = p.shard_numel * p.elem_size
+            for s in range(W):
+                expect[p.slot_offset + s * nb : p.slot_offset + (s + 1) * nb] = sends[s][p.send_offset :
+                                                                                        p.send_offset + nb]
+            regions.append((p.slot_offset, p.slot_offset + W * nb))
+        flat_want = torch.cat([x.view(bits) for x in sends])
+        del sends
+
+        def wrong_in(buf) -> int:
+            return sum(gpu.count_wrong_bits(buf[lo:hi].view(bits), expect[lo:hi].view(bits)) for lo, hi in regions)
+
+        if impl == "tide":
+            comm = self.comm()
+            slot = comm.alloc_slot(lay.slot_bytes)
+
+            def call():
+                comm.all_gather(lay, slot, sendbuf=send)
+
+            def check():
+                slot.fill_(255)
+                call()
+                torch.cuda.synchronize()
+                return wrong_in(slot)
+
+            return Bench(call, check, cleanup=lambda: comm.free_slot(slot))
+
+        if impl == "nccl-ce":
+            return self._nccl_ce(send.view(bits), flat_want)
+
+        flat_out = torch.empty(W * S, dtype=bits, device=dev)
+        send_b = send.view(bits)
+
+        def nccl():
+            dist.all_gather_into_tensor(flat_out, send_b)
+
+        if impl == "nccl":
+            def check():
+                flat_out.fill_(-1)
+                nccl()
+                torch.cuda.synchronize()
+                return gpu.count_wrong_bits(flat_out, flat_want)
+
+            return Bench(nccl, check)
+
+        op_name, copy_out = copy_out_impl()
+        sizes = [p.shard_numel for p in lay.params]
+        out = torch.empty(lay.slot_bytes, dtype=torch.uint8, device=dev)
+        views = param_views(out, lay, W, bits)
+        flat2d = flat_out.view(W, S)
+
+        def fsdp2():
+            nccl()
+            copy_out(flat2d, sizes, views)
+
+        def check():
+            out.fill_(255)
+            fsdp2()
+            torch.cuda.synchronize()
+            return wrong_in(out)
+
+        return Bench(fsdp2, check, note=f"copy-out: {op_name}")
+
+    def _nccl_ce(self, send_b, flat_want) -> Bench:
+        """NCCL's CE AllGather: symmetric buffers registered as NCCL windows (torch symmetric memory, NCCL backend).
+        Whether NCCL took the zero-CTA path shows in the SM column (0 us: no kernel)."""
+        torch = _torch()
+        if self.W < 2:
+            raise Unavailable("not run: world size 1 (NCCL's CE AllGather copies between GPUs: run with >= 2 ranks)")
+        v = torch.cuda.nccl.version()
+        v = v if isinstance(v, tuple) else (v // 10000, (v % 10000) // 100, v % 100)
+        if tuple(v[:2]) < (2, 28):
+            raise Unavailable(f"not run: NCCL {'.'.join(map(str, v))} in torch; CE collectives need NCCL >= 2.28")
+        try:
+            import torch.distributed._symmetric_memory as symm
+        except ImportError as e:
+            raise Unavailable(f"not run: torch {torch.__version__} has no symmetric memory module ({e})") from None
+        if not hasattr(symm, "set_backend"):
+            raise Unavailable(f"not run: torch {torch.__version__} cannot put symmetric memory on NCCL windows")
+        symm.set_backend("NCCL")
+        group, policy = self._zero_cta_group()
+        n = send_b.numel()
+        inp = symm.empty(n, dtype=send_b.dtype, device=self.device)
+        out = symm.empty(n * self.W, dtype=send_b.dtype, device=self.device)
+        symm.rendezvous(inp, group)
+        symm.rendezvous(out, group)
+        inp.copy_(send_b)
+
+        def call():
+            self.dist.all_gather_into_tensor(out, inp, group=group)
+
+        def check():
+            out.fill_(-1)
+            call()
+            torch.cuda.synchronize()
+            return gpu.count_wrong_bits(out, flat_want)
+
+        note = f"symmetric windows (torch symm_mem, NCCL backend), {policy}; SM column 0 = no kernel (CE path)"
+        return Bench(call, check, note=note)
+
+    def _zero_cta_group(self):
+        """A process group whose NCCL communicator has the zero-CTA policy (what torch documents for CE AllGather:
+        ProcessGroupNCCL.Options().config.cta_policy = NCCL_CTA_POLICY_ZERO), created once; else the world group and
+        whatever NCCL_CTA_POLICY the environment sets."""
+        dist = self.dist
+        if getattr(self, "_ce_group", None) is not None:
+            return self._ce_group
+        PG = getattr(dist, "ProcessGroupNCCL", None)
+        zero = getattr(PG, "NCCL_CTA_POLICY_ZERO", None) if PG is not None else None
+        if zero is not None:
+            opts = PG.Options()
+            opts.config.cta_policy = zero
+            group = dist.new_group(backend="nccl", pg_options=opts)
+            self._ce_group = (group, "dedicated group with cta_policy NCCL_CTA_POLICY_ZERO")
+        else:
+            pol = os.environ.get("NCCL_CTA_POLICY", "")
+            self._ce_group = (dist.group.WORLD, f"NCCL_CTA_POLICY={pol or 'unset'} (torch has no cta_policy option)")
+        return self._ce_group
+
+    # -- reduce-scatter ----------------------------------------------------------------------
+    def _rs(self, impl: str, case: CaseSpec) -> Bench:
+        torch = _torch()
+        dist, W, dev, me = self.dist, self.W, self.device, self.rank
+        if impl == "nccl-ce":
+            raise Unavailable("not run: NCCL's copy-engine collectives include no reduce-scatter")
+        lay = self._layout(case, case.numels, case.rows)
+        M = lay.rs_out_numel
+        out_t = gpu.torch_dtype(case.out_dtype.name)
+        all_grads = self._grads(case)
+        tol = gpu.RS_TOL[case.out_dtype.name]
+        grads = all_grads[me]
+        cache = []
+
+        def wrong_in(out) -> int:
+            if not cache:
+                cache.append(rs_reference(all_grads, lay, me, W, case.op, case.scale, out))
+                all_grads[:] = [grads if s == me else None for s in range(W)]  # free the others
+            return gpu.count_wrong_close(out, *cache[0], tol)
+
+        if impl == "tide":
+            comm = self.comm()
+            out = torch.empty(M, dtype=out_t, device=dev)
+
+            def call():
+                comm.reduce_scatter(lay, grads, out, op=case.op, scale=case.scale)
+
+            def check():
+                out.fill_(float("nan"))
+                call()
+                torch.cuda.synchronize()
+                return wrong_in(out)
+
+            return Bench(call, check)
+
+        op_name, chunk_cat = chunk_cat_impl()
+        rsin = torch.empty(W * M, dtype=out_t, device=dev)
+        out = torch.empty(M, dtype=out_t, device=dev)
+        if case.op == "premul":
+            red = dist._make_nccl_premul_sum(case.scale)
+        else:
+            red = dist.ReduceOp.AVG if case.op == "avg" else dist.ReduceOp.SUM
+
+        def copy_in():
+            chunk_cat(grads, W, rsin.view(W, M))
+
+        def nccl():
+            dist.reduce_scatter_tensor(out, rsin, op=red)
+
+        copy_in()
+        call = nccl if impl == "nccl" else (lambda: (copy_in(), nccl()))
+
+        def check():
+            out.fill_(float("nan"))
+            if impl == "fsdp2":
+                rsin.fill_(float("nan"))
+            call()
+            torch.cuda.synchronize()
+            return wrong_in(out)
+
+        note = f"reduce type {case.out_dtype.name}" + (f"; copy-in: {op_name}" if impl == "fsdp2" else "")
+        return Bench(call, check, note=note)
+
+
+def make(average: int = 1) -> TorchrunBackend:
+    return TorchrunBackend(average)
