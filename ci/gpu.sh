@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU job (one H200; not part of CPU CI): build the CUDA library, run tests/gpu bit-exact against the host
-# executor, compute-sanitizer memcheck + racecheck on a small case, then the benchmarks if present.
+# executor, compute-sanitizer memcheck + racecheck + synccheck on a small case, then the benchmarks if present.
 # Logs go to $OUT (default: ./gpu-out). Exit status: non-zero if the build, the tests or a sanitizer failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -61,7 +61,7 @@ if [ "${TIDE_GPU_SKIP_PERF:-0}" != "1" ]; then
 fi
 
 if [ "${TIDE_GPU_SKIP_SANITIZER:-0}" != "1" ]; then
-  for tool in memcheck racecheck; do
+  for tool in memcheck racecheck synccheck; do
     step "compute-sanitizer --tool $tool (tests/gpu/sanitizer_case.py)"
     timeout -k 10 "${TIDE_GPU_SAN_TIMEOUT:-600}" compute-sanitizer --tool "$tool" --error-exitcode 86 python3 tests/gpu/sanitizer_case.py \
       >"$OUT/sanitizer-$tool.log" 2>&1
@@ -70,6 +70,20 @@ if [ "${TIDE_GPU_SKIP_SANITIZER:-0}" != "1" ]; then
     echo "compute-sanitizer $tool exit status: $rc"
     [ "$rc" -eq 0 ] || status=1
   done
+fi
+
+# Optional: a sanitizer over whole GPU test files (slow: use a few files), e.g.
+#   TIDE_GPU_SAN_TESTS="tests/gpu/test_cuda_collectives.py tests/gpu/test_virtual_nodes.py" TIDE_GPU_SAN_TOOL=memcheck
+if [ -n "${TIDE_GPU_SAN_TESTS:-}" ]; then
+  tool="${TIDE_GPU_SAN_TOOL:-memcheck}"
+  step "compute-sanitizer --tool $tool over: $TIDE_GPU_SAN_TESTS"
+  # shellcheck disable=SC2086
+  timeout -k 10 "${TIDE_GPU_SAN_SUITE_TIMEOUT:-600}" compute-sanitizer --tool "$tool" --error-exitcode 86 \
+    python3 -m pytest -q -x -p no:cacheprovider $TIDE_GPU_SAN_TESTS >"$OUT/sanitizer-suite-$tool.log" 2>&1
+  rc=$?
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$OUT/sanitizer-suite-$tool.log" | tail -5
+  echo "compute-sanitizer $tool (suite) exit status: $rc"
+  [ "$rc" -eq 0 ] || status=1
 fi
 
 if [ -f benchmarks/run_all.py ] && [ "${TIDE_GPU_SKIP_BENCH:-0}" != "1" ]; then
