@@ -11,7 +11,8 @@ from nccl_tide.perf.cli import parse_size
 
 # size count type redop root impl | oop time algbw busbw #wrong | ip time algbw busbw #wrong | SM GEMM [note]
 ROW = re.compile(
-    r"^\s*(\d+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(-?\d+)\s+(\S+)" + r"\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)" * 2
+    r"^\s*(\d+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(-?\d+)\s+(\S+)"
+    + r"\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)" * 2
     + r"\s+(\S+)\s+(\S+)(?:\s+(.*?))?\s*$"
 )
 

@@ -163,7 +163,7 @@ def run_variant(variant: str, cfg: LlamaConfig, a, rank: int, world: int, device
     reason, note = _shard(model, variant)
     if reason:
         row["reason"] = reason
-        del model
+        model = None
         torch.cuda.empty_cache()
         return row
     row["note"] = note
@@ -195,16 +195,25 @@ def run_variant(variant: str, cfg: LlamaConfig, a, rank: int, world: int, device
             times.append((s, e))
         torch.cuda.synchronize()
         ms = sorted(s.elapsed_time(e) for s, e in times)
-        row["step_ms"] = {"median": statistics.median(ms), "min": ms[0], "max": ms[-1],
-                          "p25": ms[len(ms) // 4], "p75": ms[(3 * len(ms)) // 4], "n": len(ms)}
+        row["step_ms"] = {
+            "median": statistics.median(ms),
+            "min": ms[0],
+            "max": ms[-1],
+            "p25": ms[len(ms) // 4],
+            "p75": ms[(3 * len(ms)) // 4],
+            "n": len(ms),
+        }
         row["peak_mem_GiB"] = torch.cuda.max_memory_allocated(device) / 2**30
         row["loss"] = float(loss.item())
         if a.profile_steps > 0:
             row["profile"] = _profile(step, a.profile_steps)
             med_us = row["step_ms"]["median"] * 1e3
             p = row["profile"]
-            row["share"] = {"ag_rs": (p["ag_us"] + p["rs_us"]) / med_us, "layout": p["layout_us"] / med_us,
-                            "ce_memcpy": p["memcpy_us"] / med_us}
+            row["share"] = {
+                "ag_rs": (p["ag_us"] + p["rs_us"]) / med_us,
+                "layout": p["layout_us"] / med_us,
+                "ce_memcpy": p["memcpy_us"] / med_us,
+            }
         row["ran"] = True
     except Exception as e:
         row["reason"] = f"failed: {type(e).__name__}: {e}"[:400]
@@ -216,7 +225,7 @@ def run_variant(variant: str, cfg: LlamaConfig, a, rank: int, world: int, device
                 nccl_tide.fsdp.disable(model)
             except Exception:
                 pass
-        del model, opt
+        model = opt = None  # noqa: F841  (frees the variant's memory before the next one)
         torch.cuda.empty_cache()
     return row
 
@@ -240,21 +249,42 @@ def _profile(step, steps: int) -> dict:
 
 
 def step_table(rows: List[dict]) -> str:
-    head = ("variant", "step ms (median)", "min-max", "AG+RS %", "layout %", "CE memcpy %", "comm SM us/step",
-            "peak GiB", "note")
+    head = (
+        "variant",
+        "step ms (median)",
+        "min-max",
+        "AG+RS %",
+        "layout %",
+        "CE memcpy %",
+        "comm SM us/step",
+        "peak GiB",
+        "note",
+    )
     lines = []
     for r in rows:
         if not r.get("ran"):
             lines.append((r["variant"], "N/A", "", "", "", "", "", "", r.get("reason", "")))
             continue
         st, sh, p = r["step_ms"], r.get("share", {}), r.get("profile", {})
-        pct = lambda k: f"{100 * sh[k]:.1f}" if k in sh else "-"  # noqa: E731
-        lines.append((r["variant"], f"{st['median']:.2f}", f"{st['min']:.2f}-{st['max']:.2f}", pct("ag_rs"),
-                      pct("layout"), pct("ce_memcpy"), f"{p['comm_sm_us']:.0f}" if p else "-",
-                      f"{r['peak_mem_GiB']:.2f}", r.get("note", "")))
+        pct = lambda k, sh=sh: f"{100 * sh[k]:.1f}" if k in sh else "-"  # noqa: E731
+        lines.append(
+            (
+                r["variant"],
+                f"{st['median']:.2f}",
+                f"{st['min']:.2f}-{st['max']:.2f}",
+                pct("ag_rs"),
+                pct("layout"),
+                pct("ce_memcpy"),
+                f"{p['comm_sm_us']:.0f}" if p else "-",
+                f"{r['peak_mem_GiB']:.2f}",
+                r.get("note", ""),
+            )
+        )
     w = [max(len(h), *(len(x[i]) for x in lines)) if lines else len(h) for i, h in enumerate(head)]
-    out = ["| " + " | ".join(h.ljust(w[i]) for i, h in enumerate(head)) + " |",
-           "|" + "|".join("-" * (x + 2) for x in w) + "|"]
+    out = [
+        "| " + " | ".join(h.ljust(w[i]) for i, h in enumerate(head)) + " |",
+        "|" + "|".join("-" * (x + 2) for x in w) + "|",
+    ]
     out += ["| " + " | ".join(x[i].ljust(w[i]) for i in range(len(head))) + " |" for x in lines]
     return "\n".join(out)
 
@@ -279,8 +309,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not torch.cuda.is_available():
         print(f"nccl_tide.bench.fsdp_step: {NO_CUDA}", file=sys.stderr)
         return 2
-    doc = {"command_line": "python -m nccl_tide.bench.fsdp_step " + " ".join(shlex.quote(x) for x in argv),
-           "mode": a.mode, "versions": _versions()}
+    doc = {
+        "command_line": "python -m nccl_tide.bench.fsdp_step " + " ".join(shlex.quote(x) for x in argv),
+        "mode": a.mode,
+        "versions": _versions(),
+    }
     if a.mode == "layout-cost":
         from . import layout_cost
 
@@ -288,9 +321,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         for m in [x for x in a.models.split(",") if x]:
             for w in [int(x) for x in a.worlds.split(",") if x]:
                 rows.append(layout_cost.measure(m, w, a.iters))
-        print(f"# layout cost per FSDP2 rank and layer, {doc['versions'].get('device', '?')}, torch "
-              f"{torch.__version__}: stock FSDP2 copy-out ({rows[0]['copy_out_op'] if rows else '?'}) and fp32 "
-              f"copy-in ({rows[0]['copy_in_op'] if rows else '?'}); TIDE has neither")
+        print(
+            f"# layout cost per FSDP2 rank and layer, {doc['versions'].get('device', '?')}, torch "
+            f"{torch.__version__}: stock FSDP2 copy-out ({rows[0]['copy_out_op'] if rows else '?'}) and fp32 "
+            f"copy-in ({rows[0]['copy_in_op'] if rows else '?'}); TIDE has neither"
+        )
         print(layout_cost.table(rows))
         doc["results"] = rows
         wrong = sum(r["wrong_params"] for r in rows)
@@ -302,21 +337,32 @@ def main(argv: Optional[List[str]] = None) -> int:
     variants = [v for v in a.variants.split(",") if v]
     bad = [v for v in variants if v not in VARIANTS]
     if bad:
-        print(f"nccl_tide.bench.fsdp_step: unknown --variants {bad}; choose from {', '.join(VARIANTS)}",
-              file=sys.stderr)
+        print(
+            f"nccl_tide.bench.fsdp_step: unknown --variants {bad}; choose from {', '.join(VARIANTS)}", file=sys.stderr
+        )
         return 2
     dist, rank, world, device = _init_dist()
     cfg = LlamaConfig(a.layers, a.hidden, a.heads, a.kv_heads, a.ffn, a.vocab)
-    doc.update({"world_size": world, "model": dict(cfg._asdict(), n_params=cfg.n_params()), "seq": a.seq,
-                "tokens_per_gpu": a.tokens, "warmup": a.warmup, "steps": a.steps})
+    doc.update(
+        {
+            "world_size": world,
+            "model": dict(cfg._asdict(), n_params=cfg.n_params()),
+            "seq": a.seq,
+            "tokens_per_gpu": a.tokens,
+            "warmup": a.warmup,
+            "steps": a.steps,
+        }
+    )
     rows = []
     for v in variants:
         rows.append(run_variant(v, cfg, a, rank, world, device))
         dist.barrier(device_ids=[device.index])
     if rank == 0:
-        print(f"# FSDP2 step, world size {world}, {doc['versions'].get('device', '?')}, torch {torch.__version__}, "
-              f"NCCL {doc['versions'].get('nccl_torch', '?')}; Llama-style {cfg.layers} layers, hidden {cfg.hidden}, "
-              f"{cfg.n_params() / 1e9:.2f}B params, seq {a.seq}, {a.tokens} tokens/GPU; bf16 params, fp32 reduce")
+        print(
+            f"# FSDP2 step, world size {world}, {doc['versions'].get('device', '?')}, torch {torch.__version__}, "
+            f"NCCL {doc['versions'].get('nccl_torch', '?')}; Llama-style {cfg.layers} layers, hidden {cfg.hidden}, "
+            f"{cfg.n_params() / 1e9:.2f}B params, seq {a.seq}, {a.tokens} tokens/GPU; bf16 params, fp32 reduce"
+        )
         print(step_table(rows))
         doc["results"] = rows
         if a.json:

@@ -68,16 +68,21 @@ def measure(model: str, world: int, iters: int = 20, sm_time: bool = True) -> di
     for k, o in zip(shards, outs):
         wrong += int(not torch.equal(o, flat[:, off : off + k]))
         off += k
-    res = {"model": model, "world": world, "n_params": len(params), "numel": sum(s[0] * (s[1] if len(s) > 1 else 1)
-                                                                                 for _, s in params),
-           "padded_numel": world * S, "copy_out_op": out_name, "copy_in_op": in_name}
+    res = {
+        "model": model,
+        "world": world,
+        "n_params": len(params),
+        "numel": sum(s[0] * (s[1] if len(s) > 1 else 1) for _, s in params),
+        "padded_numel": world * S,
+        "copy_out_op": out_name,
+        "copy_in_op": in_name,
+    }
     res["copy_out_ms"] = _time_ms(do_copy_out, iters)
     res["copy_out_bytes"] = 2 * 2 * world * S  # bf16 read + write
     if sm_time:
         res["copy_out_sm_us"] = profile_sm(do_copy_out)["kernel_us"]
-    del flat, outs
-    grads = [torch.randn(tuple(s), dtype=torch.float32, device=dev, generator=g).to(torch.bfloat16)
-             for _, s in params]
+    flat = outs = None  # noqa: F841  (free before the copy-in buffers)
+    grads = [torch.randn(tuple(s), dtype=torch.float32, device=dev, generator=g).to(torch.bfloat16) for _, s in params]
     rsin = torch.empty(world, S, dtype=torch.float32, device=dev)
 
     def do_copy_in():
@@ -103,7 +108,7 @@ def measure(model: str, world: int, iters: int = 20, sm_time: bool = True) -> di
     res["tide_ms"] = 0.0
     res["tide_note"] = "none: TIDE places gathered shards in the parameters' storage and reads bf16 grads directly"
     res["anchor"] = ANCHOR.get(model)
-    del grads, rsin
+    grads = rsin = None  # noqa: F841
     torch.cuda.empty_cache()
     return res
 
@@ -115,12 +120,23 @@ def table(rows: List[dict]) -> str:
         a = r.get("anchor")
         anchor = f"{a['copy_out_ms']} / {a['copy_in_ms'][0]}-{a['copy_in_ms'][1]} ms ({a['device']})" if a else "-"
         sm = (r.get("copy_out_sm_us") or 0) + (r.get("copy_in_sm_us") or 0) if "copy_out_sm_us" in r else None
-        lines.append((r["model"], str(r["world"]), f"{r['copy_out_ms']['median']:.3f}",
-                      f"{r['copy_in_ms']['median']:.3f}",
-                      f"{r['copy_out_ms']['median'] + r['copy_in_ms']['median']:.3f}",
-                      "-" if sm is None else f"{sm:.0f}", "0 (none)", str(r["wrong_params"]), anchor))
+        lines.append(
+            (
+                r["model"],
+                str(r["world"]),
+                f"{r['copy_out_ms']['median']:.3f}",
+                f"{r['copy_in_ms']['median']:.3f}",
+                f"{r['copy_out_ms']['median'] + r['copy_in_ms']['median']:.3f}",
+                "-" if sm is None else f"{sm:.0f}",
+                "0 (none)",
+                str(r["wrong_params"]),
+                anchor,
+            )
+        )
     w = [max(len(h), *(len(x[i]) for x in lines)) if lines else len(h) for i, h in enumerate(head)]
-    out = ["| " + " | ".join(h.ljust(w[i]) for i, h in enumerate(head)) + " |",
-           "|" + "|".join("-" * (x + 2) for x in w) + "|"]
+    out = [
+        "| " + " | ".join(h.ljust(w[i]) for i, h in enumerate(head)) + " |",
+        "|" + "|".join("-" * (x + 2) for x in w) + "|",
+    ]
     out += ["| " + " | ".join(x[i].ljust(w[i]) for i in range(len(head))) + " |" for x in lines]
     return "\n".join(out)

@@ -79,8 +79,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--interfere-runs", type=int, default=11, help="GEMM runs per median (--interfere gemm)")
     p.add_argument("--sm-time", type=int, default=1, help="GPU backends: 1 measure SM time with torch.profiler")
     p.add_argument(
-        "--min-busbw", type=float, default=None, help="fail if the first impl's average busbw < 0.9 x this "
-        "(nccl-tests' NCCL_TESTS_MIN_BW rule; that variable is honoured too)"
+        "--min-busbw",
+        type=float,
+        default=None,
+        help="fail if the first impl's average busbw < 0.9 x this "
+        "(nccl-tests' NCCL_TESTS_MIN_BW rule; that variable is honoured too)",
     )
     p.add_argument("--device", type=int, default=0, help="loopback: CUDA device")
     p.add_argument("--ranks", type=int, default=8, help="world size (host: simulated; loopback: virtual ranks 2..8)")
@@ -115,7 +118,6 @@ def sizes(a) -> List[int]:
         else:
             break
     return out
-
 
 
 def _min_busbw(a) -> Optional[float]:
@@ -219,15 +221,57 @@ def main(argv: Optional[List[str]] = None) -> int:
     leader = backend != "torchrun" or gpu_backend.rank == 0
     out = sys.stdout if leader else open(os.devnull, "w")
     try:
-        return _run(a, argv, name, coll, backend, choice, wanted, gpu_backend, world, rpn, dt, out_dt, op, redop,
-                    model, iters, warmup, min_busbw, lib_version, leader, out)
+        return _run(
+            a,
+            argv,
+            name,
+            coll,
+            backend,
+            choice,
+            wanted,
+            gpu_backend,
+            world,
+            rpn,
+            dt,
+            out_dt,
+            op,
+            redop,
+            model,
+            iters,
+            warmup,
+            min_busbw,
+            lib_version,
+            leader,
+            out,
+        )
     finally:
         if gpu_backend is not None:
             gpu_backend.close()
 
 
-def _run(a, argv, name, coll, backend, choice, wanted, gpu_backend, world, rpn, dt, out_dt, op, redop, model, iters,
-         warmup, min_busbw, lib_version, leader, out) -> int:
+def _run(
+    a,
+    argv,
+    name,
+    coll,
+    backend,
+    choice,
+    wanted,
+    gpu_backend,
+    world,
+    rpn,
+    dt,
+    out_dt,
+    op,
+    redop,
+    model,
+    iters,
+    warmup,
+    min_busbw,
+    lib_version,
+    leader,
+    out,
+) -> int:
     from .. import __version__
 
     versions = {"nccl_tide": __version__, "library": lib_version, "python": platform.python_version()}
@@ -253,8 +297,10 @@ def _run(a, argv, name, coll, backend, choice, wanted, gpu_backend, world, rpn, 
     else:
         out.write(f"# backend: {gpu_backend.describe()}\n")
         if "torch" in versions:
-            out.write(f"# torch {versions.get('torch')} CUDA {versions.get('cuda_runtime')} "
-                      f"NCCL(torch) {versions.get('nccl_torch', 'N/A')} device {versions.get('device', '?')}\n")
+            out.write(
+                f"# torch {versions.get('torch')} CUDA {versions.get('cuda_runtime')} "
+                f"NCCL(torch) {versions.get('nccl_torch', 'N/A')} device {versions.get('device', '?')}\n"
+            )
     out.write(f"# backend chosen by {choice['why']}\n")
     if coll == "reduce_scatter":
         out.write(
@@ -272,8 +318,10 @@ def _run(a, argv, name, coll, backend, choice, wanted, gpu_backend, world, rpn, 
     if a.interfere == "gemm":
         from . import gpu
 
-        out.write(f"# GEMM column: single-wave bf16 GEMM {'x'.join(map(str, gpu.GEMM_MKN))} beside the collective, "
-                  f"median of {a.interfere_runs} runs / GEMM alone (DESIGN.md section 9)\n")
+        out.write(
+            f"# GEMM column: single-wave bf16 GEMM {'x'.join(map(str, gpu.GEMM_MKN))} beside the collective, "
+            f"median of {a.interfere_runs} runs / GEMM alone (DESIGN.md section 9)\n"
+        )
 
     if model:
         params = model_params(a.layout)
@@ -288,8 +336,10 @@ def _run(a, argv, name, coll, backend, choice, wanted, gpu_backend, world, rpn, 
     out.write("#\n# Using devices\n")
     devices = _devices(backend, gpu_backend)
     for d in devices:
-        out.write("#  Rank %2d Group %2d Pid %6d on %10s device %4s %s\n"
-                  % (d["rank"], d["group"], d["pid"], d["hostname"], d["device"], d.get("name", "")))
+        out.write(
+            "#  Rank %2d Group %2d Pid %6d on %10s device %4s %s\n"
+            % (d["rank"], d["group"], d["pid"], d["hostname"], d["device"], d.get("name", ""))
+        )
     out.write("#\n")
     report.header(out)
     out.flush()
@@ -304,9 +354,14 @@ def _run(a, argv, name, coll, backend, choice, wanted, gpu_backend, world, rpn, 
         gemm = gpu.Gemm(a.interfere_runs) if a.interfere == "gemm" else None
         barrier = gpu_backend.barrier if backend == "torchrun" else None
         opts = runner.MeasureOpts(
-            iters, warmup, a.check, bool(a.sm_time), gemm,
+            iters,
+            warmup,
+            a.check,
+            bool(a.sm_time),
+            gemm,
             reduce_time=getattr(gpu_backend, "reduce_time", lambda t: t),
-            reduce_wrong=getattr(gpu_backend, "reduce_wrong", lambda n: n), barrier=barrier,
+            reduce_wrong=getattr(gpu_backend, "reduce_wrong", lambda n: n),
+            barrier=barrier,
         )
         if gemm is not None:
             extras["gemm_alone"] = gemm.alone
@@ -318,14 +373,17 @@ def _run(a, argv, name, coll, backend, choice, wanted, gpu_backend, world, rpn, 
         for impl in wanted:
             reason = table[impl]["not_run_reason"]
             if reason:
-                row = report.Row(size, count, dt.nccl_tests_name, redop, -1, report.NA, report.NA, impl=impl,
-                                 note=reason, ok=False)
+                row = report.Row(
+                    size, count, dt.nccl_tests_name, redop, -1, report.NA, report.NA, impl=impl, note=reason, ok=False
+                )
             elif backend == "host":
                 try:
                     oop, ip, note = run_host(host_backend.Case(numels, prow, world, rpn), hopts)
                 except MemoryError:
-                    _die("out of host memory: the host backend holds every simulated rank; use fewer --ranks or a "
-                         "smaller layout")
+                    _die(
+                        "out of host memory: the host backend holds every simulated rank; use fewer --ranks or a "
+                        "smaller layout"
+                    )
                 except TideError as e:
                     _die(str(e))
                 if note:
@@ -335,14 +393,17 @@ def _run(a, argv, name, coll, backend, choice, wanted, gpu_backend, world, rpn, 
                 from . import runner
 
                 spec = runner.CaseSpec(coll, numels, prow, shapes, dt, out_dt, op, a.scale, a.seed)
-                row = runner.measure(gpu_backend, impl, spec, size, count, dt.nccl_tests_name, redop, world, opts,
-                                     extras)
+                row = runner.measure(
+                    gpu_backend, impl, spec, size, count, dt.nccl_tests_name, redop, world, opts, extras
+                )
             rows.append(row)
             out.write(report.row_line(row) + "\n")
             out.flush()
     if gpu_backend is not None:
-        notes.add("GPU backends: in-place variants are not measured (N/A); SM = sum of kernel durations per call "
-                  "(torch.profiler), copy-engine transfers use no SMs")
+        notes.add(
+            "GPU backends: in-place variants are not measured (N/A); SM = sum of kernel durations per call "
+            "(torch.profiler), copy-engine transfers use no SMs"
+        )
     for note in sorted(notes):
         out.write(f"# {note}\n")
     subject = wanted[0]
@@ -408,10 +469,16 @@ def _utc_now() -> str:
 def _devices(backend, gpu_backend) -> list:
     if gpu_backend is not None:
         return gpu_backend.devices()
-    return [{
-        "rank": 0, "group": 0, "pid": os.getpid(), "hostname": socket.gethostname(), "device": "host",
-        "name": f"[host] {platform.processor() or platform.machine()} (host executor)",
-    }]
+    return [
+        {
+            "rank": 0,
+            "group": 0,
+            "pid": os.getpid(),
+            "hostname": socket.gethostname(),
+            "device": "host",
+            "name": f"[host] {platform.processor() or platform.machine()} (host executor)",
+        }
+    ]
 
 
 if __name__ == "__main__":

@@ -53,6 +53,14 @@ def bits_dtype(size: int):
     return {1: torch.uint8, 2: torch.int16, 4: torch.int32}[size]
 
 
+def copy_dtype(name: str, size: int):
+    """The torch dtype FSDP2's copy ops see for `name` (bf16/fp16/fp32), else the integer type of its size. Results
+    are always compared as bits (random bytes can be NaN patterns)."""
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}.get(name) or bits_dtype(size)
+
+
 def sleep() -> None:
     import torch
 
@@ -97,8 +105,13 @@ def parse_kernel_time(events, iters: int) -> dict:
             m_us += dur
     it = max(iters, 1)
     top = dict(sorted(names.items(), key=lambda kv: -kv[1])[:4])
-    return {"n_kernels": n_k / it, "kernel_us": k_us / it, "n_memcpy": n_m / it, "memcpy_us": m_us / it,
-            "kernel_names": top}
+    return {
+        "n_kernels": n_k / it,
+        "kernel_us": k_us / it,
+        "n_memcpy": n_m / it,
+        "memcpy_us": m_us / it,
+        "kernel_names": top,
+    }
 
 
 def sm_time(call: Callable[[], None], iters: int = 3) -> dict:
@@ -200,8 +213,14 @@ class Gemm:
             times.append(a.elapsed_time(b))
             covered += int(b.elapsed_time(last) > 0)  # side work still running when the GEMM ended
         med = statistics.median(times)
-        return {"slowdown": med / self.alone["median_ms"], "with_median_ms": med, "alone_median_ms":
-                self.alone["median_ms"], "side_calls": k, "runs": self.runs, "covered_runs": covered}
+        return {
+            "slowdown": med / self.alone["median_ms"],
+            "with_median_ms": med,
+            "alone_median_ms": self.alone["median_ms"],
+            "side_calls": k,
+            "runs": self.runs,
+            "covered_runs": covered,
+        }
 
 
 def count_wrong_bits(got, want) -> int:

@@ -54,7 +54,7 @@ def choose_backend(requested: str, env: Optional[Mapping[str, str]] = None, gpu=
         if requested not in BACKENDS:
             raise ValueError(f"unknown --backend {requested!r}; use auto, {', '.join(BACKENDS)}")
         return BackendChoice(backend=requested, why="--backend")
-    has_gpu = (gpu if gpu is not None else gpu_available)
+    has_gpu = gpu if gpu is not None else gpu_available
     has_gpu = has_gpu() if callable(has_gpu) else bool(has_gpu)
     if not has_gpu:
         return BackendChoice(backend="host", why="auto: no usable CUDA GPU")

@@ -54,7 +54,7 @@ def chunk_cat_impl():
 
 
 def param_views(buf_u8, layout, world: int, bits):
-    """Per-parameter (world, shard_numel) views (integer type `bits`) of a slot-layout byte buffer."""
+    """Per-parameter (world, shard_numel) views (element type `bits`) of a slot-layout byte buffer."""
     out = []
     for p in layout.params:
         nb = p.shard_numel * world * p.elem_size
@@ -110,8 +110,17 @@ class LoopbackBackend:
 
         torch = _torch()
         name = torch.cuda.get_device_name(self.device)
-        return [{"rank": r, "group": 0, "pid": os.getpid(), "hostname": socket.gethostname(),
-                 "device": self.device.index, "name": f"{name} (virtual rank {r})"} for r in range(self.W)]
+        return [
+            {
+                "rank": r,
+                "group": 0,
+                "pid": os.getpid(),
+                "hostname": socket.gethostname(),
+                "device": self.device.index,
+                "name": f"{name} (virtual rank {r})",
+            }
+            for r in range(self.W)
+        ]
 
     def close(self) -> None:
         self.world.close()
@@ -125,8 +134,10 @@ class LoopbackBackend:
     def _layouts(self, case: CaseSpec, numels, rows):
         from ..layout import Layout
 
-        return [Layout(numels, case.dtype.name, self.W, ranks_per_node=self.W, rank=r, row_numels=rows)
-                for r in range(self.W)]
+        return [
+            Layout(numels, case.dtype.name, self.W, ranks_per_node=self.W, rank=r, row_numels=rows)
+            for r in range(self.W)
+        ]
 
     def _ag(self, impl: str, case: CaseSpec) -> Bench:
         torch = _torch()
@@ -136,16 +147,16 @@ class LoopbackBackend:
         lays = self._layouts(case, case.numels, case.rows)
         lay = lays[0]
         g = torch.Generator(device=dev).manual_seed(case.seed)
-        send = [torch.randint(0, 256, (lay.send_bytes,), dtype=torch.uint8, device=dev, generator=g)
-                for _ in range(W)]
+        send = [torch.randint(0, 256, (lay.send_bytes,), dtype=torch.uint8, device=dev, generator=g) for _ in range(W)]
         # Expected slot image (identical on every rank): rank s's shard of parameter p at slot_offset + s * nb.
         expect = torch.full((lay.slot_bytes,), 255, dtype=torch.uint8, device=dev)
         regions = []
         for p in lay.params:
             nb = p.shard_numel * p.elem_size
             for s in range(W):
-                expect[p.slot_offset + s * nb : p.slot_offset + (s + 1) * nb] = send[s][p.send_offset :
-                                                                                       p.send_offset + nb]
+                expect[p.slot_offset + s * nb : p.slot_offset + (s + 1) * nb] = send[s][
+                    p.send_offset : p.send_offset + nb
+                ]
             regions.append((p.slot_offset, p.slot_offset + W * nb))
 
         def wrong_in(bufs) -> int:
@@ -175,7 +186,8 @@ class LoopbackBackend:
             S = lay.send_bytes // case.dtype.size
             flat_lays = self._layouts(case, [W * S], [1])
             flat = world.alloc_slot(flat_lays[0].slot_bytes)
-            flat_views = [f[: W * S * case.dtype.size].view(bits).view(W, S) for f in flat]
+            cdt = gpu.copy_dtype(case.dtype.name, case.dtype.size)
+            flat_views = [f[: W * S * case.dtype.size].view(cdt).view(W, S) for f in flat]
 
             def flat_ag():
                 world.all_gather(flat_lays, flat, sendbufs=send)
@@ -192,14 +204,14 @@ class LoopbackBackend:
                         f.fill_(255)
                     flat_ag()
                     torch.cuda.synchronize()
-                    return sum(gpu.count_wrong_bits(v.reshape(-1), want) for v in flat_views)
+                    return sum(gpu.count_wrong_bits(v.reshape(-1).view(bits), want) for v in flat_views)
 
                 return Bench(flat_ag, check, note=note, cleanup=lambda: world.free_slot(flat))
 
             op_name, copy_out = copy_out_impl()
             sizes = [p.shard_numel for p in lay.params]
             outs = [torch.empty(lay.slot_bytes, dtype=torch.uint8, device=dev) for _ in range(W)]
-            out_views = [param_views(o, lay, W, bits) for o in outs]
+            out_views = [param_views(o, lay, W, cdt) for o in outs]
 
             def call():
                 flat_ag()
@@ -226,8 +238,10 @@ class LoopbackBackend:
         M = lay.rs_out_numel
         in_t, out_t = gpu.torch_dtype(case.dtype.name), gpu.torch_dtype(case.out_dtype.name)
         g = torch.Generator(device=dev).manual_seed(case.seed)
-        grads = [[torch.randn(tuple(shape), dtype=torch.float32, device=dev, generator=g).to(in_t)
-                  for shape in case.shapes] for _ in range(W)]
+        grads = [
+            [torch.randn(tuple(shape), dtype=torch.float32, device=dev, generator=g).to(in_t) for shape in case.shapes]
+            for _ in range(W)
+        ]
         tol = gpu.RS_TOL[case.out_dtype.name]
         refs: List = []
 

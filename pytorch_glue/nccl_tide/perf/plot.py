@@ -67,8 +67,14 @@ def plot(doc: dict, path: str) -> List[str]:
     if ax2.lines:
         ax2.legend()
     else:
-        ax2.text(0.5, 0.5, "no SM time in this run\n(host backend or --sm-time 0)", ha="center", va="center",
-                 transform=ax2.transAxes)
+        ax2.text(
+            0.5,
+            0.5,
+            "no SM time in this run\n(host backend or --sm-time 0)",
+            ha="center",
+            va="center",
+            transform=ax2.transAxes,
+        )
     versions = doc.get("versions", {})
     dev = versions.get("device") or (doc.get("devices") or [{}])[0].get("name") or doc.get("backend", "")
     fig.suptitle(f"{doc.get('collective', '')} - backend {doc.get('backend', '?')} - {dev}", fontsize=10)

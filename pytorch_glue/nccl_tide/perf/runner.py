@@ -54,8 +54,18 @@ def unavailable_row(size: int, count: int, type_name: str, redop: str, impl: str
     return Row(size, count, type_name, redop, -1, NA, NA, impl=impl, note=reason, ok=False)
 
 
-def measure(backend, impl: str, case: CaseSpec, size: int, count: int, type_name: str, redop: str, world: int,
-            o: MeasureOpts, extras: dict) -> Row:
+def measure(
+    backend,
+    impl: str,
+    case: CaseSpec,
+    size: int,
+    count: int,
+    type_name: str,
+    redop: str,
+    world: int,
+    o: MeasureOpts,
+    extras: dict,
+) -> Row:
     """One row. `extras[impl]` collects detail for the JSON (kernel names, interference runs)."""
     import torch
 
@@ -84,8 +94,19 @@ def measure(backend, impl: str, case: CaseSpec, size: int, count: int, type_name
             detail["interference"] = inter
         if detail:
             extras.setdefault("detail", []).append({"impl": impl, "size": size, **detail})
-        return Row(size, count, type_name, redop, -1, Variant(t, algbw, busbw, wrong), NA, impl=impl, sm_us=sm,
-                   gemm_x=gx, note=bench.note)
+        return Row(
+            size,
+            count,
+            type_name,
+            redop,
+            -1,
+            Variant(t, algbw, busbw, wrong),
+            NA,
+            impl=impl,
+            sm_us=sm,
+            gemm_x=gx,
+            note=bench.note,
+        )
     except Exception as e:
         tb = traceback.format_exc(limit=4)
         extras.setdefault("errors", []).append({"impl": impl, "size": size, "traceback": tb})

@@ -56,8 +56,14 @@ class TorchrunBackend:
 
     def devices(self) -> list:
         torch = _torch()
-        mine = {"rank": self.rank, "group": 0, "pid": os.getpid(), "hostname": socket.gethostname(),
-                "device": self.device.index, "name": torch.cuda.get_device_name(self.device)}
+        mine = {
+            "rank": self.rank,
+            "group": 0,
+            "pid": os.getpid(),
+            "hostname": socket.gethostname(),
+            "device": self.device.index,
+            "name": torch.cuda.get_device_name(self.device),
+        }
         allv: List = [None] * self.W
         self.dist.all_gather_object(allv, mine)
         return allv
@@ -116,8 +122,12 @@ class TorchrunBackend:
         out = []
         for s in range(self.W):
             g = torch.Generator(device=self.device).manual_seed(case.seed * 1000 + s)
-            out.append([torch.randn(tuple(sh), dtype=torch.float32, device=self.device, generator=g).to(in_t)
-                        for sh in case.shapes])
+            out.append(
+                [
+                    torch.randn(tuple(sh), dtype=torch.float32, device=self.device, generator=g).to(in_t)
+                    for sh in case.shapes
+                ]
+            )
         return out
 
     def bench(self, impl: str, case: CaseSpec) -> Bench:
@@ -137,8 +147,9 @@ class TorchrunBackend:
         for p in lay.params:
             nb = p.shard_numel * p.elem_size
             for s in range(W):
-                expect[p.slot_offset + s * nb : p.slot_offset + (s + 1) * nb] = sends[s][p.send_offset :
-                                                                                        p.send_offset + nb]
+                expect[p.slot_offset + s * nb : p.slot_offset + (s + 1) * nb] = sends[s][
+                    p.send_offset : p.send_offset + nb
+                ]
             regions.append((p.slot_offset, p.slot_offset + W * nb))
         flat_want = torch.cat([x.view(bits) for x in sends])
         del sends
@@ -162,28 +173,30 @@ class TorchrunBackend:
             return Bench(call, check, cleanup=lambda: comm.free_slot(slot))
 
         if impl == "nccl-ce":
-            return self._nccl_ce(send.view(bits), flat_want)
+            return self._nccl_ce(send, flat_want, bits)
 
-        flat_out = torch.empty(W * S, dtype=bits, device=dev)
-        send_b = send.view(bits)
+        # NCCL collectives move bytes here (uint8): NCCL has no 16-bit integer type, and the bytes are what counts.
+        flat_out = torch.empty(W * lay.send_bytes, dtype=torch.uint8, device=dev)
 
         def nccl():
-            dist.all_gather_into_tensor(flat_out, send_b)
+            dist.all_gather_into_tensor(flat_out, send)
 
         if impl == "nccl":
+
             def check():
-                flat_out.fill_(-1)
+                flat_out.fill_(255)
                 nccl()
                 torch.cuda.synchronize()
-                return gpu.count_wrong_bits(flat_out, flat_want)
+                return gpu.count_wrong_bits(flat_out.view(bits), flat_want)
 
             return Bench(nccl, check)
 
         op_name, copy_out = copy_out_impl()
         sizes = [p.shard_numel for p in lay.params]
         out = torch.empty(lay.slot_bytes, dtype=torch.uint8, device=dev)
-        views = param_views(out, lay, W, bits)
-        flat2d = flat_out.view(W, S)
+        cdt = gpu.copy_dtype(case.dtype.name, case.dtype.size)
+        views = param_views(out, lay, W, cdt)
+        flat2d = flat_out.view(cdt).view(W, S)
 
         def fsdp2():
             nccl()
@@ -197,7 +210,7 @@ class TorchrunBackend:
 
         return Bench(fsdp2, check, note=f"copy-out: {op_name}")
 
-    def _nccl_ce(self, send_b, flat_want) -> Bench:
+    def _nccl_ce(self, send_u8, flat_want, bits) -> Bench:
         """NCCL's CE AllGather: symmetric buffers registered as NCCL windows (torch symmetric memory, NCCL backend).
         Whether NCCL took the zero-CTA path shows in the SM column (0 us: no kernel)."""
         torch = _torch()
@@ -215,21 +228,21 @@ class TorchrunBackend:
             raise Unavailable(f"not run: torch {torch.__version__} cannot put symmetric memory on NCCL windows")
         symm.set_backend("NCCL")
         group, policy = self._zero_cta_group()
-        n = send_b.numel()
-        inp = symm.empty(n, dtype=send_b.dtype, device=self.device)
-        out = symm.empty(n * self.W, dtype=send_b.dtype, device=self.device)
+        n = send_u8.numel()
+        inp = symm.empty(n, dtype=torch.uint8, device=self.device)
+        out = symm.empty(n * self.W, dtype=torch.uint8, device=self.device)
         symm.rendezvous(inp, group)
         symm.rendezvous(out, group)
-        inp.copy_(send_b)
+        inp.copy_(send_u8)
 
         def call():
             self.dist.all_gather_into_tensor(out, inp, group=group)
 
         def check():
-            out.fill_(-1)
+            out.fill_(255)
             call()
             torch.cuda.synchronize()
-            return gpu.count_wrong_bits(out, flat_want)
+            return gpu.count_wrong_bits(out.view(bits), flat_want)
 
         note = f"symmetric windows (torch symm_mem, NCCL backend), {policy}; SM column 0 = no kernel (CE path)"
         return Bench(call, check, note=note)

@@ -1,0 +1,303 @@
+"""tide-perf and the FSDP2 step benchmark on one GPU (marker gpu; skipped without CUDA): the loopback backend with
+every impl, -c 1 with zero wrong elements, JSON; --interfere gemm; the layout-cost mode; torchrun at world size 1.
+Each case is a subprocess with a timeout (a hung collective fails the test instead of the job)."""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+ROW = re.compile(
+    r"^\s*(\d+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(-?\d+)\s+(\S+)"
+    + r"\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)" * 2
+    + r"\s+(\S+)\s+(\S+)(?:\s+(.*?))?\s*$"
+)
+ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+    "CUDA_DEVICE_MAX_CONNECTIONS": "32",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def run(args, timeout=240, torchrun=False):
+    env = dict(os.environ)
+    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TIDE_PERF_TEST_CORRUPT"):
+        env.pop(k, None)
+    env.update(ENV)
+    if torchrun:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port", str(port)]
+        cmd += args
+    else:
+        cmd = [sys.executable, *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    return r
+
+
+def rows(stdout):
+    out = []
+    for line in stdout.splitlines():
+        if line and not line.startswith("#"):
+            m = ROW.match(line)
+            if m:
+                g = m.groups()
+                out.append(
+                    {
+                        "size": int(g[0]),
+                        "impl": g[5],
+                        "time": g[6],
+                        "busbw": g[8],
+                        "wrong": g[9],
+                        "sm": g[14],
+                        "gemm": g[15],
+                        "note": g[16] or "",
+                    }
+                )
+    return out
+
+
+@pytest.mark.parametrize("coll", ["all_gather", "reduce_scatter"])
+def test_loopback_all_impls(coll, tmp_path):
+    js = tmp_path / "out.json"
+    r = run(
+        [
+            "-m",
+            "nccl_tide.perf",
+            coll,
+            "--ranks",
+            "4",
+            "-b",
+            "1M",
+            "-e",
+            "16M",
+            "-f",
+            "4",
+            "-n",
+            "5",
+            "-w",
+            "2",
+            "-c",
+            "1",
+            "-d",
+            "bf16",
+            "--impl",
+            "all",
+            "-J",
+            str(js),
+        ]
+    )
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-6000:]
+    assert "(backend loopback)" in r.stdout and "backend chosen by auto: CUDA GPU" in r.stdout
+    got = rows(r.stdout)
+    assert [x["impl"] for x in got] == ["tide", "nccl", "fsdp2", "nccl-ce"] * 3
+    for x in got:
+        if x["impl"] == "nccl-ce":
+            assert x["time"] == "N/A" and x["note"].startswith("not run")
+            continue
+        assert x["wrong"] == "0" and float(x["time"]) > 0 and float(x["busbw"]) > 0, x
+        assert x["sm"] != "N/A"
+        if x["impl"] != "tide":
+            assert "stand-in" in x["note"]
+    tide = [x for x in got if x["impl"] == "tide"]
+    if coll == "all_gather":
+        assert all(float(x["sm"]) == 0.0 for x in tide)  # copy engines only: no kernel
+    else:
+        assert all(float(x["sm"]) > 0.0 for x in tide)  # the phase-2 reduce kernel
+    doc = json.loads(js.read_text())
+    assert doc["backend"] == "loopback" and doc["out_of_bounds"]["count"] == 0
+    assert doc["versions"]["torch"] and doc["versions"]["device"] and doc["versions"]["cuda_runtime"]
+    assert "nccl_runtime" in doc["versions"] and len(doc["devices"]) == 4
+    assert doc["impls"]["nccl"]["measured_as"].startswith("stand-in")
+    assert {x["impl"] for x in doc["results"] if x["ran"]} == {"tide", "nccl", "fsdp2"}
+
+
+def test_loopback_interfere_gemm_and_model_layout(tmp_path):
+    r = run(
+        [
+            "-m",
+            "nccl_tide.perf",
+            "all_gather",
+            "--backend",
+            "loopback",
+            "--ranks",
+            "2",
+            "-b",
+            "64M",
+            "-e",
+            "64M",
+            "-n",
+            "3",
+            "-c",
+            "1",
+            "-d",
+            "bf16",
+            "--impl",
+            "tide,fsdp2",
+            "--interfere",
+            "gemm",
+            "--interfere-runs",
+            "5",
+        ]
+    )
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-6000:]
+    got = rows(r.stdout)
+    assert [x["impl"] for x in got] == ["tide", "fsdp2"]
+    for x in got:
+        assert x["wrong"] == "0" and 0.5 < float(x["gemm"]) < 50, x
+    r = run(
+        [
+            "-m",
+            "nccl_tide.perf",
+            "reduce_scatter",
+            "--ranks",
+            "2",
+            "--layout",
+            "llama3-8b-layer",
+            "-d",
+            "bf16",
+            "-c",
+            "1",
+            "--impl",
+            "tide,fsdp2",
+        ],
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-6000:]
+    got = rows(r.stdout)
+    assert [x["impl"] for x in got] == ["tide", "fsdp2"] and all(x["wrong"] == "0" for x in got)
+
+
+def test_min_busbw_gate_fails_the_run():
+    """--min-busbw far above anything reachable fails the run (exit 1) with zero wrong elements."""
+    r = run(
+        ["-m", "nccl_tide.perf", "all_gather", "--ranks", "2", "-b", "1M", "-e", "1M", "-n", "2", "--min-busbw", "1e9"]
+    )
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "Out of bounds values : 0 OK" in r.stdout and re.search(r"Avg bus bandwidth\s*: \S+ FAILED", r.stdout)
+
+
+def test_fsdp_step_layout_cost(tmp_path):
+    js = tmp_path / "lc.json"
+    r = run(
+        [
+            "-m",
+            "nccl_tide.bench.fsdp_step",
+            "--mode",
+            "layout-cost",
+            "--models",
+            "llama3-8b-layer,llama3-70b-layer",
+            "--worlds",
+            "8",
+            "--iters",
+            "5",
+            "-J",
+            str(js),
+        ],
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-6000:]
+    doc = json.loads(js.read_text())
+    assert [x["model"] for x in doc["results"]] == ["llama3-8b-layer", "llama3-70b-layer"]
+    for x in doc["results"]:
+        assert x["wrong_params"] == 0 and x["copy_out_ms"]["median"] > 0 and x["copy_in_ms"]["median"] > 0
+        assert x["copy_out_sm_us"] > 0 and x["tide_ms"] == 0.0
+    big = doc["results"][1]
+    assert big["copy_in_ms"]["median"] > big["copy_out_ms"]["median"]  # fp32 write > bf16 copy
+    assert "llama3-70b-layer" in r.stdout and "0 (none)" in r.stdout
+
+
+@pytest.mark.parametrize("coll", ["all_gather", "reduce_scatter"])
+def test_torchrun_world_size_1(coll, tmp_path):
+    js = tmp_path / "tr.json"
+    r = run(
+        [
+            "-m",
+            "nccl_tide.perf",
+            coll,
+            "-b",
+            "1M",
+            "-e",
+            "4M",
+            "-f",
+            "4",
+            "-n",
+            "3",
+            "-c",
+            "1",
+            "-d",
+            "bf16",
+            "--impl",
+            "tide,nccl,fsdp2,nccl-ce",
+            "-J",
+            str(js),
+        ],
+        torchrun=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-6000:]
+    assert "(backend torchrun)" in r.stdout and "WORLD_SIZE=1" in r.stdout
+    got = rows(r.stdout)
+    assert [x["impl"] for x in got] == ["tide", "nccl", "fsdp2", "nccl-ce"] * 2
+    for x in got:
+        if x["impl"] in ("nccl", "fsdp2"):
+            assert x["wrong"] == "0" and float(x["time"]) > 0, x
+        elif x["impl"] == "nccl-ce":
+            assert x["time"] == "N/A" and ("world size 1" in x["note"] or "reduce-scatter" in x["note"])
+        else:  # tide over the process group's NCCL communicator: runs, or says why
+            assert x["wrong"] == "0" or x["note"].startswith("not run"), x
+    doc = json.loads(js.read_text())
+    assert doc["backend"] == "torchrun" and doc["config"]["nranks"] == 1
+
+
+def test_fsdp_step_torchrun_world_size_1(tmp_path):
+    js = tmp_path / "step.json"
+    r = run(
+        [
+            "-m",
+            "nccl_tide.bench.fsdp_step",
+            "--layers",
+            "2",
+            "--hidden",
+            "512",
+            "--heads",
+            "8",
+            "--kv-heads",
+            "4",
+            "--ffn",
+            "1024",
+            "--vocab",
+            "1000",
+            "--seq",
+            "256",
+            "--tokens",
+            "1024",
+            "--warmup",
+            "1",
+            "--steps",
+            "3",
+            "-J",
+            str(js),
+        ],
+        torchrun=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-6000:]
+    doc = json.loads(js.read_text())
+    by = {x["variant"]: x for x in doc["results"]}
+    assert set(by) == {"stock", "symm", "tide"}
+    stock = by["stock"]
+    assert stock["ran"] and stock["step_ms"]["median"] > 0 and stock["peak_mem_GiB"] > 0
+    assert stock["step_ms"]["min"] <= stock["step_ms"]["median"] <= stock["step_ms"]["max"]
+    for v in ("symm", "tide"):
+        assert by[v]["ran"] or by[v]["reason"].startswith(("unavailable", "failed")), by[v]
+    assert "| stock" in r.stdout and "step ms" in r.stdout

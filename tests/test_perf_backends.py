@@ -1,0 +1,374 @@
+"""tide-perf on the CPU: backend auto-selection (GPU check mocked), --impl rows with reasons, JSON schema, the
+--min-busbw gate, plots from JSON, and the loopback/torchrun benches' own logic (their checks and stand-ins) run
+on CPU tensors through a torch model of the loopback world and a one-rank gloo group."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from nccl_tide.perf import impls, report
+from nccl_tide.perf.cli import main as perf_main
+from test_perf_cli import parse, parse_full, tide_perf
+
+# ------------------------------------------------------------------------------------------------
+# Backend selection and impl rows (no GPU needed)
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "requested,gpu,env,want",
+    [
+        ("auto", False, {}, "host"),
+        ("auto", False, {"WORLD_SIZE": "8"}, "host"),  # torchrun without GPUs: still the host backend
+        ("auto", True, {}, "loopback"),
+        ("auto", True, {"WORLD_SIZE": "1"}, "torchrun"),
+        ("auto", True, {"WORLD_SIZE": ""}, "loopback"),
+        ("host", True, {"WORLD_SIZE": "2"}, "host"),
+        ("loopback", False, {}, "loopback"),
+        ("torchrun", False, {}, "torchrun"),
+    ],
+)
+def test_choose_backend(requested, gpu, env, want):
+    calls = []
+
+    def probe():
+        calls.append(1)
+        return gpu
+
+    got = impls.choose_backend(requested, env=env, gpu=probe)
+    assert got["backend"] == want
+    assert (requested == "auto") == bool(calls)  # the GPU is only probed for auto
+    assert got["why"].startswith("auto" if requested == "auto" else "--backend")
+
+
+def test_choose_backend_rejects_unknown():
+    with pytest.raises(ValueError, match="unknown --backend"):
+        impls.choose_backend("nccl", env={}, gpu=False)
+
+
+def test_cli_auto_uses_the_mocked_gpu_check(monkeypatch, capsys):
+    """main() asks cli._gpu_present; without a GPU auto runs the host backend and says why in the preamble."""
+    from nccl_tide.perf import cli
+
+    monkeypatch.setattr(cli, "_gpu_present", lambda: False)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert perf_main(["all_gather", "--ranks", "2", "-b", "1K", "-e", "1K", "-n", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "(backend host)" in out and "backend chosen by auto: no usable CUDA GPU" in out
+
+    seen = {}
+
+    def fake_make(ranks, device):
+        seen["loopback"] = (ranks, device)
+        raise SystemExit(42)  # stop before touching CUDA
+
+    from nccl_tide.perf import loopback_backend
+
+    monkeypatch.setattr(cli, "_gpu_present", lambda: True)
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.setattr(loopback_backend, "make", fake_make)
+    with pytest.raises(SystemExit) as e:
+        perf_main(["all_gather", "--ranks", "4", "-b", "1K", "-e", "1K"])
+    assert e.value.code == 42 and seen["loopback"] == (4, 0)
+
+
+def test_parse_impls():
+    assert impls.parse_impls("tide") == ["tide"]
+    assert impls.parse_impls("nccl, tide,nccl") == ["nccl", "tide"]
+    assert impls.parse_impls("all") == list(impls.IMPLS)
+    for bad in ("", "tide,mpi", "NCCL"):
+        with pytest.raises(ValueError):
+            impls.parse_impls(bad)
+
+
+def test_static_reasons():
+    assert impls.static_reason("host", "tide", "all_gather") is None
+    for impl in ("nccl", "fsdp2", "nccl-ce"):
+        assert "host backend" in impls.static_reason("host", impl, "all_gather")
+    assert impls.static_reason("loopback", "nccl", "all_gather") is None  # measured as a named stand-in
+    assert "torchrun" in impls.static_reason("loopback", "nccl-ce", "all_gather")
+    assert impls.static_reason("torchrun", "nccl-ce", "all_gather") is None
+    assert "no reduce-scatter" in impls.static_reason("torchrun", "nccl-ce", "reduce_scatter")
+    t = impls.impl_table("loopback", ["tide", "nccl", "fsdp2"], "reduce_scatter", copy_op="chunk_cat", out="fp32")
+    assert t["tide"]["measured_as"] is None
+    assert "stand-in" in t["nccl"]["measured_as"] and "fp32" in t["nccl"]["measured_as"]
+    assert "chunk_cat" in t["fsdp2"]["measured_as"] and "{" not in t["fsdp2"]["measured_as"]
+
+
+def test_host_rows_for_every_impl_with_reasons(tmp_path):
+    js = tmp_path / "r.json"
+    r = tide_perf(
+        "all_gather",
+        "--backend",
+        "host",
+        "--ranks",
+        "4",
+        "-b",
+        "4K",
+        "-e",
+        "16K",
+        "-f",
+        "4",
+        "-n",
+        "2",
+        "-d",
+        "bf16",
+        "--impl",
+        "all",
+        "-J",
+        str(js),
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = parse_full(r.stdout)
+    assert [x[5] for x in rows] == ["tide", "nccl", "fsdp2", "nccl-ce"] * 2  # side by side, per size, in order
+    for x in rows:
+        if x[5] == "tide":
+            assert x[9] == "0" and x[16] is None and float(x[6]) > 0
+        else:
+            assert x[6:14] == ("N/A",) * 8 and "not run: host backend" in x[16]
+    doc = json.loads(js.read_text())
+    assert doc["config"]["impls"] == ["tide", "nccl", "fsdp2", "nccl-ce"]
+    assert [x["impl"] for x in doc["results"]] == ["tide", "nccl", "fsdp2", "nccl-ce"] * 2
+    assert all(x["ran"] == (x["impl"] == "tide") for x in doc["results"])
+    assert doc["impls"]["nccl"]["not_run_reason"].startswith("not run")
+    assert doc["average_bus_bandwidth_impl"] == "tide"
+    assert doc["average_bus_bandwidth_by_impl"]["nccl"] == 0.0
+    assert "N/A (did not run)" in r.stdout
+
+
+def test_json_schema(tmp_path):
+    js = tmp_path / "ag.json"
+    args = ["all_gather", "--ranks", "2", "-b", "1K", "-e", "2K", "-f", "2", "-n", "1", "-J", str(js)]
+    r = tide_perf(*args)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(js.read_text())
+    for key in (
+        "collective",
+        "command_line",
+        "argv",
+        "versions",
+        "backend",
+        "backend_choice",
+        "date_utc",
+        "config",
+        "devices",
+        "impls",
+        "results",
+        "out_of_bounds",
+        "average_bus_bandwidth",
+        "min_busbw",
+        "min_busbw_ok",
+    ):
+        assert key in doc, key
+    assert doc["command_line"] == "tide-perf " + " ".join(args)
+    assert doc["backend"] == "host" and doc["min_busbw"] is None and doc["min_busbw_ok"] is None
+    assert {"nccl_tide", "library", "python"} <= set(doc["versions"])
+    res = doc["results"][0]
+    assert set(res) == {
+        "impl",
+        "size",
+        "count",
+        "type",
+        "redop",
+        "root",
+        "out_of_place",
+        "in_place",
+        "sm_time_us",
+        "gemm_slowdown",
+        "ran",
+        "note",
+    }
+    assert set(res["out_of_place"]) == {"time", "alg_bw", "bus_bw", "nwrong"}
+    assert res["sm_time_us"] is None and res["gemm_slowdown"] is None  # host backend: no GPU figures
+    assert doc["config"]["sm_time"] is False and doc["config"]["interfere"] == "none"
+
+
+# ------------------------------------------------------------------------------------------------
+# --min-busbw (nccl-tests: fail when the average bus bandwidth < 0.9 x the minimum)
+# ------------------------------------------------------------------------------------------------
+
+
+def test_min_busbw_gate(tmp_path):
+    base = ["all_gather", "--ranks", "4", "-b", "64K", "-e", "64K", "-n", "2", "-d", "bf16"]
+    js = tmp_path / "a.json"
+    r = tide_perf(*base, "-J", str(js))
+    assert r.returncode == 0
+    avg = json.loads(js.read_text())["average_bus_bandwidth"]
+    assert avg > 0
+    high = tide_perf(*base, "--min-busbw", "1e6")
+    assert high.returncode == 1
+    assert parse(high.stdout)[1]["Out of bounds values"] == "0"  # failed on bandwidth, not on data
+    assert high.stdout.split("Avg bus bandwidth")[1].split("\n")[0].endswith("FAILED")
+    low = tide_perf(*base, "--min-busbw", "1e-6", "-J", str(js))
+    assert low.returncode == 0 and "OK" in low.stdout.split("Avg bus bandwidth")[1].split("\n")[0]
+    assert json.loads(js.read_text())["min_busbw_ok"] is True
+    # nccl-tests' environment variable works too
+    env = tide_perf(*base, env={"NCCL_TESTS_MIN_BW": "1e6"})
+    assert env.returncode == 1
+
+
+def test_busbw_gate_rule():
+    assert report.busbw_gate_failed(89.0, 100.0) and not report.busbw_gate_failed(90.0, 100.0)
+    assert not report.busbw_gate_failed(0.0, None)
+
+
+def test_unavailable_rows_do_not_count_in_the_average():
+    ok = report.Row(1024, 8, "float", "none", -1, report.Variant(1.0, 2.0, 1.5, 0), report.NA, impl="tide")
+    na = report.Row(1024, 8, "float", "none", -1, report.NA, report.NA, impl="nccl", note="not run: x", ok=False)
+    assert report.avg_busbw([ok, na]) == 1.5 and report.avg_busbw([ok, na], "nccl") == 0.0
+    assert report.row_line(na).endswith("not run: x") and report.row_line(na).split()[5] == "nccl"
+
+
+# ------------------------------------------------------------------------------------------------
+# Plots
+# ------------------------------------------------------------------------------------------------
+
+
+def test_plot_from_json(tmp_path):
+    pytest.importorskip("matplotlib")
+    js, png = tmp_path / "r.json", tmp_path / "r.png"
+    r = tide_perf(
+        "all_gather",
+        "--ranks",
+        "4",
+        "-b",
+        "1K",
+        "-e",
+        "64K",
+        "-f",
+        "4",
+        "-n",
+        "1",
+        "--impl",
+        "tide,nccl",
+        "-J",
+        str(js),
+    )
+    assert r.returncode == 0
+    p = subprocess.run(
+        [sys.executable, "-m", "nccl_tide.perf", "plot", str(js), str(png)], capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 0, p.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    assert "tide" in p.stdout and "nccl" not in p.stdout.split("(")[1]  # nccl did not run: nothing drawn
+    png2 = tmp_path / "direct.png"
+    r = tide_perf("all_gather", "--ranks", "2", "-b", "1K", "-e", "4K", "-f", "2", "-n", "1", "--plot", str(png2))
+    assert r.returncode == 0 and png2.stat().st_size > 5000
+
+
+def test_plot_series_uses_only_rows_that_ran():
+    from nccl_tide.perf.plot import series
+
+    doc = {
+        "results": [
+            {"impl": "tide", "size": 1024, "ran": True, "out_of_place": {"bus_bw": 2.0}, "sm_time_us": 0.0},
+            {"impl": "nccl", "size": 1024, "ran": False, "out_of_place": {"bus_bw": None}, "sm_time_us": None},
+            {"impl": "tide", "size": 4096, "ran": True, "out_of_place": {"bus_bw": 3.0}, "sm_time_us": None},
+        ]
+    }
+    assert series(doc) == {"tide": [(1024, 2.0, 0.0), (4096, 3.0, None)], "nccl": []}
+
+
+def test_plot_without_matplotlib_names_the_pip_command(tmp_path, monkeypatch, capsys):
+    from nccl_tide.perf import plot
+
+    js = tmp_path / "r.json"
+    js.write_text(json.dumps({"results": []}))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    assert plot.main([str(js), str(tmp_path / "x.png")]) == 3
+    assert "pip install matplotlib" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        perf_main(["all_gather", "--ranks", "2", "-b", "1K", "-e", "1K", "--plot", str(tmp_path / "y.png")])
+    assert e.value.code == 2 and "pip install matplotlib" in capsys.readouterr().err
+
+
+def test_plot_rejects_other_json(tmp_path):
+    from nccl_tide.perf import plot
+
+    js = tmp_path / "x.json"
+    js.write_text("[1, 2]")
+    assert plot.main([str(js), str(tmp_path / "x.png")]) == 2
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU measurement helpers that are plain Python
+# ------------------------------------------------------------------------------------------------
+
+
+def test_parse_kernel_time():
+    from nccl_tide.perf.gpu import parse_kernel_time
+
+    ev = [
+        {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllGather_RING_LL", "dur": 10.0},
+        {"ph": "X", "cat": "Kernel", "name": "split_with_sizes_copy_kernel", "dur": 6.0},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoD", "dur": 8.0},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "dur": 100.0},
+        {"ph": "i", "cat": "kernel", "name": "marker"},
+    ]
+    r = parse_kernel_time(ev, iters=2)
+    assert r["n_kernels"] == 1.0 and r["kernel_us"] == 8.0 and r["memcpy_us"] == 4.0 and r["n_memcpy"] == 0.5
+
+
+def test_side_ops_rule():
+    from nccl_tide.perf.gpu import side_ops_for
+
+    assert side_ops_for(unit_ms=0.1, gemm_ms=0.17) == 1 + 16  # ceil((0.51 + 1) / 0.1) = 16
+    assert side_ops_for(unit_ms=100.0, gemm_ms=0.17) == 3  # at least 2 after the first
+    assert side_ops_for(unit_ms=1e-6, gemm_ms=0.17) == 200
+
+
+def test_fsdp_step_kernel_classes():
+    from nccl_tide.bench.fsdp_step import classify_kernel, summarize_trace
+
+    assert classify_kernel("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == "ag"
+    assert classify_kernel("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL") == "rs"
+    assert classify_kernel("ncclDevKernel_Generic") == "comm"
+    assert classify_kernel("void at::native::split_with_sizes_copy_out_contiguous_no_cast_kernel<...>") == "layout"
+    assert (
+        classify_kernel("void at::native::(anonymous namespace)::chunk_cat_cuda_kernel<float, c10::BFloat16>")
+        == "layout"
+    )
+    assert classify_kernel("sm90_xmma_gemm_bf16bf16_bf16f32") == "compute"
+    assert classify_kernel("tide::reduceKernel<__nv_bfloat16, float>") == "tide"
+    ev = [
+        {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllGather_RING_LL", "dur": 30.0},
+        {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_ReduceScatter_Sum_f32", "dur": 50.0},
+        {"ph": "X", "cat": "kernel", "name": "chunk_cat_cuda_kernel", "dur": 20.0},
+        {"ph": "X", "cat": "kernel", "name": "tide_rs_reduce", "dur": 4.0},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy PtoP", "dur": 16.0},
+    ]
+    s = summarize_trace(ev, steps=2)
+    assert s["ag_us"] == 15.0 and s["rs_us"] == 25.0 and s["layout_us"] == 10.0 and s["memcpy_us"] == 8.0
+    assert s["comm_sm_us"] == 15.0 + 25.0 + 2.0
+
+
+def test_fsdp_step_without_cuda_fails_clearly():
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    for args in ([], ["--mode", "layout-cost"]):
+        r = subprocess.run(
+            [sys.executable, "-m", "nccl_tide.bench.fsdp_step", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "needs a CUDA GPU" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_fsdp_step_model_matches_the_layer_layouts():
+    """The benchmark's Llama blocks have exactly the parameters (order and shapes) of nccl_tide.models' layers."""
+    torch = pytest.importorskip("torch")
+    from nccl_tide.bench.model import LlamaConfig, build
+    from nccl_tide.models import _llama_layer
+
+    cfg = LlamaConfig(layers=2, hidden=64, heads=4, kv_heads=2, ffn=96, vocab=50)
+    m = build(cfg, device="meta")
+    got = [(n, tuple(p.shape)) for n, p in m.layers[0].named_parameters()]
+    assert got == [(n, tuple(s)) for n, s in _llama_layer(64, 96, 4, 2, 16)]
+    assert sum(p.numel() for p in m.parameters()) == cfg.n_params()
+    small = build(cfg)
+    out = small(torch.randint(0, 50, (2, 5)))
+    assert out.shape == (2, 5, 50) and torch.isfinite(out).all()

@@ -1,0 +1,187 @@
+"""The GPU backends' bench logic on the CPU: the loopback backend against a torch model of LoopbackWorld (the
+documented semantics), the torchrun backend's nccl/fsdp2 rows on a one-rank gloo group. What runs here is the code the
+GPU runs (layouts, stand-ins, copy-out/copy-in, checks), minus CUDA; a corrupted result must be counted."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from nccl_tide.dtypes import dtype as to_dtype  # noqa: E402
+from nccl_tide.perf import loopback_backend, runner  # noqa: E402
+
+SHAPES = [(5, 3), (7,), (2, 4), (9, 2)]  # 2 of 4 ranks hold padding rows; one parameter has fewer rows than ranks
+
+
+class ModelWorld:
+    """CPU model of nccl_tide.cuda.LoopbackWorld (same call signatures): AG copies every rank's shards to every
+    rank's slot; RS sums in fp32 left to right, zero in the padding. corrupt=True flips one output element."""
+
+    def __init__(self, n, corrupt=False):
+        self.n, self.corrupt = n, corrupt
+        self.freed = 0
+
+    def alloc_slot(self, nbytes):
+        return [torch.empty(int(nbytes), dtype=torch.uint8) for _ in range(self.n)]
+
+    def free_slot(self, slots):
+        self.freed += 1
+
+    def join(self, stream=None):
+        pass
+
+    def all_gather(self, layouts, slots, sendbufs=None, shards=None, streams=None):
+        for s in range(self.n):
+            for p in layouts[s].params:
+                nb = p.shard_numel * p.elem_size
+                for d in range(self.n):
+                    slots[d][p.slot_offset + s * nb : p.slot_offset + (s + 1) * nb] = sendbufs[s][
+                        p.send_offset : p.send_offset + nb
+                    ]
+        if self.corrupt:
+            slots[-1][layouts[0].params[-1].slot_offset] ^= 1
+
+    def reduce_scatter(self, layouts, grads, outs, op="sum", scale=1.0, staging=None, streams=None):
+        for r in range(self.n):
+            outs[r].zero_()
+            for i, p in enumerate(layouts[r].params):
+                k = p.shard_numel
+                lo, hi = r * k, min((r + 1) * k, p.numel)
+                if hi <= lo:
+                    continue
+                acc = torch.zeros(hi - lo, dtype=torch.float32)
+                for s in range(self.n):
+                    x = grads[s][i].reshape(-1)[lo:hi].float()
+                    acc += x * scale if op == "premul" else x
+                if op == "avg":
+                    acc /= self.n
+                outs[r][p.rs_out_offset : p.rs_out_offset + hi - lo] = acc.to(outs[r].dtype)
+        if self.corrupt:
+            outs[0][0] += 1.0
+
+
+@pytest.fixture(autouse=True)
+def no_cuda_sync(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+
+
+def backend(W, corrupt=False):
+    b = loopback_backend.LoopbackBackend.__new__(loopback_backend.LoopbackBackend)
+    b.W, b.device, b.world = W, torch.device("cpu"), ModelWorld(W, corrupt)
+    return b
+
+
+def spec(coll, shapes, dt="bf16", out="fp32", op="sum", scale=1.0):
+    numels = [int(torch.Size(s).numel()) for s in shapes]
+    rows = [int(torch.Size(s[1:]).numel()) for s in shapes]
+    return runner.CaseSpec(coll, numels, rows, shapes, to_dtype(dt), to_dtype(out), op, scale, 7)
+
+
+@pytest.mark.parametrize("impl", ["tide", "nccl", "fsdp2"])
+@pytest.mark.parametrize("shapes", [SHAPES, [(4 * 24,)]], ids=["model", "flat"])
+@pytest.mark.parametrize("dt", ["bf16", "fp32", "fp8_e4m3"])
+def test_loopback_all_gather_benches(impl, shapes, dt):
+    b = backend(4)
+    bench = b.bench(impl, spec("all_gather", shapes, dt))
+    assert bench.check() == 0
+    bench.call()  # the timed call runs as well
+    if impl != "tide":
+        assert "stand-in" in bench.note and ("flat copy-engine all-gather" in bench.note)
+    if impl == "fsdp2":
+        assert "split_with_sizes_copy" in bench.note
+    bad = backend(4, corrupt=True).bench(impl, spec("all_gather", shapes, dt))
+    assert bad.check() == 1  # one flipped element in one rank's output
+
+
+@pytest.mark.parametrize("impl", ["tide", "nccl", "fsdp2"])
+@pytest.mark.parametrize("op,scale", [("sum", 1.0), ("avg", 1.0), ("premul", 0.3)])
+@pytest.mark.parametrize("out", ["fp32", "bf16"])
+def test_loopback_reduce_scatter_benches(impl, op, scale, out):
+    b = backend(4)
+    bench = b.bench(impl, spec("reduce_scatter", SHAPES, "bf16", out, op, scale))
+    assert bench.check() == 0
+    bench.call()
+    if impl != "tide":
+        assert "SM reduction" in bench.note and out in bench.note
+    bad = backend(4, corrupt=True)
+    if impl == "tide":
+        assert bad.bench(impl, spec("reduce_scatter", SHAPES, "bf16", out, op, scale)).check() >= 1
+
+
+def test_loopback_stand_in_reduce_detects_a_wrong_result():
+    """The stand-in's check is real: one wrong element of the SM reduction's output is counted."""
+    b = backend(2)
+    bench = b.bench("fsdp2", spec("reduce_scatter", [(8 * 2,)], "fp32", "fp32"))
+    assert bench.check() == 0
+    orig = torch.sum
+
+    def wrong_sum(x, dim=None, out=None):
+        r = orig(x, dim=dim, out=out)
+        out.view(-1)[0] += 5.0
+        return r
+
+    torch.sum, saved = wrong_sum, torch.sum
+    try:
+        assert bench.check() == 1
+    finally:
+        torch.sum = saved
+
+
+def test_measure_reports_setup_failures_as_rows():
+    class Broken:
+        def bench(self, impl, case):
+            if impl == "nccl":
+                raise runner.Unavailable("not run: because")
+            raise RuntimeError("boom")
+
+    o = runner.MeasureOpts(1, 0, 1, False, None)
+    extras = {}
+    r1 = runner.measure(Broken(), "nccl", None, 64, 8, "float", "none", 4, o, extras)
+    r2 = runner.measure(Broken(), "tide", None, 64, 8, "float", "none", 4, o, extras)
+    assert (r1.ok, r1.note, r1.oop.time_us) == (False, "not run: because", None)
+    assert not r2.ok and r2.note == "not run: RuntimeError: boom" and extras["errors"][0]["impl"] == "tide"
+
+
+@pytest.fixture(scope="module")
+def gloo1():
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield dist
+    dist.destroy_process_group()
+
+
+def torchrun_backend_on_cpu(dist):
+    from nccl_tide.perf import torchrun_backend
+
+    b = torchrun_backend.TorchrunBackend.__new__(torchrun_backend.TorchrunBackend)
+    b.dist, b.rank, b.W, b.device, b.average = dist, 0, 1, torch.device("cpu"), 1
+    b._comm, b._comm_error = None, None
+    return b
+
+
+@pytest.mark.parametrize("impl", ["nccl", "fsdp2"])
+def test_torchrun_all_gather_benches_on_gloo(gloo1, impl):
+    b = torchrun_backend_on_cpu(gloo1)
+    bench = b.bench(impl, spec("all_gather", SHAPES, "bf16"))
+    assert bench.check() == 0
+    with pytest.raises(runner.Unavailable, match="world size 1"):
+        b.bench("nccl-ce", spec("all_gather", SHAPES, "bf16"))
+    with pytest.raises(runner.Unavailable, match="no reduce-scatter"):
+        b.bench("nccl-ce", spec("reduce_scatter", SHAPES, "bf16"))
+
+
+@pytest.mark.parametrize("impl", ["nccl", "fsdp2"])
+def test_torchrun_reduce_scatter_benches_on_gloo(gloo1, impl):
+    b = torchrun_backend_on_cpu(gloo1)
+    try:
+        bench = b.bench(impl, spec("reduce_scatter", SHAPES, "bf16", "fp32"))
+        wrong = bench.check()
+    except (RuntimeError, ValueError) as e:  # gloo without reduce_scatter_tensor in this torch
+        pytest.skip(f"gloo reduce_scatter_tensor unavailable: {e}")
+    assert wrong == 0
+    assert b.reduce_wrong(3) == 3 and b.reduce_time(2.0) == 2.0
