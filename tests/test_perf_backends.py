@@ -372,3 +372,15 @@ def test_fsdp_step_model_matches_the_layer_layouts():
     small = build(cfg)
     out = small(torch.randint(0, 50, (2, 5)))
     assert out.shape == (2, 5, 50) and torch.isfinite(out).all()
+
+
+def test_matplotlib_is_an_optional_extra(repo):
+    tomllib = pytest.importorskip("tomllib")
+
+    proj = tomllib.loads((repo / "pyproject.toml").read_text())["project"]
+    assert proj["optional-dependencies"]["plot"] == ["matplotlib"]
+    assert not any("matplotlib" in d for d in proj["dependencies"])
+    # and nothing outside nccl_tide/perf/plot.py imports it
+    for path in (repo / "pytorch_glue" / "nccl_tide").rglob("*.py"):
+        if path.name != "plot.py":
+            assert "import matplotlib" not in path.read_text(), path

@@ -163,12 +163,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     if a.interfere != "none" and backend == "host":
         _die("--interfere gemm needs a GPU backend (loopback or torchrun); the host backend has no GPU")
     if a.plot:  # fail before measuring, not after
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            from .plot import MISSING
+        from .plot import PlotUnavailable, require_matplotlib
 
-            _die(MISSING.replace("tide-perf: ", ""))
+        try:
+            require_matplotlib()
+        except PlotUnavailable as e:
+            _die(str(e).replace("tide-perf: ", ""))
 
     try:
         dt = to_dtype(a.datatype)

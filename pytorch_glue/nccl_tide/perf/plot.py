@@ -28,6 +28,11 @@ def _pyplot():
     return plt
 
 
+def require_matplotlib() -> None:
+    """Raises PlotUnavailable (naming the pip command) when matplotlib cannot be imported."""
+    _pyplot()
+
+
 def series(doc: dict):
     """{impl: [(size, busbw, sm_us)]} of the rows that ran (out-of-place figures)."""
     out = {}
@@ -58,6 +63,19 @@ def plot(doc: dict, path: str) -> List[str]:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("size (bytes)")
         ax.grid(True, which="both", alpha=0.3)
+    if drawn:
+        ax2.set_xlim(ax1.get_xlim())
+    missing = [i for i, pts in data.items() if not pts]
+    if missing:
+        ax1.text(
+            0.02,
+            0.97,
+            "not run here: " + ", ".join(missing) + " (reasons in the JSON)",
+            transform=ax1.transAxes,
+            va="top",
+            fontsize=8,
+            color="dimgray",
+        )
     ax1.set_ylabel("busbw (GB/s)")
     ax1.set_title("bus bandwidth")
     ax2.set_ylabel("SM time per call (us)")
