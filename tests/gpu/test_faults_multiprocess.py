@@ -1,0 +1,170 @@
+"""Faults across processes (issue 10): 2 processes, each one TIDE rank on cuda:0, CUDA IPC peer memory, gloo
+bootstrap (as tests/gpu/test_multiprocess.py, whose spawn helpers this file reuses).
+
+* Layout mismatch: rank 1 builds its layout with one parameter one element larger; the first all-gather with it
+  raises MismatchError on EVERY rank within a bounded time, naming rank 0's and rank 1's layout hashes. The comm keeps
+  working afterwards (a matching layout's AG is byte-exact against the host executor).
+* Out of memory in the IPC provider: a 2**50-byte and a 2**64-1-byte slot, and a slot that only one of the two
+  processes can get (0.7 x the free memory each, on one shared GPU): TideOutOfMemoryError on every rank, device free
+  memory unchanged, and a normal AG still exact.
+NCCL_TIDE_TIMEOUT_MS=20000 bounds every exchange (gloo) and synchronize of the workers.
+"""
+
+import json
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_multiprocess as mpt  # noqa: E402  (spawn, free_port: read-only reuse)
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(240)]
+
+MIB = 1 << 20
+LEAK_TOLERANCE = 16 * MIB
+WORLD = 2
+
+
+def _ag_exact(torch, dist, comm, nccl_tide, rank, world, seed):
+    """A matching AG over the comm, checked on every rank against the host executor (inputs gathered over gloo)."""
+    L = nccl_tide.Layout([1000, 64 * 7, 33], ["bf16", "bf16", "fp32"], world, rank=rank, row_numels=[1, 64, 1])
+    rng = np.random.default_rng(1000 * seed + rank)
+    send = torch.from_numpy(rng.integers(0, 256, size=L.send_bytes, dtype=np.uint8))
+    slot = comm.alloc_slot(L.slot_bytes)
+    slot.fill_(0xFF)
+    torch.cuda.synchronize()
+    comm.all_gather(L, slot, sendbuf=send.cuda())
+    comm.synchronize(timeout=30)
+    got = slot.cpu().numpy()
+    comm.free_slot(slot)
+    sends = [torch.empty_like(send) for _ in range(world)]
+    dist.all_gather(sends, send)
+    views = {1: np.uint8, 2: np.uint16, 4: np.uint32}
+    shards = [
+        [sends[r][p.send_offset : p.send_offset + p.shard_numel * p.elem_size].numpy().view(views[p.elem_size])
+         for p in L.params]
+        for r in range(world)
+    ]
+    expected = nccl_tide.host_all_gather(L, shards)[rank]
+    for i, p in enumerate(L.params):
+        exp = np.ascontiguousarray(expected[i]).view(np.uint8)
+        if not np.array_equal(got[p.slot_offset : p.slot_offset + exp.size], exp):
+            return f"AG ({seed}): param {i} differs from the host executor"
+    return None
+
+
+def _worker(rank, world, port, out_dir):
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+    report = {"rank": rank, "ok": False, "errors": [], "steps": {}}
+    try:
+        import datetime
+
+        import nccl_tide
+        import torch
+        import torch.distributed as dist
+        from nccl_tide.comm import Comm
+        from nccl_tide.errors import MismatchError, TideOutOfMemoryError
+
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=60))
+        torch.cuda.set_device(0)
+        comm = Comm.from_bootstrap(rank, world, device=0)
+        err = _ag_exact(torch, dist, comm, nccl_tide, rank, world, 1)
+        if err:
+            report["errors"].append(err)
+
+        # -- layout mismatch -----------------------------------------------------------------------------------
+        numels = [3000, 128]
+        if rank == 1:
+            numels = [3001, 128]
+        L = nccl_tide.Layout(numels, "bf16", world, rank=rank)
+        hashes = [torch.tensor([L.hash & 0xFFFFFFFF, L.hash >> 32], dtype=torch.int64) for _ in range(world)]
+        dist.all_gather(hashes, torch.tensor([L.hash & 0xFFFFFFFF, L.hash >> 32], dtype=torch.int64))
+        all_hashes = [int(h[0]) | (int(h[1]) << 32) for h in hashes]
+        slot = comm.alloc_slot(4 * MIB)  # same size on every rank (the sizes are not what is tested)
+        send = torch.zeros(L.send_bytes, dtype=torch.uint8, device="cuda")
+        torch.cuda.synchronize()
+        dist.barrier()
+        t0 = time.monotonic()
+        try:
+            comm.all_gather(L, slot, sendbuf=send)
+            comm.synchronize(timeout=20)
+            report["errors"].append("mismatch: all_gather with a mismatched layout did not raise")
+        except MismatchError as e:
+            msg = str(e)
+            report["steps"]["mismatch_s"] = time.monotonic() - t0
+            report["steps"]["mismatch_msg"] = msg
+            for h in all_hashes:
+                if f"{h:016x}" not in msg:
+                    report["errors"].append(f"mismatch: message lacks hash {h:016x}: {msg}")
+            if "rank 1 has" not in msg or "rank 0 has layout hash" not in msg:
+                report["errors"].append(f"mismatch: message does not name the ranks: {msg}")
+        comm.free_slot(slot)
+        err = _ag_exact(torch, dist, comm, nccl_tide, rank, world, 2)  # the comm still works
+        if err:
+            report["errors"].append("after mismatch: " + err)
+
+        # -- out of memory -------------------------------------------------------------------------------------
+        def oom_case(nbytes, label):
+            dist.barrier()
+            torch.cuda.synchronize()
+            before = torch.cuda.mem_get_info()[0]
+            dist.barrier()
+            try:
+                s = comm.alloc_slot(nbytes)
+                report["errors"].append(f"OOM {label}: alloc_slot({nbytes}) succeeded")
+                comm.free_slot(s)
+            except TideOutOfMemoryError as e:
+                report["steps"][f"oom_{label}"] = str(e).splitlines()[0][:300]
+            dist.barrier()
+            torch.cuda.synchronize()
+            after = torch.cuda.mem_get_info()[0]
+            if abs(before - after) > LEAK_TOLERANCE:
+                report["errors"].append(f"OOM {label}: free memory {before} before, {after} after")
+            dist.barrier()
+
+        oom_case(2**50, "2^50")
+        oom_case(2**64 - 1, "2^64-1")
+        torch.cuda.synchronize()
+        free = torch.cuda.mem_get_info()[0]
+        half = torch.tensor([free], dtype=torch.int64)
+        dist.all_reduce(half, op=dist.ReduceOp.MIN)  # same size on both ranks
+        oom_case(int(half.item() * 0.7) // (2 * MIB) * (2 * MIB), "one-rank")
+        err = _ag_exact(torch, dist, comm, nccl_tide, rank, world, 3)
+        if err:
+            report["errors"].append("after OOM: " + err)
+
+        comm.close()
+        dist.barrier()
+        dist.destroy_process_group()
+        report["ok"] = not report["errors"]
+    except BaseException:
+        report["errors"].append(traceback.format_exc())
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(report, f)
+    print(f"[faults rank {rank}] {json.dumps(report, indent=1)}", file=sys.stderr, flush=True)
+    os._exit(0 if report["ok"] else 1)
+
+
+def test_mismatch_and_oom_across_processes(torch_cuda, cuda_lib, tmp_path, monkeypatch):
+    for k, v in {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+                 "NCCL_TIDE_TIMEOUT_MS": "20000"}.items():
+        monkeypatch.setenv(k, v)  # inherited by the spawned workers
+    rc = mpt.spawn(_worker, WORLD, (WORLD, mpt.free_port(), str(tmp_path)), 150)
+    reports = []
+    for r in range(WORLD):
+        path = tmp_path / f"rank{r}.json"
+        assert path.exists(), f"rank {r} wrote no report (exit status {rc})"
+        reports.append(json.loads(path.read_text()))
+    errors = [e for rep in reports for e in rep["errors"]]
+    assert not errors, "\n".join(errors[:10])
+    for rep in reports:
+        print(f"rank {rep['rank']}: mismatch after {rep['steps']['mismatch_s']:.3f} s: {rep['steps']['mismatch_msg']}")
+        assert rep["steps"]["mismatch_s"] < 20
+        for label in ("2^50", "2^64-1", "one-rank"):
+            assert f"oom_{label}" in rep["steps"], (rep["rank"], label)
+    assert rc == 0
