@@ -83,7 +83,7 @@ def _executor_checks(rank, world):
 
 
 def _api_checks(rank, world):
-    """enable() arguments and states: native raises naming issue 4, bad names, twice."""
+    """enable() arguments and states: native on gloo/CPU raises saying why, bad names, twice."""
     import nccl_tide.fsdp as tfsdp
     import torch
     from nccl_tide.errors import InvalidArgumentError, InvalidUsageError, UnsupportedError
@@ -147,7 +147,7 @@ def test_reference_executor_matches_host_executor(world):
     if world == 2:
         for r in ranks:
             api = r["api"]
-            assert "native" in api["native"] and "issue 4" in api["native"], api
+            assert "native" in api["native"] and "NCCL" in api["native"] and "reference" in api["native"], api
             assert "bogus" in api["bogus"], api
             assert "already enabled" in api["twice"], api
             assert api["groups"] == 2  # the two Linear groups; the root has no parameters of its own

@@ -7,8 +7,8 @@ path and how the FSDP2 integration runs in CI. It is NOT the fast path: it alloc
 gather buffer and copies into the parameter views (AG), and builds a chunked send buffer
 and gathers every rank's chunk (RS), which are exactly the copies TIDE exists to remove.
 
-"native" (CUDA + NCCL through tideComm, communicator from ProcessGroupNCCL._comm_ptr())
-needs the NCCL binding (issue 4) and does not exist yet: asking for it raises.
+"native" (CUDA + NCCL through tideComm, communicator from ProcessGroupNCCL._comm_ptr()) is
+nccl_tide.native_executor; get_executor() returns either.
 
 Importing this module imports torch.
 """
@@ -22,11 +22,6 @@ import torch.distributed as dist
 from .dtypes import dtype as to_dtype
 from .errors import InvalidArgumentError, UnsupportedError
 from .layout import Layout
-
-NATIVE_UNAVAILABLE = (
-    "the native executor (CUDA + NCCL through tideComm, communicator from ProcessGroupNCCL._comm_ptr()) "
-    "needs the NCCL binding of issue 4, which this nccl-tide does not have yet"
-)
 
 _TORCH_DTYPES = {
     "bf16": torch.bfloat16,
@@ -127,6 +122,11 @@ class ReferenceExecutor:
 
     # -- reduce-scatter ----------------------------------------------------------------------
     @staticmethod
+    def staging_bytes(layout: Layout, grad_elem_size: int = 2) -> int:
+        """Bytes of the receive buffer (W x rs_out_numel gradient elements): grows with world size."""
+        return layout.world_size * layout.rs_out_numel * grad_elem_size
+
+    @staticmethod
     def staging_numel(layout: Layout) -> int:
         """Elements (of the gradient dtype) of the receive buffer reduce_scatter may take as `staging`."""
         return layout.world_size * layout.rs_out_numel
@@ -215,10 +215,28 @@ class ReferenceExecutor:
         return temp
 
 
-def get_executor(name: str, group: Optional[dist.ProcessGroup] = None):
-    """Executor by name: 'reference'. 'native' raises UnsupportedError (issue 4)."""
+def get_executor(name: str, group: Optional[dist.ProcessGroup] = None, device=None):
+    """Executor by name: 'reference' (any backend) or 'native' (nccl_tide.native_executor: a NCCL
+    process group on CUDA; raises UnsupportedError saying why it cannot be created)."""
     if name == "reference":
         return ReferenceExecutor(group)
     if name == "native":
-        raise UnsupportedError(f"executor='native': {NATIVE_UNAVAILABLE}; use executor='reference' (or 'auto')")
+        if device is None:
+            device = (
+                torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+            )
+        device = torch.device(device)
+        if device.type != "cuda":
+            raise UnsupportedError(
+                f"executor='native' needs CUDA tensors and a NCCL process group (the parameters are on {device}); "
+                "use executor='reference' (or 'auto') on CPU/gloo"
+            )
+        from .native_executor import NativeExecutor
+
+        try:
+            return NativeExecutor(group, device)
+        except UnsupportedError:
+            raise
+        except Exception as e:  # tideCommCreate refused, library without CUDA/NCCL, ...
+            raise UnsupportedError(f"executor='native': tideCommCreate on the process group failed: {e}") from e
     raise InvalidArgumentError(f"unknown executor {name!r}: use 'auto', 'reference' or 'native'")

@@ -24,7 +24,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
 from ..errors import InvalidArgumentError, InvalidUsageError
-from ..reference_executor import NATIVE_UNAVAILABLE, get_executor
+from ..reference_executor import get_executor
 from . import _adapter, _patch
 from ._group import GroupState, static_reason
 from ._warn import TideFSDPWarning, warn_once
@@ -65,11 +65,13 @@ class TideFSDPHandle:
             d = g.stats.as_dict()
             d.update(group=g.label, n_params=len(g.pg.fsdp_params), world_size=g.world)
             d.update(slot_bytes=g.layout.slot_bytes if g.layout is not None else None)
+            d.update(slot_reuse_fits=g.layout.slot_reuse_fits if g.layout is not None else None)
             tide.append(d)
         keys = ("ag_calls", "rs_calls", "ag_bytes", "rs_bytes", "stock_bytes_avoided", "executor_temp_bytes")
         return {
             "enabled": self.enabled,
             "executor": self.executor,
+            "provider": next((getattr(g.executor, "provider", None) for g in self.groups), None),
             "adapter": self.adapter,
             "torch": torch.__version__,
             "slot_reuse": self.slot_reuse,
@@ -86,17 +88,43 @@ class TideFSDPHandle:
         )
 
 
-def _pick_executor(executor: str, groups) -> str:
+def _shard_group(pg):
+    return pg.mesh_info.shard_process_group if hasattr(pg.mesh_info, "shard_process_group") else None
+
+
+def _pick_executor(executor: str, candidates) -> tuple:
+    """(executor name, reason) for the groups TIDE can take. 'auto': native when the groups'
+    process group is NCCL on CUDA and tideCommCreate succeeds on it, else reference on gloo,
+    else 'stock' with the reason (one warning, by enable())."""
     if executor not in ("auto", "reference", "native"):
         raise InvalidArgumentError(f"executor={executor!r}: use 'auto', 'reference' or 'native'")
+    if executor == "reference" or not candidates:
+        return ("reference" if executor != "native" else "native"), ""
+    from ..native_executor import backend_name
+
+    pg0 = candidates[0]
+    group, device = _shard_group(pg0), pg0.device
+    backend = backend_name(group, device) if group is not None else "none"
     if executor == "native":
-        get_executor("native")  # raises UnsupportedError naming issue 4
-    if executor == "auto":
+        get_executor("native", group, device)  # raises UnsupportedError saying why
+        return "native", ""
+    if device.type == "cuda" and backend == "nccl":
+        try:
+            get_executor("native", group, device)
+            return "native", ""
+        except Exception as e:  # no CUDA/NCCL build of libnccl-tide, tideCommCreate refused, ...
+            return "stock", f"executor='auto': the native executor is unavailable ({type(e).__name__}: {e})"
+    if backend == "gloo":
         warn_once(
-            f"nccl_tide.fsdp: {NATIVE_UNAVAILABLE}; executor='auto' uses the reference executor "
-            "(torch.distributed collectives plus copies: correct, not the fast path)"
+            f"nccl_tide.fsdp: executor='auto' uses the reference executor: the process group's backend for "
+            f"{device.type} is gloo (the native executor needs NCCL on CUDA; the reference executor is "
+            "torch.distributed collectives plus copies: correct, not the fast path)"
         )
-    return "reference"
+        return "reference", ""
+    return "stock", (
+        f"executor='auto': process group backend {backend!r} on {device.type} (native needs NCCL on CUDA, "
+        "reference runs on gloo)"
+    )
 
 
 def enable(
@@ -110,9 +138,10 @@ def enable(
 
     slot_reuse: RS staging lives in the group's vacated all-gather slot when the group was
       resharded after backward; otherwise in a buffer of the executor.
-    executor: 'auto' (native when it exists, else reference, with one warning), 'reference'
-      (torch.distributed, any backend; gloo on CPU) or 'native' (raises UnsupportedError
-      until the NCCL binding of issue 4 exists).
+    executor: 'auto' (native when the process group is NCCL on CUDA and tideCommCreate
+      succeeds, else reference on gloo, else stock FSDP2 with one warning saying why),
+      'reference' (torch.distributed, any backend; gloo on CPU) or 'native' (CUDA + NCCL
+      through tideComm; raises UnsupportedError saying why when it cannot be created).
     ranks_per_node: for the layout's RS accumulation order (default: the largest divisor of
       the shard world size that is <= 8, as nccl_tide.Layout).
     Call between steps (every group sharded), on every rank, with the same arguments.
@@ -132,17 +161,33 @@ def enable(
             for pg in _param_groups(mod._get_fsdp_state()):
                 labels.setdefault(id(pg), (pg, name or "<root>"))
     selection = _adapter.select()
-    executor_name = _pick_executor(executor, labels) if selection.adapter is not None else executor
+    static = {}
+    for pg, _label in labels.values():
+        static[id(pg)] = selection.reason or static_reason(pg, (DefaultAllGather, DefaultReduceScatter))
+    candidates = [pg for pg, _ in labels.values() if not static[id(pg)]]
+    if selection.adapter is not None:
+        executor_name, why_stock = _pick_executor(executor, candidates)
+    else:
+        executor_name, why_stock = executor, ""
     handle = TideFSDPHandle(model, executor_name, slot_reuse, selection.adapter.name if selection.adapter else None)
     reasons = {}
     for pg, label in labels.values():
-        reason = selection.reason or static_reason(pg, (DefaultAllGather, DefaultReduceScatter))
+        reason = static[id(pg)] or why_stock
+        if not reason:
+            ex = get_executor(executor_name, _shard_group(pg), pg.device)
+            gs = GroupState(pg, label, ex, slot_reuse, ranks_per_node)
+            if gs.native:
+                # tideSlotAlloc is collective: allocate every native slot now, between steps, in
+                # the same group order on every rank (never inside forward/backward)
+                try:
+                    gs._build()
+                except Exception as e:
+                    reason = f"layout or slot refused by the native executor: {e}"
         if reason:
             handle.stock.append({"group": label, "reason": reason})
             reasons.setdefault(reason, []).append(label)
             continue
-        ex = get_executor(executor_name, pg.mesh_info.shard_process_group)
-        handle.groups.append(GroupState(pg, label, ex, slot_reuse, ranks_per_node))
+        handle.groups.append(gs)
     for reason, names in reasons.items():
         shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
         warn_once(f"nccl_tide.fsdp: keeping stock FSDP2 for {shown}: {reason}")

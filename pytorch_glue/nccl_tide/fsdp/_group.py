@@ -22,6 +22,11 @@ from ._warn import warn_once
 
 _RS_GRAD_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
+# Storage address of every native (tideSlotAlloc) slot -> its GroupState. FSDP2's
+# free_storage (patched while enabled) must not resize such a storage (it is not torch's);
+# it records the slot's release event instead (_patch._tide_free_storage).
+NATIVE_SLOTS: Dict[int, "GroupState"] = {}
+
 
 def effective_param_dtype(fsdp_param, mp_policy) -> torch.dtype:
     """The dtype FSDP2 all-gathers this parameter in (FSDPParam.init_dtype_attrs' rule)."""
@@ -49,8 +54,6 @@ def static_reason(pg, default_comms: Tuple[type, type]) -> Optional[str]:
         return "reshard_after_forward to a smaller mesh (int)"
     if _compiled_autograd():
         return "compiled autograd is on (FSDP2 re-creates unsharded storage under compile)"
-    if pg.mesh_info.shard_process_group.size() == 1:
-        return "shard world size 1 (FSDP2 runs no collective)"
     ag, rs = default_comms
     if type(pg._all_gather_comm) is not ag or type(pg._reduce_scatter_comm) is not rs:
         return "a custom or symmetric-memory comm is already installed on the group"
@@ -114,6 +117,13 @@ class GroupState:
         self.exec_views: List[torch.Tensor] = []
         self.views_installed = False
         self._rs_layouts: Dict[Tuple[int, ...], Layout] = {}
+        # native executor: the slot is tideSlotAlloc memory (uint8 view), kept for the group's life;
+        # _slot_events: work that must finish before the next AG overwrites the slot (compute
+        # reading the parameters until reshard, RS staging in the slot).
+        self.native = getattr(executor, "name", "") == "native"
+        self.slot_u8: Optional[torch.Tensor] = None
+        self._slot_events: List[object] = []
+        self._release_recorded = True
         self.ag_comm = TideAllGather(self)
         self.rs_comm = TideReduceScatter(self)
 
@@ -134,6 +144,11 @@ class GroupState:
             self.views_installed = False
         pg._all_gather_comm = self.stock_ag
         pg._reduce_scatter_comm = self.stock_rs
+        if self.slot_u8 is not None:  # collective, like every rank's disable()
+            NATIVE_SLOTS.pop(self.slot_u8.untyped_storage().data_ptr(), None)
+            self.executor.free_slot(self.slot_u8)
+            self.slot_u8 = None
+            self._slot_events = []
         self.slot = self.exec_slot = None
         self.exec_views = []
         for lay in [self.layout, *self._rs_layouts.values()]:
@@ -161,6 +176,16 @@ class GroupState:
                     f"elements, TIDE's layout {p.shard_numel}"
                 )
         elem = layout.params[0].elem_size
+        if self.native:  # tideSlotAlloc (collective): enable() builds native groups in group order
+            try:
+                self.slot_u8 = self.executor.alloc_slot(layout.slot_bytes)
+            except Exception:
+                layout.close()
+                raise
+            self.layout, self.dtype = layout, dt
+            self.slot = self.slot_u8.view(dt)
+            NATIVE_SLOTS[self.slot_u8.untyped_storage().data_ptr()] = self
+            return
         slot = torch.empty(layout.slot_bytes // elem, dtype=dt, device=pg.device)
         exec_slot = torch.empty(0, dtype=dt, device=pg.device).set_(slot.untyped_storage(), 0, (slot.numel(),))
         self.layout, self.dtype, self.slot, self.exec_slot = layout, dt, slot, exec_slot
@@ -205,10 +230,13 @@ class GroupState:
             raise InvalidUsageError(f"{self.label}: all-gather called with another parameter list or process group")
         if any(fp.sharded_state != ShardedState.SHARDED for fp in fsdp_params):
             raise InvalidUsageError(f"{self.label}: TIDE all-gather from a non-SHARDED state")
-        _alloc(self.slot, self.layout.slot_bytes)  # FSDP2 freed it (resize to 0) at the last reshard
+        if not self.native:
+            _alloc(self.slot, self.layout.slot_bytes)  # FSDP2 freed it (resize to 0) at the last reshard
         if not self.views_installed:
             self._install_views()
         handle = _get_device_handle(device.type)
+        if self.native:
+            return self._native_all_gather(fsdp_params, copy_in_stream, ag_stream, handle)
         with handle.stream(copy_in_stream):
             # Cast fused into the packing of the send buffer (FSDP2's copy #1; copy #2 is gone).
             send = self.executor.pack(self.layout, [fp._sharded_param_data for fp in fsdp_params])
@@ -224,6 +252,46 @@ class GroupState:
         fields = {f: [] for f in _coll.AllGatherResult._fields}
         fields.update(all_gather_output=send.new_empty(0), all_gather_event=event, all_gather_work=None)
         return TideAllGatherResult(**fields)
+
+    def _native_all_gather(self, fsdp_params, copy_in_stream, ag_stream, handle):
+        """TIDE-AG through tideComm on FSDP2's all-gather stream, straight into the slot."""
+        with handle.stream(copy_in_stream):
+            # the shards themselves (same dtype: pointer table, no send buffer) or one packed send
+            # buffer with the cast fused (FSDP2's copy #1; its copy #2 into a flat output is gone)
+            send = self.executor.pack(self.layout, [fp._sharded_param_data for fp in fsdp_params])
+        ag_stream.wait_stream(copy_in_stream)
+        for ev in self._slot_events:  # the slot's last readers (compute until reshard, RS staging)
+            ag_stream.wait_event(ev)
+        self._slot_events = []
+        self._release_recorded = False
+        with handle.stream(ag_stream):
+            temp = self.executor.all_gather(self.layout, send, self.slot_u8, ag_stream)
+            event = ag_stream.record_event()
+        st = self.stats
+        st.ag_calls += 1
+        st.ag_bytes += self.layout.send_bytes * self.world
+        st.stock_bytes_avoided += self.layout.send_bytes * self.world  # FSDP2's flat all-gather output
+        st.executor_temp_bytes += temp + (0 if isinstance(send, list) else self.layout.send_bytes)
+        fields = {f: [] for f in _coll.AllGatherResult._fields}
+        # FSDP2 keeps all_gather_output alive until its copy-out event is waited on by the
+        # all-gather streams: the packed send buffer (read on ag_stream) must live that long.
+        keep = send if isinstance(send, torch.Tensor) else self.slot.new_empty(0)
+        fields.update(all_gather_output=keep, all_gather_event=event, all_gather_work=None)
+        return TideAllGatherResult(**fields)
+
+    def on_release(self) -> None:
+        """FSDP2 resharded the group (its free_storage on the slot, patched): the parameters'
+        last readers are on the current stream; the next AG waits for them."""
+        if not self._release_recorded:
+            handle = _get_device_handle(self.pg.device.type)
+            self._slot_events.append(handle.current_stream().record_event())
+            self._release_recorded = True
+
+    def vacated(self) -> bool:
+        """The group's parameters were resharded: its slot may hold RS staging."""
+        if self.native:
+            return self.views_installed and all(fp.sharded_state == ShardedState.SHARDED for fp in self.pg.fsdp_params)
+        return _storage_bytes(self.slot) == 0
 
     # -- reduce-scatter ------------------------------------------------------------------------
     def rs_plan(self, fsdp_params, grads, rs_group, reduce_dtype, factor, ar_group, force_sum, device):
@@ -248,7 +316,9 @@ class GroupState:
         )
         if pre is not None:
             return "pre-division of the gradients"
-        if rs_op == torch.distributed.ReduceOp.SUM:
+        if self.world == 1:  # FSDP2's world-1 path copies the RS input and applies the factor itself
+            op, scale = "sum", 1.0
+        elif rs_op == torch.distributed.ReduceOp.SUM:
             op, scale = "sum", 1.0
         elif rs_op == torch.distributed.ReduceOp.AVG:
             op, scale = "avg", 1.0
@@ -281,9 +351,11 @@ class GroupState:
         return self._rs_layouts[(key, gdt)]
 
     def reduce_scatter(self, layout: Layout, grads, out: torch.Tensor, op: str, scale: float) -> None:
+        if self.native:
+            return self._native_reduce_scatter(layout, grads, out, op, scale)
         st = self.stats
         staging = None
-        vacated = _storage_bytes(self.slot) == 0
+        vacated = self.vacated()
         gdt = grads[0].dtype
         need = self.executor.staging_numel(layout)
         if self.slot_reuse and vacated and gdt == self.dtype and need <= self.exec_slot.numel():
@@ -294,6 +366,24 @@ class GroupState:
         finally:
             if staging is not None:
                 _free(self.slot)
+        st.rs_calls += 1
+        st.rs_staging_in_slot += staging is not None
+        st.rs_bytes += sum(g.numel() * g.element_size() for g in grads)
+        st.stock_bytes_avoided += layout.rs_out_numel * self.world * 4  # FSDP2's fp32 chunk_cat input
+        st.executor_temp_bytes += temp
+
+    def _native_reduce_scatter(self, layout: Layout, grads, out: torch.Tensor, op: str, scale: float) -> None:
+        """TIDE-RS through tideComm on the current stream (FSDP2's reduce-scatter stream: it
+        waited for the compute stream, so the gradients and the group's backward are done)."""
+        st = self.stats
+        stream = _get_device_handle(out.device.type).current_stream()
+        staging = None
+        fits = layout.slot_reuse_fits if layout is self.layout else layout.rs_staging_bytes <= self.layout.slot_bytes
+        if self.slot_reuse and fits and self.vacated():
+            staging = self.slot_u8  # Slot-Reuse: the vacated AG slot
+        temp = self.executor.reduce_scatter(layout, grads, out, op=op, scale=scale, staging=staging, stream=stream)
+        if staging is not None:
+            self._slot_events.append(stream.record_event())  # the next AG overwrites the staging
         st.rs_calls += 1
         st.rs_staging_in_slot += staging is not None
         st.rs_bytes += sum(g.numel() * g.element_size() for g in grads)
@@ -348,30 +438,58 @@ class TideReduceScatter(ReduceScatter):
         self.state = state
         self.armed = None  # (layout, grads, op, scale)
         self._phase = 0
+        self._w1_done = False
+        self._w1_buffer = None
 
     def arm(self, layout, grads, op, scale):
-        self.armed, self._phase = (layout, grads, op, scale), 0
+        self.armed, self._phase, self._w1_done = (layout, grads, op, scale), 0, False
 
     def disarm(self):
-        self.armed, self._phase = None, 0
+        self.armed, self._phase, self._w1_done = None, 0, False
 
     def allocate(self, size, *, dtype, device):
         if self.armed is None:
             return self.state.stock_rs.allocate(size, dtype=dtype, device=device)
-        layout, grads = self.armed[0], self.armed[1]
+        layout, grads, op, scale = self.armed
         self._phase += 1
+        w1 = self.state.world == 1
         if self._phase == 1:  # FSDP2's reduce_scatter_input
-            ph = torch.empty(0, dtype=dtype, device=device)
+            if w1:
+                # World 1: FSDP2 never calls the comm; it copies its RS input into its RS output
+                # (applying gradient_divide_factor). TIDE's output buffer is both, so that copy
+                # is a self-copy (a no-op) and TIDE-RS runs when FSDP2 asks for the output.
+                ph = torch.empty(*size, dtype=dtype, device=device)
+                if int(ph.numel()) != layout.rs_out_numel:
+                    raise InvalidUsageError(
+                        f"RS input of {tuple(size)} elements, TIDE layout has {layout.rs_out_numel}"
+                    )
+            else:
+                ph = torch.empty(0, dtype=dtype, device=device)
             ph._tide_rs_placeholder = True
             ph._tide_grads = grads
+            self._w1_buffer = ph if w1 else None
             return ph
         if int(torch.Size(size).numel()) != layout.rs_out_numel:
             raise InvalidUsageError(f"RS output of {tuple(size)} elements, TIDE layout has {layout.rs_out_numel}")
+        if w1:  # inside FSDP2's reduce-scatter stream context, like the comm call at world > 1
+            out, self._w1_buffer = self._w1_buffer, None
+            self.state.reduce_scatter(layout, grads, out, op, scale)
+            self._w1_done = True
+            # `out` becomes the sharded gradients and lives on: it must not keep the unsharded
+            # gradients alive. The RS stream still reads them: tell the caching allocator.
+            if out.is_cuda:
+                rs_stream = torch.cuda.current_stream(out.device)
+                for g in grads:
+                    g.record_stream(rs_stream)
+            out._tide_grads = None
+            return out
         return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
         if self.armed is None or not getattr(input_tensor, "_tide_rs_placeholder", False):
             raise InvalidUsageError("TideReduceScatter called outside the patched foreach_reduce")
+        if self._w1_done:  # world 1, a torch that calls the comm anyway: already reduced
+            return None
         layout, grads, tide_op, scale = self.armed
         self.state.reduce_scatter(layout, grads, output_tensor, tide_op, scale)
         return None

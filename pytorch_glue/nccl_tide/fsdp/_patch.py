@@ -6,7 +6,14 @@
   stock comm to a call TIDE cannot take), then runs FSDP2's own foreach_reduce, which keeps
   doing everything after the collective (post-divide, sharded-gradient views, accumulation,
   hooks) exactly as stock;
-* _fsdp_collectives.foreach_reduce_scatter_copy_in: skipped for TIDE's placeholder input.
+* _fsdp_collectives.foreach_reduce_scatter_copy_in: skipped for TIDE's placeholder input;
+* _fsdp_param.free_storage: a native (tideSlotAlloc) slot is not torch's memory and is never
+  resized; FSDP2 "freeing" it records the slot's release event instead (the next TIDE-AG into
+  the slot waits for it);
+* FSDPParamGroup.unshard / wait_for_unshard (class attributes): only for a TIDE group of
+  shard world size 1, where FSDP2 skips foreach_all_gather and copies the shards locally:
+  TIDE's wrappers run FSDP2's world > 1 sequence instead (TIDE-AG, no copy-out), so world
+  size 1 (the single-GPU test) exercises the same TIDE path as every other world size.
 
 Every wrapper passes anything that is not a TIDE group straight to the original, so other
 FSDP2 models in the process keep stock behaviour. FSDPParamGroup imported the first three by
@@ -20,9 +27,11 @@ from typing import Callable, Dict
 
 from torch.distributed.device_mesh import _get_device_handle
 from torch.distributed.fsdp._fully_shard import _fsdp_collectives as _coll
+from torch.distributed.fsdp._fully_shard import _fsdp_param as _fpm
 from torch.distributed.fsdp._fully_shard import _fsdp_param_group as _pgm
+from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
 
-from ._group import TideAllGather, TideAllGatherResult, TideReduceScatter
+from ._group import NATIVE_SLOTS, TideAllGather, TideAllGatherResult, TideReduceScatter
 from ._warn import warn_once
 
 _orig: Dict[str, Callable] = {}
@@ -88,7 +97,10 @@ def _tide_foreach_reduce(*args, **kwargs):
         a["reduce_scatter_comm"] = st.stock_rs
         return _orig["reduce"](*ba.args, **ba.kwargs)
     layout, op, scale = plan
-    comm.arm(layout, list(a["unsharded_grads"]), op, scale)
+    grads = list(a["unsharded_grads"])
+    if st.native:  # tideReduceScatter reads raw pointers: contiguous gradients (copies kept alive with them)
+        grads = [g if g.is_contiguous() else g.contiguous() for g in grads]
+    comm.arm(layout, grads, op, scale)
     try:
         return _orig["reduce"](*ba.args, **ba.kwargs)
     finally:
@@ -101,15 +113,75 @@ def _tide_foreach_reduce_scatter_copy_in(unsharded_grads, reduce_scatter_input, 
     return _orig["copy_in"](unsharded_grads, reduce_scatter_input, world_size)
 
 
+def _tide_free_storage(tensor):
+    st = NATIVE_SLOTS.get(tensor.untyped_storage().data_ptr())
+    if st is not None:
+        st.on_release()
+        return None
+    return _orig["free"](tensor)
+
+
+def _w1_state(pg):
+    comm = getattr(pg, "_all_gather_comm", None)
+    if isinstance(comm, TideAllGather) and comm.state.world == 1:
+        return comm.state
+    return None
+
+
+def _tide_unshard(self, async_op: bool = False):
+    """FSDPParamGroup.unshard; for a TIDE group of world size 1, FSDP2's world > 1 sequence."""
+    if _w1_state(self) is None:
+        return _orig["unshard"](self, async_op)
+    if self._all_gather_result is not None or self.is_unsharded:
+        return None
+    if not getattr(self, "unshard_in_backward", True) and self._training_state == TrainingState.PRE_BACKWARD:
+        return None
+    if getattr(self, "_reshard_after_forward_event", None) is not None:
+        self._wait_all_gather_streams_on_event(self._reshard_after_forward_event)
+        self._reshard_after_forward_event = None
+    self._all_gather_result = _pgm.foreach_all_gather(
+        self.fsdp_params,
+        self._all_gather_process_group,
+        async_op,
+        *self.comm_ctx.get_all_gather_streams(async_op, self._training_state),
+        self.device,
+        self._all_gather_comm,
+    )
+    return None
+
+
+def _tide_wait_for_unshard(self):
+    """FSDPParamGroup.wait_for_unshard; for a TIDE group of world size 1, FSDP2's world > 1
+    sequence (TIDE's copy-out only orders the compute stream after the AG)."""
+    if _w1_state(self) is None or not isinstance(self._all_gather_result, TideAllGatherResult):
+        return _orig["wait"](self)
+    if self._training_state == TrainingState.FORWARD:  # implicit prefetch
+        if prev := self.comm_ctx.all_gather_state:
+            self._wait_all_gather_streams_on_event(prev.event)
+            self.comm_ctx.all_gather_state = None
+    _pgm.foreach_all_gather_copy_out(self._all_gather_result, self.fsdp_params, self._all_gather_process_group)
+    for fsdp_param in self.fsdp_params:
+        fsdp_param.init_unsharded_param()
+    self._to_unsharded()
+    event = _get_device_handle(self.device.type).Event()
+    event.record()
+    self._wait_all_gather_streams_on_event(event)
+    self._all_gather_result = None
+    return None
+
+
 _POINTS = {
     "ag": (_pgm, "foreach_all_gather", _tide_foreach_all_gather),
     "copy_out": (_pgm, "foreach_all_gather_copy_out", _tide_foreach_all_gather_copy_out),
     "reduce": (_pgm, "foreach_reduce", _tide_foreach_reduce),
     "copy_in": (_coll, "foreach_reduce_scatter_copy_in", _tide_foreach_reduce_scatter_copy_in),
+    "free": (_fpm, "free_storage", _tide_free_storage),
+    "unshard": (_pgm.FSDPParamGroup, "unshard", _tide_unshard),
+    "wait": (_pgm.FSDPParamGroup, "wait_for_unshard", _tide_wait_for_unshard),
 }
 # Argument names from the definitions in _fsdp_collectives (not from whatever the patch
 # points hold now: another wrapper may sit there).
-_SIGS = {k: _sig(getattr(_coll, name)) for k, (_mod, name, _) in _POINTS.items() if k != "copy_in"}
+_SIGS = {k: _sig(getattr(_coll, name)) for k, (_mod, name, _) in _POINTS.items() if k in ("ag", "copy_out", "reduce")}
 
 
 def install() -> None:
@@ -139,4 +211,7 @@ def installed() -> bool:
 
 def patched_names() -> Dict[str, str]:
     """'module.name' of every patch point -> whether TIDE's wrapper is in place now."""
-    return {f"{mod.__name__}.{name}": getattr(mod, name) is fn for mod, name, fn in _POINTS.values()}
+    return {
+        f"{getattr(mod, '__module__', '')}.{mod.__name__}.{name}".lstrip("."): getattr(mod, name) is fn
+        for mod, name, fn in _POINTS.values()
+    }

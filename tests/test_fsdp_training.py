@@ -1,0 +1,404 @@
+"""nccl_tide.fsdp in the rest of the training loop (CPU, gloo, 1, 2 and 4 processes):
+activation checkpointing, a state_dict save/load round trip, and shard world size 1.
+
+Gradient accumulation without reduce and both reshard_after_forward modes are covered by
+tests/test_fsdp_parity.py (cases accum, raf0, accum4); this file does not repeat them.
+
+Each case compares with stock FSDP2 from the same seed in the same process group, with the
+tolerances of test_fsdp_parity.py (see its docstring): bit-identical for 1 and 2 ranks (the
+all-gather is a byte copy; for 2 ranks fp32 a + b == b + a, /2 is exact; for 1 rank TIDE-RS
+is the exact bf16 -> fp32 conversion FSDP2's copy-in does); for 4 ranks step-0 gradients
+within 2^-22 of the largest gradient, later steps at bf16 resolution of the update.
+
+Run by hand: python tests/test_fsdp_training.py worker <rank> <world> <port> <cases>
+"""
+
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fsdp_llama import VOCAB, batch, build_model, init_worker, launch  # noqa: E402
+from test_fsdp_parity import _bits_equal, _maxdiff, _shard, _StockCounter  # noqa: E402
+
+pytest.importorskip("torch")
+
+STEPS = 5
+SAVE_AFTER = 2  # state_dict case: steps before the save; the fresh model runs the rest
+SCRIPT = Path(__file__).resolve()
+
+
+# ------------------------------------------------------------------------------------------
+# worker side
+# ------------------------------------------------------------------------------------------
+def _shard_ckpt(model):
+    """Every block in checkpoint_wrapper (activation checkpointing), then fully_shard as usual."""
+    import torch
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for i in range(len(model.layers)):
+        model.layers[i] = checkpoint_wrapper(model.layers[i])
+        fully_shard(model.layers[i], mp_policy=mp, reshard_after_forward=True)
+    fully_shard(model, mp_policy=mp, reshard_after_forward=True)
+    return model
+
+
+def _steps(model, opt, rank, first, last, out):
+    import torch.nn.functional as F
+
+    for step in range(first, last):
+        x, y = batch(step, rank)
+        loss = F.cross_entropy(model(x).float().reshape(-1, VOCAB), y.reshape(-1))
+        loss.backward()
+        out["losses"].append(loss.item())
+        out["grads"].append([p.grad.to_local().detach().clone() for p in model.parameters()])
+        opt.step()
+        opt.zero_grad()
+
+
+def _run_accum(model, rank, steps, accum):
+    import torch
+    import torch.nn.functional as F
+
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-2, weight_decay=0.01)
+    out = {"losses": [], "grads": []}
+    for step in range(steps):
+        for micro in range(accum):
+            model.set_requires_gradient_sync(micro == accum - 1)
+            x, y = batch(step * accum + micro, rank)
+            loss = F.cross_entropy(model(x).float().reshape(-1, VOCAB), y.reshape(-1))
+            loss.backward()
+        out["losses"].append(loss.item())
+        out["grads"].append([p.grad.to_local().detach().clone() for p in model.parameters()])
+        opt.step()
+        opt.zero_grad()
+    out["params"] = [p.to_local().detach().clone() for p in model.parameters()]
+    return out
+
+
+def _run(model, rank, steps):
+    import torch
+
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-2, weight_decay=0.01)
+    out = {"losses": [], "grads": []}
+    _steps(model, opt, rank, 0, steps, out)
+    out["params"] = [p.to_local().detach().clone() for p in model.parameters()]
+    return out
+
+
+def _run_with_reload(rank, executor):
+    """TIDE: SAVE_AFTER steps, save model + optimizer state (DTensors), load both into a fresh
+    TIDE-enabled model built from another seed, run the remaining steps."""
+    import nccl_tide.fsdp as tfsdp
+    import torch
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    first = _shard(build_model(0))
+    h1 = tfsdp.enable(first, executor=executor)
+    opt = torch.optim.AdamW(first.parameters(), lr=2e-2, weight_decay=0.01)
+    out = {"losses": [], "grads": []}
+    _steps(first, opt, rank, 0, SAVE_AFTER, out)
+    msd = {k: v.detach().clone() for k, v in get_model_state_dict(first).items()}
+    osd = get_optimizer_state_dict(first, opt)
+    osd = torch.utils._pytree.tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, osd)
+    stats_first = h1.stats()
+    tfsdp.disable(first)
+    del first, opt
+
+    fresh = _shard(build_model(7))  # different initial values: the load must overwrite them all
+    h2 = tfsdp.enable(fresh, executor=executor)
+    opt2 = torch.optim.AdamW(fresh.parameters(), lr=2e-2, weight_decay=0.01)
+    set_model_state_dict(fresh, msd)
+    set_optimizer_state_dict(fresh, opt2, osd)
+    _steps(fresh, opt2, rank, SAVE_AFTER, STEPS, out)
+    out["params"] = [p.to_local().detach().clone() for p in fresh.parameters()]
+    # model.state_dict() of the TIDE model after training: sharded DTensors equal to the params
+    sd = fresh.state_dict()
+    out["state_dict_matches_params"] = all(
+        torch.equal(sd[k].to_local(), p.to_local()) for k, p in fresh.named_parameters()
+    )
+    out["stats"] = [stats_first, h2.stats()]
+    tfsdp.disable(fresh)
+    return out
+
+
+class _SimComm:
+    """Stands in for nccl_tide.comm.Comm on CPU/gloo, so the native executor's FSDP2 glue (slot
+    from tideSlotAlloc that torch cannot resize, release events, Slot-Reuse staging, world-1
+    path, shard pointer table) runs in CI. Slots are torch.frombuffer memory: like a TIDE slot,
+    its storage is not resizable, so an FSDP2 free_storage reaching it raises. Data moves with
+    the reference executor, written through an alias with its own version counter (a real
+    tideAllGather writes outside autograd). Staging handed to reduce_scatter is filled with
+    NaN first: a parameter read from a slot that still holds staging would show in the loss."""
+
+    def __init__(self, group):
+        import torch.distributed as dist
+        from nccl_tide.reference_executor import ReferenceExecutor
+
+        self.ref = ReferenceExecutor(group)
+        self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
+        self.provider = "sim"
+        self._handle = 1
+        self.live_slots = 0
+        self.staging_used = 0
+
+    @staticmethod
+    def _alias(u8, dtype):
+        import torch
+
+        a = torch.empty(0, dtype=torch.uint8).set_(u8.untyped_storage(), 0, (u8.numel(),))
+        return a.view(dtype)
+
+    def alloc_slot(self, nbytes):
+        import torch
+
+        self.live_slots += 1
+        return torch.frombuffer(bytearray(nbytes), dtype=torch.uint8)
+
+    def free_slot(self, slot):
+        self.live_slots -= 1
+
+    def all_gather(self, layout, slot, sendbuf=None, shards=None, stream=None):
+        from nccl_tide.reference_executor import _uniform_dtype
+
+        dt = _uniform_dtype(layout)
+        send = sendbuf if sendbuf is not None else self.ref.pack(layout, shards)
+        flat = self._alias(slot, dt)
+        W = layout.world_size
+        views = [flat.narrow(0, p.slot_offset // p.elem_size, p.shard_numel * W) for p in layout.params]
+        self.ref.all_gather(layout, send, views)
+        self.ag_shards = self.__dict__.get("ag_shards", 0) + (shards is not None)
+
+    def reduce_scatter(self, layout, grads, out, op="sum", scale=1.0, staging=None, stream=None):
+        import torch
+
+        if staging is not None:
+            assert staging.numel() >= layout.rs_staging_bytes
+            self._alias(staging, torch.uint8).narrow(0, 0, layout.rs_staging_bytes).fill_(0xFF)  # bf16/fp32 NaN
+            self.staging_used += 1
+        self.ref.reduce_scatter(layout, grads, out, op=op, scale=scale)
+
+
+def _use_sim_native():
+    """executor='native' builds a NativeExecutor over _SimComm (enable()'s own code otherwise)."""
+    import nccl_tide.fsdp as tfsdp
+    from nccl_tide.native_executor import NativeExecutor
+    from nccl_tide.reference_executor import get_executor
+
+    comms = {}
+
+    def sim_get_executor(name, group=None, device=None):
+        if name != "native":
+            return get_executor(name, group, device)
+        ex = NativeExecutor.__new__(NativeExecutor)
+        ex.group, ex.device, ex._slots = group, device, []
+        ex.comm = comms.setdefault(id(group), _SimComm(group))
+        ex.provider = ex.comm.provider
+        return ex
+
+    tfsdp.get_executor = sim_get_executor
+    return comms
+
+
+def _compare(stock, tide):
+    return {
+        "losses_stock": stock["losses"],
+        "losses_tide": tide["losses"],
+        "loss_maxdiff": max(abs(a - b) for a, b in zip(stock["losses"], tide["losses"])),
+        "grad_maxdiff_step0": _maxdiff(stock["grads"][0], tide["grads"][0]),
+        "grad_max": max(g.abs().max().item() for gs in stock["grads"] for g in gs if g.numel()),
+        "grads_bitequal": all(_bits_equal(a, b) for a, b in zip(stock["grads"], tide["grads"])),
+        "param_maxdiff": _maxdiff(stock["params"], tide["params"]),
+        "params_bitequal": _bits_equal(stock["params"], tide["params"]),
+    }
+
+
+def run_case(rank, name, counter):
+    import nccl_tide.fsdp as tfsdp
+
+    executor = "reference"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if name == "ckpt":
+            stock = _run(_shard_ckpt(build_model(0)), rank, STEPS)
+            counter.take()
+            model = _shard_ckpt(build_model(0))
+            handle = tfsdp.enable(model, executor=executor)
+            tide = _run(model, rank, STEPS)
+            res = _compare(stock, tide) | {"stats": [handle.stats()]}
+            tfsdp.disable(model)
+        elif name == "statedict":
+            stock = _run(_shard(build_model(0)), rank, STEPS)
+            counter.take()
+            tide = _run_with_reload(rank, executor)
+            res = _compare(stock, tide) | {"stats": tide["stats"], "sd_ok": tide["state_dict_matches_params"]}
+        elif name.startswith("native_sim"):
+            opts = dict(kv.split("=") for kv in name.split(",")[1:])
+            accum = int(opts.get("accum", "1"))
+            raf = opts.get("raf", "1") == "1"
+            stock_m = _shard(build_model(0), raf)
+            stock = _run_accum(stock_m, rank, STEPS, accum)
+            counter.take()
+            comms = _use_sim_native()
+            model = _shard(build_model(0), raf)
+            handle = tfsdp.enable(model, executor="native")
+            tide = _run_accum(model, rank, STEPS, accum)
+            res = _compare(stock, tide) | {"stats": [handle.stats()]}
+            (comm,) = comms.values()
+            res["sim"] = {"live_slots_enabled": comm.live_slots, "staging_used": comm.staging_used}
+            tfsdp.disable(model)
+            res["sim"]["live_slots_after_disable"] = comm.live_slots
+            more = _run_accum(model, rank, 1, 1)  # stock FSDP2 again after disable()
+            res["sim"]["finite_after_disable"] = all(abs(x) < 1e9 for x in more["losses"])
+            import nccl_tide.reference_executor as rex
+
+            tfsdp.get_executor = rex.get_executor
+        elif name == "world1":
+            stock = _run(_shard(build_model(0)), rank, STEPS)
+            counter.take()
+            model = _shard(build_model(0))
+            handle = tfsdp.enable(model, executor=executor)
+            tide = _run(model, rank, STEPS)
+            res = _compare(stock, tide) | {"stats": [handle.stats()]}
+            tfsdp.disable(model)
+        else:
+            raise ValueError(name)
+    res["name"] = name.split(",")[0]
+    res["stock_calls_tide_run"] = counter.take()
+    res["warnings"] = [str(w.message) for w in caught if w.category.__name__ == "TideFSDPWarning"]
+    return res
+
+
+def worker(rank, world, port, cases):
+    dist = init_worker(rank, world, port)
+    counter = _StockCounter()
+    results = [run_case(rank, c, counter) for c in cases.split(";")]
+    from nccl_tide.fsdp import _patch
+
+    dist.barrier()
+    dist.destroy_process_group()
+    print(json.dumps({"rank": rank, "results": results, "patched_at_exit": _patch.installed()}))
+    sys.stdout.flush()
+    os._exit(0)  # see test_fsdp_parity.worker
+
+
+# ------------------------------------------------------------------------------------------
+# pytest side
+# ------------------------------------------------------------------------------------------
+def _launch(world, cases):
+    ranks = launch(SCRIPT, world, [";".join(cases)], timeout=240)
+    assert not any(r["patched_at_exit"] for r in ranks)
+    return {res["name"]: [r["results"][i] for r in ranks] for i, res in enumerate(ranks[0]["results"])}
+
+
+@pytest.fixture(scope="module")
+def w1():
+    return _launch(1, ["world1", "native_sim"])
+
+
+@pytest.fixture(scope="module")
+def w2():
+    return _launch(2, ["ckpt", "statedict", "native_sim", "native_sim_accum,accum=2,raf=0"])
+
+
+@pytest.fixture(scope="module")
+def w4():
+    return _launch(4, ["ckpt", "statedict"])
+
+
+def _tide_everywhere(stats, world, ag_per_step, steps):
+    assert stats["executor"] == "reference" and len(stats["tide_groups"]) == 3 and not stats["stock_groups"], stats
+    for g in stats["tide_groups"]:
+        assert g["world_size"] == world and g["fallbacks"] == {}, g
+        assert g["ag_calls"] == ag_per_step * steps and g["rs_calls"] == steps, g
+
+
+def _bitexact(res):
+    assert res["losses_stock"] == res["losses_tide"], res
+    assert res["grads_bitequal"], res["grad_maxdiff_step0"]
+    assert res["params_bitequal"], res["param_maxdiff"]
+
+
+def _close4(res):
+    assert res["losses_stock"][0] == res["losses_tide"][0], res
+    assert res["grad_maxdiff_step0"] <= 2.0**-22 * max(1.0, res["grad_max"]), res
+    assert res["loss_maxdiff"] <= 2e-3 and res["param_maxdiff"] <= 2e-2, res
+
+
+@pytest.mark.timeout(300)
+def test_world1_runs_tide_path(w1):
+    """Shard world size 1 (FSDP2 itself skips the collectives): TIDE's world-1 wrappers run
+    TIDE-AG and TIDE-RS, counted, no fallback, no FSDP2 AG/copy-out/copy-in; bit-identical."""
+    (res,) = w1["world1"]
+    _tide_everywhere(res["stats"][0], 1, 2, STEPS)
+    _bitexact(res)
+    assert set(res["stock_calls_tide_run"].values()) == {0}, res["stock_calls_tide_run"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world", [2, 4])
+def test_activation_checkpointing(world, request):
+    """checkpoint_wrapper on every block: the recomputation in backward runs on the parameters
+    TIDE gathered for backward; forward AG + backward AG per step, one RS."""
+    for res in request.getfixturevalue(f"w{world}")["ckpt"]:
+        _tide_everywhere(res["stats"][0], world, 2, STEPS)
+        assert set(res["stock_calls_tide_run"].values()) == {0}, res["stock_calls_tide_run"]
+        _bitexact(res) if world == 2 else _close4(res)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world", [2, 4])
+def test_state_dict_round_trip(world, request):
+    """Train SAVE_AFTER steps with TIDE, save model and optimizer state (get_model_state_dict /
+    get_optimizer_state_dict: DTensors), load into a fresh TIDE-enabled model built from another
+    seed (set_model_state_dict / set_optimizer_state_dict), continue: equal to the uninterrupted
+    stock run (hence to the uninterrupted TIDE run, test_fsdp_parity)."""
+    for res in request.getfixturevalue(f"w{world}")["statedict"]:
+        first, second = res["stats"]
+        _tide_everywhere(first, world, 2, SAVE_AFTER)
+        _tide_everywhere(second, world, 2, STEPS - SAVE_AFTER)
+        assert res["sd_ok"], res
+        _bitexact(res) if world == 2 else _close4(res)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world,case", [(1, "native_sim"), (2, "native_sim"), (2, "native_sim_accum")])
+def test_native_executor_glue_simulated(world, case, request):
+    """The native executor's FSDP2 side on CPU with a simulated tideComm (_SimComm): slots that
+    torch cannot resize (FSDP2's free_storage must never reach them), Slot-Reuse staging
+    poisoned with NaN (the next AG must rewrite every parameter), the shard pointer table at
+    world 1, per-step counts, slots freed by disable(). Bit-identical to stock (1 and 2 ranks)."""
+    for res in request.getfixturevalue(f"w{world}")[case]:
+        st = res["stats"][0]
+        assert st["executor"] == "native" and st["provider"] == "sim" and not st["stock_groups"], st
+        for g in st["tide_groups"]:
+            assert g["fallbacks"] == {} and g["world_size"] == world, g
+            # raf=1: forward + backward AG; accum=2 with raf=0: one forward AG per microbatch
+            assert g["rs_calls"] == STEPS and g["ag_calls"] == 2 * STEPS, g
+            # Slot-Reuse when the plan fits (FSDP2 reshards after backward in every case here). With
+            # accumulation the syncing RS reduces FSDP2's fp32 accumulated gradients: its staging is twice
+            # the bf16 slot, so the comm's own staging is used.
+            if case.endswith("accum"):
+                assert g["rs_staging_in_slot"] == 0, g
+            elif g["slot_reuse_fits"]:
+                assert g["rs_staging_in_slot"] == STEPS, g
+        assert res["sim"]["staging_used"] == sum(g["rs_staging_in_slot"] for g in st["tide_groups"]), res
+        assert res["sim"]["live_slots_enabled"] == 3 and res["sim"]["live_slots_after_disable"] == 0, res
+        assert res["sim"]["finite_after_disable"], res
+        _bitexact(res)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 6 and sys.argv[1] == "worker":
+        worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
