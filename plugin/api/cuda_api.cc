@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "api_guard.h"
+#include "c_enum.h"
 #include "cuda/comm.h"
 #include "cuda/cuda_check.h"
 #include "cuda/executors.h"
@@ -310,6 +311,8 @@ TIDE_EXPORT tideResult_t tideAllGather(tideComm_t comm, tideLayout_t layout, con
   TIDE_API_BEGIN
   TIDE_CHECK(checkComm(comm, "tideAllGather"));
   if (layout == nullptr) return tide::fail(tideInvalidArgument, "API", "tideAllGather: layout is NULL");
+  // First, before any state changes: a capturing stream is refused and its capture stays valid (issue 10).
+  TIDE_CHECK(tide::cuda::checkNotCapturing(static_cast<cudaStream_t>(stream), "tideAllGather"));
   std::lock_guard<std::mutex> lock(comm->mu);
   ScopedDevice scoped(comm->device);
   PhaseGuard phase(comm, "tideAllGather");
@@ -323,11 +326,23 @@ TIDE_EXPORT tideResult_t tideReduceScatter(tideComm_t comm, tideLayout_t layout,
   TIDE_API_BEGIN
   TIDE_CHECK(checkComm(comm, "tideReduceScatter"));
   if (layout == nullptr) return tide::fail(tideInvalidArgument, "API", "tideReduceScatter: layout is NULL");
+  // Range-check the caller's ints before they are used as enums (core/c_enum.h), as tideHostReduceScatter does.
+  const int rawOut = tide::rawEnum(outType), rawOp = tide::rawEnum(op);
+  if (!tide::enumInRange(rawOp, tideNumRedOps)) {
+    return tide::fail(tideInvalidArgument, "API", "tideReduceScatter: op is %d; use tideSum, tideAvg or tidePremulSum",
+                      rawOp);
+  }
+  if (!tide::enumInRange(rawOut, tideNumDataTypes)) {
+    return tide::fail(tideInvalidArgument, "API",
+                      "tideReduceScatter: outType is %d (unknown); use tideFloat32, tideBfloat16 or tideFloat16",
+                      rawOut);
+  }
+  TIDE_CHECK(tide::cuda::checkNotCapturing(static_cast<cudaStream_t>(stream), "tideReduceScatter"));
   std::lock_guard<std::mutex> lock(comm->mu);
   ScopedDevice scoped(comm->device);
   PhaseGuard phase(comm, "tideReduceScatter");
-  return tide::cuda::reduceScatter(comm, layout, grads, out, outType, op, scale, staging,
-                                   static_cast<cudaStream_t>(stream));
+  return tide::cuda::reduceScatter(comm, layout, grads, out, static_cast<tideDataType_t>(rawOut),
+                                   static_cast<tideRedOp_t>(rawOp), scale, staging, static_cast<cudaStream_t>(stream));
   TIDE_API_END
 }
 

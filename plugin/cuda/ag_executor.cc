@@ -9,6 +9,7 @@
 //   5. wait own done[s] >= e for every peer s         (every rank's shards have landed in this rank's slot)
 // With the multicast gate open and a provider that hands out a multicast address of the slot, step 3 becomes one
 // CE write per parameter to that address (never the case for loopback, which has none).
+// Layouts of several (virtual) nodes go to allGatherMultiNode (internode_ag.cc) after the same argument checks.
 #include <atomic>
 #include <algorithm>
 #include <cinttypes>
@@ -83,6 +84,9 @@ tideResult_t allGather(tideComm* comm, tideLayout_t layout, const void* sendbuff
                   i);
     }
   }
+
+  // Several (virtual) nodes: the rail schedule over nodes, then the node-local fan-out (internode_ag.cc).
+  if (v.info.nNodes > 1) return allGatherMultiNode(comm, v, layout, src, dstSlot, stream);
 
   int mcAllowed = 0;
   (void)tideMulticastAllowed(&mcAllowed);

@@ -3,6 +3,8 @@
 #include <cinttypes>
 
 #include "../core/errors.h"
+#include "../core/log.h"
+#include "../core/params.h"
 #include "cuda_check.h"
 #include "reduce_kernel.h"
 
@@ -15,6 +17,39 @@ tideResult_t commInit(tideComm* comm) {
   TIDE_CUDA_CHECK(cudaEventCreateWithFlags(&comm->forkEvent, cudaEventDisableTiming));
   TIDE_CUDA_CHECK(cudaEventCreateWithFlags(&comm->joinEvent, cudaEventDisableTiming));
   TIDE_CHECK(preloadReduceKernels());
+  TIDE_CHECK(params::status(params::kRanksPerNode));
+  const int over = params::ranksPerNodeOverride();
+  if (over > 0 && comm->worldSize % over != 0) {
+    return fail(tideInvalidArgument, "Cuda",
+                "NCCL_TIDE_RANKS_PER_NODE=%d does not divide the world size %d; set a divisor (or 0 to discover)", over,
+                comm->worldSize);
+  }
+  comm->ranksPerNode = over > 0 ? over : comm->worldSize;
+  if (over > 0 && comm->rank == 0) {
+    TIDE_INFO("Cuda", "virtual nodes: %d ranks per node (NCCL_TIDE_RANKS_PER_NODE), %d nodes, provider %s", over,
+              comm->worldSize / over, comm->provider ? comm->provider->name() : "?");
+  }
+  return tideSuccess;
+}
+
+tideResult_t checkNotCapturing(cudaStream_t stream, const char* what) {
+  // The legacy default stream is never captured, and querying it while another stream captures in global mode
+  // would itself be an illegal call that invalidates that capture: skip it (the executors reject or handle it).
+  if (stream == nullptr || stream == cudaStreamLegacy) return tideSuccess;
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  cudaError_t err = cudaStreamIsCapturing(stream, &st);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return fail(tideInvalidArgument, "Cuda", "%s: stream %p is not a valid CUDA stream (%s)", what,
+                static_cast<void*>(stream), cudaGetErrorName(err));
+  }
+  if (st != cudaStreamCaptureStatusNone) {
+    return fail(tideUnsupported, "Cuda",
+                "%s: the stream is being captured into a CUDA graph (%s); TIDE collectives cannot be captured: their "
+                "stream-memory-op flags carry per-call epoch values, so a replay would wait for values that never "
+                "come again. Run this collective outside the capture (nothing was enqueued; the capture is still valid)",
+                what, st == cudaStreamCaptureStatusActive ? "active" : "invalidated");
+  }
   return tideSuccess;
 }
 
@@ -64,11 +99,15 @@ tideResult_t checkLayoutAndStream(tideComm* comm, const LayoutView& view, cudaSt
                 "%s: layout is for rank %d of %d but the comm is rank %d of %d (create one layout per rank)", what,
                 in.rank, in.worldSize, comm->rank, comm->worldSize);
   }
-  if (in.nNodes != 1) {
+  if (in.nNodes != 1 && !comm->provider->peerMapsAllRanks()) {
     return fail(tideUnsupported, "Cuda",
-                "%s: layout spans %d nodes (ranksPerNode %d); the %s provider runs single-node layouts only "
-                "(ranksPerNode == worldSize)",
+                "%s: layout spans %d nodes (ranksPerNode %d) but the %s provider does not map every rank's memory, and "
+                "the NCCL inter-node transports (put/signal, send/recv) are not built yet",
                 what, in.nNodes, in.ranksPerNode, comm->provider->name());
+  }
+  if (in.nNodes > 1 && (in.worldSize % in.ranksPerNode != 0 || in.nNodes != in.worldSize / in.ranksPerNode)) {
+    return fail(tideInternalError, "Cuda", "%s: layout has %d nodes of %d ranks but %d ranks", what, in.nNodes,
+                in.ranksPerNode, in.worldSize);
   }
   if (in.ranksPerNode > flag::kMaxLocalRanks) {
     return fail(tideUnsupported, "Cuda", "%s: %d ranks per node exceed the supported %d", what, in.ranksPerNode,

@@ -34,6 +34,11 @@ struct tideComm {
   int rank = 0;
   int worldSize = 0;
   int device = 0;
+  // Ranks per node as this comm sees its world: NCCL_TIDE_RANKS_PER_NODE if set (virtual nodes; it must divide the
+  // world size), else the real ranks per node (every provider built so far is single-host: the world size). Set by
+  // commInit. Informational for the executors: a layout carries its own ranksPerNode, and any split of the world
+  // runs on a provider whose ranks all map each other's memory (PeerProvider::peerMapsAllRanks).
+  int ranksPerNode = 0;
   std::shared_ptr<tide::cuda::PeerProvider> provider;
 
   // Per-comm sequence numbers; every rank makes the same calls in the same order, so they agree across ranks.
@@ -82,9 +87,14 @@ void commRelease(tideComm* comm);
 // Cached view of `layout` for this comm (validates nothing about the comm).
 tideResult_t layoutView(tideComm* comm, tideLayout_t layout, std::shared_ptr<const LayoutView>* out);
 
-// Checks that layout matches the comm (world size, rank, a single node) and that `stream` belongs to the comm's
-// device. what names the calling function.
+// Checks that layout matches the comm (world size, rank; several nodes only on a provider that maps every rank's
+// memory) and that `stream` belongs to the comm's device. what names the calling function.
 tideResult_t checkLayoutAndStream(tideComm* comm, const LayoutView& view, cudaStream_t stream, const char* what);
+
+// tideUnsupported if `stream` is being captured into a CUDA graph (checked before anything else, so the comm's
+// epochs stay unchanged and the capture stays valid): the flag protocol bakes this call's epoch and chunk numbers
+// into the enqueued stream memory operations, so a replayed graph would wait for values that never come again.
+tideResult_t checkNotCapturing(cudaStream_t stream, const char* what);
 
 // tideInvalidArgument unless p is device memory (device or managed) that the comm's device can address, aligned to
 // `align` bytes.

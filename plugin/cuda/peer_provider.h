@@ -25,10 +25,19 @@ constexpr int kAgReady = 0;      // owner: AG epoch it has entered (its slot may
 constexpr int kRsEnter = 1;      // owner: RS epoch it has entered (its staging may be written)
 constexpr int kRsConsumed = 2;   // owner: global RS chunk number it has reduced (that staging buffer is free again)
 constexpr int kRsPushDone = 3;   // owner: RS epoch whose phase-1 pushes (reads of its gradients) have all completed
+// Multi-node layouts (virtual nodes; plugin/cuda/internode_*.cc). Each word has exactly one writer per value
+// sequence, and its values grow monotonically per comm (cyclically, like the ones above), equal on every rank.
+constexpr int kRsPrev = 4;       // owner: global RS task number whose running fp32 sum from the previous node's rank
+                                 // of its rail has landed in its partial slot (writer: that rank)
+constexpr int kRsFinal = 5;      // owner: global RS task number whose final fp32 sum from the last node's rank of its
+                                 // rail has landed in its partial slot (writer: that rank; only tasks it owns)
+constexpr int kAgRail = 16;      // + round: AG epoch whose rail-schedule puts of that round have landed in the slot
+constexpr int kMaxRounds = 32;   // words kAgRail .. kAgRail + 31 (ceil(log2 N) <= 16 rounds for N <= 65536)
 constexpr int kAgDone = 64;      // + source local rank: AG epoch whose copies into the owner have completed
-constexpr int kRsFull = 128;     // + source local rank: global RS chunk number pushed into the owner's staging
+constexpr int kRsFull = 128;     // + source local rank: global RS chunk (task) number pushed into the owner's staging
 constexpr int kMaxLocalRanks = 64;
 constexpr int kWords = 256;
+// Free: 6..15, 48..63, 192..255.
 }  // namespace flag
 
 // Kinds of collective, for the loopback stream check.
@@ -77,7 +86,7 @@ class PeerProvider {
   virtual bool defersPushes() const { return false; }
 
   // Issues a rank's RS phase-1 pushes: issue(k) enqueues chunk k for k < numChunks, and issue(numChunks) the
-  // tail. Called only if defersPushes(). Default: all of them now, in order. A provider whose ranks share copy-engine queues (loopback: all
+  // tail. (Multi-node layouts pass their pipeline tasks, numChunks * nNodes, as the chunks: internode_rs.cc.) Called only if defersPushes(). Default: all of them now, in order. A provider whose ranks share copy-engine queues (loopback: all
   // virtual ranks on one device) must issue the chunks of all ranks interleaved, chunk-major, once every rank of
   // the epoch has submitted: a push of chunk k waits for the owners' reduction of chunk k-2, which waits for the
   // other ranks' pushes of chunk k-2; those must not sit behind it in a shared queue.
@@ -101,6 +110,12 @@ class PeerProvider {
     (void)layoutHash;
     return tideSuccess;
   }
+
+  // True if every rank of the comm can address every other rank's slots, staging and flags (loopback, CUDA IPC on
+  // one host). Then a layout may split the ranks into any number of (virtual) nodes: the inter-node stage runs over
+  // the peer-mapped transport (internode_transport.h). A provider spanning hosts returns false and needs an NCCL
+  // transport (not built yet).
+  virtual bool peerMapsAllRanks() const { return true; }
 
   // Provider-specific check of the stream a rank uses for a collective epoch (loopback: each virtual rank needs a
   // stream of its own, never the legacy default stream). Default: nothing to check.

@@ -157,6 +157,51 @@ __global__ void __launch_bounds__(kThreads) reduceKernel(const char* __restrict_
   }
 }
 
+// Multi-node variant: acc = prev[e] + fold(inputs), then post. out may alias prev (no __restrict__ on either; prev is
+// read with plain loads, never through the read-only cache, and before the same thread writes the same element).
+template <typename InT, typename OutT, bool kVector>
+__global__ void __launch_bounds__(kThreads) reducePrevKernel(const char* __restrict__ staging, size_t srcStride,
+                                                             int nSrc, uint64_t n, const float* prev, OutT* out,
+                                                             Op op) {
+  const uint64_t tid = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const uint64_t nThreads = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  uint64_t scalarFrom = 0;
+  if (kVector) {
+    const uint64_t nVec = n / kVec;
+    for (uint64_t v = tid; v < nVec; v += nThreads) {
+      float acc[kVec], x[kVec];
+      {
+        Raw8<InT> r;
+        loadRaw8(reinterpret_cast<const InT*>(staging) + v * kVec, r);
+        convert8(r, acc);
+      }
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) acc[k] = pre(acc[k], op);
+      for (int s = 1; s < nSrc; ++s) {
+        Raw8<InT> r;
+        loadRaw8(reinterpret_cast<const InT*>(staging + s * srcStride) + v * kVec, r);
+        convert8(r, x);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) acc[k] = __fadd_rn(acc[k], pre(x[k], op));
+      }
+      const float4* pp = reinterpret_cast<const float4*>(prev + v * kVec);
+      const float4 p0 = pp[0], p1 = pp[1];
+      const float pv[kVec] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) acc[k] = post(__fadd_rn(pv[k], acc[k]), op);
+      store8(out + v * kVec, acc);
+    }
+    scalarFrom = nVec * kVec;
+  }
+  for (uint64_t e = scalarFrom + tid; e < n; e += nThreads) {
+    float acc = pre(Elem<InT>::toFloat(reinterpret_cast<const InT*>(staging)[e]), op);
+    for (int s = 1; s < nSrc; ++s) {
+      acc = __fadd_rn(acc, pre(Elem<InT>::toFloat(reinterpret_cast<const InT*>(staging + s * srcStride)[e]), op));
+    }
+    out[e] = Elem<OutT>::fromFloat(post(__fadd_rn(prev[e], acc), op));
+  }
+}
+
 int smCount(int device) {
   static int cached[64] = {0};
   if (device >= 0 && device < 64 && cached[device] > 0) return cached[device];
@@ -176,6 +221,16 @@ tideResult_t launchTyped(const ReduceArgs& a, cudaStream_t stream, int grid) {
   Op op{a.op == tidePremulSum, a.op == tideAvg, a.scale, a.divisor};
   const char* s = static_cast<const char*>(a.staging);
   OutT* out = static_cast<OutT*>(a.out);
+  if (a.prev != nullptr) {
+    const bool vp = vector && reinterpret_cast<uintptr_t>(a.prev) % 16 == 0;
+    if (vp) {
+      reducePrevKernel<InT, OutT, true><<<grid, kThreads, 0, stream>>>(s, a.srcStride, a.nSrc, a.n, a.prev, out, op);
+    } else {
+      reducePrevKernel<InT, OutT, false><<<grid, kThreads, 0, stream>>>(s, a.srcStride, a.nSrc, a.n, a.prev, out, op);
+    }
+    TIDE_CUDA_CHECK(cudaGetLastError());
+    return tideSuccess;
+  }
   if (vector) {
     reduceKernel<InT, OutT, true><<<grid, kThreads, 0, stream>>>(s, a.srcStride, a.nSrc, a.n, out, op);
   } else {
@@ -204,6 +259,8 @@ tideResult_t preloadPair() {
   cudaFuncAttributes attr;
   TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, reduceKernel<InT, OutT, true>));
   TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, reduceKernel<InT, OutT, false>));
+  TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, reducePrevKernel<InT, OutT, true>));
+  TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, reducePrevKernel<InT, OutT, false>));
   return tideSuccess;
 }
 

@@ -23,9 +23,13 @@ struct ReduceArgs {
   tideRedOp_t op;
   float scale;            // PREMUL_SUM
   float divisor;          // AVG: world size
+  // Multi-node: the running fp32 sum of the earlier nodes (n elements), or nullptr. With it, out[k] =
+  // post(prev[k] + fold) (the node order of include/tide.h: total = total + partial(node)). out may be prev itself
+  // (in place, outType fp32): each element is read and written by the same thread.
+  const float* prev = nullptr;
 };
 
-// Enqueues the kernel on stream. out[k] = fold over s of x_s[k] in the order of include/tide.h.
+// Enqueues the kernel on stream. out[k] = fold over s of x_s[k] in the order of include/tide.h (plus prev[k]).
 tideResult_t launchReduce(const ReduceArgs& args, cudaStream_t stream);
 
 // Loads every reduce kernel into the current device's context now. Required before the first RS: under lazy

@@ -20,8 +20,11 @@
 // once all ranks have called: they share the device's copy-engine queues, see PeerProvider::schedulePushes).
 // Providers that do not defer (IPC: one rank per process) get the two streams' operations interleaved in host issue
 // order, so that every wait is enqueued after the operation of this process that satisfies it.
+// Layouts of several (virtual) nodes share the checks and the staging set-up here, then go to
+// reduceScatterMultiNode (internode_rs.cc); the single-node enqueue below is unchanged.
 #include <algorithm>
 #include <cinttypes>
+#include <climits>
 #include <cstdio>
 #include <cmath>
 
@@ -45,7 +48,8 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
   const LayoutView& v = *viewPtr;
   TIDE_CHECK(checkLayoutAndStream(comm, v, stream, kWhat));
   const int W = comm->worldSize;
-  const int R = v.info.ranksPerNode;  // == W (single node, checked above)
+  const int R = v.info.ranksPerNode;  // == W on a single node
+  const int N = v.info.nNodes;
   const int me = comm->rank;
   const int nParams = v.info.nParams;
 
@@ -85,12 +89,19 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
   }
   TIDE_CHECK(checkDevicePointer(comm, out, outElem, "tideReduceScatter: out"));
 
-  // Staging geometry: nb buffers of R inputs of chunkNumel elements.
+  // Staging geometry: nb buffers of R inputs of chunkNumel elements (plus, with several nodes, one fp32 chunk for
+  // the running sum across nodes, as rs_plan.cc sizes it).
   const uint64_t chunk = v.info.rsChunkNumel;
   const int numChunks = v.info.rsNumChunks;
   const int nb = numChunks > 1 ? 2 : 1;
   const uint64_t srcStride = chunk * inElem;
-  const uint64_t bufBytes = static_cast<uint64_t>(R) * srcStride;
+  const uint64_t bufBytes = static_cast<uint64_t>(R) * srcStride + (N > 1 ? chunk * sizeof(float) : 0);
+  // Pipeline steps: one per chunk on a single node; one per (chunk, owner node) pair with several nodes.
+  const uint64_t numTasks = static_cast<uint64_t>(numChunks) * static_cast<uint64_t>(N);
+  if (numTasks > static_cast<uint64_t>(INT_MAX)) {
+    return fail(tideUnsupported, "Cuda", "%s: %d chunks x %d nodes exceed INT_MAX pipeline steps; raise rsChunkBytes",
+                kWhat, numChunks, N);
+  }
   const uint64_t need = bufBytes * nb;
   if (need > v.info.rsStagingBytes) {
     return fail(tideInternalError, "Cuda", "%s: staging needs %" PRIu64 " bytes but the layout reserves %" PRIu64,
@@ -137,10 +148,35 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
     }
   }
   comm->rsEpoch = epoch;
-  const uint64_t g0 = comm->rsChunkSeq;  // chunk k has global number g0 + k + 1
-  comm->rsChunkSeq += static_cast<uint64_t>(numChunks);
-  comm->lastRs = tideComm::RsRecord{epoch, g0, numChunks, nb, staging == nullptr};
+  const uint64_t g0 = comm->rsChunkSeq;  // chunk (task) k has global number g0 + k + 1
+  comm->rsChunkSeq += numTasks;
+  comm->lastRs = tideComm::RsRecord{epoch, g0, static_cast<int>(numTasks), nb, staging == nullptr};
   const uint32_t e = static_cast<uint32_t>(epoch);
+  if (N > 1) {
+    // Several (virtual) nodes: node-local reduction per (chunk, owner node), then the running fp32 sum along the
+    // owner's rail in node order (internode_rs.cc).
+    RsCall c;
+    c.comm = comm;
+    c.v = &v;
+    c.grads = grads;
+    c.out = out;
+    c.inType = inType;
+    c.outType = outType;
+    c.op = op;
+    c.scale = scale;
+    c.stagingOf = std::move(stagingOf);
+    c.epoch = e;
+    c.g0 = g0;
+    c.chunk = chunk;
+    c.numChunks = numChunks;
+    c.nb = nb;
+    c.srcStride = srcStride;
+    c.bufBytes = bufBytes;
+    c.inElem = inElem;
+    c.outElem = outElem;
+    c.stream = stream;
+    return reduceScatterMultiNode(c);
+  }
   PeerProvider* pp = comm->provider.get();
   uint32_t* own = pp->flags(me, me);
   size_t zeroBytes = 0;
