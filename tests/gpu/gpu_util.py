@@ -34,8 +34,12 @@ def random_layout_spec(rng, world, dtypes, max_params=6, max_rows=300, allow_row
     return numels, rows_n, dts
 
 
-def make_layouts(numels, rows, dts, world, **kw):
-    return [nccl_tide.Layout(numels, dts, world, ranks_per_node=world, rank=r, row_numels=rows, **kw) for r in range(world)]
+def make_layouts(numels, rows, dts, world, rpn=None, **kw):
+    """One layout per rank; rpn = ranks per node (default: the whole world is one node; rpn < world: virtual nodes)."""
+    rpn = world if rpn is None else rpn
+    return [
+        nccl_tide.Layout(numels, dts, world, ranks_per_node=rpn, rank=r, row_numels=rows, **kw) for r in range(world)
+    ]
 
 
 def random_bytes(torch, rng, nbytes, device="cpu"):

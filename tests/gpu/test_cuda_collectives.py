@@ -43,9 +43,10 @@ def seeded(*key):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def run_ag(torch, world, rng, numels, rows, dts, form, streams=None):
+def run_ag(torch, world, rng, numels, rows, dts, form, streams=None, layouts=None):
     W = world.n_ranks
-    layouts = make_layouts(numels, rows, dts, W)
+    if layouts is None:
+        layouts = make_layouts(numels, rows, dts, W)
     L = layouts[0]
     extra = 512  # bytes past slot_bytes that must stay poisoned
     slots = world.alloc_slot(L.slot_bytes + extra)
@@ -259,3 +260,47 @@ def test_repeated_calls_without_host_sync(torch_cuda, worlds):
     finally:
         world.synchronize()
         world.free_slot(slots)
+
+
+def test_graph_capture_is_refused(torch_cuda, cuda_lib):
+    """tideAllGather/tideReduceScatter on a capturing stream fail at capture time with tideUnsupported (the flag
+    protocol bakes per-call epochs into the memops, so a replay would be wrong); the capture stays valid and can be
+    ended and replayed, and the comm's epochs are unchanged (the world still runs AG and RS bit-exactly afterwards)."""
+    from nccl_tide.cuda import LoopbackWorld
+    from nccl_tide.errors import UnsupportedError
+
+    torch = torch_cuda
+    world = LoopbackWorld(2)
+    try:
+        rng = seeded("capture")
+        layouts = make_layouts([1000, 37, 5 * 64], [1, 1, 64], ["bf16"] * 3, 2, rs_chunk_bytes=1024)
+        L = layouts[0]
+        slots = world.alloc_slot(L.slot_bytes)
+        send = [random_bytes(torch, rng, L.send_bytes, "cuda") for _ in range(2)]
+        grads = [[random_float(torch, rng, p.numel, "bf16").cuda() for p in L.params] for _ in range(2)]
+        out = torch.empty(L.rs_out_numel, dtype=torch.float32, device="cuda")
+        x = torch.zeros(256, device="cuda")
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        with torch.cuda.graph(g, stream=s):
+            x.add_(1.0)
+            with pytest.raises(UnsupportedError, match="captured"):
+                world.rank_all_gather(0, L, slots[0], sendbuf=send[0], stream=s)
+            with pytest.raises(UnsupportedError, match="captured"):
+                world.rank_reduce_scatter(0, L, grads[0], out, op="sum", stream=s)
+            x.add_(1.0)
+        for _ in range(3):
+            g.replay()
+        torch.cuda.synchronize()
+        assert torch.all(x == 6.0).item()
+        world.synchronize()
+        world.free_slot(slots)
+        # Nothing was taken: the next collectives pair up across ranks as before.
+        run_ag(torch, world, rng, [1000, 37, 5 * 64], [1, 1, 64], ["bf16"] * 3, "sendbuf")
+        run_rs(torch, world, rng, "bf16", "fp32", "avg", 1024, True)
+        vn = make_layouts([999, 5], [1, 1], ["fp32", "bf16"], 2, rpn=1, pace_bytes=512)  # 2 virtual nodes
+        run_ag(torch, world, rng, [999, 5], [1, 1], ["fp32", "bf16"], "shards", layouts=vn)
+    finally:
+        world.synchronize()
+        world.close()

@@ -105,8 +105,8 @@ def _start_watchdog(rank, state):
     return t
 
 
-def _worker(rank, world, port, out_dir, mode):
-    """One rank. Writes out_dir/rank<r>.json: {"ok": bool, "checked": n, "errors": [...], ...}, and prints the
+def _worker(rank, world, port, out_dir, mode, rpn=None):
+    """One rank (rpn: the layouts' ranks per node; None = one node, fewer = virtual nodes across processes). Writes out_dir/rank<r>.json: {"ok": bool, "checked": n, "errors": [...], ...}, and prints the
     report to stderr before exiting (the pytest summary that would show it can be lost to an outer kill)."""
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
     report = {"rank": rank, "ok": False, "checked": 0, "errors": []}
@@ -152,10 +152,11 @@ def _worker(rank, world, port, out_dir, mode):
                 numels,
                 dts,
                 world,
-                ranks_per_node=world,
+                ranks_per_node=rpn or world,
                 rank=rank,
                 row_numels=rows,
                 rs_chunk_bytes=extra.get("chunk"),
+                pace_bytes=1024 if rpn else None,  # virtual nodes: several paced steps per block
             )
             data_rng = _rng("mp-data", world, ci, rank)
             for err in report["errors"][state.get("shown", 0) :]:
@@ -287,9 +288,9 @@ def spawn(fn, nprocs, args, timeout):
     return 0
 
 
-def run_world(world, tmp_path, mode="gpu"):
+def run_world(world, tmp_path, mode="gpu", rpn=None):
     out_dir = str(tmp_path)
-    rc = spawn(_worker, world, (world, free_port(), out_dir, mode), SPAWN_TIMEOUT)
+    rc = spawn(_worker, world, (world, free_port(), out_dir, mode, rpn), SPAWN_TIMEOUT)
     reports = []
     for r in range(world):
         path = os.path.join(out_dir, f"rank{r}.json")
@@ -307,6 +308,13 @@ def run_world(world, tmp_path, mode="gpu"):
 @pytest.mark.parametrize("world", [2, 4])
 def test_processes_share_one_gpu(torch_cuda, cuda_lib, tmp_path, world):
     reports = run_world(world, tmp_path, mode="gpu")
+    assert all(rep.get("provider") == "ipc" for rep in reports)
+
+
+def test_processes_virtual_nodes_2x2(torch_cuda, cuda_lib, tmp_path):
+    """4 processes as 2 virtual nodes of 2 ranks (layout ranks_per_node=2): the AG rail schedule and the RS running
+    sum across nodes cross process boundaries over CUDA IPC, bit-exact against the host executor."""
+    reports = run_world(4, tmp_path, mode="gpu", rpn=2)
     assert all(rep.get("provider") == "ipc" for rep in reports)
 
 
