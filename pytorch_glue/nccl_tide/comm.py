@@ -294,6 +294,8 @@ class Comm:
             if time.monotonic() > deadline:
                 try:
                     dump = self.debug_dump()
+                    if "readback did not finish" in dump:  # its fresh stream shared a stuck hardware queue: retry
+                        dump = self.debug_dump()
                 except Exception as e:  # the dump is best effort; the timeout is the error
                     dump = f"(debug dump failed: {e!r})\n"
                 pending = first_pending_wait(dump)

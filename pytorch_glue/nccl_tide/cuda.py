@@ -367,11 +367,16 @@ class LoopbackWorld:
         first = None
         dumps = []
         for r in stuck if per_rank else range(self.n_ranks):
-            buf = ctypes.create_string_buffer(64 * 1024)
-            rc = N.lib().tideCommDebugDump(self._comms[r], buf, len(buf))
-            dump = buf.value.decode(errors="replace")
-            if rc != N.tideSuccess:
-                dump += f"(tideCommDebugDump failed: {N.last_error()})\n"
+            for attempt in range(2):
+                buf = ctypes.create_string_buffer(64 * 1024)
+                rc = N.lib().tideCommDebugDump(self._comms[r], buf, len(buf))
+                dump = buf.value.decode(errors="replace")
+                if rc != N.tideSuccess:
+                    dump += f"(tideCommDebugDump failed: {N.last_error()})\n"
+                # The dump reads the flags on a fresh stream; if that stream landed on the hardware queue of a stuck
+                # stream the readback times out: once more, on another new stream.
+                if "readback did not finish" not in dump:
+                    break
             dumps.append(dump)
             p = first_pending_wait(dump)
             if first is None and p is not None:

@@ -28,7 +28,11 @@ def _layouts(numels, dts, W, **kw):
     return [nccl_tide.Layout(numels, dts, W, ranks_per_node=W, rank=r, **kw) for r in range(W)]
 
 
-def ag_loop(torch, world, tid, failures):
+MAX_SLOT = 1 << 20  # one slot per AG world, allocated before the threads start and reused (no cudaMalloc/cudaFree,
+# which may synchronize the device, while the other thread is between two ranks' calls of its world)
+
+
+def ag_loop(torch, world, tid, failures, slots):
     W = world.n_ranks
     rng = seeded("conc-ag", tid)
     views = {1: np.uint8, 2: np.uint16, 4: np.uint32}
@@ -45,7 +49,7 @@ def ag_loop(torch, world, tid, failures):
             for r in range(W)
         ]
         expected = nccl_tide.host_all_gather(L, shards)
-        slots = world.alloc_slot(L.slot_bytes)
+        assert L.slot_bytes <= MAX_SLOT
         for s in slots:
             s.fill_(0xFF)
         sends = [t.cuda() for t in send_cpu]
@@ -58,17 +62,29 @@ def ag_loop(torch, world, tid, failures):
                 exp = np.ascontiguousarray(expected[r][i]).view(np.uint8)
                 if not np.array_equal(got[p.slot_offset : p.slot_offset + exp.size], exp):
                     failures.append(f"AG thread {tid} iter {it}: rank {r} param {i} differs")
-        world.free_slot(slots)
         for lay in layouts:
             lay.close()
 
 
-def rs_loop(torch, world, tid, failures):
+def rs_warm(torch, world):
+    """One RS with the largest staging any rs_loop layout needs (fp32, 3 x 30000, 64 KiB chunks), before the threads
+    start: the own staging never grows (no cudaMalloc) while the threads run."""
+    W = world.n_ranks
+    layouts = _layouts([30000] * 3, ["fp32"] * 3, W, rs_chunk_bytes=1 << 16)
+    grads = [[torch.ones(p.numel, device="cuda") for p in layouts[0].params] for _ in range(W)]
+    outs = [torch.empty(layouts[0].rs_out_numel, device="cuda") for _ in range(W)]
+    torch.cuda.synchronize()
+    world.reduce_scatter(layouts, grads, outs, op="sum", streams=world.streams)
+    world.synchronize(timeout=60)
+    assert all(bool((o == W).all()) for o in outs)
+
+
+def rs_loop(torch, world, tid, failures, _unused=None):
     W = world.n_ranks
     rng = seeded("conc-rs", tid)
     for it in range(ITERS):
         n = int(rng.integers(1, 4))
-        numels = [int(rng.integers(1, 30000)) for _ in range(n)]
+        numels = [int(rng.integers(1, 30000)) for _ in range(n)]  # staging <= rs_warm's
         gdt = str(rng.choice(["bf16", "fp32"]))
         op = str(rng.choice(["sum", "avg"]))
         layouts = _layouts(numels, [gdt] * n, W, rs_chunk_bytes=int(rng.choice([4096, 1 << 16])))
@@ -119,9 +135,13 @@ def test_independent_worlds_from_threads(torch_cuda, cuda_lib):
         except BaseException:
             failures.append("churn: " + traceback.format_exc())
 
+    ag_slots = worlds[0].alloc_slot(MAX_SLOT)
+    rs_warm(torch, worlds[1])
+    args = [ag_slots, None]
+
     def drive(i):
         try:
-            loops[i](torch, worlds[i], i, failures)
+            loops[i](torch, worlds[i], i, failures, args[i])
         except BaseException:
             failures.append(f"world {i}: " + traceback.format_exc())
 
