@@ -75,22 +75,27 @@ tideResult_t allGatherMultiNode(tideComm* comm, const LayoutView& v, tideLayout_
                 flag::kMaxRounds);
   }
 
-  // The schedule of this node, checked before anything is enqueued.
+  // The schedule of this node, checked before anything is enqueued. Steps are recomputed when enqueued rather than
+  // stored: a small pacing cap can make millions of them (tideLayoutGetScheduleStep is a pure function).
   int len = 0;
   TIDE_CHECK(tideLayoutGetScheduleLength(layout, n, &len));
-  std::vector<tideScheduleStep_t> steps(static_cast<size_t>(len));
+  auto stepAt = [&](int s, tideScheduleStep_t* st) -> tideResult_t {
+    *st = tideScheduleStep_t{};
+    st->size = sizeof(*st);
+    st->version = TIDE_SCHEDULE_STEP_VERSION;
+    return tideLayoutGetScheduleStep(layout, n, s, st);
+  };
   std::vector<int> roundPeer(rounds, -1);
+  int prevRound = 0;
   for (int s = 0; s < len; ++s) {
-    tideScheduleStep_t& st = steps[s];
-    st.size = sizeof(st);
-    st.version = TIDE_SCHEDULE_STEP_VERSION;
-    TIDE_CHECK(tideLayoutGetScheduleStep(layout, n, s, &st));
+    tideScheduleStep_t st;
+    TIDE_CHECK(stepAt(s, &st));
     const int d = 1 << st.round;
-    const bool ordered = s == 0 || st.round >= steps[s - 1].round;
-    if (st.round < 0 || st.round >= rounds || !ordered || st.sendToNode != ((n - d) % N + N) % N || st.bytes == 0 ||
+    if (st.round < prevRound || st.round >= rounds || st.sendToNode != ((n - d) % N + N) % N || st.bytes == 0 ||
         st.offset + st.bytes > v.info.sendBytes) {
       return fail(tideInternalError, "Cuda", "tideAllGather: schedule step %d of node %d is inconsistent", s, n);
     }
+    prevRound = st.round;
     roundPeer[st.round] = st.sendToNode * R + q;
   }
   for (int k = 0; k < rounds; ++k) {
@@ -133,16 +138,19 @@ tideResult_t allGatherMultiNode(tideComm* comm, const LayoutView& v, tideLayout_
 
   // 3-4. Rail schedule: one put per step (at most paceBytes), one signal per round.
   size_t puts = 0;
-  int s = 0;
+  int s = 0;  // steps are ordered by round (checked above)
   for (int k = 0; k < rounds; ++k) {
     if (k > 0) TIDE_CHECK(net.waitSignal(stream, flag::kAgRail + k - 1, e));
     const int peer = roundPeer[k];
-    for (; s < len && steps[s].round == k; ++s) {
-      const tideScheduleStep_t& st = steps[s];
+    while (s < len) {
+      tideScheduleStep_t st;
+      TIDE_CHECK(stepAt(s, &st));
+      if (st.round != k) break;
       copies.clear();
       addBlockRange(v, mine, slotOf[peer], st.sendBlockNode * R + q, st.offset, st.bytes, &copies);
       TIDE_CHECK(net.put(stream, peer, copies));
       ++puts;
+      ++s;
     }
     TIDE_CHECK(net.signal(stream, peer, flag::kAgRail + k, e));
   }
