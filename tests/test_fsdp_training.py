@@ -402,3 +402,15 @@ def test_native_executor_glue_simulated(world, case, request):
 if __name__ == "__main__":
     if len(sys.argv) >= 6 and sys.argv[1] == "worker":
         worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
+
+
+@pytest.mark.timeout(300)
+def test_gpu_native_test_rehearsed_on_cpu(tmp_path):
+    """tests/gpu/test_fsdp_native.py's worker and assertions on CPU (gloo, world 1, the reference
+    executor standing in for native): the GPU test's plumbing cannot first fail on the GPU."""
+    sys.path.insert(0, str(SCRIPT.parent / "gpu"))
+    import test_fsdp_native as gpu_test
+
+    rep = gpu_test.launch(tmp_path, "cpu")
+    gpu_test.check(rep, gpu=False)
+    assert rep["native_vs_reference"]["bitequal"] and rep["native_vs_stock"]["bitequal"], rep

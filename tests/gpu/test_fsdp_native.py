@@ -1,0 +1,286 @@
+"""nccl_tide.fsdp with the native executor on one GPU (marker gpu; skips without CUDA).
+
+One process, a real NCCL process group of world size 1 (init_process_group("nccl", tcp on
+localhost, device_id=cuda:0), so Comm.from_process_group runs tideCommCreate on torch's own
+ncclComm_t), the small Llama-style model of tests/fsdp_llama.py on cuda:0, bf16 params with
+fp32 reduce, AdamW, STEPS steps. Runs, each from the same seed:
+  stock     stock FSDP2;
+  native    nccl_tide.fsdp.enable(executor="native"): TIDE-AG into tideSlotAlloc slots on
+            FSDP2's all-gather stream, TIDE-RS from the per-parameter bf16 gradients on its
+            reduce-scatter stream, Slot-Reuse staging; then disable() and one stock step;
+  reference the reference executor on the same NCCL group (the oracle of the layout
+            semantics, torch.distributed collectives);
+  accum     native with gradient accumulation (2 microbatches, no sync on the first) and
+            reshard_after_forward=False (fp32 accumulated gradients: a second RS layout);
+  auto      executor="auto" must pick native on NCCL/CUDA.
+
+Tolerances. At world size 1 the AG is a byte copy of the bf16-cast shards and TIDE-RS of one
+rank is the exact bf16 -> fp32 conversion (FSDP2's copy-in does the same conversion), so
+native, reference and stock (when stock gathers bf16) must agree bit for bit given
+deterministic kernels (torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG). The
+assertions are a little looser than that, so that a nondeterministic kernel cannot fail the
+data-path check: step-0 gradients within 2^-22 of the largest gradient (fp32 rounding; any
+misplaced element or wrong factor is orders of magnitude larger), losses within 2e-3 and
+parameters within 2e-2 (bf16 resolution of an lr=2e-2 AdamW update) after STEPS steps;
+whether they were bit-identical is reported. If this torch's stock FSDP2 world-1 path does
+not apply param_dtype (it copies the fp32 shard: seen in some releases), stock computes in
+fp32 and is compared with a bf16-vs-fp32 bound instead (reported as stock_w1_dtype).
+
+The worker also runs on CPU (mode "cpu": gloo, reference executor in place of native) from
+tests/test_fsdp_training.py, so its plumbing is rehearsed where no GPU exists.
+
+    python tests/gpu/test_fsdp_native.py worker <port> <out.json> gpu|cpu
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+TESTS = HERE.parent
+REPO = TESTS.parent
+STEPS = 6
+WORKER_TIMEOUT = 200  # seconds: the worker dumps its stacks and exits after this
+LAUNCH_TIMEOUT = 240
+# NVLink multicast stays off on shared machines (DESIGN.md section 6): every process.
+ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+# ------------------------------------------------------------------------------------------
+# worker
+# ------------------------------------------------------------------------------------------
+def worker(port: int, out_path: str, mode: str) -> None:
+    os.environ.update(ENV)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    import faulthandler
+
+    faulthandler.dump_traceback_later(WORKER_TIMEOUT, exit=True)  # a hang becomes a stack dump and exit 1
+    sys.path.insert(0, str(TESTS))
+    import datetime
+    import traceback
+    import warnings
+
+    report = {"ok": False, "errors": [], "mode": mode}
+    try:
+        import nccl_tide.fsdp as tfsdp
+        import torch
+        import torch.distributed as dist
+        import torch.nn.functional as F
+        from fsdp_llama import VOCAB, batch, build_model
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        gpu = mode == "gpu"
+        dev = torch.device("cuda", 0) if gpu else torch.device("cpu")
+        if gpu:
+            torch.cuda.set_device(0)
+            torch.use_deterministic_algorithms(True, warn_only=True)
+            dist.init_process_group(
+                "nccl",
+                init_method=f"tcp://127.0.0.1:{port}",
+                rank=0,
+                world_size=1,
+                timeout=datetime.timedelta(seconds=60),
+                device_id=dev,
+            )
+        else:
+            torch.set_num_threads(1)
+            dist.init_process_group(
+                "gloo",
+                init_method=f"tcp://127.0.0.1:{port}",
+                rank=0,
+                world_size=1,
+                timeout=datetime.timedelta(seconds=60),
+            )
+        native = "native" if gpu else "reference"  # CPU rehearsal: the reference executor stands in
+
+        def build(raf):
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            model = build_model(0).to(dev)
+            for layer in model.layers:
+                fully_shard(layer, mp_policy=mp, reshard_after_forward=raf)
+            fully_shard(model, mp_policy=mp, reshard_after_forward=raf)
+            return model
+
+        def train(model, steps, accum=1, first_step=0):
+            seen = {}
+
+            def record_dtype(module, args):  # the dtype FSDP2 gathered the parameters in
+                seen.setdefault("dtype", str(module.weight.dtype))
+
+            hook = model.layers[0].mlp.w1.register_forward_pre_hook(record_dtype)
+            opt = torch.optim.AdamW(model.parameters(), lr=2e-2, weight_decay=0.01)
+            losses, grads = [], []
+            for step in range(first_step, first_step + steps):
+                for micro in range(accum):
+                    model.set_requires_gradient_sync(micro == accum - 1)
+                    x, y = batch(step * accum + micro, 0)
+                    x, y = x.to(dev), y.to(dev)
+                    loss = F.cross_entropy(model(x).float().reshape(-1, VOCAB), y.reshape(-1))
+                    loss.backward()
+                losses.append(loss.item())
+                grads.append([p.grad.to_local().detach().float().cpu().clone() for p in model.parameters()])
+                opt.step()
+                opt.zero_grad()
+            if gpu:
+                torch.cuda.synchronize()
+            hook.remove()
+            params = [p.to_local().detach().float().cpu().clone() for p in model.parameters()]
+            return {"losses": losses, "grads": grads, "params": params, "param_dtype_in_forward": seen.get("dtype")}
+
+        def run(executor, raf=True, accum=1, after_disable=False):
+            model = build(raf)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                handle = tfsdp.enable(model, executor=executor) if executor != "stock" else None
+                out = train(model, STEPS, accum)
+                if handle is not None:
+                    out["stats"] = handle.stats()
+                    tfsdp.disable(model)  # frees the native slots (collective)
+                    if after_disable:
+                        more = train(model, 1, first_step=STEPS)
+                        out["loss_after_disable"] = more["losses"][0]
+            out["warnings"] = [str(w.message) for w in caught if w.category.__name__ == "TideFSDPWarning"]
+            return out
+
+        def compare(a, b):
+            md = lambda xs, ys: max(  # noqa: E731
+                ((x.double() - y.double()).abs().max().item() if x.numel() else 0.0) for x, y in zip(xs, ys)
+            )
+            return {
+                "losses": [a["losses"], b["losses"]],
+                "loss_maxdiff": max(abs(x - y) for x, y in zip(a["losses"], b["losses"])),
+                "grad_maxdiff_step0": md(a["grads"][0], b["grads"][0]),
+                "grad_max_step0": max(g.abs().max().item() for g in a["grads"][0] if g.numel()),
+                "param_maxdiff": md(a["params"], b["params"]),
+                "bitequal": all(torch.equal(x, y) for gs, hs in zip(a["grads"], b["grads"]) for x, y in zip(gs, hs))
+                and all(torch.equal(x, y) for x, y in zip(a["params"], b["params"])),
+            }
+
+        if gpu:
+            from nccl_tide.comm import nccl_info
+
+            report["nccl"] = nccl_info()
+        report["torch"] = torch.__version__
+        stock = run("stock")
+        nat = run(native, after_disable=True)
+        ref = run("reference")
+        stock_acc = run("stock", raf=False, accum=2)
+        nat_acc = run(native, raf=False, accum=2)
+        auto = build(True)
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            h = tfsdp.enable(auto, executor="auto")
+            report["auto_executor"] = h.stats()["executor"]
+            tfsdp.disable(auto)
+        report["stock_w1_dtype"] = stock["param_dtype_in_forward"]
+        report["native_dtype"] = nat["param_dtype_in_forward"]
+        report["native_stats"] = nat["stats"]
+        report["native_acc_stats"] = nat_acc["stats"]
+        report["native_warnings"] = nat["warnings"]
+        report["loss_after_disable"] = nat.get("loss_after_disable")
+        report["native_vs_reference"] = compare(nat, ref)
+        report["native_vs_stock"] = compare(nat, stock)
+        report["native_vs_stock_accum"] = compare(nat_acc, stock_acc)
+        dist.destroy_process_group()
+        report["ok"] = True
+    except BaseException:
+        report["errors"].append(traceback.format_exc())
+    with open(out_path, "w") as f:
+        json.dump(report, f, indent=1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if report["ok"] else 1)
+
+
+def launch(tmp_path, mode: str) -> dict:
+    """Runs the worker in a fresh process (env: ENV, PYTHONPATH with pytorch_glue) with a
+    deadline; returns its report. A hang is killed and fails."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / f"fsdp_native_{mode}.json"
+    env = dict(os.environ)
+    env.update(ENV)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "pytorch_glue"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        proc = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), "worker", str(port), str(out), mode],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=LAUNCH_TIMEOUT,
+        )
+        log = proc.stdout
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"worker still running after {LAUNCH_TIMEOUT} s (hang); output:\n{(e.stdout or '')[-6000:]}")
+    assert out.exists(), f"worker wrote no report (exit {proc.returncode}):\n{log[-6000:]}"
+    rep = json.loads(out.read_text())
+    assert not rep["errors"], "\n".join(rep["errors"]) + "\n" + log[-4000:]
+    assert proc.returncode == 0 and rep["ok"], log[-6000:]
+    return rep
+
+
+def check(rep: dict, gpu: bool) -> None:
+    """The assertions of the module docstring (shared by the GPU test and the CPU rehearsal)."""
+    want = "native" if gpu else "reference"
+    for key, per_step_ag in (("native_stats", 2), ("native_acc_stats", 2)):
+        st = rep[key]
+        assert st["executor"] == want and not st["stock_groups"], st
+        if gpu:
+            assert st["provider"] == "ipc", st
+        assert len(st["tide_groups"]) == 3 and st["total"]["fallbacks"] == 0, st
+        for g in st["tide_groups"]:
+            assert g["world_size"] == 1 and g["fallbacks"] == {}, g
+            # raf=True: forward + backward AG per step; accum with raf=False: one forward AG per microbatch
+            assert g["ag_calls"] == per_step_ag * STEPS and g["rs_calls"] == STEPS, g
+            assert g["stock_bytes_avoided"] > 0, g
+    for g in rep["native_stats"]["tide_groups"]:  # Slot-Reuse: the vacated slot holds RS staging
+        assert g["rs_staging_in_slot"] == (STEPS if g["slot_reuse_fits"] else 0), g
+    assert rep["native_dtype"] == "torch.bfloat16", rep["native_dtype"]
+    assert rep["loss_after_disable"] is not None and abs(rep["loss_after_disable"]) < 1e3, rep
+    assert rep["auto_executor"] == want, rep["auto_executor"]
+
+    def close(c, bf16_vs_fp32=False):
+        if bf16_vs_fp32:  # stock computed in fp32 at world 1 (no param_dtype): bf16 compute error only
+            assert c["loss_maxdiff"] <= 5e-2 * max(1.0, abs(c["losses"][1][0])), c
+            return
+        assert c["grad_maxdiff_step0"] <= 2.0**-22 * max(1.0, c["grad_max_step0"]), c
+        assert c["loss_maxdiff"] <= 2e-3 and c["param_maxdiff"] <= 2e-2, c
+
+    close(rep["native_vs_reference"])
+    fp32_stock = rep["stock_w1_dtype"] != "torch.bfloat16"
+    close(rep["native_vs_stock"], fp32_stock)
+    close(rep["native_vs_stock_accum"], fp32_stock)
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
+
+
+def test_native_executor_world1_matches_stock(torch_cuda, cuda_lib, tmp_path):
+    rep = launch(tmp_path, "gpu")
+    print(
+        "NCCL:",
+        rep["nccl"].get("runtime"),
+        "provider:",
+        rep["native_stats"]["provider"],
+        "torch:",
+        rep["torch"],
+        "stock world-1 dtype:",
+        rep["stock_w1_dtype"],
+    )
+    for k in ("native_vs_reference", "native_vs_stock", "native_vs_stock_accum"):
+        print(k, {x: rep[k][x] for x in ("bitequal", "loss_maxdiff", "grad_maxdiff_step0", "param_maxdiff")})
+    check(rep, gpu=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 5 and sys.argv[1] == "worker":
+        worker(int(sys.argv[2]), sys.argv[3], sys.argv[4])
