@@ -29,6 +29,9 @@ class ModelWorld:
     def join(self, stream=None):
         pass
 
+    def synchronize(self, streams=None, timeout=None):
+        assert timeout is not None  # the benches never wait without a timeout
+
     def all_gather(self, layouts, slots, sendbufs=None, shards=None, streams=None):
         for s in range(self.n):
             for p in layouts[s].params:
@@ -124,6 +127,26 @@ def test_loopback_stand_in_reduce_detects_a_wrong_result():
         assert bench.check() == 1
     finally:
         torch.sum = saved
+
+
+def test_measure_does_not_touch_the_device_after_a_timeout(monkeypatch):
+    from nccl_tide.errors import TideTimeoutError
+
+    synced, cleaned = [], []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: synced.append(1))
+
+    class Hangs:
+        def bench(self, impl, case):
+            def check():
+                raise TideTimeoutError("streams not done")
+
+            return runner.Bench(lambda: None, check, cleanup=lambda: cleaned.append(1))
+
+    extras = {}
+    r = runner.measure(
+        Hangs(), "tide", None, 64, 8, "float", "none", 4, runner.MeasureOpts(1, 0, 1, False, None), extras
+    )
+    assert not r.ok and r.note.startswith("failed: TideTimeoutError") and not synced and not cleaned
 
 
 def test_measure_reports_setup_failures_as_rows():

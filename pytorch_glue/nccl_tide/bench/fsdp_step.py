@@ -39,7 +39,11 @@ NO_CUDA = (
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m nccl_tide.bench.fsdp_step", description=__doc__.split("\n\n")[0])
     p.add_argument("--mode", choices=["step", "layout-cost"], default="step")
-    p.add_argument("--variants", default="stock,symm,tide", help="comma list of stock, symm, tide")
+    p.add_argument(
+        "--variants",
+        default="stock,tide,symm",
+        help="comma list of stock, tide, symm (symm last: a failure there cannot disturb the others)",
+    )
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--heads", type=int, default=32)

@@ -154,6 +154,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     coll = a.collective.replace("_perf", "")
     name = COLLECTIVES[coll]
 
+    if a.backend in ("auto", "loopback") and not os.environ.get("WORLD_SIZE"):
+        # Loopback worlds need one hardware queue per busy stream: set before anything initializes CUDA
+        # (the GPU probe of auto included; nccl_tide/cuda.py explains).
+        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
     try:
         choice = impls.choose_backend(a.backend, gpu=_gpu_present)
         wanted = impls.parse_impls(a.impl)

@@ -14,6 +14,8 @@ from . import gpu
 from .impls import LOOPBACK_STAND_INS
 from .runner import Bench, CaseSpec, Unavailable
 
+SYNC_TIMEOUT_S = 30.0  # a TIDE call not done by then is a cross-rank deadlock: the row fails instead of hanging
+
 
 def _torch():
     import torch
@@ -177,6 +179,7 @@ class LoopbackBackend:
                 for s_ in slots:
                     s_.fill_(255)
                 call()
+                world.synchronize(timeout=SYNC_TIMEOUT_S)
                 torch.cuda.synchronize()
                 return wrong_in(slots)
 
@@ -261,6 +264,7 @@ class LoopbackBackend:
                 for o in outs:
                     o.fill_(float("nan"))
                 call()
+                world.synchronize(timeout=SYNC_TIMEOUT_S)
                 torch.cuda.synchronize()
                 return wrong_in(outs)
 

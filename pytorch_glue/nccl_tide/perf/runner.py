@@ -77,6 +77,7 @@ def measure(
         tb = traceback.format_exc(limit=3)
         extras.setdefault("errors", []).append({"impl": impl, "size": size, "traceback": tb})
         return unavailable_row(size, count, type_name, redop, impl, f"not run: {type(e).__name__}: {e}"[:300])
+    stuck = False  # a collective timed out: never block on the device again in this row
     try:
         wrong = o.reduce_wrong(bench.check()) if o.check else None
         t = o.reduce_time(gpu_time(bench.call, o))
@@ -108,14 +109,20 @@ def measure(
             note=bench.note,
         )
     except Exception as e:
+        from ..errors import TideTimeoutError
+
+        stuck = isinstance(e, TideTimeoutError)
         tb = traceback.format_exc(limit=4)
         extras.setdefault("errors", []).append({"impl": impl, "size": size, "traceback": tb})
         return unavailable_row(size, count, type_name, redop, impl, f"failed: {type(e).__name__}: {e}"[:300])
     finally:
         try:
-            torch.cuda.synchronize()
-            if bench.cleanup:
-                bench.cleanup()
+            if not stuck:
+                torch.cuda.synchronize()
+                if bench.cleanup:
+                    bench.cleanup()
+        except Exception as e:  # a broken context shows in this row's error list and in the next rows
+            extras.setdefault("errors", []).append({"impl": impl, "size": size, "cleanup": repr(e)})
         finally:
             del bench
             import gc

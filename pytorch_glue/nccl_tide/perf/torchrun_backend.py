@@ -19,7 +19,7 @@ import socket
 from typing import List
 
 from . import gpu
-from .loopback_backend import chunk_cat_impl, copy_out_impl, param_views, rs_reference
+from .loopback_backend import SYNC_TIMEOUT_S, chunk_cat_impl, copy_out_impl, param_views, rs_reference
 from .runner import Bench, CaseSpec, Unavailable
 
 
@@ -167,6 +167,7 @@ class TorchrunBackend:
             def check():
                 slot.fill_(255)
                 call()
+                comm.synchronize(timeout=SYNC_TIMEOUT_S)  # a hung peer raises instead of hanging
                 torch.cuda.synchronize()
                 return wrong_in(slot)
 
@@ -296,6 +297,7 @@ class TorchrunBackend:
             def check():
                 out.fill_(float("nan"))
                 call()
+                comm.synchronize(timeout=SYNC_TIMEOUT_S)
                 torch.cuda.synchronize()
                 return wrong_in(out)
 
