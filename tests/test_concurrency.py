@@ -6,10 +6,9 @@ import ctypes
 import threading
 import zlib
 
+import nccl_tide
 import numpy as np
 import pytest
-
-import nccl_tide
 from nccl_tide import _native as N
 from nccl_tide import reference as ref
 from nccl_tide.data import random_values
@@ -151,7 +150,7 @@ def test_layouts_destroyed_while_others_run():
 
 
 def test_last_error_is_thread_local():
-    """Deterministic: thread B's failure does not replace thread A's message, and a thread that never failed reads ''."""
+    """Deterministic: thread B's failure does not replace thread A's message; a thread that never failed reads ''."""
     a_ready, b_done = threading.Event(), threading.Event()
     seen = {}
 
@@ -202,8 +201,20 @@ def test_native_threads_c_driver(native, tmp_path):
     flags = ["-fsanitize=thread"] if tsan else []
     link = ["-L", libdir, "-l:" + os.path.basename(lib), f"-Wl,-rpath,{libdir}"]
     subprocess.run(
-        [cxx, "-std=c++17", "-O1", "-g", *flags, "-I", os.path.join(repo, "include"),
-         os.path.join(repo, "tests", "c", "concurrency_driver.cc"), "-o", exe, *link, "-pthread"],
+        [
+            cxx,
+            "-std=c++17",
+            "-O1",
+            "-g",
+            *flags,
+            "-I",
+            os.path.join(repo, "include"),
+            os.path.join(repo, "tests", "c", "concurrency_driver.cc"),
+            "-o",
+            exe,
+            *link,
+            "-pthread",
+        ],
         check=True,
     )
     env = dict(os.environ, NCCL_TIDE_DEBUG="NONE", TSAN_OPTIONS="halt_on_error=1:exitcode=66")

@@ -55,8 +55,13 @@ def _run(native, mode, timeout_ms):
     env["PYTHONPATH"] = os.pathsep.join(p for p in [env.get("PYTHONPATH", ""), *sys.path] if p)
     port = _port()
     procs = [
-        subprocess.Popen([sys.executable, "-c", WORKER, str(r), str(port), mode], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=env)
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, str(r), str(port), mode],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         for r in range(2)
     ]
     outs = []

@@ -46,8 +46,17 @@ def stub(tmp_path_factory):
         d.mkdir(exist_ok=True)
         out = d / "libnccl.so.2"
         subprocess.run(
-            [cc, "-shared", "-fPIC", "-Wl,-soname,libnccl.so.2", "-DSTUB_VERSION=22809",
-             f"-DSTUB_ASYNC_ERROR={async_error}", STUB_SRC, "-o", str(out)],
+            [
+                cc,
+                "-shared",
+                "-fPIC",
+                "-Wl,-soname,libnccl.so.2",
+                "-DSTUB_VERSION=22809",
+                f"-DSTUB_ASYNC_ERROR={async_error}",
+                STUB_SRC,
+                "-o",
+                str(out),
+            ],
             check=True,
         )
         return str(out)
@@ -58,7 +67,9 @@ def stub(tmp_path_factory):
 def probe(native, stub_path):
     env = dict(os.environ, NCCL_TIDE_LIBRARY_PATH=native.library_path(), NCCL_TIDE_DEBUG="WARN")
     p = subprocess.run([sys.executable, "-c", PROBE, stub_path], capture_output=True, text=True, env=env, timeout=60)
-    assert p.returncode == 0, f"probe died (an NCCL call other than the health check?): rc {p.returncode}\n{p.stdout}\n{p.stderr}"
+    assert p.returncode == 0, (
+        f"probe died (an NCCL call other than the health check?): rc {p.returncode}\n{p.stdout}\n{p.stderr}"
+    )
     err = [x for x in p.stdout.splitlines() if x.startswith(("RESULT ", "ERROR "))]
     rc = [x for x in p.stdout.splitlines() if x.startswith("RC ")]
     assert len(err) == 1 and len(rc) == 1, p.stdout + p.stderr

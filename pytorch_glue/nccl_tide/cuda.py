@@ -367,7 +367,7 @@ class LoopbackWorld:
         first = None
         dumps = []
         for r in stuck if per_rank else range(self.n_ranks):
-            for attempt in range(2):
+            for _attempt in range(2):
                 buf = ctypes.create_string_buffer(64 * 1024)
                 rc = N.lib().tideCommDebugDump(self._comms[r], buf, len(buf))
                 dump = buf.value.decode(errors="replace")

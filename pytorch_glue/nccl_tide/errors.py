@@ -114,8 +114,10 @@ def first_pending_wait(dump: str) -> Optional[Dict[str, object]]:
     import re
 
     if _PENDING is None:
-        _PENDING = re.compile(r"PENDING (?P<where>.+): (?P<step>\w+(?:\[(?P<src>\d+)\])?) of rank (?P<owner>\d+) >= "
-                              r"(?P<want>\d+) \(is (?P<have>\d+)\)")
+        _PENDING = re.compile(
+            r"PENDING (?P<where>.+): (?P<step>\w+(?:\[(?P<src>\d+)\])?) of rank (?P<owner>\d+) >= "
+            r"(?P<want>\d+) \(is (?P<have>\d+)\)"
+        )
     for line in dump.splitlines():
         m = _PENDING.search(line)
         if m:

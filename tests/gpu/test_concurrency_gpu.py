@@ -10,10 +10,9 @@ import threading
 import traceback
 import zlib
 
+import nccl_tide
 import numpy as np
 import pytest
-
-import nccl_tide
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(240)]
 
@@ -44,8 +43,12 @@ def ag_loop(torch, world, tid, failures, slots):
         L = layouts[0]
         send_cpu = [torch.from_numpy(rng.integers(0, 256, size=L.send_bytes, dtype=np.uint8)) for _ in range(W)]
         shards = [
-            [send_cpu[r][p.send_offset : p.send_offset + p.shard_numel * p.elem_size].numpy().view(views[p.elem_size])
-             for p in L.params]
+            [
+                send_cpu[r][p.send_offset : p.send_offset + p.shard_numel * p.elem_size]
+                .numpy()
+                .view(views[p.elem_size])
+                for p in L.params
+            ]
             for r in range(W)
         ]
         expected = nccl_tide.host_all_gather(L, shards)
@@ -108,7 +111,9 @@ def rs_loop(torch, world, tid, failures, _unused=None):
             got = outs[r].cpu().numpy().view(np.uint32)
             exp = np.ascontiguousarray(expected[r]).astype(np.float32).view(np.uint32)
             if not np.array_equal(got, exp):
-                failures.append(f"RS thread {tid} iter {it} ({gdt} {op}): rank {r}: {np.count_nonzero(got != exp)} differ")
+                failures.append(
+                    f"RS thread {tid} iter {it} ({gdt} {op}): rank {r}: {np.count_nonzero(got != exp)} differ"
+                )
         for lay in layouts:
             lay.close()
 

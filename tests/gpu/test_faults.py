@@ -12,10 +12,9 @@ import textwrap
 import time
 import zlib
 
+import nccl_tide
 import numpy as np
 import pytest
-
-import nccl_tide
 from nccl_tide.errors import TideOutOfMemoryError, TideTimeoutError
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(180)]
@@ -62,7 +61,9 @@ def _check_ag(slots, L, expected, W, what):
         for i, p in enumerate(L.params):
             exp = np.ascontiguousarray(expected[r][i]).view(np.uint8)
             region = got[p.slot_offset : p.slot_offset + exp.size]
-            assert np.array_equal(region, exp), f"{what}: rank {r} param {i}: {np.count_nonzero(region != exp)} bytes differ"
+            assert np.array_equal(region, exp), (
+                f"{what}: rank {r} param {i}: {np.count_nonzero(region != exp)} bytes differ"
+            )
 
 
 def normal_all_gather(torch, world, seed):
@@ -179,8 +180,14 @@ ENV_SCRIPT = textwrap.dedent(
 
 
 def test_timeout_defaults_to_nccl_tide_timeout_ms(torch_cuda, cuda_lib):
-    env = dict(os.environ, NCCL_TIDE_TIMEOUT_MS="700", NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
-               NVSHMEM_DISABLE_NVLS="1", CUDA_DEVICE_MAX_CONNECTIONS="32")
+    env = dict(
+        os.environ,
+        NCCL_TIDE_TIMEOUT_MS="700",
+        NCCL_NVLS_ENABLE="0",
+        TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
+        NVSHMEM_DISABLE_NVLS="1",
+        CUDA_DEVICE_MAX_CONNECTIONS="32",
+    )
     env["PYTHONPATH"] = os.pathsep.join(p for p in [env.get("PYTHONPATH", ""), *sys.path] if p)
     p = subprocess.run([sys.executable, "-c", ENV_SCRIPT], capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr

@@ -45,8 +45,10 @@ def _ag_exact(torch, dist, comm, nccl_tide, rank, world, seed):
     dist.all_gather(sends, send)
     views = {1: np.uint8, 2: np.uint16, 4: np.uint32}
     shards = [
-        [sends[r][p.send_offset : p.send_offset + p.shard_numel * p.elem_size].numpy().view(views[p.elem_size])
-         for p in L.params]
+        [
+            sends[r][p.send_offset : p.send_offset + p.shard_numel * p.elem_size].numpy().view(views[p.elem_size])
+            for p in L.params
+        ]
         for r in range(world)
     ]
     expected = nccl_tide.host_all_gather(L, shards)[rank]
@@ -69,8 +71,13 @@ def _worker(rank, world, port, out_dir):
         from nccl_tide.comm import Comm
         from nccl_tide.errors import MismatchError, TideOutOfMemoryError
 
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=60))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=60),
+        )
         torch.cuda.set_device(0)
         comm = Comm.from_bootstrap(rank, world, device=0)
         err = _ag_exact(torch, dist, comm, nccl_tide, rank, world, 1)
@@ -151,8 +158,12 @@ def _worker(rank, world, port, out_dir):
 
 
 def test_mismatch_and_oom_across_processes(torch_cuda, cuda_lib, tmp_path, monkeypatch):
-    for k, v in {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
-                 "NCCL_TIDE_TIMEOUT_MS": "20000"}.items():
+    for k, v in {
+        "NCCL_NVLS_ENABLE": "0",
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NVSHMEM_DISABLE_NVLS": "1",
+        "NCCL_TIDE_TIMEOUT_MS": "20000",
+    }.items():
         monkeypatch.setenv(k, v)  # inherited by the spawned workers
     rc = mpt.spawn(_worker, WORLD, (WORLD, mpt.free_port(), str(tmp_path)), 150)
     reports = []
