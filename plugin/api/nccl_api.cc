@@ -149,9 +149,12 @@ struct NcclExchange {
     for (;;) {
       cudaError_t q = cudaEventQuery(done);
       if (q == cudaSuccess) break;
-      if (q != cudaErrorNotReady) return tide::cuda::cudaFail(q, "cudaEventQuery (TIDE exchange)", __FILE__, __LINE__);
+      if (q != cudaErrorNotReady) {
+        return tide::cuda::cudaFail(q, "cudaEventQuery (TIDE exchange)", __FILE__, __LINE__);
+      }
       TIDE_CHECK(parentHealth(*lib, comm, "TIDE exchange (waiting for ncclAllGather)"));
-      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+      const auto waited =
+          std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
       if (ms > 0 && static_cast<uint64_t>(waited.count()) >= ms) {
         return tide::fail(tideTimeout, kComponent,
                           "TIDE exchange: ncclAllGather of %zu bytes per rank did not complete within %llu ms "

@@ -1,8 +1,9 @@
-// Native-thread concurrency check of the host-only C API (issue 10, "Concurrency"; docs/reliability.md "Thread safety"):
-// 8 threads at once create/query/destroy layouts, run the host AG and RS (checked against closed-form values), query
-// parameters and fail calls with a thread-specific value that tideGetLastError (thread-local) must still report.
-// Built and run by tests/test_concurrency.py; with a -DTIDE_SANITIZE=thread library and -fsanitize=thread it is the
-// ThreadSanitizer check (no Python interpreter in between). Usage: concurrency_driver [iterations per thread].
+// Native-thread concurrency check of the host-only C API (issue 10, "Concurrency"; docs/reliability.md, "Thread
+// safety"): 8 threads at once create/query/destroy layouts, run the host AG and RS (checked against closed-form
+// values), query parameters and fail calls with a thread-specific value that tideGetLastError (thread-local) must
+// still report. Built and run by tests/test_concurrency.py; with a -DTIDE_SANITIZE=thread library and
+// -fsanitize=thread it is the ThreadSanitizer check (no Python interpreter in between).
+// Usage: concurrency_driver [iterations per thread].
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -22,7 +23,10 @@ static int check(int tid, int iters) {
     for (auto& x : numels) x = 1 + rnd(3000);
     tideLayoutDesc_t d{sizeof(d), TIDE_LAYOUT_DESC_VERSION, n, numels.data(), nullptr, dts.data(), world, rpn, 0};
     tideLayout_t lay = nullptr;
-    if (tideLayoutCreate(&d, nullptr, &lay) != tideSuccess) { printf("FAIL create %s\n", tideGetLastError()); return 1; }
+    if (tideLayoutCreate(&d, nullptr, &lay) != tideSuccess) {
+      printf("FAIL create %s\n", tideGetLastError());
+      return 1;
+    }
     tideLayoutInfo_t info{}; info.size = sizeof(info); info.version = TIDE_LAYOUT_INFO_VERSION;
     if (tideLayoutGetInfo(lay, &info) != tideSuccess) return 2;
     std::vector<tideParamInfo_t> ps(n);
@@ -36,30 +40,48 @@ static int check(int tid, int iters) {
       for (size_t k = 0; k < s.size(); ++k) s[k] = float(r * 100000 + i * 1000 + k % 1000);
       full[r * n + i].assign(ps[i].shardNumel * world, -1.f);
       src[r * n + i] = s.data(); dst[r * n + i] = full[r * n + i].data(); }
-    if (tideHostAllGather(lay, src.data(), dst.data()) != tideSuccess) { printf("FAIL ag %s\n", tideGetLastError()); return 4; }
+    if (tideHostAllGather(lay, src.data(), dst.data()) != tideSuccess) {
+      printf("FAIL ag %s\n", tideGetLastError());
+      return 4;
+    }
     for (int r = 0; r < world; ++r) for (int i = 0; i < n; ++i) for (int s = 0; s < world; ++s)
       if (memcmp(full[r * n + i].data() + s * ps[i].shardNumel, sh[s * n + i].data(), ps[i].shardNumel * 4)) return 5;
     // RS: grads[r][i][k] = r + 1 (exact sums); out = world*(world+1)/2 for valid elements
     std::vector<std::vector<float>> g(world * n), out(world);
     std::vector<const void*> gp(world * n); std::vector<void*> op(world);
-    for (int r = 0; r < world; ++r) { for (int i = 0; i < n; ++i) { g[r * n + i].assign(numels[i], float(r + 1));
-      gp[r * n + i] = g[r * n + i].data(); } out[r].assign(info.rsOutNumel, -7.f); op[r] = out[r].data(); }
+    for (int r = 0; r < world; ++r) {
+      for (int i = 0; i < n; ++i) {
+        g[r * n + i].assign(numels[i], float(r + 1));
+        gp[r * n + i] = g[r * n + i].data();
+      }
+      out[r].assign(info.rsOutNumel, -7.f);
+      op[r] = out[r].data();
+    }
     if (tideHostReduceScatter(lay, gp.data(), op.data(), tideFloat32, tideSum, 1.f) != tideSuccess) return 6;
     for (int r = 0; r < world; ++r) for (int i = 0; i < n; ++i) {
       uint64_t lo = r * ps[i].shardNumel;
       for (uint64_t k = 0; k < ps[i].shardNumel; ++k) {
         float want = (lo + k < numels[i]) ? 10.f : 0.f;
-        if (out[r][ps[i].rsOutOffset + k] != want) { printf("FAIL rs r%d i%d k%llu\n", r, i, (unsigned long long)k); return 7; } } }
+        if (out[r][ps[i].rsOutOffset + k] != want) {
+          printf("FAIL rs r%d i%d k%llu\n", r, i, (unsigned long long)k);
+          return 7;
+        }
+      }
+    }
     tideLayoutDestroy(lay);
     int count = 0; const char *nm = nullptr, *val = nullptr;
-    if (tideParamCount(&count) != tideSuccess || tideParamDescribe(int(rnd(count)), &nm, nullptr, nullptr, nullptr, &val) != tideSuccess) return 8;
+    if (tideParamCount(&count) != tideSuccess) return 8;
+    if (tideParamDescribe(int(rnd(count)), &nm, nullptr, nullptr, nullptr, &val) != tideSuccess) return 8;
     // error path: a thread-specific world size in the message, still there after a yield
     int bad = 70000 + tid * 1000 + int(rnd(1000));
     tideLayoutDesc_t e = d; e.worldSize = bad; e.ranksPerNode = 1;
     tideLayout_t none = nullptr;
     if (tideLayoutCreate(&e, nullptr, &none) == tideSuccess) return 9;
     std::this_thread::yield();
-    if (!strstr(tideGetLastError(), std::to_string(bad).c_str())) { printf("FAIL lasterr %s\n", tideGetLastError()); return 10; }
+    if (!strstr(tideGetLastError(), std::to_string(bad).c_str())) {
+      printf("FAIL lasterr %s\n", tideGetLastError());
+      return 10;
+    }
   }
   return 0;
 }
