@@ -172,9 +172,10 @@ struct NcclExchange {
   }
 };
 
-// Builds the comm around an IPC provider. On failure *comm stays NULL and nothing leaks.
+// Builds the comm around an IPC provider. On failure *comm stays NULL and nothing leaks. `health`, if set, runs before
+// every AG/RS (IpcProvider::checkStream).
 tideResult_t createIpcComm(int rank, int world, int device, const tideConfig_t* config, tide::cuda::ExchangeFn ex,
-                           tideComm_t* comm) {
+                           tideComm_t* comm, tide::cuda::IpcProvider::HealthFn health = nullptr) {
   uint64_t hash = 0;
   tideResult_t local = configHash(config, &hash);
   if (local != tideSuccess) hash = ~0ULL;  // still take part in the exchange: the others fail with tideMismatch
@@ -182,6 +183,7 @@ tideResult_t createIpcComm(int rank, int world, int device, const tideConfig_t* 
   tideResult_t r = tide::cuda::IpcProvider::create(rank, world, device, hash, std::move(ex), &provider);
   if (local != tideSuccess) return local;
   TIDE_CHECK(r);
+  if (health) provider->setHealthCheck(std::move(health));
   std::unique_ptr<tideComm> c(new tideComm());
   c->rank = rank;
   c->worldSize = world;
@@ -267,7 +269,13 @@ TIDE_EXPORT tideResult_t tideCommCreate(struct ncclComm* ncclComm, const tideCon
   ex->device = device;
   ex->world = world;
   tide::cuda::ExchangeFn fn = [ex](const void* mine, void* all, size_t bytes) { return ex->run(mine, all, bytes); };
-  TIDE_CHECK(createIpcComm(rank, world, device, config, std::move(fn), comm));
+  // AG/RS never call NCCL (flags live in IPC memory), but a parent in error means a failed peer: fail the call
+  // instead of enqueueing waits for it. Valid while the ncclComm_t exists (include/tide.h: destroy the TIDE comm
+  // first); ncclCommGetAsyncError only reads the communicator's error state.
+  tide::cuda::IpcProvider::HealthFn health = [lib, ncclComm](const char* what) {
+    return parentHealth(*lib, ncclComm, what);
+  };
+  TIDE_CHECK(createIpcComm(rank, world, device, config, std::move(fn), comm, std::move(health)));
   TIDE_INFO(kComponent, "tideCommCreate: rank %d of %d on device %d over NCCL %d.%d.%d, provider ipc", rank, world,
             device, lib->major, lib->minor, lib->patch);
   return tideSuccess;

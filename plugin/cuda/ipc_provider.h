@@ -48,6 +48,14 @@ class IpcProvider final : public PeerProvider {
   // if they differ.
   tideResult_t agreeOnLayout(int rank, uint64_t layoutHash) override;
 
+  // Called before every AG/RS enqueues anything (PeerProvider::checkStream is the per-call provider hook): runs the
+  // health check, if one is set. The NCCL constructor sets ncclCommGetAsyncError of the parent communicator, so a
+  // parent that reports an error (a failed peer, an abort in progress) makes TIDE calls fail with tideNcclError
+  // instead of enqueueing flag waits for peers that will never come.
+  tideResult_t checkStream(int rank, CollKind kind, uint64_t epoch, cudaStream_t stream) override;
+  using HealthFn = std::function<tideResult_t(const char* what)>;
+  void setHealthCheck(HealthFn fn) { health_ = std::move(fn); }
+
   // Host-side barrier over the exchange (an all-gather of one word).
   tideResult_t barrier();
 
@@ -79,6 +87,7 @@ class IpcProvider final : public PeerProvider {
   const int world_;
   const int device_;
   ExchangeFn exchange_;
+  HealthFn health_;
   bool ready_ = false;  // created on every rank: destruction is collective (a barrier before freeing)
   bool exchangeBroken_ = false;  // an exchange failed: no further exchange is attempted (see exchange())
   bool deviceStuck_ = false;     // a bounded device synchronize timed out: device memory is never freed (a cudaFree
