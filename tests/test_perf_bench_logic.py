@@ -208,3 +208,180 @@ def test_torchrun_reduce_scatter_benches_on_gloo(gloo1, impl):
         pytest.skip(f"gloo reduce_scatter_tensor unavailable: {e}")
     assert wrong == 0
     assert b.reduce_wrong(3) == 3 and b.reduce_time(2.0) == 2.0
+
+
+# ------------------------------------------------------------------------------------------------
+# The CLI end to end on a GPU backend, with CUDA timing and profiling replaced (what the GPU run prints and writes)
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_gpu_timing(monkeypatch):
+    from nccl_tide.perf import gpu
+
+    calls = []
+
+    def time_call_us(call, iters, warmup):
+        call()
+        calls.append("time")
+        return 50.0
+
+    def sm_time(call, iters=3):
+        call()
+        calls.append("sm")
+        return {"n_kernels": 1.0, "kernel_us": 7.5, "n_memcpy": 0.0, "memcpy_us": 0.0, "kernel_names": {"k": 1}}
+
+    monkeypatch.setattr(gpu, "time_call_us", time_call_us)
+    monkeypatch.setattr(gpu, "sm_time", sm_time)
+    return calls
+
+
+class CpuLoopback(loopback_backend.LoopbackBackend):
+    def __init__(self, world, device=0):
+        self.W, self.device, self.world = world, torch.device("cpu"), ModelWorld(world)
+
+    def devices(self):
+        return [
+            {"rank": r, "group": 0, "pid": 1, "hostname": "h", "device": 0, "name": "cpu model"} for r in range(self.W)
+        ]
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.mark.parametrize("coll", ["all_gather", "reduce_scatter"])
+def test_cli_loopback_end_to_end_on_a_model_world(coll, monkeypatch, tmp_path, capsys, fake_gpu_timing):
+    import json
+
+    from nccl_tide.perf import cli
+    from test_perf_cli import parse_full
+
+    made = []
+    monkeypatch.setattr(loopback_backend, "make", lambda w, d: made.append(CpuLoopback(w)) or made[-1])
+    js = tmp_path / "lb.json"
+    rc = cli.main(
+        [
+            coll,
+            "--backend",
+            "loopback",
+            "--ranks",
+            "4",
+            "-b",
+            "4K",
+            "-e",
+            "16K",
+            "-f",
+            "4",
+            "-n",
+            "2",
+            "-d",
+            "bf16",
+            "--impl",
+            "all",
+            "-J",
+            str(js),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert made and made[0].closed
+    rows = parse_full(out)
+    assert [r[5] for r in rows] == ["tide", "nccl", "fsdp2", "nccl-ce"] * 2
+    for r in rows:
+        if r[5] == "nccl-ce":
+            assert r[6:14] == ("N/A",) * 8 and r[16].startswith("not run")
+        else:
+            assert r[9] == "0" and r[6] == "50.00" and r[14] == "7.50" and r[15] == "N/A"
+            assert r[10:14] == ("N/A",) * 4  # no in-place on GPU backends
+            assert (r[5] == "tide") == (r[16] is None)
+    assert "# impl nccl:" in out and "#   measured as stand-in" in out
+    doc = json.loads(js.read_text())
+    assert doc["backend"] == "loopback" and doc["config"]["sm_time"] is True and len(doc["devices"]) == 4
+    assert {"torch", "nccl_header", "nccl_runtime"} <= set(doc["versions"])
+    assert doc["results"][0]["sm_time_us"] == 7.5 and doc["extras"]["detail"][0]["profile"]["kernel_us"] == 7.5
+    size = doc["results"][0]["size"]
+    assert doc["results"][0]["out_of_place"]["alg_bw"] == pytest.approx(size / 1e3 / 50.0)
+    assert fake_gpu_timing.count("time") == 6 and fake_gpu_timing.count("sm") == 6
+
+
+def test_cli_loopback_counts_wrong_elements(monkeypatch, capsys, fake_gpu_timing):
+    from nccl_tide.perf import cli
+    from test_perf_cli import parse_full
+
+    def make(w, d):
+        b = CpuLoopback(w)
+        b.world = ModelWorld(w, corrupt=True)
+        return b
+
+    monkeypatch.setattr(loopback_backend, "make", make)
+    rc = cli.main(
+        [
+            "all_gather",
+            "--backend",
+            "loopback",
+            "--ranks",
+            "2",
+            "-b",
+            "4K",
+            "-e",
+            "4K",
+            "-n",
+            "1",
+            "--impl",
+            "tide,nccl",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 1 and "Out of bounds values : 2 FAILED" in out
+    assert [r[9] for r in parse_full(out)] == ["1", "1"]
+
+
+def test_cli_torchrun_end_to_end_on_gloo(gloo1, monkeypatch, tmp_path, capsys, fake_gpu_timing):
+    import json
+
+    from nccl_tide.perf import cli, torchrun_backend
+    from test_perf_cli import parse_full
+
+    class CpuTorchrun(torchrun_backend.TorchrunBackend):
+        def __init__(self, average=1):
+            self.dist, self.rank, self.W, self.device, self.average = gloo1, 0, 1, torch.device("cpu"), average
+            self._comm, self._comm_error = None, "not run: no TIDE communicator on the CPU"
+
+        def devices(self):
+            return [{"rank": 0, "group": 0, "pid": 1, "hostname": "h", "device": 0, "name": "cpu"}]
+
+        def barrier(self):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(torchrun_backend, "make", lambda average: CpuTorchrun(average))
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setattr(cli, "_gpu_present", lambda: True)
+    js = tmp_path / "tr.json"
+    rc = cli.main(
+        [
+            "all_gather",
+            "-b",
+            "4K",
+            "-e",
+            "4K",
+            "-n",
+            "1",
+            "-d",
+            "bf16",
+            "--impl",
+            "tide,nccl,fsdp2,nccl-ce",
+            "-J",
+            str(js),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "(backend torchrun)" in out and "WORLD_SIZE=1" in out
+    rows = {r[5]: r for r in parse_full(out)}
+    assert rows["nccl"][9] == "0" and rows["fsdp2"][9] == "0"
+    assert rows["tide"][16] == "not run: no TIDE communicator on the CPU" and "world size 1" in rows["nccl-ce"][16]
+    assert rows["nccl"][8] == "0.00"  # busbw x (n-1)/n = 0 at world size 1, as nccl-tests
+    assert json.loads(js.read_text())["config"]["nranks"] == 1

@@ -27,7 +27,7 @@ ENV = {
 }
 
 
-def run(args, timeout=240, torchrun=False):
+def run(args, timeout=180, torchrun=False):
     env = dict(os.environ)
     for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TIDE_PERF_TEST_CORRUPT"):
         env.pop(k, None)
@@ -112,7 +112,7 @@ def test_loopback_interfere_gemm_and_model_layout():
     assert [x["impl"] for x in got] == ["tide", "fsdp2"]
     for x in got:
         assert x["wrong"] == "0" and 0.5 < float(x["gemm"]) < 50, x
-    r = run(perf("reduce_scatter --ranks 2 --layout llama3-8b-layer -d bf16 -c 1 --impl tide,fsdp2"), timeout=300)
+    r = run(perf("reduce_scatter --ranks 2 --layout llama3-8b-layer -d bf16 -c 1 --impl tide,fsdp2"), timeout=180)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-6000:]
     got = rows(r.stdout)
     assert [x["impl"] for x in got] == ["tide", "fsdp2"] and all(x["wrong"] == "0" for x in got)
@@ -128,7 +128,7 @@ def test_min_busbw_gate_fails_the_run():
 def test_fsdp_step_layout_cost(tmp_path):
     js = tmp_path / "lc.json"
     args = "--mode layout-cost --models llama3-8b-layer,llama3-70b-layer --worlds 8 --iters 5 -J".split()
-    r = run(["-m", "nccl_tide.bench.fsdp_step", *args, str(js)], timeout=300)
+    r = run(["-m", "nccl_tide.bench.fsdp_step", *args, str(js)], timeout=180)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-6000:]
     doc = json.loads(js.read_text())
     assert [x["model"] for x in doc["results"]] == ["llama3-8b-layer", "llama3-70b-layer"]
@@ -146,7 +146,7 @@ def test_torchrun_world_size_1(coll, tmp_path):
     r = run(
         perf(f"{coll} -b 1M -e 4M -f 4 -n 3 -c 1 -d bf16 --impl tide,nccl,fsdp2,nccl-ce -J", js),
         torchrun=True,
-        timeout=300,
+        timeout=180,
     )
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-6000:]
     assert "(backend torchrun)" in r.stdout and "WORLD_SIZE=1" in r.stdout
@@ -170,7 +170,7 @@ def test_fsdp_step_torchrun_world_size_1(tmp_path):
         "--layers 2 --hidden 512 --heads 8 --kv-heads 4 --ffn 1024 --vocab 1000 --seq 256 --tokens 1024 "
         "--warmup 1 --steps 3 -J"
     ).split()
-    r = run(["-m", "nccl_tide.bench.fsdp_step", *args, str(js)], torchrun=True, timeout=300)
+    r = run(["-m", "nccl_tide.bench.fsdp_step", *args, str(js)], torchrun=True, timeout=180)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-6000:]
     doc = json.loads(js.read_text())
     by = {x["variant"]: x for x in doc["results"]}
