@@ -385,3 +385,53 @@ def test_cli_torchrun_end_to_end_on_gloo(gloo1, monkeypatch, tmp_path, capsys, f
     assert rows["tide"][16] == "not run: no TIDE communicator on the CPU" and "world size 1" in rows["nccl-ce"][16]
     assert rows["nccl"][8] == "0.00"  # busbw x (n-1)/n = 0 at world size 1, as nccl-tests
     assert json.loads(js.read_text())["config"]["nranks"] == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# fsdp_step: layout-cost checks and tables on CPU tensors
+# ------------------------------------------------------------------------------------------------
+
+
+def test_layout_cost_copy_out_and_copy_in_are_checked(monkeypatch):
+    from nccl_tide.bench import layout_cost
+
+    monkeypatch.setattr(
+        layout_cost, "_time_ms", lambda fn, iters, warmup=3: (fn(), {"median": 1.0, "min": 1.0, "max": 1.0, "n": 1})[1]
+    )
+    params = [("a", (5, 3)), ("b", (7,)), ("c", (2, 4)), ("d", (9, 2))]
+    r = layout_cost.measure("tiny", 4, iters=1, sm_time=False, device="cpu", params=params)
+    assert r["wrong_params"] == 0 and r["numel"] == 15 + 7 + 8 + 18
+    assert r["padded_numel"] == 4 * (2 * 3 + 2 + 1 * 4 + 3 * 2)  # dim 0 padded to a multiple of 4 ranks
+    assert r["copy_out_bytes"] == 2 * 2 * r["padded_numel"] and r["tide_ms"] == 0.0
+
+    # a copy-in that ignores the padding (a wrong op) is caught
+    (_, good_out), (name, good_in) = layout_cost._ops()
+
+    def bad_in(ts, n, out):
+        good_in(ts, n, out)
+        out[-1, -1] += 1.0
+
+    monkeypatch.setattr(layout_cost, "_ops", lambda: (("o", good_out), ("i", bad_in)))
+    assert layout_cost.measure("tiny", 4, iters=1, sm_time=False, device="cpu", params=params)["wrong_params"] == 1
+    table = layout_cost.table([dict(r, model="llama3-70b-layer", anchor=layout_cost.ANCHOR["llama3-70b-layer"])])
+    assert "0.9 / 2.3-2.6 ms (H200)" in table and "0 (none)" in table
+
+
+def test_fsdp_step_table_shows_reasons():
+    from nccl_tide.bench.fsdp_step import step_table
+
+    rows = [
+        {
+            "variant": "stock",
+            "ran": True,
+            "step_ms": {"median": 10.0, "min": 9.5, "max": 11.0},
+            "share": {"ag_rs": 0.25, "layout": 0.05, "ce_memcpy": 0.0},
+            "profile": {"comm_sm_us": 1234.0},
+            "peak_mem_GiB": 3.5,
+            "note": "",
+        },
+        {"variant": "tide", "ran": False, "reason": "unavailable: nccl_tide.fsdp.enable(executor='native'): X"},
+    ]
+    t = step_table(rows)
+    assert "| stock" in t and "10.00" in t and "25.0" in t and "1234" in t and "3.50" in t
+    assert "unavailable: nccl_tide.fsdp.enable" in t

@@ -43,16 +43,17 @@ def _time_ms(fn, iters: int, warmup: int = 3) -> dict:
     return {"median": statistics.median(ms), "min": ms[0], "max": ms[-1], "n": len(ms)}
 
 
-def measure(model: str, world: int, iters: int = 20, sm_time: bool = True) -> dict:
-    """One rank's copy-out and copy-in for one layer of `model` at world size `world` (checked for correctness)."""
+def measure(model: str, world: int, iters: int = 20, sm_time: bool = True, device=None, params=None) -> dict:
+    """One rank's copy-out and copy-in for one layer of `model` at world size `world` (checked for correctness).
+    device: default the current CUDA device; params: [(name, shape)] instead of the named layout (tests)."""
     import torch
 
     from ..models import model_params
     from ..perf.gpu import sm_time as profile_sm
 
     (out_name, copy_out), (in_name, chunk_cat) = _ops()
-    params = model_params(model)
-    dev = torch.device("cuda", torch.cuda.current_device())
+    params = model_params(model) if params is None else params
+    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     shards = [-(-s[0] // world) * (s[1] if len(s) > 1 else 1) for _, s in params]  # dim-0 padded shard numel
     S = sum(shards)
     g = torch.Generator(device=dev).manual_seed(world)
