@@ -86,7 +86,7 @@ tideResult_t allGather(tideComm* comm, tideLayout_t layout, const void* sendbuff
   }
 
   // Several (virtual) nodes: the rail schedule over nodes, then the node-local fan-out (internode_ag.cc).
-  if (v.info.nNodes > 1) return allGatherMultiNode(comm, v, layout, src, dstSlot, stream);
+  if (v.info.nNodes > 1) return allGatherMultiNode(comm, viewPtr, layout, src, dstSlot, stream);
 
   int mcAllowed = 0;
   (void)tideMulticastAllowed(&mcAllowed);

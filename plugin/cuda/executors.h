@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <memory>
 #include <vector>
 
 #include "comm.h"
@@ -23,7 +24,7 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
 
 // AG: src[i] = this rank's shard of parameter i; slotOf[r] = rank r's slot region as this rank addresses it.
 // Validates the schedule, then takes the comm's AG epoch and enqueues on stream (nothing taken or enqueued on error).
-tideResult_t allGatherMultiNode(tideComm* comm, const LayoutView& v, tideLayout_t layout,
+tideResult_t allGatherMultiNode(tideComm* comm, const std::shared_ptr<const LayoutView>& view, tideLayout_t layout,
                                 const std::vector<const char*>& src, const std::vector<char*>& slotOf,
                                 cudaStream_t stream);
 

@@ -207,30 +207,37 @@ tideResult_t LoopbackProvider::checkStream(int rank, CollKind kind, uint64_t epo
 }
 
 tideResult_t LoopbackProvider::schedulePushes(int rank, uint64_t epoch, int numChunks, IssueFn issue) {
+  return scheduleSteps(rank, CollKind::kReduceScatter, epoch, numChunks, std::move(issue));
+}
+
+tideResult_t LoopbackProvider::scheduleSteps(int rank, CollKind kind, uint64_t epoch, int numChunks, IssueFn issue) {
+  const std::pair<int, uint64_t> key(static_cast<int>(kind), epoch);
   std::vector<IssueFn> ready;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    PendingPushes& p = pending_[epoch];
+    PendingPushes& p = pending_[key];
     if (p.issue.empty()) {
       p.issue.resize(nRanks_);
       p.numChunks = numChunks;
     }
     if (p.numChunks != numChunks) {
       return fail(tideMismatch, "Cuda",
-                  "reduce-scatter epoch %llu: virtual rank %d has %d chunks but an earlier rank has %d; every rank must "
-                  "pass the same layout in the same order",
-                  static_cast<unsigned long long>(epoch), rank, numChunks, p.numChunks);
+                  "%s epoch %llu: virtual rank %d has %d steps but an earlier rank has %d; every rank must pass the "
+                  "same layout in the same order",
+                  kind == CollKind::kAllGather ? "all-gather" : "reduce-scatter", static_cast<unsigned long long>(epoch),
+                  rank, numChunks, p.numChunks);
     }
     if (p.issue[rank]) {
-      return fail(tideInternalError, "Cuda", "reduce-scatter epoch %llu: virtual rank %d submitted twice",
-                  static_cast<unsigned long long>(epoch), rank);
+      return fail(tideInternalError, "Cuda", "%s epoch %llu: virtual rank %d submitted twice",
+                  kind == CollKind::kAllGather ? "all-gather" : "reduce-scatter", static_cast<unsigned long long>(epoch),
+                  rank);
     }
     p.issue[rank] = std::move(issue);
     if (++p.submitted < nRanks_) return tideSuccess;
     ready = std::move(p.issue);
-    pending_.erase(epoch);
+    pending_.erase(key);
   }
-  // Chunk-major, rank-minor: a push never sits in a queue ahead of a push it waits for.
+  // Step-major, rank-minor: a copy never sits in a shared copy-engine queue ahead of a copy it waits for.
   for (int k = 0; k <= numChunks; ++k) {
     for (int r = 0; r < nRanks_; ++r) {
       TIDE_CHECK(ready[r](k));

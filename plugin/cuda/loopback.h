@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "peer_provider.h"
@@ -47,6 +48,7 @@ class LoopbackProvider final : public PeerProvider {
   // virtual ranks share the device's copy-engine queues).
   bool defersPushes() const override { return true; }
   tideResult_t schedulePushes(int rank, uint64_t epoch, int numChunks, IssueFn issue) override;
+  tideResult_t scheduleSteps(int rank, CollKind kind, uint64_t epoch, int numSteps, IssueFn issue) override;
 
  private:
   LoopbackProvider(int nRanks, int device) : nRanks_(nRanks), device_(device) {}
@@ -81,7 +83,7 @@ class LoopbackProvider final : public PeerProvider {
     int numChunks = 0;
     std::vector<IssueFn> issue;  // per rank
   };
-  std::map<uint64_t, PendingPushes> pending_;  // by RS epoch
+  std::map<std::pair<int, uint64_t>, PendingPushes> pending_;  // by (collective kind, epoch)
 };
 
 }  // namespace cuda

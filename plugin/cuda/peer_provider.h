@@ -31,13 +31,15 @@ constexpr int kRsPrev = 4;       // owner: global RS task number whose running f
                                  // of its rail has landed in its partial slot (writer: that rank)
 constexpr int kRsFinal = 5;      // owner: global RS task number whose final fp32 sum from the last node's rank of its
                                  // rail has landed in its partial slot (writer: that rank; only tasks it owns)
+constexpr int kAgFinish = 6;     // owner: AG epoch whose multi-node work, deferred onto the internal stream by a
+                                 // provider that defers (loopback), has completed (writer: the owner's internal stream)
 constexpr int kAgRail = 16;      // + round: AG epoch whose rail-schedule puts of that round have landed in the slot
 constexpr int kMaxRounds = 32;   // words kAgRail .. kAgRail + 31 (ceil(log2 N) <= 16 rounds for N <= 65536)
 constexpr int kAgDone = 64;      // + source local rank: AG epoch whose copies into the owner have completed
 constexpr int kRsFull = 128;     // + source local rank: global RS chunk (task) number pushed into the owner's staging
 constexpr int kMaxLocalRanks = 64;
 constexpr int kWords = 256;
-// Free: 6..15, 48..63, 192..255.
+// Free: 7..15, 48..63, 192..255.
 }  // namespace flag
 
 // Kinds of collective, for the loopback stream check.
@@ -95,6 +97,23 @@ class PeerProvider {
     (void)rank;
     (void)epoch;
     for (int k = 0; k <= numChunks; ++k) {
+      tideResult_t r = issue(k);
+      if (r != tideSuccess) return r;
+    }
+    return tideSuccess;
+  }
+
+  // The multi-node executors' form of schedulePushes (internode_ag.cc, internode_rs.cc): issue(k) for k = 0 ..
+  // numSteps (inclusive) enqueues step k of this rank's work of collective (kind, epoch) on the comm's internal stream.
+  // Called only if defersPushes(). A provider whose ranks share copy-engine queues (loopback) issues the steps of
+  // all ranks step-major, rank-minor, once every rank has submitted: steps are numbered so that a copy of step k only
+  // ever waits (through flags) for work of steps < k of any rank, or of step k of a lower rank, so no copy is queued
+  // behind a copy it waits for. Default: all now, in order.
+  virtual tideResult_t scheduleSteps(int rank, CollKind kind, uint64_t epoch, int numSteps, IssueFn issue) {
+    (void)rank;
+    (void)kind;
+    (void)epoch;
+    for (int k = 0; k <= numSteps; ++k) {
       tideResult_t r = issue(k);
       if (r != tideSuccess) return r;
     }
