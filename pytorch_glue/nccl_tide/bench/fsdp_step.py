@@ -218,6 +218,11 @@ def run_variant(variant: str, cfg: LlamaConfig, a, rank: int, world: int, device
                 "layout": p["layout_us"] / med_us,
                 "ce_memcpy": p["memcpy_us"] / med_us,
             }
+        if variant == "tide":
+            import nccl_tide.fsdp
+
+            st = nccl_tide.fsdp.stats(model) or {}
+            row["tide_stats"] = st.get("total")  # TIDE AG/RS calls and per-call fallbacks to stock
         row["ran"] = True
     except Exception as e:
         row["reason"] = f"failed: {type(e).__name__}: {e}"[:400]
