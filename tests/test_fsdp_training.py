@@ -314,7 +314,7 @@ def w2():
 
 @pytest.fixture(scope="module")
 def w4():
-    return _launch(4, ["ckpt", "statedict"])
+    return _launch(4, ["ckpt", "statedict", "native_sim"])
 
 
 def _tide_everywhere(stats, world, ag_per_step, steps):
@@ -373,12 +373,15 @@ def test_state_dict_round_trip(world, request):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("world,case", [(1, "native_sim"), (2, "native_sim"), (2, "native_sim_accum")])
+@pytest.mark.parametrize(
+    "world,case", [(1, "native_sim"), (2, "native_sim"), (2, "native_sim_accum"), (4, "native_sim")]
+)
 def test_native_executor_glue_simulated(world, case, request):
     """The native executor's FSDP2 side on CPU with a simulated tideComm (_SimComm): slots that
     torch cannot resize (FSDP2's free_storage must never reach them), Slot-Reuse staging
     poisoned with NaN (the next AG must rewrite every parameter), the shard pointer table at
-    world 1, per-step counts, slots freed by disable(). Bit-identical to stock (1 and 2 ranks)."""
+    world 1, per-step counts, slots freed by disable(). Bit-identical to stock (1 and 2 ranks;
+    4 ranks: the tolerances of the module docstring)."""
     for res in request.getfixturevalue(f"w{world}")[case]:
         st = res["stats"][0]
         assert st["executor"] == "native" and st["provider"] == "sim" and not st["stock_groups"], st
@@ -396,7 +399,7 @@ def test_native_executor_glue_simulated(world, case, request):
         assert res["sim"]["staging_used"] == sum(g["rs_staging_in_slot"] for g in st["tide_groups"]), res
         assert res["sim"]["live_slots_enabled"] == 3 and res["sim"]["live_slots_after_disable"] == 0, res
         assert res["sim"]["finite_after_disable"], res
-        _bitexact(res)
+        _bitexact(res) if world <= 2 else _close4(res)
 
 
 if __name__ == "__main__":
