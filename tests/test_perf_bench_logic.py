@@ -435,3 +435,27 @@ def test_fsdp_step_table_shows_reasons():
     t = step_table(rows)
     assert "| stock" in t and "10.00" in t and "25.0" in t and "1234" in t and "3.50" in t
     assert "unavailable: nccl_tide.fsdp.enable" in t
+
+
+def test_fsdp_step_watchdog_reports_a_hung_variant(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    js = tmp_path / "w.json"
+    code = (
+        "import time\n"
+        "from nccl_tide.bench.fsdp_step import _Watchdog\n"
+        "rows = [{'variant': 'stock', 'ran': True}]\n"
+        "with _Watchdog(30, 'tide', rows, {'mode': 'step'}, None):\n"
+        "    pass\n"  # finishes in time: no exit
+        f"with _Watchdog(0.5, 'symm', rows, {{'mode': 'step'}}, {str(js)!r}):\n"
+        "    time.sleep(20)\n"
+        "print('not reached')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 3 and "not reached" not in r.stdout
+    assert "variant symm did not finish" in r.stderr
+    doc = json.loads(js.read_text())
+    assert [x["variant"] for x in doc["results"]] == ["stock", "symm"]
+    assert doc["results"][1]["reason"].startswith("hung:")

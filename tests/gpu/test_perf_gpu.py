@@ -168,7 +168,7 @@ def test_fsdp_step_torchrun_world_size_1(tmp_path):
     js = tmp_path / "step.json"
     args = (
         "--layers 2 --hidden 512 --heads 8 --kv-heads 4 --ffn 1024 --vocab 1000 --seq 256 --tokens 1024 "
-        "--warmup 1 --steps 3 -J"
+        "--warmup 1 --steps 3 --variant-timeout 60 -J"
     ).split()
     r = run(["-m", "nccl_tide.bench.fsdp_step", *args, str(js)], torchrun=True, timeout=180)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-6000:]

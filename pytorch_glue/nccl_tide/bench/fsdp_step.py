@@ -58,6 +58,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--models", default="llama3-70b-layer,llama3-8b-layer", help="layout-cost: layer layouts")
     p.add_argument("--worlds", default="8,64", help="layout-cost: simulated world sizes")
     p.add_argument("--iters", type=int, default=20, help="layout-cost: timed iterations")
+    p.add_argument(
+        "--variant-timeout",
+        type=float,
+        default=300.0,
+        help="step mode: seconds per variant; a variant still running then is reported as hung and the process "
+        "exits with status 3 (the JSON keeps the variants done so far)",
+    )
     p.add_argument("-J", "--json", default=None, help="write the results as JSON")
     return p
 
@@ -304,6 +311,36 @@ def _versions() -> dict:
     return versions()
 
 
+class _Watchdog:
+    """A variant that hangs (a collective that never completes) must not hang the benchmark: after `seconds` this
+    prints which variant, writes the JSON of the variants done so far and ends the process with status 3."""
+
+    def __init__(self, seconds: float, variant: str, rows: list, doc: dict, json_path: Optional[str]):
+        import threading
+
+        self.seconds, self.variant, self.rows, self.doc, self.json_path = seconds, variant, rows, doc, json_path
+        self.timer = threading.Timer(seconds, self._fire)
+        self.timer.daemon = True
+
+    def _fire(self):
+        msg = f"variant {self.variant} did not finish within {self.seconds:.0f} s (hung?)"
+        print(f"nccl_tide.bench.fsdp_step: {msg}; exiting with status 3", file=sys.stderr, flush=True)
+        if self.json_path:
+            doc = dict(
+                self.doc, results=self.rows + [{"variant": self.variant, "ran": False, "reason": f"hung: {msg}"}]
+            )
+            with open(self.json_path, "w") as f:
+                json.dump(doc, f, indent=2)
+        os._exit(3)
+
+    def __enter__(self):
+        self.timer.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.timer.cancel()
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     a = parser().parse_args(argv)
@@ -364,8 +401,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     rows = []
     for v in variants:
-        rows.append(run_variant(v, cfg, a, rank, world, device))
-        dist.barrier(device_ids=[device.index])
+        with _Watchdog(a.variant_timeout, v, rows, doc, a.json if rank == 0 else None):
+            rows.append(run_variant(v, cfg, a, rank, world, device))
+            dist.barrier(device_ids=[device.index])
     if rank == 0:
         print(
             f"# FSDP2 step, world size {world}, {doc['versions'].get('device', '?')}, torch {torch.__version__}, "

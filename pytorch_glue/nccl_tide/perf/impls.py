@@ -34,7 +34,13 @@ class BackendChoice(dict):
 
 def gpu_available() -> bool:
     """A CUDA device that torch can use. Device files are checked first so that a CPU machine never imports torch."""
-    if not (os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0")):
+    import glob
+
+    if not (
+        os.path.exists("/dev/nvidiactl")
+        or glob.glob("/dev/nvidia[0-9]*")
+        or os.path.exists("/proc/driver/nvidia/version")
+    ):
         return False
     try:
         import torch
