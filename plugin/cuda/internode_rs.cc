@@ -21,9 +21,10 @@
 //   final   (kRsFinal)     the total of task g_t is in the owner's partial slot           (writer: (N-1, q))
 //   consumed               the proxy is done with task g_t's buffer (inputs, partial slot) (writer: the proxy)
 //   enter / pushDone       as on a single node
-// Side stream (pushes), task t: wait every local proxy's enter >= e and consumed >= g0 (t < nb) or consumed >=
+// Pushes (internal stream), task t: wait every local proxy's enter >= e and consumed >= g0 (t < nb) or consumed >=
 //   g_{t-nb}; push into every local proxy; write full[me's local index] = g_t into each; at the end pushDone = e.
-// Caller stream, task t: wait full[0..R-1] >= g_t and (n > 0) prev >= g_t; reduce kernel into the partial slot (or
+// Reduce (caller stream; on loopback the internal stream, see below), task t:
+//   wait full[0..R-1] >= g_t and (n > 0) prev >= g_t; reduce kernel into the partial slot (or
 //   out); (n < N-1) wait the next proxy's credit (enter/consumed as the pushes do), put the partial, signal prev;
 //   (n = N-1, owner elsewhere) put the total into the owner's partial slot, signal final; (owner, n < N-1) wait
 //   final >= g_t, copy or narrow into out; write consumed = g_t. Finally wait own pushDone >= e.
