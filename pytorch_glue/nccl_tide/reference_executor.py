@@ -122,11 +122,6 @@ class ReferenceExecutor:
 
     # -- reduce-scatter ----------------------------------------------------------------------
     @staticmethod
-    def staging_bytes(layout: Layout, grad_elem_size: int = 2) -> int:
-        """Bytes of the receive buffer (W x rs_out_numel gradient elements): grows with world size."""
-        return layout.world_size * layout.rs_out_numel * grad_elem_size
-
-    @staticmethod
     def staging_numel(layout: Layout) -> int:
         """Elements (of the gradient dtype) of the receive buffer reduce_scatter may take as `staging`."""
         return layout.world_size * layout.rs_out_numel
