@@ -109,14 +109,11 @@ def test_bad_input_errors_before_any_copy(torch_cuda, world4):
     }
     other_world = make_layouts([1000, 64 * 3], [1, 64], ["bf16", "bf16"], 2)
     cases["layout of another world size"] = ag(comm0, other_world[0], send[0].data_ptr(), slots[0].data_ptr(), stream0)
-    two_nodes = [nccl_tide.Layout([1000], "bf16", 4, ranks_per_node=2, rank=r) for r in range(4)]
-    cases["two-node layout"] = ag(comm0, two_nodes[0], send[0].data_ptr(), slots[0].data_ptr(), stream0)
     for name, res in cases.items():
         assert res != 0, f"{name}: accepted"
         msg = N.last_error()
         print(f"{name}: {res} {msg}")
         assert msg, f"{name}: no message"
-    assert cases["two-node layout"] == N.tideUnsupported
     torch.cuda.synchronize()
     for s in slots:
         assert bool((s == POISON).all()), "a failed all-gather wrote into a slot"
