@@ -4,9 +4,10 @@ bootstrap (as tests/gpu/test_multiprocess.py, whose spawn helpers this file reus
 * Layout mismatch: rank 1 builds its layout with one parameter one element larger; the first all-gather with it
   raises MismatchError on EVERY rank within a bounded time, naming rank 0's and rank 1's layout hashes. The comm keeps
   working afterwards (a matching layout's AG is byte-exact against the host executor).
-* Out of memory in the IPC provider: a 2**50-byte and a 2**64-1-byte slot, and a slot that only one of the two
-  processes can get (0.7 x the free memory each, on one shared GPU): TideOutOfMemoryError on every rank, device free
-  memory unchanged, and a normal AG still exact.
+* Out of memory in the IPC provider: a 2**50-byte and a 2**64-1-byte slot, a slot that only one of the two
+  processes can get (0.7 x the free memory each, on one shared GPU), and an own RS staging growth (1 GiB per rank
+  with ~1.5 GiB free): TideOutOfMemoryError on every rank, device free memory unchanged, no output written, and a
+  normal AG and RS still exact.
 NCCL_TIDE_TIMEOUT_MS=20000 bounds every exchange (gloo) and synchronize of the workers.
 """
 
@@ -56,6 +57,36 @@ def _ag_exact(torch, dist, comm, nccl_tide, rank, world, seed):
         exp = np.ascontiguousarray(expected[i]).view(np.uint8)
         if not np.array_equal(got[p.slot_offset : p.slot_offset + exp.size], exp):
             return f"AG ({seed}): param {i} differs from the host executor"
+    return None
+
+
+def _rs_exact(torch, dist, comm, nccl_tide, rank, world):
+    """A small RS (own staging: grows it) checked bit for bit against the host executor (grads gathered over gloo)."""
+    L = nccl_tide.Layout([5000, 77], "bf16", world, rank=rank, rs_chunk_bytes=4096)
+    rng = np.random.default_rng(4242 + rank)
+    grads = []
+    for p in L.params:
+        x = rng.standard_normal(p.numel).astype(np.float32)
+        x[x == 0] = 1.0
+        grads.append(torch.from_numpy(x).to(torch.bfloat16))
+    out = torch.full((L.rs_out_numel,), float("nan"), device="cuda")
+    torch.cuda.synchronize()
+    comm.reduce_scatter(L, [g.cuda() for g in grads], out, op="sum")
+    comm.synchronize(timeout=30)
+    got = out.cpu().numpy().view(np.uint32)
+    flat = torch.cat([g.view(torch.uint8) for g in grads])  # gloo gathers bytes
+    flats = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(flats, flat)
+    all_grads = []
+    for r in range(world):
+        vals, off, mine = flats[r].view(torch.bfloat16), 0, []
+        for p in L.params:
+            mine.append(vals[off : off + p.numel])
+            off += p.numel
+        all_grads.append(mine)
+    exp = np.ascontiguousarray(nccl_tide.host_reduce_scatter(L, all_grads, out_dtype="fp32", op="sum")[rank])
+    if not np.array_equal(got, exp.astype(np.float32).view(np.uint32)):
+        return f"RS: {np.count_nonzero(got != exp.astype(np.float32).view(np.uint32))} elements differ"
     return None
 
 
@@ -145,6 +176,43 @@ def _worker(rank, world, port, out_dir):
         if err:
             report["errors"].append("after OOM: " + err)
 
+        # -- own RS staging growth that cannot be met ------------------------------------------------------------
+        # 1 GiB of staging per rank (one 1 GiB chunk); rank 0 leaves ~1.5 GiB free on the shared GPU, so one
+        # process gets its staging and the other does not: both must fail with TideOutOfMemoryError, the one that
+        # allocated must free it again, and nothing is written.
+        big = nccl_tide.Layout([1 << 29], "bf16", world, rank=rank, rs_chunk_bytes=1 << 40)
+        grads = [torch.ones(1 << 29, dtype=torch.bfloat16, device="cuda")]
+        out = torch.full((big.rs_out_numel,), float("nan"), device="cuda")
+        torch.cuda.synchronize()
+        dist.barrier()
+        hog = None
+        if rank == 0:
+            free = torch.cuda.mem_get_info()[0]
+            hog = torch.empty(max(free - big.rs_staging_bytes * 3 // 2, 0), dtype=torch.uint8, device="cuda")
+            torch.cuda.synchronize()
+        dist.barrier()
+        before = torch.cuda.mem_get_info()[0]
+        dist.barrier()
+        try:
+            comm.reduce_scatter(big, grads, out, op="sum")
+            comm.synchronize(timeout=30)
+            report["errors"].append(f"staging OOM: reduce_scatter succeeded with {before} bytes free")
+        except TideOutOfMemoryError as e:
+            report["steps"]["oom_staging"] = str(e).splitlines()[0][:300]
+        dist.barrier()
+        torch.cuda.synchronize()
+        after = torch.cuda.mem_get_info()[0]
+        if abs(before - after) > LEAK_TOLERANCE:
+            report["errors"].append(f"staging OOM: free memory {before} before, {after} after")
+        if not bool(torch.isnan(out).all()):
+            report["errors"].append("staging OOM: the failed reduce-scatter wrote its output")
+        dist.barrier()
+        del hog, grads, out
+        torch.cuda.empty_cache()
+        err = _rs_exact(torch, dist, comm, nccl_tide, rank, world)
+        if err:
+            report["errors"].append("after staging OOM: " + err)
+
         comm.close()
         dist.barrier()
         dist.destroy_process_group()
@@ -176,6 +244,6 @@ def test_mismatch_and_oom_across_processes(torch_cuda, cuda_lib, tmp_path, monke
     for rep in reports:
         print(f"rank {rep['rank']}: mismatch after {rep['steps']['mismatch_s']:.3f} s: {rep['steps']['mismatch_msg']}")
         assert rep["steps"]["mismatch_s"] < 20
-        for label in ("2^50", "2^64-1", "one-rank"):
+        for label in ("2^50", "2^64-1", "one-rank", "staging"):
             assert f"oom_{label}" in rep["steps"], (rep["rank"], label)
     assert rc == 0
