@@ -321,10 +321,17 @@ tideResult_t tideSlotFree(tideComm_t comm, void* ptr);
  *   shardPtrs: [nParams] this rank's shard of each parameter (when sendbuff is NULL);
  *   slot: start of a slot region of at least slotBytes (inside a tideSlotAlloc allocation,
  *     at the same offset on every rank); parameter i is written at slot + slotOffset_i.
- * Every rank of the comm must make the matching call. No kernel is launched.
+ * Every rank of the comm must make the matching call. No kernel is launched. Layouts may span
+ * several nodes (ranksPerNode < worldSize: the inter-node rail schedule runs over peer-mapped
+ * memory, e.g. virtual nodes on one host). The first call with a layout hash new to the comm
+ * compares it across ranks (collective through the provider's exchange).
  * Errors (before any copy): tideInvalidArgument (NULL/misaligned pointers, slot not inside a
- * slot allocation, layout world/rank not matching the comm, stream of another device).
- * (since 0.1) */
+ * slot allocation, layout world/rank not matching the comm, stream of another device),
+ * tideUnsupported (the stream is being captured into a CUDA graph: TIDE's flags carry per-call
+ * values that a replay would repeat; the capture stays valid and the comm unchanged),
+ * tideMismatch (ranks use layouts of different hashes: on every rank), tideTimeout (that
+ * comparison exceeded NCCL_TIDE_TIMEOUT_MS), tideNcclError (the parent NCCL communicator
+ * reports an asynchronous error). (since 0.1) */
 tideResult_t tideAllGather(tideComm_t comm, tideLayout_t layout, const void* sendbuff, const void* const* shardPtrs,
                            void* slot, void* stream);
 
@@ -406,7 +413,8 @@ tideResult_t tideCommCreate(struct ncclComm* ncclComm, const tideConfig_t* confi
 
 /* All-gather of host bytes for tideCommCreateWithBootstrap: writes worldSize blocks of
  * `bytes` into `all`, block r being rank r's `mine`. Blocking and collective; returns 0 on
- * success, anything else is an error. (since 0.1) */
+ * success, tideTimeout (9) if it gave up waiting for a peer (reported as tideTimeout), anything
+ * else is an error (reported as tideSystemError). (since 0.1) */
 typedef int (*tideAllGatherFn_t)(const void* mine, void* all, size_t bytes, void* user);
 
 #define TIDE_BOOTSTRAP_VERSION 1
