@@ -198,7 +198,7 @@ def worker(port: int, out_path: str, mode: str) -> None:
 
 
 def launch(tmp_path, mode: str) -> dict:
-    """Runs the worker in a fresh process (env: ENV, PYTHONPATH with pytorch_glue) with a
+    """Runs the worker in a fresh process (env: ENV, PYTHONPATH with this process's nccl_tide) with a
     deadline; returns its report. A hang is killed and fails."""
     import socket
 
@@ -208,7 +208,12 @@ def launch(tmp_path, mode: str) -> dict:
     out = tmp_path / f"fsdp_native_{mode}.json"
     env = dict(os.environ)
     env.update(ENV)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "pytorch_glue"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    # The worker imports the same nccl_tide as this process (an installed wheel in CI, where the source tree's
+    # pytorch_glue has no built library; the source tree with NCCL_TIDE_LIBRARY_PATH in development).
+    import nccl_tide
+
+    pkg_root = str(Path(nccl_tide.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([pkg_root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.setdefault("OMP_NUM_THREADS", "1")
     try:
         proc = subprocess.run(
