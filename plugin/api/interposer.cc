@@ -202,10 +202,9 @@ extern "C" {
 
 TIDE_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, int datatype,
                                        ncclComm_t comm, cudaStream_t stream) {
-  if (__builtin_expect(enabled(), 0) &&
-      classify(kAllGather, sendcount, datatype, 0, comm) == kEligible &&
-      tide::interposer::tryAllGather(sendbuff, recvbuff, sendcount * dtypeBytes(datatype), comm, stream)) {
-    return 0;  // ncclSuccess: enqueued by TIDE
+  if (__builtin_expect(enabled(), 0) && classify(kAllGather, sendcount, datatype, 0, comm) == kEligible) {
+    int r = tide::interposer::tryAllGather(sendbuff, recvbuff, sendcount * dtypeBytes(datatype), comm, stream);
+    if (r != tide::interposer::kPassToNccl) return r;
   }
   auto f = reinterpret_cast<AllGatherFn>(real(kAllGather));
   if (f == nullptr) return kSystemError;
@@ -214,10 +213,9 @@ TIDE_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, siz
 
 TIDE_EXPORT ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, int datatype,
                                            int op, ncclComm_t comm, cudaStream_t stream) {
-  if (__builtin_expect(enabled(), 0) &&
-      classify(kReduceScatter, recvcount, datatype, op, comm) == kEligible &&
-      tide::interposer::tryReduceScatter(sendbuff, recvbuff, recvcount, tideTypeOf(datatype), comm, stream)) {
-    return 0;
+  if (__builtin_expect(enabled(), 0) && classify(kReduceScatter, recvcount, datatype, op, comm) == kEligible) {
+    int r = tide::interposer::tryReduceScatter(sendbuff, recvbuff, recvcount, tideTypeOf(datatype), comm, stream);
+    if (r != tide::interposer::kPassToNccl) return r;
   }
   auto f = reinterpret_cast<ReduceScatterFn>(real(kReduceScatter));
   if (f == nullptr) return kSystemError;

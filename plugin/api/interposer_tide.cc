@@ -23,6 +23,7 @@
 #ifdef TIDE_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "cuda/comm.h"
 #include "cuda/copy_batch.h"
 #endif
 
@@ -53,11 +54,15 @@ struct CommState {
   int rank = 0, world = 0;
   void* bounce = nullptr;  // all-gather bounce slot
   size_t bounceBytes = 0;
+  // Recorded after each copy-out of the bounce slot; the next all-gather's stream waits for it before it lets peers
+  // write the slot again (NCCL orders calls on one communicator even across streams, so callers may rely on it).
+  cudaEvent_t copyOutDone = nullptr;
   uint64_t taken = 0;
   std::unordered_map<LayoutKey, tideLayout_t, LayoutKeyHash> layouts;
 
   ~CommState() {
     for (auto& kv : layouts) (void)tideLayoutDestroy(kv.second);
+    if (copyOutDone != nullptr) (void)cudaEventDestroy(copyOutDone);
   }
 };
 
@@ -150,6 +155,9 @@ tideResult_t ensureBounce(CommState* s, size_t bytes) {
 }
 
 bool capturing(void* stream) {
+  // The legacy default stream cannot be captured, and querying it during another thread's global-mode capture
+  // would invalidate that capture.
+  if (stream == nullptr || stream == reinterpret_cast<void*>(cudaStreamLegacy)) return false;
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &st) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -185,61 +193,79 @@ std::shared_ptr<CommState> enter(void* ncclComm, void* stream, std::unique_lock<
 
 #ifdef TIDE_HAVE_CUDA
 
-bool tryAllGather(const void* sendbuff, void* recvbuff, size_t bytes, void* ncclComm, void* stream) {
+int tryAllGather(const void* sendbuff, void* recvbuff, size_t bytes, void* ncclComm, void* stream) {
   std::unique_lock<std::mutex> lock;
   auto s = enter(ncclComm, stream, &lock);
-  if (!s) return false;
+  if (!s) return kPassToNccl;
+  auto cs = static_cast<cudaStream_t>(stream);
+  const size_t total = bytes * static_cast<size_t>(s->world);
   tideLayout_t layout = nullptr;
   tideResult_t r = layoutFor(s.get(), 0, tideInt8, bytes, &layout);
-  if (r == tideSuccess) r = ensureBounce(s.get(), bytes * static_cast<size_t>(s->world));
+  if (r == tideSuccess) r = ensureBounce(s.get(), total);
+  if (r == tideSuccess && s->copyOutDone == nullptr &&
+      cudaEventCreateWithFlags(&s->copyOutDone, cudaEventDisableTiming) != cudaSuccess) {
+    s->copyOutDone = nullptr;
+    r = fail(tideCudaError, kComponent, "cudaEventCreateWithFlags: %s", cudaGetErrorString(cudaGetLastError()));
+  }
+  if (r == tideSuccess && cudaStreamWaitEvent(cs, s->copyOutDone, 0) != cudaSuccess) {
+    r = fail(tideCudaError, kComponent, "cudaStreamWaitEvent: %s", cudaGetErrorString(cudaGetLastError()));
+  }
   if (r == tideSuccess) r = tideAllGather(s->comm, layout, sendbuff, nullptr, s->bounce, stream);
-  if (r == tideSuccess) {
-    cuda::CopyList out;
-    out.add(recvbuff, s->bounce, bytes * static_cast<size_t>(s->world));
-    int device = 0;
-    r = cudaGetDevice(&device) == cudaSuccess ? out.enqueue(static_cast<cudaStream_t>(stream), device)
-                                              : fail(tideCudaError, kComponent, "cudaGetDevice failed");
+  if (r != tideSuccess) {
+    // Nothing of this call was enqueued: NCCL can still take it on every rank.
+    turnOff(s.get(), ncclComm, "the TIDE all-gather", r);
+    return kPassToNccl;
+  }
+  // From here the peers are inside TIDE's all-gather with us: handing this call to NCCL would hang them, so a
+  // failure is returned as NCCL's own error for a failed CUDA call.
+  cuda::CopyList out;
+  out.add(recvbuff, s->bounce, total);
+  r = out.enqueue(cs, s->comm->device);
+  if (r == tideSuccess && cudaEventRecord(s->copyOutDone, cs) != cudaSuccess) {
+    r = fail(tideCudaError, kComponent, "cudaEventRecord: %s", cudaGetErrorString(cudaGetLastError()));
   }
   if (r != tideSuccess) {
-    turnOff(s.get(), ncclComm, "the TIDE all-gather", r);
-    return false;
+    turnOff(s.get(), ncclComm, "the copy-out of the TIDE all-gather (this call fails with ncclUnhandledCudaError)",
+            r);
+    return kNcclUnhandledCudaError;
   }
   ++s->taken;
   TIDE_TRACE(kComponent, "ncclAllGather on %p (%zu bytes per rank) taken by TIDE (call %" PRIu64 ")", ncclComm, bytes,
              s->taken);
-  return true;
+  return 0;
 }
 
-bool tryReduceScatter(const void* sendbuff, void* recvbuff, size_t count, tideDataType_t dtype, void* ncclComm,
-                      void* stream) {
+int tryReduceScatter(const void* sendbuff, void* recvbuff, size_t count, tideDataType_t dtype, void* ncclComm,
+                     void* stream) {
   std::unique_lock<std::mutex> lock;
   auto s = enter(ncclComm, stream, &lock);
-  if (!s) return false;
+  if (!s) return kPassToNccl;
   size_t elem = 0;
   (void)tideDataTypeSize(dtype, &elem);
   const auto in = reinterpret_cast<uintptr_t>(sendbuff), out = reinterpret_cast<uintptr_t>(recvbuff);
   const uintptr_t inBytes = static_cast<uintptr_t>(count) * elem * static_cast<uintptr_t>(s->world);
   if (out < in + inBytes && in < out + static_cast<uintptr_t>(count) * elem) {
-    // NCCL's in-place form (recvbuff = sendbuff + rank * count): TIDE's outputs may not overlap its inputs. Every
-    // rank of such a call is in place, so every rank passes it to NCCL.
+    // NCCL's in-place form (recvbuff = sendbuff + rank * count): TIDE's outputs may not overlap its inputs. The
+    // decision is per rank, so all ranks must call in place or none (docs/usage.md), as programs do.
     std::call_once(gInPlaceNotice, [] {
       TIDE_INFO(kComponent, "in-place reduce-scatter calls go to NCCL (TIDE's output may not overlap its input); "
                             "said once");
     });
-    return false;
+    return kPassToNccl;
   }
   tideLayout_t layout = nullptr;
   tideResult_t r = layoutFor(s.get(), 1, dtype, count, &layout);
   const void* grads[1] = {sendbuff};
   if (r == tideSuccess) r = tideReduceScatter(s->comm, layout, grads, recvbuff, dtype, tideSum, 1.0f, nullptr, stream);
   if (r != tideSuccess) {
+    // tideReduceScatter enqueues nothing when it fails: NCCL can still take the call on every rank.
     turnOff(s.get(), ncclComm, "the TIDE reduce-scatter", r);
-    return false;
+    return kPassToNccl;
   }
   ++s->taken;
   TIDE_TRACE(kComponent, "ncclReduceScatter on %p (%zu elements per rank) taken by TIDE (call %" PRIu64 ")", ncclComm,
              count, s->taken);
-  return true;
+  return 0;
 }
 
 void releaseComm(void* ncclComm, bool collective) {
@@ -261,10 +287,8 @@ void releaseComm(void* ncclComm, bool collective) {
     s->comm = nullptr;
     return;
   }
-  // TIDE work of this comm may still be queued on the application's streams; the teardown frees memory it uses.
-  int device = 0;
-  if (cudaGetDevice(&device) == cudaSuccess) (void)cudaDeviceSynchronize();
-  (void)cudaGetLastError();
+  // TIDE work of this comm may still be queued on the application's streams: tideSlotFree and tideCommDestroy wait
+  // for the comm's device (bounded by NCCL_TIDE_TIMEOUT_MS) before they free anything.
   if (s->bounce != nullptr && tideSlotFree(s->comm, s->bounce) != tideSuccess) {
     TIDE_WARN(kComponent, "releasing the TIDE bounce slot of NCCL communicator %p failed: %s", ncclComm,
               tideGetLastError());
@@ -280,8 +304,8 @@ void releaseComm(void* ncclComm, bool collective) {
 
 #else  // no CUDA: nothing can be taken
 
-bool tryAllGather(const void*, void*, size_t, void*, void*) { return false; }
-bool tryReduceScatter(const void*, void*, size_t, tideDataType_t, void*, void*) { return false; }
+int tryAllGather(const void*, void*, size_t, void*, void*) { return kPassToNccl; }
+int tryReduceScatter(const void*, void*, size_t, tideDataType_t, void*, void*) { return kPassToNccl; }
 void releaseComm(void*, bool) {}
 
 #endif  // TIDE_HAVE_CUDA

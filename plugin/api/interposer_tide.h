@@ -13,13 +13,19 @@
 namespace tide {
 namespace interposer {
 
-// Flat all-gather of `bytes` per rank. True: TIDE enqueued it on `stream` (the call succeeded). False: the caller
-// passes the call to NCCL unchanged (TIDE is off for this comm, or this call cannot be taken; logged).
-bool tryAllGather(const void* sendbuff, void* recvbuff, size_t bytes, void* ncclComm, void* stream);
+// What the try functions return when the caller must pass the call to NCCL unchanged (TIDE is off for this comm, or
+// this call cannot be taken; logged). Any other value is the ncclResult_t of the call, which TIDE took: 0, or
+// ncclUnhandledCudaError when a CUDA call failed after the peers were already committed to TIDE's collective (NCCL
+// can then no longer take it without hanging them).
+constexpr int kPassToNccl = -1;
+constexpr int kNcclUnhandledCudaError = 1;
 
-// Flat sum reduce-scatter of `count` elements of `dtype` per rank (fp32 accumulation). Same return contract.
-bool tryReduceScatter(const void* sendbuff, void* recvbuff, size_t count, tideDataType_t dtype, void* ncclComm,
-                      void* stream);
+// Flat all-gather of `bytes` per rank.
+int tryAllGather(const void* sendbuff, void* recvbuff, size_t bytes, void* ncclComm, void* stream);
+
+// Flat sum reduce-scatter of `count` elements of `dtype` per rank (fp32 accumulation).
+int tryReduceScatter(const void* sendbuff, void* recvbuff, size_t count, tideDataType_t dtype, void* ncclComm,
+                     void* stream);
 
 // Called before NCCL finalizes or destroys (collective: TIDE's resources are released with the peers) or aborts
 // (not collective: nothing that could wait for a peer is done, TIDE's memory of that comm is left allocated) the
