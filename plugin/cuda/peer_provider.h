@@ -122,7 +122,9 @@ class PeerProvider {
 
   // Collective agreement on a layout the comm has not used before (called by every rank at the same call, because
   // every rank makes the same collective calls in the same order): tideMismatch on every rank if the ranks' layout
-  // hashes differ, never a hang. Default: nothing to compare (loopback: one process, one layout object per rank,
+  // hashes differ. This holds when every rank's layout is new to it (the usual mismatch: ranks built their layouts
+  // differently). A rank whose layout is new while a peer's is one they agreed on before waits alone in the
+  // exchange, bounded only by NCCL_TIDE_TIMEOUT_MS (docs/reliability.md). Default: nothing to compare (loopback: one process, one layout object per rank,
   // ranks submit one after another, so there is no point at which they could wait for each other).
   virtual tideResult_t agreeOnLayout(int rank, uint64_t layoutHash) {
     (void)rank;
