@@ -441,6 +441,41 @@ tideResult_t tideCommCreateWithBootstrap(int rank, int worldSize, int device, co
  * Errors: tideInvalidArgument. (since 0.1) */
 tideResult_t tideCommGetProvider(tideComm_t comm, const char** name);
 
+/* ------------------------------------------------------------------------------------ */
+/* Layout-aware calls through the NCCL_TIDE_ENABLE interposer (docs/usage.md)            */
+/* ------------------------------------------------------------------------------------ */
+
+/* Attaches `layout` (this rank's layout of a parameter group on the ranks of `ncclComm`,
+ * worldSize = the communicator's size) to `buffer`, so that eligible interposed calls on
+ * `ncclComm` use the layout instead of NCCL's flat rank-major blocks:
+ *   ncclAllGather(sendbuff, buffer, sendcount, datatype, ncclComm, stream) with
+ *     sendcount * size(datatype) >= the layout's sendBytes (sendbuff starts with the packed
+ *     send buffer) and worldSize * sendcount * size(datatype) >= slotBytes leaves the layout's
+ *     slot image in the first slotBytes of `buffer`: parameter i's unsharded storage at
+ *     buffer + slotOffset_i, rank r's shard at + r * shardNumel_i elements (pad sendcount so
+ *     that the NCCL-sized buffer covers slotBytes; bytes past slotBytes are not written).
+ *   ncclReduceScatter(buffer, recvbuff, recvcount, datatype, ncclSum, ncclComm, stream) with
+ *     recvcount >= rsOutNumel, worldSize * recvcount * size(datatype) >= slotBytes and
+ *     datatype the layout's (single) gradient type reads parameter i's full gradient at
+ *     buffer + slotOffset_i (the same image) and writes the first rsOutNumel elements of
+ *     recvbuff packed by the layout (parameter i's shard at rsOutOffset_i), in the call's
+ *     datatype, with TIDE's fp32 accumulation in the documented order.
+ * Every rank attaches a layout of the same hash (else the first call fails the layout
+ * agreement on every rank and TIDE turns itself off for the communicator: NCCL then runs
+ * the flat call). A call that does not match (sizes, type) runs as a flat call. The other
+ * eligibility rules are those of flat calls. The all-gather still lands in a TIDE bounce
+ * slot first and reaches `buffer` by one copy-engine copy (an application buffer is not
+ * peer-mapped). The caller keeps `layout` alive until tideDetachLayout, or until the
+ * communicator is finalized, destroyed or aborted (which drops its attachments).
+ * Re-attaching a buffer replaces its layout.
+ * Errors: tideInvalidArgument (NULL argument), tideUnsupported (a build without CUDA).
+ * (since 0.1) */
+tideResult_t tideAttachLayout(struct ncclComm* ncclComm, void* buffer, tideLayout_t layout);
+
+/* Removes the attachment of `buffer` on `ncclComm`.
+ * Errors: tideInvalidArgument (NULL argument, nothing attached there). (since 0.1) */
+tideResult_t tideDetachLayout(struct ncclComm* ncclComm, void* buffer);
+
 #ifdef __cplusplus
 }
 #endif

@@ -204,3 +204,40 @@ def test_exports_only_the_interposer_names(native, repo):
     assert all(n.startswith("tide") or n in NCCL_NAMES for n in names), sorted(names)
     r = subprocess.run(["bash", str(repo / "ci" / "check_exports.sh"), lib], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_attach_layout_api(native):
+    """tideAttachLayout / tideDetachLayout (layout-aware interposed calls): argument checks, replace, detach. The
+    calls that use an attachment need a GPU and NCCL (tests/gpu/test_interposer_gpu.py)."""
+    import ctypes
+
+    import nccl_tide
+    import nccl_tide.interposer
+    from nccl_tide import _native as N
+    from nccl_tide.errors import InvalidArgumentError, UnsupportedError
+
+    lib = N.lib()
+    L = nccl_tide.Layout([1000, 3, 64 * 5], "bf16", 4, rank=1, row_numels=[1, 1, 64])
+    comm, buf = ctypes.c_void_p(0xC0FFEE00), ctypes.c_void_p(0x7F0000001000)
+    assert lib.tideAttachLayout(None, buf, L.handle) == N.tideInvalidArgument
+    assert "ncclComm is NULL" in N.last_error()
+    assert lib.tideAttachLayout(comm, None, L.handle) == N.tideInvalidArgument
+    assert lib.tideAttachLayout(comm, buf, None) == N.tideInvalidArgument
+    assert lib.tideDetachLayout(comm, None) == N.tideInvalidArgument
+    rc = lib.tideAttachLayout(comm, buf, L.handle)
+    if rc == N.tideUnsupported:  # a build without CUDA: nothing to attach to
+        assert "not a CUDA build" in N.last_error()
+        with pytest.raises(UnsupportedError):
+            nccl_tide.interposer.attach_layout(0xC0FFEE00, 0x7F0000001000, L)
+        return
+    assert rc == N.tideSuccess, N.last_error()
+    L2 = nccl_tide.Layout([77], "fp32", 4, rank=1)
+    assert lib.tideAttachLayout(comm, buf, L2.handle) == N.tideSuccess  # replaces
+    assert lib.tideDetachLayout(comm, buf) == N.tideSuccess
+    assert lib.tideDetachLayout(comm, buf) == N.tideInvalidArgument  # nothing attached any more
+    assert "no layout is attached" in N.last_error()
+    # The Python wrapper takes addresses (or tensors / process groups) and raises typed errors.
+    nccl_tide.interposer.attach_layout(0xC0FFEE00, 0x7F0000002000, L)
+    nccl_tide.interposer.detach_layout(0xC0FFEE00, 0x7F0000002000)
+    with pytest.raises(InvalidArgumentError, match="no layout is attached"):
+        nccl_tide.interposer.detach_layout(0xC0FFEE00, 0x7F0000002000)

@@ -16,7 +16,9 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
+#include "api_guard.h"
 #include "errors.h"
 #include "log.h"
 
@@ -68,6 +70,65 @@ struct CommState {
 
 std::mutex gMu;
 std::unordered_map<void*, std::shared_ptr<CommState>> gStates;
+
+// Layouts attached with tideAttachLayout, keyed by (communicator, buffer). Its own lock: attaching never waits for
+// a communicator's call in progress.
+struct AttachKey {
+  void* comm;
+  const void* buffer;
+  bool operator==(const AttachKey& o) const { return comm == o.comm && buffer == o.buffer; }
+};
+struct AttachKeyHash {
+  size_t operator()(const AttachKey& k) const {
+    return std::hash<const void*>()(k.comm) * 31 + std::hash<const void*>()(k.buffer);
+  }
+};
+std::mutex gAttachMu;
+std::unordered_map<AttachKey, tideLayout_t, AttachKeyHash> gAttached;
+
+tideLayout_t attachedLayout(void* ncclComm, const void* buffer) {
+  std::lock_guard<std::mutex> lock(gAttachMu);
+  auto it = gAttached.find(AttachKey{ncclComm, buffer});
+  return it == gAttached.end() ? nullptr : it->second;
+}
+
+void dropAttachments(void* ncclComm) {
+  std::lock_guard<std::mutex> lock(gAttachMu);
+  for (auto it = gAttached.begin(); it != gAttached.end();) {
+    it = it->first.comm == ncclComm ? gAttached.erase(it) : std::next(it);
+  }
+}
+
+// What an attached layout needs of a call; false (with the reason logged once at INFO) if the call does not match
+// it, which then runs as a flat call.
+struct AttachedView {
+  tideLayoutInfo_t info{};
+  std::vector<tideParamInfo_t> params;
+};
+
+bool viewOf(tideLayout_t layout, AttachedView* v) {
+  v->info.size = sizeof(v->info);
+  v->info.version = TIDE_LAYOUT_INFO_VERSION;
+  if (tideLayoutGetInfo(layout, &v->info) != tideSuccess) return false;
+  v->params.resize(static_cast<size_t>(v->info.nParams));
+  for (int i = 0; i < v->info.nParams; ++i) {
+    tideParamInfo_t& p = v->params[static_cast<size_t>(i)];
+    p.size = sizeof(p);
+    p.version = TIDE_PARAM_INFO_VERSION;
+    if (tideLayoutGetParam(layout, i, &p) != tideSuccess) return false;
+  }
+  return true;
+}
+
+std::once_flag gAttachMismatchNotice;
+
+void attachMismatch(const char* what) {
+  std::call_once(gAttachMismatchNotice, [what] {
+    TIDE_INFO(kComponent, "a call on a buffer with an attached layout does not match it (%s): it runs as a flat "
+                          "call (said once; TRACE logs each)", what);
+  });
+  TIDE_TRACE(kComponent, "attached layout not used: %s", what);
+}
 
 std::shared_ptr<CommState> stateOf(void* ncclComm, bool create) {
   std::lock_guard<std::mutex> lock(gMu);
@@ -199,8 +260,25 @@ int tryAllGather(const void* sendbuff, void* recvbuff, size_t bytes, void* ncclC
   if (!s) return kPassToNccl;
   auto cs = static_cast<cudaStream_t>(stream);
   const size_t total = bytes * static_cast<size_t>(s->world);
+  // A layout attached to recvbuff (tideAttachLayout) places by the layout; else one flat parameter.
   tideLayout_t layout = nullptr;
-  tideResult_t r = layoutFor(s.get(), 0, tideInt8, bytes, &layout);
+  size_t copyBytes = total;
+  if (tideLayout_t att = attachedLayout(ncclComm, recvbuff)) {
+    AttachedView v;
+    if (!viewOf(att, &v)) {
+      attachMismatch("its layout cannot be read");
+    } else if (v.info.worldSize != s->world || v.info.rank != s->rank) {
+      attachMismatch("the layout's world size or rank is not the communicator's");
+    } else if (bytes < v.info.sendBytes) {
+      attachMismatch("all-gather: sendcount times the element size is below the layout's sendBytes");
+    } else if (v.info.slotBytes > total) {
+      attachMismatch("all-gather: the layout's slotBytes exceed the receive buffer");
+    } else {
+      layout = att;
+      copyBytes = v.info.slotBytes;
+    }
+  }
+  tideResult_t r = layout != nullptr ? tideSuccess : layoutFor(s.get(), 0, tideInt8, bytes, &layout);
   if (r == tideSuccess) r = ensureBounce(s.get(), total);
   if (r == tideSuccess && s->copyOutDone == nullptr &&
       cudaEventCreateWithFlags(&s->copyOutDone, cudaEventDisableTiming) != cudaSuccess) {
@@ -219,7 +297,7 @@ int tryAllGather(const void* sendbuff, void* recvbuff, size_t bytes, void* ncclC
   // From here the peers are inside TIDE's all-gather with us: handing this call to NCCL would hang them, so a
   // failure is returned as NCCL's own error for a failed CUDA call.
   cuda::CopyList out;
-  out.add(recvbuff, s->bounce, total);
+  out.add(recvbuff, s->bounce, copyBytes);
   r = out.enqueue(cs, s->comm->device);
   if (r == tideSuccess && cudaEventRecord(s->copyOutDone, cs) != cudaSuccess) {
     r = fail(tideCudaError, kComponent, "cudaEventRecord: %s", cudaGetErrorString(cudaGetLastError()));
@@ -253,10 +331,32 @@ int tryReduceScatter(const void* sendbuff, void* recvbuff, size_t count, tideDat
     });
     return kPassToNccl;
   }
+  // A layout attached to sendbuff (tideAttachLayout): every parameter's full gradient at its slot offset; else one
+  // flat parameter.
   tideLayout_t layout = nullptr;
-  tideResult_t r = layoutFor(s.get(), 1, dtype, count, &layout);
-  const void* grads[1] = {sendbuff};
-  if (r == tideSuccess) r = tideReduceScatter(s->comm, layout, grads, recvbuff, dtype, tideSum, 1.0f, nullptr, stream);
+  std::vector<const void*> grads(1, sendbuff);
+  if (tideLayout_t att = attachedLayout(ncclComm, sendbuff)) {
+    AttachedView v;
+    bool sameType = viewOf(att, &v);
+    for (const tideParamInfo_t& p : v.params) sameType = sameType && p.dtype == dtype;
+    if (!sameType) {
+      attachMismatch("reduce-scatter: the call's type is not the layout's gradient type");
+    } else if (v.info.worldSize != s->world || v.info.rank != s->rank) {
+      attachMismatch("the layout's world size or rank is not the communicator's");
+    } else if (count < v.info.rsOutNumel) {
+      attachMismatch("reduce-scatter: recvcount is below the layout's rsOutNumel");
+    } else if (v.info.slotBytes > inBytes) {
+      attachMismatch("reduce-scatter: the layout's slotBytes exceed the send buffer");
+    } else {
+      layout = att;
+      grads.resize(v.params.size());
+      for (size_t i = 0; i < v.params.size(); ++i) grads[i] = static_cast<const char*>(sendbuff) + v.params[i].slotOffset;
+    }
+  }
+  tideResult_t r = layout != nullptr ? tideSuccess : layoutFor(s.get(), 1, dtype, count, &layout);
+  if (r == tideSuccess) {
+    r = tideReduceScatter(s->comm, layout, grads.data(), recvbuff, dtype, tideSum, 1.0f, nullptr, stream);
+  }
   if (r != tideSuccess) {
     // tideReduceScatter enqueues nothing when it fails: NCCL can still take the call on every rank.
     turnOff(s.get(), ncclComm, "the TIDE reduce-scatter", r);
@@ -269,6 +369,7 @@ int tryReduceScatter(const void* sendbuff, void* recvbuff, size_t count, tideDat
 }
 
 void releaseComm(void* ncclComm, bool collective) {
+  dropAttachments(ncclComm);  // also when TIDE never took a call on it
   std::shared_ptr<CommState> s;
   {
     std::lock_guard<std::mutex> lock(gMu);
@@ -312,3 +413,47 @@ void releaseComm(void*, bool) {}
 
 }  // namespace interposer
 }  // namespace tide
+
+extern "C" {
+
+TIDE_EXPORT tideResult_t tideAttachLayout(struct ncclComm* ncclComm, void* buffer, tideLayout_t layout) {
+  TIDE_API_BEGIN
+  if (ncclComm == nullptr || buffer == nullptr || layout == nullptr) {
+    return tide::fail(tideInvalidArgument, "Interposer", "tideAttachLayout: %s is NULL",
+                      ncclComm == nullptr ? "ncclComm" : buffer == nullptr ? "buffer" : "layout");
+  }
+#ifdef TIDE_HAVE_CUDA
+  tideLayoutInfo_t info{};
+  info.size = sizeof(info);
+  info.version = TIDE_LAYOUT_INFO_VERSION;
+  TIDE_CHECK(tideLayoutGetInfo(layout, &info));  // a destroyed or foreign handle fails here, not at a call
+  std::lock_guard<std::mutex> lock(tide::interposer::gAttachMu);
+  tide::interposer::gAttached[tide::interposer::AttachKey{ncclComm, buffer}] = layout;
+  return tideSuccess;
+#else
+  return tide::fail(tideUnsupported, "Interposer", "tideAttachLayout: this libnccl-tide.so is not a CUDA build");
+#endif
+  TIDE_API_END
+}
+
+TIDE_EXPORT tideResult_t tideDetachLayout(struct ncclComm* ncclComm, void* buffer) {
+  TIDE_API_BEGIN
+  if (ncclComm == nullptr || buffer == nullptr) {
+    return tide::fail(tideInvalidArgument, "Interposer", "tideDetachLayout: %s is NULL",
+                      ncclComm == nullptr ? "ncclComm" : "buffer");
+  }
+#ifdef TIDE_HAVE_CUDA
+  std::lock_guard<std::mutex> lock(tide::interposer::gAttachMu);
+  if (tide::interposer::gAttached.erase(tide::interposer::AttachKey{ncclComm, buffer}) == 0) {
+    return tide::fail(tideInvalidArgument, "Interposer", "tideDetachLayout: no layout is attached to %p on %p", buffer,
+                      static_cast<void*>(ncclComm));
+  }
+  return tideSuccess;
+#else
+  return tide::fail(tideInvalidArgument, "Interposer", "tideDetachLayout: no layout is attached to %p on %p", buffer,
+                    static_cast<void*>(ncclComm));
+#endif
+  TIDE_API_END
+}
+
+}  // extern "C"

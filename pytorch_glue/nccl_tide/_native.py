@@ -210,6 +210,8 @@ SIGNATURES = {
     ),
     "tideCommGetProvider": (tideResult_t, [tideComm_t, _PCS]),
     "tideCommDebugDump": (tideResult_t, [tideComm_t, c_char_p, c_size_t]),
+    "tideAttachLayout": (tideResult_t, [c_void_p, c_void_p, tideLayout_t]),
+    "tideDetachLayout": (tideResult_t, [c_void_p, c_void_p]),
 }
 
 _lock = threading.Lock()

@@ -74,7 +74,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def run_case(tmp_path, enable, rs_accum=None, timeout=180):
+def run_case(tmp_path, enable, rs_accum=None, timeout=180, script=SCRIPT):
     from nccl_tide import _native
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_TIDE_")}
@@ -91,9 +91,9 @@ def run_case(tmp_path, enable, rs_accum=None, timeout=180):
         env["NCCL_TIDE_LIBRARY_PATH"] = os.environ["NCCL_TIDE_LIBRARY_PATH"]
     if rs_accum is not None:
         env["NCCL_TIDE_RS_ACCUM"] = rs_accum
-    script = tmp_path / "interposed.py"
-    script.write_text(SCRIPT)
-    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=timeout)
+    path = tmp_path / "interposed.py"
+    path.write_text(script)
+    p = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env, timeout=timeout)
     return p
 
 
@@ -126,3 +126,77 @@ def test_disabled_is_pass_through(torch_cuda, cuda_lib, tmp_path):
     assert p.returncode == 0 and "DONE" in p.stdout, p.stdout + p.stderr[-4000:]
     assert "BAD []" in p.stdout, p.stdout
     assert "TIDE/Interposer" not in p.stderr, p.stderr[-4000:]
+
+
+LAYOUT_SCRIPT = textwrap.dedent(
+    r"""
+    import ctypes, datetime, socket, sys
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    import nccl_tide
+    import nccl_tide.interposer as ti
+
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=60), device_id=torch.device("cuda", 0))
+    g = torch.Generator(device="cpu").manual_seed(1202)
+    bad = []
+    # Three bf16 parameters whose slot offsets (256-byte aligned) differ from their send offsets (2-byte aligned),
+    # so a flat all-gather and a layout-aware one leave different bytes in the buffer.
+    L = nccl_tide.Layout([1000, 3, 64 * 5], "bf16", 1, rank=0, row_numels=[1, 1, 64])
+    assert any(p.slot_offset != p.send_offset for p in L.params)
+    n = (max(L.send_bytes, L.slot_bytes) + 1) // 2  # padded so that the NCCL-sized buffer covers slotBytes
+    send = torch.randn(n, generator=g).to(torch.bfloat16).cuda()
+    recv = torch.full((n,), 7.0, dtype=torch.bfloat16).cuda()
+    ti.attach_layout(dist.group.WORLD, recv, L)
+    dist.all_gather_into_tensor(recv, send)
+    torch.cuda.synchronize()
+    sb = send.cpu().view(torch.uint8).numpy(); rb = recv.cpu().view(torch.uint8).numpy()
+    for i, p in enumerate(L.params):
+        nb = p.numel * 2
+        if not np.array_equal(rb[p.slot_offset:p.slot_offset + nb], sb[p.send_offset:p.send_offset + nb]):
+            bad.append(f"all_gather param {i} not at its slot offset")
+    seven = torch.full((n,), 7.0, dtype=torch.bfloat16).view(torch.uint8).numpy()
+    if not np.array_equal(rb[L.slot_bytes:], seven[L.slot_bytes:]):
+        bad.append("all_gather wrote past slotBytes")
+    ti.detach_layout(dist.group.WORLD, recv)
+    # Reduce-scatter from a gradient image (every parameter's full gradient at its slot offset).
+    nccl = ctypes.CDLL(None)
+    rs = nccl.ncclReduceScatter
+    rs.restype = ctypes.c_int
+    rs.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                   ctypes.c_void_p]
+    comm = dist.group.WORLD._get_backend(torch.device("cuda"))._comm_ptr()
+    count = max(L.rs_out_numel, (L.slot_bytes + 1) // 2)
+    grads = torch.randn(count, generator=g).to(torch.bfloat16).cuda()
+    out = torch.full((count,), float("nan"), dtype=torch.bfloat16).cuda()
+    ti.attach_layout(comm, grads, L)
+    rc = rs(grads.data_ptr(), out.data_ptr(), count, 9, 0, comm, torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    gb = grads.cpu().view(torch.uint8).numpy(); ob = out.cpu().view(torch.uint8).numpy()
+    if rc != 0:
+        bad.append(f"reduce_scatter rc {rc}")
+    for i, p in enumerate(L.params):
+        nb = p.numel * 2
+        if not np.array_equal(ob[p.rs_out_offset * 2:p.rs_out_offset * 2 + nb], gb[p.slot_offset:p.slot_offset + nb]):
+            bad.append(f"reduce_scatter param {i} not packed at its output offset")
+    if not torch.isnan(out[L.rs_out_numel:].float()).all():
+        bad.append("reduce_scatter wrote past rsOutNumel")
+    print("BAD", bad)
+    dist.destroy_process_group()
+    print("DONE")
+    sys.stdout.flush()
+    """
+)
+
+
+def test_attached_layout_places_by_the_layout(torch_cuda, cuda_lib, tmp_path):
+    """tideAttachLayout: an interposed all-gather into the attached buffer leaves the layout's slot image (not NCCL's
+    rank-major bytes), and a reduce-scatter from an attached gradient image packs by the layout (world size 1)."""
+    p = run_case(tmp_path, "1", rs_accum="FP32", script=LAYOUT_SCRIPT)
+    assert p.returncode == 0 and "DONE" in p.stdout, p.stdout + p.stderr[-4000:]
+    assert "BAD []" in p.stdout, p.stdout
+    assert taken(p, "ncclAllGather") == 1 and taken(p, "ncclReduceScatter") == 1, p.stderr[-4000:]
+    assert "does not match it" not in p.stderr, p.stderr[-4000:]  # the attachments were used, not the flat path
