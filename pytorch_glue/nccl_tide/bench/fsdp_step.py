@@ -24,7 +24,6 @@ import os
 import shlex
 import statistics
 import sys
-import tempfile
 from typing import List, Optional
 
 from .model import LlamaConfig
@@ -247,21 +246,9 @@ def run_variant(variant: str, cfg: LlamaConfig, a, rank: int, world: int, device
 
 
 def _profile(step, steps: int) -> dict:
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+    from ..perf.gpu import profiled_events
 
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "trace.json")
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            data = json.load(f)
-    events = data.get("traceEvents", []) if isinstance(data, dict) else data
-    return summarize_trace(events, steps)
+    return summarize_trace(profiled_events(step, steps), steps)
 
 
 def step_table(rows: List[dict]) -> str:

@@ -114,12 +114,11 @@ def parse_kernel_time(events, iters: int) -> dict:
     }
 
 
-def sm_time(call: Callable[[], None], iters: int = 3) -> dict:
-    """SM time per call from torch.profiler (see parse_kernel_time)."""
+def profiled_events(call: Callable[[], None], iters: int) -> list:
+    """The CUDA trace events (Chrome trace format) of `iters` calls of `call`, from torch.profiler."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    call()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
@@ -130,8 +129,13 @@ def sm_time(call: Callable[[], None], iters: int = 3) -> dict:
         prof.export_chrome_trace(path)
         with open(path) as f:
             data = json.load(f)
-    events = data.get("traceEvents", []) if isinstance(data, dict) else data
-    return parse_kernel_time(events, iters)
+    return data.get("traceEvents", []) if isinstance(data, dict) else data
+
+
+def sm_time(call: Callable[[], None], iters: int = 3) -> dict:
+    """SM time per call from torch.profiler (see parse_kernel_time); one unprofiled warm-up call first."""
+    call()
+    return parse_kernel_time(profiled_events(call, iters), iters)
 
 
 def side_ops_for(unit_ms: float, gemm_ms: float) -> int:
