@@ -304,6 +304,29 @@ tideResult_t tideLoopbackCreate(int nRanks, int device, tideComm_t* comms);
  * streams first. Safe on NULL. (since 0.1) */
 tideResult_t tideCommDestroy(tideComm_t comm);
 
+/* Local, non-collective teardown for a failing job: the parent NCCL communicator was (or is
+ * about to be) aborted, a peer died, or work is queued that waits for a peer that will never
+ * come. Unlike tideCommDestroy it exchanges nothing with the peers (call it on any subset of
+ * the ranks, in any order; it never calls the parent NCCL communicator, which may already be
+ * freed) and waits for nothing without a bound: it waits for this rank's device work at most
+ * NCCL_TIDE_TIMEOUT_MS, or 2000 ms when that is 0 (no bound configured); it also waits at
+ * most that long for a call of another thread on this comm to return.
+ * Then, on success, the handle is released exactly like tideCommDestroy (do not use it
+ * again, do not destroy it): the comm's streams and events are released; if the device went
+ * idle, this rank's mappings of the peers' memory are closed and its local memory is freed;
+ * memory this rank exported to peers (slots, staging, flags of an IPC comm) stays allocated
+ * until the process exits, because a peer's queued work may still write into it. If the
+ * device did not go idle (a stuck wait), nothing that work may use is closed or freed: it is
+ * left to process exit (one WARN says so), and the process can still exit normally.
+ * Slots of the comm become invalid with the handle. Loopback worlds: aborting one virtual
+ * rank makes the whole world unusable (every later call of its other ranks fails with
+ * tideInvalidUsage; release them with tideCommAbort or tideCommDestroy); the world's memory
+ * is freed with its last comm if the device went idle. Safe on NULL (tideSuccess).
+ * Errors: tideTimeout (another thread stayed inside a call on this comm past the bound: the
+ * handle is NOT released and stays valid), tideUnsupported (no CUDA build, non-NULL comm).
+ * (since 0.1) */
+tideResult_t tideCommAbort(tideComm_t comm);
+
 /* Rank and world size of a comm. (since 0.1) */
 tideResult_t tideCommGetRank(tideComm_t comm, int* rank, int* worldSize);
 

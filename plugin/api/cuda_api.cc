@@ -5,6 +5,7 @@
 // plugin/cuda, which validates everything else before it enqueues any work.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdarg>
@@ -21,10 +22,12 @@
 #include "cuda/comm.h"
 #include "cuda/cuda_check.h"
 #include "cuda/executors.h"
+#include "cuda/ipc_provider.h"
 #include "cuda/loopback.h"
 #include "cuda/peer_provider.h"
 #include "errors.h"
 #include "log.h"
+#include "params.h"
 #include "tide.h"
 
 namespace {
@@ -95,17 +98,19 @@ bool readFlags(tideComm* comm, int timeoutMs, std::vector<uint32_t>* words, std:
   auto rb = std::make_shared<FlagReadback>();
   rb->words.assign(static_cast<size_t>(W) * fl::kWords, 0);
   const int device = comm->device;
+  // The comm's own readback stream (commInit), unless an earlier readback on it did not finish: then a fresh one.
+  cudaStream_t shared = comm->dumpStreamStuck.load() ? nullptr : comm->dumpStream;
   try {
-    std::thread([rb, src, device] {
+    std::thread([rb, src, device, shared] {
       cudaError_t err = cudaSetDevice(device);
-      cudaStream_t s = nullptr;
-      if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+      cudaStream_t s = shared;
+      if (err == cudaSuccess && s == nullptr) err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
       for (size_t d = 0; d < src.size() && err == cudaSuccess; ++d) {
         err = cudaMemcpyAsync(rb->words.data() + d * fl::kWords, src[d], sizeof(uint32_t) * fl::kWords,
                               cudaMemcpyDeviceToHost, s);
       }
       if (err == cudaSuccess) err = cudaStreamSynchronize(s);
-      if (s) (void)cudaStreamDestroy(s);
+      if (s && s != shared) (void)cudaStreamDestroy(s);
       (void)cudaGetLastError();
       std::lock_guard<std::mutex> lock(rb->mu);
       rb->err = err;
@@ -118,8 +123,11 @@ bool readFlags(tideComm* comm, int timeoutMs, std::vector<uint32_t>* words, std:
   }
   std::unique_lock<std::mutex> lock(rb->mu);
   if (!rb->cv.wait_for(lock, std::chrono::milliseconds(timeoutMs), [&] { return rb->done; })) {
-    *why = "readback did not finish within " + std::to_string(timeoutMs) +
-           " ms (a copy on a fresh stream is blocked: copy engines or the context are stuck)";
+    // The helper may still use the comm's stream: abandon it (never destroyed; later dumps use fresh streams).
+    if (shared) comm->dumpStreamStuck.store(true);
+    *why = "readback did not finish within " + std::to_string(timeoutMs) + " ms (a copy on " +
+           (shared ? "the comm's readback stream" : "a fresh stream") +
+           " is blocked: copy engines or the context are stuck; the next dump uses a fresh stream)";
     return false;
   }
   if (rb->err != cudaSuccess) {
@@ -145,14 +153,27 @@ std::string debugDump(tideComm* comm) {
   appendf(&out, "  host: %s%s\n", busy ? "a call is in progress on another thread: " : "", phase ? phase : "?");
   uint64_t agEpoch = 0;
   tideComm::RsRecord rs;
+  tideComm::MultiRecord agM, rsM;
   if (!busy) {
     agEpoch = comm->agEpoch;
     rs = comm->lastRs;
+    // Multi-node records apply only to the last call of their kind.
+    if (comm->lastAgMulti.epoch == agEpoch && agEpoch > 0) agM = comm->lastAgMulti;
+    if (comm->lastRsMulti.epoch == rs.epoch && rs.epoch > 0) rsM = comm->lastRsMulti;
     appendf(&out, "  last AG epoch %llu; last RS epoch %llu: %d chunks (global %llu..%llu), %d staging buffers, %s "
                   "staging\n",
             static_cast<unsigned long long>(agEpoch), static_cast<unsigned long long>(rs.epoch), rs.numChunks,
             static_cast<unsigned long long>(rs.g0 + 1), static_cast<unsigned long long>(rs.g0 + rs.numChunks), rs.nb,
             rs.ownStaging ? "own" : "slot");
+    if (agM.ranksPerNode > 0) {
+      appendf(&out, "  last AG is multi-node: %d ranks per node, %d nodes, %d rail rounds%s\n", agM.ranksPerNode,
+              W / agM.ranksPerNode, agM.rounds, agM.deferred ? ", deferred onto the internal stream" : "");
+    }
+    if (rsM.ranksPerNode > 0) {
+      appendf(&out, "  last RS is multi-node: %d ranks per node, %d nodes (%d tasks = chunks x nodes)%s\n",
+              rsM.ranksPerNode, W / rsM.ranksPerNode, rs.numChunks,
+              rsM.deferred ? ", deferred onto the internal stream" : "");
+    }
   }
   std::vector<uint32_t> words;
   std::string why;
@@ -160,49 +181,132 @@ std::string debugDump(tideComm* comm) {
     appendf(&out, "  flags: %s\n", why.c_str());
     return out;
   }
+  // Source-indexed words: agDone/rsFull have one word per node-local source rank; on a multi-node layout only the
+  // first ranksPerNode of them are used (the smallest R of the last AG/RS when both are multi-node).
+  int localSrc = W;
+  if (agM.ranksPerNode > 0) localSrc = std::min(localSrc, agM.ranksPerNode);
+  if (rsM.ranksPerNode > 0) localSrc = std::min(localSrc, rsM.ranksPerNode);
+  const bool anyMulti = agM.ranksPerNode > 0 || rsM.ranksPerNode > 0;
   for (int d = 0; d < W; ++d) {
     const uint32_t* f = words.data() + static_cast<size_t>(d) * fl::kWords;
-    appendf(&out, "  flags of rank %d: agReady %u rsEnter %u rsConsumed %u rsPushDone %u | agDone[src]", d,
-            f[fl::kAgReady], f[fl::kRsEnter], f[fl::kRsConsumed], f[fl::kRsPushDone]);
-    for (int s = 0; s < W && s < fl::kMaxLocalRanks; ++s) appendf(&out, " %u", f[fl::kAgDone + s]);
-    out += " | rsFull[src]";
-    for (int s = 0; s < W && s < fl::kMaxLocalRanks; ++s) appendf(&out, " %u", f[fl::kRsFull + s]);
+    appendf(&out, "  flags of rank %d: agReady %u rsEnter %u rsConsumed %u rsPushDone %u | agDone[src%s]", d,
+            f[fl::kAgReady], f[fl::kRsEnter], f[fl::kRsConsumed], f[fl::kRsPushDone], anyMulti ? " local" : "");
+    for (int s = 0; s < localSrc && s < fl::kMaxLocalRanks; ++s) appendf(&out, " %u", f[fl::kAgDone + s]);
+    appendf(&out, " | rsFull[src%s]", anyMulti ? " local" : "");
+    for (int s = 0; s < localSrc && s < fl::kMaxLocalRanks; ++s) appendf(&out, " %u", f[fl::kRsFull + s]);
+    if (anyMulti) {
+      appendf(&out, " | rsPrev %u rsFinal %u agFinish %u | agRail[round]", f[fl::kRsPrev], f[fl::kRsFinal],
+              f[fl::kAgFinish]);
+      for (int k = 0; k < agM.rounds && k < fl::kMaxRounds; ++k) appendf(&out, " %u", f[fl::kAgRail + k]);
+    }
     out += "\n";
   }
   if (busy) return out;
   // What this rank's last collectives wait for, at their end (values are cyclic 32-bit, as the stream waits).
   const uint32_t* mine = words.data() + static_cast<size_t>(me) * fl::kWords;
+  auto flagsOf = [&](int d) { return words.data() + static_cast<size_t>(d) * fl::kWords; };
   int pending = 0;
-  auto need = [&](const char* who, const char* what, int owner, uint32_t have, uint32_t want) {
+  // writer >= 0: the rank that writes the word, when neither the owner nor the bracketed source index names it
+  // (multi-node words: node-local source index, rail rounds, running sums).
+  auto need = [&](const char* who, const char* what, int owner, uint32_t have, uint32_t want, int writer = -1) {
     if (reached(have, want)) return;
     ++pending;
-    appendf(&out, "  PENDING %s: %s of rank %d >= %u (is %u)\n", who, what, owner, want, have);
+    appendf(&out, "  PENDING %s: %s of rank %d >= %u (is %u)", who, what, owner, want, have);
+    if (writer >= 0) appendf(&out, " from rank %d", writer);
+    out += "\n";
   };
-  if (agEpoch > 0) {
+  char what[64];
+  if (agEpoch > 0 && agM.ranksPerNode > 0) {
+    // Multi-node AG (internode_ag.cc): node n = me / R, rail q = me % R.
+    const uint32_t a = static_cast<uint32_t>(agEpoch);
+    const int R = agM.ranksPerNode, N = W / R, n = me / R, q = me % R;
+    const char* where = agM.deferred ? "AG (internal stream" : "AG (caller stream";
+    std::vector<int> dests;
+    for (int l = 0; l < R; ++l) {
+      if (l != q) dests.push_back(n * R + l);
+    }
+    for (int k = 0; k < agM.rounds; ++k) {
+      const int peer = ((n - (1 << k)) % N + N) % N * R + q;
+      if (std::find(dests.begin(), dests.end(), peer) == dests.end()) dests.push_back(peer);
+    }
+    std::string who = std::string(where) + ", before its copies)";
+    for (int d : dests) need(who.c_str(), "agReady", d, flagsOf(d)[fl::kAgReady], a);
+    who = std::string(where) + ", rail round k: the put of round k from node n + 2^k)";
+    for (int k = 0; k < agM.rounds && k < fl::kMaxRounds; ++k) {
+      snprintf(what, sizeof(what), "agRail[%d]", k);
+      need(who.c_str(), what, me, mine[fl::kAgRail + k], a, (n + (1 << k)) % N * R + q);
+    }
+    who = std::string(where) + ", end: node-local fan-out)";
+    for (int l = 0; l < R; ++l) {
+      if (l == q) continue;
+      snprintf(what, sizeof(what), "agDone[%d]", l);  // word index: the node-local source
+      need(who.c_str(), what, me, mine[fl::kAgDone + l], a, n * R + l);
+    }
+    if (agM.deferred) need("AG (caller stream, end: deferred work finished)", "agFinish", me, mine[fl::kAgFinish], a);
+  } else if (agEpoch > 0) {
     const uint32_t a = static_cast<uint32_t>(agEpoch);
     for (int d = 0; d < W; ++d) {
-      const uint32_t* f = words.data() + static_cast<size_t>(d) * fl::kWords;
-      if (d != me) need("AG (caller stream, before its copies)", "agReady", d, f[fl::kAgReady], a);
+      if (d != me) need("AG (caller stream, before its copies)", "agReady", d, flagsOf(d)[fl::kAgReady], a);
     }
     for (int s = 0; s < W; ++s) {
       if (s == me) continue;
-      char what[48];
       snprintf(what, sizeof(what), "agDone[%d]", s);
       need("AG (caller stream, end)", what, me, mine[fl::kAgDone + s], a);
     }
   }
-  if (rs.epoch > 0 && rs.numChunks > 0) {
+  if (rs.epoch > 0 && rs.numChunks > 0 && rsM.ranksPerNode > 0) {
+    // Multi-node RS (internode_rs.cc): tasks t = k * N + m, global numbers g0 + t + 1; this rank is the proxy on
+    // node n for rail q, and owns the tasks with m == n.
+    const uint32_t e = static_cast<uint32_t>(rs.epoch);
+    const uint32_t gLast = static_cast<uint32_t>(rs.g0 + rs.numChunks);
+    const int R = rsM.ranksPerNode, N = W / R, n = me / R;
+    const char* where = rsM.deferred ? "internal stream" : "caller stream";
+    std::string who;
+    for (int l = 0; l < R; ++l) {
+      const int x = n * R + l;
+      who = std::string("RS (") + (rsM.deferred ? "internal" : "side") + " stream, before task 0: local proxy entered)";
+      need(who.c_str(), "rsEnter", x, flagsOf(x)[fl::kRsEnter], e);
+      who = std::string("RS (") + (rsM.deferred ? "internal" : "side") +
+            " stream, before task 0: local proxy's earlier tasks done)";
+      need(who.c_str(), "rsConsumed", x, flagsOf(x)[fl::kRsConsumed], static_cast<uint32_t>(rs.g0));
+    }
+    who = std::string("RS (") + where + ", before the last reduce: local inputs of the last task)";
+    for (int l = 0; l < R; ++l) {
+      snprintf(what, sizeof(what), "rsFull[%d]", l);  // word index: the node-local source
+      need(who.c_str(), what, me, mine[fl::kRsFull + l], gLast, n * R + l);
+    }
+    if (n > 0) {
+      who = std::string("RS (") + where + ", before the last reduce: running sum from node n-1)";
+      need(who.c_str(), "rsPrev", me, mine[fl::kRsPrev], gLast, (n - 1) * R + me % R);
+    }
+    if (n != N - 1) {
+      int tOwn = -1;
+      for (int t = rs.numChunks - 1; t >= 0; --t) {
+        if (t % N == n) {
+          tOwn = t;
+          break;
+        }
+      }
+      if (tOwn >= 0) {
+        who = std::string("RS (") + where + ", last owned task: final sum from the last node)";
+        need(who.c_str(), "rsFinal", me, mine[fl::kRsFinal], static_cast<uint32_t>(rs.g0 + tOwn + 1),
+             (N - 1) * R + me % R);
+      }
+    }
+    who = std::string("RS (") + where + ", after the last task)";
+    need(who.c_str(), "rsConsumed", me, mine[fl::kRsConsumed], gLast);
+    need("RS (caller stream, end: this rank's pushes done)", "rsPushDone", me, mine[fl::kRsPushDone], e);
+  } else if (rs.epoch > 0 && rs.numChunks > 0) {
     const uint32_t e = static_cast<uint32_t>(rs.epoch);
     const uint32_t gLast = static_cast<uint32_t>(rs.g0 + rs.numChunks);
     need("RS (caller stream, first op)", "rsEnter", me, mine[fl::kRsEnter], e);
     for (int d = 0; d < W; ++d) {
-      const uint32_t* f = words.data() + static_cast<size_t>(d) * fl::kWords;
+      const uint32_t* f = flagsOf(d);
       if (d != me) need("RS (side stream, before chunk 0: owner entered)", "rsEnter", d, f[fl::kRsEnter], e);
       need("RS (side stream, before chunk 0: owner's earlier chunks reduced)", "rsConsumed", d, f[fl::kRsConsumed],
            static_cast<uint32_t>(rs.g0));
     }
     for (int s = 0; s < W; ++s) {
-      char what[48];
       snprintf(what, sizeof(what), "rsFull[%d]", s);
       need("RS (caller stream, before the last reduce: pushes of the last chunk)", what, me, mine[fl::kRsFull + s],
            gLast);
@@ -268,6 +372,51 @@ TIDE_EXPORT tideResult_t tideCommDestroy(tideComm_t comm) {
     tide::cuda::commRelease(comm);
     comm->provider.reset();  // the last comm of a loopback world frees the world's memory
   }
+  delete comm;
+  return tideSuccess;
+  TIDE_API_END
+}
+
+TIDE_EXPORT tideResult_t tideCommAbort(tideComm_t comm) {
+  TIDE_API_BEGIN
+  if (comm == nullptr) return tideSuccess;
+  // Bound for every wait of the abort (include/tide.h): NCCL_TIDE_TIMEOUT_MS, or a short fixed one when it is 0.
+  constexpr uint64_t kAbortBoundWhenUnboundedMs = 2000;
+  uint64_t bound = tide::params::timeoutMs();  // an invalid value reads as 0 (and is warned about once)
+  if (bound == 0) bound = kAbortBoundWhenUnboundedMs;
+  // Another thread may be inside a call on this comm (stuck in an exchange, say): wait for it, bounded.
+  std::unique_lock<std::mutex> lock(comm->mu, std::defer_lock);
+  const auto start = std::chrono::steady_clock::now();
+  while (!lock.try_lock()) {
+    const auto waited =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+    if (static_cast<uint64_t>(waited) >= bound) {
+      const char* phase = comm->phase.load(std::memory_order_relaxed);
+      return tide::fail(tideTimeout, "API",
+                        "tideCommAbort: another thread has been inside a call on this comm (%s) for more than %llu "
+                        "ms; the comm was not released (its handle stays valid)",
+                        phase ? phase : "?", static_cast<unsigned long long>(bound));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  {
+    ScopedDevice scoped(comm->device);
+    bool idle = true;
+    if (comm->provider) {
+      tide::cuda::PeerProvider* pp = comm->provider.get();
+      if (auto* ipc = dynamic_cast<tide::cuda::IpcProvider*>(pp)) {
+        idle = ipc->abort(bound);
+      } else if (auto* lb = dynamic_cast<tide::cuda::LoopbackProvider*>(pp)) {
+        idle = lb->abort(comm->rank, bound);
+      }
+    }
+    // Destroying streams and events does not wait for their work (CUDA releases them once it completes).
+    tide::cuda::commRelease(comm);
+    comm->provider.reset();
+    TIDE_INFO("API", "tideCommAbort: rank %d of %d released%s", comm->rank, comm->worldSize,
+              idle ? "" : " (device work still pending: its memory is left to process exit)");
+  }
+  lock.unlock();
   delete comm;
   return tideSuccess;
   TIDE_API_END

@@ -25,6 +25,12 @@ TIDE_EXPORT tideResult_t tideCommDestroy(tideComm_t comm) {
   return unsupported(__func__);
 }
 
+// Abort(NULL), like Destroy(NULL), is a no-op in every build.
+TIDE_EXPORT tideResult_t tideCommAbort(tideComm_t comm) {
+  if (comm == nullptr) return tideSuccess;
+  return unsupported(__func__);
+}
+
 TIDE_EXPORT tideResult_t tideCommGetRank(tideComm_t, int*, int*) { return unsupported(__func__); }
 
 TIDE_EXPORT tideResult_t tideSlotAlloc(tideComm_t, size_t, void**) { return unsupported(__func__); }

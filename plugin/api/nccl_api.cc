@@ -98,6 +98,10 @@ struct NcclExchange {
   void* buf = nullptr;
   size_t cap = 0;
   bool broken = false;
+  // Device work of the current exchange may still be queued on `stream` (from its first enqueue until its event
+  // completed). A failure while this is set (a timeout, the parent's async error seen mid-poll, a CUDA error) leaves
+  // the all-gather queued: the provider then treats the device as stuck (IpcProvider::setExchangeWorkLeft).
+  bool workQueued = false;
 
   ~NcclExchange() {
     if (broken) return;  // see above: the stuck all-gather may still write into buf
@@ -134,6 +138,7 @@ struct NcclExchange {
     }
     char* recv = static_cast<char*>(buf);
     char* send = recv + bytes * static_cast<size_t>(world);
+    workQueued = true;
     TIDE_CUDA_CHECK(cudaMemcpyAsync(send, mine, bytes, cudaMemcpyHostToDevice, stream));
     tide::nccl::ncclResult_t r = lib->allGather(send, recv, bytes, tide::nccl::kNcclUint8, comm, stream);
     while (r == tide::nccl::kNcclInProgress) {  // non-blocking communicator
@@ -148,7 +153,10 @@ struct NcclExchange {
     auto nap = std::chrono::microseconds(20);
     for (;;) {
       cudaError_t q = cudaEventQuery(done);
-      if (q == cudaSuccess) break;
+      if (q == cudaSuccess) {
+        workQueued = false;
+        break;
+      }
       if (q != cudaErrorNotReady) {
         return tide::cuda::cudaFail(q, "cudaEventQuery (TIDE exchange)", __FILE__, __LINE__);
       }
@@ -175,12 +183,13 @@ struct NcclExchange {
 // Builds the comm around an IPC provider. On failure *comm stays NULL and nothing leaks. `health`, if set, runs before
 // every AG/RS (IpcProvider::checkStream).
 tideResult_t createIpcComm(int rank, int world, int device, const tideConfig_t* config, tide::cuda::ExchangeFn ex,
-                           tideComm_t* comm, tide::cuda::IpcProvider::HealthFn health = nullptr) {
+                           tideComm_t* comm, tide::cuda::IpcProvider::HealthFn health = nullptr,
+                           tide::cuda::IpcProvider::WorkLeftFn workLeft = nullptr) {
   uint64_t hash = 0;
   tideResult_t local = configHash(config, &hash);
   if (local != tideSuccess) hash = ~0ULL;  // still take part in the exchange: the others fail with tideMismatch
   std::shared_ptr<tide::cuda::IpcProvider> provider;
-  tideResult_t r = tide::cuda::IpcProvider::create(rank, world, device, hash, std::move(ex), &provider);
+  tideResult_t r = tide::cuda::IpcProvider::create(rank, world, device, hash, std::move(ex), &provider, workLeft);
   if (local != tideSuccess) return local;
   TIDE_CHECK(r);
   if (health) provider->setHealthCheck(std::move(health));
@@ -275,7 +284,8 @@ TIDE_EXPORT tideResult_t tideCommCreate(struct ncclComm* ncclComm, const tideCon
   tide::cuda::IpcProvider::HealthFn health = [lib, ncclComm](const char* what) {
     return parentHealth(*lib, ncclComm, what);
   };
-  TIDE_CHECK(createIpcComm(rank, world, device, config, std::move(fn), comm, std::move(health)));
+  tide::cuda::IpcProvider::WorkLeftFn workLeft = [ex] { return ex->workQueued; };
+  TIDE_CHECK(createIpcComm(rank, world, device, config, std::move(fn), comm, std::move(health), std::move(workLeft)));
   TIDE_INFO(kComponent, "tideCommCreate: rank %d of %d on device %d over NCCL %d.%d.%d, provider ipc", rank, world,
             device, lib->major, lib->minor, lib->patch);
   return tideSuccess;

@@ -16,6 +16,7 @@ tideResult_t commInit(tideComm* comm) {
   TIDE_CUDA_CHECK(cudaStreamCreateWithFlags(&comm->sideStream, cudaStreamNonBlocking));
   TIDE_CUDA_CHECK(cudaEventCreateWithFlags(&comm->forkEvent, cudaEventDisableTiming));
   TIDE_CUDA_CHECK(cudaEventCreateWithFlags(&comm->joinEvent, cudaEventDisableTiming));
+  TIDE_CUDA_CHECK(cudaStreamCreateWithFlags(&comm->dumpStream, cudaStreamNonBlocking));
   TIDE_CHECK(preloadReduceKernels());
   TIDE_CHECK(params::status(params::kRanksPerNode));
   const int over = params::ranksPerNodeOverride();
@@ -57,8 +58,10 @@ void commRelease(tideComm* comm) {
   if (comm->joinEvent) (void)cudaEventDestroy(comm->joinEvent);
   if (comm->forkEvent) (void)cudaEventDestroy(comm->forkEvent);
   if (comm->sideStream) (void)cudaStreamDestroy(comm->sideStream);
+  if (comm->dumpStream && !comm->dumpStreamStuck.load()) (void)cudaStreamDestroy(comm->dumpStream);
   comm->joinEvent = comm->forkEvent = nullptr;
   comm->sideStream = nullptr;
+  comm->dumpStream = nullptr;
   (void)cudaGetLastError();
 }
 

@@ -56,6 +56,16 @@ struct tideComm {
     bool ownStaging = false;
   };
   RsRecord lastRs;
+  // The last AG / RS of a multi-node layout (internode_ag.cc, internode_rs.cc), for tideCommDebugDump: it applies
+  // when its epoch equals agEpoch / lastRs.epoch (a later single-node call leaves a stale record behind).
+  struct MultiRecord {
+    uint64_t epoch = 0;
+    int ranksPerNode = 0;
+    int rounds = 0;  // AG: rail rounds (words kAgRail .. kAgRail + rounds - 1)
+    bool deferred = false;  // the provider defers the work onto the internal stream (AG: kAgFinish is waited)
+  };
+  MultiRecord lastAgMulti;
+  MultiRecord lastRsMulti;
   // Where the host thread is inside a TIDE call on this comm ("idle" between calls): a static string, readable
   // from another thread while a call is stuck (tideCommDebugDump).
   std::atomic<const char*> phase{"idle"};
@@ -64,6 +74,11 @@ struct tideComm {
   cudaStream_t sideStream = nullptr;
   cudaEvent_t forkEvent = nullptr;
   cudaEvent_t joinEvent = nullptr;
+  // tideCommDebugDump's flag readback stream, created once by commInit (a stream created per dump can land on a
+  // hardware queue that a stuck wait blocks). After a readback that did not finish in time it is abandoned (its
+  // helper thread may still use it: never destroyed) and the dumps fall back to a fresh stream each.
+  cudaStream_t dumpStream = nullptr;
+  std::atomic<bool> dumpStreamStuck{false};
 
   std::mutex mu;  // one call at a time per comm
   struct CacheEntry {

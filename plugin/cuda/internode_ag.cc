@@ -44,6 +44,7 @@
 #include "driver_ops.h"
 #include "executors.h"
 #include "internode_transport.h"
+#include "loopback.h"
 
 namespace tide {
 namespace cuda {
@@ -232,12 +233,16 @@ tideResult_t allGatherMultiNode(tideComm* comm, const std::shared_ptr<const Layo
   comm->agEpoch = epoch;
   P.e = static_cast<uint32_t>(epoch);
   PeerProvider* pp = comm->provider.get();
+  comm->lastAgMulti = tideComm::MultiRecord{epoch, R, P.rounds, pp->defersPushes()};
   uint32_t* own = pp->flags(me, me);
   const int last = P.rounds + 1;  // phases 0 .. last
 
   if (pp->defersPushes()) {
-    // Caller's stream: announce (the internal stream starts after it), then wait for the deferred work's end.
+    // Caller's stream: announce (the internal stream starts after it), then wait for the deferred work's end. The
+    // provider first checks that the deferred steps can be issued (world usable, same step count as the earlier
+    // ranks), so that no caller-stream wait is enqueued for steps that will never come.
     P.deferred = true;
+    if (auto* lb = dynamic_cast<LoopbackProvider*>(pp)) TIDE_CHECK(lb->precheckSteps(me, CollKind::kAllGather, epoch, last));
     TIDE_CHECK(enqueueFlagOps(stream, {FlagOp{FlagOp::kWrite, own + flag::kAgReady, P.e},
                                        FlagOp{FlagOp::kWait, own + flag::kAgFinish, P.e}}));
     cudaStream_t side = comm->sideStream;

@@ -70,6 +70,7 @@
 #include "driver_ops.h"
 #include "executors.h"
 #include "internode_transport.h"
+#include "loopback.h"
 #include "reduce_kernel.h"
 
 namespace tide {
@@ -278,9 +279,14 @@ tideResult_t reduceScatterMultiNode(const RsCall& c) {
   comm->phase.store("tideReduceScatter: enqueueing (multi-node)", std::memory_order_relaxed);
   cudaStream_t stream = c.stream, side = comm->sideStream;
   const uint32_t e = P.e;
+  comm->lastRsMulti = tideComm::MultiRecord{static_cast<uint64_t>(comm->rsEpoch), R, 0, pp->defersPushes()};
   if (pp->defersPushes()) {
     // Caller's stream: enter (the internal stream's first credits include it), then wait for the internal stream's
-    // last step. The internal stream runs every step, issued step-major across ranks by the provider.
+    // last step. The internal stream runs every step, issued step-major across ranks by the provider, which first
+    // checks that they can be issued (no caller-stream wait for steps that will never come).
+    if (auto* lb = dynamic_cast<LoopbackProvider*>(pp)) {
+      TIDE_CHECK(lb->precheckSteps(me, CollKind::kReduceScatter, static_cast<uint64_t>(comm->rsEpoch), 3 * numTasks));
+    }
     TIDE_CHECK(enqueueFlagOps(stream, {FlagOp{FlagOp::kWrite, own + flag::kRsEnter, e},
                                        FlagOp{FlagOp::kWait, own + flag::kRsPushDone, e}}));
     PeerProvider::IssueFn issue = [plan, side](int s) -> tideResult_t {

@@ -42,6 +42,8 @@ struct SyncState {
   cudaError_t err = cudaSuccess;
 };
 
+}  // namespace
+
 tideResult_t boundedDeviceSync(int device, uint64_t ms, bool* timedOut) {
   *timedOut = false;
   if (ms == 0) {
@@ -70,6 +72,8 @@ tideResult_t boundedDeviceSync(int device, uint64_t ms, bool* timedOut) {
   if (st->err != cudaSuccess) return cudaFail(st->err, "cudaDeviceSynchronize", __FILE__, __LINE__);
   return tideSuccess;
 }
+
+namespace {
 
 uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ULL) {
   const unsigned char* p = static_cast<const unsigned char*>(data);
@@ -115,8 +119,9 @@ uint64_t hostHash() {
 }
 
 tideResult_t IpcProvider::create(int rank, int worldSize, int device, uint64_t configHash, ExchangeFn exchange,
-                                 std::shared_ptr<IpcProvider>* out) {
+                                 std::shared_ptr<IpcProvider>* out, std::function<bool()> workLeft) {
   std::shared_ptr<IpcProvider> p(new IpcProvider(rank, worldSize, device, std::move(exchange)));
+  p->exchangeWorkLeft_ = std::move(workLeft);
   Hello mine{};
   mine.hostHash = hostHash();
   mine.configHash = configHash;
@@ -198,6 +203,25 @@ tideResult_t IpcProvider::create(int rank, int worldSize, int device, uint64_t c
 
 IpcProvider::~IpcProvider() {
   (void)cudaSetDevice(device_);
+  // With device work stuck, the exchange's own resources (the NCCL exchange's buffer and stream) would be freed with
+  // a cudaFree that waits for that work: keep them, like the rest, until process exit (deliberately never deleted).
+  auto keepExchange = [this] {
+    if (exchange_) new ExchangeFn(std::move(exchange_));
+    exchangeWorkLeft_ = nullptr;
+  };
+  if (aborted_) {
+    if (deviceStuck_) keepExchange();
+    // tideCommAbort: nothing collective. abort() closed the peer mappings if the device went idle; memory exported
+    // to peers stays allocated (a peer's queued work may still write into it) until process exit.
+    if (!deviceStuck_ && zeros_) (void)cudaFree(zeros_);
+    (void)cudaGetLastError();
+    TIDE_WARN(kComponent,
+              "rank %d: comm aborted; its exported device memory (%zu slots, %zu staging buffers, flags) stays "
+              "allocated until the process exits%s",
+              rank_, slots_.size(), staging_.size(),
+              deviceStuck_ ? " (device work was still pending: peer mappings were not closed either)" : "");
+    return;
+  }
   if (ready_ && !deviceStuck_) {
     // Collective (tideCommDestroy on every rank): no rank frees memory that a peer's queued work may still write,
     // and no rank frees exported memory before every importer has closed its mapping (cudaFree of an exported
@@ -212,6 +236,7 @@ IpcProvider::~IpcProvider() {
     if (barrier() != tideSuccess) TIDE_WARN(kComponent, "rank %d: barrier after closing IPC mappings failed", rank_);
   }
   if (deviceStuck_) {
+    keepExchange();
     // Work that waits on a peer's flag is still queued: cudaFree would block behind it, and the peers may still
     // write into this memory. Leave it to process exit (the job is failing anyway; the NCCL_TIDE_TIMEOUT_MS error
     // said so).
@@ -237,10 +262,40 @@ tideResult_t IpcProvider::exchange(const void* mine, void* all, size_t bytes) {
   }
   tideResult_t r = exchange_(mine, all, bytes);
   if (r != tideSuccess) exchangeBroken_ = true;
-  // A timed-out NCCL exchange leaves its all-gather kernel queued until the NCCL communicator is aborted; a cudaFree
-  // (which synchronizes the device) would then block. Device memory is left to process exit from here on.
-  if (r == tideTimeout) deviceStuck_ = true;
+  // A failed NCCL exchange (timeout, parent async error or a CUDA error while its all-gather was queued) leaves that
+  // all-gather kernel queued until the NCCL communicator is aborted; a cudaFree (which synchronizes the device) would
+  // then block. Device memory is left to process exit from here on.
+  if (r == tideTimeout || (r != tideSuccess && exchangeWorkLeft_ && exchangeWorkLeft_())) deviceStuck_ = true;
   return r;
+}
+
+bool IpcProvider::abort(uint64_t boundMs) {
+  std::lock_guard<std::mutex> lock(mu_);
+  aborted_ = true;
+  exchangeBroken_ = true;  // nothing collective from here on
+  (void)cudaSetDevice(device_);
+  if (!deviceStuck_) {
+    bool timedOut = false;
+    tideResult_t r = boundedDeviceSync(device_, boundMs == 0 ? 1 : boundMs, &timedOut);
+    if (timedOut) {
+      deviceStuck_ = true;
+      TIDE_WARN(kComponent,
+                "tideCommAbort: rank %d's queued device work did not finish within %llu ms (a peer never signalled, "
+                "or the parent NCCL communicator's kernels are stuck); its memory is left to process exit",
+                rank_, static_cast<unsigned long long>(boundMs));
+    } else if (r != tideSuccess) {
+      // A CUDA error (sticky context error): freeing may fail too but does not wait; mappings are closed below.
+      TIDE_WARN(kComponent, "tideCommAbort: rank %d: device synchronize failed; releasing what can be released",
+                rank_);
+    }
+  }
+  if (deviceStuck_) return false;
+  // This device is idle: none of its work reads or writes the peers' memory any more.
+  for (auto& s : slots_) closePeers(&s);
+  for (auto& s : staging_) closePeers(&s);
+  closePeers(&flags_);
+  (void)cudaGetLastError();
+  return true;
 }
 
 tideResult_t IpcProvider::syncDevice(const char* what) {

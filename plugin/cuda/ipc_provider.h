@@ -30,8 +30,9 @@ class IpcProvider final : public PeerProvider {
  public:
   // Collective. configHash must match on every rank (tideMismatch on every rank otherwise); all ranks must be on
   // one host (tideUnsupported otherwise) and in distinct processes (tideInvalidUsage: use tideLoopbackCreate).
+  // workLeft: see setExchangeWorkLeft (set before the creation exchange, so that a failed one counts too).
   static tideResult_t create(int rank, int worldSize, int device, uint64_t configHash, ExchangeFn exchange,
-                             std::shared_ptr<IpcProvider>* out);
+                             std::shared_ptr<IpcProvider>* out, std::function<bool()> workLeft = nullptr);
   ~IpcProvider() override;
 
   const char* name() const override { return "ipc"; }
@@ -58,6 +59,19 @@ class IpcProvider final : public PeerProvider {
 
   // Host-side barrier over the exchange (an all-gather of one word).
   tideResult_t barrier();
+
+  // Whether the last failed exchange may have left device work queued (the NCCL exchange: its ncclAllGather, which
+  // only an ncclCommAbort ends). If set and it answers true after a failure, the device counts as stuck (as after a
+  // timeout): no cudaFree, no device synchronize afterwards. Unset (caller's callback): only tideTimeout marks it.
+  using WorkLeftFn = std::function<bool()>;
+  void setExchangeWorkLeft(WorkLeftFn fn) { exchangeWorkLeft_ = std::move(fn); }
+
+  // tideCommAbort: local, non-collective teardown. No exchange with peers (now or in the destructor); waits for this
+  // device's queued work at most boundMs. If the device went idle, this rank's mappings of the peers' memory are
+  // closed and its local (never exported) memory is freed by the destructor; memory exported to peers (flags, slots,
+  // staging) stays allocated until process exit, because a peer's queued work may still write into it. If the device
+  // did not go idle, nothing is closed or freed (the stuck work uses it). Returns true if the device went idle.
+  bool abort(uint64_t boundMs);
 
  private:
   IpcProvider(int rank, int world, int device, ExchangeFn exchange)
@@ -90,6 +104,8 @@ class IpcProvider final : public PeerProvider {
   HealthFn health_;
   bool ready_ = false;  // created on every rank: destruction is collective (a barrier before freeing)
   bool exchangeBroken_ = false;  // an exchange failed: no further exchange is attempted (see exchange())
+  bool aborted_ = false;         // abort() ran: the destructor makes no exchange and frees only local memory
+  WorkLeftFn exchangeWorkLeft_;
   bool deviceStuck_ = false;     // a bounded device synchronize timed out: device memory is never freed (a cudaFree
                                  // would block behind the stuck work), it is left to process exit
   std::mutex mu_;
@@ -99,6 +115,10 @@ class IpcProvider final : public PeerProvider {
   std::vector<Shared> slots_;
   std::vector<Shared> staging_;  // generations; the last is current (older ones kept: enqueued work may use them)
 };
+
+// cudaDeviceSynchronize of `device` on a helper thread, waited for at most `ms` milliseconds (0: unbounded, on this
+// thread); *timedOut tells a timeout (tideTimeout) apart from a CUDA error. Also used by the loopback provider.
+tideResult_t boundedDeviceSync(int device, uint64_t ms, bool* timedOut);
 
 // 64-bit hash of this host (hostname and boot id): equal hashes = one node.
 uint64_t hostHash();

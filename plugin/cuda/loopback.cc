@@ -3,6 +3,7 @@
 #include "../core/errors.h"
 #include "../core/log.h"
 #include "cuda_check.h"
+#include "ipc_provider.h"  // boundedDeviceSync
 
 namespace tide {
 namespace cuda {
@@ -51,6 +52,11 @@ tideResult_t LoopbackProvider::create(int nRanks, int device, std::shared_ptr<Lo
 }
 
 LoopbackProvider::~LoopbackProvider() {
+  if (deviceStuck_) {
+    TIDE_WARN("Cuda", "loopback world aborted with device work still pending: its memory stays allocated until the "
+                      "process exits");
+    return;  // a cudaFree would wait for the stuck work
+  }
   DeviceGuard guard(device_);
   for (auto& rankSlots : slots_)
     for (auto& s : rankSlots)
@@ -62,9 +68,44 @@ LoopbackProvider::~LoopbackProvider() {
   (void)cudaGetLastError();
 }
 
+tideResult_t LoopbackProvider::brokenError(int rank, const char* what) {
+  return fail(tideInvalidUsage, "Cuda",
+              "%s: loopback world (virtual rank %d) is unusable: %s. Destroy (or tideCommAbort) every comm of this "
+              "world",
+              what, rank, broken_.c_str());
+}
+
+void LoopbackProvider::markBroken(const char* reason) {
+  if (broken_.empty()) broken_ = reason;
+  pending_.clear();  // deferred work that will never be issued: drop it (its issue functions hold plans)
+}
+
+bool LoopbackProvider::abort(int rank, uint64_t boundMs) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    char why[96];
+    snprintf(why, sizeof(why), "virtual rank %d was aborted (tideCommAbort)", rank);
+    markBroken(why);
+    if (deviceStuck_) return false;
+  }
+  bool timedOut = false;
+  tideResult_t r = boundedDeviceSync(device_, boundMs == 0 ? 1 : boundMs, &timedOut);
+  (void)r;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (timedOut) {
+    deviceStuck_ = true;
+    TIDE_WARN("Cuda",
+              "tideCommAbort: loopback virtual rank %d: the device's queued work did not finish within %llu ms; the "
+              "world's memory is left to process exit",
+              rank, static_cast<unsigned long long>(boundMs));
+  }
+  return !deviceStuck_;
+}
+
 tideResult_t LoopbackProvider::slotAlloc(int rank, size_t bytes, void** ptr) {
   if (bytes == 0) return fail(tideInvalidArgument, "Cuda", "tideSlotAlloc: bytes must be > 0");
   std::lock_guard<std::mutex> lock(mu_);
+  if (!broken_.empty()) return brokenError(rank, "tideSlotAlloc");
   std::vector<Slot>& mine = slots_[rank];
   size_t index = mine.size();
   // Collective rule: a peer that already made its index-th allocation must have used the same size.
@@ -89,6 +130,8 @@ tideResult_t LoopbackProvider::slotFree(int rank, void* ptr) {
   std::lock_guard<std::mutex> lock(mu_);
   for (Slot& s : slots_[rank]) {
     if (s.live && s.base == ptr) {
+      // An unusable world may have work queued that never completes: a cudaFree would wait for it.
+      if (!broken_.empty()) return brokenError(rank, "tideSlotFree");
       DeviceGuard guard(device_);
       s.live = false;
       TIDE_CUDA_CHECK(cudaFree(ptr));
@@ -191,6 +234,9 @@ tideResult_t LoopbackProvider::checkStream(int rank, CollKind kind, uint64_t epo
                 rank);
   }
   std::lock_guard<std::mutex> lock(mu_);
+  if (!broken_.empty()) {
+    return brokenError(rank, kind == CollKind::kAllGather ? "tideAllGather" : "tideReduceScatter");
+  }
   StreamUse* uses = streamUse_[static_cast<int>(kind)];
   for (int q = 0; q < nRanks_; ++q) {
     if (q != rank && uses[q].epoch == epoch && uses[q].stream == stream) {
@@ -210,27 +256,53 @@ tideResult_t LoopbackProvider::schedulePushes(int rank, uint64_t epoch, int numC
   return scheduleSteps(rank, CollKind::kReduceScatter, epoch, numChunks, std::move(issue));
 }
 
+tideResult_t LoopbackProvider::precheckSteps(int rank, CollKind kind, uint64_t epoch, int numSteps) {
+  const char* what = kind == CollKind::kAllGather ? "all-gather" : "reduce-scatter";
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!broken_.empty()) return brokenError(rank, kind == CollKind::kAllGather ? "tideAllGather" : "tideReduceScatter");
+  PendingPushes& p = pending_[std::make_pair(static_cast<int>(kind), epoch)];
+  if (p.issue.empty()) {
+    p.issue.resize(nRanks_);
+    p.numChunks = numSteps;
+    return tideSuccess;
+  }
+  if (p.numChunks != numSteps) {
+    char why[256];
+    snprintf(why, sizeof(why),
+             "%s epoch %llu: virtual rank %d has %d steps but an earlier rank has %d (the ranks passed different "
+             "layouts; the earlier ranks' streams wait for work that is never issued)",
+             what, static_cast<unsigned long long>(epoch), rank, numSteps, p.numChunks);
+    markBroken(why);
+    return fail(tideMismatch, "Cuda", "%s; every rank must pass the same layout in the same order", why);
+  }
+  return tideSuccess;
+}
+
 tideResult_t LoopbackProvider::scheduleSteps(int rank, CollKind kind, uint64_t epoch, int numChunks, IssueFn issue) {
   const std::pair<int, uint64_t> key(static_cast<int>(kind), epoch);
+  const char* what = kind == CollKind::kAllGather ? "all-gather" : "reduce-scatter";
   std::vector<IssueFn> ready;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (!broken_.empty()) return brokenError(rank, kind == CollKind::kAllGather ? "tideAllGather" : "tideReduceScatter");
     PendingPushes& p = pending_[key];
     if (p.issue.empty()) {
       p.issue.resize(nRanks_);
       p.numChunks = numChunks;
     }
     if (p.numChunks != numChunks) {
-      return fail(tideMismatch, "Cuda",
-                  "%s epoch %llu: virtual rank %d has %d steps but an earlier rank has %d; every rank must pass the "
-                  "same layout in the same order",
-                  kind == CollKind::kAllGather ? "all-gather" : "reduce-scatter", static_cast<unsigned long long>(epoch),
-                  rank, numChunks, p.numChunks);
+      char why[256];
+      snprintf(why, sizeof(why),
+               "%s epoch %llu: virtual rank %d has %d steps but an earlier rank has %d (the ranks passed different "
+               "layouts; the earlier ranks' streams wait for work that is never issued)",
+               what, static_cast<unsigned long long>(epoch), rank, numChunks, p.numChunks);
+      markBroken(why);
+      return fail(tideMismatch, "Cuda", "%s; every rank must pass the same layout in the same order", why);
     }
     if (p.issue[rank]) {
-      return fail(tideInternalError, "Cuda", "%s epoch %llu: virtual rank %d submitted twice",
-                  kind == CollKind::kAllGather ? "all-gather" : "reduce-scatter", static_cast<unsigned long long>(epoch),
-                  rank);
+      markBroken("a virtual rank submitted the same deferred collective twice (internal error)");
+      return fail(tideInternalError, "Cuda", "%s epoch %llu: virtual rank %d submitted twice", what,
+                  static_cast<unsigned long long>(epoch), rank);
     }
     p.issue[rank] = std::move(issue);
     if (++p.submitted < nRanks_) return tideSuccess;
@@ -240,7 +312,20 @@ tideResult_t LoopbackProvider::scheduleSteps(int rank, CollKind kind, uint64_t e
   // Step-major, rank-minor: a copy never sits in a shared copy-engine queue ahead of a copy it waits for.
   for (int k = 0; k <= numChunks; ++k) {
     for (int r = 0; r < nRanks_; ++r) {
-      TIDE_CHECK(ready[r](k));
+      tideResult_t res = ready[r](k);
+      if (res != tideSuccess) {
+        // Issued partway: every rank's stream may now wait for steps that will never be issued. Make every later call
+        // of every rank of this world fail with the reason (not only this, the last, submitter).
+        char why[320];
+        snprintf(why, sizeof(why),
+                 "issuing step %d of %d of virtual rank %d's deferred %s epoch %llu failed (%s: %s); the ranks' "
+                 "streams may wait forever for the steps not issued",
+                 k, numChunks, r, what, static_cast<unsigned long long>(epoch), tideGetErrorString(res),
+                 tideGetLastError());
+        std::lock_guard<std::mutex> lock(mu_);
+        markBroken(why);
+        return res;
+      }
     }
   }
   return tideSuccess;

@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -49,6 +50,18 @@ class LoopbackProvider final : public PeerProvider {
   bool defersPushes() const override { return true; }
   tideResult_t schedulePushes(int rank, uint64_t epoch, int numChunks, IssueFn issue) override;
   tideResult_t scheduleSteps(int rank, CollKind kind, uint64_t epoch, int numSteps, IssueFn issue) override;
+
+  // Called by the multi-node executors (internode_ag.cc, internode_rs.cc) before they enqueue the caller-stream wait
+  // for the deferred work: fails (without enqueueing anything) if this world is unusable, or if an earlier rank of
+  // (kind, epoch) submitted a different step count (then the world is marked unusable: that rank's stream already
+  // waits for steps that will never be issued). Records numSteps for the epoch otherwise.
+  tideResult_t precheckSteps(int rank, CollKind kind, uint64_t epoch, int numSteps);
+
+  // tideCommAbort of one virtual rank: the whole world becomes unusable (every later call of any of its ranks fails
+  // with tideInvalidUsage naming the reason), pending deferred work is dropped, and the device is synchronized for
+  // at most boundMs. If it does not go idle, the world's memory is never freed (left to process exit). Returns true
+  // if the device went idle.
+  bool abort(int rank, uint64_t boundMs);
 
  private:
   LoopbackProvider(int nRanks, int device) : nRanks_(nRanks), device_(device) {}
@@ -84,6 +97,13 @@ class LoopbackProvider final : public PeerProvider {
     std::vector<IssueFn> issue;  // per rank
   };
   std::map<std::pair<int, uint64_t>, PendingPushes> pending_;  // by (collective kind, epoch)
+  // Non-empty: why this world is unusable (a deferred issue failed partway, a step-count mismatch, an abort). Every
+  // later checkStream / scheduleSteps / slotAlloc fails with it: some rank's stream may wait forever for work that
+  // was never issued, so the world must be destroyed (or aborted).
+  std::string broken_;
+  bool deviceStuck_ = false;  // abort() timed out: the destructor frees nothing
+  tideResult_t brokenError(int rank, const char* what);  // caller holds mu_
+  void markBroken(const char* reason);                   // caller holds mu_
 };
 
 }  // namespace cuda

@@ -193,6 +193,7 @@ SIGNATURES = {
     "tideParamDescribe": (tideResult_t, [c_int, _PCS, _PCS, _PCS, _PCS, _PCS]),
     "tideLoopbackCreate": (tideResult_t, [c_int, c_int, _P(tideComm_t)]),
     "tideCommDestroy": (tideResult_t, [tideComm_t]),
+    "tideCommAbort": (tideResult_t, [tideComm_t]),
     "tideCommGetRank": (tideResult_t, [tideComm_t, _P(c_int), _P(c_int)]),
     "tideSlotAlloc": (tideResult_t, [tideComm_t, c_size_t, _P(c_void_p)]),
     "tideSlotFree": (tideResult_t, [tideComm_t, c_void_p]),

@@ -319,6 +319,20 @@ class Comm:
             lib.tideCommDestroy(self._handle)
             self._handle = None
 
+    def abort(self) -> None:
+        """tideCommAbort: local, non-collective teardown for a failing job (a peer died, the parent NCCL communicator
+        was or will be aborted, work is queued that waits for a peer that never comes). Exchanges nothing with the
+        peers and never touches the NCCL communicator; waits at most NCCL_TIDE_TIMEOUT_MS (2 s when that is 0) for
+        this rank's device work. The handle and the slots are released (the slot tensors must not be used
+        afterwards); memory the device may still use, or that was exported to peers, is left to process exit.
+        Idempotent. Raises TideTimeoutError (the comm stays open) only if another thread stays inside a call on this
+        comm past the bound."""
+        if not self._handle:
+            return
+        N.check(N.lib().tideCommAbort(self._handle), f"tideCommAbort(rank {self.rank})")
+        self._handle = None
+        self._slots = []
+
     def __enter__(self):
         return self
 

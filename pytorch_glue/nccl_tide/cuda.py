@@ -411,6 +411,24 @@ class LoopbackWorld:
             _DriverStreams.destroy(self._raw_streams)
             self._raw_streams = []
 
+    def abort(self) -> None:
+        """tideCommAbort on every virtual rank: no stream synchronize, each wait bounded by NCCL_TIDE_TIMEOUT_MS (2 s
+        when 0). Slots go with the world (freed if the device went idle, else left to process exit); the slot
+        tensors must not be used afterwards. Idempotent."""
+        if not self._comms:
+            return
+        lib = N.lib()
+        try:
+            for i, c in enumerate(self._comms):
+                N.check(lib.tideCommAbort(c), f"tideCommAbort(virtual rank {i})")
+                self._comms[i] = None
+        finally:
+            self._comms = [c for c in self._comms if c is not None]
+            if not self._comms:
+                self._slots = []
+                _DriverStreams.destroy(self._raw_streams)
+                self._raw_streams = []
+
     def __enter__(self):
         return self
 

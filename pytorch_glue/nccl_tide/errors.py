@@ -108,7 +108,8 @@ _PENDING = None
 def first_pending_wait(dump: str) -> Optional[Dict[str, object]]:
     """The first "PENDING" line of a tideCommDebugDump text, parsed: {"step": flag name (agReady, agDone[s], rsEnter,
     rsFull[s], rsConsumed, rsPushDone), "owner": the rank whose flag word it is, "peer": the rank that has to write
-    it (the source s of agDone[s]/rsFull[s], else the owner), "want", "have", "where": which wait of which stream,
+    it (the "from rank" of the line if given, as for multi-node words, else the source s of agDone[s]/rsFull[s],
+    else the owner), "want", "have", "where": which wait of which stream,
     "line": the line}; None if the dump lists no pending wait."""
     global _PENDING
     import re
@@ -116,7 +117,7 @@ def first_pending_wait(dump: str) -> Optional[Dict[str, object]]:
     if _PENDING is None:
         _PENDING = re.compile(
             r"PENDING (?P<where>.+): (?P<step>\w+(?:\[(?P<src>\d+)\])?) of rank (?P<owner>\d+) >= "
-            r"(?P<want>\d+) \(is (?P<have>\d+)\)"
+            r"(?P<want>\d+) \(is (?P<have>\d+)\)(?: from rank (?P<writer>\d+))?"
         )
     for line in dump.splitlines():
         m = _PENDING.search(line)
@@ -126,7 +127,9 @@ def first_pending_wait(dump: str) -> Optional[Dict[str, object]]:
             return {
                 "step": m.group("step"),
                 "owner": owner,
-                "peer": int(src) if src is not None else owner,
+                "peer": int(m.group("writer"))
+                if m.group("writer") is not None
+                else (int(src) if src is not None else owner),
                 "want": int(m.group("want")),
                 "have": int(m.group("have")),
                 "where": m.group("where"),
