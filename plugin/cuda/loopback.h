@@ -49,6 +49,12 @@ class LoopbackProvider final : public PeerProvider {
   bool defersPushes() const override { return true; }
   tideResult_t schedulePushes(int rank, uint64_t epoch, int numChunks, IssueFn issue) override;
   tideResult_t scheduleSteps(int rank, CollKind kind, uint64_t epoch, int numSteps, IssueFn issue) override;
+  // Captured collectives: each virtual rank captures into a graph of its own (two ranks in one graph would wait for
+  // each other inside it), with at most one TIDE collective per graph: a graph launch enqueues the rank's whole
+  // graph at once, so a second collective's copies would sit in the shared copy-engine queues ahead of the other
+  // ranks' copies of the first one, which they (through the flags) wait for.
+  bool capturable() const override { return true; }
+  tideResult_t checkCapture(int rank, CollKind kind, unsigned long long captureId) override;
 
  private:
   LoopbackProvider(int nRanks, int device) : nRanks_(nRanks), device_(device) {}
@@ -84,6 +90,11 @@ class LoopbackProvider final : public PeerProvider {
     std::vector<IssueFn> issue;  // per rank
   };
   std::map<std::pair<int, uint64_t>, PendingPushes> pending_;  // by (collective kind, epoch)
+  struct CaptureUse {
+    int rank;
+    CollKind kind;
+  };
+  std::map<unsigned long long, CaptureUse> captures_;  // capture id -> the (rank, kind) that captured into it
 };
 
 }  // namespace cuda
