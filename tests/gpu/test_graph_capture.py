@@ -15,10 +15,9 @@ so a rank's copies must not be enqueued ahead of work of another rank that they 
 import ctypes
 import zlib
 
+import nccl_tide
 import numpy as np
 import pytest
-
-import nccl_tide
 from gpu_util import POISON, as_bits, int_dtype, make_layouts, random_bytes, random_float, random_layout_spec
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
@@ -135,7 +134,9 @@ class AgCase:
         send_cpu = [random_bytes(torch, self.rng, self.L.send_bytes) for _ in range(W)]
         shards = [
             [
-                send_cpu[r][p.send_offset : p.send_offset + p.shard_numel * p.elem_size].view(int_dtype(torch, p.elem_size))
+                send_cpu[r][p.send_offset : p.send_offset + p.shard_numel * p.elem_size].view(
+                    int_dtype(torch, p.elem_size)
+                )
                 for p in self.L.params
             ]
             for r in range(W)
@@ -152,7 +153,8 @@ class AgCase:
         self.torch.cuda.synchronize()
 
     def call(self, r):
-        self.world.rank_all_gather(r, self.layouts[r], self.slots[r], sendbuf=self.send[r], stream=self.world.streams[r])
+        w = self.world
+        w.rank_all_gather(r, self.layouts[r], self.slots[r], sendbuf=self.send[r], stream=w.streams[r])
 
     def eager(self):
         self.world.all_gather(self.layouts, self.slots, sendbufs=self.send, streams=self.world.streams)
