@@ -350,7 +350,9 @@ int tryReduceScatter(const void* sendbuff, void* recvbuff, size_t count, tideDat
     } else {
       layout = att;
       grads.resize(v.params.size());
-      for (size_t i = 0; i < v.params.size(); ++i) grads[i] = static_cast<const char*>(sendbuff) + v.params[i].slotOffset;
+      for (size_t i = 0; i < v.params.size(); ++i) {
+        grads[i] = static_cast<const char*>(sendbuff) + v.params[i].slotOffset;
+      }
     }
   }
   tideResult_t r = layout != nullptr ? tideSuccess : layoutFor(s.get(), 1, dtype, count, &layout);
