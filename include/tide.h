@@ -348,10 +348,17 @@ tideResult_t tideSlotFree(tideComm_t comm, void* ptr);
  * several nodes (ranksPerNode < worldSize: the inter-node rail schedule runs over peer-mapped
  * memory, e.g. virtual nodes on one host). The first call with a layout hash new to the comm
  * compares it across ranks (collective through the provider's exchange).
+ * CUDA graphs (loopback worlds; comms of tideCommCreate refuse captures for now): on a stream
+ * being captured, a single-node layout is captured with a replay-safe protocol (separate flag
+ * words with fixed values, reset by their owner at the end: every replay equals an eager call;
+ * docs/architecture.md "CUDA graphs"). Every rank captures its
+ * call on its own stream and replays its graph in the common collective order; on a loopback
+ * world each rank's graph holds one TIDE collective. What cannot be captured (layouts of
+ * several nodes, a second collective in one loopback graph) fails at capture time with
+ * tideUnsupported, nothing enqueued, the capture still valid.
  * Errors (before any copy): tideInvalidArgument (NULL/misaligned pointers, slot not inside a
  * slot allocation, layout world/rank not matching the comm, stream of another device),
- * tideUnsupported (the stream is being captured into a CUDA graph: TIDE's flags carry per-call
- * values that a replay would repeat; the capture stays valid and the comm unchanged),
+ * tideUnsupported (a call that cannot be captured, see above; the comm is unchanged),
  * tideMismatch (ranks use layouts of different hashes: on every rank), tideTimeout (that
  * comparison exceeded NCCL_TIDE_TIMEOUT_MS), tideNcclError (the parent NCCL communicator
  * reports an asynchronous error). (since 0.1) */
@@ -363,7 +370,10 @@ tideResult_t tideAllGather(tideComm_t comm, tideLayout_t layout, const void* sen
  * output (rsOutNumel elements of outType). staging: a slot region of at least
  * rsStagingBytes at the same offset on every rank (Slot-Reuse: the group's vacated AG
  * slot), or NULL to use the comm's own staging buffer. Same error rules as tideAllGather.
- * (since 0.1) */
+ * CUDA graphs: captured (replay-safe, as tideAllGather) for a single-node layout with Slot-Reuse
+ * staging and at most 2 pipeline chunks (rsNumChunks; raise rsChunkBytes otherwise), all on the
+ * caller's stream. Refused at capture time with tideUnsupported: staging NULL (own staging may
+ * have to grow: collective, allocates), more than 2 chunks, several nodes. (since 0.1) */
 tideResult_t tideReduceScatter(tideComm_t comm, tideLayout_t layout, const void* const* grads, void* out,
                                tideDataType_t outType, tideRedOp_t op, float scale, void* staging, void* stream);
 

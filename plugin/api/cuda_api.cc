@@ -460,12 +460,14 @@ TIDE_EXPORT tideResult_t tideAllGather(tideComm_t comm, tideLayout_t layout, con
   TIDE_API_BEGIN
   TIDE_CHECK(checkComm(comm, "tideAllGather"));
   if (layout == nullptr) return tide::fail(tideInvalidArgument, "API", "tideAllGather: layout is NULL");
-  // First, before any state changes: a capturing stream is refused and its capture stays valid (issue 10).
-  TIDE_CHECK(tide::cuda::checkNotCapturing(static_cast<cudaStream_t>(stream), "tideAllGather"));
+  // First, before any state changes: is the stream being captured into a CUDA graph (the replay-safe path; what it
+  // cannot do is refused at capture time with the capture still valid)?
+  tide::cuda::CaptureState cap;
+  TIDE_CHECK(tide::cuda::queryCapture(static_cast<cudaStream_t>(stream), "tideAllGather", &cap));
   std::lock_guard<std::mutex> lock(comm->mu);
   ScopedDevice scoped(comm->device);
   PhaseGuard phase(comm, "tideAllGather");
-  return tide::cuda::allGather(comm, layout, sendbuff, shardPtrs, slot, static_cast<cudaStream_t>(stream));
+  return tide::cuda::allGather(comm, layout, sendbuff, shardPtrs, slot, static_cast<cudaStream_t>(stream), cap);
   TIDE_API_END
 }
 
@@ -486,12 +488,14 @@ TIDE_EXPORT tideResult_t tideReduceScatter(tideComm_t comm, tideLayout_t layout,
                       "tideReduceScatter: outType is %d (unknown); use tideFloat32, tideBfloat16 or tideFloat16",
                       rawOut);
   }
-  TIDE_CHECK(tide::cuda::checkNotCapturing(static_cast<cudaStream_t>(stream), "tideReduceScatter"));
+  tide::cuda::CaptureState cap;
+  TIDE_CHECK(tide::cuda::queryCapture(static_cast<cudaStream_t>(stream), "tideReduceScatter", &cap));
   std::lock_guard<std::mutex> lock(comm->mu);
   ScopedDevice scoped(comm->device);
   PhaseGuard phase(comm, "tideReduceScatter");
   return tide::cuda::reduceScatter(comm, layout, grads, out, static_cast<tideDataType_t>(rawOut),
-                                   static_cast<tideRedOp_t>(rawOp), scale, staging, static_cast<cudaStream_t>(stream));
+                                   static_cast<tideRedOp_t>(rawOp), scale, staging, static_cast<cudaStream_t>(stream),
+                                   cap);
   TIDE_API_END
 }
 

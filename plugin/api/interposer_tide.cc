@@ -236,10 +236,11 @@ std::shared_ptr<CommState> enter(void* ncclComm, void* stream, std::unique_lock<
   std::unique_lock<std::mutex> l(s->mu);
   if (s->off) return nullptr;
   if (capturing(stream)) {
-    // Not an error: TIDE's flags carry per-call values that a graph replay would repeat (docs/usage.md).
+    // Not an error: TIDE captures only part of its calls, and none on IPC comms yet (docs/architecture.md "CUDA
+    // graphs"): captured calls stay on NCCL (docs/usage.md).
     std::call_once(gCaptureNotice, [] {
-      TIDE_INFO(kComponent, "a call on a stream under CUDA graph capture goes to NCCL (TIDE calls cannot be "
-                            "captured); said once");
+      TIDE_INFO(kComponent, "a call on a stream under CUDA graph capture goes to NCCL (the interposer does not "
+                            "capture TIDE calls); said once");
     });
     return nullptr;
   }

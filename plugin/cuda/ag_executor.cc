@@ -31,8 +31,9 @@ std::atomic<bool> g_mcNoticeLogged{false};
 }  // namespace
 
 tideResult_t allGather(tideComm* comm, tideLayout_t layout, const void* sendbuff, const void* const* shardPtrs,
-                       void* slot, cudaStream_t stream) {
+                       void* slot, cudaStream_t stream, const CaptureState& cap) {
   static const char* kWhat = "tideAllGather";
+  TIDE_CHECK(checkCapturable(comm, cap, kWhat));
   std::shared_ptr<const LayoutView> viewPtr;
   TIDE_CHECK(layoutView(comm, layout, &viewPtr));
   const LayoutView& v = *viewPtr;
@@ -83,6 +84,21 @@ tideResult_t allGather(tideComm* comm, tideLayout_t layout, const void* sendbuff
                   "own shard position may be used as its source, in place)",
                   i);
     }
+  }
+
+  // Captured into a CUDA graph: the replay-safe token protocol (captured.cc), single node only.
+  if (cap.active) {
+    if (v.info.nNodes > 1) {
+      return fail(tideUnsupported, "Cuda",
+                  "%s: the stream is being captured into a CUDA graph, and layouts of several nodes (%d nodes of %d "
+                  "ranks) cannot be captured: their rail schedule is issued in steps across ranks and carries "
+                  "per-call epochs. Run this all-gather outside the capture (nothing was enqueued; the capture is "
+                  "still valid)",
+                  kWhat, v.info.nNodes, v.info.ranksPerNode);
+    }
+    TIDE_CHECK(driverOpsInit());
+    TIDE_CHECK(comm->provider->checkCapture(me, CollKind::kAllGather, cap.id));
+    return allGatherCaptured(comm, v, src, dstSlot, stream, cap);
   }
 
   // Several (virtual) nodes: the rail schedule over nodes, then the node-local fan-out (internode_ag.cc).

@@ -33,25 +33,37 @@ tideResult_t commInit(tideComm* comm) {
   return tideSuccess;
 }
 
-tideResult_t checkNotCapturing(cudaStream_t stream, const char* what) {
+tideResult_t queryCapture(cudaStream_t stream, const char* what, CaptureState* out) {
+  *out = CaptureState{};
   // The legacy default stream is never captured, and querying it while another stream captures in global mode
   // would itself be an illegal call that invalidates that capture: skip it (the executors reject or handle it).
   if (stream == nullptr || stream == cudaStreamLegacy) return tideSuccess;
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  cudaError_t err = cudaStreamIsCapturing(stream, &st);
+  unsigned long long id = 0;
+  cudaError_t err = cudaStreamGetCaptureInfo(stream, &st, &id);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
     return fail(tideInvalidArgument, "Cuda", "%s: stream %p is not a valid CUDA stream (%s)", what,
                 static_cast<void*>(stream), cudaGetErrorName(err));
   }
-  if (st != cudaStreamCaptureStatusNone) {
+  if (st == cudaStreamCaptureStatusInvalidated) {
     return fail(tideUnsupported, "Cuda",
-                "%s: the stream is being captured into a CUDA graph (%s); TIDE collectives cannot be captured: their "
-                "stream-memory-op flags carry per-call epoch values, so a replay would wait for values that never "
-                "come again. Run this collective outside the capture (nothing was enqueued; the capture is still valid)",
-                what, st == cudaStreamCaptureStatusActive ? "active" : "invalidated");
+                "%s: the stream's CUDA graph capture has been invalidated (by an earlier error); nothing was "
+                "enqueued",
+                what);
   }
+  out->active = (st == cudaStreamCaptureStatusActive);
+  out->id = id;
   return tideSuccess;
+}
+
+tideResult_t checkCapturable(const tideComm* comm, const CaptureState& cap, const char* what) {
+  if (!cap.active || comm->provider->capturable()) return tideSuccess;
+  return fail(tideUnsupported, "Cuda",
+              "%s: the stream is being captured into a CUDA graph, and collectives of the %s provider cannot be "
+              "captured yet (only loopback worlds: docs/architecture.md \"CUDA graphs\"). Run this collective outside "
+              "the capture (nothing was enqueued; the capture is still valid)",
+              what, comm->provider->name());
 }
 
 void commRelease(tideComm* comm) {

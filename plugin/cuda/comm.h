@@ -106,10 +106,17 @@ tideResult_t layoutView(tideComm* comm, tideLayout_t layout, std::shared_ptr<con
 // memory) and that `stream` belongs to the comm's device. what names the calling function.
 tideResult_t checkLayoutAndStream(tideComm* comm, const LayoutView& view, cudaStream_t stream, const char* what);
 
-// tideUnsupported if `stream` is being captured into a CUDA graph (checked before anything else, so the comm's
-// epochs stay unchanged and the capture stays valid): the flag protocol bakes this call's epoch and chunk numbers
-// into the enqueued stream memory operations, so a replayed graph would wait for values that never come again.
-tideResult_t checkNotCapturing(cudaStream_t stream, const char* what);
+// Whether `stream` is being captured into a CUDA graph (checked before anything else). Captured collectives take
+// the replay-safe path (docs/architecture.md "CUDA graphs"); what that path cannot do fails with tideUnsupported at
+// capture time, before anything is enqueued (the capture stays valid). An invalidated capture is refused here.
+struct CaptureState {
+  bool active = false;
+  unsigned long long id = 0;  // cudaStreamGetCaptureInfo's unique id of the capture sequence
+};
+tideResult_t queryCapture(cudaStream_t stream, const char* what, CaptureState* out);
+// tideUnsupported if cap is active and the comm's provider cannot capture (PeerProvider::capturable); called by the
+// executors first, before anything else.
+tideResult_t checkCapturable(const tideComm* comm, const CaptureState& cap, const char* what);
 
 // tideInvalidArgument unless p is device memory (device or managed) that the comm's device can address, aligned to
 // `align` bytes.

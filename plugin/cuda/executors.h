@@ -13,11 +13,22 @@
 namespace tide {
 namespace cuda {
 
+// cap: whether `stream` is being captured into a CUDA graph (queryCapture). Captured calls validate exactly like
+// eager ones, then refuse what cannot be captured (tideUnsupported, nothing enqueued) or enqueue the replay-safe
+// protocol of captured.cc; eager calls (cap.active false) take the paths below unchanged.
 tideResult_t allGather(tideComm* comm, tideLayout_t layout, const void* sendbuff, const void* const* shardPtrs,
-                       void* slot, cudaStream_t stream);
+                       void* slot, cudaStream_t stream, const CaptureState& cap);
 
 tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* const* grads, void* out,
-                           tideDataType_t outType, tideRedOp_t op, float scale, void* staging, cudaStream_t stream);
+                           tideDataType_t outType, tideRedOp_t op, float scale, void* staging, cudaStream_t stream,
+                           const CaptureState& cap);
+
+// Captured single-node collectives (captured.cc), called once every argument is validated. They never touch the
+// comm's eager epochs or counters, nor the eager flag words.
+tideResult_t allGatherCaptured(tideComm* comm, const LayoutView& v, const std::vector<const char*>& src,
+                               const std::vector<char*>& slotOf, cudaStream_t stream, const CaptureState& cap);
+struct RsCall;
+tideResult_t reduceScatterCaptured(const RsCall& c, const CaptureState& cap);
 
 // Multi-node layouts (nNodes > 1), called by the two above once every argument is validated and the epoch is taken
 // (internode_ag.cc, internode_rs.cc).

@@ -252,6 +252,31 @@ tideResult_t LoopbackProvider::checkStream(int rank, CollKind kind, uint64_t epo
   return tideSuccess;
 }
 
+tideResult_t LoopbackProvider::checkCapture(int rank, CollKind kind, unsigned long long captureId) {
+  auto kindName = [](CollKind k) { return k == CollKind::kAllGather ? "all-gather" : "reduce-scatter"; };
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = captures_.find(captureId);
+  if (it != captures_.end()) {
+    if (it->second.rank != rank) {
+      return fail(tideUnsupported, "Cuda",
+                  "loopback world: virtual ranks %d and %d capture into the same CUDA graph; each virtual rank must "
+                  "capture its collectives on a stream of its own into a graph of its own (nothing was enqueued; the "
+                  "capture is still valid)",
+                  it->second.rank, rank);
+    }
+    return fail(tideUnsupported, "Cuda",
+                "loopback world: virtual rank %d's captured graph already holds a TIDE %s; a loopback graph may hold "
+                "only one TIDE collective (all virtual ranks share the device's copy-engine queues, and a graph launch "
+                "enqueues the whole graph at once, so a second collective's copies could wait in those queues ahead "
+                "of copies they depend on). Capture this %s into a separate graph (nothing was enqueued; the capture "
+                "is still valid)",
+                rank, kindName(it->second.kind), kindName(kind));
+  }
+  if (captures_.size() > 4096) captures_.clear();  // ids are unique per process; old ones are never seen again
+  captures_[captureId] = CaptureUse{rank, kind};
+  return tideSuccess;
+}
+
 tideResult_t LoopbackProvider::schedulePushes(int rank, uint64_t epoch, int numChunks, IssueFn issue) {
   return scheduleSteps(rank, CollKind::kReduceScatter, epoch, numChunks, std::move(issue));
 }

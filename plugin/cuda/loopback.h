@@ -50,6 +50,12 @@ class LoopbackProvider final : public PeerProvider {
   bool defersPushes() const override { return true; }
   tideResult_t schedulePushes(int rank, uint64_t epoch, int numChunks, IssueFn issue) override;
   tideResult_t scheduleSteps(int rank, CollKind kind, uint64_t epoch, int numSteps, IssueFn issue) override;
+  // Captured collectives: each virtual rank captures into a graph of its own (two ranks in one graph would wait for
+  // each other inside it), with at most one TIDE collective per graph: a graph launch enqueues the rank's whole
+  // graph at once, so a second collective's copies would sit in the shared copy-engine queues ahead of the other
+  // ranks' copies of the first one, which they (through the flags) wait for.
+  bool capturable() const override { return true; }
+  tideResult_t checkCapture(int rank, CollKind kind, unsigned long long captureId) override;
 
   // Called by the multi-node executors (internode_ag.cc, internode_rs.cc) before they enqueue the caller-stream wait
   // for the deferred work: fails (without enqueueing anything) if this world is unusable, or if an earlier rank of
@@ -104,6 +110,11 @@ class LoopbackProvider final : public PeerProvider {
   bool deviceStuck_ = false;  // abort() timed out: the destructor frees nothing
   tideResult_t brokenError(int rank, const char* what);  // caller holds mu_
   void markBroken(const char* reason);                   // caller holds mu_
+  struct CaptureUse {
+    int rank;
+    CollKind kind;
+  };
+  std::map<unsigned long long, CaptureUse> captures_;  // capture id -> the (rank, kind) that captured into it
 };
 
 }  // namespace cuda

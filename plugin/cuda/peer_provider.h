@@ -38,7 +38,16 @@ constexpr int kMaxRounds = 32;   // words kAgRail .. kAgRail + 31 (ceil(log2 N) 
 constexpr int kAgDone = 64;      // + source local rank: AG epoch whose copies into the owner have completed
 constexpr int kRsFull = 128;     // + source local rank: global RS chunk (task) number pushed into the owner's staging
 constexpr int kMaxLocalRanks = 64;
-constexpr int kWords = 256;
+// Captured collectives (CUDA graphs; docs/architecture.md "CUDA graphs"): a bank of token words that only captured
+// calls use (eager calls never touch them, and captured calls never touch the words above). Each word carries a
+// token from one writer (the peer named by the index) to the owner of the array: the writer sets it (1, or the RS
+// chunk count so far), the owner alone resets it to 0 once its wait has seen the last value of the collective, and
+// the writer sets it again only after a causal chain through that reset. Fixed values, so a replay is identical.
+constexpr int kCapAgReady = 256;  // + local rank d: d's slot may be written (d's stream has reached this AG)
+constexpr int kCapAgDone = 320;   // + local rank s: s's copies into the owner's slot have landed
+constexpr int kCapRsEnter = 384;  // + local rank d: d's staging may be written (d's stream has reached this RS)
+constexpr int kCapRsFull = 448;   // + local rank s: number of chunks s has pushed into the owner's staging
+constexpr int kWords = 512;
 // Free: 7..15, 48..63, 192..255.
 }  // namespace flag
 
@@ -137,6 +146,23 @@ class PeerProvider {
   // the peer-mapped transport (internode_transport.h). A provider spanning hosts returns false and needs an NCCL
   // transport (not built yet).
   virtual bool peerMapsAllRanks() const { return true; }
+
+  // True if this provider's collectives may be captured into CUDA graphs (captured.cc; checked first, before the
+  // layout agreement, which may exchange). Default false, refused at capture time: the IPC provider's first use of a
+  // layout exchanges over NCCL, and its captures have not run on GPUs. Loopback: true.
+  virtual bool capturable() const { return false; }
+
+  // Check of a collective enqueued into the stream capture `captureId` (cudaStreamGetCaptureInfo) by `rank`, after
+  // every other check, immediately before the captured enqueue. Loopback: each virtual rank captures into its own
+  // graph, at most one TIDE collective per graph (tideUnsupported otherwise: its ranks share the device's copy-engine
+  // queues and a graph launch enqueues a rank's whole graph at once). Default: nothing to check (one rank per
+  // process, its own queues: a graph may hold several TIDE collectives).
+  virtual tideResult_t checkCapture(int rank, CollKind kind, unsigned long long captureId) {
+    (void)rank;
+    (void)kind;
+    (void)captureId;
+    return tideSuccess;
+  }
 
   // Provider-specific check of the stream a rank uses for a collective epoch (loopback: each virtual rank needs a
   // stream of its own, never the legacy default stream). Default: nothing to check.

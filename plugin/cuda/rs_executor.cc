@@ -41,8 +41,10 @@ namespace tide {
 namespace cuda {
 
 tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* const* grads, void* out,
-                           tideDataType_t outType, tideRedOp_t op, float scale, void* staging, cudaStream_t stream) {
+                           tideDataType_t outType, tideRedOp_t op, float scale, void* staging, cudaStream_t stream,
+                           const CaptureState& cap) {
   static const char* kWhat = "tideReduceScatter";
+  TIDE_CHECK(checkCapturable(comm, cap, kWhat));
   std::shared_ptr<const LayoutView> viewPtr;
   TIDE_CHECK(layoutView(comm, layout, &viewPtr));
   const LayoutView& v = *viewPtr;
@@ -133,6 +135,56 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
         return fail(tideInvalidArgument, "Cuda", "%s: out overlaps grads[%d]", kWhat, i);
       }
     }
+  }
+
+  // Captured into a CUDA graph: the replay-safe token protocol (captured.cc) for what it covers; everything else is
+  // refused here, before anything is enqueued or any counter moves (the capture stays valid).
+  if (cap.active) {
+    if (N > 1) {
+      return fail(tideUnsupported, "Cuda",
+                  "%s: the stream is being captured into a CUDA graph, and layouts of several nodes (%d nodes of %d "
+                  "ranks) cannot be captured (their pipeline is issued in steps across ranks and carries per-call task "
+                  "numbers). Run this reduce-scatter outside the capture (nothing was enqueued; the capture is still "
+                  "valid)",
+                  kWhat, N, R);
+    }
+    if (staging == nullptr) {
+      return fail(tideUnsupported, "Cuda",
+                  "%s: the stream is being captured into a CUDA graph, and a captured reduce-scatter needs Slot-Reuse "
+                  "staging (pass a slot region of rsStagingBytes as staging): the comm's own staging may have to "
+                  "grow, which allocates and is collective, and cannot happen inside a capture (nothing was "
+                  "enqueued; the capture is still valid)",
+                  kWhat);
+    }
+    if (numChunks < 1 || numChunks > 2) {
+      return fail(tideUnsupported, "Cuda",
+                  "%s: the stream is being captured into a CUDA graph, and a captured reduce-scatter takes at most 2 "
+                  "pipeline chunks (one staging buffer each, so no push waits for a reduction), but this layout has "
+                  "%d chunks of %" PRIu64 " elements; create the layout with a larger rsChunkBytes so that it has "
+                  "at most 2 (nothing was enqueued; the capture is still valid)",
+                  kWhat, numChunks, chunk);
+    }
+    TIDE_CHECK(driverOpsInit());
+    TIDE_CHECK(comm->provider->checkCapture(me, CollKind::kReduceScatter, cap.id));
+    RsCall c;
+    c.comm = comm;
+    c.v = &v;
+    c.grads = grads;
+    c.out = out;
+    c.inType = inType;
+    c.outType = outType;
+    c.op = op;
+    c.scale = scale;
+    c.stagingOf = std::move(stagingOf);
+    c.chunk = chunk;
+    c.numChunks = numChunks;
+    c.nb = nb;
+    c.srcStride = srcStride;
+    c.bufBytes = bufBytes;
+    c.inElem = inElem;
+    c.outElem = outElem;
+    c.stream = stream;
+    return reduceScatterCaptured(c, cap);
   }
 
   TIDE_CHECK(driverOpsInit());

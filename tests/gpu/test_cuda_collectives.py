@@ -263,9 +263,11 @@ def test_repeated_calls_without_host_sync(torch_cuda, worlds):
 
 
 def test_graph_capture_is_refused(torch_cuda, cuda_lib):
-    """tideAllGather/tideReduceScatter on a capturing stream fail at capture time with tideUnsupported (the flag
-    protocol bakes per-call epochs into the memops, so a replay would be wrong); the capture stays valid and can be
-    ended and replayed, and the comm's epochs are unchanged (the world still runs AG and RS bit-exactly afterwards)."""
+    """What a CUDA graph cannot capture fails at capture time with tideUnsupported, before anything is enqueued or
+    any counter moves (tests/gpu/test_graph_capture.py runs what can be captured): RS with the world's own staging
+    (its growth allocates and is collective), RS with more than 2 pipeline chunks, AG of a layout of several
+    (virtual) nodes. The capture stays valid and can be ended and replayed, and the comm's epochs are unchanged (the
+    world still runs AG and RS bit-exactly afterwards)."""
     from nccl_tide.cuda import LoopbackWorld
     from nccl_tide.errors import UnsupportedError
 
@@ -275,8 +277,11 @@ def test_graph_capture_is_refused(torch_cuda, cuda_lib):
         rng = seeded("capture")
         layouts = make_layouts([1000, 37, 5 * 64], [1, 1, 64], ["bf16"] * 3, 2, rs_chunk_bytes=1024)
         L = layouts[0]
-        slots = world.alloc_slot(L.slot_bytes)
-        send = [random_bytes(torch, rng, L.send_bytes, "cuda") for _ in range(2)]
+        assert L.rs_num_chunks > 2
+        slots = world.alloc_slot(max(L.slot_bytes, L.rs_staging_bytes))
+        vn = make_layouts([999, 5], [1, 1], ["fp32", "bf16"], 2, rpn=1, pace_bytes=512)  # 2 virtual nodes
+        vn_slots = world.alloc_slot(vn[0].slot_bytes)
+        vn_send = [random_bytes(torch, rng, vn[0].send_bytes, "cuda") for _ in range(2)]
         grads = [[random_float(torch, rng, p.numel, "bf16").cuda() for p in L.params] for _ in range(2)]
         out = torch.empty(L.rs_out_numel, dtype=torch.float32, device="cuda")
         x = torch.zeros(256, device="cuda")
@@ -285,10 +290,12 @@ def test_graph_capture_is_refused(torch_cuda, cuda_lib):
         s = torch.cuda.Stream()
         with torch.cuda.graph(g, stream=s):
             x.add_(1.0)
-            with pytest.raises(UnsupportedError, match="captured"):
-                world.rank_all_gather(0, L, slots[0], sendbuf=send[0], stream=s)
-            with pytest.raises(UnsupportedError, match="captured"):
+            with pytest.raises(UnsupportedError, match="several nodes"):
+                world.rank_all_gather(0, vn[0], vn_slots[0], sendbuf=vn_send[0], stream=s)
+            with pytest.raises(UnsupportedError, match="Slot-Reuse"):
                 world.rank_reduce_scatter(0, L, grads[0], out, op="sum", stream=s)
+            with pytest.raises(UnsupportedError, match="at most 2"):
+                world.rank_reduce_scatter(0, L, grads[0], out, op="sum", staging=slots[0], stream=s)
             x.add_(1.0)
         for _ in range(3):
             g.replay()
@@ -296,6 +303,7 @@ def test_graph_capture_is_refused(torch_cuda, cuda_lib):
         assert torch.all(x == 6.0).item()
         world.synchronize()
         world.free_slot(slots)
+        world.free_slot(vn_slots)
         # Nothing was taken: the next collectives pair up across ranks as before.
         run_ag(torch, world, rng, [1000, 37, 5 * 64], [1, 1, 64], ["bf16"] * 3, "sendbuf")
         run_rs(torch, world, rng, "bf16", "fp32", "avg", 1024, True)
