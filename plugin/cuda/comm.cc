@@ -6,6 +6,7 @@
 #include "../core/log.h"
 #include "../core/params.h"
 #include "cuda_check.h"
+#include "driver_ops.h"
 #include "reduce_kernel.h"
 
 namespace tide {
@@ -128,19 +129,48 @@ tideResult_t checkLayoutAndStream(tideComm* comm, const LayoutView& view, cudaSt
     return fail(tideUnsupported, "Cuda", "%s: %d ranks per node exceed the supported %d", what, in.ranksPerNode,
                 flag::kMaxLocalRanks);
   }
+  // cuStreamGetCtx, not cudaStreamGetDevice: the latter is illegal while a capture is active and invalidates a
+  // global-mode capture (seen on the H200 with CUDA 13.0). The caller made the comm's device current.
+  bool inCurrent = false;
   int dev = -1;
-  cudaError_t err = cudaStreamGetDevice(stream, &dev);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    return fail(tideInvalidArgument, "Cuda", "%s: stream %p is not a valid CUDA stream (%s)", what,
-                static_cast<void*>(stream), cudaGetErrorName(err));
-  }
-  if (dev != comm->device) {
-    return fail(tideInvalidArgument, "Cuda", "%s: stream belongs to device %d but the comm runs on device %d", what,
-                dev, comm->device);
+  TIDE_CHECK(streamContext(stream, what, &inCurrent, &dev));
+  if (!inCurrent) {
+    if (dev != comm->device) {
+      return fail(tideInvalidArgument, "Cuda", "%s: stream belongs to device %d but the comm runs on device %d",
+                  what, dev, comm->device);
+    }
+    return fail(tideInvalidArgument, "Cuda",
+                "%s: stream belongs to a CUDA context of device %d other than the primary context the comm uses; "
+                "create the stream in the primary context (the runtime API's default)",
+                what, dev);
   }
   return tideSuccess;
 }
+
+namespace {
+
+// Sets this thread's stream-capture interaction mode to relaxed for one scope. The argument checks make pointer
+// queries that never synchronize; relaxed mode keeps them from counting as "potentially unsafe" calls that would
+// invalidate a global-mode capture (the caller's own, or another thread's).
+class RelaxedCaptureScope {
+ public:
+  RelaxedCaptureScope() {
+    mode_ = cudaStreamCaptureModeRelaxed;
+    ok_ = cudaThreadExchangeStreamCaptureMode(&mode_) == cudaSuccess;
+    if (!ok_) (void)cudaGetLastError();
+  }
+  ~RelaxedCaptureScope() {
+    if (ok_) (void)cudaThreadExchangeStreamCaptureMode(&mode_);
+  }
+  RelaxedCaptureScope(const RelaxedCaptureScope&) = delete;
+  RelaxedCaptureScope& operator=(const RelaxedCaptureScope&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_;
+  bool ok_ = false;
+};
+
+}  // namespace
 
 tideResult_t checkDevicePointer(const tideComm* comm, const void* p, size_t align, const char* what) {
   if (p == nullptr) return fail(tideInvalidArgument, "Cuda", "%s is NULL", what);
@@ -148,7 +178,11 @@ tideResult_t checkDevicePointer(const tideComm* comm, const void* p, size_t alig
     return fail(tideInvalidArgument, "Cuda", "%s (%p) is not aligned to %zu bytes", what, p, align);
   }
   cudaPointerAttributes attr{};
-  cudaError_t err = cudaPointerGetAttributes(&attr, p);
+  cudaError_t err;
+  {
+    RelaxedCaptureScope relaxed;
+    err = cudaPointerGetAttributes(&attr, p);
+  }
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
     return fail(tideInvalidArgument, "Cuda", "%s (%p) is not a CUDA pointer (%s)", what, p, cudaGetErrorName(err));

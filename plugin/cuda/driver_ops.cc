@@ -16,12 +16,22 @@ namespace {
 using BatchMemOpFn = CUresult (*)(CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int);
 using ValueOp32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 using GetErrorNameFn = CUresult (*)(CUresult, const char**);
+using StreamGetCtxFn = CUresult (*)(CUstream, CUcontext*);
+using CtxGetCurrentFn = CUresult (*)(CUcontext*);
+using CtxPushFn = CUresult (*)(CUcontext);
+using CtxPopFn = CUresult (*)(CUcontext*);
+using CtxGetDeviceFn = CUresult (*)(CUdevice*);
 
 struct DriverOps {
   BatchMemOpFn batchMemOp = nullptr;
   ValueOp32Fn waitValue32 = nullptr;
   ValueOp32Fn writeValue32 = nullptr;
   GetErrorNameFn getErrorName = nullptr;
+  StreamGetCtxFn streamGetCtx = nullptr;
+  CtxGetCurrentFn ctxGetCurrent = nullptr;
+  CtxPushFn ctxPush = nullptr;
+  CtxPopFn ctxPop = nullptr;
+  CtxGetDeviceFn ctxGetDevice = nullptr;
   tideResult_t status = tideSuccess;
 };
 
@@ -49,10 +59,16 @@ void resolveAll() {
   ok = resolve("cuStreamWaitValue32", &g_ops.waitValue32) && ok;
   ok = resolve("cuStreamWriteValue32", &g_ops.writeValue32) && ok;
   (void)resolve("cuGetErrorName", &g_ops.getErrorName);
+  ok = resolve("cuStreamGetCtx", &g_ops.streamGetCtx) && ok;
+  ok = resolve("cuCtxGetCurrent", &g_ops.ctxGetCurrent) && ok;
+  ok = resolve("cuCtxPushCurrent", &g_ops.ctxPush) && ok;
+  ok = resolve("cuCtxPopCurrent", &g_ops.ctxPop) && ok;
+  ok = resolve("cuCtxGetDevice", &g_ops.ctxGetDevice) && ok;
   if (!ok || g_ops.waitValue32 == nullptr || g_ops.writeValue32 == nullptr) {
     g_ops.status = fail(tideUnsupported, "Cuda",
                         "the CUDA driver does not provide stream memory operations (cuStreamWaitValue32/"
-                        "cuStreamWriteValue32, driver API 12.0); update the NVIDIA driver");
+                        "cuStreamWriteValue32) or the context queries (cuStreamGetCtx, cuCtxGetCurrent, "
+                        "cuCtxPushCurrent/PopCurrent, cuCtxGetDevice) of driver API 12.0; update the NVIDIA driver");
   }
 }
 
@@ -109,6 +125,38 @@ tideResult_t enqueueFlagOps(cudaStream_t stream, const std::vector<FlagOp>& ops)
                                                : g_ops.writeValue32(s, addr, op.value, CU_STREAM_WRITE_VALUE_DEFAULT);
     if (res != CUDA_SUCCESS) return driverFail(res, op.kind == FlagOp::kWait ? "cuStreamWaitValue32" : "cuStreamWriteValue32");
   }
+  return tideSuccess;
+}
+
+tideResult_t streamContext(cudaStream_t stream, const char* what, bool* inCurrent, int* device) {
+  TIDE_CHECK(driverOpsInit());
+  *inCurrent = false;
+  *device = -1;
+  CUcontext streamCtx = nullptr;
+  CUcontext current = nullptr;
+  CUresult res = g_ops.streamGetCtx(reinterpret_cast<CUstream>(stream), &streamCtx);
+  if (res != CUDA_SUCCESS) {
+    const char* name = "CUDA_ERROR_UNKNOWN";
+    if (g_ops.getErrorName) g_ops.getErrorName(res, &name);
+    return fail(tideInvalidArgument, "Cuda", "%s: stream %p is not a valid CUDA stream (cuStreamGetCtx: %s)", what,
+                static_cast<void*>(stream), name ? name : "?");
+  }
+  res = g_ops.ctxGetCurrent(&current);
+  if (res != CUDA_SUCCESS) return driverFail(res, "cuCtxGetCurrent");
+  if (streamCtx == current) {
+    *inCurrent = true;
+    return tideSuccess;
+  }
+  // Only on the error path: which device the stream's context belongs to, for the caller's message.
+  res = g_ops.ctxPush(streamCtx);
+  if (res != CUDA_SUCCESS) return driverFail(res, "cuCtxPushCurrent");
+  CUdevice dev = -1;
+  CUresult got = g_ops.ctxGetDevice(&dev);
+  CUcontext popped = nullptr;
+  res = g_ops.ctxPop(&popped);
+  if (res != CUDA_SUCCESS) return driverFail(res, "cuCtxPopCurrent");
+  if (got != CUDA_SUCCESS) return driverFail(got, "cuCtxGetDevice");
+  *device = static_cast<int>(dev);
   return tideSuccess;
 }
 

@@ -31,6 +31,12 @@ tideResult_t driverOpsInit();
 // Enqueues ops on stream, in order, as one cuStreamBatchMemOp (falls back to one call per op).
 tideResult_t enqueueFlagOps(cudaStream_t stream, const std::vector<FlagOp>& ops);
 
+// Whether `stream` belongs to the calling thread's current CUDA context (*inCurrent), and if not, the device of the
+// stream's context (*device). Through cuStreamGetCtx, which is legal while the stream (or any other) is being
+// captured into a CUDA graph; cudaStreamGetDevice (cuStreamGetDevice) is not, and invalidates a global-mode
+// capture. tideInvalidArgument if the driver does not know the stream; what names the caller in messages.
+tideResult_t streamContext(cudaStream_t stream, const char* what, bool* inCurrent, int* device);
+
 }  // namespace cuda
 }  // namespace tide
 
