@@ -78,7 +78,7 @@ void commRelease(tideComm* comm) {
   (void)cudaGetLastError();
 }
 
-tideResult_t layoutView(tideComm* comm, tideLayout_t layout, std::shared_ptr<const LayoutView>* out) {
+tideResult_t layoutView(tideComm* comm, tideLayout_t layout, bool capturing, std::shared_ptr<const LayoutView>* out) {
   auto v = std::make_shared<LayoutView>();
   v->info.size = sizeof(v->info);
   v->info.version = TIDE_LAYOUT_INFO_VERSION;
@@ -99,6 +99,14 @@ tideResult_t layoutView(tideComm* comm, tideLayout_t layout, std::shared_ptr<con
     if (p.dtype != v->params[0].dtype) v->uniformDtype = false;
   }
   if (comm->agreedLayouts.count(v->info.hash) == 0) {
+    if (capturing && comm->provider->agreementExchanges()) {
+      return fail(tideUnsupported, "Cuda",
+                  "the stream is being captured into a CUDA graph, and this layout (hash %016llx) has not been used by "
+                  "an eager collective on this comm yet: its first use checks it against every rank's layout, an "
+                  "exchange that cannot run inside a capture. Run one eager all-gather or reduce-scatter with it before "
+                  "capturing (nothing was enqueued; the capture is still valid)",
+                  static_cast<unsigned long long>(v->info.hash));
+    }
     TIDE_CHECK(comm->provider->agreeOnLayout(comm->rank, v->info.hash));
     comm->agreedLayouts.insert(v->info.hash);
   }

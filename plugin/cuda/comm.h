@@ -99,8 +99,10 @@ tideResult_t commInit(tideComm* comm);
 // Releases the internal stream/events (the caller synchronized first).
 void commRelease(tideComm* comm);
 
-// Cached view of `layout` for this comm (validates nothing about the comm).
-tideResult_t layoutView(tideComm* comm, tideLayout_t layout, std::shared_ptr<const LayoutView>* out);
+// Cached view of `layout` for this comm (validates nothing about the comm). The first use of a layout's hash agrees
+// on it across ranks (PeerProvider::agreeOnLayout); while capturing (`capturing`), a layout that still needs an
+// exchanging agreement is refused with tideUnsupported (the capture stays valid).
+tideResult_t layoutView(tideComm* comm, tideLayout_t layout, bool capturing, std::shared_ptr<const LayoutView>* out);
 
 // Checks that layout matches the comm (world size, rank; several nodes only on a provider that maps every rank's
 // memory) and that `stream` belongs to the comm's device. what names the calling function.

@@ -48,6 +48,10 @@ class IpcProvider final : public PeerProvider {
   // Collective: every rank learns every rank's layout hash; tideMismatch on every rank (naming the ranks and hashes)
   // if they differ.
   tideResult_t agreeOnLayout(int rank, uint64_t layoutHash) override;
+  bool agreementExchanges() const override { return true; }
+  // One rank per process with its own copy-engine queues: a graph may hold several TIDE collectives (the default
+  // checkCapture). A layout must have been agreed on by an eager call first (agreementExchanges).
+  bool capturable() const override { return true; }
 
   // Called before every AG/RS enqueues anything (PeerProvider::checkStream is the per-call provider hook): runs the
   // health check, if one is set. The NCCL constructor sets ncclCommGetAsyncError of the parent communicator, so a

@@ -147,9 +147,13 @@ class PeerProvider {
   // transport (not built yet).
   virtual bool peerMapsAllRanks() const { return true; }
 
-  // True if this provider's collectives may be captured into CUDA graphs (captured.cc; checked first, before the
-  // layout agreement, which may exchange). Default false, refused at capture time: the IPC provider's first use of a
-  // layout exchanges over NCCL, and its captures have not run on GPUs. Loopback: true.
+  // True if agreeOnLayout exchanges with the other ranks (IPC: over NCCL or the bootstrap). Such an exchange cannot
+  // run inside a CUDA graph capture (it synchronizes), so a captured call with a layout this comm has not agreed on
+  // yet is refused at capture time (layoutView); the first eager call with the layout agrees on it.
+  virtual bool agreementExchanges() const { return false; }
+
+  // True if this provider's collectives may be captured into CUDA graphs (captured.cc; checked first). Default
+  // false: refused at capture time. Loopback and IPC: true.
   virtual bool capturable() const { return false; }
 
   // Check of a collective enqueued into the stream capture `captureId` (cudaStreamGetCaptureInfo) by `rank`, after

@@ -46,7 +46,7 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
   static const char* kWhat = "tideReduceScatter";
   TIDE_CHECK(checkCapturable(comm, cap, kWhat));
   std::shared_ptr<const LayoutView> viewPtr;
-  TIDE_CHECK(layoutView(comm, layout, &viewPtr));
+  TIDE_CHECK(layoutView(comm, layout, cap.active, &viewPtr));
   const LayoutView& v = *viewPtr;
   TIDE_CHECK(checkLayoutAndStream(comm, v, stream, kWhat));
   const int W = comm->worldSize;

@@ -1,0 +1,220 @@
+"""TIDE-AG and TIDE-RS captured into CUDA graphs across processes (issue 10): W processes, each one TIDE rank on
+cuda:0 over CUDA IPC (gloo bootstrap, as tests/gpu/test_multiprocess.py, whose spawn helpers this file reuses).
+
+Each rank captures one graph with torch.cuda.graph (global capture mode, PyTorch's default) holding an all-gather
+and two reduce-scatters (1 and 2 pipeline chunks, Slot-Reuse staging): on the IPC provider a graph may hold several
+TIDE collectives. Every replay gets fresh random inputs (written into the captured buffers) and is checked bit for bit
+against the host executor (every rank's inputs gathered over gloo); eager calls of the same collectives run between
+replays, and replays also run back to back without host synchronization. Refused at capture time, with the capture
+still valid: a layout no eager call has agreed on yet (its agreement exchanges), and a reduce-scatter with the comm's
+own staging.
+"""
+
+import json
+import os
+import sys
+import traceback
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_multiprocess as mpt  # noqa: E402  (spawn, free_port, _rng, _float_data, _gather_bytes: read-only reuse)
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(240)]
+
+REPLAYS = 12
+
+
+def _rs_layout(nccl_tide, numels, rows, world, rank, chunks):
+    """A bf16 RS layout with exactly `chunks` pipeline chunks (what a capture takes: 1 or 2)."""
+    for cb in [1 << 24] + [int(x) for x in np.geomspace(1 << 20, 64, 60)]:
+        L = nccl_tide.Layout(numels, "bf16", world, rank=rank, row_numels=rows, rs_chunk_bytes=cb)
+        if L.rs_num_chunks == chunks:
+            return L
+        L.close()
+    raise AssertionError(f"no chunk size gives {chunks} chunks")
+
+
+class Round:
+    """The captured buffers of one rank and the host executor's expected results for their current contents."""
+
+    def __init__(self, torch, dist, nccl_tide, comm, rank, world):
+        self.torch, self.dist, self.nccl_tide, self.comm = torch, dist, nccl_tide, comm
+        self.rank, self.world = rank, world
+        rng = mpt._rng("cap-mp-layout", world)  # the same layouts on every rank
+        rows = [1, 64, 1, 3]
+        numels = [int(rng.integers(1, 3000)), 64 * int(rng.integers(1, 40)), int(rng.integers(1, 50)), 3 * 333]
+        self.ag = nccl_tide.Layout(numels, ["bf16", "fp32", "bf16", "fp16"], world, rank=rank, row_numels=rows)
+        self.rs = [
+            _rs_layout(nccl_tide, [4999, 37, 64 * 48, 700 + world], [1, 1, 64, 1], world, rank, 1),
+            _rs_layout(nccl_tide, [2999, 64 * 20, 1, 500], [1, 64, 1, 1], world, rank, 2),
+        ]
+        self.ops = [("sum", 1.0), ("avg", 1.0)]
+        self.slot = comm.alloc_slot(self.ag.slot_bytes)
+        self.staging = [comm.alloc_slot(L.rs_staging_bytes) for L in self.rs]
+        self.send = torch.empty(self.ag.send_bytes, dtype=torch.uint8, device="cuda")
+        self.grads = [[torch.empty(p.numel, dtype=torch.bfloat16, device="cuda") for p in L.params] for L in self.rs]
+        self.outs = [torch.empty(L.rs_out_numel, dtype=torch.float32, device="cuda") for L in self.rs]
+        self.rng = mpt._rng("cap-mp-data", world, rank)
+
+    def new_inputs(self):
+        """Fresh random inputs in the captured buffers, outputs poisoned; the expected results computed on the host
+        from every rank's inputs (gathered over gloo)."""
+        torch, nccl_tide = self.torch, self.nccl_tide
+        send = torch.from_numpy(self.rng.integers(0, 256, size=self.ag.send_bytes, dtype=np.uint8))
+        sends = mpt._gather_bytes(torch, self.dist, send)
+        views = {1: np.uint8, 2: np.uint16, 4: np.uint32}
+        shards = [
+            [
+                sends[r][p.send_offset : p.send_offset + p.shard_numel * p.elem_size].numpy().view(views[p.elem_size])
+                for p in self.ag.params
+            ]
+            for r in range(self.world)
+        ]
+        self.ag_expected = nccl_tide.host_all_gather(self.ag, shards)[self.rank]
+        self.send.copy_(send)
+        self.rs_expected = []
+        for L, grads, (op, scale) in zip(self.rs, self.grads, self.ops):
+            mine = [mpt._float_data(torch, self.rng, p.numel, "bf16") for p in L.params]
+            flat = torch.cat([g.view(torch.uint8) for g in mine])
+            flats = mpt._gather_bytes(torch, self.dist, flat)
+            all_grads = []
+            for r in range(self.world):
+                vals, off, theirs = flats[r].view(torch.bfloat16), 0, []
+                for p in L.params:
+                    theirs.append(vals[off : off + p.numel])
+                    off += p.numel
+                all_grads.append(theirs)
+            exp = nccl_tide.host_reduce_scatter(L, all_grads, out_dtype="fp32", op=op, scale=scale)[self.rank]
+            self.rs_expected.append(np.ascontiguousarray(exp).astype(np.float32).view(np.uint32))
+            for g, m in zip(grads, mine):
+                g.copy_(m)
+        self.poison()
+
+    def poison(self):
+        self.slot.fill_(0xFF)
+        for o in self.outs:
+            o.fill_(float("nan"))
+        self.torch.cuda.synchronize()
+
+    def collectives(self):
+        """The AG and both RSs on the current stream (captured, or eager)."""
+        self.comm.all_gather(self.ag, self.slot, sendbuf=self.send)
+        for L, grads, out, staging, (op, scale) in zip(self.rs, self.grads, self.outs, self.staging, self.ops):
+            self.comm.reduce_scatter(L, grads, out, op=op, scale=scale, staging=staging)
+
+    def check(self, what):
+        """Error strings (empty when every result is bit-exact)."""
+        self.comm.synchronize(timeout=30)
+        errors = []
+        got = self.slot.cpu().numpy()
+        for i, p in enumerate(self.ag.params):
+            exp = np.ascontiguousarray(self.ag_expected[i]).view(np.uint8)
+            if not np.array_equal(got[p.slot_offset : p.slot_offset + exp.size], exp):
+                errors.append(f"{what}: AG param {i} differs from the host executor")
+        for k, (out, exp) in enumerate(zip(self.outs, self.rs_expected)):
+            bits = out.cpu().numpy().view(np.uint32)
+            if not np.array_equal(bits, exp):
+                errors.append(f"{what}: RS {k} ({self.rs[k].rs_num_chunks} chunks): {np.count_nonzero(bits != exp)} differ")
+        return errors
+
+
+def _worker(rank, world, port, out_dir):
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+    report = {"rank": rank, "ok": False, "errors": [], "steps": {}}
+    try:
+        import datetime
+
+        import nccl_tide
+        import torch
+        import torch.distributed as dist
+        from nccl_tide.comm import Comm
+        from nccl_tide.errors import UnsupportedError
+
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+            timeout=datetime.timedelta(seconds=60),
+        )
+        torch.cuda.set_device(0)
+        comm = Comm.from_bootstrap(rank, world, device=0)
+        rd = Round(torch, dist, nccl_tide, comm, rank, world)
+        fresh = nccl_tide.Layout([777, 64 * 3], "bf16", world, rank=rank, row_numels=[1, 64])
+        fresh_slot = comm.alloc_slot(fresh.slot_bytes)
+        fresh_send = torch.empty(fresh.send_bytes, dtype=torch.uint8, device="cuda")
+
+        rd.new_inputs()
+        rd.collectives()  # eager: agrees on the layouts
+        report["errors"] += rd.check("eager before capture")
+
+        stream = torch.cuda.Stream()
+        graph = torch.cuda.CUDAGraph()
+        refused = []
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            try:
+                comm.all_gather(fresh, fresh_slot, sendbuf=fresh_send)
+            except UnsupportedError as e:
+                refused.append("has not been used by an eager collective" in str(e))
+            try:
+                comm.reduce_scatter(rd.rs[0], rd.grads[0], rd.outs[0], op="sum")  # own staging
+            except UnsupportedError as e:
+                refused.append("Slot-Reuse" in str(e))
+            rd.collectives()
+        report["steps"]["refused"] = refused
+        if refused != [True, True]:
+            report["errors"].append(f"capture-time refusals: {refused} (want [True, True])")
+
+        for it in range(REPLAYS):
+            rd.new_inputs()
+            graph.replay()
+            report["errors"] += rd.check(f"replay {it}")
+            if it % 3 == 2:  # eager between replays (eager and captured calls use separate flag words)
+                rd.poison()
+                rd.collectives()
+                report["errors"] += rd.check(f"eager after replay {it}")
+        rd.new_inputs()
+        for _ in range(4):  # back to back, no host synchronization
+            graph.replay()
+        report["errors"] += rd.check("back-to-back replays")
+        report["steps"]["replays"] = REPLAYS + 4
+
+        rd.poison()
+        rd.collectives()
+        comm.all_gather(fresh, fresh_slot, sendbuf=fresh_send)  # the refused layout still agrees eagerly
+        report["errors"] += rd.check("eager after all replays")
+        torch.cuda.synchronize()
+        del graph
+        comm.close()
+        dist.barrier()
+        dist.destroy_process_group()
+        report["ok"] = not report["errors"]
+    except BaseException:
+        report["errors"].append(traceback.format_exc())
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(report, f)
+    print(f"[capture rank {rank}] {json.dumps(report)[:2000]}", file=sys.stderr, flush=True)
+    os._exit(0 if report["ok"] else 1)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_captured_collectives_replay_across_processes(torch_cuda, cuda_lib, tmp_path, monkeypatch, world):
+    for k, v in {
+        "NCCL_NVLS_ENABLE": "0",
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NVSHMEM_DISABLE_NVLS": "1",
+        "NCCL_TIDE_TIMEOUT_MS": "20000",
+    }.items():
+        monkeypatch.setenv(k, v)  # inherited by the spawned workers
+    rc = mpt.spawn(_worker, world, (world, mpt.free_port(), str(tmp_path)), 150)
+    reports = []
+    for r in range(world):
+        path = tmp_path / f"rank{r}.json"
+        assert path.exists(), f"rank {r} wrote no report (exit status {rc})"
+        reports.append(json.loads(path.read_text()))
+    errors = [e for rep in reports for e in rep["errors"]]
+    assert not errors, "\n".join(errors[:10])
+    for rep in reports:
+        assert rep["steps"]["refused"] == [True, True]
+        assert rep["steps"]["replays"] == REPLAYS + 4
+    assert rc == 0
