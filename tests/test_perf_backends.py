@@ -60,8 +60,9 @@ def test_cli_auto_uses_the_mocked_gpu_check(monkeypatch, capsys):
 
     seen = {}
 
-    def fake_make(ranks, device):
+    def fake_make(ranks, device, **kw):
         seen["loopback"] = (ranks, device)
+        seen["kw"] = kw
         raise SystemExit(42)  # stop before touching CUDA
 
     from nccl_tide.perf import loopback_backend
@@ -72,6 +73,130 @@ def test_cli_auto_uses_the_mocked_gpu_check(monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         perf_main(["all_gather", "--ranks", "4", "-b", "1K", "-e", "1K"])
     assert e.value.code == 42 and seen["loopback"] == (4, 0)
+    assert seen["kw"] == {"ranks_per_node": 4, "pace_bytes": None}  # loopback default: one node
+
+
+@pytest.mark.parametrize(
+    "extra,want",
+    [
+        (["--ranks", "4", "--ranks-per-node", "2"], {"ranks_per_node": 2, "pace_bytes": None}),
+        (["--ranks", "8", "--ranks-per-node", "1", "--pace-bytes", "64K"], {"ranks_per_node": 1, "pace_bytes": 65536}),
+        (["--ranks", "6", "--ranks-per-node", "3"], {"ranks_per_node": 3, "pace_bytes": None}),
+        (["--ranks", "6", "--ranks-per-node", "6"], {"ranks_per_node": 6, "pace_bytes": None}),
+    ],
+)
+def test_cli_loopback_accepts_virtual_nodes(monkeypatch, extra, want):
+    """--backend loopback with --ranks-per-node R dividing --ranks (R < --ranks: virtual nodes) passes validation and
+    reaches the backend with R and the pacing cap."""
+    from nccl_tide.perf import cli, loopback_backend
+
+    seen = {}
+
+    def fake_make(ranks, device, **kw):
+        seen.update(kw, ranks=ranks)
+        raise SystemExit(42)
+
+    monkeypatch.setattr(loopback_backend, "make", fake_make)
+    with pytest.raises(SystemExit) as e:
+        perf_main(["reduce_scatter", "--backend", "loopback", "-b", "1K", "-e", "1K", *extra])
+    assert e.value.code == 42
+    assert seen == dict(want, ranks=int(extra[1]))
+
+
+def test_loopback_layouts_are_multi_node():
+    """The loopback backend's layouts (what LoopbackWorld runs) carry R and the pacing cap: N x R virtual nodes.
+    Only the C library is needed (no torch, no GPU)."""
+    from nccl_tide.dtypes import dtype as to_dtype
+    from nccl_tide.perf import loopback_backend, runner
+
+    b = loopback_backend.LoopbackBackend.__new__(loopback_backend.LoopbackBackend)
+    b._topology(8, 2, 512)
+    assert (b.W, b.R, b.nodes, b.pace) == (8, 2, 4, 512)
+    assert "4 virtual nodes of 2 ranks" in b.describe()
+    bf16, fp32 = to_dtype("bf16"), to_dtype("fp32")
+    case = runner.CaseSpec("all_gather", [5000, 64 * 9], [1, 64], [(5000,), (9, 64)], bf16, fp32, "sum", 1.0, 1)
+    lays = b._layouts(case, case.numels, case.rows)
+    try:
+        assert [x.rank for x in lays] == list(range(8))
+        for x in lays:
+            assert (x.world_size, x.ranks_per_node, x.n_nodes, x.pace_bytes) == (8, 2, 4, 512)
+        pieces = -(-lays[0].send_bytes // 512)
+        assert pieces > 1 and len(lays[0].schedule(1)) == 3 * pieces  # N - 1 blocks, each in several paced steps
+    finally:
+        for x in lays:
+            x.close()
+    one = loopback_backend.LoopbackBackend.__new__(loopback_backend.LoopbackBackend)
+    one._topology(4, None, None)
+    assert (one.R, one.nodes) == (4, 1) and "virtual nodes" not in one.describe()
+    with pytest.raises(ValueError, match="must divide"):
+        one._topology(6, 4, None)
+
+
+class _FakeLoopback:
+    """Stands for the loopback backend in the CLI (no torch, no GPU): describe/devices/close only; rows come from a
+    patched runner.measure."""
+
+    def __init__(self, W, R):
+        self.W, self.R = W, R
+
+    def describe(self):
+        return f"fake loopback: {self.W} virtual ranks, {self.W // self.R} virtual nodes of {self.R} ranks"
+
+    def devices(self):
+        return [{"rank": r, "group": 0, "pid": 1, "hostname": "h", "device": 0, "name": "fake"} for r in range(self.W)]
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("coll", ["all_gather", "reduce_scatter"])
+def test_cli_loopback_virtual_nodes_header_rows_and_json(coll, monkeypatch, tmp_path, capsys):
+    """The CLI around a multi-node loopback run: the topology and busbw lines, the rows that cannot mean anything on
+    virtual nodes (RS stand-ins, nccl-ce) printed as not run with their reason, ranks_per_node / nodes in the JSON."""
+    from nccl_tide.perf import cli, gpu, loopback_backend, runner
+
+    measured = []
+
+    def fake_measure(backend, impl, spec, size, count, type_name, redop, world, o, extras):
+        measured.append(impl)
+        alg, bus = runner.bw(size, world, 10.0)
+        return report.Row(
+            size, count, type_name, redop, -1, report.Variant(10.0, alg, bus, 0), report.NA, impl=impl, sm_us=0.0
+        )
+
+    monkeypatch.setattr(loopback_backend, "make", lambda w, d, ranks_per_node, pace_bytes: _FakeLoopback(w, 2))
+    monkeypatch.setattr(gpu, "versions", lambda: {})
+    monkeypatch.setattr(runner, "measure", fake_measure)
+    js = tmp_path / "vn.json"
+    args = [coll, "--backend", "loopback", "--ranks", "4", "--ranks-per-node", "2", "--pace-bytes", "1M"]
+    rc = perf_main(args + ["-b", "64K", "-e", "64K", "-n", "1", "-d", "bf16", "--impl", "all", "-J", str(js)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "# topology: 4 ranks, 2 ranks per node, 2 virtual nodes, pacing cap 1048576 bytes per schedule step" in out
+    assert "# busbw = algbw * (W-1)/W" in out and "does not depend on the node topology" in out
+    rows = parse_full(out)
+    assert [x[5] for x in rows] == ["tide", "nccl", "fsdp2", "nccl-ce"]
+    skipped = {"nccl-ce"} | ({"nccl", "fsdp2"} if coll == "reduce_scatter" else set())
+    assert measured == [i for i in ("tide", "nccl", "fsdp2") if i not in skipped]
+    for x in rows:
+        if x[5] in skipped:
+            assert x[6:14] == ("N/A",) * 8 and x[16].startswith("not run"), x
+        else:
+            assert x[9] == "0" and abs(float(x[8]) - float(x[7]) * 3 / 4) <= 0.011
+    if coll == "reduce_scatter":
+        assert "no node structure" in [x for x in rows if x[5] == "nccl"][0][16]
+    else:
+        assert "over the same virtual nodes" in out  # what the AG stand-ins measure here
+    doc = json.loads(js.read_text())
+    c = doc["config"]
+    assert (c["nranks"], c["ranks_per_node"], c["nodes"], c["virtual_nodes"]) == (4, 2, 2, True)
+    assert c["pace_bytes"] == 1 << 20
+    assert doc["busbw_formula"].startswith("busbw = algbw * (W-1)/W")
+    if coll == "reduce_scatter":
+        assert doc["impls"]["fsdp2"]["not_run_reason"] == impls.MULTI_NODE_RS_REASON
+        assert doc["impls"]["fsdp2"]["measured_as"] is None
+    else:
+        assert "over the same virtual nodes" in doc["impls"]["nccl"]["measured_as"]
 
 
 def test_parse_impls():
@@ -95,6 +220,16 @@ def test_static_reasons():
     assert t["tide"]["measured_as"] is None
     assert "stand-in" in t["nccl"]["measured_as"] and "fp32" in t["nccl"]["measured_as"]
     assert "chunk_cat" in t["fsdp2"]["measured_as"] and "{" not in t["fsdp2"]["measured_as"]
+    # Several (virtual) nodes on loopback: the RS stand-ins have no node structure and are not run; the AG stand-ins
+    # run over the same virtual nodes and say so; the host backend's reasons do not change.
+    for impl in ("nccl", "fsdp2"):
+        assert "no node structure" in impls.static_reason("loopback", impl, "reduce_scatter", nodes=2)
+        assert impls.static_reason("loopback", impl, "all_gather", nodes=2) is None
+        assert impls.static_reason("loopback", impl, "reduce_scatter", nodes=1) is None
+        assert "host backend" in impls.static_reason("host", impl, "reduce_scatter", nodes=2)
+    t = impls.impl_table("loopback", ["tide", "nccl", "fsdp2"], "all_gather", nodes=4, copy_op="split_with_sizes_copy")
+    assert "over the same virtual nodes" in t["nccl"]["measured_as"] and t["nccl"]["not_run_reason"] is None
+    assert "split_with_sizes_copy" in t["fsdp2"]["measured_as"]
 
 
 def test_host_rows_for_every_impl_with_reasons(tmp_path):

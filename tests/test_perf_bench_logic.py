@@ -110,6 +110,26 @@ def test_loopback_reduce_scatter_benches(impl, op, scale, out):
         assert bad.bench(impl, spec("reduce_scatter", SHAPES, "bf16", out, op, scale)).check() >= 1
 
 
+def test_loopback_virtual_node_benches():
+    """--ranks 4 --ranks-per-node 2: the benches build multi-node layouts (R = 2, the pacing cap) and check them; the
+    AG stand-ins run over the same virtual nodes and say so; the RS stand-ins are not run (no node structure)."""
+    b = backend(4)
+    b._topology(4, 2, 1024)
+    lays = b._layouts(spec("all_gather", SHAPES), [15, 7, 8, 18], [3, 1, 4, 2])
+    assert all((x.ranks_per_node, x.n_nodes, x.pace_bytes) == (2, 2, 1024) for x in lays)
+    for impl in ("tide", "nccl", "fsdp2"):
+        bench = b.bench(impl, spec("all_gather", SHAPES, "bf16"))
+        assert bench.check() == 0
+        bench.call()
+        assert (impl == "tide") == ("over the same virtual nodes" not in bench.note)
+    for op in ("sum", "avg"):
+        bench = b.bench("tide", spec("reduce_scatter", SHAPES, "bf16", "fp32", op))
+        assert bench.check() == 0
+    for impl in ("nccl", "fsdp2"):
+        with pytest.raises(runner.Unavailable, match="no node structure"):
+            b.bench(impl, spec("reduce_scatter", SHAPES, "bf16"))
+
+
 def test_loopback_stand_in_reduce_detects_a_wrong_result():
     """The stand-in's check is real: one wrong element of the SM reduction's output is counted."""
     b = backend(2)
@@ -257,7 +277,7 @@ def test_cli_loopback_end_to_end_on_a_model_world(coll, monkeypatch, tmp_path, c
     from test_perf_cli import parse_full
 
     made = []
-    monkeypatch.setattr(loopback_backend, "make", lambda w, d: made.append(CpuLoopback(w)) or made[-1])
+    monkeypatch.setattr(loopback_backend, "make", lambda w, d, **kw: made.append(CpuLoopback(w)) or made[-1])
     js = tmp_path / "lb.json"
     rc = cli.main(
         [
@@ -304,11 +324,47 @@ def test_cli_loopback_end_to_end_on_a_model_world(coll, monkeypatch, tmp_path, c
     assert fake_gpu_timing.count("time") == 6 and fake_gpu_timing.count("sm") == 6
 
 
+@pytest.mark.parametrize("coll", ["all_gather", "reduce_scatter"])
+def test_cli_loopback_virtual_nodes_on_a_model_world(coll, monkeypatch, tmp_path, capsys, fake_gpu_timing):
+    """The CLI with --ranks-per-node 2 of 4 end to end on the model world: the backend gets R and the pacing cap, its
+    benches run on multi-node layouts and check clean, the stand-ins without node structure are not run."""
+    import json
+
+    from nccl_tide.perf import cli
+    from test_perf_cli import parse_full
+
+    made = []
+
+    def make(w, d, ranks_per_node=None, pace_bytes=None):
+        b = CpuLoopback(w)
+        b._topology(w, ranks_per_node, pace_bytes)
+        made.append(b)
+        return b
+
+    monkeypatch.setattr(loopback_backend, "make", make)
+    js = tmp_path / "vn.json"
+    args = [coll, "--backend", "loopback", "--ranks", "4", "--ranks-per-node", "2", "--pace-bytes", "2K"]
+    rc = cli.main(args + ["-b", "16K", "-e", "64K", "-f", "4", "-n", "1", "-d", "bf16", "--impl", "all", "-J", str(js)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert (made[0].R, made[0].pace, made[0].nodes) == (2, 2048, 2)
+    rows = parse_full(out)
+    assert [r[5] for r in rows] == ["tide", "nccl", "fsdp2", "nccl-ce"] * 2
+    skipped = {"nccl-ce"} | ({"nccl", "fsdp2"} if coll == "reduce_scatter" else set())
+    for r in rows:
+        if r[5] in skipped:
+            assert r[6:14] == ("N/A",) * 8 and r[16].startswith("not run"), r
+        else:
+            assert r[9] == "0" and r[6] == "50.00", r
+    doc = json.loads(js.read_text())
+    assert (doc["config"]["ranks_per_node"], doc["config"]["nodes"], doc["config"]["pace_bytes"]) == (2, 2, 2048)
+
+
 def test_cli_loopback_counts_wrong_elements(monkeypatch, capsys, fake_gpu_timing):
     from nccl_tide.perf import cli
     from test_perf_cli import parse_full
 
-    def make(w, d):
+    def make(w, d, **kw):
         b = CpuLoopback(w)
         b.world = ModelWorld(w, corrupt=True)
         return b

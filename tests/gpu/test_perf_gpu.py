@@ -100,6 +100,38 @@ def test_loopback_all_impls(coll, tmp_path):
     assert {x["impl"] for x in doc["results"] if x["ran"]} == {"tide", "nccl", "fsdp2"}
 
 
+@pytest.mark.parametrize("coll", ["all_gather", "reduce_scatter"])
+def test_loopback_virtual_nodes(coll, tmp_path):
+    """--ranks 4 --ranks-per-node 2: TIDE over 2 virtual nodes of 2 ranks on one GPU (multi-node layouts; a 64 KiB
+    pacing cap, so from 1 MiB on every AG block takes several schedule steps), checked with -c 1; the stand-ins that
+    have no node structure are printed as not run; ranks_per_node and the node count in the JSON. Not yet run on a
+    GPU when written."""
+    js = tmp_path / "vn.json"
+    args = f"{coll} --backend loopback --ranks 4 --ranks-per-node 2 --pace-bytes 64K -b 256K -e 4M -f 4 -n 3 -w 1"
+    r = run(perf(f"{args} -c 1 -d bf16 --impl all -J", js))
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-6000:]
+    assert "# topology: 4 ranks, 2 ranks per node, 2 virtual nodes, pacing cap 65536 bytes" in r.stdout
+    assert "2 virtual nodes of 2 ranks" in r.stdout and "# busbw = algbw * (W-1)/W" in r.stdout
+    got = rows(r.stdout)
+    assert [x["impl"] for x in got] == ["tide", "nccl", "fsdp2", "nccl-ce"] * 3
+    skipped = {"nccl-ce"} | ({"nccl", "fsdp2"} if coll == "reduce_scatter" else set())
+    for x in got:
+        if x["impl"] in skipped:
+            assert x["time"] == "N/A" and x["note"].startswith("not run"), x
+            continue
+        assert x["wrong"] == "0" and float(x["time"]) > 0 and float(x["busbw"]) > 0, x
+        if x["impl"] != "tide":
+            assert "over the same virtual nodes" in x["note"], x
+    doc = json.loads(js.read_text())
+    assert doc["backend"] == "loopback" and doc["out_of_bounds"]["count"] == 0
+    c = doc["config"]
+    assert (c["nranks"], c["ranks_per_node"], c["nodes"], c["virtual_nodes"], c["pace_bytes"]) == (4, 2, 2, True, 65536)
+    assert doc["busbw_formula"].startswith("busbw = algbw * (W-1)/W")
+    ran = {x["impl"] for x in doc["results"] if x["ran"]}
+    assert ran == ({"tide", "nccl", "fsdp2"} if coll == "all_gather" else {"tide"})
+    assert all(x["out_of_place"]["nwrong"] == 0 for x in doc["results"] if x["ran"])
+
+
 def test_loopback_interfere_gemm_and_model_layout():
     r = run(
         perf(

@@ -3,8 +3,11 @@
 tide-perf all_gather|reduce_scatter [-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP]
           [-c CHECK] [-d TYPE] [-o OP] [-z BLOCKING] [-a AVERAGE] [-J FILE.json] [--plot FILE.png]
           [--backend auto|host|loopback|torchrun] [--impl tide,nccl,fsdp2,nccl-ce] [--interfere gemm]
-          [--min-busbw GB/s] [--ranks N] [--ranks-per-node R] [--layout flat|<model>]
+          [--min-busbw GB/s] [--ranks N] [--ranks-per-node R] [--pace-bytes B] [--layout flat|<model>]
 tide-perf plot FILE.json FILE.png
+
+busbw = algbw * (W - 1) / W for both collectives, nccl-tests' all-gather/reduce-scatter factor, whatever the node
+topology (--ranks-per-node): the same convention as nccl-tests on several nodes (BUSBW_FORMULA).
 """
 
 import argparse
@@ -28,6 +31,10 @@ SUFFIX = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 # Model layouts are one whole layer per row and simulate every rank in host memory: keep runs short.
 MODEL_DEFAULT_ITERS, MODEL_DEFAULT_WARMUP = 1, 0
 FLAT_DEFAULT_ITERS, FLAT_DEFAULT_WARMUP = 20, 1
+BUSBW_FORMULA = (
+    "busbw = algbw * (W-1)/W (nccl-tests' all_gather/reduce_scatter factor, W = world size); kept for every "
+    "--ranks-per-node: it does not depend on the node topology, as in nccl-tests on several nodes"
+)
 
 
 def parse_size(text: str) -> int:
@@ -52,8 +59,10 @@ def parser() -> argparse.ArgumentParser:
         prog="tide-perf",
         description="nccl-tests-style benchmark of TIDE all-gather / reduce-scatter.",
         epilog="Backends: host (every rank simulated by the C host executor; no GPU), loopback (N virtual ranks on "
-        "one GPU), torchrun (one process per GPU, NCCL). auto: no GPU -> host; GPU and WORLD_SIZE -> torchrun; "
-        "GPU -> loopback. 'tide-perf plot FILE.json FILE.png' plots a JSON written with -J.",
+        "one GPU; --ranks-per-node R < N: N/R virtual nodes, TIDE's inter-node algorithm on one GPU), torchrun (one "
+        "process per GPU, NCCL). auto: no GPU -> host; GPU and WORLD_SIZE -> torchrun; GPU -> loopback. "
+        "busbw = algbw * (W-1)/W for both collectives and any --ranks-per-node (nccl-tests' convention). "
+        "'tide-perf plot FILE.json FILE.png' plots a JSON written with -J.",
     )
     p.add_argument("collective", choices=sorted(COLLECTIVES) + sorted(COLLECTIVES.values()))
     p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("32M"))
@@ -87,7 +96,21 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", type=int, default=0, help="loopback: CUDA device")
     p.add_argument("--ranks", type=int, default=8, help="world size (host: simulated; loopback: virtual ranks 2..8)")
-    p.add_argument("--ranks-per-node", type=int, default=None, help="default: largest divisor of --ranks <= 8")
+    p.add_argument(
+        "--ranks-per-node",
+        type=int,
+        default=None,
+        help="ranks per node R of the layouts; must divide --ranks. host: default the largest divisor of --ranks "
+        "<= 8; loopback: default --ranks (one node), R < --ranks runs TIDE over --ranks/R virtual nodes on one GPU "
+        "(the RS nccl/fsdp2 stand-ins are then not run); torchrun: ignored",
+    )
+    p.add_argument(
+        "--pace-bytes",
+        type=parse_size,
+        default=None,
+        help="host, loopback: the layouts' inter-node pacing cap (bytes per schedule step, K/M/G suffixes); only "
+        "multi-node layouts use it; default NCCL_TIDE_PACE_BYTES or 8M",
+    )
     p.add_argument("--layout", default="flat", choices=["flat"] + sorted(MODELS))
     p.add_argument(
         "--out-type", default="fp32", help="reduce_scatter output type: fp32 (default), bf16, fp16 or 'same' (= -d)"
@@ -184,13 +207,25 @@ def main(argv: Optional[List[str]] = None) -> int:
         _die(f"reduce_scatter supports -d and --out-type in {', '.join(RS_TYPES)}")
     if a.ranks < 1:
         _die("--ranks must be >= 1")
-    rpn = a.ranks_per_node if a.ranks_per_node is not None else default_ranks_per_node(a.ranks)
+    if a.ranks_per_node is not None:
+        rpn = a.ranks_per_node
+    else:  # loopback: one node unless asked (2..8 ranks: the host default is one node too)
+        rpn = a.ranks if backend == "loopback" else default_ranks_per_node(a.ranks)
     if rpn < 1 or a.ranks % rpn:
-        _die(f"--ranks-per-node {rpn} must divide --ranks {a.ranks}")
+        _die(
+            f"--ranks-per-node {rpn} must divide --ranks {a.ranks} (nodes of equal size; "
+            f"divisors: {', '.join(str(d) for d in range(1, a.ranks + 1) if a.ranks % d == 0)})"
+        )
     if backend == "loopback" and not 2 <= a.ranks <= 8:
         _die(f"--backend loopback runs 2..8 virtual ranks on one GPU, not --ranks {a.ranks}")
-    if backend == "loopback" and a.ranks_per_node is not None and a.ranks_per_node != a.ranks:
-        _die("--backend loopback is one node: --ranks-per-node must equal --ranks (or be left out)")
+    pace = None
+    if a.pace_bytes is not None:
+        if backend == "torchrun":
+            _die("--pace-bytes sets the host and loopback layouts; torchrun layouts take NCCL_TIDE_PACE_BYTES")
+        if a.pace_bytes < 1:
+            _die("--pace-bytes must be >= 1 (leave it out for NCCL_TIDE_PACE_BYTES or the library default)")
+        pace = a.pace_bytes
+    eff_pace = _effective_pace(a.ranks, rpn, pace) if backend != "torchrun" else None
     min_busbw = _min_busbw(a)
 
     model = a.layout != "flat"
@@ -212,16 +247,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")  # before CUDA initializes (nccl_tide.cuda)
             from . import loopback_backend
 
-            gpu_backend = loopback_backend.make(a.ranks, a.device)
+            gpu_backend = loopback_backend.make(a.ranks, a.device, ranks_per_node=rpn, pace_bytes=pace)
         else:
             from . import torchrun_backend
 
             gpu_backend = torchrun_backend.make(a.average)
     world = a.ranks if backend != "torchrun" else gpu_backend.W
     if backend == "torchrun":
-        rpn = default_ranks_per_node(world)
-    elif backend == "loopback":
-        rpn = world
+        rpn = default_ranks_per_node(world)  # what its layouts use (--ranks-per-node is ignored there)
     leader = backend != "torchrun" or gpu_backend.rank == 0
     out = sys.stdout if leader else open(os.devnull, "w")
     try:
@@ -236,6 +269,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             gpu_backend,
             world,
             rpn,
+            pace,
+            eff_pace,
             dt,
             out_dt,
             op,
@@ -264,6 +299,8 @@ def _run(
     gpu_backend,
     world,
     rpn,
+    pace,
+    eff_pace,
     dt,
     out_dt,
     op,
@@ -296,8 +333,9 @@ def _run(
         f"# nThread 1 nGpus {0 if backend == 'host' else 1} minBytes {a.minbytes} maxBytes {a.maxbytes} step: {step} "
         f"warmup iters: {warmup} iters: {iters} agg iters: 1 validation: {a.check} graph: 0 unalign: 0\n"
     )
+    nodes = world // rpn
     if backend == "host":
-        out.write(f"# backend: host executor, {world} simulated ranks, {rpn} ranks per node, {world // rpn} nodes\n")
+        out.write(f"# backend: host executor, {world} simulated ranks, {rpn} ranks per node, {nodes} nodes\n")
     else:
         out.write(f"# backend: {gpu_backend.describe()}\n")
         if "torch" in versions:
@@ -305,6 +343,11 @@ def _run(
                 f"# torch {versions.get('torch')} CUDA {versions.get('cuda_runtime')} "
                 f"NCCL(torch) {versions.get('nccl_torch', 'N/A')} device {versions.get('device', '?')}\n"
             )
+    kind = {"host": "simulated ", "loopback": "virtual "}.get(backend, "")
+    pace_text = "" if eff_pace is None or nodes == 1 else f", pacing cap {eff_pace} bytes per schedule step"
+    plural = "s" if nodes > 1 else ""
+    out.write(f"# topology: {world} ranks, {rpn} ranks per node, {nodes} {kind}node{plural}{pace_text}\n")
+    out.write(f"# {BUSBW_FORMULA}\n")
     out.write(f"# backend chosen by {choice['why']}\n")
     if coll == "reduce_scatter":
         out.write(
@@ -313,7 +356,9 @@ def _run(
             + "\n"
         )
     copy_op = "split_with_sizes_copy" if coll == "all_gather" else "chunk_cat"
-    table = impls.impl_table(backend, wanted, coll, copy_op=copy_op, out=out_dt.name)
+    table = impls.impl_table(
+        backend, wanted, coll, nodes=nodes if backend == "loopback" else 1, copy_op=copy_op, out=out_dt.name
+    )
     for impl in wanted:
         t = table[impl]
         out.write(f"# impl {impl}: {t['description']}\n")
@@ -382,7 +427,7 @@ def _run(
                 )
             elif backend == "host":
                 try:
-                    oop, ip, note = run_host(host_backend.Case(numels, prow, world, rpn), hopts)
+                    oop, ip, note = run_host(host_backend.Case(numels, prow, world, rpn, pace), hopts)
                 except MemoryError:
                     _die(
                         "out of host memory: the host backend holds every simulated rank; use fewer --ranks or a "
@@ -425,9 +470,13 @@ def _run(
             "backend": backend,
             "backend_choice": choice["why"],
             "date_utc": _utc_now(),
+            "busbw_formula": BUSBW_FORMULA,
             "config": {
                 "nranks": world,
                 "ranks_per_node": rpn,
+                "nodes": nodes,
+                "virtual_nodes": backend == "loopback" and nodes > 1,
+                "pace_bytes": eff_pace,
                 "layout": a.layout,
                 "impls": wanted,
                 "minbytes": a.minbytes,
@@ -462,6 +511,18 @@ def _run(
                 print(str(e), file=sys.stderr)
                 return 3
     return 1 if (wrong or gate_failed) else 0
+
+
+def _effective_pace(world: int, rpn: int, pace: Optional[int]) -> int:
+    """The pacing cap the layouts will use (pace, else NCCL_TIDE_PACE_BYTES, else the library default), read from a
+    one-parameter layout of the run's topology; an unusable value ends the run here, before anything is measured."""
+    from ..layout import Layout
+
+    try:
+        with Layout([world], "fp32", world, rpn, pace_bytes=pace) as lay:
+            return int(lay.pace_bytes)
+    except TideError as e:
+        _die(e.detail)
 
 
 def _utc_now() -> str:

@@ -30,6 +30,7 @@ class Case(NamedTuple):
     row_numels: List[int]
     world: int
     ranks_per_node: Optional[int]
+    pace_bytes: Optional[int] = None  # inter-node pacing cap of the layout (None: NCCL_TIDE_PACE_BYTES or default)
 
 
 class Opts(NamedTuple):
@@ -76,7 +77,9 @@ def _fill(dst: np.ndarray, byte: int = 0xFF) -> None:
 def all_gather(case: Case, o: Opts):
     """Returns (out-of-place Variant, in-place Variant, note or None)."""
     W = case.world
-    with Layout(case.numels, o.dtype.name, W, case.ranks_per_node, row_numels=case.row_numels) as lay:
+    with Layout(
+        case.numels, o.dtype.name, W, case.ranks_per_node, row_numels=case.row_numels, pace_bytes=case.pace_bytes
+    ) as lay:
         infos = lay.params
         shards = [[random_values(rank_rng(o.seed, r), o.dtype, p.shard_numel) for p in infos] for r in range(W)]
         params = [[poisoned(p.shard_numel * W, o.dtype) for p in infos] for _ in range(W)]
@@ -120,7 +123,9 @@ def all_gather(case: Case, o: Opts):
 
 def reduce_scatter(case: Case, o: Opts):
     W = case.world
-    with Layout(case.numels, o.dtype.name, W, case.ranks_per_node, row_numels=case.row_numels) as lay:
+    with Layout(
+        case.numels, o.dtype.name, W, case.ranks_per_node, row_numels=case.row_numels, pace_bytes=case.pace_bytes
+    ) as lay:
         infos = lay.params
         R = lay.ranks_per_node
         grads = [[random_values(rank_rng(o.seed, r), o.dtype, p.numel) for p in infos] for r in range(W)]

@@ -27,6 +27,22 @@ LOOPBACK_STAND_INS = {
     ("fsdp2", "reduce_scatter"): "stand-in: FSDP2 copy-in ({copy_op}, {out}) per rank + SM reduction",
 }
 
+# The same, for a multi-node loopback layout (--ranks-per-node R < --ranks: N x R virtual nodes on one GPU). The AG
+# stand-ins run over the same virtual nodes (TIDE's inter-node schedule on one flat buffer), which is not NCCL's
+# multi-node algorithm; the RS stand-ins have no node structure at all, so they are not run (MULTI_NODE_RS_REASON).
+LOOPBACK_STAND_INS_MULTI_NODE = {
+    ("nccl", "all_gather"): "stand-in: flat copy-engine all-gather over the same virtual nodes (TIDE's inter-node "
+    "schedule and node-local fan-out on one rank-major flat buffer); not NCCL's multi-node algorithm, no multi-rank "
+    "NCCL on one GPU",
+    ("fsdp2", "all_gather"): "stand-in: flat copy-engine all-gather over the same virtual nodes + FSDP2 copy-out "
+    "({copy_op}) per rank; not NCCL's multi-node algorithm",
+}
+MULTI_NODE_RS_REASON = (
+    "not run: the loopback reduce-scatter stand-in (an SM sum of every rank's input on one GPU) has no node "
+    "structure, so with --ranks-per-node below --ranks it would only repeat the one-node figure; run without "
+    "--ranks-per-node for it"
+)
+
 
 class BackendChoice(dict):
     """{'backend': name, 'why': how it was chosen}."""
@@ -85,9 +101,9 @@ def parse_impls(text: str) -> List[str]:
     return out
 
 
-def static_reason(backend: str, impl: str, collective: str) -> Optional[str]:
+def static_reason(backend: str, impl: str, collective: str, nodes: int = 1) -> Optional[str]:
     """Why `impl` cannot run with `backend` for `collective`, decided without a GPU; None if it may run (it can still
-    fail at run time, and then its row says why)."""
+    fail at run time, and then its row says why). `nodes` > 1: a multi-node layout (loopback: virtual nodes)."""
     if impl == "nccl-ce" and collective == "reduce_scatter":
         return "not run: NCCL's copy-engine collectives include no reduce-scatter (a reduction needs SMs)"
     if backend == "host":
@@ -99,17 +115,27 @@ def static_reason(backend: str, impl: str, collective: str) -> Optional[str]:
             "not run: NCCL's CE AllGather needs NCCL communicators between processes with symmetric windows "
             "(--backend torchrun, NCCL >= 2.28); no multi-rank NCCL on one GPU"
         )
+    if backend == "loopback" and nodes > 1 and collective == "reduce_scatter" and impl in ("nccl", "fsdp2"):
+        return MULTI_NODE_RS_REASON
     return None
 
 
-def impl_table(backend: str, impls: List[str], collective: str, **fmt) -> Dict[str, dict]:
+def loopback_stand_in(impl: str, collective: str, nodes: int = 1) -> Optional[str]:
+    """What the loopback backend measures for `impl` (unformatted), or None (tide, or a row that is not run)."""
+    if nodes > 1:
+        return LOOPBACK_STAND_INS_MULTI_NODE.get((impl, collective))
+    return LOOPBACK_STAND_INS.get((impl, collective))
+
+
+def impl_table(backend: str, impls: List[str], collective: str, nodes: int = 1, **fmt) -> Dict[str, dict]:
     """JSON description of each requested impl: description, static reason, stand-in (loopback)."""
     out = {}
     for impl in impls:
-        stand_in = LOOPBACK_STAND_INS.get((impl, collective)) if backend == "loopback" else None
+        reason = static_reason(backend, impl, collective, nodes)
+        stand_in = loopback_stand_in(impl, collective, nodes) if backend == "loopback" and not reason else None
         out[impl] = {
             "description": DESCRIPTIONS[impl],
-            "not_run_reason": static_reason(backend, impl, collective),
+            "not_run_reason": reason,
             "measured_as": stand_in.format(**fmt) if stand_in and fmt else stand_in,
         }
     return out

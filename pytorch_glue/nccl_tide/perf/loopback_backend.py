@@ -4,6 +4,13 @@ One call = the collective of every virtual rank (all ranks' work on one device),
 of the whole world on one GPU. There is no multi-rank NCCL on one GPU: the `nccl` and `fsdp2` rows measure the
 closest same-device stand-ins (benchmarks/ag_placement.py and rs.py) and say so in their note; `nccl-ce` cannot run.
 
+Virtual nodes (--ranks-per-node R < --ranks W): every TIDE layout is built with ranks_per_node=R (and the pacing cap
+--pace-bytes), so the CUDA executors run the inter-node algorithm over W/R nodes of R ranks on the one GPU (docs/
+architecture.md, "CUDA executors on several (virtual) nodes"; tests/gpu/test_virtual_nodes.py). The TIDE RS uses the
+world's own staging, which the library sizes for the layout's plan (with several nodes: R node-local inputs plus one
+fp32 partial chunk per pipeline buffer), so no slot region has to be sized here. The AG stand-ins run over the same
+virtual nodes; the RS stand-ins have no node structure and are not run (impls.MULTI_NODE_RS_REASON).
+
 Checks (-c 1), before timing, outputs poisoned first: all-gather bit-exact against the send buffers (every rank's
 slot, every parameter); reduce-scatter against an fp64 sum of the inputs within gpu.RS_TOL x sum|x_i|.
 """
@@ -11,7 +18,7 @@ slot, every parameter); reduce-scatter against an fp64 sum of the inputs within 
 from typing import Callable, List, Optional
 
 from . import gpu
-from .impls import LOOPBACK_STAND_INS
+from .impls import MULTI_NODE_RS_REASON, loopback_stand_in
 from .runner import Bench, CaseSpec, Unavailable
 
 SYNC_TIMEOUT_S = 30.0  # a TIDE call not done by then is a cross-rank deadlock: the row fails instead of hanging
@@ -92,19 +99,39 @@ def rs_reference(grads, layout, rank: int, world: int, op: str, scale: float, ou
 class LoopbackBackend:
     name = "loopback"
 
-    def __init__(self, world: int, device: int = 0):
+    def __init__(
+        self, world: int, device: int = 0, ranks_per_node: Optional[int] = None, pace_bytes: Optional[int] = None
+    ):
         from ..cuda import LoopbackWorld
 
         torch = _torch()
-        if not 2 <= world <= 8:
-            raise ValueError(f"--backend loopback runs 2..8 virtual ranks, not --ranks {world}")
+        self._topology(world, ranks_per_node, pace_bytes)
         torch.cuda.set_device(device)
-        self.W = world
         self.device = torch.device("cuda", device)
         self.world = LoopbackWorld(world, device=device)
 
+    def _topology(self, world: int, ranks_per_node: Optional[int], pace_bytes: Optional[int]) -> None:
+        """W, R (ranks per node of every layout: W = one node) and the layouts' pacing cap (None: the default)."""
+        R = world if ranks_per_node is None else int(ranks_per_node)
+        if not 2 <= world <= 8:
+            raise ValueError(f"--backend loopback runs 2..8 virtual ranks, not --ranks {world}")
+        if R < 1 or world % R:
+            raise ValueError(f"--ranks-per-node {R} must divide --ranks {world}")
+        self.W, self.R, self.pace = world, R, pace_bytes
+
+    @property
+    def nodes(self) -> int:
+        return self.W // getattr(self, "R", self.W)
+
     def describe(self) -> str:
-        return f"loopback: {self.W} virtual ranks on one GPU (nccl_tide.cuda.LoopbackWorld), one call = every rank"
+        text = f"loopback: {self.W} virtual ranks on one GPU (nccl_tide.cuda.LoopbackWorld), one call = every rank"
+        if self.nodes > 1:
+            pace = "layout default" if self.pace is None else f"{self.pace} B"
+            text += (
+                f"; {self.nodes} virtual nodes of {self.R} ranks (layouts with ranks_per_node={self.R}: TIDE runs "
+                f"its inter-node algorithm on one GPU; pacing cap {pace}; RS on the world's own staging)"
+            )
+        return text
 
     def devices(self) -> list:
         import os
@@ -112,6 +139,7 @@ class LoopbackBackend:
 
         torch = _torch()
         name = torch.cuda.get_device_name(self.device)
+        R = getattr(self, "R", self.W)
         return [
             {
                 "rank": r,
@@ -119,7 +147,7 @@ class LoopbackBackend:
                 "pid": os.getpid(),
                 "hostname": socket.gethostname(),
                 "device": self.device.index,
-                "name": f"{name} (virtual rank {r})",
+                "name": f"{name} (virtual rank {r}" + (f", virtual node {r // R})" if R < self.W else ")"),
             }
             for r in range(self.W)
         ]
@@ -136,8 +164,9 @@ class LoopbackBackend:
     def _layouts(self, case: CaseSpec, numels, rows):
         from ..layout import Layout
 
+        R, pace = getattr(self, "R", self.W), getattr(self, "pace", None)
         return [
-            Layout(numels, case.dtype.name, self.W, ranks_per_node=self.W, rank=r, row_numels=rows)
+            Layout(numels, case.dtype.name, self.W, ranks_per_node=R, rank=r, row_numels=rows, pace_bytes=pace)
             for r in range(self.W)
         ]
 
@@ -197,7 +226,7 @@ class LoopbackBackend:
                 world.join()
 
             if impl == "nccl":
-                note = LOOPBACK_STAND_INS[("nccl", "all_gather")]
+                note = loopback_stand_in("nccl", "all_gather", self.nodes)
                 if len(case.numels) == 1:
                     note += " (for a flat layout the same copies as the tide row)"
                 want = torch.cat([s_.view(bits) for s_ in send])
@@ -228,7 +257,7 @@ class LoopbackBackend:
                 torch.cuda.synchronize()
                 return wrong_in(outs)
 
-            note = LOOPBACK_STAND_INS[("fsdp2", "all_gather")].format(copy_op=op_name)
+            note = loopback_stand_in("fsdp2", "all_gather", self.nodes).format(copy_op=op_name)
             return Bench(call, check, note=note, cleanup=lambda: world.free_slot(flat))
         raise Unavailable(f"not run: no loopback implementation of {impl}")
 
@@ -257,6 +286,8 @@ class LoopbackBackend:
             outs = [torch.empty(M, dtype=out_t, device=dev) for _ in range(W)]
 
             def call():
+                # staging=None: the world's own staging, sized by the library for this plan (one node: R inputs per
+                # pipeline buffer; several: R inputs plus the fp32 inter-node partial).
                 world.reduce_scatter(lays, grads, outs, op=case.op, scale=case.scale)
                 world.join()
 
@@ -270,6 +301,8 @@ class LoopbackBackend:
 
             return Bench(call, check, note="", cleanup=lambda: refs.clear())
 
+        if impl in ("nccl", "fsdp2") and self.nodes > 1:
+            raise Unavailable(MULTI_NODE_RS_REASON)
         if impl in ("nccl", "fsdp2"):
             # NCCL reduces in one type: FSDP2 copies the grads into the reduce type (--out-type) first.
             op_name, chunk_cat = chunk_cat_impl()
@@ -298,11 +331,14 @@ class LoopbackBackend:
                 torch.cuda.synchronize()
                 return wrong_in([base[r] for r in range(W)])
 
-            key = ("nccl", "reduce_scatter") if impl == "nccl" else ("fsdp2", "reduce_scatter")
-            note = LOOPBACK_STAND_INS[key].format(copy_op=op_name, out=case.out_dtype.name)
+            note = loopback_stand_in(impl, "reduce_scatter").format(copy_op=op_name, out=case.out_dtype.name)
             return Bench(call, check, note=note, cleanup=lambda: refs.clear())
         raise Unavailable(f"not run: no loopback implementation of {impl}")
 
 
-def make(world: int, device: Optional[int] = None) -> LoopbackBackend:
-    return LoopbackBackend(world, 0 if device is None else device)
+def make(
+    world: int, device: Optional[int] = None, ranks_per_node: Optional[int] = None, pace_bytes: Optional[int] = None
+) -> LoopbackBackend:
+    """ranks_per_node: every layout's R (None or world: one node; R < world: world / R virtual nodes);
+    pace_bytes: the layouts' inter-node pacing cap (None: NCCL_TIDE_PACE_BYTES or the library default)."""
+    return LoopbackBackend(world, 0 if device is None else device, ranks_per_node, pace_bytes)
