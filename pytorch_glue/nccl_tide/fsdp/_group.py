@@ -240,6 +240,8 @@ class GroupState:
             raise InvalidUsageError(f"{self.label}: TIDE all-gather from a non-SHARDED state")
         handle = _get_device_handle(device.type)
         if self.native:
+            if self.held is not None:  # FSDP2 calls the group sharded: nothing may still hold memory
+                self.on_release()
             slot = self.pool.acquire(self)
             if slot is None:  # every slot owned by a group not resharded yet: stock FSDP2 this once
                 return self._pool_fallback(fsdp_params, group, async_op, copy_in_stream, ag_stream, device, stock_fn)
