@@ -67,7 +67,7 @@ def init_worker(rank: int, world: int, port: int):
     return dist
 
 
-def build_model(seed: int = 0, tied: bool = False):
+def build_model(seed: int = 0, tied: bool = False, layers: int = LAYERS):
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -122,7 +122,7 @@ def build_model(seed: int = 0, tied: bool = False):
         def __init__(self):
             super().__init__()
             self.tok = nn.Embedding(VOCAB, DIM)
-            self.layers = nn.ModuleList(Block() for _ in range(LAYERS))
+            self.layers = nn.ModuleList(Block() for _ in range(layers))
             self.norm = RMSNorm(DIM)
             self.out = nn.Linear(DIM, VOCAB, bias=False)
             if tied:

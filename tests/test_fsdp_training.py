@@ -140,7 +140,9 @@ class _SimComm:
     its storage is not resizable, so an FSDP2 free_storage reaching it raises. Data moves with
     the reference executor, written through an alias with its own version counter (a real
     tideAllGather writes outside autograd). Staging handed to reduce_scatter is filled with
-    NaN first: a parameter read from a slot that still holds staging would show in the loss."""
+    NaN first: a parameter read from a slot that still holds staging would show in the loss;
+    so is the whole slot region before an all-gather writes it (an element the AG does not
+    write shows). Counts slot bytes (live, peak) and the slot addresses the AG wrote into."""
 
     def __init__(self, group):
         import torch.distributed as dist
@@ -152,6 +154,11 @@ class _SimComm:
         self._handle = 1
         self.live_slots = 0
         self.staging_used = 0
+        self.live_bytes = self.peak_bytes = 0
+        self.slots = {}  # data_ptr -> nbytes of every live slot
+        self.ag_ptrs = set()  # slot addresses TIDE-AG wrote into
+        self.staging_ptrs = set()
+        self.freed_empty = 0  # free_slot on a slot whose memory was not back in its tensor
 
     @staticmethod
     def _alias(u8, dtype):
@@ -164,15 +171,26 @@ class _SimComm:
         import torch
 
         self.live_slots += 1
-        return torch.frombuffer(bytearray(nbytes), dtype=torch.uint8)
+        t = torch.frombuffer(bytearray(nbytes), dtype=torch.uint8)
+        self.slots[t.data_ptr()] = nbytes
+        self.live_bytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        return t
 
     def free_slot(self, slot):
         self.live_slots -= 1
+        self.freed_empty += slot.untyped_storage().nbytes() != slot.numel()
+        self.live_bytes -= self.slots.pop(slot.data_ptr(), 0)
 
     def all_gather(self, layout, slot, sendbuf=None, shards=None, stream=None):
+        import torch
         from nccl_tide.reference_executor import _uniform_dtype
 
         dt = _uniform_dtype(layout)
+        ptr = slot.data_ptr()
+        assert self.slots.get(ptr, 0) >= layout.slot_bytes, "TIDE-AG into memory that is not a live slot"
+        self.ag_ptrs.add(ptr)
+        self._alias(slot, torch.uint8).narrow(0, 0, layout.slot_bytes).fill_(0xFF)  # poison: bf16/fp32 NaN
         send = sendbuf if sendbuf is not None else self.ref.pack(layout, shards)
         flat = self._alias(slot, dt)
         W = layout.world_size
@@ -185,6 +203,8 @@ class _SimComm:
 
         if staging is not None:
             assert staging.numel() >= layout.rs_staging_bytes
+            assert self.slots.get(staging.data_ptr(), 0) >= layout.rs_staging_bytes, "staging outside a live slot"
+            self.staging_ptrs.add(staging.data_ptr())
             self._alias(staging, torch.uint8).narrow(0, 0, layout.rs_staging_bytes).fill_(0xFF)  # bf16/fp32 NaN
             self.staging_used += 1
         self.ref.reduce_scatter(layout, grads, out, op=op, scale=scale)

@@ -12,6 +12,9 @@ fp32 reduce, AdamW, STEPS steps. Runs, each from the same seed:
             semantics, torch.distributed collectives);
   accum     native with gradient accumulation (2 microbatches, no sync on the first) and
             reshard_after_forward=False (fp32 accumulated gradients: a second RS layout);
+  pool      native with slot_pool=2: the root and both blocks reshard after forward, so the 3
+            groups share 2 slots swapped into their storage per AG (fsdp/_slot_pool.py); the
+            backward prefetch can find both held and falls back to stock FSDP2 for that AG;
   auto      executor="auto" must pick native on NCCL/CUDA.
 
 Tolerances. At world size 1 the AG is a byte copy of the bf16-cast shards and TIDE-RS of one
@@ -131,11 +134,11 @@ def worker(port: int, out_path: str, mode: str) -> None:
             params = [p.to_local().detach().float().cpu().clone() for p in model.parameters()]
             return {"losses": losses, "grads": grads, "params": params, "param_dtype_in_forward": seen.get("dtype")}
 
-        def run(executor, raf=True, accum=1, after_disable=False):
+        def run(executor, raf=True, accum=1, after_disable=False, slot_pool=3):
             model = build(raf)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                handle = tfsdp.enable(model, executor=executor) if executor != "stock" else None
+                handle = tfsdp.enable(model, executor=executor, slot_pool=slot_pool) if executor != "stock" else None
                 out = train(model, STEPS, accum)
                 if handle is not None:
                     out["stats"] = handle.stats()
@@ -170,6 +173,7 @@ def worker(port: int, out_path: str, mode: str) -> None:
         ref = run("reference")
         stock_acc = run("stock", raf=False, accum=2)
         nat_acc = run(native, raf=False, accum=2)
+        nat_pool = run(native, slot_pool=2)  # root + 2 blocks reshard after forward: 3 groups share 2 slots
         auto = build(True)
         with warnings.catch_warnings(record=True):
             warnings.simplefilter("always")
@@ -185,6 +189,9 @@ def worker(port: int, out_path: str, mode: str) -> None:
         report["native_vs_reference"] = compare(nat, ref)
         report["native_vs_stock"] = compare(nat, stock)
         report["native_vs_stock_accum"] = compare(nat_acc, stock_acc)
+        report["native_pool_stats"] = nat_pool["stats"]
+        report["native_pool_warnings"] = nat_pool["warnings"]
+        report["native_pool_vs_native"] = compare(nat_pool, nat)
         # No destroy_process_group: the report is written first and os._exit ends the process, so
         # a slow NCCL/tideComm teardown cannot turn a finished run into a timeout.
         report["ok"] = True
@@ -261,6 +268,22 @@ def check(rep: dict, gpu: bool) -> None:
         assert c["grad_maxdiff_step0"] <= 2.0**-22 * max(1.0, c["grad_max_step0"]), c
         assert c["loss_maxdiff"] <= 2e-3 and c["param_maxdiff"] <= 2e-2, c
 
+    # slot pool (native only; the reference executor ignores slot_pool): every AG of the 3 pooled
+    # groups hit one of the 2 slots or fell back to stock FSDP2 (backward holds the root, a block
+    # and the prefetched block: 3 > 2), same numbers as dedicated slots
+    pst = rep["native_pool_stats"]
+    if gpu:
+        sp = pst["slot_pool"]
+        assert sp["size"] == 2 and sp["pooled_groups"] == 3 and sp["dedicated_slots"] == 0, sp
+        assert sp["hits"] > 0 and sp["distinct_slots_used"] == 2, sp
+        assert sp["resident_slot_bytes"] == 2 * max(g["slot_bytes"] for g in pst["tide_groups"]), sp
+        fell = sum(g["ag_pool_fallbacks"] for g in pst["tide_groups"])
+        assert sp["fallbacks"] == fell == pst["total"]["fallbacks"], (sp, pst["total"])
+    else:
+        assert pst["slot_pool"] is None, pst["slot_pool"]
+    for g in pst["tide_groups"]:
+        assert g["ag_calls"] + g["ag_pool_fallbacks"] == 2 * STEPS and g["rs_calls"] == STEPS, g
+    close(rep["native_pool_vs_native"])
     close(rep["native_vs_reference"])
     fp32_stock = rep["stock_w1_dtype"] != "torch.bfloat16"
     close(rep["native_vs_stock"], fp32_stock)
@@ -282,7 +305,8 @@ def test_native_executor_world1_matches_stock(torch_cuda, cuda_lib, tmp_path):
         "stock world-1 dtype:",
         rep["stock_w1_dtype"],
     )
-    for k in ("native_vs_reference", "native_vs_stock", "native_vs_stock_accum"):
+    print("slot pool:", rep["native_pool_stats"]["slot_pool"])
+    for k in ("native_vs_reference", "native_vs_stock", "native_vs_stock_accum", "native_pool_vs_native"):
         print(k, {x: rep[k][x] for x in ("bitequal", "loss_maxdiff", "grad_maxdiff_step0", "param_maxdiff")})
     check(rep, gpu=True)
 

@@ -27,6 +27,7 @@ from ..errors import InvalidArgumentError, InvalidUsageError
 from ..reference_executor import get_executor
 from . import _adapter, _patch
 from ._group import GroupState, static_reason
+from ._slot_pool import SWAP_SUPPORTED, build_pools, reshards_after_forward
 from ._warn import TideFSDPWarning, warn_once
 
 __all__ = ["TideFSDPHandle", "TideFSDPWarning", "disable", "enable", "handle_of", "stats"]
@@ -50,6 +51,8 @@ class TideFSDPHandle:
         self.executor = executor_name
         self.slot_reuse = slot_reuse
         self.adapter = adapter
+        self.slot_pool = 0  # native: size of the shared slot pool asked for
+        self.pools = []  # native: SlotPool objects (shared pools first per comm, then dedicated slots)
         self.groups: List[GroupState] = []
         self.stock: List[dict] = []  # {"group": label, "reason": why}
         self.enabled = True
@@ -59,14 +62,22 @@ class TideFSDPHandle:
         fallbacks (per-call stock reductions, by reason), ag_bytes/rs_bytes (bytes written into
         the slot / gradient bytes consumed), stock_bytes_avoided (FSDP2 buffers not allocated:
         flat AG output, fp32 RS input), executor_temp_bytes (what the executor allocated
-        instead; the reference executor is not the fast path), rs_staging_in_slot."""
+        instead; the reference executor is not the fast path), rs_staging_in_slot.
+        Native: slot_pools (one entry per SlotPool: shared pool or dedicated slot, with slots,
+        slot_bytes, hits, fallbacks, distinct_slots_used, rs_staging), slot_pool (the totals:
+        size, slot_bytes of the shared pool, pooled/dedicated groups, resident_slot_bytes,
+        hits, fallbacks), per group `pool` (shared pool name or 'dedicated')."""
         tide = []
         for g in self.groups:
             d = g.stats.as_dict()
             d.update(group=g.label, n_params=len(g.pg.fsdp_params), world_size=g.world)
             d.update(slot_bytes=g.layout.slot_bytes if g.layout is not None else None)
             d.update(slot_reuse_fits=g.layout.slot_reuse_fits if g.layout is not None else None)
+            if g.pool is not None:
+                d.update(pool=g.pool.name if g.pool.shared else "dedicated")
             tide.append(d)
+        shared = [p for p in self.pools if p.shared]
+        dedicated = [p for p in self.pools if not p.shared]
         keys = ("ag_calls", "rs_calls", "ag_bytes", "rs_bytes", "stock_bytes_avoided", "executor_temp_bytes")
         return {
             "enabled": self.enabled,
@@ -77,6 +88,20 @@ class TideFSDPHandle:
             "slot_reuse": self.slot_reuse,
             "tide_groups": tide,
             "stock_groups": list(self.stock),
+            "slot_pools": [p.stats() for p in self.pools],
+            "slot_pool": {
+                "requested": self.slot_pool,
+                "size": sum(len(p.slots) for p in shared),
+                "slot_bytes": max((p.nbytes for p in shared), default=0),
+                "pooled_groups": sum(1 for g in self.groups if g.pool is not None and g.pool.shared),
+                "dedicated_slots": len(dedicated),
+                "resident_slot_bytes": sum(p.nbytes * len(p.slots) for p in self.pools),
+                "hits": sum(p.hits for p in shared),
+                "fallbacks": sum(p.fallbacks for p in shared),
+                "distinct_slots_used": sum(len(p.used) for p in shared),
+            }
+            if self.pools
+            else None,
             "total": {k: sum(d[k] for d in tide) for k in keys}
             | {"fallbacks": sum(sum(d["fallbacks"].values()) for d in tide)},
         }
@@ -133,6 +158,7 @@ def enable(
     slot_reuse: bool = True,
     executor: str = "auto",
     ranks_per_node: Optional[int] = None,
+    slot_pool: Optional[int] = 3,
 ) -> TideFSDPHandle:
     """Route the FSDP2 collectives of `model` (after fully_shard) through TIDE.
 
@@ -144,11 +170,19 @@ def enable(
       through tideComm; raises UnsupportedError saying why when it cannot be created).
     ranks_per_node: for the layout's RS accumulation order (default: the largest divisor of
       the shard world size that is <= 8, as nccl_tide.Layout).
+    slot_pool: native executor: the groups FSDP2 reshards after forward share this many slots
+      (each of the largest such group's slot_bytes), acquired at each all-gather and released
+      at reshard; an all-gather that finds every slot held falls back to stock FSDP2 for that
+      call (warned once, counted). Other groups (e.g. the root) keep a dedicated slot. 0 or
+      None: a dedicated slot per group (all unsharded parameters resident). Ignored by the
+      reference executor (its slots are torch memory, freed at reshard). docs/fsdp.md.
     Call between steps (every group sharded), on every rank, with the same arguments.
     Returns the handle (also nccl_tide.fsdp.handle_of(model)); enabling twice is an error.
     """
     if not isinstance(model, nn.Module):
         raise InvalidArgumentError(f"enable() takes the root nn.Module, got {type(model).__name__}")
+    if slot_pool is not None and (not isinstance(slot_pool, int) or isinstance(slot_pool, bool) or slot_pool < 0):
+        raise InvalidArgumentError(f"slot_pool={slot_pool!r}: use a number of slots >= 0, or None (one slot per group)")
     if model in _handles and _handles[model].enabled:
         raise InvalidUsageError("nccl_tide.fsdp.enable(): already enabled on this model (disable() first)")
     if not dist.is_available() or not dist.is_initialized():
@@ -156,10 +190,16 @@ def enable(
             "nccl_tide.fsdp.enable(): call torch.distributed.init_process_group and fully_shard first"
         )
     labels = {}
+    fsdp_names: List[str] = []
+    where = {}  # id(pg) -> (its FSDPState, no FSDP ancestor)
     for name, mod in model.named_modules():
         if isinstance(mod, FSDPModule):
-            for pg in _param_groups(mod._get_fsdp_state()):
+            state = mod._get_fsdp_state()
+            top = not any(name == p or name.startswith(p + ".") or p == "" for p in fsdp_names)
+            fsdp_names.append(name)
+            for pg in _param_groups(state):
                 labels.setdefault(id(pg), (pg, name or "<root>"))
+                where.setdefault(id(pg), (state, top))
     selection = _adapter.select()
     static = {}
     for pg, _label in labels.values():
@@ -170,24 +210,45 @@ def enable(
     else:
         executor_name, why_stock = executor, ""
     handle = TideFSDPHandle(model, executor_name, slot_reuse, selection.adapter.name if selection.adapter else None)
+    handle.slot_pool = int(slot_pool or 0)
     reasons = {}
+
+    def keep_stock(label, reason):
+        handle.stock.append({"group": label, "reason": reason})
+        reasons.setdefault(reason, []).append(label)
+
     for pg, label in labels.values():
         reason = static[id(pg)] or why_stock
         if not reason:
             ex = get_executor(executor_name, _shard_group(pg), pg.device)
             gs = GroupState(pg, label, ex, slot_reuse, ranks_per_node)
             if gs.native:
-                # tideSlotAlloc is collective: allocate every native slot now, between steps, in
-                # the same group order on every rank (never inside forward/backward)
+                gs.reshards_after_forward = reshards_after_forward(pg, *where[id(pg)])
                 try:
-                    gs._build()
+                    gs._build()  # the layout; slots below
                 except Exception as e:
-                    reason = f"layout or slot refused by the native executor: {e}"
+                    reason = f"layout refused by the native executor: {e}"
         if reason:
-            handle.stock.append({"group": label, "reason": reason})
-            reasons.setdefault(reason, []).append(label)
+            keep_stock(label, reason)
             continue
         handle.groups.append(gs)
+    native = [g for g in handle.groups if g.native]
+    if native:
+        if handle.slot_pool and not SWAP_SUPPORTED:
+            warn_once(
+                f"nccl_tide.fsdp: slot_pool={handle.slot_pool} needs torch.UntypedStorage._swap_data_ptr_, which torch "
+                f"{torch.__version__} lacks: one resident slot per group"
+            )
+        # tideSlotAlloc is collective: every native slot now, between steps, in the same order on
+        # every rank (never inside forward/backward)
+        handle.pools, failures = build_pools(native, handle.slot_pool)
+        for g in native:
+            if g in failures:
+                g.uninstall()
+                handle.groups.remove(g)
+                keep_stock(g.label, f"layout or slot refused by the native executor: {failures[g]}")
+            else:
+                g.attach(g.pool)
     for reason, names in reasons.items():
         shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
         warn_once(f"nccl_tide.fsdp: keeping stock FSDP2 for {shown}: {reason}")
@@ -209,6 +270,9 @@ def disable(model: nn.Module) -> None:
             raise InvalidUsageError(f"nccl_tide.fsdp.disable(): {g.label} is unsharded; call it between steps")
     for g in handle.groups:
         g.uninstall()
+    for pool in handle.pools:  # tideSlotFree (collective), in allocation order
+        pool.free()
+    handle.pools = []
     if handle.groups:
         _patch.uninstall()
     handle.enabled = False

@@ -22,10 +22,12 @@ from ._warn import warn_once
 
 _RS_GRAD_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
-# Storage address of every native (tideSlotAlloc) slot -> its GroupState. FSDP2's
-# free_storage (patched while enabled) must not resize such a storage (it is not torch's);
-# it records the slot's release event instead (_patch._tide_free_storage).
+# StorageImpl address (UntypedStorage._cdata) of every native group's storage -> its
+# GroupState. FSDP2's free_storage (patched while enabled) must not resize such a storage (it
+# holds a tideSlotAlloc slot, not torch's memory); it releases the slot instead
+# (_patch._tide_free_storage -> GroupState.on_release).
 NATIVE_SLOTS: Dict[int, "GroupState"] = {}
+_TORCH = "torch"  # GroupState.held: the storage holds torch memory (a stock all-gather fell back)
 
 
 def effective_param_dtype(fsdp_param, mp_policy) -> torch.dtype:
@@ -88,6 +90,7 @@ class GroupStats:
         self.stock_bytes_avoided = 0  # FSDP2 buffers not allocated: flat AG output, RS input
         self.executor_temp_bytes = 0  # temporaries the executor allocated (reference: gather buffers)
         self.rs_staging_in_slot = 0
+        self.ag_pool_fallbacks = 0  # native: all-gathers that found no free pool slot (stock FSDP2)
 
     def fallback(self, reason: str) -> None:
         self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
@@ -117,13 +120,15 @@ class GroupState:
         self.exec_views: List[torch.Tensor] = []
         self.views_installed = False
         self._rs_layouts: Dict[Tuple[int, ...], Layout] = {}
-        # native executor: the slot is tideSlotAlloc memory (uint8 view), kept for the group's life;
-        # _slot_events: work that must finish before the next AG overwrites the slot (compute
-        # reading the parameters until reshard, RS staging in the slot).
+        # native executor (fsdp/_slot_pool.py): the unsharded parameters are views of `store`; a
+        # slot of `pool` is held (its memory swapped into `store`) from each TIDE-AG to the reshard.
         self.native = getattr(executor, "name", "") == "native"
-        self.slot_u8: Optional[torch.Tensor] = None
-        self._slot_events: List[object] = []
-        self._release_recorded = True
+        self.reshards_after_forward = False  # set by enable(): pooled when True
+        self.pool = None  # SlotPool (shared, or a dedicated one-slot pool)
+        self.store: Optional[torch.UntypedStorage] = None
+        self.held = None  # the Slot held now, _TORCH (stock AG fell back), or None (sharded)
+        self.last_slot = None  # the slot of the last TIDE-AG (preferred RS staging)
+        self.exec_u8: Optional[torch.Tensor] = None  # uint8 alias of `store` for the comm
         self.ag_comm = TideAllGather(self)
         self.rs_comm = TideReduceScatter(self)
 
@@ -144,11 +149,11 @@ class GroupState:
             self.views_installed = False
         pg._all_gather_comm = self.stock_ag
         pg._reduce_scatter_comm = self.stock_rs
-        if self.slot_u8 is not None:  # collective, like every rank's disable()
-            NATIVE_SLOTS.pop(self.slot_u8.untyped_storage().data_ptr(), None)
-            self.executor.free_slot(self.slot_u8)
-            self.slot_u8 = None
-            self._slot_events = []
+        if self.store is not None:  # the slots themselves: SlotPool.free (disable(), collective)
+            if self.held is not None:
+                self.on_release(record=False)
+            NATIVE_SLOTS.pop(self.store._cdata, None)
+            self.store = self.exec_u8 = self.pool = self.last_slot = None
         self.slot = self.exec_slot = None
         self.exec_views = []
         for lay in [self.layout, *self._rs_layouts.values()]:
@@ -176,15 +181,8 @@ class GroupState:
                     f"elements, TIDE's layout {p.shard_numel}"
                 )
         elem = layout.params[0].elem_size
-        if self.native:  # tideSlotAlloc (collective): enable() builds native groups in group order
-            try:
-                self.slot_u8 = self.executor.alloc_slot(layout.slot_bytes)
-            except Exception:
-                layout.close()
-                raise
+        if self.native:  # slots: enable() assigns them (_slot_pool.build_pools, collective)
             self.layout, self.dtype = layout, dt
-            self.slot = self.slot_u8.view(dt)
-            NATIVE_SLOTS[self.slot_u8.untyped_storage().data_ptr()] = self
             return
         slot = torch.empty(layout.slot_bytes // elem, dtype=dt, device=pg.device)
         exec_slot = torch.empty(0, dtype=dt, device=pg.device).set_(slot.untyped_storage(), 0, (slot.numel(),))
@@ -193,6 +191,13 @@ class GroupState:
             exec_slot.narrow(0, p.slot_offset // elem, p.shard_numel * self.world) for p in layout.params
         ]
         _free(slot)
+
+    def attach(self, pool) -> None:
+        """Native: the group draws from `pool` (build_pools set `store` for a dedicated slot)."""
+        self.pool = pool
+        if self.store is None:  # pooled: an empty storage of the group's own; slots swap in
+            self.store = torch.empty(0, dtype=torch.uint8, device=self.pg.device).untyped_storage()
+        NATIVE_SLOTS[self.store._cdata] = self
 
     def _install_views(self) -> None:
         """Each parameter's unsharded tensor becomes a view of the slot at its slot offset.
@@ -204,6 +209,9 @@ class GroupState:
         resizes the shared storage to 0; the slot is re-allocated before every AG.
         """
         elem = self.layout.params[0].elem_size
+        if self.native:  # `store` holds at least slot_bytes now (a slot, or torch memory)
+            n = self.layout.slot_bytes // elem
+            self.slot = torch.empty(0, dtype=self.dtype, device=self.pg.device).set_(self.store, 0, (n,))
         for fp, p in zip(self.pg.fsdp_params, self.layout.params):
             view = self.slot.narrow(0, p.slot_offset // elem, p.shard_numel * self.world)
             fp.all_gather_outputs = [view]
@@ -230,13 +238,17 @@ class GroupState:
             raise InvalidUsageError(f"{self.label}: all-gather called with another parameter list or process group")
         if any(fp.sharded_state != ShardedState.SHARDED for fp in fsdp_params):
             raise InvalidUsageError(f"{self.label}: TIDE all-gather from a non-SHARDED state")
-        if not self.native:
-            _alloc(self.slot, self.layout.slot_bytes)  # FSDP2 freed it (resize to 0) at the last reshard
-        if not self.views_installed:
-            self._install_views()
         handle = _get_device_handle(device.type)
         if self.native:
-            return self._native_all_gather(fsdp_params, copy_in_stream, ag_stream, handle)
+            if self.held is not None:  # FSDP2 calls the group sharded: nothing may still hold memory
+                self.on_release()
+            slot = self.pool.acquire(self)
+            if slot is None:  # every slot owned by a group not resharded yet: stock FSDP2 this once
+                return self._pool_fallback(fsdp_params, group, async_op, copy_in_stream, ag_stream, device, stock_fn)
+            return self._native_all_gather(slot, fsdp_params, copy_in_stream, ag_stream, handle)
+        _alloc(self.slot, self.layout.slot_bytes)  # FSDP2 freed it (resize to 0) at the last reshard
+        if not self.views_installed:
+            self._install_views()
         with handle.stream(copy_in_stream):
             # Cast fused into the packing of the send buffer (FSDP2's copy #1; copy #2 is gone).
             send = self.executor.pack(self.layout, [fp._sharded_param_data for fp in fsdp_params])
@@ -253,20 +265,26 @@ class GroupState:
         fields.update(all_gather_output=send.new_empty(0), all_gather_event=event, all_gather_work=None)
         return TideAllGatherResult(**fields)
 
-    def _native_all_gather(self, fsdp_params, copy_in_stream, ag_stream, handle):
-        """TIDE-AG through tideComm on FSDP2's all-gather stream, straight into the slot."""
+    def _native_all_gather(self, slot, fsdp_params, copy_in_stream, ag_stream, handle):
+        """TIDE-AG through tideComm on FSDP2's all-gather stream, straight into `slot` (acquired:
+        its memory is in `store` now, under the parameter views)."""
+        self.held = self.last_slot = slot
+        if not self.views_installed:
+            self._install_views()
+        if self.exec_u8 is None:  # TIDE writes through an alias with its own version counter
+            self.exec_u8 = torch.empty(0, dtype=torch.uint8, device=self.pg.device).set_(
+                self.store, 0, (self.layout.slot_bytes,)
+            )
         with handle.stream(copy_in_stream):
             # the shards themselves (same dtype: pointer table, no send buffer) or one packed send
             # buffer with the cast fused (FSDP2's copy #1; its copy #2 into a flat output is gone)
             send = self.executor.pack(self.layout, [fp._sharded_param_data for fp in fsdp_params])
         ag_stream.wait_stream(copy_in_stream)
-        for ev in self._slot_events:  # the slot's last readers (compute until reshard, RS staging)
-            ag_stream.wait_event(ev)
-        self._slot_events = []
-        self._release_recorded = False
+        slot.wait_on(ag_stream)  # the slot's last users: compute until a reshard, RS staging, an AG
         with handle.stream(ag_stream):
-            temp = self.executor.all_gather(self.layout, send, self.slot_u8, ag_stream)
+            temp = self.executor.all_gather(self.layout, send, self.exec_u8, ag_stream)
             event = ag_stream.record_event()
+        slot.written(event)
         st = self.stats
         st.ag_calls += 1
         st.ag_bytes += self.layout.send_bytes * self.world
@@ -279,18 +297,65 @@ class GroupState:
         fields.update(all_gather_output=keep, all_gather_event=event, all_gather_work=None)
         return TideAllGatherResult(**fields)
 
-    def on_release(self) -> None:
-        """FSDP2 resharded the group (its free_storage on the slot, patched): the parameters'
-        last readers are on the current stream; the next AG waits for them."""
-        if not self._release_recorded:
-            handle = _get_device_handle(self.pg.device.type)
-            self._slot_events.append(handle.current_stream().record_event())
-            self._release_recorded = True
+    def _pool_fallback(self, fsdp_params, group, async_op, copy_in_stream, ag_stream, device, stock_fn):
+        """No free slot: FSDP2's own all-gather (same collective on every rank: the pool's rule
+        is rank-consistent, docs/fsdp.md); fallback_copy_out lands it in torch memory in `store`."""
+        reason = "all-gather: no free slot in the native slot pool (stock FSDP2 all-gather)"
+        self.stats.fallback(reason)
+        self.stats.ag_pool_fallbacks += 1
+        warn_once(
+            f"nccl_tide.fsdp: {reason} for at least one call (slot_pool={len(self.pool.slots)} slots are all held "
+            "by groups not resharded yet, e.g. by prefetching); counted in stats(); a larger slot_pool avoids it"
+        )
+        res = stock_fn(fsdp_params, group, async_op, copy_in_stream, ag_stream, device, self.stock_ag)
+        out = TidePoolFallbackResult(*res)
+        out.state = self
+        return out
+
+    def fallback_copy_out(self, result, fsdp_params) -> None:
+        """FSDP2's copy-out of a stock all-gather, into the group's views: `store` gets torch
+        memory (on the current stream, where FSDP2 allocates its own all-gather outputs), freed
+        again at the reshard."""
+        handle = _get_device_handle(self.pg.device.type)
+        if result.all_gather_event is not None:
+            handle.current_stream().wait_event(result.all_gather_event)
+        if isinstance(result.all_gather_work, torch.distributed.distributed_c10d.Work):
+            result.all_gather_work.wait()
+        if self.store.size() == 0:
+            self.store.resize_(self.layout.slot_bytes)
+        self.held = _TORCH
+        if not self.views_installed:
+            self._install_views()
+        elem = self.layout.params[0].elem_size
+        W = self.world
+        # written through an alias with its own version counter (FSDP2 uses _unsafe_preserve_version_counter)
+        alias = torch.empty(0, dtype=self.dtype, device=self.pg.device).set_(
+            self.store, 0, (self.layout.slot_bytes // elem,)
+        )
+        out = [alias.narrow(0, p.slot_offset // elem, p.shard_numel * W).view(W, -1) for p in self.layout.params]
+        flat = result.all_gather_output.view(W, -1)
+        if flat.dtype == torch.uint8:
+            out = [o.view(torch.uint8) for o in out]
+        torch.ops.fsdp.split_with_sizes_copy(flat, result.all_gather_input_split_sizes, dim=1, out=out)
+
+    def on_release(self, record: bool = True) -> None:
+        """FSDP2 resharded the group (its free_storage on `store`, patched): the parameters' last
+        readers are on the current stream; the slot goes back to the pool with that event (the
+        next writer waits for it). After a stock fallback, the torch memory is freed as FSDP2
+        would free its own."""
+        held, self.held = self.held, None
+        if held is None:
+            return
+        if held is _TORCH:
+            self.store.resize_(0)
+            return
+        ev = _get_device_handle(self.pg.device.type).current_stream().record_event() if record else None
+        self.pool.release(held, ev)
 
     def vacated(self) -> bool:
         """The group's parameters were resharded: its slot may hold RS staging."""
         if self.native:
-            return self.views_installed and all(fp.sharded_state == ShardedState.SHARDED for fp in self.pg.fsdp_params)
+            return self.views_installed and self.held is None
         return _storage_bytes(self.slot) == 0
 
     # -- reduce-scatter ------------------------------------------------------------------------
@@ -378,12 +443,17 @@ class GroupState:
         st = self.stats
         stream = _get_device_handle(out.device.type).current_stream()
         staging = None
-        fits = layout.slot_reuse_fits if layout is self.layout else layout.rs_staging_bytes <= self.layout.slot_bytes
-        if self.slot_reuse and fits and self.vacated():
-            staging = self.slot_u8  # Slot-Reuse: the vacated AG slot
+        # Slot-Reuse: a free slot (the group's vacated one if no other group took it since, else
+        # another free pool slot); none free or too small: the comm's own staging
+        slot = self.pool.staging_slot(self, layout.rs_staging_bytes) if self.slot_reuse else None
+        if slot is not None:
+            slot.wait_on(stream)
+            staging = slot.base
         temp = self.executor.reduce_scatter(layout, grads, out, op=op, scale=scale, staging=staging, stream=stream)
-        if staging is not None:
-            self._slot_events.append(stream.record_event())  # the next AG overwrites the staging
+        if slot is not None:
+            slot.written(stream.record_event())  # the next AG into the slot waits for this RS
+            self.pool.staging += 1
+            self.pool.used.add(slot.index)
         st.rs_calls += 1
         st.rs_staging_in_slot += staging is not None
         st.rs_bytes += sum(g.numel() * g.element_size() for g in grads)
@@ -409,6 +479,11 @@ class TideAllGatherResult(_coll.AllGatherResult):
     """An AllGatherResult whose parameters are already in place (no copy-out)."""
 
     __slots__ = ()
+
+
+class TidePoolFallbackResult(TideAllGatherResult):
+    """A stock all-gather of a native group that found no free pool slot; `state` does the
+    copy-out into the group's views (GroupState.fallback_copy_out)."""
 
 
 class TideAllGather(AllGather):

@@ -7,9 +7,9 @@
   doing everything after the collective (post-divide, sharded-gradient views, accumulation,
   hooks) exactly as stock;
 * _fsdp_collectives.foreach_reduce_scatter_copy_in: skipped for TIDE's placeholder input;
-* _fsdp_param.free_storage: a native (tideSlotAlloc) slot is not torch's memory and is never
-  resized; FSDP2 "freeing" it records the slot's release event instead (the next TIDE-AG into
-  the slot waits for it);
+* _fsdp_param.free_storage: a native group's storage holds a tideSlotAlloc slot, not torch's
+  memory, and is never resized; FSDP2 "freeing" it releases the slot to its pool with a release
+  event instead (the next writer of the slot waits for it; fsdp/_slot_pool.py);
 * FSDPParamGroup.unshard / wait_for_unshard (class attributes): only for a TIDE group of
   shard world size 1, where FSDP2 skips foreach_all_gather and copies the shards locally:
   TIDE's wrappers run FSDP2's world > 1 sequence instead (TIDE-AG, no copy-out), so world
@@ -31,7 +31,7 @@ from torch.distributed.fsdp._fully_shard import _fsdp_param as _fpm
 from torch.distributed.fsdp._fully_shard import _fsdp_param_group as _pgm
 from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
 
-from ._group import NATIVE_SLOTS, TideAllGather, TideAllGatherResult, TideReduceScatter
+from ._group import NATIVE_SLOTS, TideAllGather, TideAllGatherResult, TidePoolFallbackResult, TideReduceScatter
 from ._warn import warn_once
 
 _orig: Dict[str, Callable] = {}
@@ -64,6 +64,8 @@ def _tide_foreach_all_gather_copy_out(*args, **kwargs):
     result = ba.arguments["all_gather_result"]
     if not isinstance(result, TideAllGatherResult):
         return _orig["copy_out"](*args, **kwargs)
+    if isinstance(result, TidePoolFallbackResult):  # stock all-gather (no free pool slot): copy into the views
+        return result.state.fallback_copy_out(result, ba.arguments["fsdp_params"])
     # The parameters are already in place: only order the compute stream after the AG.
     if result.all_gather_event is not None:
         device = ba.arguments["fsdp_params"][0].device
@@ -114,7 +116,7 @@ def _tide_foreach_reduce_scatter_copy_in(unsharded_grads, reduce_scatter_input, 
 
 
 def _tide_free_storage(tensor):
-    st = NATIVE_SLOTS.get(tensor.untyped_storage().data_ptr())
+    st = NATIVE_SLOTS.get(tensor.untyped_storage()._cdata)
     if st is not None:
         st.on_release()
         return None
