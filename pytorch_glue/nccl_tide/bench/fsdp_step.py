@@ -28,7 +28,7 @@ from typing import List, Optional
 
 from .model import LlamaConfig
 
-VARIANTS = ("stock", "symm", "tide")
+VARIANTS = ("stock", "symm", "tide", "tide-dedicated")
 NO_CUDA = (
     "needs a CUDA GPU (step mode: one per torchrun process; layout-cost mode: one) and found "
     "none. On a CPU machine, FSDP2 parity with TIDE is covered by tests/test_fsdp_parity.py (gloo)."
@@ -41,7 +41,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--variants",
         default="stock,tide,symm",
-        help="comma list of stock, tide, symm (symm last: a failure there cannot disturb the others)",
+        help="comma list of stock, tide (native executor, default slot pool), tide-dedicated (one resident slot per "
+        "group, slot_pool=0), symm (symm last: a failure there cannot disturb the others)",
     )
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--hidden", type=int, default=4096)
@@ -150,15 +151,20 @@ def _shard(model, variant: str):
             return f"unavailable: set_symm_mem_for_comm failed: {type(e).__name__}: {e}"[:300], None
         pol = os.environ.get("NCCL_CTA_POLICY")
         return None, f"set_symm_mem_for_comm on {len(mods)} modules; NCCL_CTA_POLICY={pol or 'unset'}"
-    if variant == "tide":
+    if variant in ("tide", "tide-dedicated"):
+        kw = {"slot_pool": 0} if variant == "tide-dedicated" else {}
         try:
             import nccl_tide.fsdp
 
-            h = nccl_tide.fsdp.enable(model, executor="native")
+            h = nccl_tide.fsdp.enable(model, executor="native", **kw)
         except Exception as e:
-            return f"unavailable: nccl_tide.fsdp.enable(executor='native'): {type(e).__name__}: {e}"[:400], None
+            return f"unavailable: nccl_tide.fsdp.enable(executor='native', {kw}): {type(e).__name__}: {e}"[:400], None
         st = h.stats()
-        return None, f"TIDE groups {len(st['tide_groups'])}, stock groups {len(st['stock_groups'])}"
+        pool = st.get("slot_pool") or {}
+        return None, (
+            f"TIDE groups {len(st['tide_groups'])}, stock groups {len(st['stock_groups'])}, "
+            f"slot pool size {pool.get('size', 0)} x {pool.get('slot_bytes', 0)} B"
+        )
     return None, ""
 
 
@@ -224,16 +230,17 @@ def run_variant(variant: str, cfg: LlamaConfig, a, rank: int, world: int, device
                 "layout": p["layout_us"] / med_us,
                 "ce_memcpy": p["memcpy_us"] / med_us,
             }
-        if variant == "tide":
+        if variant.startswith("tide"):
             import nccl_tide.fsdp
 
             st = nccl_tide.fsdp.stats(model) or {}
-            row["tide_stats"] = st.get("total")  # TIDE AG/RS calls and per-call fallbacks to stock
+            row["tide_stats"] = st.get("total")
+            row["slot_pool"] = st.get("slot_pool")  # TIDE AG/RS calls and per-call fallbacks to stock
         row["ran"] = True
     except Exception as e:
         row["reason"] = f"failed: {type(e).__name__}: {e}"[:400]
     finally:
-        if variant == "tide":
+        if variant.startswith("tide"):
             try:
                 import nccl_tide.fsdp
 
