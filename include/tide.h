@@ -348,13 +348,15 @@ tideResult_t tideSlotFree(tideComm_t comm, void* ptr);
  * several nodes (ranksPerNode < worldSize: the inter-node rail schedule runs over peer-mapped
  * memory, e.g. virtual nodes on one host). The first call with a layout hash new to the comm
  * compares it across ranks (collective through the provider's exchange).
- * CUDA graphs (loopback worlds; comms of tideCommCreate refuse captures for now): on a stream
+ * CUDA graphs (loopback worlds and tideCommCreate comms; on the latter, a layout must have been
+ * used by an eager call first): on a stream
  * being captured, a single-node layout is captured with a replay-safe protocol (separate flag
  * words with fixed values, reset by their owner at the end: every replay equals an eager call;
  * docs/architecture.md "CUDA graphs"). Every rank captures its
  * call on its own stream and replays its graph in the common collective order; on a loopback
  * world each rank's graph holds one TIDE collective. What cannot be captured (layouts of
- * several nodes, a second collective in one loopback graph) fails at capture time with
+ * several nodes, a second collective in one loopback graph, a layout a tideCommCreate comm has
+ * not agreed on yet) fails at capture time with
  * tideUnsupported, nothing enqueued, the capture still valid.
  * Errors (before any copy): tideInvalidArgument (NULL/misaligned pointers, slot not inside a
  * slot allocation, layout world/rank not matching the comm, stream of another device),
