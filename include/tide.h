@@ -357,7 +357,8 @@ tideResult_t tideSlotFree(tideComm_t comm, void* ptr);
  * world each rank's graph holds one TIDE collective. What cannot be captured (layouts of
  * several nodes, a second collective in one loopback graph, a layout a tideCommCreate comm has
  * not agreed on yet) fails at capture time with
- * tideUnsupported, nothing enqueued, the capture still valid.
+ * tideUnsupported, nothing enqueued, the capture still valid. A captured call does not query
+ * the parent NCCL communicator's asynchronous error (no tideNcclError at capture time).
  * Errors (before any copy): tideInvalidArgument (NULL/misaligned pointers, slot not inside a
  * slot allocation, layout world/rank not matching the comm, stream of another device),
  * tideUnsupported (a call that cannot be captured, see above; the comm is unchanged),

@@ -236,8 +236,9 @@ std::shared_ptr<CommState> enter(void* ncclComm, void* stream, std::unique_lock<
   std::unique_lock<std::mutex> l(s->mu);
   if (s->off) return nullptr;
   if (capturing(stream)) {
-    // Not an error: TIDE captures only part of its calls, and none on IPC comms yet (docs/architecture.md "CUDA
-    // graphs"): captured calls stay on NCCL (docs/usage.md).
+    // Not an error: TIDE captures only single-node calls with Slot-Reuse staging and agreed layouts
+    // (docs/architecture.md "CUDA graphs"), while the interposer uses own staging and a bounce slot: captured calls
+    // stay on NCCL (docs/usage.md).
     std::call_once(gCaptureNotice, [] {
       TIDE_INFO(kComponent, "a call on a stream under CUDA graph capture goes to NCCL (the interposer does not "
                             "capture TIDE calls); said once");

@@ -62,8 +62,8 @@ tideResult_t checkCapturable(const tideComm* comm, const CaptureState& cap, cons
   if (!cap.active || comm->provider->capturable()) return tideSuccess;
   return fail(tideUnsupported, "Cuda",
               "%s: the stream is being captured into a CUDA graph, and collectives of the %s provider cannot be "
-              "captured yet (only loopback worlds: docs/architecture.md \"CUDA graphs\"). Run this collective outside "
-              "the capture (nothing was enqueued; the capture is still valid)",
+              "captured (docs/architecture.md \"CUDA graphs\"). Run this collective outside the capture (nothing was "
+              "enqueued; the capture is still valid)",
               what, comm->provider->name());
 }
 

@@ -13,9 +13,11 @@
 namespace tide {
 namespace cuda {
 
-// cap: whether `stream` is being captured into a CUDA graph (queryCapture). Captured calls validate exactly like
-// eager ones, then refuse what cannot be captured (tideUnsupported, nothing enqueued) or enqueue the replay-safe
-// protocol of captured.cc; eager calls (cap.active false) take the paths below unchanged.
+// cap: whether `stream` is being captured into a CUDA graph (queryCapture). Captured calls are first refused if the
+// provider cannot capture (checkCapturable), then validated like eager ones (with capture-safe queries), then
+// refused if their shape cannot be captured (tideUnsupported, nothing enqueued) or enqueued with the replay-safe
+// protocol of captured.cc. They skip the provider's per-call stream/health check (checkStream: IPC's parent-NCCL
+// async-error query). Eager calls (cap.active false) take the paths below unchanged.
 tideResult_t allGather(tideComm* comm, tideLayout_t layout, const void* sendbuff, const void* const* shardPtrs,
                        void* slot, cudaStream_t stream, const CaptureState& cap);
 

@@ -272,7 +272,9 @@ tideResult_t LoopbackProvider::checkCapture(int rank, CollKind kind, unsigned lo
                 "is still valid)",
                 rank, kindName(it->second.kind), kindName(kind));
   }
-  if (captures_.size() > 4096) captures_.clear();  // ids are unique per process; old ones are never seen again
+  // Ids grow per process: drop the oldest (an ended capture) rather than everything, which could forget a capture
+  // still in progress and let a second collective into its graph.
+  if (captures_.size() > 4096) captures_.erase(captures_.begin());
   captures_[captureId] = CaptureUse{rank, kind};
   return tideSuccess;
 }

@@ -234,8 +234,8 @@ def run_variant(variant: str, cfg: LlamaConfig, a, rank: int, world: int, device
             import nccl_tide.fsdp
 
             st = nccl_tide.fsdp.stats(model) or {}
-            row["tide_stats"] = st.get("total")
-            row["slot_pool"] = st.get("slot_pool")  # TIDE AG/RS calls and per-call fallbacks to stock
+            row["tide_stats"] = st.get("total")  # TIDE AG/RS calls and per-call fallbacks to stock
+            row["slot_pool"] = st.get("slot_pool")
         row["ran"] = True
     except Exception as e:
         row["reason"] = f"failed: {type(e).__name__}: {e}"[:400]
