@@ -34,9 +34,11 @@ struct RsPlan {
   int numBuffers = 0;            // 2 (double buffering) if numChunks > 1, else 1
   size_t maxGradElemSize = 0;    // largest element size over the group's parameters
   uint64_t stagingBytes = 0;     // numBuffers * (R * chunk * maxGradElemSize + (nNodes > 1 ? chunk * 4 : 0))
-  // Inside one staging buffer: the R node-local inputs, then (multi-node) the fp32 partial.
+  // Inside one staging buffer: (multi-node) the fp32 partial first, so it is 4-byte aligned whatever R and the
+  // gradient type, then the R node-local inputs.
   uint64_t stagingPeerStride = 0;    // bytes per node-local input: chunk * maxGradElemSize
-  uint64_t stagingPartialOffset = 0; // R * stagingPeerStride
+  uint64_t stagingPartialOffset = 0; // 0
+  uint64_t stagingInputsOffset = 0;  // nNodes > 1 ? chunk * 4 : 0
   uint64_t stagingBufferBytes = 0;   // stagingBytes / numBuffers
   bool slotReuseFits = false;    // stagingBytes <= slotBytes
 };

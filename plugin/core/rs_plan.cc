@@ -48,7 +48,8 @@ tideResult_t computeRsPlan(Layout* l) {
     return fail(tideInvalidArgument, kComponent, "reduce-scatter staging size overflows 64 bits");
   }
   rs.stagingPeerStride = peerStride;
-  rs.stagingPartialOffset = inputs;
+  rs.stagingPartialOffset = 0;
+  rs.stagingInputsOffset = partial;
   rs.stagingBufferBytes = perBuffer;
   rs.stagingBytes = total;
   rs.slotReuseFits = rs.stagingBytes <= l->slotBytes;

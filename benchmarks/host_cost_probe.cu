@@ -1,0 +1,187 @@
+// Host cost of the CUDA calls a TIDE collective issues, per call, with the stream gated behind a sleeping kernel so
+// the host runs ahead of the GPU (nothing here waits for the device). Prints one line per call kind:
+//   name  n  us_per_call  us_per_item
+// It answers: what does one cudaMemcpyBatchAsync entry, one cuStreamBatchMemOp op, one pointer query cost on the
+// host? The floor under tide-perf's `host us` column (issue 15). Build: nvcc -O2 -arch=sm_90 host_cost_probe.cu -o p
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <vector>
+
+#define CK(x)                                                                              \
+  do {                                                                                     \
+    cudaError_t e_ = (x);                                                                  \
+    if (e_ != cudaSuccess) {                                                               \
+      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));   \
+      exit(1);                                                                             \
+    }                                                                                      \
+  } while (0)
+
+__global__ void spin(long long cycles) {
+  long long t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
+}
+__global__ void tiny(int* p) {
+  if (p) p[threadIdx.x] += 1;
+}
+
+using BatchMemOpFn = CUresult (*)(CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int);
+using StreamGetCtxFn = CUresult (*)(CUstream, CUcontext*);
+
+static double nowUs() {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Median over reps of (host time of `calls` invocations of f) / calls; the stream is gated first.
+static double measure(cudaStream_t s, int calls, const std::function<void()>& f) {
+  std::vector<double> v;
+  for (int rep = 0; rep < 9; ++rep) {
+    spin<<<1, 1, 0, s>>>(400000000LL);  // ~200 ms: covers the issue
+    cudaEvent_t ev;
+    CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    CK(cudaEventRecord(ev, s));
+    double t0 = nowUs();
+    for (int i = 0; i < calls; ++i) f();
+    double t1 = nowUs();
+    bool gated = cudaEventQuery(ev) == cudaErrorNotReady;
+    (void)cudaGetLastError();
+    CK(cudaStreamSynchronize(s));
+    CK(cudaEventDestroy(ev));
+    if (gated) v.push_back((t1 - t0) / calls);
+  }
+  if (v.empty()) return -1;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int main() {
+  CK(cudaSetDevice(0));
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  BatchMemOpFn batchMemOp = nullptr;
+  StreamGetCtxFn getCtx = nullptr;
+  cudaDriverEntryPointQueryResult q;
+  CK(cudaGetDriverEntryPointByVersion("cuStreamBatchMemOp", reinterpret_cast<void**>(&batchMemOp), 12000,
+                                      cudaEnableDefault, &q));
+  CK(cudaGetDriverEntryPointByVersion("cuStreamGetCtx", reinterpret_cast<void**>(&getCtx), 12000, cudaEnableDefault,
+                                      &q));
+  const size_t kItem = 64 << 10;
+  const int kMax = 1024;
+  char *a, *b;
+  CK(cudaMalloc(&a, kItem * kMax));
+  CK(cudaMalloc(&b, kItem * kMax));
+  uint32_t* flags;
+  CK(cudaMalloc(&flags, 4096 * 4));
+  CK(cudaMemset(flags, 0, 4096 * 4));
+  CK(cudaDeviceSynchronize());
+  tiny<<<1, 32, 0, s>>>(nullptr);
+  CK(cudaStreamSynchronize(s));
+  printf("%-44s %6s %12s %12s\n", "call", "n", "us/call", "us/item");
+  auto row = [&](const char* name, int n, double us) { printf("%-44s %6d %12.2f %12.3f\n", name, n, us, us / n); };
+
+  for (int n : {1, 2, 8, 16, 64, 256, 1024}) {
+    std::vector<void*> dst(n);
+    std::vector<const void*> src(n);
+    std::vector<size_t> sz(n, kItem);
+    for (int i = 0; i < n; ++i) {
+      dst[i] = b + i * kItem;
+      src[i] = a + i * kItem;
+    }
+    cudaMemcpyAttributes attr{};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    attr.srcLocHint.type = cudaMemLocationTypeDevice;
+    attr.dstLocHint.type = cudaMemLocationTypeDevice;
+    attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    size_t idx = 0;
+    double us = measure(s, 20, [&] {
+      CK(cudaMemcpyBatchAsync(dst.data(), src.data(), sz.data(), n, &attr, &idx, 1, s));
+    });
+    row("cudaMemcpyBatchAsync (hinted, 64 KiB each)", n, us);
+  }
+  for (int n : {1, 8, 64}) {
+    double us = measure(s, 20, [&] {
+      for (int i = 0; i < n; ++i) CK(cudaMemcpyAsync(b + i * kItem, a + i * kItem, kItem, cudaMemcpyDeviceToDevice, s));
+    });
+    row("cudaMemcpyAsync x n", n, us);
+  }
+  for (int n : {1, 2, 8, 16, 64, 128}) {
+    std::vector<CUstreamBatchMemOpParams> ops(n);
+    for (int i = 0; i < n; ++i) {
+      ops[i] = {};
+      if (i % 2 == 0) {
+        ops[i].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+        ops[i].writeValue.address = reinterpret_cast<CUdeviceptr>(flags + i);
+        ops[i].writeValue.value = 1;
+      } else {
+        ops[i].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+        ops[i].waitValue.address = reinterpret_cast<CUdeviceptr>(flags + 2048 + i);
+        ops[i].waitValue.value = 0;
+        ops[i].waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+      }
+    }
+    double us = measure(s, 20, [&] { batchMemOp(s, n, ops.data(), 0); });
+    row("cuStreamBatchMemOp (half waits, half writes)", n, us);
+  }
+  {
+    double us = measure(s, 200, [&] {
+      cudaPointerAttributes at{};
+      CK(cudaPointerGetAttributes(&at, a + 64));
+    });
+    row("cudaPointerGetAttributes", 1, us);
+    us = measure(s, 200, [&] {
+      cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
+      CK(cudaThreadExchangeStreamCaptureMode(&m));
+      CK(cudaThreadExchangeStreamCaptureMode(&m));
+    });
+    row("cudaThreadExchangeStreamCaptureMode x2", 1, us);
+    us = measure(s, 200, [&] {
+      cudaStreamCaptureStatus st;
+      unsigned long long id;
+      CK(cudaStreamGetCaptureInfo(s, &st, &id));
+    });
+    row("cudaStreamGetCaptureInfo", 1, us);
+    us = measure(s, 200, [&] {
+      cudaStreamCaptureStatus st;
+      CK(cudaStreamIsCapturing(s, &st));
+    });
+    row("cudaStreamIsCapturing", 1, us);
+    us = measure(s, 200, [&] {
+      CUcontext c;
+      getCtx(reinterpret_cast<CUstream>(s), &c);
+    });
+    row("cuStreamGetCtx", 1, us);
+    us = measure(s, 200, [&] {
+      int d;
+      CK(cudaGetDevice(&d));
+    });
+    row("cudaGetDevice", 1, us);
+    us = measure(s, 200, [&] { tiny<<<4, 32, 0, s>>>(reinterpret_cast<int*>(b)); });
+    row("kernel launch <<<>>>", 1, us);
+    us = measure(s, 200, [&] {
+      tiny<<<4, 32, 0, s>>>(reinterpret_cast<int*>(b));
+      (void)cudaGetLastError();
+    });
+    row("kernel launch + cudaGetLastError", 1, us);
+    cudaEvent_t ev;
+    CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    us = measure(s, 200, [&] { CK(cudaEventRecord(ev, s)); });
+    row("cudaEventRecord", 1, us);
+    cudaStream_t s2;
+    CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    us = measure(s, 200, [&] {
+      CK(cudaEventRecord(ev, s));
+      CK(cudaStreamWaitEvent(s2, ev, 0));
+    });
+    row("cudaEventRecord + cudaStreamWaitEvent", 1, us);
+    CK(cudaStreamSynchronize(s2));
+  }
+  CK(cudaDeviceSynchronize());
+  printf("done\n");
+  return 0;
+}

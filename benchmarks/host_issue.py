@@ -1,0 +1,105 @@
+"""Host issue time per rank per call, apart from GPU latency, for TIDE-AG and TIDE-RS on loopback worlds (issue 15).
+
+    python benchmarks/host_issue.py [--json FILE]
+
+Cases: flat AG/RS (one parameter) of 1 and 64 MiB of gathered output at W = 2 and 8; one Llama-3.1-8B decoder layer
+(9 parameters, bf16) AG from per-parameter shards and RS with 4 pipeline chunks; a 64-parameter layout at W = 2
+and 8. Method: nccl_tide.perf.issue_cost (streams gated behind a sleep kernel, prebuilt ctypes arguments).
+"""
+
+import argparse
+import json
+import os
+import sys
+
+for k, v in {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}.items():
+    os.environ.setdefault(k, v)
+os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+
+LLAMA8B_LAYER = [4096 * 4096, 1024 * 4096, 1024 * 4096, 4096 * 4096, 14336 * 4096, 14336 * 4096, 4096 * 14336, 4096,
+                 4096]
+
+
+def cases():
+    mib = 1 << 20
+    out = []
+    for w in (2, 8):
+        for size in (1 * mib, 64 * mib):
+            out.append((f"flat {size // mib} MiB", w, [size // 2], None))
+    out.append(("llama8b layer", 8, LLAMA8B_LAYER, 4))
+    for w in (2, 8):
+        out.append(("64 params", w, [1 << 18] * 64, 4))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--calls", type=int, default=6)
+    ap.add_argument("--samples", type=int, default=11)
+    ap.add_argument("--only", default=None, help="substring of case names to run")
+    args = ap.parse_args()
+    import torch
+
+    import nccl_tide
+    from nccl_tide.cuda import LoopbackWorld
+    from nccl_tide.dtypes import dtype as to_dtype
+    from nccl_tide.dtypes import op_code
+    from nccl_tide.perf import issue_cost as ic
+
+    rows = []
+    print(f"# torch {torch.__version__}, device {torch.cuda.get_device_name(0)}, nccl_tide {nccl_tide.__version__}")
+    print(f"{'case':<18}{'W':>3}{'P':>4}{'coll':>5}{'chunks':>7}{'host us/rank':>14}{'iqr':>8}{'valid':>6}{'gpu us':>10}")
+    worlds = {}
+    for name, w, numels, chunks in cases():
+        if args.only and args.only not in name:
+            continue
+        world = worlds.get(w) or LoopbackWorld(w)
+        worlds[w] = world
+        dev = torch.device("cuda", 0)
+        shard_total = None
+        for coll in ("ag", "rs"):
+            rs_chunk = None
+            if coll == "rs" and chunks:
+                probe = nccl_tide.Layout(numels, "bf16", w, rank=0)
+                rs_chunk = -(-probe.rs_out_numel // chunks) * 4
+                probe.close()
+            layouts = [nccl_tide.Layout(numels, "bf16", w, rank=r, rs_chunk_bytes=rs_chunk) for r in range(w)]
+            l0 = layouts[0]
+            if coll == "ag":
+                slots = world.alloc_slot(l0.slot_bytes)
+                if len(numels) == 1:
+                    sends = [torch.randn(l0.send_bytes // 2, dtype=torch.bfloat16, device=dev) for _ in range(w)]
+                    prep = ic.prepare_all_gather(world, layouts, slots, sendbufs=sends)
+                else:
+                    shards = [[torch.randn(p.shard_numel, dtype=torch.bfloat16, device=dev) for p in l0.params]
+                              for _ in range(w)]
+                    prep = ic.prepare_all_gather(world, layouts, slots, shards=shards)
+            else:
+                grads = [[torch.randn(n, dtype=torch.bfloat16, device=dev) for n in numels] for _ in range(w)]
+                outs = [torch.empty(l0.rs_out_numel, dtype=torch.float32, device=dev) for _ in range(w)]
+                prep = ic.prepare_reduce_scatter(world, layouts, grads, outs, op_code("sum"), to_dtype("fp32").code)
+            h = ic.host_issue_us(prep, calls=args.calls, samples=args.samples)
+            g = ic.gpu_latency_us(prep, samples=args.samples)
+            world.synchronize()
+            row = {"case": name, "W": w, "P": len(numels), "coll": coll, "chunks": l0.rs_num_chunks if coll == "rs" else 0,
+                   **h, **g}
+            rows.append(row)
+            print(f"{name:<18}{w:>3}{len(numels):>4}{coll:>5}{row['chunks']:>7}{h['host_us']:>14.1f}"
+                  f"{h.get('host_iqr_us', float('nan')):>8.1f}{h['valid_samples']:>6}{g['gpu_us']:>10.1f}", flush=True)
+            if coll == "ag":
+                world.free_slot(slots)
+            for lay in layouts:
+                lay.close()
+            del shard_total
+            shard_total = None
+    for world in worlds.values():
+        world.close()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

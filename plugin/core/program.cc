@@ -1,0 +1,97 @@
+// Program listing and flag-word names (program.h), for the debug dump, the pending-wait report and tests.
+#include <cstdio>
+#include <algorithm>
+#include <cstdarg>
+#include <cstring>
+
+#include "program.h"
+
+namespace tide {
+namespace prog {
+namespace {
+
+void append(std::vector<char>* t, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+void append(std::vector<char>* t, const char* fmt, ...) {
+  char buf[256];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf, sizeof(buf), fmt, ap);
+  va_end(ap);
+  if (n < 0) return;
+  if (!t->empty() && t->back() == '\0') t->pop_back();
+  t->insert(t->end(), buf, buf + std::min<size_t>(static_cast<size_t>(n), sizeof(buf) - 1));
+  t->push_back('\0');
+}
+
+const char* memName(Mem m) {
+  switch (m) {
+    case Mem::kSrc: return "src";
+    case Mem::kGrad: return "grad";
+    case Mem::kSlot: return "slot";
+    case Mem::kStaging: return "staging";
+    case Mem::kOut: return "out";
+    case Mem::kZeros: return "zeros";
+    case Mem::kMulticast: return "multicast";
+  }
+  return "?";
+}
+
+const char* valName(Val v) { return v == Val::kEpoch ? "epoch" : v == Val::kTask ? "task" : "const"; }
+
+}  // namespace
+
+void wordName(int w, char* buf, size_t len) {
+  if (w == word::kAgReady) snprintf(buf, len, "AG ready (slot may be written)");
+  else if (w == word::kRsEnter) snprintf(buf, len, "RS enter (staging may be written)");
+  else if (w == word::kRsConsumed) snprintf(buf, len, "RS consumed (staging buffer reduced)");
+  else if (w == word::kRsPushDone) snprintf(buf, len, "RS push done (gradients read)");
+  else if (w == word::kRsPrev) snprintf(buf, len, "RS running sum from the previous node");
+  else if (w == word::kRsFinal) snprintf(buf, len, "RS final sum from the last node");
+  else if (w == word::kAgFinish) snprintf(buf, len, "AG deferred work finished");
+  else if (w >= word::kAgRail && w < word::kAgRail + word::kMaxRounds) snprintf(buf, len, "AG rail round %d landed", w - word::kAgRail);
+  else if (w >= word::kAgDone && w < word::kAgDone + word::kMaxLocalRanks) snprintf(buf, len, "AG done from local rank %d", w - word::kAgDone);
+  else if (w >= word::kRsFull && w < word::kRsFull + word::kMaxLocalRanks) snprintf(buf, len, "RS full from local rank %d", w - word::kRsFull);
+  else if (w >= word::kCapAgReady && w < word::kCapAgReady + 64) snprintf(buf, len, "captured AG ready of rank %d", w - word::kCapAgReady);
+  else if (w >= word::kCapAgDone && w < word::kCapAgDone + 64) snprintf(buf, len, "captured AG done from rank %d", w - word::kCapAgDone);
+  else if (w >= word::kCapRsEnter && w < word::kCapRsEnter + 64) snprintf(buf, len, "captured RS enter of rank %d", w - word::kCapRsEnter);
+  else if (w >= word::kCapRsFull && w < word::kCapRsFull + 64) snprintf(buf, len, "captured RS full from rank %d", w - word::kCapRsFull);
+  else snprintf(buf, len, "word %d", w);
+}
+
+void describe(const Program& p, std::vector<char>* t) {
+  append(t, "%s rank %d of %d (%d nodes of %d), mode %d: %zu steps, %zu ops, %zu flag ops, %zu copies, %zu reduces\n",
+         p.coll == Coll::kAllGather ? "AG" : "RS", p.rank, p.worldSize, p.nNodes, p.ranksPerNode,
+         static_cast<int>(p.mode), p.steps.size(), p.ops.size(), p.flags.size(), p.copies.size(), p.reduces.size());
+  for (size_t s = 0; s < p.steps.size(); ++s) {
+    const Step& st = p.steps[s];
+    append(t, "step %zu lane %s group %d\n", s, st.lane == Lane::kCaller ? "caller" : "internal", st.group);
+    for (uint32_t o = st.begin; o < st.end; ++o) {
+      const Op& op = p.ops[o];
+      if (op.kind == Op::kFlags) {
+        for (uint32_t f = op.begin; f < op.end; ++f) {
+          const FlagOp& x = p.flags[f];
+          char name[64];
+          wordName(x.word, name, sizeof(name));
+          append(t, "  %s rank %d word %d (%s) %s %s%+lld\n", x.kind == FlagOp::kWait ? "wait " : "write", x.owner,
+                 x.word, name, x.kind == FlagOp::kWait ? ">=" : "=", valName(x.base),
+                 static_cast<long long>(x.delta));
+        }
+      } else if (op.kind == Op::kCopies) {
+        const CopySeg& c = p.copies[op.begin];
+        append(t, "  copies %u%s: first %s[%d]+%llu <- %s[%d]+%llu (%llu bytes)\n", op.end - op.begin,
+               op.crossNode ? " (put)" : "", memName(c.dst.mem), c.dst.index,
+               static_cast<unsigned long long>(c.dst.offset), memName(c.src.mem), c.src.index,
+               static_cast<unsigned long long>(c.src.offset), static_cast<unsigned long long>(c.bytes));
+      } else {
+        const ReduceOp& r = p.reduces[op.begin];
+        append(t, "  reduce %d inputs at %s[%d]+%llu%s -> %s[%d]+%llu, %llu elements\n", r.nInputs,
+               memName(r.inputs.mem), r.inputs.index, static_cast<unsigned long long>(r.inputs.offset),
+               r.hasPrev ? " + prev" : "", memName(r.out.mem), r.out.index,
+               static_cast<unsigned long long>(r.out.offset), static_cast<unsigned long long>(r.n));
+      }
+    }
+  }
+}
+
+}  // namespace prog
+}  // namespace tide

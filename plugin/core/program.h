@@ -1,0 +1,171 @@
+// Step programs: what one rank runs for one TIDE collective, compiled once per (layout, rank, mode) by pure
+// functions of the layout (compileAllGather, compileReduceScatter in program_ag.cc / program_rs.cc).
+//
+// A program is an ordered list of steps. Each step is a run of operations on one lane (the caller's stream or the
+// comm's internal stream) and carries an issue group (deferred issue, below). Operations are flag batches (waits and
+// writes of 32-bit flag words in some rank's flag array), copy batches (segments between symbolic buffers), and
+// reduces (the fp32 fold of staged inputs). Nothing in a program is a pointer: buffers are symbolic (Mem + index +
+// offset) and flag values are symbolic (the call's epoch, the comm's RS task counter, or a constant), so one program
+// serves every call; an interpreter binds pointers once per pointer table and patches the values per call.
+//
+// The protocol these programs implement (flag words, values, why they are deadlock-free and replay-safe) is
+// described once, in docs/architecture.md ("Step programs"); the compilers point there instead of repeating it.
+// The CUDA interpreter (plugin/cuda/program_exec.cc), the CPU model (tests/c/program_model.cc), the debug dump and the
+// pending-wait report all read programs; nothing else derives offsets or flag values.
+#ifndef TIDE_CORE_PROGRAM_H_
+#define TIDE_CORE_PROGRAM_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "layout.h"
+#include "tide.h"
+
+namespace tide {
+namespace prog {
+
+// Flag words of one rank's array (uint32 each, zero at creation). docs/architecture.md "Step programs" says who
+// writes which value when.
+namespace word {
+constexpr int kAgReady = 0;
+constexpr int kRsEnter = 1;
+constexpr int kRsConsumed = 2;
+constexpr int kRsPushDone = 3;
+constexpr int kRsPrev = 4;
+constexpr int kRsFinal = 5;
+constexpr int kAgFinish = 6;
+constexpr int kAgRail = 16;     // + round
+constexpr int kMaxRounds = 32;
+constexpr int kAgDone = 64;     // + source local rank
+constexpr int kRsFull = 128;    // + source local rank
+constexpr int kMaxLocalRanks = 64;
+constexpr int kCapAgReady = 256;  // + local rank (captured calls only)
+constexpr int kCapAgDone = 320;
+constexpr int kCapRsEnter = 384;
+constexpr int kCapRsFull = 448;
+constexpr int kWords = 512;
+}  // namespace word
+
+enum class Coll : uint8_t { kAllGather = 0, kReduceScatter = 1 };
+
+// How the program is issued (a property of the provider and of the call, chosen by the interpreter):
+//   kInOrder:  every step at call time, in program order, each on its lane (one rank per process: no wait of this
+//              process is enqueued before the operation of this process that satisfies it).
+//   kDeferred: steps of group -1 at call time (caller lane); steps of group g >= 0 are handed to the provider, which
+//              issues group g of every rank before group g + 1 of any (loopback: ranks share copy-engine queues).
+//   kCaptured: single node, replay-safe constant tokens (CUDA graph capture), every step on the caller lane.
+enum class Mode : uint8_t { kInOrder = 0, kDeferred = 1, kCaptured = 2 };
+
+enum class Lane : uint8_t { kCaller = 0, kInternal = 1 };
+
+// Symbolic memory. index: parameter (kSrc, kGrad) or rank (kSlot, kStaging); offset in bytes.
+enum class Mem : uint8_t {
+  kSrc = 0,      // this rank's shard of parameter index (packed send buffer + sendOffset, or shardPtrs[index])
+  kGrad = 1,     // this rank's full gradient of parameter index
+  kSlot = 2,     // rank index's slot region (the layout's slotBytes), as this rank addresses it
+  kStaging = 3,  // rank index's RS staging (the layout's rsStagingBytes), as this rank addresses it
+  kOut = 4,      // this rank's packed RS output
+  kZeros = 5,    // a buffer of zeros of at least Options::zeroBytes
+  kMulticast = 6 // the multicast address of this rank's slot region (only in programs compiled with multicast)
+};
+struct Addr {
+  Mem mem = Mem::kZeros;
+  int32_t index = 0;
+  uint64_t offset = 0;
+};
+
+// Symbolic flag values: base + delta (mod 2^32). kEpoch: the call's sequence number for its collective kind (AG or
+// RS epoch of the comm, the same on every rank). kTask: the comm's RS task counter before the call (task t of the
+// call has number task + t + 1). kConst: delta itself (captured tokens).
+enum class Val : uint8_t { kEpoch = 0, kTask = 1, kConst = 2 };
+
+struct FlagOp {
+  enum Kind : uint8_t { kWait = 0, kWrite = 1 } kind = kWait;
+  Val base = Val::kConst;
+  int32_t owner = 0;  // whose flag array
+  int32_t word = 0;
+  int64_t delta = 0;
+  uint32_t value(uint64_t epoch, uint64_t task) const {
+    uint64_t b = base == Val::kEpoch ? epoch : base == Val::kTask ? task : 0;
+    return static_cast<uint32_t>(b + static_cast<uint64_t>(delta));
+  }
+};
+
+struct CopySeg {
+  Addr dst, src;
+  uint64_t bytes = 0;
+};
+
+// out[k] = post(prev[k] + fold_s pre(x_s[k])) over n elements (include/tide.h's order: left fold over the nInputs
+// inputs, input s at inputs + s * stride bytes; pre = the call's PREMUL scale if applyPremul; prev absent if !hasPrev;
+// post = divide by the world size if applyAvg and the call's op is AVG). Inputs are the call's gradient type unless
+// inputsFp32; out is the call's output type if outFinal, else fp32.
+struct ReduceOp {
+  Addr inputs;
+  uint64_t stride = 0;
+  int nInputs = 0;
+  bool inputsFp32 = false;
+  bool hasPrev = false;
+  Addr prev;
+  Addr out;
+  bool outFinal = true;
+  bool applyPremul = true;
+  bool applyAvg = true;
+  uint64_t n = 0;
+};
+
+// One operation: a run [begin, end) of flagOps or copies, or one reduce (begin = its index).
+struct Op {
+  enum Kind : uint8_t { kFlags = 0, kCopies = 1, kReduce = 2 } kind = kFlags;
+  // Crosses a node boundary (a put, or a signal / wait of one): issued through the inter-node transport.
+  bool crossNode = false;
+  int32_t peer = -1;  // crossNode: the other rank
+  uint32_t begin = 0, end = 0;
+};
+
+struct Step {
+  Lane lane = Lane::kCaller;
+  int32_t group = -1;  // kDeferred: issue group (-1: at call time)
+  uint32_t begin = 0, end = 0;  // ops
+};
+
+struct Program {
+  Coll coll = Coll::kAllGather;
+  Mode mode = Mode::kInOrder;
+  int rank = 0, worldSize = 0, ranksPerNode = 0, nNodes = 0;
+  int numGroups = 0;        // kDeferred: groups 0 .. numGroups - 1
+  uint64_t numTasks = 0;    // RS: how far the call advances the comm's task counter
+  int numChunks = 0;        // RS: pipeline chunks of the layout
+  int numBuffers = 0;       // RS: staging buffers
+  bool usesInternalLane = false;
+  bool needsStaging = false;  // RS: reads kStaging
+  std::vector<Step> steps;
+  std::vector<Op> ops;
+  std::vector<FlagOp> flags;
+  std::vector<CopySeg> copies;
+  std::vector<ReduceOp> reduces;
+};
+
+struct Options {
+  Mode mode = Mode::kInOrder;
+  uint64_t zeroBytes = 1 << 20;  // size of the zero buffer that fills RS padding (Mem::kZeros)
+  bool multicast = false;        // AG, single node, kInOrder: one write per parameter to Mem::kMulticast
+};
+
+// The program of layout.rank. Errors (tideUnsupported with a message that says what to change): a mode the layout
+// cannot take (captured with several nodes, captured RS with more than 2 chunks), more ranks per node than flag
+// words, more rounds than rail words, schedules longer than maxSteps.
+tideResult_t compileAllGather(const Layout& layout, const Options& opt, Program* out);
+tideResult_t compileReduceScatter(const Layout& layout, const Options& opt, Program* out);
+
+// A readable listing of a program (one line per operation), for the debug dump and tests.
+void describe(const Program& p, std::vector<char>* text);
+
+// Where a flag word's meaning is documented, for reports: "AG ready", "RS full from local rank 3", ...
+void wordName(int word, char* buf, size_t len);
+
+}  // namespace prog
+}  // namespace tide
+
+#endif  // TIDE_CORE_PROGRAM_H_

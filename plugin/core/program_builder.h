@@ -1,0 +1,99 @@
+// Appends operations to a Program in host issue order, merging what may be merged: consecutive flag operations of
+// one lane and issue group become one batch (one cuStreamBatchMemOp), consecutive copy segments one copy batch,
+// unless a batch is closed explicitly (a paced put is one batch per schedule step). Internal to program_*.cc.
+#ifndef TIDE_CORE_PROGRAM_BUILDER_H_
+#define TIDE_CORE_PROGRAM_BUILDER_H_
+
+#include "program.h"
+
+namespace tide {
+namespace prog {
+
+class Builder {
+ public:
+  explicit Builder(Program* p) : p_(p) {}
+
+  // Subsequent operations go to (lane, group); a new step starts when either changes.
+  void at(Lane lane, int group) {
+    if (!p_->steps.empty()) {
+      Step& s = p_->steps.back();
+      if (s.lane == lane && s.group == group) return;
+    }
+    Step s;
+    s.lane = lane;
+    s.group = group;
+    s.begin = s.end = static_cast<uint32_t>(p_->ops.size());
+    p_->steps.push_back(s);
+    if (lane == Lane::kInternal) p_->usesInternalLane = true;
+    open_ = false;
+  }
+
+  void wait(int owner, int word, Val base, int64_t delta) { flag(FlagOp::kWait, owner, word, base, delta, -1); }
+  void write(int owner, int word, Val base, int64_t delta) { flag(FlagOp::kWrite, owner, word, base, delta, -1); }
+  // Transport operations (cross a node boundary): a signal to / a wait for the signal of `peer`.
+  void signalTo(int peer, int word, Val base, int64_t delta) { flag(FlagOp::kWrite, peer, word, base, delta, peer); }
+  void waitSignalFrom(int peer, int owner, int word, Val base, int64_t delta) {
+    flag(FlagOp::kWait, owner, word, base, delta, peer);
+  }
+
+  // A copy segment, appended to the open copy batch (or a new one). peer >= 0: a transport put to that rank.
+  void copy(Addr dst, Addr src, uint64_t bytes, int peer = -1) {
+    if (bytes == 0) return;
+    Op* o = last();
+    if (!(o && open_ && o->kind == Op::kCopies && o->peer == peer)) o = newOp(Op::kCopies, peer);
+    p_->copies.push_back(CopySeg{dst, src, bytes});
+    o->end = static_cast<uint32_t>(p_->copies.size());
+  }
+  // Ends the open batch: the next copy or flag starts a new operation.
+  void close() { open_ = false; }
+
+  void reduce(const ReduceOp& r) {
+    Op* o = newOp(Op::kReduce, -1);
+    o->begin = static_cast<uint32_t>(p_->reduces.size());
+    p_->reduces.push_back(r);
+    o->end = o->begin + 1;
+    open_ = false;
+  }
+
+ private:
+  Op* last() { return p_->steps.empty() || p_->steps.back().end == p_->steps.back().begin ? nullptr : &p_->ops.back(); }
+  Op* newOp(Op::Kind kind, int peer) {
+    Op o;
+    o.kind = kind;
+    o.crossNode = peer >= 0;
+    o.peer = peer;
+    o.begin = o.end = static_cast<uint32_t>(kind == Op::kFlags ? p_->flags.size() : p_->copies.size());
+    p_->ops.push_back(o);
+    p_->steps.back().end = static_cast<uint32_t>(p_->ops.size());
+    open_ = true;
+    return &p_->ops.back();
+  }
+  void flag(FlagOp::Kind kind, int owner, int word, Val base, int64_t delta, int peer) {
+    Op* o = last();
+    if (!(o && open_ && o->kind == Op::kFlags && o->peer == peer)) o = newOp(Op::kFlags, peer);
+    FlagOp f;
+    f.kind = kind;
+    f.base = base;
+    f.owner = owner;
+    f.word = word;
+    f.delta = delta;
+    p_->flags.push_back(f);
+    o->end = static_cast<uint32_t>(p_->flags.size());
+  }
+
+  Program* p_;
+  bool open_ = false;
+};
+
+inline Addr addr(Mem mem, int index, uint64_t offset) {
+  Addr a;
+  a.mem = mem;
+  a.index = index;
+  a.offset = offset;
+  return a;
+}
+
+}  // namespace prog
+}  // namespace tide
+
+#endif  // TIDE_CORE_PROGRAM_BUILDER_H_

@@ -1,0 +1,153 @@
+"""Host issue time and GPU latency of TIDE calls on a loopback world, measured apart (issue 15).
+
+* host us (per rank per call): the ranks' streams are held behind a sleeping kernel on a gate stream, so nothing the
+  library enqueues can run (or make the host wait) while the host issues; `calls` rounds of every rank's call are
+  issued with prebuilt ctypes arguments (no Python tensor handling in the timed loop) and the wall time is divided
+  by calls x ranks. A sample counts only if the gate was still closed when the issue loop ended (else the GPU ran
+  during it and the sample is dropped). Median over samples.
+* gpu us (per call of the whole world): every rank's call is issued behind the gate; a start event after the gate
+  and an end event after every rank's stream give the device time of the call alone, without host launch gaps.
+
+Every rank's call is the whole collective of one GPU of the world (a loopback world has all ranks on one device), so
+gpu us is the world's time on one GPU, while host us is what one rank's process would spend issuing.
+"""
+
+import ctypes
+import statistics
+import time
+from typing import Callable, List
+
+GATE_CYCLES = 400_000_000  # ~200 ms at H200 clocks: longer than any issue loop measured here
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+class PreparedCalls:
+    """One collective of every rank of a LoopbackWorld as prebuilt ctypes calls: issue(r) makes rank r's call."""
+
+    def __init__(self, world, fns: List[Callable[[], int]]):
+        self.world = world
+        self.fns = fns
+
+    def issue_all(self) -> None:
+        for f in self.fns:
+            rc = f()
+            if rc != 0:
+                from .. import _native as N
+
+                raise RuntimeError(f"TIDE call failed: {N.last_error()}")
+
+
+def prepare_all_gather(world, layouts, slots, sendbufs=None, shards=None) -> PreparedCalls:
+    from .. import _native as N
+
+    lib = N.lib()
+    fns = []
+    keep = []
+    for r in range(world.n_ranks):
+        comm = world.comms[r]
+        h = layouts[r].handle
+        slot = ctypes.c_void_p(int(slots[r].data_ptr()))
+        stream = ctypes.c_void_p(int(world.streams[r].cuda_stream))
+        if sendbufs is not None:
+            send = ctypes.c_void_p(int(sendbufs[r].data_ptr()))
+            table = None
+        else:
+            send = None
+            table = N.pointer_table([int(t.data_ptr()) for t in shards[r]])
+        keep.append((slot, stream, send, table))
+        fns.append(lambda c=comm, h=h, s=send, t=table, sl=slot, st=stream: lib.tideAllGather(c, h, s, t, sl, st))
+    p = PreparedCalls(world, fns)
+    p._keep = keep
+    return p
+
+
+def prepare_reduce_scatter(world, layouts, grads, outs, op_code: int, out_code: int, staging=None) -> PreparedCalls:
+    from .. import _native as N
+
+    lib = N.lib()
+    fns = []
+    keep = []
+    for r in range(world.n_ranks):
+        comm = world.comms[r]
+        h = layouts[r].handle
+        table = N.pointer_table([int(g.data_ptr()) for g in grads[r]])
+        out = ctypes.c_void_p(int(outs[r].data_ptr()))
+        stag = None if staging is None else ctypes.c_void_p(int(staging[r].data_ptr()))
+        stream = ctypes.c_void_p(int(world.streams[r].cuda_stream))
+        keep.append((table, out, stag, stream))
+        fns.append(
+            lambda c=comm, h=h, t=table, o=out, s=stag, st=stream: lib.tideReduceScatter(
+                c, h, t, o, out_code, op_code, ctypes.c_float(1.0), s, st
+            )
+        )
+    p = PreparedCalls(world, fns)
+    p._keep = keep
+    return p
+
+
+def _gate(world):
+    """Closes the gate: a sleeping kernel on a fresh stream, every rank stream waits for it. Returns the event."""
+    torch = _torch()
+    gate = torch.cuda.Stream(device=world.device)
+    with torch.cuda.stream(gate):
+        torch.cuda._sleep(GATE_CYCLES)
+    ev = torch.cuda.Event()
+    ev.record(gate)
+    for s in world.streams:
+        s.wait_event(ev)
+    return ev
+
+
+def host_issue_us(prepared: PreparedCalls, calls: int = 8, samples: int = 15) -> dict:
+    """Median host time per rank per call (us), with the GPU gated; also how many samples were valid."""
+    torch = _torch()
+    world = prepared.world
+    prepared.issue_all()  # warm-up: caches, agreement, own staging growth
+    world.synchronize()
+    vals = []
+    for _ in range(samples):
+        ev = _gate(world)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            prepared.issue_all()
+        t1 = time.perf_counter()
+        closed = not ev.query()
+        world.synchronize()
+        if closed:
+            vals.append((t1 - t0) * 1e6 / (calls * world.n_ranks))
+    torch.cuda.synchronize()
+    out = {"host_us": statistics.median(vals) if vals else float("nan"), "valid_samples": len(vals)}
+    if len(vals) >= 4:
+        q = statistics.quantiles(vals, n=4)
+        out["host_iqr_us"] = q[2] - q[0]
+    return out
+
+
+def gpu_latency_us(prepared: PreparedCalls, samples: int = 15) -> dict:
+    """Median device time of one call of the whole world (us), issued entirely behind the gate."""
+    torch = _torch()
+    world = prepared.world
+    vals = []
+    for _ in range(samples):
+        torch.cuda.synchronize()
+        gate_stream = torch.cuda.Stream(device=world.device)
+        with torch.cuda.stream(gate_stream):
+            torch.cuda._sleep(20_000_000)  # ~10 ms
+        start = torch.cuda.Event(enable_timing=True)
+        start.record(gate_stream)
+        for s in world.streams:
+            s.wait_event(start)
+        prepared.issue_all()
+        end = torch.cuda.Event(enable_timing=True)
+        for s in world.streams:
+            gate_stream.wait_stream(s)
+        end.record(gate_stream)
+        world.synchronize()
+        torch.cuda.synchronize()
+        vals.append(start.elapsed_time(end) * 1e3)
+    return {"gpu_us": statistics.median(vals)}
