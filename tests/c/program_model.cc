@@ -1,0 +1,545 @@
+// CPU model of the step-program protocol (plugin/core/program.h; docs/architecture.md "Step programs").
+//
+// Runs the programs of all W ranks of a layout together over host memory: every rank has two lanes (its caller's
+// stream and the comm's internal stream), each a FIFO of operations; a seeded scheduler repeatedly executes the
+// head of a random lane whose head can run (a wait runs once its flag has reached the value, cyclically, as
+// CU_STREAM_WAIT_VALUE_GEQ compares). A sequence of collectives (AG and RS, RS staging in the slot region
+// (Slot-Reuse) or in a separate buffer) runs back to back, with the inputs rewritten on each caller lane between
+// calls. Checked:
+//   * termination: no state in which some lane is non-empty but no head can run (a deadlock);
+//   * results: each AG slot and RS output equal the host executor's bit for bit, at the caller lane's end of the call;
+//   * hazards, from a shadow tag per byte: a staging or slot byte is written only when empty (consumed), read only
+//     after this call wrote it; inputs (shards, gradients) are read only while they hold this call's data; staging is
+//     empty again when the caller's lane reaches the end of an RS; every access stays inside its buffer.
+// Usage: program_model [seeds]            exit 0: every case passed; prints one line per case
+//        program_model --drop-wait WORD   the same cases with every wait on flag word WORD removed from every
+//                                         program: must fail (a hazard, a wrong result or a deadlock), which shows
+//                                         that the model sees what that wait protects (tests/test_program_model.py)
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dtype.h"
+#include "host_executor.h"
+#include "layout.h"
+#include "program.h"
+
+using namespace tide;
+using namespace tide::prog;
+
+namespace {
+
+constexpr int32_t kEmpty = -1;
+int g_dropWord = -1;  // --drop-wait
+
+// Removes every wait on g_dropWord (the mutation of --drop-wait); flag runs left empty become no-ops.
+void mutate(Program* p) {
+  if (g_dropWord < 0) return;
+  std::vector<FlagOp> flags;
+  for (Op& op : p->ops) {
+    if (op.kind != Op::kFlags) continue;
+    const uint32_t b = static_cast<uint32_t>(flags.size());
+    for (uint32_t f = op.begin; f < op.end; ++f) {
+      if (!(p->flags[f].kind == FlagOp::kWait && p->flags[f].word == g_dropWord)) flags.push_back(p->flags[f]);
+    }
+    op.begin = b;
+    op.end = static_cast<uint32_t>(flags.size());
+  }
+  p->flags = std::move(flags);
+}
+
+[[noreturn]] void die(const std::string& what) {
+  fprintf(stderr, "FAIL: %s\n", what.c_str());
+  exit(1);
+}
+
+struct Buffer {
+  std::vector<unsigned char> bytes;
+  std::vector<int32_t> tag;  // kEmpty or the index of the call whose data the byte holds
+  void resize(size_t n) {
+    bytes.assign(n, 0xA5);  // poison
+    tag.assign(n, kEmpty);
+  }
+};
+
+enum class Kind { kAg, kRs };
+struct Call {
+  Kind kind;
+  bool slotStaging;  // RS: staging in the slot region (Slot-Reuse)
+  tideRedOp_t op;
+  tideDataType_t outType;
+};
+
+struct LaneItem {
+  int call;            // index into the sequence
+  const Program* prog;
+  int op;              // op index, or -1: consume (check) pseudo-op, -2: produce (rewrite inputs) pseudo-op
+  uint32_t sub = 0;    // position inside a flag run
+};
+
+struct World {
+  const std::vector<std::unique_ptr<Layout>>& layouts;
+  int W;
+  std::vector<Buffer> slot, ownStaging, out;
+  std::vector<std::vector<Buffer>> src, grad;  // [rank][param]
+  std::vector<std::vector<uint32_t>> flags;
+  std::vector<unsigned char> zeros;
+  std::vector<std::vector<LaneItem>> lanes;  // [rank * 2 + lane]
+  std::vector<size_t> head;
+  std::vector<Call> seq;
+  std::vector<uint64_t> epochOf, taskOf;  // per call: its epoch and RS task base
+  std::mt19937_64 rng;
+  uint64_t executed = 0;
+
+  explicit World(const std::vector<std::unique_ptr<Layout>>& ls) : layouts(ls), W(ls[0]->worldSize) {}
+  const Layout& L(int r) const { return *layouts[r]; }
+
+  Buffer& stagingOf(int call, int r) { return seq[call].slotStaging ? slot[r] : ownStaging[r]; }
+
+  // Resolves a symbolic address of rank r's program for `call` to (buffer, offset); bounds-checked.
+  Buffer* resolve(int call, int r, const Addr& a, uint64_t bytes, uint64_t* off, const char* what) {
+    Buffer* b = nullptr;
+    uint64_t o = a.offset;
+    const Layout& l = L(r);
+    switch (a.mem) {
+      case Mem::kSrc: b = &src[r].at(a.index); break;
+      case Mem::kGrad: b = &grad[r].at(a.index); break;
+      case Mem::kSlot: b = &slot.at(a.index); break;
+      case Mem::kStaging: b = &stagingOf(call, a.index); break;
+      case Mem::kOut: b = &out[r]; o = a.offset * dtype::size(seq[call].outType); break;
+      case Mem::kZeros: if (bytes > zeros.size()) die("zero copy larger than the zero buffer"); *off = 0; return nullptr;
+      case Mem::kMulticast: die("multicast address in a model program");
+    }
+    (void)l;
+    if (o + bytes > b->bytes.size()) {
+      char m[256];
+      snprintf(m, sizeof(m), "rank %d call %d: %s of %" PRIu64 " bytes at %" PRIu64 " runs past its buffer (%zu)", r,
+               call, what, bytes, o, b->bytes.size());
+      die(m);
+    }
+    *off = o;
+    return b;
+  }
+
+  static bool geq(uint32_t have, uint32_t want) { return static_cast<int32_t>(have - want) >= 0; }
+
+  void hazard(int r, int call, const char* what, uint64_t at, int32_t tag) {
+    char m[256];
+    snprintf(m, sizeof(m), "rank %d call %d: %s (byte %" PRIu64 " has tag %d)", r, call, what, at, tag);
+    die(m);
+  }
+
+  // Input-side check: inputs (src/grad) hold this call's data; staging/slot bytes were written in this call.
+  void readCheck(int r, int call, Buffer* b, uint64_t o, uint64_t n, bool consume, const char* what) {
+    if (!b) return;
+    for (uint64_t k = 0; k < n; ++k) {
+      if (b->tag[o + k] != call) hazard(r, call, what, o + k, b->tag[o + k]);
+      if (consume) b->tag[o + k] = kEmpty;
+    }
+  }
+  void writeCheck(int r, int call, Buffer* b, uint64_t o, uint64_t n, bool mustBeEmpty, const char* what) {
+    for (uint64_t k = 0; k < n; ++k) {
+      if (mustBeEmpty && b->tag[o + k] != kEmpty) hazard(r, call, what, o + k, b->tag[o + k]);
+      if (!mustBeEmpty && b->tag[o + k] == call) hazard(r, call, what, o + k, b->tag[o + k]);
+      b->tag[o + k] = call;
+    }
+  }
+  bool tracked(const Addr& a) const { return a.mem == Mem::kSlot || a.mem == Mem::kStaging; }
+
+  // Executes the head of lane x if it can run. Returns false if it must wait.
+  bool step(int x) {
+    LaneItem& it = lanes[x][head[x]];
+    const int r = x / 2;
+    const int call = it.call;
+    if (it.op == -2) {
+      produce(r, call);
+      ++head[x];
+      return true;
+    }
+    if (it.op == -1) {
+      consume(r, call);
+      ++head[x];
+      return true;
+    }
+    const Program& p = *it.prog;
+    const Op& op = p.ops[it.op];
+    const uint64_t e = epochOf[call], t = taskOf[call];
+    if (op.kind == Op::kFlags && op.begin == op.end) {
+      ++head[x];
+      return true;
+    }
+    if (op.kind == Op::kFlags) {
+      const FlagOp& f = p.flags[op.begin + it.sub];
+      uint32_t* w = &flags.at(f.owner).at(f.word);
+      const uint32_t v = f.value(e, t);
+      if (f.kind == FlagOp::kWait) {
+        if (!geq(*w, v)) return false;
+      } else {
+        *w = v;
+      }
+      if (++it.sub == op.end - op.begin) ++head[x];
+      return true;
+    }
+    if (op.kind == Op::kCopies) {
+      // A copy batch lands as a whole (copies in one batch may run in any order; none of ours overlap).
+      for (uint32_t c = op.begin; c < op.end; ++c) {
+        const CopySeg& s = p.copies[c];
+        uint64_t so = 0, d = 0;
+        Buffer* sb = resolve(call, r, s.src, s.bytes, &so, "copy source");
+        Buffer* db = resolve(call, r, s.dst, s.bytes, &d, "copy destination");
+        if (sb == db && so == d) continue;  // in place: the interpreter drops it
+        const unsigned char* from = sb ? &sb->bytes[so] : zeros.data();
+        // Partial sums are consumed by their put; slot bytes forwarded stay (the owner still needs them).
+        const bool consume = tracked(s.src) && s.src.mem == Mem::kStaging;
+        readCheck(r, call, sb, so, s.bytes, consume, "copy reads a byte not written in this call");
+        if (tracked(s.dst)) writeCheck(r, call, db, d, s.bytes, true, "copy overwrites a byte not yet consumed");
+        else writeCheck(r, call, db, d, s.bytes, false, "output byte written twice in one call");
+        memcpy(&db->bytes[d], from, s.bytes);
+      }
+      ++head[x];
+      return true;
+    }
+    reduce(r, call, p.reduces[op.begin]);
+    ++head[x];
+    return true;
+  }
+
+  void reduce(int r, int call, const ReduceOp& red) {
+    const Call& c = seq[call];
+    const Layout& l = L(r);
+    const tideDataType_t inT = red.inputsFp32 ? tideFloat32 : l.params[0].dtype;
+    const size_t inE = dtype::size(inT);
+    const tideDataType_t outT = red.outFinal ? c.outType : tideFloat32;
+    std::vector<float> acc(red.n), x(red.n), prev(red.n);
+    for (int s = 0; s < red.nInputs; ++s) {
+      Addr a = red.inputs;
+      a.offset += static_cast<uint64_t>(s) * red.stride;
+      uint64_t o = 0;
+      Buffer* b = resolve(call, r, a, red.n * inE, &o, "reduce input");
+      readCheck(r, call, b, o, red.n * inE, true, "reduce reads a staged input not written in this call");
+      dtype::toFloat(&b->bytes[o], inT, red.n, s == 0 ? acc.data() : x.data());
+      float* v = s == 0 ? acc.data() : x.data();
+      if (red.applyPremul && c.op == tidePremulSum) {
+        for (uint64_t k = 0; k < red.n; ++k) v[k] = v[k] * 0.375f;
+      }
+      if (s > 0) {
+        for (uint64_t k = 0; k < red.n; ++k) acc[k] = acc[k] + x[k];
+      }
+    }
+    if (red.hasPrev) {
+      uint64_t o = 0;
+      Buffer* b = resolve(call, r, red.prev, red.n * 4, &o, "reduce prev");
+      readCheck(r, call, b, o, red.n * 4, true, "reduce reads a running sum not written in this call");
+      memcpy(prev.data(), &b->bytes[o], red.n * 4);
+      for (uint64_t k = 0; k < red.n; ++k) acc[k] = prev[k] + acc[k];
+    }
+    if (red.applyAvg && c.op == tideAvg) {
+      for (uint64_t k = 0; k < red.n; ++k) acc[k] = acc[k] / static_cast<float>(W);
+    }
+    uint64_t o = 0;
+    Buffer* ob = resolve(call, r, red.out, red.n * dtype::size(outT), &o, "reduce output");
+    if (tracked(red.out)) writeCheck(r, call, ob, o, red.n * dtype::size(outT), true, "reduce overwrites a byte not consumed");
+    else writeCheck(r, call, ob, o, red.n * dtype::size(outT), false, "output byte written twice in one call");
+    dtype::fromFloat(acc.data(), red.n, outT, &ob->bytes[o]);
+  }
+
+  void randomFill(Buffer& b, tideDataType_t t, int call) {
+    const size_t e = dtype::size(t), n = b.bytes.size() / e;
+    std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+    std::vector<float> f(n);
+    for (auto& v : f) v = u(rng);
+    dtype::fromFloat(f.data(), n, t, b.bytes.data());
+    for (auto& g : b.tag) g = call;
+  }
+
+  // The inputs each rank produced for each call, kept for the oracle (a rank may rewrite its inputs for the next
+  // call, legally, before a slower rank checks this call's result).
+  std::vector<std::vector<std::vector<std::vector<unsigned char>>>> inputsOf;  // [call][rank][param]
+  void produce(int r, int call) {
+    const Layout& l = L(r);
+    if (inputsOf.size() <= static_cast<size_t>(call)) inputsOf.resize(call + 1);
+    inputsOf[call].resize(W);
+    for (int i = 0; i < l.nParams; ++i) {
+      Buffer& b = seq[call].kind == Kind::kAg ? src[r][i] : grad[r][i];
+      randomFill(b, l.params[i].dtype, call);
+      inputsOf[call][r].push_back(b.bytes);
+    }
+  }
+
+  // The caller's lane reached the end of the call: every rank's result for this call is final here.
+  std::vector<std::vector<unsigned char>> expected;  // per rank, computed when the last rank produced
+  void consume(int r, int call) {
+    const Layout& l = L(r);
+    for (int s = 0; s < W; ++s) {
+      if (inputsOf.size() <= static_cast<size_t>(call) || inputsOf[call].at(s).empty()) {
+        char m[160];
+        snprintf(m, sizeof(m), "rank %d's stream passed the end of call %d before rank %d entered it", r, call, s);
+        die(m);
+      }
+    }
+    if (seq[call].kind == Kind::kAg) {
+      // Expected: the host executor over every rank's shards of this call (src tags say they are this call's).
+      std::vector<const void*> shards(static_cast<size_t>(W) * l.nParams);
+      for (int s = 0; s < W; ++s) {
+        for (int i = 0; i < l.nParams; ++i) {
+          shards[static_cast<size_t>(s) * l.nParams + i] = inputsOf.at(call).at(s).at(i).data();
+        }
+      }
+      std::vector<std::vector<unsigned char>> params(l.nParams);
+      std::vector<void*> outs(static_cast<size_t>(W) * l.nParams);
+      std::vector<std::vector<unsigned char>> store(static_cast<size_t>(W) * l.nParams);
+      for (int s = 0; s < W; ++s)
+        for (int i = 0; i < l.nParams; ++i) {
+          auto& v = store[static_cast<size_t>(s) * l.nParams + i];
+          v.assign(l.params[i].shardBytes * W, 0);
+          outs[static_cast<size_t>(s) * l.nParams + i] = v.data();
+        }
+      if (hostAllGather(l, shards.data(), outs.data()) != tideSuccess) die("host executor AG failed");
+      for (int i = 0; i < l.nParams; ++i) {
+        const ParamLayout& p = l.params[i];
+        for (uint64_t k = 0; k < p.shardBytes * W; ++k) {
+          if (slot[r].tag[p.slotOffset + k] != call) hazard(r, call, "AG slot byte not written by this call", p.slotOffset + k, slot[r].tag[p.slotOffset + k]);
+        }
+        if (memcmp(&slot[r].bytes[p.slotOffset], store[static_cast<size_t>(r) * l.nParams + i].data(), p.shardBytes * W) != 0) {
+          char m[128];
+          snprintf(m, sizeof(m), "AG result of rank %d parameter %d differs from the host executor", r, i);
+          die(m);
+        }
+      }
+      for (auto& g : slot[r].tag) g = kEmpty;  // the caller is done reading the slot
+      return;
+    }
+    std::vector<const void*> grads(static_cast<size_t>(W) * l.nParams);
+    for (int s = 0; s < W; ++s)
+      for (int i = 0; i < l.nParams; ++i) {
+        grads[static_cast<size_t>(s) * l.nParams + i] = inputsOf.at(call).at(s).at(i).data();
+      }
+    const size_t oe = dtype::size(seq[call].outType);
+    std::vector<std::vector<unsigned char>> ref(W, std::vector<unsigned char>(l.rsOutNumel * oe));
+    std::vector<void*> outs(W);
+    for (int s = 0; s < W; ++s) outs[s] = ref[s].data();
+    if (hostReduceScatter(l, grads.data(), outs.data(), seq[call].outType, seq[call].op, 0.375f) != tideSuccess) {
+      die("host executor RS failed");
+    }
+    for (uint64_t k = 0; k < ref[r].size(); ++k) {
+      if (out[r].tag[k] != call) hazard(r, call, "RS output byte not written by this call", k, out[r].tag[k]);
+    }
+    if (memcmp(out[r].bytes.data(), ref[r].data(), ref[r].size()) != 0) {
+      char m[128];
+      snprintf(m, sizeof(m), "RS result of rank %d differs from the host executor", r);
+      die(m);
+    }
+    Buffer& st = stagingOf(call, r);
+    for (size_t k = 0; k < st.tag.size(); ++k) {
+      if (st.tag[k] != kEmpty && (seq[call].slotStaging ? k < l.rs.stagingBytes : true)) {
+        hazard(r, call, "staging byte still full at the end of the RS", k, st.tag[k]);
+      }
+    }
+  }
+};
+
+struct Case {
+  std::vector<uint64_t> numels;
+  tideDataType_t dtype;
+  int W, R;
+  uint64_t chunkBytes, paceBytes;
+};
+
+std::vector<std::unique_ptr<Layout>> makeLayouts(const Case& c) {
+  std::vector<std::unique_ptr<Layout>> ls;
+  std::vector<tideDataType_t> dts(c.numels.size(), c.dtype);
+  for (int r = 0; r < c.W; ++r) {
+    tideLayoutDesc_t d{sizeof(tideLayoutDesc_t), TIDE_LAYOUT_DESC_VERSION, static_cast<int>(c.numels.size()),
+                       c.numels.data(), nullptr, dts.data(), c.W, c.R, r};
+    tideConfig_t cfg{sizeof(tideConfig_t), TIDE_CONFIG_VERSION, c.chunkBytes, c.paceBytes};
+    std::unique_ptr<Layout> l;
+    if (createLayout(&d, &cfg, &l) != tideSuccess) die("createLayout failed");
+    ls.push_back(std::move(l));
+  }
+  return ls;
+}
+
+// Runs `seq` over the layouts with programs of `mode`, seeds the scheduler with `seed`. Returns ops executed.
+uint64_t runCase(const Case& cs, Mode mode, uint64_t seed, uint32_t start, std::vector<Call> seq) {
+  auto layouts = makeLayouts(cs);
+  World w(layouts);
+  const int W = cs.W;
+  const Layout& l0 = *layouts[0];
+  w.rng.seed(seed);
+  w.seq = seq;
+  w.slot.resize(W);
+  w.ownStaging.resize(W);
+  w.out.resize(W);
+  w.src.resize(W);
+  w.grad.resize(W);
+  w.flags.assign(W, std::vector<uint32_t>(word::kWords, 0));
+  for (int r = 0; r < W; ++r) {
+    for (int k = 0; k < word::kCapAgReady; ++k) w.flags[r][k] = start;  // the state after `start` earlier calls
+    w.slot[r].resize(l0.slotBytes);
+    w.ownStaging[r].resize(l0.rs.stagingBytes);
+    w.out[r].resize(l0.rsOutNumel * 4);
+    for (const ParamLayout& p : l0.params) {
+      w.src[r].emplace_back();
+      w.src[r].back().resize(p.shardBytes);
+      w.grad[r].emplace_back();
+      w.grad[r].back().resize(p.numel * p.elemSize);
+    }
+  }
+  w.zeros.assign(64, 0);
+  Options opt;
+  opt.mode = mode;
+  opt.zeroBytes = 64;  // small, so padding takes several zero copies
+  std::vector<Program> ag(W), rs(W);
+  bool slotFits = l0.rs.slotReuseFits;
+  for (int r = 0; r < W; ++r) {
+    if (compileAllGather(*layouts[r], opt, &ag[r]) != tideSuccess) die("compileAllGather failed");
+    if (compileReduceScatter(*layouts[r], opt, &rs[r]) != tideSuccess) die("compileReduceScatter failed");
+    mutate(&ag[r]);
+    mutate(&rs[r]);
+  }
+  // Counters as the comm keeps them: AG and RS epochs, the RS task counter (all equal on every rank).
+  uint64_t agE = start, rsE = start, task = start;
+  w.lanes.assign(2 * W, {});
+  for (size_t c = 0; c < seq.size(); ++c) {
+    if (seq[c].kind == Kind::kRs && seq[c].slotStaging && !slotFits) w.seq[c].slotStaging = false;
+    if (seq[c].kind == Kind::kAg) {
+      w.epochOf.push_back(++agE);
+      w.taskOf.push_back(0);
+    } else {
+      w.epochOf.push_back(++rsE);
+      w.taskOf.push_back(task);
+      task += rs[0].numTasks;
+    }
+    for (int r = 0; r < W; ++r) {
+      const Program& p = seq[c].kind == Kind::kAg ? ag[r] : rs[r];
+      w.lanes[2 * r].push_back(LaneItem{static_cast<int>(c), nullptr, -2});
+      // Call-time steps in program order; deferred groups follow on the internal lane (the provider issues group
+      // g of every rank before g + 1 of any; per lane that is program order again).
+      for (const Step& s : p.steps) {
+        const int lane = static_cast<int>(s.lane);
+        for (uint32_t o = s.begin; o < s.end; ++o) w.lanes[2 * r + lane].push_back(LaneItem{static_cast<int>(c), &p, static_cast<int>(o)});
+      }
+      w.lanes[2 * r].push_back(LaneItem{static_cast<int>(c), nullptr, -1});
+    }
+  }
+  w.head.assign(2 * W, 0);
+  std::vector<int> ready;
+  const bool sticky = (seed / 2) % 2 == 1;
+  int lastLane = -1;
+  for (;;) {
+    ready.clear();
+    bool any = false;
+    for (int x = 0; x < 2 * W; ++x) {
+      if (w.head[x] < w.lanes[x].size()) {
+        any = true;
+        ready.push_back(x);
+      }
+    }
+    if (!any) break;
+    // Sticky runs (every other seed): keep running the last lane while it can, so one rank races far ahead of the
+    // others (the interleavings that expose a missing wait); otherwise try lanes in random order until one runs.
+    bool progressed = false;
+    if (sticky && lastLane >= 0 && w.head[lastLane] < w.lanes[lastLane].size() && (w.rng() % 16) != 0) {
+      progressed = w.step(lastLane);
+      ++w.executed;
+    }
+    for (size_t k = ready.size(); k > 0 && !progressed; --k) {
+      std::uniform_int_distribution<size_t> pick(0, k - 1);
+      size_t j = pick(w.rng);
+      std::swap(ready[j], ready[k - 1]);
+      progressed = w.step(ready[k - 1]);
+      ++w.executed;
+      if (progressed) lastLane = ready[k - 1];
+    }
+    if (!progressed) {
+      std::string m = "deadlock: no lane can run; heads:";
+      for (int x = 0; x < 2 * W; ++x) {
+        if (w.head[x] >= w.lanes[x].size()) continue;
+        const LaneItem& it = w.lanes[x][w.head[x]];
+        char b[160];
+        if (it.op >= 0 && it.prog->ops[it.op].kind == Op::kFlags) {
+          const FlagOp& f = it.prog->flags[it.prog->ops[it.op].begin + it.sub];
+          char name[64];
+          wordName(f.word, name, sizeof(name));
+          snprintf(b, sizeof(b), " [rank %d lane %d call %d: wait rank %d word %d (%s) >= %u, has %u]", x / 2, x % 2,
+                   it.call, f.owner, f.word, name, f.value(w.epochOf[it.call], w.taskOf[it.call]),
+                   w.flags[f.owner][f.word]);
+        } else {
+          snprintf(b, sizeof(b), " [rank %d lane %d: op %d]", x / 2, x % 2, it.op);
+        }
+        m += b;
+      }
+      die(m);
+    }
+  }
+  return w.executed;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int seeds = 4;
+  if (argc > 2 && strcmp(argv[1], "--drop-wait") == 0) {
+    g_dropWord = atoi(argv[2]);
+    if (argc > 3) seeds = atoi(argv[3]);
+  } else if (argc > 1) {
+    seeds = atoi(argv[1]);
+  }
+  std::vector<Case> cases = {
+      {{1000, 77, 4096, 3}, tideBfloat16, 2, 2, 512, 0},
+      {{1000, 77, 4096, 3}, tideBfloat16, 4, 4, 256, 0},
+      {{5000}, tideFloat32, 3, 3, 1 << 20, 0},
+      {{123, 4567, 89, 1024, 5}, tideFloat16, 8, 4, 1024, 1000},      // 2 x 4
+      {{123, 4567, 89, 1024, 5}, tideBfloat16, 8, 2, 512, 700},       // 4 x 2
+      {{999, 64, 3001}, tideBfloat16, 6, 2, 300, 512},                // 3 x 2
+      {{999, 64, 3001}, tideFloat32, 6, 3, 4096, 256},                // 2 x 3
+      {{333, 4096}, tideBfloat16, 5, 1, 256, 1024},                   // 5 x 1
+      {{2048, 17}, tideBfloat16, 64, 8, 256, 4096},                   // 8 x 8
+      {{2048, 17}, tideBfloat16, 48, 8, 1024, 1 << 20},               // 6 x 8
+      {{4097}, tideBfloat16, 64, 64, 512, 0},                         // 1 x 64
+      {{7, 13}, tideBfloat16, 3, 3, 8, 0},                            // tiny, odd sizes
+      {{7, 13}, tideFloat32, 6, 2, 8, 8},                             // tiny, several nodes
+  };
+  const Call agC{Kind::kAg, false, tideSum, tideFloat32};
+  int failures = 0;
+  for (size_t ci = 0; ci < cases.size(); ++ci) {
+    const Case& c = cases[ci];
+    for (Mode mode : {Mode::kInOrder, Mode::kDeferred}) {
+      for (int s = 0; s < seeds; ++s) {
+        const uint32_t start = (s % 2) ? 0xFFFFFFF0u : 0u;  // odd seeds: counters wrap around 2^32 during the run
+        std::vector<Call> seq = {agC,
+                                 Call{Kind::kRs, true, tideSum, tideFloat32},
+                                 agC,
+                                 Call{Kind::kRs, false, tideAvg, tideBfloat16},
+                                 Call{Kind::kRs, true, tidePremulSum, tideFloat16},
+                                 agC,
+                                 Call{Kind::kRs, false, tideSum, tideFloat32}};
+        uint64_t n = runCase(c, mode, 1000 * ci + 17 * s + static_cast<int>(mode), start, seq);
+        printf("case %zu W=%d R=%d mode %d seed %d start %08x: ok (%" PRIu64 " scheduler steps)\n", ci, c.W, c.R,
+               static_cast<int>(mode), s, start, n);
+      }
+    }
+    // Captured programs: single node, <= 2 chunks, slot staging; constant tokens.
+    if (c.W == c.R) {
+      auto ls = makeLayouts(c);
+      if (ls[0]->rs.numChunks <= 2 && ls[0]->rs.slotReuseFits) {
+        // Two sequences: AG then RS in the slot region (Slot-Reuse) and back, and back-to-back calls of one kind.
+        const std::vector<std::vector<Call>> seqs = {
+            {agC, Call{Kind::kRs, true, tideSum, tideFloat32}, agC, Call{Kind::kRs, true, tideAvg, tideBfloat16}},
+            {agC, agC, Call{Kind::kRs, true, tideSum, tideFloat32}, Call{Kind::kRs, true, tidePremulSum, tideFloat16},
+             agC}};
+        for (int s = 0; s < 2 * seeds; ++s) {
+          uint64_t n = runCase(c, Mode::kCaptured, 77 + s, 0, seqs[s % 2]);
+          printf("case %zu W=%d captured seed %d: ok (%" PRIu64 " scheduler steps)\n", ci, c.W, s, n);
+        }
+      }
+    }
+  }
+  printf("%s\n", failures ? "FAILED" : "all cases passed");
+  return failures ? 1 : 0;
+}
