@@ -389,6 +389,32 @@ tideResult_t tideReduceScatter(tideComm_t comm, tideLayout_t layout, const void*
  * (since 0.1) */
 tideResult_t tideCommDebugDump(tideComm_t comm, char* buf, size_t bytes);
 
+#define TIDE_PENDING_WAIT_VERSION 1
+
+/* One unsatisfied wait of a comm's last all-gather or reduce-scatter (tideCommGetPendingWaits). */
+typedef struct {
+  size_t size;            /* caller sets sizeof(tidePendingWait_t) in every element */
+  unsigned int version;   /* caller sets TIDE_PENDING_WAIT_VERSION */
+  int collective;         /* 0 all-gather, 1 reduce-scatter */
+  int stream;             /* 0 the caller's stream, 1 the comm's internal stream */
+  int step;               /* index of the step in the rank's program (docs/architecture.md "Step programs") */
+  int owner;              /* rank whose flag word is waited on */
+  int word;               /* flag word index */
+  int writer;             /* rank that writes the value waited for */
+  uint32_t expected;      /* the value waited for (cyclic >=) */
+  uint32_t seen;          /* the word's value now */
+  char name[24];          /* short name: agReady, agDone[s], rsEnter, rsConsumed, rsPushDone, rsFull[s], rsPrev,
+                             rsFinal, agFinish, agRail[k], capAgReady[d], ... */
+} tidePendingWait_t;
+
+/* The first unsatisfied wait on each stream of this rank's last all-gather and last reduce-scatter (a stream runs
+ * in order, so that is where it stands if it is stuck), read from their step programs and the flag words (read
+ * back as tideCommDebugDump does, bounded). Writes up to `capacity` entries into waits and the number found into
+ * *count (0: nothing pending). Errors: tideInvalidArgument (NULL comm or count, waits NULL with capacity > 0, bad
+ * size/version), tideInvalidUsage (a call is in progress on this comm on another thread), tideCudaError (the
+ * flag readback failed or did not finish). (since 0.2) */
+tideResult_t tideCommGetPendingWaits(tideComm_t comm, tidePendingWait_t* waits, int capacity, int* count);
+
 /* 1 if the NVLink multicast gate of DESIGN.md section 6 is open in this environment:
  * NCCL_NVLS_ENABLE is not "0", TORCH_SYMM_MEM_DISABLE_MULTICAST and NVSHMEM_DISABLE_NVLS
  * are unset, and NCCL_TIDE_NVLS=1. Host-only; always available. (since 0.1) */

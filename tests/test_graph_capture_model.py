@@ -1,4 +1,4 @@
-"""Random-interleaving model of the captured (CUDA graph) token protocol of plugin/cuda/captured.cc (CPU only).
+"""Random-interleaving model of the captured (CUDA graph) token protocol (the kCaptured programs of plugin/core/program_ag.cc / program_rs.cc; CPU only).
 
 It models the protocol as docs/architecture.md "CUDA graphs" states it, not the code: every rank runs a program of
 flag writes, flag waits (GEQ) and data writes into peers' slot/staging, for several captured collectives (AG, RS of

@@ -24,6 +24,8 @@
 #include "cuda/executors.h"
 #include "cuda/ipc_provider.h"
 #include "cuda/loopback.h"
+#include "cuda/pending.h"
+#include "cuda/program_exec.h"
 #include "cuda/peer_provider.h"
 #include "errors.h"
 #include "log.h"
@@ -138,9 +140,6 @@ bool readFlags(tideComm* comm, int timeoutMs, std::vector<uint32_t>* words, std:
   return true;
 }
 
-// want <= have in the cyclic order of CU_STREAM_WAIT_VALUE_GEQ.
-bool reached(uint32_t have, uint32_t want) { return static_cast<int32_t>(have - want) >= 0; }
-
 std::string debugDump(tideComm* comm) {
   namespace fl = tide::cuda::flag;
   std::string out;
@@ -151,28 +150,16 @@ std::string debugDump(tideComm* comm) {
   std::unique_lock<std::mutex> lock(comm->mu, std::try_to_lock);
   const bool busy = !lock.owns_lock();
   appendf(&out, "  host: %s%s\n", busy ? "a call is in progress on another thread: " : "", phase ? phase : "?");
-  uint64_t agEpoch = 0;
-  tideComm::RsRecord rs;
-  tideComm::MultiRecord agM, rsM;
   if (!busy) {
-    agEpoch = comm->agEpoch;
-    rs = comm->lastRs;
-    // Multi-node records apply only to the last call of their kind.
-    if (comm->lastAgMulti.epoch == agEpoch && agEpoch > 0) agM = comm->lastAgMulti;
-    if (comm->lastRsMulti.epoch == rs.epoch && rs.epoch > 0) rsM = comm->lastRsMulti;
-    appendf(&out, "  last AG epoch %llu; last RS epoch %llu: %d chunks (global %llu..%llu), %d staging buffers, %s "
-                  "staging\n",
-            static_cast<unsigned long long>(agEpoch), static_cast<unsigned long long>(rs.epoch), rs.numChunks,
-            static_cast<unsigned long long>(rs.g0 + 1), static_cast<unsigned long long>(rs.g0 + rs.numChunks), rs.nb,
-            rs.ownStaging ? "own" : "slot");
-    if (agM.ranksPerNode > 0) {
-      appendf(&out, "  last AG is multi-node: %d ranks per node, %d nodes, %d rail rounds%s\n", agM.ranksPerNode,
-              W / agM.ranksPerNode, agM.rounds, agM.deferred ? ", deferred onto the internal stream" : "");
-    }
-    if (rsM.ranksPerNode > 0) {
-      appendf(&out, "  last RS is multi-node: %d ranks per node, %d nodes (%d tasks = chunks x nodes)%s\n",
-              rsM.ranksPerNode, W / rsM.ranksPerNode, rs.numChunks,
-              rsM.deferred ? ", deferred onto the internal stream" : "");
+    appendf(&out, "  last AG epoch %llu; last RS epoch %llu (tasks from %llu)\n",
+            static_cast<unsigned long long>(comm->lastAg.epoch), static_cast<unsigned long long>(comm->lastRs.epoch),
+            static_cast<unsigned long long>(comm->lastRs.task + 1));
+    for (const tideComm::LastCall* lc : {&comm->lastAg, &comm->lastRs}) {
+      if (!lc->bound) continue;
+      const tide::prog::Program& p = lc->bound->program();
+      appendf(&out, "  last %s program: %zu steps, %d nodes of %d ranks, %s issue\n",
+              p.coll == tide::prog::Coll::kAllGather ? "AG" : "RS", p.steps.size(), p.nNodes, p.ranksPerNode,
+              p.mode == tide::prog::Mode::kDeferred ? "deferred (internal stream, issued across ranks)" : "in-order");
     }
   }
   std::vector<uint32_t> words;
@@ -181,140 +168,25 @@ std::string debugDump(tideComm* comm) {
     appendf(&out, "  flags: %s\n", why.c_str());
     return out;
   }
-  // Source-indexed words: agDone/rsFull have one word per node-local source rank; on a multi-node layout only the
-  // first ranksPerNode of them are used (the smallest R of the last AG/RS when both are multi-node).
-  int localSrc = W;
-  if (agM.ranksPerNode > 0) localSrc = std::min(localSrc, agM.ranksPerNode);
-  if (rsM.ranksPerNode > 0) localSrc = std::min(localSrc, rsM.ranksPerNode);
-  const bool anyMulti = agM.ranksPerNode > 0 || rsM.ranksPerNode > 0;
   for (int d = 0; d < W; ++d) {
     const uint32_t* f = words.data() + static_cast<size_t>(d) * fl::kWords;
-    appendf(&out, "  flags of rank %d: agReady %u rsEnter %u rsConsumed %u rsPushDone %u | agDone[src%s]", d,
-            f[fl::kAgReady], f[fl::kRsEnter], f[fl::kRsConsumed], f[fl::kRsPushDone], anyMulti ? " local" : "");
-    for (int s = 0; s < localSrc && s < fl::kMaxLocalRanks; ++s) appendf(&out, " %u", f[fl::kAgDone + s]);
-    appendf(&out, " | rsFull[src%s]", anyMulti ? " local" : "");
-    for (int s = 0; s < localSrc && s < fl::kMaxLocalRanks; ++s) appendf(&out, " %u", f[fl::kRsFull + s]);
-    if (anyMulti) {
-      appendf(&out, " | rsPrev %u rsFinal %u agFinish %u | agRail[round]", f[fl::kRsPrev], f[fl::kRsFinal],
-              f[fl::kAgFinish]);
-      for (int k = 0; k < agM.rounds && k < fl::kMaxRounds; ++k) appendf(&out, " %u", f[fl::kAgRail + k]);
-    }
-    out += "\n";
+    appendf(&out, "  flags of rank %d: agReady %u rsEnter %u rsConsumed %u rsPushDone %u rsPrev %u rsFinal %u "
+                  "agFinish %u\n",
+            d, f[fl::kAgReady], f[fl::kRsEnter], f[fl::kRsConsumed], f[fl::kRsPushDone], f[fl::kRsPrev],
+            f[fl::kRsFinal], f[fl::kAgFinish]);
   }
   if (busy) return out;
-  // What this rank's last collectives wait for, at their end (values are cyclic 32-bit, as the stream waits).
-  const uint32_t* mine = words.data() + static_cast<size_t>(me) * fl::kWords;
-  auto flagsOf = [&](int d) { return words.data() + static_cast<size_t>(d) * fl::kWords; };
-  int pending = 0;
-  // writer >= 0: the rank that writes the word, when neither the owner nor the bracketed source index names it
-  // (multi-node words: node-local source index, rail rounds, running sums).
-  auto need = [&](const char* who, const char* what, int owner, uint32_t have, uint32_t want, int writer = -1) {
-    if (reached(have, want)) return;
-    ++pending;
-    appendf(&out, "  PENDING %s: %s of rank %d >= %u (is %u)", who, what, owner, want, have);
-    if (writer >= 0) appendf(&out, " from rank %d", writer);
-    out += "\n";
-  };
-  char what[64];
-  if (agEpoch > 0 && agM.ranksPerNode > 0) {
-    // Multi-node AG (internode_ag.cc): node n = me / R, rail q = me % R.
-    const uint32_t a = static_cast<uint32_t>(agEpoch);
-    const int R = agM.ranksPerNode, N = W / R, n = me / R, q = me % R;
-    const char* where = agM.deferred ? "AG (internal stream" : "AG (caller stream";
-    std::vector<int> dests;
-    for (int l = 0; l < R; ++l) {
-      if (l != q) dests.push_back(n * R + l);
-    }
-    for (int k = 0; k < agM.rounds; ++k) {
-      const int peer = ((n - (1 << k)) % N + N) % N * R + q;
-      if (std::find(dests.begin(), dests.end(), peer) == dests.end()) dests.push_back(peer);
-    }
-    std::string who = std::string(where) + ", before its copies)";
-    for (int d : dests) need(who.c_str(), "agReady", d, flagsOf(d)[fl::kAgReady], a);
-    who = std::string(where) + ", rail round k: the put of round k from node n + 2^k)";
-    for (int k = 0; k < agM.rounds && k < fl::kMaxRounds; ++k) {
-      snprintf(what, sizeof(what), "agRail[%d]", k);
-      need(who.c_str(), what, me, mine[fl::kAgRail + k], a, (n + (1 << k)) % N * R + q);
-    }
-    who = std::string(where) + ", end: node-local fan-out)";
-    for (int l = 0; l < R; ++l) {
-      if (l == q) continue;
-      snprintf(what, sizeof(what), "agDone[%d]", l);  // word index: the node-local source
-      need(who.c_str(), what, me, mine[fl::kAgDone + l], a, n * R + l);
-    }
-    if (agM.deferred) need("AG (caller stream, end: deferred work finished)", "agFinish", me, mine[fl::kAgFinish], a);
-  } else if (agEpoch > 0) {
-    const uint32_t a = static_cast<uint32_t>(agEpoch);
-    for (int d = 0; d < W; ++d) {
-      if (d != me) need("AG (caller stream, before its copies)", "agReady", d, flagsOf(d)[fl::kAgReady], a);
-    }
-    for (int s = 0; s < W; ++s) {
-      if (s == me) continue;
-      snprintf(what, sizeof(what), "agDone[%d]", s);
-      need("AG (caller stream, end)", what, me, mine[fl::kAgDone + s], a);
-    }
+  // What this rank's last collectives wait for: the first unreached wait of each stream, from their programs.
+  std::vector<tide::cuda::PendingWait> pending;
+  tide::cuda::pendingWaits(comm, words, &pending);
+  for (const tide::cuda::PendingWait& p : pending) {
+    char name[64];
+    tide::prog::wordName(p.word, name, sizeof(name));
+    appendf(&out, "  PENDING %s (%s stream, step %d: %s): %s of rank %d >= %u (is %u) from rank %d\n",
+            p.collective == 0 ? "AG" : "RS", p.lane == 0 ? "caller" : "internal", p.step, name, p.name, p.owner,
+            p.expected, p.seen, p.writer);
   }
-  if (rs.epoch > 0 && rs.numChunks > 0 && rsM.ranksPerNode > 0) {
-    // Multi-node RS (internode_rs.cc): tasks t = k * N + m, global numbers g0 + t + 1; this rank is the proxy on
-    // node n for rail q, and owns the tasks with m == n.
-    const uint32_t e = static_cast<uint32_t>(rs.epoch);
-    const uint32_t gLast = static_cast<uint32_t>(rs.g0 + rs.numChunks);
-    const int R = rsM.ranksPerNode, N = W / R, n = me / R;
-    const char* where = rsM.deferred ? "internal stream" : "caller stream";
-    std::string who;
-    for (int l = 0; l < R; ++l) {
-      const int x = n * R + l;
-      who = std::string("RS (") + (rsM.deferred ? "internal" : "side") + " stream, before task 0: local proxy entered)";
-      need(who.c_str(), "rsEnter", x, flagsOf(x)[fl::kRsEnter], e);
-      who = std::string("RS (") + (rsM.deferred ? "internal" : "side") +
-            " stream, before task 0: local proxy's earlier tasks done)";
-      need(who.c_str(), "rsConsumed", x, flagsOf(x)[fl::kRsConsumed], static_cast<uint32_t>(rs.g0));
-    }
-    who = std::string("RS (") + where + ", before the last reduce: local inputs of the last task)";
-    for (int l = 0; l < R; ++l) {
-      snprintf(what, sizeof(what), "rsFull[%d]", l);  // word index: the node-local source
-      need(who.c_str(), what, me, mine[fl::kRsFull + l], gLast, n * R + l);
-    }
-    if (n > 0) {
-      who = std::string("RS (") + where + ", before the last reduce: running sum from node n-1)";
-      need(who.c_str(), "rsPrev", me, mine[fl::kRsPrev], gLast, (n - 1) * R + me % R);
-    }
-    if (n != N - 1) {
-      int tOwn = -1;
-      for (int t = rs.numChunks - 1; t >= 0; --t) {
-        if (t % N == n) {
-          tOwn = t;
-          break;
-        }
-      }
-      if (tOwn >= 0) {
-        who = std::string("RS (") + where + ", last owned task: final sum from the last node)";
-        need(who.c_str(), "rsFinal", me, mine[fl::kRsFinal], static_cast<uint32_t>(rs.g0 + tOwn + 1),
-             (N - 1) * R + me % R);
-      }
-    }
-    who = std::string("RS (") + where + ", after the last task)";
-    need(who.c_str(), "rsConsumed", me, mine[fl::kRsConsumed], gLast);
-    need("RS (caller stream, end: this rank's pushes done)", "rsPushDone", me, mine[fl::kRsPushDone], e);
-  } else if (rs.epoch > 0 && rs.numChunks > 0) {
-    const uint32_t e = static_cast<uint32_t>(rs.epoch);
-    const uint32_t gLast = static_cast<uint32_t>(rs.g0 + rs.numChunks);
-    need("RS (caller stream, first op)", "rsEnter", me, mine[fl::kRsEnter], e);
-    for (int d = 0; d < W; ++d) {
-      const uint32_t* f = flagsOf(d);
-      if (d != me) need("RS (side stream, before chunk 0: owner entered)", "rsEnter", d, f[fl::kRsEnter], e);
-      need("RS (side stream, before chunk 0: owner's earlier chunks reduced)", "rsConsumed", d, f[fl::kRsConsumed],
-           static_cast<uint32_t>(rs.g0));
-    }
-    for (int s = 0; s < W; ++s) {
-      snprintf(what, sizeof(what), "rsFull[%d]", s);
-      need("RS (caller stream, before the last reduce: pushes of the last chunk)", what, me, mine[fl::kRsFull + s],
-           gLast);
-    }
-    need("RS (caller stream, after the last reduce)", "rsConsumed", me, mine[fl::kRsConsumed], gLast);
-    need("RS (caller stream, end: this rank's pushes done)", "rsPushDone", me, mine[fl::kRsPushDone], e);
-  }
-  if (pending == 0) out += "  no wait of this rank's last AG/RS is pending (its flags reached their final values)\n";
+  if (pending.empty()) out += "  no wait of this rank's last AG/RS is pending (its flags reached their final values)\n";
   return out;
 }
 
@@ -441,6 +313,7 @@ TIDE_EXPORT tideResult_t tideSlotAlloc(tideComm_t comm, size_t bytes, void** ptr
   *ptr = nullptr;
   std::lock_guard<std::mutex> lock(comm->mu);
   PhaseGuard phase(comm, "tideSlotAlloc (collective: cudaMalloc, exchange, IPC open)");
+  comm->provider->bumpMemoryGeneration();
   return comm->provider->slotAlloc(comm->rank, bytes, ptr);
   TIDE_API_END
 }
@@ -451,6 +324,7 @@ TIDE_EXPORT tideResult_t tideSlotFree(tideComm_t comm, void* ptr) {
   if (ptr == nullptr) return tideSuccess;
   std::lock_guard<std::mutex> lock(comm->mu);
   PhaseGuard phase(comm, "tideSlotFree (collective: device synchronize, barriers)");
+  comm->provider->bumpMemoryGeneration();
   return comm->provider->slotFree(comm->rank, ptr);
   TIDE_API_END
 }
@@ -496,6 +370,54 @@ TIDE_EXPORT tideResult_t tideReduceScatter(tideComm_t comm, tideLayout_t layout,
   return tide::cuda::reduceScatter(comm, layout, grads, out, static_cast<tideDataType_t>(rawOut),
                                    static_cast<tideRedOp_t>(rawOp), scale, staging, static_cast<cudaStream_t>(stream),
                                    cap);
+  TIDE_API_END
+}
+
+TIDE_EXPORT tideResult_t tideCommGetPendingWaits(tideComm_t comm, tidePendingWait_t* waits, int capacity,
+                                                 int* count) {
+  TIDE_API_BEGIN
+  if (count == nullptr) return tide::fail(tideInvalidArgument, "API", "tideCommGetPendingWaits: count is NULL");
+  *count = 0;
+  if (capacity < 0 || (waits == nullptr && capacity > 0)) {
+    return tide::fail(tideInvalidArgument, "API", "tideCommGetPendingWaits: waits is NULL or capacity (%d) < 0",
+                      capacity);
+  }
+  for (int i = 0; i < capacity; ++i) {
+    if (waits[i].size != sizeof(tidePendingWait_t) || waits[i].version != TIDE_PENDING_WAIT_VERSION) {
+      return tide::fail(tideInvalidArgument, "API",
+                        "tideCommGetPendingWaits: waits[%d] has size %zu / version %u; set sizeof(tidePendingWait_t) "
+                        "and TIDE_PENDING_WAIT_VERSION",
+                        i, waits[i].size, waits[i].version);
+    }
+  }
+  TIDE_CHECK(checkComm(comm, "tideCommGetPendingWaits"));
+  std::unique_lock<std::mutex> lock(comm->mu, std::try_to_lock);
+  if (!lock.owns_lock()) {
+    return tide::fail(tideInvalidUsage, "API", "tideCommGetPendingWaits: a call is in progress on this comm");
+  }
+  std::vector<uint32_t> words;
+  std::string why;
+  if (!readFlags(comm, 3000, &words, &why)) {
+    return tide::fail(tideCudaError, "API", "tideCommGetPendingWaits: %s", why.c_str());
+  }
+  std::vector<tide::cuda::PendingWait> pending;
+  tide::cuda::pendingWaits(comm, words, &pending);
+  const int n = std::min<int>(capacity, static_cast<int>(pending.size()));
+  for (int i = 0; i < n; ++i) {
+    const tide::cuda::PendingWait& p = pending[i];
+    tidePendingWait_t& w = waits[i];
+    w.collective = p.collective;
+    w.stream = p.lane;
+    w.step = p.step;
+    w.owner = p.owner;
+    w.word = p.word;
+    w.writer = p.writer;
+    w.expected = p.expected;
+    w.seen = p.seen;
+    snprintf(w.name, sizeof(w.name), "%s", p.name);
+  }
+  *count = static_cast<int>(pending.size());
+  return tideSuccess;
   TIDE_API_END
 }
 

@@ -51,4 +51,9 @@ TIDE_EXPORT tideResult_t tideCommDebugDump(tideComm_t, char* buf, size_t bytes) 
   return unsupported(__func__);
 }
 
+TIDE_EXPORT tideResult_t tideCommGetPendingWaits(tideComm_t, tidePendingWait_t*, int, int* count) {
+  if (count != nullptr) *count = 0;
+  return unsupported(__func__);
+}
+
 }  // extern "C"

@@ -7,6 +7,7 @@
 #include "../core/params.h"
 #include "cuda_check.h"
 #include "driver_ops.h"
+#include "program_exec.h"
 #include "reduce_kernel.h"
 
 namespace tide {
@@ -15,8 +16,9 @@ namespace cuda {
 tideResult_t commInit(tideComm* comm) {
   TIDE_CUDA_CHECK(cudaSetDevice(comm->device));
   TIDE_CUDA_CHECK(cudaStreamCreateWithFlags(&comm->sideStream, cudaStreamNonBlocking));
-  TIDE_CUDA_CHECK(cudaEventCreateWithFlags(&comm->forkEvent, cudaEventDisableTiming));
-  TIDE_CUDA_CHECK(cudaEventCreateWithFlags(&comm->joinEvent, cudaEventDisableTiming));
+  int mc = 0;
+  (void)tideMulticastAllowed(&mc);
+  comm->multicastGate = mc != 0;
   TIDE_CUDA_CHECK(cudaStreamCreateWithFlags(&comm->dumpStream, cudaStreamNonBlocking));
   TIDE_CHECK(preloadReduceKernels());
   TIDE_CHECK(params::status(params::kRanksPerNode));
@@ -68,27 +70,29 @@ tideResult_t checkCapturable(const tideComm* comm, const CaptureState& cap, cons
 }
 
 void commRelease(tideComm* comm) {
-  if (comm->joinEvent) (void)cudaEventDestroy(comm->joinEvent);
-  if (comm->forkEvent) (void)cudaEventDestroy(comm->forkEvent);
   if (comm->sideStream) (void)cudaStreamDestroy(comm->sideStream);
   if (comm->dumpStream && !comm->dumpStreamStuck.load()) (void)cudaStreamDestroy(comm->dumpStream);
-  comm->joinEvent = comm->forkEvent = nullptr;
+  comm->lastAg = tideComm::LastCall{};
+  comm->lastRs = tideComm::LastCall{};
+  comm->layoutCache.clear();
   comm->sideStream = nullptr;
   comm->dumpStream = nullptr;
   (void)cudaGetLastError();
 }
 
-tideResult_t layoutView(tideComm* comm, tideLayout_t layout, bool capturing, std::shared_ptr<const LayoutView>* out) {
-  auto v = std::make_shared<LayoutView>();
-  v->info.size = sizeof(v->info);
-  v->info.version = TIDE_LAYOUT_INFO_VERSION;
-  TIDE_CHECK(tideLayoutGetInfo(layout, &v->info));
+tideResult_t layoutEntry(tideComm* comm, tideLayout_t layout, bool capturing, tideComm::CacheEntry** out) {
+  tideLayoutInfo_t info{};
+  info.size = sizeof(info);
+  info.version = TIDE_LAYOUT_INFO_VERSION;
+  TIDE_CHECK(tideLayoutGetInfo(layout, &info));
   auto it = comm->layoutCache.find(layout);
-  if (it != comm->layoutCache.end() && it->second.hash == v->info.hash &&
-      it->second.view->info.nParams == v->info.nParams && it->second.view->info.rank == v->info.rank) {
-    *out = it->second.view;
+  if (it != comm->layoutCache.end() && it->second.hash == info.hash && it->second.view->info.nParams == info.nParams &&
+      it->second.view->info.rank == info.rank) {
+    *out = &it->second;
     return tideSuccess;
   }
+  auto v = std::make_shared<LayoutView>();
+  v->info = info;
   v->params.resize(v->info.nParams);
   for (int i = 0; i < v->info.nParams; ++i) {
     tideParamInfo_t& p = v->params[i];
@@ -110,9 +114,10 @@ tideResult_t layoutView(tideComm* comm, tideLayout_t layout, bool capturing, std
     TIDE_CHECK(comm->provider->agreeOnLayout(comm->rank, v->info.hash));
     comm->agreedLayouts.insert(v->info.hash);
   }
-  if (comm->layoutCache.size() > 256) comm->layoutCache.clear();
-  comm->layoutCache[layout] = tideComm::CacheEntry{v->info.hash, v};
-  *out = std::move(v);
+  if (comm->layoutCache.size() > 256) comm->layoutCache.clear();  // bound programs in flight are kept by their users
+  tideComm::CacheEntry& e = comm->layoutCache[layout];
+  e = tideComm::CacheEntry{v->info.hash, v, std::make_shared<ExecCache>()};
+  *out = &e;
   return tideSuccess;
 }
 

@@ -19,6 +19,9 @@
 namespace tide {
 namespace cuda {
 
+class BoundProgram;
+struct ExecCache;
+
 // What the executors need of a layout, fetched once per layout handle.
 struct LayoutView {
   tideLayoutInfo_t info{};
@@ -46,34 +49,23 @@ struct tideComm {
   uint64_t rsEpoch = 0;
   uint64_t rsChunkSeq = 0;  // global RS chunk counter (flag values)
 
-  // What the last reduce-scatter enqueued, for tideCommDebugDump: epoch e, its chunks have global numbers
-  // g0 + 1 .. g0 + numChunks, nb staging buffers, own staging or a slot region.
-  struct RsRecord {
+  // The last AG and RS this comm issued (the bound program and its call values), for tideCommDebugDump and
+  // tideCommGetPendingWaits: the report walks the program's waits against the flags (nothing re-derives them).
+  struct LastCall {
+    std::shared_ptr<tide::cuda::BoundProgram> bound;
     uint64_t epoch = 0;
-    uint64_t g0 = 0;
-    int numChunks = 0;
-    int nb = 0;
-    bool ownStaging = false;
+    uint64_t task = 0;
   };
-  RsRecord lastRs;
-  // The last AG / RS of a multi-node layout (internode_ag.cc, internode_rs.cc), for tideCommDebugDump: it applies
-  // when its epoch equals agEpoch / lastRs.epoch (a later single-node call leaves a stale record behind).
-  struct MultiRecord {
-    uint64_t epoch = 0;
-    int ranksPerNode = 0;
-    int rounds = 0;  // AG: rail rounds (words kAgRail .. kAgRail + rounds - 1)
-    bool deferred = false;  // the provider defers the work onto the internal stream (AG: kAgFinish is waited)
-  };
-  MultiRecord lastAgMulti;
-  MultiRecord lastRsMulti;
+  LastCall lastAg, lastRs;
   // Where the host thread is inside a TIDE call on this comm ("idle" between calls): a static string, readable
   // from another thread while a call is stuck (tideCommDebugDump).
   std::atomic<const char*> phase{"idle"};
 
-  // RS pipeline: phase 1 (CE pushes) runs on sideStream, forked from and joined to the caller's stream.
+  // The internal lane of step programs (RS pushes; deferred multi-node work), ordered against the caller's stream
+  // by flags only (docs/architecture.md "Step programs").
   cudaStream_t sideStream = nullptr;
-  cudaEvent_t forkEvent = nullptr;
-  cudaEvent_t joinEvent = nullptr;
+  // The NVLink multicast gate (DESIGN.md section 6), read once by commInit.
+  bool multicastGate = false;
   // tideCommDebugDump's flag readback stream, created once by commInit (a stream created per dump can land on a
   // hardware queue that a stuck wait blocks). After a readback that did not finish in time it is abandoned (its
   // helper thread may still use it: never destroyed) and the dumps fall back to a fresh stream each.
@@ -81,9 +73,12 @@ struct tideComm {
   std::atomic<bool> dumpStreamStuck{false};
 
   std::mutex mu;  // one call at a time per comm
+  std::vector<uintptr_t> keyScratch;
+  std::vector<char*> stagingScratch;  // RS own staging of every rank, as this rank addresses it  // the binding key of the current call (reused: no allocation per call)
   struct CacheEntry {
     uint64_t hash;
     std::shared_ptr<const tide::cuda::LayoutView> view;
+    std::shared_ptr<tide::cuda::ExecCache> exec;  // compiled programs and bound pointer sets of this layout
   };
   std::unordered_map<const void*, CacheEntry> layoutCache;
   // Layout hashes every rank has agreed on (PeerProvider::agreeOnLayout), keyed by hash rather than by handle, so
@@ -102,7 +97,8 @@ void commRelease(tideComm* comm);
 // Cached view of `layout` for this comm (validates nothing about the comm). The first use of a layout's hash agrees
 // on it across ranks (PeerProvider::agreeOnLayout); while capturing (`capturing`), a layout that still needs an
 // exchanging agreement is refused with tideUnsupported (the capture stays valid).
-tideResult_t layoutView(tideComm* comm, tideLayout_t layout, bool capturing, std::shared_ptr<const LayoutView>* out);
+// The cache entry is owned by the comm (valid until the next call on this comm).
+tideResult_t layoutEntry(tideComm* comm, tideLayout_t layout, bool capturing, tideComm::CacheEntry** out);
 
 // Checks that layout matches the comm (world size, rank; several nodes only on a provider that maps every rank's
 // memory) and that `stream` belongs to the comm's device. what names the calling function.

@@ -7,6 +7,7 @@
 #include "../core/log.h"
 #include "../core/params.h"
 #include "cuda_check.h"
+#include "prebuilt.h"
 
 namespace tide {
 namespace cuda {
@@ -55,6 +56,41 @@ tideResult_t CopyList::enqueue(cudaStream_t stream, int device) const {
   }
   for (size_t i = 0; i < dst_.size(); ++i) {
     TIDE_CUDA_CHECK(cudaMemcpyAsync(dst_[i], src_[i], bytes_[i], cudaMemcpyDeviceToDevice, stream));
+  }
+  return tideSuccess;
+}
+
+bool batchApiFor(cudaStream_t stream, bool capturing) {
+  if (capturing || g_batchBroken.load(std::memory_order_relaxed) || !params::agBatch()) return false;
+  return stream != nullptr && stream != cudaStreamLegacy;
+}
+
+tideResult_t enqueueCopyBatch(cudaStream_t stream, int device, const CopyBatch& b, bool batchApi) {
+  if (b.dst.empty()) return tideSuccess;
+  if (batchApi && !g_batchBroken.load(std::memory_order_relaxed)) {
+    cudaMemcpyAttributes attr{};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    attr.srcLocHint.type = cudaMemLocationTypeDevice;
+    attr.srcLocHint.id = device;
+    attr.dstLocHint.type = cudaMemLocationTypeDevice;
+    attr.dstLocHint.id = device;
+    attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    size_t attrIdx = 0;
+    cudaError_t err = cudaMemcpyBatchAsync(const_cast<void* const*>(b.dst.data()), b.src.data(), b.bytes.data(),
+                                           b.dst.size(), &attr, &attrIdx, 1, stream);
+    if (err == cudaSuccess) return tideSuccess;
+    if (err != cudaErrorNotSupported && err != cudaErrorCallRequiresNewerDriver) {
+      return cudaFail(err, "cudaMemcpyBatchAsync", __FILE__, __LINE__);
+    }
+    (void)cudaGetLastError();
+    if (!g_batchBroken.exchange(true)) {
+      TIDE_WARN("Cuda", "cudaMemcpyBatchAsync is not supported here (%s); falling back to cudaMemcpyAsync, which "
+                        "may run same-device copies on the SMs",
+                cudaGetErrorName(err));
+    }
+  }
+  for (size_t i = 0; i < b.dst.size(); ++i) {
+    TIDE_CUDA_CHECK(cudaMemcpyAsync(b.dst[i], b.src[i], b.bytes[i], cudaMemcpyDeviceToDevice, stream));
   }
   return tideSuccess;
 }

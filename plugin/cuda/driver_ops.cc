@@ -8,6 +8,7 @@
 #include "../core/errors.h"
 #include "../core/log.h"
 #include "cuda_check.h"
+#include "prebuilt.h"
 
 namespace tide {
 namespace cuda {
@@ -124,6 +125,42 @@ tideResult_t enqueueFlagOps(cudaStream_t stream, const std::vector<FlagOp>& ops)
     CUresult res = (op.kind == FlagOp::kWait) ? g_ops.waitValue32(s, addr, op.value, CU_STREAM_WAIT_VALUE_GEQ)
                                                : g_ops.writeValue32(s, addr, op.value, CU_STREAM_WRITE_VALUE_DEFAULT);
     if (res != CUDA_SUCCESS) return driverFail(res, op.kind == FlagOp::kWait ? "cuStreamWaitValue32" : "cuStreamWriteValue32");
+  }
+  return tideSuccess;
+}
+
+void MemOpBatch::add(const prog::FlagOp& op, uint32_t* addr) {
+  CUstreamBatchMemOpParams p{};
+  if (op.kind == prog::FlagOp::kWait) {
+    p.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+    p.waitValue.address = reinterpret_cast<CUdeviceptr>(addr);
+    p.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+  } else {
+    p.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+    p.writeValue.address = reinterpret_cast<CUdeviceptr>(addr);
+    p.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+  }
+  params.push_back(p);
+  ops.push_back(op);
+}
+
+tideResult_t enqueueMemOps(cudaStream_t stream, MemOpBatch& b) {
+  if (b.params.empty()) return tideSuccess;
+  CUstream s = reinterpret_cast<CUstream>(stream);
+  if (g_ops.batchMemOp != nullptr) {
+    constexpr size_t kMaxBatch = 128;  // the driver caps one batch (256 on current drivers)
+    for (size_t at = 0; at < b.params.size(); at += kMaxBatch) {
+      unsigned int n = static_cast<unsigned int>(std::min(kMaxBatch, b.params.size() - at));
+      CUresult res = g_ops.batchMemOp(s, n, b.params.data() + at, 0);
+      if (res != CUDA_SUCCESS) return driverFail(res, "cuStreamBatchMemOp");
+    }
+    return tideSuccess;
+  }
+  for (const CUstreamBatchMemOpParams& p : b.params) {
+    const bool wait = p.operation == CU_STREAM_MEM_OP_WAIT_VALUE_32;
+    CUresult res = wait ? g_ops.waitValue32(s, p.waitValue.address, p.waitValue.value, CU_STREAM_WAIT_VALUE_GEQ)
+                        : g_ops.writeValue32(s, p.writeValue.address, p.writeValue.value, CU_STREAM_WRITE_VALUE_DEFAULT);
+    if (res != CUDA_SUCCESS) return driverFail(res, wait ? "cuStreamWaitValue32" : "cuStreamWriteValue32");
   }
   return tideSuccess;
 }

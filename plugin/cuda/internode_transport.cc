@@ -1,27 +1,28 @@
 #include "internode_transport.h"
 
-#include "driver_ops.h"
+#include "peer_provider.h"
 
 namespace tide {
 namespace cuda {
 
-tideResult_t PeerMappedTransport::put(cudaStream_t stream, int peer, const CopyList& copies) {
+tideResult_t PeerMappedTransport::put(cudaStream_t stream, int peer, const CopyBatch& copies, bool batchApi,
+                                      int device) {
   (void)peer;  // the destinations are already the peer's mapped addresses
-  return copies.enqueue(stream, device_);
+  return enqueueCopyBatch(stream, device, copies, batchApi);
 }
 
-tideResult_t PeerMappedTransport::signal(cudaStream_t stream, int peer, int word, uint32_t value) {
-  // A stream write with the default flags: the copies enqueued before it on this stream are complete and visible
-  // before the word is (the same ordering every single-node flag of the executors relies on).
-  return enqueueFlagOps(stream, {FlagOp{FlagOp::kWrite, provider_->flags(rank_, peer) + word, value}});
+tideResult_t PeerMappedTransport::flags(cudaStream_t stream, int peer, MemOpBatch& batch) {
+  (void)peer;  // the addresses are the peer's mapped flag words (signals) or the own ones (waits)
+  // A write with the default flags: the puts enqueued before it on this stream are complete and visible before the
+  // word is (the same ordering every node-local flag relies on).
+  return enqueueMemOps(stream, batch);
 }
 
-tideResult_t PeerMappedTransport::waitSignal(cudaStream_t stream, int word, uint32_t value) {
-  return enqueueFlagOps(stream, {FlagOp{FlagOp::kWait, provider_->flags(rank_, rank_) + word, value}});
-}
+InterNodeTransport* PeerProvider::transport() { return peerMappedTransport(); }
 
-tideResult_t PeerMappedTransport::waitCredit(cudaStream_t stream, int peer, int word, uint32_t value) {
-  return enqueueFlagOps(stream, {FlagOp{FlagOp::kWait, provider_->flags(rank_, peer) + word, value}});
+InterNodeTransport* peerMappedTransport() {
+  static PeerMappedTransport t;
+  return &t;
 }
 
 }  // namespace cuda

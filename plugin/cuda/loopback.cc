@@ -279,10 +279,6 @@ tideResult_t LoopbackProvider::checkCapture(int rank, CollKind kind, unsigned lo
   return tideSuccess;
 }
 
-tideResult_t LoopbackProvider::schedulePushes(int rank, uint64_t epoch, int numChunks, IssueFn issue) {
-  return scheduleSteps(rank, CollKind::kReduceScatter, epoch, numChunks, std::move(issue));
-}
-
 tideResult_t LoopbackProvider::precheckSteps(int rank, CollKind kind, uint64_t epoch, int numSteps) {
   const char* what = kind == CollKind::kAllGather ? "all-gather" : "reduce-scatter";
   std::lock_guard<std::mutex> lock(mu_);

@@ -48,7 +48,6 @@ class LoopbackProvider final : public PeerProvider {
   // Deferred until every virtual rank of the epoch has submitted, then issued chunk-major across ranks (all
   // virtual ranks share the device's copy-engine queues).
   bool defersPushes() const override { return true; }
-  tideResult_t schedulePushes(int rank, uint64_t epoch, int numChunks, IssueFn issue) override;
   tideResult_t scheduleSteps(int rank, CollKind kind, uint64_t epoch, int numSteps, IssueFn issue) override;
   // Captured collectives: each virtual rank captures into a graph of its own (two ranks in one graph would wait for
   // each other inside it), with at most one TIDE collective per graph: a graph launch enqueues the rank's whole
@@ -57,11 +56,10 @@ class LoopbackProvider final : public PeerProvider {
   bool capturable() const override { return true; }
   tideResult_t checkCapture(int rank, CollKind kind, unsigned long long captureId) override;
 
-  // Called by the multi-node executors (internode_ag.cc, internode_rs.cc) before they enqueue the caller-stream wait
-  // for the deferred work: fails (without enqueueing anything) if this world is unusable, or if an earlier rank of
+  // Called by the program interpreter before it enqueues a deferred program's call-time steps: fails (without enqueueing anything) if this world is unusable, or if an earlier rank of
   // (kind, epoch) submitted a different step count (then the world is marked unusable: that rank's stream already
   // waits for steps that will never be issued). Records numSteps for the epoch otherwise.
-  tideResult_t precheckSteps(int rank, CollKind kind, uint64_t epoch, int numSteps);
+  tideResult_t precheckSteps(int rank, CollKind kind, uint64_t epoch, int numSteps) override;
 
   // tideCommAbort of one virtual rank: the whole world becomes unusable (every later call of any of its ranks fails
   // with tideInvalidUsage naming the reason), pending deferred work is dropped, and the device is synchronized for

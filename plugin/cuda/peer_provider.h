@@ -10,46 +10,22 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 
+#include "../core/program.h"
 #include "tide.h"
 
 namespace tide {
 namespace cuda {
 
-// Flag words of one rank (uint32 each, zero at creation). A peer writes into these words of the owner's array.
-namespace flag {
-constexpr int kAgReady = 0;      // owner: AG epoch it has entered (its slot may be written)
-constexpr int kRsEnter = 1;      // owner: RS epoch it has entered (its staging may be written)
-constexpr int kRsConsumed = 2;   // owner: global RS chunk number it has reduced (that staging buffer is free again)
-constexpr int kRsPushDone = 3;   // owner: RS epoch whose phase-1 pushes (reads of its gradients) have all completed
-// Multi-node layouts (virtual nodes; plugin/cuda/internode_*.cc). Each word has exactly one writer per value
-// sequence, and its values grow monotonically per comm (cyclically, like the ones above), equal on every rank.
-constexpr int kRsPrev = 4;       // owner: global RS task number whose running fp32 sum from the previous node's rank
-                                 // of its rail has landed in its partial slot (writer: that rank)
-constexpr int kRsFinal = 5;      // owner: global RS task number whose final fp32 sum from the last node's rank of its
-                                 // rail has landed in its partial slot (writer: that rank; only tasks it owns)
-constexpr int kAgFinish = 6;     // owner: AG epoch whose multi-node work, deferred onto the internal stream by a
-                                 // provider that defers (loopback), has completed (writer: the owner's internal stream)
-constexpr int kAgRail = 16;      // + round: AG epoch whose rail-schedule puts of that round have landed in the slot
-constexpr int kMaxRounds = 32;   // words kAgRail .. kAgRail + 31 (ceil(log2 N) <= 16 rounds for N <= 65536)
-constexpr int kAgDone = 64;      // + source local rank: AG epoch whose copies into the owner have completed
-constexpr int kRsFull = 128;     // + source local rank: global RS chunk (task) number pushed into the owner's staging
-constexpr int kMaxLocalRanks = 64;
-// Captured collectives (CUDA graphs; docs/architecture.md "CUDA graphs"): a bank of token words that only captured
-// calls use (eager calls never touch them, and captured calls never touch the words above). Each word carries a
-// token from one writer (the peer named by the index) to the owner of the array: the writer sets it (1, or the RS
-// chunk count so far), the owner alone resets it to 0 once its wait has seen the last value of the collective, and
-// the writer sets it again only after a causal chain through that reset. Fixed values, so a replay is identical.
-constexpr int kCapAgReady = 256;  // + local rank d: d's slot may be written (d's stream has reached this AG)
-constexpr int kCapAgDone = 320;   // + local rank s: s's copies into the owner's slot have landed
-constexpr int kCapRsEnter = 384;  // + local rank d: d's staging may be written (d's stream has reached this RS)
-constexpr int kCapRsFull = 448;   // + local rank s: number of chunks s has pushed into the owner's staging
-constexpr int kWords = 512;
-// Free: 7..15, 48..63, 192..255.
-}  // namespace flag
+class InterNodeTransport;
+
+// Flag words of one rank (uint32 each, zero at creation): defined once, with the programs that use them
+// (plugin/core/program.h; their meaning in docs/architecture.md "Step programs").
+namespace flag = ::tide::prog::word;
 
 // Kinds of collective, for the loopback stream check.
 enum class CollKind { kAllGather = 0, kReduceScatter = 1 };
@@ -59,6 +35,11 @@ class PeerProvider {
   virtual ~PeerProvider() = default;
 
   virtual const char* name() const = 0;
+
+  // Bumped whenever a slot is allocated or freed (tideSlotAlloc / tideSlotFree): bound programs keep peer addresses
+  // resolved through peerPtr, and this is part of their cache key.
+  uint64_t memoryGeneration() const { return memGeneration_.load(std::memory_order_relaxed); }
+  void bumpMemoryGeneration() { memGeneration_.fetch_add(1, std::memory_order_relaxed); }
   virtual int worldSize() const = 0;
   virtual int device() const = 0;
 
@@ -91,30 +72,13 @@ class PeerProvider {
     return nullptr;
   }
 
-  // True if the provider issues RS phase-1 pushes itself through schedulePushes (loopback). False (default): the
-  // executor issues them, interleaved with the reduce chunks in host order so that no wait is enqueued before the
-  // operation of the same process that satisfies it; schedulePushes is then not called.
+  // Issue policy. True (loopback): step programs are compiled in prog::Mode::kDeferred, and their issue groups are
+  // handed to scheduleSteps. False (default): every step is issued at call time in program order (kInOrder).
   virtual bool defersPushes() const { return false; }
 
-  // Issues a rank's RS phase-1 pushes: issue(k) enqueues chunk k for k < numChunks, and issue(numChunks) the
-  // tail. (Multi-node layouts pass their pipeline tasks, numChunks * nNodes, as the chunks: internode_rs.cc.) Called only if defersPushes(). Default: all of them now, in order. A provider whose ranks share copy-engine queues (loopback: all
-  // virtual ranks on one device) must issue the chunks of all ranks interleaved, chunk-major, once every rank of
-  // the epoch has submitted: a push of chunk k waits for the owners' reduction of chunk k-2, which waits for the
-  // other ranks' pushes of chunk k-2; those must not sit behind it in a shared queue.
-  using IssueFn = std::function<tideResult_t(int chunk)>;
-  virtual tideResult_t schedulePushes(int rank, uint64_t epoch, int numChunks, IssueFn issue) {
-    (void)rank;
-    (void)epoch;
-    for (int k = 0; k <= numChunks; ++k) {
-      tideResult_t r = issue(k);
-      if (r != tideSuccess) return r;
-    }
-    return tideSuccess;
-  }
-
-  // The multi-node executors' form of schedulePushes (internode_ag.cc, internode_rs.cc): issue(k) for k = 0 ..
-  // numSteps (inclusive) enqueues step k of this rank's work of collective (kind, epoch) on the comm's internal stream.
-  // Called only if defersPushes(). A provider whose ranks share copy-engine queues (loopback) issues the steps of
+  using IssueFn = std::function<tideResult_t(int group)>;
+  // Deferred issue: issue(k) for k = 0 .. numSteps (inclusive) enqueues issue group k of this rank's program of
+  // collective (kind, epoch). Called only if defersPushes(). A provider whose ranks share copy-engine queues (loopback) issues the steps of
   // all ranks step-major, rank-minor, once every rank has submitted: steps are numbered so that a copy of step k only
   // ever waits (through flags) for work of steps < k of any rank, or of step k of a lower rank, so no copy is queued
   // behind a copy it waits for. Default: all now, in order.
@@ -128,6 +92,21 @@ class PeerProvider {
     }
     return tideSuccess;
   }
+
+  // Called before a deferred program's call-time steps are enqueued: fails (enqueueing nothing) if the groups could
+  // not be issued later (loopback: the world is unusable, or an earlier rank of (kind, epoch) has another group
+  // count, which then makes the world unusable). Default: nothing to check.
+  virtual tideResult_t precheckSteps(int rank, CollKind kind, uint64_t epoch, int numSteps) {
+    (void)rank;
+    (void)kind;
+    (void)epoch;
+    (void)numSteps;
+    return tideSuccess;
+  }
+
+  // The transport of cross-node operations (internode_transport.h). Default: the peer-mapped one, valid where
+  // peerMapsAllRanks(); a provider spanning hosts returns its NCCL transport (not built yet).
+  virtual InterNodeTransport* transport();
 
   // Collective agreement on a layout the comm has not used before (called by every rank at the same call, because
   // every rank makes the same collective calls in the same order): tideMismatch on every rank if the ranks' layout
@@ -152,7 +131,7 @@ class PeerProvider {
   // yet is refused at capture time (layoutView); the first eager call with the layout agrees on it.
   virtual bool agreementExchanges() const { return false; }
 
-  // True if this provider's collectives may be captured into CUDA graphs (captured.cc; checked first). Default
+  // True if this provider's collectives may be captured into CUDA graphs (the kCaptured programs; checked first). Default
   // false: refused at capture time. Loopback and IPC: true.
   virtual bool capturable() const { return false; }
 
@@ -177,6 +156,9 @@ class PeerProvider {
     (void)stream;
     return tideSuccess;
   }
+
+ private:
+  std::atomic<uint64_t> memGeneration_{0};
 };
 
 }  // namespace cuda

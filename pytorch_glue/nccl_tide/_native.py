@@ -171,6 +171,25 @@ class tideBootstrap_t(ctypes.Structure):
     ]
 
 
+TIDE_PENDING_WAIT_VERSION = 1
+
+
+class tidePendingWait_t(ctypes.Structure):
+    _fields_ = [
+        ("size", c_size_t),
+        ("version", c_uint),
+        ("collective", c_int),
+        ("stream", c_int),
+        ("step", c_int),
+        ("owner", c_int),
+        ("word", c_int),
+        ("writer", c_int),
+        ("expected", ctypes.c_uint32),
+        ("seen", ctypes.c_uint32),
+        ("name", ctypes.c_char * 24),
+    ]
+
+
 _P = POINTER
 _PPV = _P(c_void_p)  # const void* const* and void* const* tables
 _PCS = _P(c_char_p)
@@ -211,6 +230,7 @@ SIGNATURES = {
     ),
     "tideCommGetProvider": (tideResult_t, [tideComm_t, _PCS]),
     "tideCommDebugDump": (tideResult_t, [tideComm_t, c_char_p, c_size_t]),
+    "tideCommGetPendingWaits": (tideResult_t, [tideComm_t, _P(tidePendingWait_t), c_int, _P(c_int)]),
     "tideAttachLayout": (tideResult_t, [c_void_p, c_void_p, tideLayout_t]),
     "tideDetachLayout": (tideResult_t, [c_void_p, c_void_p]),
 }
@@ -334,3 +354,32 @@ def timeout_seconds(builtin: float) -> float:
             warnings.warn(f"nccl_tide: ignoring NCCL_TIDE_TIMEOUT_MS: {e}", RuntimeWarning, stacklevel=3)
         return builtin
     return ms / 1000.0 if ms > 0 else builtin
+
+
+def pending_waits(comm_handle, capacity: int = 8) -> list:
+    """tideCommGetPendingWaits: the first unsatisfied wait on each stream of the comm's last AG and RS, as dicts
+    {"step" (the word's short name), "owner", "peer" (the rank that writes it), "want", "have", "word",
+    "collective", "stream", "where"}. Raises on failure (readback stuck, a call in progress)."""
+    arr = (tidePendingWait_t * capacity)()
+    for w in arr:
+        w.size, w.version = ctypes.sizeof(tidePendingWait_t), TIDE_PENDING_WAIT_VERSION
+    n = c_int(0)
+    check(lib().tideCommGetPendingWaits(comm_handle, arr, capacity, ctypes.byref(n)), "tideCommGetPendingWaits")
+    out = []
+    for w in arr[: min(n.value, capacity)]:
+        coll = "AG" if w.collective == 0 else "RS"
+        lane = "caller" if w.stream == 0 else "internal"
+        out.append(
+            {
+                "step": w.name.decode(),
+                "owner": w.owner,
+                "peer": w.writer,
+                "want": w.expected,
+                "have": w.seen,
+                "word": w.word,
+                "collective": coll,
+                "stream": lane,
+                "where": f"{coll} ({lane} stream, step {w.step})",
+            }
+        )
+    return out

@@ -298,7 +298,11 @@ class Comm:
                         dump = self.debug_dump()
                 except Exception as e:  # the dump is best effort; the timeout is the error
                     dump = f"(debug dump failed: {e!r})\n"
-                pending = first_pending_wait(dump)
+                try:  # structured (tideCommGetPendingWaits); the dump's text is the fallback
+                    waits = N.pending_waits(self.handle)
+                    pending = waits[0] if waits else None
+                except Exception:
+                    pending = first_pending_wait(dump)
                 head = f"rank {self.rank}: stream not done after {timeout:g} s; " + describe_pending(self.rank, pending)
                 print(f"nccl_tide.comm: {head}\n{dump}", file=sys.stderr, flush=True)
                 err = TideTimeoutError(f"{head} (a peer missing or stuck?)\n{dump}")

@@ -378,7 +378,11 @@ class LoopbackWorld:
                 if "readback did not finish" not in dump:
                     break
             dumps.append(dump)
-            p = first_pending_wait(dump)
+            try:  # structured (tideCommGetPendingWaits); the dump's text is the fallback
+                waits = N.pending_waits(self._comms[r])
+                p = waits[0] if waits else None
+            except Exception:
+                p = first_pending_wait(dump)
             if first is None and p is not None:
                 first = dict(p, rank=r)
         if first is not None:

@@ -1,0 +1,54 @@
+// Prebuilt driver arguments: a flag batch as the cuStreamBatchMemOp parameter array (values patched per call) and a
+// copy batch as the cudaMemcpyBatchAsync arrays. Built once per bound program (program_exec.h); issuing one costs one
+// driver call and no allocation.
+#ifndef TIDE_CUDA_PREBUILT_H_
+#define TIDE_CUDA_PREBUILT_H_
+
+#include <cuda.h>  // driver types only; no symbol of libcuda is linked
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "../core/program.h"
+#include "tide.h"
+
+namespace tide {
+namespace cuda {
+
+struct MemOpBatch {
+  std::vector<CUstreamBatchMemOpParams> params;
+  std::vector<prog::FlagOp> ops;  // the symbolic ops, same order: their values are patched into params per call
+  // Sets every value for a call with this epoch and RS task base.
+  void patch(uint64_t epoch, uint64_t task) {
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const uint32_t v = ops[i].value(epoch, task);
+      if (ops[i].kind == prog::FlagOp::kWait) params[i].waitValue.value = v; else params[i].writeValue.value = v;
+    }
+  }
+  void add(const prog::FlagOp& op, uint32_t* addr);
+};
+
+struct CopyBatch {
+  std::vector<void*> dst;
+  std::vector<const void*> src;
+  std::vector<size_t> bytes;
+  size_t size() const { return dst.size(); }
+};
+
+// Enqueues the batch (cuStreamBatchMemOp in pieces of at most 128 ops; per-op calls where the driver lacks it).
+tideResult_t enqueueMemOps(cudaStream_t stream, MemOpBatch& batch);
+
+// Enqueues the copies: one cudaMemcpyBatchAsync with cudaMemcpyFlagPreferOverlapWithCompute if batchApi, else one
+// cudaMemcpyAsync each (NCCL_TIDE_AG_BATCH=0, capture, the legacy stream, or a runtime without the batch API).
+tideResult_t enqueueCopyBatch(cudaStream_t stream, int device, const CopyBatch& batch, bool batchApi);
+
+// Whether a call on `stream` may use the batch API: not disabled, not the legacy stream, not being captured
+// (capturing: cudaMemcpyAsync becomes a memcpy graph node). No driver query.
+bool batchApiFor(cudaStream_t stream, bool capturing);
+
+}  // namespace cuda
+}  // namespace tide
+
+#endif  // TIDE_CUDA_PREBUILT_H_

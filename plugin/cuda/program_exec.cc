@@ -1,0 +1,228 @@
+#include "program_exec.h"
+
+#include <algorithm>
+
+#include "../core/errors.h"
+#include "../core/layout.h"
+#include "internode_transport.h"
+
+namespace tide {
+namespace cuda {
+namespace {
+
+char* resolve(const Binding& b, const prog::Addr& a) {
+  switch (a.mem) {
+    case prog::Mem::kSrc: return const_cast<char*>(b.src[a.index]) + a.offset;
+    case prog::Mem::kGrad: return const_cast<char*>(b.grad[a.index]) + a.offset;
+    case prog::Mem::kSlot: return b.slotOf[a.index] + a.offset;
+    case prog::Mem::kStaging: return b.stagingOf[a.index] + a.offset;
+    case prog::Mem::kOut: return b.out + a.offset * b.outElem;
+    case prog::Mem::kZeros: return const_cast<char*>(b.zeros);
+    case prog::Mem::kMulticast: return b.multicast + a.offset;
+  }
+  return nullptr;
+}
+
+CollKind kindOf(prog::Coll c) { return c == prog::Coll::kAllGather ? CollKind::kAllGather : CollKind::kReduceScatter; }
+
+}  // namespace
+
+tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Program> program, const Binding& b,
+                                std::shared_ptr<BoundProgram>* out) {
+  auto bp = std::make_shared<BoundProgram>();
+  bp->comm_ = comm;
+  bp->prog_ = std::move(program);
+  const prog::Program& p = *bp->prog_;
+  PeerProvider* pp = comm->provider.get();
+  const int me = p.rank;
+  bp->steps_.reserve(p.steps.size());
+  for (const prog::Step& st : p.steps) {
+    StepItems si;
+    si.lane = st.lane;
+    si.group = st.group;
+    for (uint32_t o = st.begin; o < st.end; ++o) {
+      const prog::Op& op = p.ops[o];
+      Item it{op.kind, op.crossNode ? op.peer : -1, 0};
+      if (op.kind == prog::Op::kFlags) {
+        if (op.begin == op.end) continue;
+        MemOpBatch m;
+        for (uint32_t f = op.begin; f < op.end; ++f) m.add(p.flags[f], pp->flags(me, p.flags[f].owner) + p.flags[f].word);
+        it.index = static_cast<int>(bp->memops_.size());
+        bp->memops_.push_back(std::move(m));
+      } else if (op.kind == prog::Op::kCopies) {
+        CopyBatch c;
+        for (uint32_t k = op.begin; k < op.end; ++k) {
+          const prog::CopySeg& s = p.copies[k];
+          char* d = resolve(b, s.dst);
+          const char* from = resolve(b, s.src);
+          if (d == from) continue;  // a shard already in place
+          c.dst.push_back(d);
+          c.src.push_back(from);
+          c.bytes.push_back(s.bytes);
+        }
+        if (c.dst.empty()) continue;
+        it.index = static_cast<int>(bp->copies_.size());
+        bp->copies_.push_back(std::move(c));
+      } else {
+        const prog::ReduceOp& r = p.reduces[op.begin];
+        BoundReduce br;
+        br.op = r;
+        br.args.staging = resolve(b, r.inputs);
+        br.args.srcStride = r.stride;
+        br.args.nSrc = r.nInputs;
+        br.args.n = r.n;
+        br.args.out = resolve(b, r.out);
+        br.args.prev = r.hasPrev ? reinterpret_cast<const float*>(resolve(b, r.prev)) : nullptr;
+        if (r.nInputs == 1 && r.inputsFp32 && !r.hasPrev) {
+          br.asCopy.dst.push_back(br.args.out);
+          br.asCopy.src.push_back(br.args.staging);
+          br.asCopy.bytes.push_back(r.n * sizeof(float));
+        }
+        it.index = static_cast<int>(bp->reduces_.size());
+        bp->reduces_.push_back(std::move(br));
+      }
+      si.items.push_back(it);
+    }
+    bp->steps_.push_back(std::move(si));
+  }
+  // Deferred groups: each group's steps are contiguous in program order (program_*.cc emit them group by group).
+  if (p.mode == prog::Mode::kDeferred) {
+    bp->groupRange_.assign(p.numGroups, {0, 0});
+    std::vector<bool> seen(p.numGroups, false);
+    for (size_t i = 0; i < bp->steps_.size(); ++i) {
+      const int g = bp->steps_[i].group;
+      if (g < 0) continue;
+      if (g >= p.numGroups) return fail(tideInternalError, "Cuda", "program step %zu has group %d of %d", i, g, p.numGroups);
+      auto& r = bp->groupRange_[g];
+      if (!seen[g]) {
+        seen[g] = true;
+        r = {static_cast<int>(i), static_cast<int>(i) + 1};
+      } else if (r.second == static_cast<int>(i)) {
+        r.second = static_cast<int>(i) + 1;
+      } else {
+        return fail(tideInternalError, "Cuda", "program group %d is not contiguous", g);
+      }
+    }
+  }
+  *out = std::move(bp);
+  return tideSuccess;
+}
+
+tideResult_t BoundProgram::issueStep(const StepItems& s, const CallValues& v, cudaStream_t caller) {
+  tideComm* comm = comm_;
+  cudaStream_t stream = s.lane == prog::Lane::kCaller ? caller : comm->sideStream;
+  InterNodeTransport* net = nullptr;
+  for (const Item& it : s.items) {
+    switch (it.kind) {
+      case prog::Op::kFlags: {
+        MemOpBatch& m = memops_[it.index];
+        m.patch(v.epoch, v.task);
+        if (it.peer >= 0) {
+          if (!net) net = comm->provider->transport();
+          TIDE_CHECK(net->flags(stream, it.peer, m));
+        } else {
+          TIDE_CHECK(enqueueMemOps(stream, m));
+        }
+        break;
+      }
+      case prog::Op::kCopies:
+        if (it.peer >= 0) {
+          if (!net) net = comm->provider->transport();
+          TIDE_CHECK(net->put(stream, it.peer, copies_[it.index], v.batchApi, comm->device));
+        } else {
+          TIDE_CHECK(enqueueCopyBatch(stream, comm->device, copies_[it.index], v.batchApi));
+        }
+        break;
+      case prog::Op::kReduce: {
+        BoundReduce& br = reduces_[it.index];
+        const prog::ReduceOp& r = br.op;
+        ReduceArgs& a = br.args;
+        a.inType = r.inputsFp32 ? tideFloat32 : v.inType;
+        a.outType = r.outFinal ? v.outType : tideFloat32;
+        tideRedOp_t op = v.op;
+        if ((op == tideAvg && !r.applyAvg) || (op == tidePremulSum && !r.applyPremul)) op = tideSum;
+        a.op = op;
+        a.scale = v.scale;
+        a.divisor = v.divisor;
+        if (!br.asCopy.dst.empty() && a.outType == tideFloat32 && op == tideSum) {
+          TIDE_CHECK(enqueueCopyBatch(stream, comm->device, br.asCopy, v.batchApi));
+        } else {
+          TIDE_CHECK(launchReduce(a, stream));
+        }
+        break;
+      }
+    }
+  }
+  return tideSuccess;
+}
+
+tideResult_t BoundProgram::issue(const std::shared_ptr<BoundProgram>& self, const CallValues& v, cudaStream_t stream,
+                                 prog::Coll coll) {
+  BoundProgram& bp = *self;
+  const prog::Program& p = *bp.prog_;
+  PeerProvider* pp = bp.comm_->provider.get();
+  if (p.mode != prog::Mode::kDeferred) {
+    std::lock_guard<std::mutex> lock(bp.issueMu_);
+    for (const StepItems& s : bp.steps_) TIDE_CHECK(bp.issueStep(s, v, stream));
+    return tideSuccess;
+  }
+  // Deferred: the provider first checks that the groups can be issued (so that no caller-stream wait is enqueued
+  // for work that will never come), then the call-time steps, then the groups through the provider.
+  const int last = p.numGroups - 1;
+  TIDE_CHECK(pp->precheckSteps(p.rank, kindOf(coll), v.epoch, last));
+  {
+    std::lock_guard<std::mutex> lock(bp.issueMu_);
+    for (const StepItems& s : bp.steps_) {
+      if (s.group < 0) TIDE_CHECK(bp.issueStep(s, v, stream));
+    }
+  }
+  // Each group's steps, issued when the provider calls back (possibly from another rank's call); the values are
+  // carried by the closure, so a later call of this rank cannot change them.
+  PeerProvider::IssueFn fn = [self, v, stream](int g) -> tideResult_t {
+    BoundProgram& b = *self;
+    std::lock_guard<std::mutex> lock(b.issueMu_);
+    const auto& r = b.groupRange_[g];
+    for (int i = r.first; i < r.second; ++i) TIDE_CHECK(b.issueStep(b.steps_[i], v, stream));
+    return tideSuccess;
+  };
+  return pp->scheduleSteps(p.rank, kindOf(coll), v.epoch, last, std::move(fn));
+}
+
+tideResult_t ExecCache::program(tideLayout_t layout, prog::Coll coll, const prog::Options& opt,
+                                std::shared_ptr<const prog::Program>* out) {
+  auto& slot = programs[static_cast<int>(coll)][static_cast<int>(opt.mode)][opt.multicast ? 1 : 0];
+  if (!slot) {
+    auto p = std::make_shared<prog::Program>();
+    const tide::Layout& l = *layout;  // tideLayout_t is the core's immutable layout
+    TIDE_CHECK(coll == prog::Coll::kAllGather ? prog::compileAllGather(l, opt, p.get())
+                                              : prog::compileReduceScatter(l, opt, p.get()));
+    slot = std::move(p);
+  }
+  *out = slot;
+  return tideSuccess;
+}
+
+std::shared_ptr<BoundProgram> ExecCache::find(int coll, int mode, int mc, const std::vector<uintptr_t>& key) {
+  for (size_t i = bound.size(); i > 0; --i) {
+    Bound& b = bound[i - 1];
+    if (b.coll == coll && b.mode == mode && b.mc == mc && b.key == key) {
+      if (i != bound.size()) std::swap(b, bound.back());
+      return bound.back().bound;
+    }
+  }
+  return nullptr;
+}
+
+void ExecCache::insert(int coll, int mode, int mc, const std::vector<uintptr_t>& key, std::shared_ptr<BoundProgram> b) {
+  if (bound.size() >= kMaxBound) bound.erase(bound.begin());
+  Bound e;
+  e.coll = coll;
+  e.mode = mode;
+  e.mc = mc;
+  e.key = key;
+  e.bound = std::move(b);
+  bound.push_back(std::move(e));
+}
+
+}  // namespace cuda
+}  // namespace tide

@@ -1,0 +1,115 @@
+// The thin CUDA interpreter of step programs (plugin/core/program.h; docs/architecture.md "Step programs").
+//
+// bind() turns a rank's program and the call's pointers into prebuilt driver arguments: one cuStreamBatchMemOp
+// parameter array per flag batch, one cudaMemcpyBatchAsync array triple per copy batch (in-place segments dropped),
+// one ReduceArgs per reduce. A bound program is kept (per layout, per pointer set) and reused while the pointers stay
+// the same; a call only patches the flag values (epoch, RS task base) and the reduce's op/type/scale, then issues.
+// Issue: every step at call time in program order (kInOrder, kCaptured), or the call-time steps now and the issue
+// groups through the provider's scheduleSteps (kDeferred). Cross-node operations go through the provider's
+// InterNodeTransport.
+#ifndef TIDE_CUDA_PROGRAM_EXEC_H_
+#define TIDE_CUDA_PROGRAM_EXEC_H_
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "../core/program.h"
+#include "comm.h"
+#include "prebuilt.h"
+#include "reduce_kernel.h"
+
+namespace tide {
+namespace cuda {
+
+// What a program's symbolic buffers mean for one call. Pointers as the calling rank addresses them.
+struct Binding {
+  std::vector<const char*> src;   // [P] this rank's shards (AG)
+  std::vector<const char*> grad;  // [P] this rank's gradients (RS)
+  std::vector<char*> slotOf;      // [W] (AG) every rank's slot region
+  std::vector<char*> stagingOf;   // [W] (RS) every rank's staging
+  char* out = nullptr;            // (RS) packed output
+  size_t outElem = 0;             // (RS) bytes per output element (the output type is patched per call)
+  const char* zeros = nullptr;
+  char* multicast = nullptr;
+};
+
+// Per-call values a bound program is patched with.
+struct CallValues {
+  uint64_t epoch = 0;
+  uint64_t task = 0;
+  tideDataType_t inType = tideFloat32, outType = tideFloat32;
+  tideRedOp_t op = tideSum;
+  float scale = 1.0f;
+  float divisor = 1.0f;
+  bool batchApi = true;
+};
+
+class BoundProgram {
+ public:
+  // Builds the driver arguments. `program` must outlive this object (it lives in the same cache entry).
+  static tideResult_t bind(tideComm* comm, std::shared_ptr<const prog::Program> program, const Binding& b,
+                           std::shared_ptr<BoundProgram>* out);
+
+  const prog::Program& program() const { return *prog_; }
+
+  // Issues the whole call: steps of group -1 (all of them unless the program is deferred) on their lanes now, and
+  // for a deferred program the groups through the provider. stream = the caller's stream.
+  static tideResult_t issue(const std::shared_ptr<BoundProgram>& self, const CallValues& v, cudaStream_t stream,
+                            prog::Coll kind);
+
+ private:
+  struct Item {
+    prog::Op::Kind kind;
+    int peer;           // cross-node: the transport's peer, else -1
+    int index;          // into memops / copies / reduces
+  };
+  struct StepItems {
+    prog::Lane lane;
+    int group;
+    std::vector<Item> items;
+  };
+  struct BoundReduce {
+    ReduceArgs args;       // staging/out/prev/n/nSrc/srcStride bound; types and op patched per call
+    prog::ReduceOp op;
+    CopyBatch asCopy;      // the fp32 -> fp32 "narrow" of a final sum: a copy-engine copy instead of a kernel
+  };
+
+  tideResult_t issueStep(const StepItems& s, const CallValues& v, cudaStream_t caller);
+
+  tideComm* comm_ = nullptr;
+  std::shared_ptr<const prog::Program> prog_;
+  std::vector<StepItems> steps_;
+  std::vector<MemOpBatch> memops_;
+  std::vector<CopyBatch> copies_;
+  std::vector<BoundReduce> reduces_;
+  std::vector<std::pair<int, int>> groupRange_;  // deferred: steps [first, second) of each group
+  std::mutex issueMu_;  // deferred groups of two epochs may be issued from two threads
+};
+
+// Per layout (tideComm::CacheEntry): its compiled programs and its recently bound pointer sets.
+struct ExecCache {
+  // [coll][mode][multicast]
+  std::shared_ptr<const prog::Program> programs[2][3][2];
+  struct Bound {
+    int coll = 0, mode = 0, mc = 0;
+    std::vector<uintptr_t> key;  // every pointer the binding depends on, plus the provider's memory generation
+    std::shared_ptr<BoundProgram> bound;
+  };
+  std::vector<Bound> bound;  // most recently used last
+  static constexpr size_t kMaxBound = 8;
+
+  // The compiled program (compiled on first use). Errors: the compiler's (tideUnsupported with what to change).
+  tideResult_t program(tideLayout_t layout, prog::Coll coll, const prog::Options& opt,
+                       std::shared_ptr<const prog::Program>* out);
+  // The bound program for exactly this key, or nullptr (moved to most recently used).
+  std::shared_ptr<BoundProgram> find(int coll, int mode, int mc, const std::vector<uintptr_t>& key);
+  void insert(int coll, int mode, int mc, const std::vector<uintptr_t>& key, std::shared_ptr<BoundProgram> b);
+};
+
+}  // namespace cuda
+}  // namespace tide
+
+#endif  // TIDE_CUDA_PROGRAM_EXEC_H_
