@@ -41,6 +41,12 @@ def main() -> int:
     args = ap.parse_args()
     import torch
 
+    from nccl_tide import _native as _N
+
+    if os.environ.get("TIDE_BENCH_OLD_LIBRARY") == "1":
+        # An older libnccl-tide.so (a baseline build) lacks functions added since: do not require them.
+        for name in ("tideCommGetPendingWaits",):
+            _N.SIGNATURES.pop(name, None)
     import nccl_tide
     from nccl_tide.cuda import LoopbackWorld
     from nccl_tide.dtypes import dtype as to_dtype
@@ -49,7 +55,8 @@ def main() -> int:
 
     rows = []
     print(f"# torch {torch.__version__}, device {torch.cuda.get_device_name(0)}, nccl_tide {nccl_tide.__version__}")
-    print(f"{'case':<18}{'W':>3}{'P':>4}{'coll':>5}{'chunks':>7}{'host us/rank':>14}{'iqr':>8}{'valid':>6}{'gpu us':>10}")
+    print(f"{'case':<18}{'W':>3}{'P':>4}{'coll':>5}{'chunks':>7}{'host us/rank':>14}{'iqr':>8}{'valid':>6}{'gpu us':>10}"
+          f"{'replay us/rank':>16}")
     worlds = {}
     for name, w, numels, chunks in cases():
         if args.only and args.only not in name:
@@ -79,14 +86,26 @@ def main() -> int:
                 grads = [[torch.randn(n, dtype=torch.bfloat16, device=dev) for n in numels] for _ in range(w)]
                 outs = [torch.empty(l0.rs_out_numel, dtype=torch.float32, device=dev) for _ in range(w)]
                 prep = ic.prepare_reduce_scatter(world, layouts, grads, outs, op_code("sum"), to_dtype("fp32").code)
-            h = ic.host_issue_us(prep, calls=args.calls, samples=args.samples)
+            # Copy entries per rank-stream per call are about P * W; keep a sample under ~600 of them so the device
+            # queue never fills (a full queue makes the host wait for the GPU and voids the sample).
+            calls = max(1, min(args.calls, 600 // (len(numels) * w)))
+            h = ic.host_issue_us(prep, calls=calls, samples=args.samples)
             g = ic.gpu_latency_us(prep, samples=args.samples)
             world.synchronize()
             row = {"case": name, "W": w, "P": len(numels), "coll": coll, "chunks": l0.rs_num_chunks if coll == "rs" else 0,
                    **h, **g}
+            if coll == "ag":
+                # A graph-captured replay of the same call (one graph per virtual rank): host cost of the launches.
+                try:
+                    graphs = ic.prepare_graph_replays(prep)
+                    row["replay_host_us"] = ic.host_issue_us(graphs, calls=calls, samples=args.samples)["host_us"]
+                    graphs.close()
+                except Exception as e:  # report, do not hide: the row says why
+                    row["replay_error"] = str(e)[:200]
             rows.append(row)
             print(f"{name:<18}{w:>3}{len(numels):>4}{coll:>5}{row['chunks']:>7}{h['host_us']:>14.1f}"
-                  f"{h.get('host_iqr_us', float('nan')):>8.1f}{h['valid_samples']:>6}{g['gpu_us']:>10.1f}", flush=True)
+                  f"{h.get('host_iqr_us', float('nan')):>8.1f}{h['valid_samples']:>6}{g['gpu_us']:>10.1f}"
+                  f"{row.get('replay_host_us', float('nan')):>16.1f} {row.get('replay_error', '')}", flush=True)
             if coll == "ag":
                 world.free_slot(slots)
             for lay in layouts:

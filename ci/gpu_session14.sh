@@ -31,7 +31,7 @@ timeout 60 /tmp/host_cost_probe | tee "$OUT/host_cost_probe.txt"
 export PYTHONPATH="$PWD/pytorch_glue${PYTHONPATH:+:$PYTHONPATH}"
 if [ -f build/base/libnccl-tide.so ]; then
   echo "=== host_issue baseline ($(date +%T))"
-  NCCL_TIDE_LIBRARY_PATH=$PWD/build/base/libnccl-tide.so timeout 150 python3 benchmarks/host_issue.py --json "$OUT/host_issue_base.json" 2>&1 | grep -v TRACE | tee "$OUT/host_issue_base.txt"
+  TIDE_BENCH_OLD_LIBRARY=1 NCCL_TIDE_LIBRARY_PATH=$PWD/build/base/libnccl-tide.so timeout 150 python3 benchmarks/host_issue.py --json "$OUT/host_issue_base.json" 2>&1 | grep -v TRACE | tee "$OUT/host_issue_base.txt"
 fi
 echo "=== host_issue new ($(date +%T))"
 NCCL_TIDE_LIBRARY_PATH=$PWD/build/gpu/libnccl-tide.so timeout 150 python3 benchmarks/host_issue.py --json "$OUT/host_issue_new.json" 2>&1 | grep -v TRACE | tee "$OUT/host_issue_new.txt"

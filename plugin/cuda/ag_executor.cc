@@ -5,6 +5,7 @@
 // allocated or freed since invalidates it).
 #include <cinttypes>
 #include <cstdio>
+#include <string>
 
 #include "../core/errors.h"
 #include "../core/log.h"
@@ -84,6 +85,13 @@ tideResult_t allGather(tideComm* comm, tideLayout_t layout, const void* sendbuff
   }
   PeerProvider* pp = comm->provider.get();
   const bool multi = v.info.nNodes > 1;
+  if (cap.active && multi) {
+    return fail(tideUnsupported, "Cuda",
+                "%s: the stream is being captured into a CUDA graph, and layouts of several nodes (%d nodes of %d "
+                "ranks) cannot be captured: their rail schedule is issued in steps across ranks and carries per-call "
+                "epochs. Run this all-gather outside the capture (nothing was enqueued; the capture is still valid)",
+                kWhat, v.info.nNodes, v.info.ranksPerNode);
+  }
   prog::Options opt;
   size_t zeroBytes = 0;
   (void)pp->zeros(&zeroBytes);
@@ -117,10 +125,11 @@ tideResult_t allGather(tideComm* comm, tideLayout_t layout, const void* sendbuff
     tideResult_t r = ent->exec->program(layout, prog::Coll::kAllGather, opt, &program);
     if (r != tideSuccess) {
       if (cap.active) {
+        const std::string why = tideGetLastError();  // copied: fail() below rewrites the last-error buffer
         return fail(r, "Cuda",
                     "%s: the stream is being captured into a CUDA graph: %s. Run this all-gather outside the capture "
                     "(nothing was enqueued; the capture is still valid)",
-                    kWhat, tideGetLastError());
+                    kWhat, why.c_str());
       }
       return r;
     }

@@ -56,6 +56,13 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
           char* d = resolve(b, s.dst);
           const char* from = resolve(b, s.src);
           if (d == from) continue;  // a shard already in place
+          // Adjacent in both source and destination (e.g. gradients that happen to be contiguous): one entry. Each
+          // entry of a copy batch costs the host about 3.5 us (benchmarks/RESULTS.md, host cost probe).
+          if (!c.dst.empty() && static_cast<char*>(c.dst.back()) + c.bytes.back() == d &&
+              static_cast<const char*>(c.src.back()) + c.bytes.back() == from && s.src.mem != prog::Mem::kZeros) {
+            c.bytes.back() += s.bytes;
+            continue;
+          }
           c.dst.push_back(d);
           c.src.push_back(from);
           c.bytes.push_back(s.bytes);

@@ -6,6 +6,7 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
+#include <string>
 
 #include "../core/dtype.h"
 #include "../core/errors.h"
@@ -94,10 +95,11 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
     tideResult_t r = ent->exec->program(layout, prog::Coll::kReduceScatter, opt, &program);
     if (r != tideSuccess) {
       if (cap.active) {
+        const std::string why = tideGetLastError();  // copied: fail() below rewrites the last-error buffer
         return fail(r, "Cuda",
                     "%s: the stream is being captured into a CUDA graph: %s (nothing was enqueued; the capture is "
                     "still valid)",
-                    kWhat, tideGetLastError());
+                    kWhat, why.c_str());
       }
       return r;
     }

@@ -151,3 +151,74 @@ def gpu_latency_us(prepared: PreparedCalls, samples: int = 15) -> dict:
         torch.cuda.synchronize()
         vals.append(start.elapsed_time(end) * 1e3)
     return {"gpu_us": statistics.median(vals)}
+
+
+class _Graphs:
+    """Driver graph calls (libcuda via ctypes) for capturing each loopback rank's call into a graph of its own."""
+
+    _lib = None
+
+    @classmethod
+    def lib(cls):
+        if cls._lib is None:
+            lib = ctypes.CDLL("libcuda.so.1")
+            vp = ctypes.c_void_p
+            for name, args in {
+                "cuStreamBeginCapture_v2": [vp, ctypes.c_int],
+                "cuStreamEndCapture": [vp, ctypes.POINTER(vp)],
+                "cuGraphInstantiateWithFlags": [ctypes.POINTER(vp), vp, ctypes.c_ulonglong],
+                "cuGraphUpload": [vp, vp],
+                "cuGraphLaunch": [vp, vp],
+                "cuGraphExecDestroy": [vp],
+                "cuGraphDestroy": [vp],
+            }.items():
+                fn = getattr(lib, name)
+                fn.argtypes = args
+                fn.restype = ctypes.c_int
+            cls._lib = lib
+        return cls._lib
+
+
+def prepare_graph_replays(prepared: PreparedCalls) -> PreparedCalls:
+    """Captures every rank's call of `prepared` into a graph of its own (global capture mode on the rank's stream)
+    and returns PreparedCalls whose calls launch those graphs (one cuGraphLaunch per rank). close() destroys them."""
+    torch = _torch()
+    lib = _Graphs.lib()
+    world = prepared.world
+    torch.cuda.synchronize()
+    world.synchronize()
+    streams = [ctypes.c_void_p(int(s.cuda_stream)) for s in world.streams]
+    for s in streams:
+        if lib.cuStreamBeginCapture_v2(s, 0) != 0:
+            raise RuntimeError("cuStreamBeginCapture failed")
+    graphs = []
+    try:
+        prepared.issue_all()
+    finally:
+        for s in streams:
+            g = ctypes.c_void_p()
+            rc = lib.cuStreamEndCapture(s, ctypes.byref(g))
+            graphs.append(g)
+            if rc != 0:
+                raise RuntimeError(f"cuStreamEndCapture failed ({rc})")
+    execs = []
+    for g in graphs:
+        e = ctypes.c_void_p()
+        if lib.cuGraphInstantiateWithFlags(ctypes.byref(e), g, 0) != 0:
+            raise RuntimeError("cuGraphInstantiateWithFlags failed")
+        lib.cuGraphDestroy(g)
+        execs.append(e)
+    for e, s in zip(execs, streams):
+        lib.cuGraphUpload(e, s)
+    world.synchronize()
+    fns = [lambda e=e, s=s: lib.cuGraphLaunch(e, s) for e, s in zip(execs, streams)]
+    p = PreparedCalls(world, fns)
+    p._keep = (execs, streams, prepared)
+
+    def close():
+        world.synchronize()
+        for e in execs:
+            lib.cuGraphExecDestroy(e)
+
+    p.close = close
+    return p
