@@ -44,6 +44,22 @@
  *   With op AVG, total = total / (float) W (fp32 IEEE division).
  *   out = total (fp32) or total rounded to nearest-even in bf16/fp16.
  *   All fp32 operations are individually rounded (no contraction into FMA).
+ *   NaN results: an output element that is NaN is written as the canonical quiet NaN of the output type,
+ *   TIDE_CANONICAL_NAN_F32 / _BF16 / _FP16 below (positive, quiet bit only), whatever the inputs' NaN signs and
+ *   payloads: IEEE leaves the NaN an operation returns to the hardware, so this is what makes every executor (host,
+ *   vectorised or not, CUDA kernel) and the Python reference agree bit for bit on NaN too. The all-gather is a byte
+ *   copy: it keeps every bit, NaN payloads included.
+ *
+ * Buffer alignment: every element pointer (shards, params, grads, outs, sendbuff, slot regions) must be aligned to
+ * its element size (2 bytes for bf16/fp16, 4 for fp32/int32); a misaligned one is refused with
+ * tideInvalidArgument before anything is written (host executor and CUDA data path alike).
+ *
+ * Handles: tideLayout_t and tideComm_t values are checked on every call. A NULL, destroyed (also a second
+ * destroy), garbage or wrong-type handle is refused with tideInvalidArgument naming the handle and why; values are
+ * never reused within a process. Destroying a handle while another thread is inside a call that uses it is safe:
+ * that call completes (a layout), or completes / fails with tideInvalidArgument (a comm: tideCommDestroy waits for
+ * a call in progress on the comm and a call that has not started yet fails); the object is freed when the last
+ * such call returns.
  */
 #ifndef NCCL_TIDE_H_
 #define NCCL_TIDE_H_
@@ -63,6 +79,11 @@ extern "C" {
 
 /* Alignment of every parameter's offset inside a slot, in bytes. */
 #define TIDE_SLOT_ALIGN 256
+
+/* The NaN every reduce-scatter executor writes for a NaN result (see "NaN results" above). (since 0.1) */
+#define TIDE_CANONICAL_NAN_F32 0x7fc00000u
+#define TIDE_CANONICAL_NAN_BF16 0x7fc0u
+#define TIDE_CANONICAL_NAN_FP16 0x7e00u
 
 /* Hard limits that keep every derived size far from 64-bit overflow. */
 #define TIDE_MAX_PARAMS (1 << 20)
