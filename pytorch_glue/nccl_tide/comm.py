@@ -245,11 +245,11 @@ class Comm:
                 )
 
     def reduce_scatter(
+        self, layout, grads, out, op="sum", scale: float = 1.0, staging=None, stream=None, out_dtype=None
+    ) -> None:
+        """tideReduceScatter for this rank: grads[i] (numel_i elements), out (rs_out_numel elements of fp32, bf16 or
+        fp16, from its torch dtype or out_dtype), op 'sum' | 'avg' | 'premul'."""
         with self._life.use():
-            self, layout, grads, out, op="sum", scale: float = 1.0, staging=None, stream=None, out_dtype=None
-        ) -> None:
-            """tideReduceScatter for this rank: grads[i] (numel_i elements), out (rs_out_numel elements of fp32, bf16 or
-            fp16, from its torch dtype or out_dtype), op 'sum' | 'avg' | 'premul'."""
             infos = layout.params
             if out_dtype is None:
                 name = str(getattr(out, "dtype", "")).replace("torch.", "")
