@@ -127,10 +127,10 @@ def check_lifetime(case: dict) -> str:
                 else:
                     expect_refused(rc, "second destroy", "destroyed")
             else:
-                g = rnd.choice([0x1234560, 0x71DE000000000000 | (rnd.getrandbits(40) << 4) | 1, 8, U64 - 15,
-                                (h or 0) ^ 0x30])  # fmt: skip
-                if g in created:
-                    continue
+                # Never a value the library can hand out: tag-space values get a serial >= 2^40 (a live value XORed
+                # with a low bit could be another thread's fresh handle).
+                g = rnd.choice([0x1234560, 0x71DE000000000000 | (((1 << 40) + rnd.getrandbits(20)) << 4) | 1, 8,
+                                U64 - 15, (h or 0) ^ (1 << 44), (h or 0) ^ 0x3])  # fmt: skip
                 rc, _ = _info(N.tideLayout_t(g))
                 expect_refused(rc, f"info on garbage 0x{g:x}", "not a live tideLayout_t")
 
