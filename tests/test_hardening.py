@@ -16,6 +16,7 @@ import textwrap
 import numpy as np
 import pytest
 
+import nccl_tide
 from nccl_tide import _native as N
 from nccl_tide import reference as ref
 from nccl_tide.errors import InvalidArgumentError, TideError, UnsupportedError
@@ -30,7 +31,9 @@ def run_child(code: str, env_extra=None, timeout=240) -> subprocess.CompletedPro
     env = dict(os.environ)
     env.setdefault("NCCL_TIDE_DEBUG", "NONE")
     env.update(env_extra or {})
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(REPO, "pytorch_glue"), env.get("PYTHONPATH", "")])
+    # The child imports the same nccl_tide as this process (installed, or the source tree on PYTHONPATH).
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(nccl_tide.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([pkg_root, env.get("PYTHONPATH", "")])
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=timeout
     )
