@@ -242,6 +242,11 @@ class LoopbackWorld:
         if (sendbufs is None) == (shards is None):
             raise InvalidArgumentError("all_gather: pass exactly one of sendbufs and shards")
         rank_streams = self._rank_streams(streams)
+        # One in-flight span for all ranks: a close() on another thread never splits the collective between ranks.
+        with self._life.use():
+            self._all_gather_ranks(layouts, slots, sendbufs, shards, rank_streams)
+
+    def _all_gather_ranks(self, layouts, slots, sendbufs, shards, rank_streams) -> None:
         for r in range(self.n_ranks):
             self.rank_all_gather(
                 r,
@@ -288,6 +293,10 @@ class LoopbackWorld:
         rs_staging_bytes (Slot-Reuse) or None for the world's own staging."""
         self._check_layouts(layouts)
         rank_streams = self._rank_streams(streams)
+        with self._life.use():  # as all_gather: never split by a close() on another thread
+            self._reduce_scatter_ranks(layouts, grads, outs, op, scale, staging, rank_streams, out_dtype)
+
+    def _reduce_scatter_ranks(self, layouts, grads, outs, op, scale, staging, rank_streams, out_dtype) -> None:
         for r in range(self.n_ranks):
             self.rank_reduce_scatter(
                 r,
@@ -356,6 +365,10 @@ class LoopbackWorld:
         (nonzero), else 120 s. The error names, for the first rank whose stream is not done, the peer and the step
         (flag) of its first pending wait (from tideCommDebugDump), and carries every such rank's dump; its `pending`
         attribute is that wait, parsed ({"rank", "peer", "step", "owner", "want", "have", "where"})."""
+        with self._life.use():  # the streams are destroyed by close(): never wait on them after that
+            return self._synchronize(streams, timeout)
+
+    def _synchronize(self, streams=None, timeout: Optional[float] = None) -> None:
         torch = _torch()
         if timeout is None:
             timeout = N.timeout_seconds(120.0)
@@ -409,7 +422,7 @@ class LoopbackWorld:
         if not self._comms or not self._life.close():
             return
         try:
-            self.synchronize(timeout=60.0)
+            self._synchronize(timeout=60.0)
         finally:
             lib = N.lib()
             for entry in self._slots:
