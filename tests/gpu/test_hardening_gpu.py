@@ -68,18 +68,17 @@ def test_reduce_kernel_writes_the_canonical_nan(torch_cuda, worlds, W, rpn, gdt,
     expected = nccl_tide.host_reduce_scatter(L, grads_cpu, out_dtype=odt, op=op)
     out_t = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[odt]
     world = worlds(W)
-    if True:
-        grads = [[g.cuda() for g in row] for row in grads_cpu]
-        outs = [torch.full((L.rs_out_numel,), 3.0, dtype=out_t, device="cuda") for _ in range(W)]
-        torch.cuda.synchronize()
-        world.reduce_scatter(layouts, grads, outs, op=op)
-        world.synchronize()
-        for r in range(W):
-            got = as_bits(torch, outs[r])
-            nan = np.isnan(outs[r].float().cpu().numpy())
-            assert nan.sum() > 10
-            assert set((got[nan].astype(np.int64) & (0xFFFFFFFF if odt == "fp32" else 0xFFFF)).tolist()) == {CANON[odt]}
-            assert got.tobytes() == np.ascontiguousarray(expected[r]).tobytes(), f"rank {r}: GPU and host differ"
+    grads = [[g.cuda() for g in row] for row in grads_cpu]
+    outs = [torch.full((L.rs_out_numel,), 3.0, dtype=out_t, device="cuda") for _ in range(W)]
+    torch.cuda.synchronize()
+    world.reduce_scatter(layouts, grads, outs, op=op)
+    world.synchronize()
+    for r in range(W):
+        got = as_bits(torch, outs[r])
+        nan = np.isnan(outs[r].float().cpu().numpy())
+        assert nan.sum() > 10
+        assert set((got[nan].astype(np.int64) & (0xFFFFFFFF if odt == "fp32" else 0xFFFF)).tolist()) == {CANON[odt]}
+        assert got.tobytes() == np.ascontiguousarray(expected[r]).tobytes(), f"rank {r}: GPU and host differ"
     for lay in layouts:
         lay.close()
 
