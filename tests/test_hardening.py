@@ -188,6 +188,16 @@ def test_schedule_node_out_of_int_range():
             l.schedule(4)
 
 
+def test_config_and_bool_integers_are_checked():
+    for args, shown in [((-1, 0), "-1"), ((0, 2**64), "18446744073709551616"), ((4096.5, 0), "4096.5")]:
+        with pytest.raises(InvalidArgumentError, match=re.escape(shown)):
+            N.make_config(*args)
+    with pytest.raises(InvalidArgumentError, match="not a bool"):
+        Layout([16], "fp32", True)
+    cfg = N.make_config(2**64 - 1, 4096)
+    assert (cfg.rsChunkBytes, cfg.paceBytes) == (2**64 - 1, 4096)
+
+
 def test_loopback_world_sizes_range_checked():
     pytest.importorskip("torch")
     from nccl_tide.cuda import LoopbackWorld

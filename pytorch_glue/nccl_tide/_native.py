@@ -320,7 +320,13 @@ def version_string() -> str:
 
 
 def make_config(rs_chunk_bytes: int = 0, pace_bytes: int = 0) -> tideConfig_t:
-    return tideConfig_t(ctypes.sizeof(tideConfig_t), TIDE_CONFIG_VERSION, rs_chunk_bytes, pace_bytes)
+    """A tideConfig_t (0 = the NCCL_TIDE_* default); negative or > 2^64 - 1 values are refused, not wrapped."""
+    return tideConfig_t(
+        ctypes.sizeof(tideConfig_t),
+        TIDE_CONFIG_VERSION,
+        u64_arg(rs_chunk_bytes, "rs_chunk_bytes"),
+        u64_arg(pace_bytes, "pace_bytes"),
+    )
 
 
 def pointer_table(ptrs) -> "ctypes.Array":

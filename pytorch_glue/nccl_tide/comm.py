@@ -157,7 +157,8 @@ class Comm:
             raise InvalidArgumentError("from_nccl: the ncclComm_t is NULL (has the process group run a collective?)")
         out = N.tideComm_t()
         cfg = None if config is None else ctypes.byref(config)
-        N.check(N.lib().tideCommCreate(int(nccl_comm_ptr), cfg, ctypes.byref(out)), "tideCommCreate")
+        nccl_comm_ptr = N.u64_arg(nccl_comm_ptr, "nccl_comm_ptr (ncclComm_t address)", 1)
+        N.check(N.lib().tideCommCreate(nccl_comm_ptr, cfg, ctypes.byref(out)), "tideCommCreate")
         c = cls(out.value, keepalive=keepalive)
         c.device = int(device)
         return c
@@ -219,7 +220,9 @@ class Comm:
         if stream is None:
             torch = _torch()
             return int(torch.cuda.current_stream(torch.device("cuda", self.device)).cuda_stream)
-        return int(stream.cuda_stream) if hasattr(stream, "cuda_stream") else int(stream)
+        if hasattr(stream, "cuda_stream"):
+            return int(stream.cuda_stream)
+        return N.u64_arg(stream, "stream (cudaStream_t address)")
 
     def all_gather(self, layout, slot, sendbuf=None, shards=None, stream=None) -> None:
         """tideAllGather for this rank: sendbuf (packed, send_bytes) or shards[i]; slot (>= slot_bytes)."""

@@ -232,7 +232,7 @@ class LoopbackWorld:
 
     @staticmethod
     def _stream_handle(s) -> int:
-        return int(s.cuda_stream) if hasattr(s, "cuda_stream") else int(s)
+        return int(s.cuda_stream) if hasattr(s, "cuda_stream") else N.u64_arg(s, "stream (cudaStream_t address)")
 
     def all_gather(self, layouts, slots, sendbufs=None, shards=None, streams=None) -> None:
         """TIDE-AG on every virtual rank. layouts[r]: rank r's Layout; slots[r]: its slot region (tensor or address,
