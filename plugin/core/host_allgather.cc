@@ -44,8 +44,8 @@ tideResult_t validate(const Layout& l, const void* const* shards, void* const* p
     const ParamLayout& p = l.params[i];
     // Element alignment (include/tide.h "Buffer alignment"): the copies are byte copies, but the contract is one
     // for every executor, and the CUDA path needs it.
-    if (reinterpret_cast<uintptr_t>(shards[idx]) % p.elemSize != 0 || reinterpret_cast<uintptr_t>(params[idx]) % p.elemSize != 0) {
-      const bool in = reinterpret_cast<uintptr_t>(shards[idx]) % p.elemSize != 0;
+    const bool in = reinterpret_cast<uintptr_t>(shards[idx]) % p.elemSize != 0;
+    if (in || reinterpret_cast<uintptr_t>(params[idx]) % p.elemSize != 0) {
       return fail(tideInvalidArgument, kComponent,
                   "%s[%zu] (rank %d, parameter %d) = %p is not aligned to its element size (%zu bytes, %s)",
                   in ? "shards" : "params", idx, r, i, in ? shards[idx] : static_cast<const void*>(params[idx]),

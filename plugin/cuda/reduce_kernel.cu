@@ -2,8 +2,8 @@
 //
 // Accumulation order (include/tide.h, bit for bit): x_s = (float) in_s[k] (exact), with PREMUL_SUM
 // x_s = __fmul_rn(x_s, scale); acc = x_0; acc = __fadd_rn(acc, x_s) for s = 1 .. nSrc-1 (left fold, rank order);
-// AVG: acc = __fdiv_rn(acc, W); then fp32 out, or RNE narrowing to bf16/fp16; a NaN result is stored as the canonical NaN of the output type, as on
-// the host (plugin/core/dtype.cc). Padding needs no special case: phase 1 fills it with zeros from a zero buffer.
+// AVG: acc = __fdiv_rn(acc, W); then fp32 out, or RNE narrowing to bf16/fp16; a NaN result is stored as the
+// canonical NaN of the output type, as on the host (plugin/core/dtype.cc). Padding needs no special case: phase 1 fills it with zeros from a zero buffer.
 //
 // The kernel is short-lived by design (DESIGN.md section 9): a few CTAs sized to the chunk, each thread handling
 // 8 elements per step with 16-byte loads when every base is aligned, grid-stride beyond that; it exits when done.

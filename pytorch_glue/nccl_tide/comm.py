@@ -239,7 +239,10 @@ class Comm:
                 if len(shards) != len(infos):
                     raise InvalidArgumentError(f"shards: {len(shards)} tensors, layout has {len(infos)} params")
                 table = N.pointer_table(
-                    [_ptr(t, f"shards[{i}]", p.shard_numel * p.elem_size) for i, (t, p) in enumerate(zip(shards, infos))]
+                    [
+                        _ptr(t, f"shards[{i}]", p.shard_numel * p.elem_size)
+                        for i, (t, p) in enumerate(zip(shards, infos))
+                    ]
                 )
             with layout._use() as lh:  # safe against a concurrent layout.close()
                 N.check(
@@ -258,7 +261,9 @@ class Comm:
                 name = str(getattr(out, "dtype", "")).replace("torch.", "")
                 rev = {v: k for k, v in _TORCH_RS_TYPES.items()}
                 if name not in rev:
-                    raise InvalidArgumentError(f"out: dtype {name or type(out).__name__} is not float32/bfloat16/float16")
+                    raise InvalidArgumentError(
+                        f"out: dtype {name or type(out).__name__} is not float32/bfloat16/float16"
+                    )
                 out_dtype = rev[name]
             odt = to_dtype(out_dtype)
             if len(grads) != len(infos):

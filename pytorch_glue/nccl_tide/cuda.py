@@ -323,7 +323,8 @@ class LoopbackWorld:
                 rev = {v: k for k, v in _TORCH_RS_TYPES.items()}
                 if name not in rev:
                     raise InvalidArgumentError(
-                        f"outs[{rank}]: dtype {name or type(out).__name__} is not float32/bfloat16/float16; pass out_dtype"
+                        f"outs[{rank}]: dtype {name or type(out).__name__} is not float32/bfloat16/float16; "
+                        "pass out_dtype"
                     )
                 out_dtype = rev[name]
             odt = to_dtype(out_dtype)
@@ -333,7 +334,11 @@ class LoopbackWorld:
                 [_ptr(g, f"grads[{rank}][{i}]", p.numel * p.elem_size) for i, (g, p) in enumerate(zip(grads, infos))]
             )
             out_ptr = _ptr(out, f"outs[{rank}]", layout.rs_out_numel * odt.size)
-            stag = None if staging is None else _ptr(staging, f"staging[{rank}]", layout.rs_staging_bytes, at_least=True)
+            stag = (
+                None
+                if staging is None
+                else _ptr(staging, f"staging[{rank}]", layout.rs_staging_bytes, at_least=True)
+            )
             s = self._streams[rank] if stream is None else stream
             with layout._use() as lh:  # safe against a concurrent layout.close()
                 N.check(
