@@ -13,7 +13,9 @@
  *   - Structs passed in start with `size` (set it to sizeof(the struct)) and `version`
  *     (set it to the matching TIDE_*_VERSION macro); structs only ever grow.
  *   - Handles are opaque; the caller owns what it creates and releases it with the
- *     matching Destroy function. Destroy(NULL) is a no-op returning tideSuccess.
+ *     matching Destroy function. Destroy(NULL) is a no-op returning tideSuccess; every
+ *     handle argument is checked (see "Handles" below): a destroyed, twice-destroyed,
+ *     garbage or wrong-type handle gives tideInvalidArgument naming it.
  *   - "(since 0.1)" gives the library version in which a function appeared.
  *
  * Layout semantics (one FSDP parameter group; FSDP2 dim-0 sharding):
@@ -44,6 +46,22 @@
  *   With op AVG, total = total / (float) W (fp32 IEEE division).
  *   out = total (fp32) or total rounded to nearest-even in bf16/fp16.
  *   All fp32 operations are individually rounded (no contraction into FMA).
+ *   NaN results: an output element that is NaN is written as the canonical quiet NaN of the output type,
+ *   TIDE_CANONICAL_NAN_F32 / _BF16 / _FP16 below (positive, quiet bit only), whatever the inputs' NaN signs and
+ *   payloads: IEEE leaves the NaN an operation returns to the hardware, so this is what makes every executor (host,
+ *   vectorised or not, CUDA kernel) and the Python reference agree bit for bit on NaN too. The all-gather is a byte
+ *   copy: it keeps every bit, NaN payloads included.
+ *
+ * Buffer alignment: every element pointer (shards, params, grads, outs, sendbuff, slot regions) must be aligned to
+ * its element size (2 bytes for bf16/fp16, 4 for fp32/int32); a misaligned one is refused with
+ * tideInvalidArgument before anything is written (host executor and CUDA data path alike).
+ *
+ * Handles: tideLayout_t and tideComm_t values are checked on every call. A NULL, destroyed (also a second
+ * destroy), garbage or wrong-type handle is refused with tideInvalidArgument naming the handle and why; values are
+ * never reused within a process. Destroying a handle while another thread is inside a call that uses it is safe:
+ * that call completes (a layout), or completes / fails with tideInvalidArgument (a comm: tideCommDestroy waits for
+ * a call in progress on the comm and a call that has not started yet fails); the object is freed when the last
+ * such call returns.
  */
 #ifndef NCCL_TIDE_H_
 #define NCCL_TIDE_H_
@@ -63,6 +81,11 @@ extern "C" {
 
 /* Alignment of every parameter's offset inside a slot, in bytes. */
 #define TIDE_SLOT_ALIGN 256
+
+/* The NaN every reduce-scatter executor writes for a NaN result (see "NaN results" above). (since 0.1) */
+#define TIDE_CANONICAL_NAN_F32 0x7fc00000u
+#define TIDE_CANONICAL_NAN_BF16 0x7fc0u
+#define TIDE_CANONICAL_NAN_FP16 0x7e00u
 
 /* Hard limits that keep every derived size far from 64-bit overflow. */
 #define TIDE_MAX_PARAMS (1 << 20)
@@ -170,7 +193,9 @@ typedef struct {
  * On failure *layout is set to NULL. (since 0.1) */
 tideResult_t tideLayoutCreate(const tideLayoutDesc_t* desc, const tideConfig_t* config, tideLayout_t* layout);
 
-/* Releases a layout. Safe on NULL. (since 0.1) */
+/* Releases a layout. Safe on NULL. A call using the layout on another thread (or an attachment, tideAttachLayout)
+ * keeps the object until it returns; the handle itself is invalid at once. Errors: tideInvalidArgument (a handle that
+ * is not live: already destroyed, garbage, or a tideComm_t). (since 0.1) */
 tideResult_t tideLayoutDestroy(tideLayout_t layout);
 
 #define TIDE_LAYOUT_INFO_VERSION 1
@@ -195,7 +220,7 @@ typedef struct {
   uint64_t paceBytes;       /* effective inter-node pacing cap */
 } tideLayoutInfo_t;
 
-/* Fills *info. Errors: tideInvalidArgument (NULL, bad size/version). (since 0.1) */
+/* Fills *info. Errors: tideInvalidArgument (NULL, bad size/version, a layout handle that is not live). (since 0.1) */
 tideResult_t tideLayoutGetInfo(tideLayout_t layout, tideLayoutInfo_t* info);
 
 #define TIDE_PARAM_INFO_VERSION 1
@@ -254,8 +279,8 @@ tideResult_t tideLayoutGetScheduleStep(tideLayout_t layout, int node, int index,
  *   shards[...]: rank's shard of parameter i, shardNumel_i elements of dtype_i (read only);
  *   params[...]: rank's unsharded storage of parameter i, shardNumel_i * W elements (written).
  * Follows the inter-node schedule when nNodes > 1, then the node-local fan-out.
- * Errors: tideInvalidArgument (NULL table or entry, overlapping output). Nothing is written
- * on error. (since 0.1) */
+ * Errors: tideInvalidArgument (a layout handle that is not live, NULL table or entry, an entry not aligned to its
+ * element size, overlapping output). Nothing is written on error. (since 0.1) */
 tideResult_t tideHostAllGather(tideLayout_t layout, const void* const* shards, void* const* params);
 
 /* Reduce-scatter over every rank, in the accumulation order documented at the top.
@@ -264,8 +289,9 @@ tideResult_t tideHostAllGather(tideLayout_t layout, const void* const* shards, v
  *   outs[rank]: rank's packed output, rsOutNumel elements of outType (fp32, bf16 or fp16).
  * scale is used by tidePremulSum only (it must be finite for every op).
  * Errors: tideInvalidArgument (NULL, bad op/outType, a parameter dtype that is not bf16/fp16/
- * fp32, non-finite scale, an output overlapping another output or any gradient: there is no
- * in-place form). Nothing is written on error. (since 0.1) */
+ * fp32, non-finite scale, a gradient or output not aligned to its element size, an output overlapping another
+ * output or any gradient: there is no in-place form, a layout handle that is not live). Nothing is written on
+ * error. NaN results are the canonical NaN of outType (see "NaN results" at the top). (since 0.1) */
 tideResult_t tideHostReduceScatter(tideLayout_t layout, const void* const* grads, void* const* outs,
                                    tideDataType_t outType, tideRedOp_t op, float scale);
 
@@ -296,12 +322,16 @@ typedef struct tideComm* tideComm_t;
  * a virtual rank is the other virtual ranks' allocations. Used for tests and single-GPU
  * benchmarks; the executors do not know which provider they run on.
  * Errors: tideInvalidArgument, tideUnsupported (no CUDA build or device), tideCudaError.
+ * On failure with comms non-NULL and nRanks in 2..8, comms[0 .. nRanks-1] are NULL (every build).
  * (since 0.1) */
 tideResult_t tideLoopbackCreate(int nRanks, int device, tideComm_t* comms);
 
 /* Releases a comm (for a loopback world: every comm of the world must be destroyed; the
- * shared resources go with the last). Waits for nothing: the caller synchronizes its
- * streams first. Safe on NULL. (since 0.1) */
+ * shared resources go with the last). Waits for no device work: the caller synchronizes its
+ * streams first; it does wait for a call on this comm in progress on another thread to return
+ * (a call of another thread that has not started yet then fails with tideInvalidArgument).
+ * Safe on NULL. Errors: tideInvalidArgument (a handle that is not live: destroyed, aborted,
+ * garbage, or a tideLayout_t). (since 0.1) */
 tideResult_t tideCommDestroy(tideComm_t comm);
 
 /* Local, non-collective teardown for a failing job: the parent NCCL communicator was (or is
@@ -527,10 +557,11 @@ tideResult_t tideCommGetProvider(tideComm_t comm, const char** name);
  * the flat call). A call that does not match (sizes, type) runs as a flat call. The other
  * eligibility rules are those of flat calls. The all-gather still lands in a TIDE bounce
  * slot first and reaches `buffer` by one copy-engine copy (an application buffer is not
- * peer-mapped). The caller keeps `layout` alive until tideDetachLayout, or until the
- * communicator is finalized, destroyed or aborted (which drops its attachments).
- * Re-attaching a buffer replaces its layout.
- * Errors: tideInvalidArgument (NULL argument), tideUnsupported (a build without CUDA).
+ * peer-mapped). The attachment holds its own reference to the layout until tideDetachLayout, or until the
+ * communicator is finalized, destroyed or aborted (which drops its attachments): the caller may destroy its
+ * handle meanwhile. Re-attaching a buffer replaces its layout.
+ * Errors: tideInvalidArgument (NULL argument; a layout handle that is not live, in every build),
+ * tideUnsupported (a build without CUDA).
  * (since 0.1) */
 tideResult_t tideAttachLayout(struct ncclComm* ncclComm, void* buffer, tideLayout_t layout);
 

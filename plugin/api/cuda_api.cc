@@ -28,15 +28,20 @@
 #include "cuda/program_exec.h"
 #include "cuda/peer_provider.h"
 #include "errors.h"
+#include "handles.h"
 #include "log.h"
 #include "params.h"
 #include "tide.h"
 
 namespace {
 
-tideResult_t checkComm(tideComm_t comm, const char* fn) {
-  if (comm == nullptr) return tide::fail(tideInvalidArgument, "API", "%s: comm is NULL", fn);
-  if (!comm->provider) return tide::fail(tideInvalidUsage, "API", "%s: comm is not initialized", fn);
+using tide::cuda::CommRef;
+
+// A live layout handle for the duration of a call (the CUDA executors read it through the public queries).
+tideResult_t checkLayoutHandle(tideLayout_t layout, const char* fn, std::shared_ptr<const void>* keep) {
+  std::shared_ptr<void> obj;
+  TIDE_CHECK(tide::checkHandle(layout, tide::HandleKind::kLayout, fn, "layout", &obj));
+  *keep = obj;
   return tideSuccess;
 }
 
@@ -149,6 +154,10 @@ std::string debugDump(tideComm* comm) {
           comm->device);
   std::unique_lock<std::mutex> lock(comm->mu, std::try_to_lock);
   const bool busy = !lock.owns_lock();
+  if (!busy && comm->closed) {
+    out += "  the comm was destroyed or aborted by another thread\n";
+    return out;
+  }
   appendf(&out, "  host: %s%s\n", busy ? "a call is in progress on another thread: " : "", phase ? phase : "?");
   if (!busy) {
     appendf(&out, "  last AG epoch %llu; last RS epoch %llu (tasks from %llu)\n",
@@ -201,6 +210,7 @@ TIDE_EXPORT tideResult_t tideLoopbackCreate(int nRanks, int device, tideComm_t* 
     return tide::fail(tideInvalidArgument, "API", "tideLoopbackCreate: nRanks is %d; a loopback world has 2..%d ranks",
                       nRanks, tide::cuda::LoopbackProvider::kMaxRanks);
   }
+  // Every failure from here leaves comms[0 .. nRanks-1] NULL, in this build and in the host-only one.
   for (int r = 0; r < nRanks; ++r) comms[r] = nullptr;
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
@@ -231,27 +241,39 @@ TIDE_EXPORT tideResult_t tideLoopbackCreate(int nRanks, int device, tideComm_t* 
     }
     made.push_back(std::move(c));
   }
-  for (int r = 0; r < nRanks; ++r) comms[r] = made[r].release();
+  std::vector<tideComm_t> handles;
+  handles.reserve(static_cast<size_t>(nRanks));
+  for (int r = 0; r < nRanks; ++r) handles.push_back(tide::cuda::registerComm(std::move(made[r])));
+  for (int r = 0; r < nRanks; ++r) comms[r] = handles[r];
   return tideSuccess;
   TIDE_API_END
 }
 
-TIDE_EXPORT tideResult_t tideCommDestroy(tideComm_t comm) {
+TIDE_EXPORT tideResult_t tideCommDestroy(tideComm_t handle) {
   TIDE_API_BEGIN
-  if (comm == nullptr) return tideSuccess;
+  if (handle == nullptr) return tideSuccess;
+  // Unregistered first: a second destroy, and every later call, fails cleanly naming the handle.
+  CommRef comm = std::static_pointer_cast<tideComm>(tide::handles::remove(handle, tide::HandleKind::kComm));
+  if (!comm) return tide::handles::failBad(handle, tide::HandleKind::kComm, __func__, "comm");
+  ScopedDevice scoped(comm->device);
   {
-    ScopedDevice scoped(comm->device);
-    tide::cuda::commRelease(comm);
-    comm->provider.reset();  // the last comm of a loopback world frees the world's memory
+    // Waits for a call in progress on another thread; calls that got the comm but not its lock yet fail (closed).
+    std::lock_guard<std::mutex> lock(comm->mu);
+    comm->closed = true;
+    tide::cuda::commRelease(comm.get());
   }
-  delete comm;
+  // The last reference (normally this one) frees the object and its provider reference: the last comm of a loopback
+  // world frees the world's memory, with the comm's device current.
+  comm.reset();
   return tideSuccess;
   TIDE_API_END
 }
 
-TIDE_EXPORT tideResult_t tideCommAbort(tideComm_t comm) {
+TIDE_EXPORT tideResult_t tideCommAbort(tideComm_t handle) {
   TIDE_API_BEGIN
-  if (comm == nullptr) return tideSuccess;
+  if (handle == nullptr) return tideSuccess;
+  CommRef comm;
+  TIDE_CHECK(tide::checkHandle(handle, tide::HandleKind::kComm, __func__, "comm", &comm));
   // Bound for every wait of the abort (include/tide.h): NCCL_TIDE_TIMEOUT_MS, or a short fixed one when it is 0.
   constexpr uint64_t kAbortBoundWhenUnboundedMs = 2000;
   uint64_t bound = tide::params::timeoutMs();  // an invalid value reads as 0 (and is warned about once)
@@ -271,6 +293,12 @@ TIDE_EXPORT tideResult_t tideCommAbort(tideComm_t comm) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+  // Another thread may have destroyed or aborted it while this one waited for the lock.
+  if (comm->closed || !tide::handles::remove(handle, tide::HandleKind::kComm)) {
+    lock.unlock();
+    return tide::handles::failBad(handle, tide::HandleKind::kComm, __func__, "comm");
+  }
+  comm->closed = true;
   {
     ScopedDevice scoped(comm->device);
     bool idle = true;
@@ -283,20 +311,20 @@ TIDE_EXPORT tideResult_t tideCommAbort(tideComm_t comm) {
       }
     }
     // Destroying streams and events does not wait for their work (CUDA releases them once it completes).
-    tide::cuda::commRelease(comm);
-    comm->provider.reset();
+    tide::cuda::commRelease(comm.get());
     TIDE_INFO("API", "tideCommAbort: rank %d of %d released%s", comm->rank, comm->worldSize,
               idle ? "" : " (device work still pending: its memory is left to process exit)");
+    lock.unlock();
+    comm.reset();  // normally the last reference: frees the object (and the world's memory with the last comm)
   }
-  lock.unlock();
-  delete comm;
   return tideSuccess;
   TIDE_API_END
 }
 
-TIDE_EXPORT tideResult_t tideCommGetRank(tideComm_t comm, int* rank, int* worldSize) {
+TIDE_EXPORT tideResult_t tideCommGetRank(tideComm_t handle, int* rank, int* worldSize) {
   TIDE_API_BEGIN
-  TIDE_CHECK(checkComm(comm, "tideCommGetRank"));
+  CommRef comm;
+  TIDE_CHECK(tide::cuda::checkComm(handle, "tideCommGetRank", &comm));
   if (rank == nullptr && worldSize == nullptr) {
     return tide::fail(tideInvalidArgument, "API", "tideCommGetRank: rank and worldSize are both NULL");
   }
@@ -306,51 +334,60 @@ TIDE_EXPORT tideResult_t tideCommGetRank(tideComm_t comm, int* rank, int* worldS
   TIDE_API_END
 }
 
-TIDE_EXPORT tideResult_t tideSlotAlloc(tideComm_t comm, size_t bytes, void** ptr) {
+TIDE_EXPORT tideResult_t tideSlotAlloc(tideComm_t handle, size_t bytes, void** ptr) {
   TIDE_API_BEGIN
-  TIDE_CHECK(checkComm(comm, "tideSlotAlloc"));
+  CommRef comm;
+  TIDE_CHECK(tide::cuda::checkComm(handle, "tideSlotAlloc", &comm));
   if (ptr == nullptr) return tide::fail(tideInvalidArgument, "API", "tideSlotAlloc: ptr is NULL");
   *ptr = nullptr;
   std::lock_guard<std::mutex> lock(comm->mu);
-  PhaseGuard phase(comm, "tideSlotAlloc (collective: cudaMalloc, exchange, IPC open)");
+  TIDE_CHECK(tide::cuda::checkOpen(comm.get(), handle, "tideSlotAlloc"));
+  PhaseGuard phase(comm.get(), "tideSlotAlloc (collective: cudaMalloc, exchange, IPC open)");
   comm->provider->bumpMemoryGeneration();
   return comm->provider->slotAlloc(comm->rank, bytes, ptr);
   TIDE_API_END
 }
 
-TIDE_EXPORT tideResult_t tideSlotFree(tideComm_t comm, void* ptr) {
+TIDE_EXPORT tideResult_t tideSlotFree(tideComm_t handle, void* ptr) {
   TIDE_API_BEGIN
-  TIDE_CHECK(checkComm(comm, "tideSlotFree"));
+  CommRef comm;
+  TIDE_CHECK(tide::cuda::checkComm(handle, "tideSlotFree", &comm));
   if (ptr == nullptr) return tideSuccess;
   std::lock_guard<std::mutex> lock(comm->mu);
-  PhaseGuard phase(comm, "tideSlotFree (collective: device synchronize, barriers)");
+  TIDE_CHECK(tide::cuda::checkOpen(comm.get(), handle, "tideSlotFree"));
+  PhaseGuard phase(comm.get(), "tideSlotFree (collective: device synchronize, barriers)");
   comm->provider->bumpMemoryGeneration();
   return comm->provider->slotFree(comm->rank, ptr);
   TIDE_API_END
 }
 
-TIDE_EXPORT tideResult_t tideAllGather(tideComm_t comm, tideLayout_t layout, const void* sendbuff,
+TIDE_EXPORT tideResult_t tideAllGather(tideComm_t handle, tideLayout_t layout, const void* sendbuff,
                                        const void* const* shardPtrs, void* slot, void* stream) {
   TIDE_API_BEGIN
-  TIDE_CHECK(checkComm(comm, "tideAllGather"));
-  if (layout == nullptr) return tide::fail(tideInvalidArgument, "API", "tideAllGather: layout is NULL");
+  CommRef comm;
+  TIDE_CHECK(tide::cuda::checkComm(handle, "tideAllGather", &comm));
+  std::shared_ptr<const void> keepLayout;
+  TIDE_CHECK(checkLayoutHandle(layout, "tideAllGather", &keepLayout));
   // First, before any state changes: is the stream being captured into a CUDA graph (the replay-safe path; what it
   // cannot do is refused at capture time with the capture still valid)?
   tide::cuda::CaptureState cap;
   TIDE_CHECK(tide::cuda::queryCapture(static_cast<cudaStream_t>(stream), "tideAllGather", &cap));
   std::lock_guard<std::mutex> lock(comm->mu);
+  TIDE_CHECK(tide::cuda::checkOpen(comm.get(), handle, "tideAllGather"));
   ScopedDevice scoped(comm->device);
-  PhaseGuard phase(comm, "tideAllGather");
-  return tide::cuda::allGather(comm, layout, sendbuff, shardPtrs, slot, static_cast<cudaStream_t>(stream), cap);
+  PhaseGuard phase(comm.get(), "tideAllGather");
+  return tide::cuda::allGather(comm.get(), layout, sendbuff, shardPtrs, slot, static_cast<cudaStream_t>(stream), cap);
   TIDE_API_END
 }
 
-TIDE_EXPORT tideResult_t tideReduceScatter(tideComm_t comm, tideLayout_t layout, const void* const* grads, void* out,
-                                           tideDataType_t outType, tideRedOp_t op, float scale, void* staging,
-                                           void* stream) {
+TIDE_EXPORT tideResult_t tideReduceScatter(tideComm_t handle, tideLayout_t layout, const void* const* grads,
+                                           void* out, tideDataType_t outType, tideRedOp_t op, float scale,
+                                           void* staging, void* stream) {
   TIDE_API_BEGIN
-  TIDE_CHECK(checkComm(comm, "tideReduceScatter"));
-  if (layout == nullptr) return tide::fail(tideInvalidArgument, "API", "tideReduceScatter: layout is NULL");
+  CommRef comm;
+  TIDE_CHECK(tide::cuda::checkComm(handle, "tideReduceScatter", &comm));
+  std::shared_ptr<const void> keepLayout;
+  TIDE_CHECK(checkLayoutHandle(layout, "tideReduceScatter", &keepLayout));
   // Range-check the caller's ints before they are used as enums (core/c_enum.h), as tideHostReduceScatter does.
   const int rawOut = tide::rawEnum(outType), rawOp = tide::rawEnum(op);
   if (!tide::enumInRange(rawOp, tideNumRedOps)) {
@@ -365,15 +402,16 @@ TIDE_EXPORT tideResult_t tideReduceScatter(tideComm_t comm, tideLayout_t layout,
   tide::cuda::CaptureState cap;
   TIDE_CHECK(tide::cuda::queryCapture(static_cast<cudaStream_t>(stream), "tideReduceScatter", &cap));
   std::lock_guard<std::mutex> lock(comm->mu);
+  TIDE_CHECK(tide::cuda::checkOpen(comm.get(), handle, "tideReduceScatter"));
   ScopedDevice scoped(comm->device);
-  PhaseGuard phase(comm, "tideReduceScatter");
-  return tide::cuda::reduceScatter(comm, layout, grads, out, static_cast<tideDataType_t>(rawOut),
+  PhaseGuard phase(comm.get(), "tideReduceScatter");
+  return tide::cuda::reduceScatter(comm.get(), layout, grads, out, static_cast<tideDataType_t>(rawOut),
                                    static_cast<tideRedOp_t>(rawOp), scale, staging, static_cast<cudaStream_t>(stream),
                                    cap);
   TIDE_API_END
 }
 
-TIDE_EXPORT tideResult_t tideCommGetPendingWaits(tideComm_t comm, tidePendingWait_t* waits, int capacity,
+TIDE_EXPORT tideResult_t tideCommGetPendingWaits(tideComm_t handle, tidePendingWait_t* waits, int capacity,
                                                  int* count) {
   TIDE_API_BEGIN
   if (count == nullptr) return tide::fail(tideInvalidArgument, "API", "tideCommGetPendingWaits: count is NULL");
@@ -390,18 +428,20 @@ TIDE_EXPORT tideResult_t tideCommGetPendingWaits(tideComm_t comm, tidePendingWai
                         i, waits[i].size, waits[i].version);
     }
   }
-  TIDE_CHECK(checkComm(comm, "tideCommGetPendingWaits"));
+  CommRef comm;
+  TIDE_CHECK(tide::cuda::checkComm(handle, "tideCommGetPendingWaits", &comm));
   std::unique_lock<std::mutex> lock(comm->mu, std::try_to_lock);
   if (!lock.owns_lock()) {
     return tide::fail(tideInvalidUsage, "API", "tideCommGetPendingWaits: a call is in progress on this comm");
   }
+  TIDE_CHECK(tide::cuda::checkOpen(comm.get(), handle, "tideCommGetPendingWaits"));
   std::vector<uint32_t> words;
   std::string why;
-  if (!readFlags(comm, 3000, &words, &why)) {
+  if (!readFlags(comm.get(), 3000, &words, &why)) {
     return tide::fail(tideCudaError, "API", "tideCommGetPendingWaits: %s", why.c_str());
   }
   std::vector<tide::cuda::PendingWait> pending;
-  tide::cuda::pendingWaits(comm, words, &pending);
+  tide::cuda::pendingWaits(comm.get(), words, &pending);
   const int n = std::min<int>(capacity, static_cast<int>(pending.size()));
   for (int i = 0; i < n; ++i) {
     const tide::cuda::PendingWait& p = pending[i];
@@ -421,14 +461,15 @@ TIDE_EXPORT tideResult_t tideCommGetPendingWaits(tideComm_t comm, tidePendingWai
   TIDE_API_END
 }
 
-TIDE_EXPORT tideResult_t tideCommDebugDump(tideComm_t comm, char* buf, size_t bytes) {
+TIDE_EXPORT tideResult_t tideCommDebugDump(tideComm_t handle, char* buf, size_t bytes) {
   TIDE_API_BEGIN
   if (buf == nullptr || bytes == 0) {
     return tide::fail(tideInvalidArgument, "API", "tideCommDebugDump: buf is NULL or bytes is 0");
   }
   buf[0] = '\0';
-  TIDE_CHECK(checkComm(comm, "tideCommDebugDump"));
-  std::string text = debugDump(comm);
+  CommRef comm;
+  TIDE_CHECK(tide::cuda::checkComm(handle, "tideCommDebugDump", &comm));
+  std::string text = debugDump(comm.get());
   snprintf(buf, bytes, "%s", text.c_str());
   return tideSuccess;
   TIDE_API_END

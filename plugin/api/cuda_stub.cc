@@ -17,7 +17,13 @@ tideResult_t unsupported(const char* fn) {
 
 extern "C" {
 
-TIDE_EXPORT tideResult_t tideLoopbackCreate(int, int, tideComm_t*) { return unsupported(__func__); }
+// Like the CUDA build, a failure with a valid nRanks leaves comms[0 .. nRanks-1] NULL (include/tide.h).
+TIDE_EXPORT tideResult_t tideLoopbackCreate(int nRanks, int, tideComm_t* comms) {
+  if (comms != nullptr && nRanks >= 2 && nRanks <= 8) {
+    for (int r = 0; r < nRanks; ++r) comms[r] = nullptr;
+  }
+  return unsupported(__func__);
+}
 
 // Destroy(NULL) is a no-op in every build; no non-NULL comm can exist without CUDA.
 TIDE_EXPORT tideResult_t tideCommDestroy(tideComm_t comm) {

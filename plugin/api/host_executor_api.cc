@@ -2,22 +2,25 @@
 #include "api_guard.h"
 #include "c_enum.h"
 #include "errors.h"
+#include "handles.h"
 #include "host_executor.h"
 #include "tide.h"
 
 extern "C" {
 
-TIDE_EXPORT tideResult_t tideHostAllGather(tideLayout_t layout, const void* const* shards, void* const* params) {
+TIDE_EXPORT tideResult_t tideHostAllGather(tideLayout_t handle, const void* const* shards, void* const* params) {
   TIDE_API_BEGIN
-  if (layout == nullptr) return tide::fail(tideInvalidArgument, "API", "tideHostAllGather: layout is NULL");
+  std::shared_ptr<const tide::Layout> layout;  // keeps the layout alive if another thread destroys the handle
+  TIDE_CHECK(tide::checkHandle(handle, tide::HandleKind::kLayout, __func__, "layout", &layout));
   return tide::hostAllGather(*layout, shards, params);
   TIDE_API_END
 }
 
-TIDE_EXPORT tideResult_t tideHostReduceScatter(tideLayout_t layout, const void* const* grads, void* const* outs,
+TIDE_EXPORT tideResult_t tideHostReduceScatter(tideLayout_t handle, const void* const* grads, void* const* outs,
                                                tideDataType_t outType, tideRedOp_t op, float scale) {
   TIDE_API_BEGIN
-  if (layout == nullptr) return tide::fail(tideInvalidArgument, "API", "tideHostReduceScatter: layout is NULL");
+  std::shared_ptr<const tide::Layout> layout;
+  TIDE_CHECK(tide::checkHandle(handle, tide::HandleKind::kLayout, __func__, "layout", &layout));
   // Range-check the caller's ints before they are used as enums (tide/c_enum.h); the core validates the rest.
   const int rawOut = tide::rawEnum(outType), rawOp = tide::rawEnum(op);
   if (!tide::enumInRange(rawOp, tideNumRedOps)) {

@@ -20,6 +20,7 @@
 
 #include "api_guard.h"
 #include "errors.h"
+#include "handles.h"
 #include "log.h"
 
 #ifdef TIDE_HAVE_CUDA
@@ -53,7 +54,7 @@ struct CommState {
   std::mutex mu;
   bool off = false;  // TIDE is off for this communicator (creation or a call failed, or it was aborted)
   tideComm_t comm = nullptr;
-  int rank = 0, world = 0;
+  int rank = 0, world = 0, device = 0;
   void* bounce = nullptr;  // all-gather bounce slot
   size_t bounceBytes = 0;
   // Recorded after each copy-out of the bounce slot; the next all-gather's stream waits for it before it lets peers
@@ -83,13 +84,36 @@ struct AttachKeyHash {
     return std::hash<const void*>()(k.comm) * 31 + std::hash<const void*>()(k.buffer);
   }
 };
-std::mutex gAttachMu;
-std::unordered_map<AttachKey, tideLayout_t, AttachKeyHash> gAttached;
+// A layout handle of the interposer's own (handles::retain): the caller may destroy its handle while attached, and a
+// detach on another thread may drop the attachment while a call uses it; neither frees the layout under the call.
+struct OwnedLayout {
+  tideLayout_t h = nullptr;
+  OwnedLayout() = default;
+  explicit OwnedLayout(tideLayout_t handle) : h(handle) {}
+  OwnedLayout(const OwnedLayout&) = delete;
+  OwnedLayout& operator=(const OwnedLayout&) = delete;
+  OwnedLayout(OwnedLayout&& o) noexcept : h(o.h) { o.h = nullptr; }
+  OwnedLayout& operator=(OwnedLayout&& o) noexcept {
+    std::swap(h, o.h);
+    return *this;
+  }
+  ~OwnedLayout() {
+    if (h != nullptr) (void)handles::remove(h, HandleKind::kLayout);
+  }
+};
 
-tideLayout_t attachedLayout(void* ncclComm, const void* buffer) {
+tideLayout_t retainLayout(tideLayout_t layout) {
+  return static_cast<tideLayout_t>(const_cast<void*>(handles::retain(layout, HandleKind::kLayout)));
+}
+
+std::mutex gAttachMu;
+std::unordered_map<AttachKey, OwnedLayout, AttachKeyHash> gAttached;
+
+// The call's own reference to the layout attached to (comm, buffer); empty if none.
+OwnedLayout attachedLayout(void* ncclComm, const void* buffer) {
   std::lock_guard<std::mutex> lock(gAttachMu);
   auto it = gAttached.find(AttachKey{ncclComm, buffer});
-  return it == gAttached.end() ? nullptr : it->second;
+  return it == gAttached.end() ? OwnedLayout() : OwnedLayout(retainLayout(it->second.h));
 }
 
 void dropAttachments(void* ncclComm) {
@@ -159,6 +183,8 @@ bool ensureComm(CommState* s, void* ncclComm) {
     return false;
   }
   (void)tideCommGetRank(s->comm, &s->rank, &s->world);
+  tide::cuda::CommRef ref;
+  if (tide::cuda::checkComm(s->comm, "interposer", &ref) == tideSuccess) s->device = ref->device;
   const char* provider = "?";
   (void)tideCommGetProvider(s->comm, &provider);
   TIDE_INFO(kComponent, "NCCL communicator %p: TIDE takes its eligible calls (rank %d of %d, provider %s)", ncclComm,
@@ -265,7 +291,8 @@ int tryAllGather(const void* sendbuff, void* recvbuff, size_t bytes, void* ncclC
   // A layout attached to recvbuff (tideAttachLayout) places by the layout; else one flat parameter.
   tideLayout_t layout = nullptr;
   size_t copyBytes = total;
-  if (tideLayout_t att = attachedLayout(ncclComm, recvbuff)) {
+  OwnedLayout attached = attachedLayout(ncclComm, recvbuff);
+  if (tideLayout_t att = attached.h) {
     AttachedView v;
     if (!viewOf(att, &v)) {
       attachMismatch("its layout cannot be read");
@@ -300,7 +327,7 @@ int tryAllGather(const void* sendbuff, void* recvbuff, size_t bytes, void* ncclC
   // failure is returned as NCCL's own error for a failed CUDA call.
   cuda::CopyList out;
   out.add(recvbuff, s->bounce, copyBytes);
-  r = out.enqueue(cs, s->comm->device);
+  r = out.enqueue(cs, s->device);
   if (r == tideSuccess && cudaEventRecord(s->copyOutDone, cs) != cudaSuccess) {
     r = fail(tideCudaError, kComponent, "cudaEventRecord: %s", cudaGetErrorString(cudaGetLastError()));
   }
@@ -337,7 +364,8 @@ int tryReduceScatter(const void* sendbuff, void* recvbuff, size_t count, tideDat
   // flat parameter.
   tideLayout_t layout = nullptr;
   std::vector<const void*> grads(1, sendbuff);
-  if (tideLayout_t att = attachedLayout(ncclComm, sendbuff)) {
+  OwnedLayout attached = attachedLayout(ncclComm, sendbuff);
+  if (tideLayout_t att = attached.h) {
     AttachedView v;
     bool sameType = viewOf(att, &v);
     for (const tideParamInfo_t& p : v.params) sameType = sameType && p.dtype == dtype;
@@ -426,13 +454,14 @@ TIDE_EXPORT tideResult_t tideAttachLayout(struct ncclComm* ncclComm, void* buffe
     return tide::fail(tideInvalidArgument, "Interposer", "tideAttachLayout: %s is NULL",
                       ncclComm == nullptr ? "ncclComm" : buffer == nullptr ? "buffer" : "layout");
   }
+  // A destroyed, garbage or foreign handle fails here (both builds), not at a later call.
+  std::shared_ptr<void> live;
+  TIDE_CHECK(tide::checkHandle(layout, tide::HandleKind::kLayout, "tideAttachLayout", "layout", &live));
 #ifdef TIDE_HAVE_CUDA
-  tideLayoutInfo_t info{};
-  info.size = sizeof(info);
-  info.version = TIDE_LAYOUT_INFO_VERSION;
-  TIDE_CHECK(tideLayoutGetInfo(layout, &info));  // a destroyed or foreign handle fails here, not at a call
+  tide::interposer::OwnedLayout own(tide::interposer::retainLayout(layout));
+  if (own.h == nullptr) return tide::handles::failBad(layout, tide::HandleKind::kLayout, "tideAttachLayout", "layout");
   std::lock_guard<std::mutex> lock(tide::interposer::gAttachMu);
-  tide::interposer::gAttached[tide::interposer::AttachKey{ncclComm, buffer}] = layout;
+  tide::interposer::gAttached[tide::interposer::AttachKey{ncclComm, buffer}] = std::move(own);
   return tideSuccess;
 #else
   return tide::fail(tideUnsupported, "Interposer", "tideAttachLayout: this libnccl-tide.so is not a CUDA build");

@@ -3,6 +3,7 @@
 
 #include "api_guard.h"
 #include "errors.h"
+#include "handles.h"
 #include "layout.h"
 #include "schedule.h"
 #include "tide.h"
@@ -27,12 +28,13 @@ tideResult_t checkOutStruct(const T* s, const char* fn, const char* what, unsign
   return tideSuccess;
 }
 
-tideResult_t checkLayout(tideLayout_t layout, const char* fn) {
-  if (layout == nullptr) return tide::fail(tideInvalidArgument, kComponent, "%s: layout is NULL", fn);
-  return tideSuccess;
+using LayoutRef = std::shared_ptr<const tide::Layout>;
+
+tideResult_t checkLayout(tideLayout_t handle, const char* fn, LayoutRef* out) {
+  return tide::checkHandle(handle, tide::HandleKind::kLayout, fn, "layout", out);
 }
 
-tideResult_t checkNode(tideLayout_t layout, int node, const char* fn) {
+tideResult_t checkNode(const LayoutRef& layout, int node, const char* fn) {
   if (node < 0 || node >= layout->nNodes) {
     return tide::fail(tideInvalidArgument, kComponent, "%s: node %d out of range [0, %d)", fn, node, layout->nNodes);
   }
@@ -50,21 +52,27 @@ TIDE_EXPORT tideResult_t tideLayoutCreate(const tideLayoutDesc_t* desc, const ti
   *layout = nullptr;
   std::unique_ptr<tide::Layout> created;
   TIDE_CHECK(tide::createLayout(desc, config, &created));
-  *layout = created.release();
+  std::shared_ptr<tide::Layout> shared(created.release());
+  *layout = static_cast<tideLayout_t>(const_cast<void*>(tide::handles::add(tide::HandleKind::kLayout, shared)));
   return tideSuccess;
   TIDE_API_END
 }
 
 TIDE_EXPORT tideResult_t tideLayoutDestroy(tideLayout_t layout) {
   TIDE_API_BEGIN
-  delete layout;
+  if (layout == nullptr) return tideSuccess;
+  // The object is freed when the last call using it (on another thread) returns.
+  if (!tide::handles::remove(layout, tide::HandleKind::kLayout)) {
+    return tide::handles::failBad(layout, tide::HandleKind::kLayout, __func__, "layout");
+  }
   return tideSuccess;
   TIDE_API_END
 }
 
-TIDE_EXPORT tideResult_t tideLayoutGetInfo(tideLayout_t layout, tideLayoutInfo_t* info) {
+TIDE_EXPORT tideResult_t tideLayoutGetInfo(tideLayout_t handle, tideLayoutInfo_t* info) {
   TIDE_API_BEGIN
-  TIDE_CHECK(checkLayout(layout, __func__));
+  LayoutRef layout;
+  TIDE_CHECK(checkLayout(handle, __func__, &layout));
   TIDE_CHECK(checkOutStruct(info, __func__, "info", TIDE_LAYOUT_INFO_VERSION));
   info->nParams = layout->nParams;
   info->worldSize = layout->worldSize;
@@ -84,9 +92,10 @@ TIDE_EXPORT tideResult_t tideLayoutGetInfo(tideLayout_t layout, tideLayoutInfo_t
   TIDE_API_END
 }
 
-TIDE_EXPORT tideResult_t tideLayoutGetParam(tideLayout_t layout, int index, tideParamInfo_t* info) {
+TIDE_EXPORT tideResult_t tideLayoutGetParam(tideLayout_t handle, int index, tideParamInfo_t* info) {
   TIDE_API_BEGIN
-  TIDE_CHECK(checkLayout(layout, __func__));
+  LayoutRef layout;
+  TIDE_CHECK(checkLayout(handle, __func__, &layout));
   TIDE_CHECK(checkOutStruct(info, __func__, "info", TIDE_PARAM_INFO_VERSION));
   if (index < 0 || index >= layout->nParams) {
     return tide::fail(tideInvalidArgument, kComponent, "%s: index %d out of range [0, %d)", __func__, index,
@@ -105,9 +114,10 @@ TIDE_EXPORT tideResult_t tideLayoutGetParam(tideLayout_t layout, int index, tide
   TIDE_API_END
 }
 
-TIDE_EXPORT tideResult_t tideLayoutGetScheduleLength(tideLayout_t layout, int node, int* count) {
+TIDE_EXPORT tideResult_t tideLayoutGetScheduleLength(tideLayout_t handle, int node, int* count) {
   TIDE_API_BEGIN
-  TIDE_CHECK(checkLayout(layout, __func__));
+  LayoutRef layout;
+  TIDE_CHECK(checkLayout(handle, __func__, &layout));
   if (count == nullptr) return tide::fail(tideInvalidArgument, kComponent, "%s: count is NULL", __func__);
   TIDE_CHECK(checkNode(layout, node, __func__));
   *count = tide::scheduleLength(*layout);
@@ -115,10 +125,11 @@ TIDE_EXPORT tideResult_t tideLayoutGetScheduleLength(tideLayout_t layout, int no
   TIDE_API_END
 }
 
-TIDE_EXPORT tideResult_t tideLayoutGetScheduleStep(tideLayout_t layout, int node, int index,
+TIDE_EXPORT tideResult_t tideLayoutGetScheduleStep(tideLayout_t handle, int node, int index,
                                                    tideScheduleStep_t* step) {
   TIDE_API_BEGIN
-  TIDE_CHECK(checkLayout(layout, __func__));
+  LayoutRef layout;
+  TIDE_CHECK(checkLayout(handle, __func__, &layout));
   TIDE_CHECK(checkOutStruct(step, __func__, "step", TIDE_SCHEDULE_STEP_VERSION));
   TIDE_CHECK(checkNode(layout, node, __func__));
   int length = tide::scheduleLength(*layout);

@@ -203,7 +203,7 @@ tideResult_t createIpcComm(int rank, int world, int device, const tideConfig_t* 
     tide::cuda::commRelease(c.get());
     return res;
   }
-  *comm = c.release();
+  *comm = tide::cuda::registerComm(std::move(c));
   return tideSuccess;
 }
 
@@ -339,12 +339,11 @@ TIDE_EXPORT tideResult_t tideCommCreateWithBootstrap(int rank, int worldSize, in
   TIDE_API_END
 }
 
-TIDE_EXPORT tideResult_t tideCommGetProvider(tideComm_t comm, const char** name) {
+TIDE_EXPORT tideResult_t tideCommGetProvider(tideComm_t handle, const char** name) {
   TIDE_API_BEGIN
-  if (comm == nullptr || name == nullptr) {
-    return tide::fail(tideInvalidArgument, "API", "tideCommGetProvider: comm or name is NULL");
-  }
-  if (!comm->provider) return tide::fail(tideInvalidUsage, "API", "tideCommGetProvider: comm is not initialized");
+  if (name == nullptr) return tide::fail(tideInvalidArgument, "API", "tideCommGetProvider: name is NULL");
+  tide::cuda::CommRef comm;
+  TIDE_CHECK(tide::cuda::checkComm(handle, "tideCommGetProvider", &comm));
   *name = comm->provider->name();
   return tideSuccess;
   TIDE_API_END

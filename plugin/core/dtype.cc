@@ -72,10 +72,7 @@ float bf16ToFloat(uint16_t bits) { return bitsFloat(static_cast<uint32_t>(bits) 
 
 uint16_t floatToBf16(float value) {
   uint32_t x = floatBits(value);
-  if ((x & 0x7fffffffu) > 0x7f800000u) {
-    // NaN: truncating could clear every mantissa bit (turning it into Inf), so force the quiet bit.
-    return static_cast<uint16_t>((x >> 16) | 0x0040u);
-  }
+  if ((x & 0x7fffffffu) > 0x7f800000u) return kCanonicalNanBf16;  // every NaN: the one canonical NaN (tide.h)
   // Round to nearest, ties to even; a carry into the exponent correctly produces the next binade or Inf.
   uint32_t rounded = x + 0x7fffu + ((x >> 16) & 1u);
   return static_cast<uint16_t>(rounded >> 16);
@@ -110,7 +107,7 @@ uint16_t floatToHalf(float value) {
   uint32_t x = floatBits(value);
   uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
   x &= 0x7fffffffu;
-  if (x > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((x >> 13) & 0x3ffu));  // quiet NaN
+  if (x > 0x7f800000u) return kCanonicalNanFp16;  // every NaN: the one canonical NaN (tide.h)
   // 65520 (0x477ff000) is the midpoint between the largest half 65504 and 2^16; it ties to the even side: Inf.
   if (x >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);
   if (x < 0x38800000u) {
@@ -134,24 +131,34 @@ uint16_t floatToHalf(float value) {
 void toFloat(const void* src, tideDataType_t type, uint64_t n, float* dst) {
   if (type == tideFloat32) {
     memcpy(dst, src, n * sizeof(float));
-  } else if (type == tideBfloat16) {
-    const uint16_t* s = static_cast<const uint16_t*>(src);
-    for (uint64_t i = 0; i < n; ++i) dst[i] = bf16ToFloat(s[i]);
-  } else if (type == tideFloat16) {
-    const uint16_t* s = static_cast<const uint16_t*>(src);
-    for (uint64_t i = 0; i < n; ++i) dst[i] = halfToFloat(s[i]);
+  } else if (type == tideBfloat16 || type == tideFloat16) {
+    const unsigned char* s = static_cast<const unsigned char*>(src);
+    const bool bf = type == tideBfloat16;
+    for (uint64_t i = 0; i < n; ++i) {
+      uint16_t h;
+      memcpy(&h, s + 2 * i, sizeof(h));
+      dst[i] = bf ? bf16ToFloat(h) : halfToFloat(h);
+    }
   }
 }
 
 void fromFloat(const float* src, uint64_t n, tideDataType_t type, void* dst) {
   if (type == tideFloat32) {
-    memcpy(dst, src, n * sizeof(float));
-  } else if (type == tideBfloat16) {
-    uint16_t* d = static_cast<uint16_t*>(dst);
-    for (uint64_t i = 0; i < n; ++i) d[i] = floatToBf16(src[i]);
-  } else if (type == tideFloat16) {
-    uint16_t* d = static_cast<uint16_t*>(dst);
-    for (uint64_t i = 0; i < n; ++i) d[i] = floatToHalf(src[i]);
+    // Which NaN an fp32 add returns depends on the instruction (SSE, AVX, x87) and on operand order, so the result
+    // is canonicalized: every NaN becomes kCanonicalNanF32 (tide.h "NaN results"). Stores through memcpy.
+    unsigned char* d = static_cast<unsigned char*>(dst);
+    for (uint64_t i = 0; i < n; ++i) {
+      uint32_t u = floatBits(src[i]);
+      if ((u & 0x7fffffffu) > 0x7f800000u) u = kCanonicalNanF32;
+      memcpy(d + i * sizeof(u), &u, sizeof(u));
+    }
+  } else if (type == tideBfloat16 || type == tideFloat16) {
+    unsigned char* d = static_cast<unsigned char*>(dst);
+    const bool bf = type == tideBfloat16;
+    for (uint64_t i = 0; i < n; ++i) {
+      const uint16_t h = bf ? floatToBf16(src[i]) : floatToHalf(src[i]);
+      memcpy(d + 2 * i, &h, sizeof(h));
+    }
   }
 }
 

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "dtype.h"
 #include "errors.h"
 #include "host_executor.h"
 #include "memory_ranges.h"
@@ -41,6 +42,15 @@ tideResult_t validate(const Layout& l, const void* const* shards, void* const* p
       return fail(tideInvalidArgument, kComponent, "params[%zu] (rank %d, parameter %d) is NULL", idx, r, i);
     }
     const ParamLayout& p = l.params[i];
+    // Element alignment (include/tide.h "Buffer alignment"): the copies are byte copies, but the contract is one
+    // for every executor, and the CUDA path needs it.
+    const bool in = reinterpret_cast<uintptr_t>(shards[idx]) % p.elemSize != 0;
+    if (in || reinterpret_cast<uintptr_t>(params[idx]) % p.elemSize != 0) {
+      return fail(tideInvalidArgument, kComponent,
+                  "%s[%zu] (rank %d, parameter %d) = %p is not aligned to its element size (%zu bytes, %s)",
+                  in ? "shards" : "params", idx, r, i, in ? shards[idx] : static_cast<const void*>(params[idx]),
+                  p.elemSize, dtype::name(p.dtype));
+    }
     uintptr_t out = reinterpret_cast<uintptr_t>(params[idx]);
     uintptr_t outEnd = 0;
     if (__builtin_add_overflow(out, p.shardBytes * static_cast<uint64_t>(l.worldSize), &outEnd)) {

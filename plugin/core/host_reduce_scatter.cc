@@ -48,6 +48,11 @@ tideResult_t validate(const Layout& l, const void* const* grads, void* const* ou
     }
     const ParamLayout& p = l.params[idx % l.nParams];
     uintptr_t a = reinterpret_cast<uintptr_t>(grads[idx]), e = 0;
+    if (a % p.elemSize != 0) {
+      return fail(tideInvalidArgument, kComponent,
+                  "grads[%zu] (rank %zu, parameter %zu) = %p is not aligned to its element size (%zu bytes, %s)", idx,
+                  idx / l.nParams, idx % l.nParams, grads[idx], p.elemSize, dtype::name(p.dtype));
+    }
     if (__builtin_add_overflow(a, p.numel * p.elemSize, &e)) {
       return fail(tideInvalidArgument, kComponent, "grads[%zu] wraps around the address space", idx);
     }
@@ -57,6 +62,10 @@ tideResult_t validate(const Layout& l, const void* const* grads, void* const* ou
   for (int r = 0; r < l.worldSize; ++r) {
     if (outs[r] == nullptr) return fail(tideInvalidArgument, kComponent, "outs[%d] is NULL", r);
     uintptr_t a = reinterpret_cast<uintptr_t>(outs[r]), e = 0;
+    if (a % dtype::size(outType) != 0) {
+      return fail(tideInvalidArgument, kComponent, "outs[%d] = %p is not aligned to its element size (%zu bytes, %s)",
+                  r, outs[r], dtype::size(outType), dtype::name(outType));
+    }
     if (__builtin_add_overflow(a, outBytes, &e)) {
       return fail(tideInvalidArgument, kComponent, "outs[%d] wraps around the address space", r);
     }

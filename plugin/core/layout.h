@@ -51,10 +51,10 @@ struct SchedulePlan {
   int length = 0;                     // steps per node (0 for one node)
 };
 
-}  // namespace tide
-
-// The opaque handle of include/tide.h. Plain data: every field is final after createLayout().
-struct tideLayout {
+// What a tideLayout_t refers to (plugin/core/handles.h: the handle is a registry key, never this object's address;
+// struct tideLayout stays incomplete so that no code can dereference a handle). Plain data: every field is final
+// after createLayout().
+struct Layout {
   int nParams = 0;
   int worldSize = 0;
   int ranksPerNode = 0;
@@ -70,10 +70,6 @@ struct tideLayout {
   tide::RsPlan rs;
   tide::SchedulePlan schedule;
 };
-
-namespace tide {
-
-using Layout = ::tideLayout;
 
 // Validates desc and config (config may be NULL), derives every offset and plan, and on success stores a new layout
 // in *out. On failure *out is left empty and the error is recorded (tideInvalidArgument, tideOutOfMemory).

@@ -39,10 +39,12 @@ const Def kDefs[kNumParams] = {
      "one of NONE, WARN, INFO, TRACE"},
     {"NCCL_TIDE_RS_CHUNK_BYTES", Type::kBytes, "bytes", "33554432",
      "Reduce-scatter pipeline chunk in bytes of this rank's fp32 output (4 KiB to 1 TiB); part of the layout hash.",
-     4 * kKiB, kTiB, nullptr, "an integer number of bytes, optionally with K, M, G, KiB, MiB or GiB, from 4K to 1T"},
+     4 * kKiB, kTiB, nullptr,
+     "an integer number of bytes, optionally with K, M, G, T, KiB, MiB, GiB or TiB, from 4K to 1T"},
     {"NCCL_TIDE_PACE_BYTES", Type::kBytes, "bytes", "8388608",
      "Inter-node cap on bytes in flight per schedule step and rank (4 KiB to 1 TiB); part of the layout hash.",
-     4 * kKiB, kTiB, nullptr, "an integer number of bytes, optionally with K, M, G, KiB, MiB or GiB, from 4K to 1T"},
+     4 * kKiB, kTiB, nullptr,
+     "an integer number of bytes, optionally with K, M, G, T, KiB, MiB, GiB or TiB, from 4K to 1T"},
     {"NCCL_TIDE_NVLS", Type::kBool, "bool", "0",
      "1 allows NVLink multicast, and only if NCCL_NVLS_ENABLE is not 0 and TORCH_SYMM_MEM_DISABLE_MULTICAST and "
      "NVSHMEM_DISABLE_NVLS are unset.",
@@ -58,7 +60,7 @@ const Def kDefs[kNumParams] = {
     {"NCCL_TIDE_ENABLE_MIN_BYTES", Type::kBytes, "bytes", "1048576",
      "Interposer: smallest call that can be eligible for TIDE, in bytes per rank (sendcount for all-gather, "
      "recvcount for reduce-scatter, times the element size).",
-     0, kTiB, nullptr, "an integer number of bytes, optionally with K, M, G, KiB, MiB or GiB, up to 1T"},
+     0, kTiB, nullptr, "an integer number of bytes, optionally with K, M, G, T, KiB, MiB, GiB or TiB, up to 1T"},
     {"NCCL_TIDE_RANKS_PER_NODE", Type::kUint64, "uint64", "0",
      "Virtual nodes: tideCommCreate treats every this many consecutive ranks as one node (must divide the world "
      "size); 0 discovers the real ranks per node.",
@@ -171,6 +173,11 @@ const State& state() {
 
 std::atomic<bool> gLogged{false};
 
+// Parameters that change plans or the world's shape (part of the layout/config hash, or NCCL_TIDE_RANKS_PER_NODE):
+// an invalid value is an error of every call that needs it (status() below), never silently the default, which
+// could differ from what the other ranks use. The others fall back to their default with a WARN.
+bool strictWhenInvalid(Id id) { return id == kRsChunkBytes || id == kPaceBytes || id == kRanksPerNode; }
+
 // Logs, once per process, every value that came from the environment.
 const State& loggedState() {
   const State& st = state();
@@ -180,6 +187,9 @@ const State& loggedState() {
       if (!e.fromEnv) continue;
       if (e.valid) {
         TIDE_INFO(kComponent, "%s=%s (from the environment)", kDefs[i].name, e.text);
+      } else if (strictWhenInvalid(static_cast<Id>(i))) {
+        TIDE_WARN(kComponent, "%s='%s' is not valid (accepted: %s); the calls that use it fail until it is fixed or "
+                  "unset (docs/env.md)", kDefs[i].name, e.envText, kDefs[i].form);
       } else {
         TIDE_WARN(kComponent, "%s='%s' is not valid (accepted: %s); using the default %s", kDefs[i].name, e.envText,
                   kDefs[i].form, kDefs[i].defaultValue);
@@ -240,9 +250,11 @@ bool parseBytes(const char* text, uint64_t* out) {
                                      {"K", kKiB},
                                      {"M", kKiB * kKiB},
                                      {"G", kKiB * kKiB * kKiB},
+                                     {"T", kTiB},
                                      {"KiB", kKiB},
                                      {"MiB", kKiB * kKiB},
-                                     {"GiB", kKiB * kKiB * kKiB}};
+                                     {"GiB", kKiB * kKiB * kKiB},
+                                     {"TiB", kTiB}};
   for (const Suffix& s : kSuffixes) {
     if (strcmp(end, s.text) != 0) continue;
     uint64_t result = 0;

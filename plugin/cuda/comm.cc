@@ -3,6 +3,7 @@
 #include <cinttypes>
 
 #include "../core/errors.h"
+#include "../core/handles.h"
 #include "../core/log.h"
 #include "../core/params.h"
 #include "cuda_check.h"
@@ -71,13 +72,28 @@ tideResult_t checkCapturable(const tideComm* comm, const CaptureState& cap, cons
 
 void commRelease(tideComm* comm) {
   if (comm->sideStream) (void)cudaStreamDestroy(comm->sideStream);
-  if (comm->dumpStream && !comm->dumpStreamStuck.load()) (void)cudaStreamDestroy(comm->dumpStream);
   comm->lastAg = tideComm::LastCall{};
   comm->lastRs = tideComm::LastCall{};
   comm->layoutCache.clear();
   comm->sideStream = nullptr;
-  comm->dumpStream = nullptr;
   (void)cudaGetLastError();
+}
+
+tideComm_t registerComm(std::unique_ptr<tideComm> comm) {
+  std::shared_ptr<tideComm> shared(comm.release());
+  return static_cast<tideComm_t>(const_cast<void*>(handles::add(HandleKind::kComm, shared)));
+}
+
+tideResult_t checkComm(tideComm_t handle, const char* fn, CommRef* out) {
+  TIDE_CHECK(checkHandle(handle, HandleKind::kComm, fn, "comm", out));
+  if (!(*out)->provider) return fail(tideInvalidUsage, "API", "%s: comm is not initialized", fn);
+  return tideSuccess;
+}
+
+tideResult_t checkOpen(const tideComm* comm, tideComm_t handle, const char* fn) {
+  if (!comm->closed) return tideSuccess;
+  return fail(tideInvalidArgument, "API", "%s: comm %p was destroyed by another thread while this call waited for it",
+              fn, static_cast<void*>(handle));
 }
 
 tideResult_t layoutEntry(tideComm* comm, tideLayout_t layout, bool capturing, tideComm::CacheEntry** out) {
@@ -214,3 +230,9 @@ tideResult_t checkDevicePointer(const tideComm* comm, const void* p, size_t alig
 
 }  // namespace cuda
 }  // namespace tide
+
+tideComm::~tideComm() {
+  // Not in commRelease: a tideCommDebugDump on another thread may hold this comm until here.
+  if (dumpStream && !dumpStreamStuck.load()) (void)cudaStreamDestroy(dumpStream);
+  (void)cudaGetLastError();
+}

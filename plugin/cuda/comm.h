@@ -33,7 +33,11 @@ struct LayoutView {
 }  // namespace cuda
 }  // namespace tide
 
+// What a tideComm_t refers to: the handle is a registry key (core/handles.h), never this object's address. Entry
+// points hold a shared reference for the duration of a call, lock `mu`, and refuse the call if `closed` (destroyed
+// or aborted by another thread meanwhile); the object itself is freed when the last reference goes.
 struct tideComm {
+  ~tideComm();
   int rank = 0;
   int worldSize = 0;
   int device = 0;
@@ -73,8 +77,9 @@ struct tideComm {
   std::atomic<bool> dumpStreamStuck{false};
 
   std::mutex mu;  // one call at a time per comm
-  std::vector<uintptr_t> keyScratch;
-  std::vector<char*> stagingScratch;  // RS own staging of every rank, as this rank addresses it  // the binding key of the current call (reused: no allocation per call)
+  bool closed = false;  // under mu: tideCommDestroy/tideCommAbort released it (calls that still hold it fail)
+  std::vector<uintptr_t> keyScratch;  // the binding key of the current call (reused: no allocation per call)
+  std::vector<char*> stagingScratch;  // RS own staging of every rank, as this rank addresses it
   struct CacheEntry {
     uint64_t hash;
     std::shared_ptr<const tide::cuda::LayoutView> view;
@@ -89,9 +94,20 @@ struct tideComm {
 namespace tide {
 namespace cuda {
 
+using CommRef = std::shared_ptr<tideComm>;
+
+// Registers a new comm (fully initialized) and returns its public handle.
+tideComm_t registerComm(std::unique_ptr<tideComm> comm);
+// Looks up a handle: tideInvalidArgument naming it when NULL, destroyed, garbage or of another type; tideInvalidUsage
+// when it has no provider. Does not lock the comm.
+tideResult_t checkComm(tideComm_t handle, const char* fn, CommRef* out);
+// With comm->mu held: tideInvalidArgument if another thread destroyed or aborted the comm meanwhile.
+tideResult_t checkOpen(const tideComm* comm, tideComm_t handle, const char* fn);
+
 // Creates the comm's internal stream and events (on the provider's device).
 tideResult_t commInit(tideComm* comm);
-// Releases the internal stream/events (the caller synchronized first).
+// Releases the internal stream/events (the caller synchronized first). The debug-dump stream goes with the object
+// (~tideComm), since a tideCommDebugDump on another thread may still hold the comm.
 void commRelease(tideComm* comm);
 
 // Cached view of `layout` for this comm (validates nothing about the comm). The first use of a layout's hash agrees

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "../core/errors.h"
+#include "../core/handles.h"
 #include "../core/layout.h"
 #include "internode_transport.h"
 
@@ -200,9 +201,12 @@ tideResult_t ExecCache::program(tideLayout_t layout, prog::Coll coll, const prog
   auto& slot = programs[static_cast<int>(coll)][static_cast<int>(opt.mode)][opt.multicast ? 1 : 0];
   if (!slot) {
     auto p = std::make_shared<prog::Program>();
-    const tide::Layout& l = *layout;  // tideLayout_t is the core's immutable layout
-    TIDE_CHECK(coll == prog::Coll::kAllGather ? prog::compileAllGather(l, opt, p.get())
-                                              : prog::compileReduceScatter(l, opt, p.get()));
+    std::shared_ptr<const tide::Layout> l;  // the core's immutable layout behind the checked handle
+    TIDE_CHECK(checkHandle(layout, HandleKind::kLayout, coll == prog::Coll::kAllGather ? "tideAllGather"
+                                                                                       : "tideReduceScatter",
+                           "layout", &l));
+    TIDE_CHECK(coll == prog::Coll::kAllGather ? prog::compileAllGather(*l, opt, p.get())
+                                              : prog::compileReduceScatter(*l, opt, p.get()));
     slot = std::move(p);
   }
   *out = slot;

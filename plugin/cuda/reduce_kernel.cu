@@ -2,8 +2,8 @@
 //
 // Accumulation order (include/tide.h, bit for bit): x_s = (float) in_s[k] (exact), with PREMUL_SUM
 // x_s = __fmul_rn(x_s, scale); acc = x_0; acc = __fadd_rn(acc, x_s) for s = 1 .. nSrc-1 (left fold, rank order);
-// AVG: acc = __fdiv_rn(acc, W); then fp32 out, or RNE narrowing to bf16/fp16 with the same NaN rule as the host
-// (plugin/core/dtype.cc). Padding needs no special case: phase 1 fills it with zeros from a zero buffer.
+// AVG: acc = __fdiv_rn(acc, W); then fp32 out, or RNE narrowing to bf16/fp16; a NaN result is stored as the
+// canonical NaN of the output type, as on the host (plugin/core/dtype.cc). Padding needs no special case: phase 1 fills it with zeros from a zero buffer.
 //
 // The kernel is short-lived by design (DESIGN.md section 9): a few CTAs sized to the chunk, each thread handling
 // 8 elements per step with 16-byte loads when every base is aligned, grid-stride beyond that; it exits when done.
@@ -21,12 +21,19 @@ constexpr int kThreads = 256;
 constexpr int kVec = 8;         // elements per thread per step
 constexpr int kStepsPerThread = 4;  // steps each thread takes before the grid caps (fewer, longer-lived CTAs)
 
+// Per-element NaN canonicalisation at the store (include/tide.h "NaN results"): a NaN result is written as the one
+// canonical quiet NaN of the output type, whichever NaN the fp32 adds produced, as the host executor does.
+__device__ __forceinline__ bool isNanBits(uint32_t x) { return (x & 0x7fffffffu) > 0x7f800000u; }
+__device__ __forceinline__ float canonicalNanF32(float f) {
+  return isNanBits(__float_as_uint(f)) ? __uint_as_float(TIDE_CANONICAL_NAN_F32) : f;
+}
+
 template <typename T>
 struct Elem;
 template <>
 struct Elem<float> {
   static __device__ __forceinline__ float toFloat(float v) { return v; }
-  static __device__ __forceinline__ float fromFloat(float v) { return v; }
+  static __device__ __forceinline__ float fromFloat(float v) { return canonicalNanF32(v); }
 };
 struct Bf16 {
   uint16_t bits;
@@ -39,7 +46,7 @@ struct Elem<Bf16> {
   static __device__ __forceinline__ float toFloat(Bf16 v) { return __uint_as_float(static_cast<uint32_t>(v.bits) << 16); }
   static __device__ __forceinline__ Bf16 fromFloat(float f) {
     uint32_t x = __float_as_uint(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return Bf16{static_cast<uint16_t>((x >> 16) | 0x0040u)};
+    if (isNanBits(x)) return Bf16{static_cast<uint16_t>(TIDE_CANONICAL_NAN_BF16)};
     uint32_t rounded = x + 0x7fffu + ((x >> 16) & 1u);
     return Bf16{static_cast<uint16_t>(rounded >> 16)};
   }
@@ -49,9 +56,7 @@ struct Elem<Fp16> {
   static __device__ __forceinline__ float toFloat(Fp16 v) { return __half2float(__ushort_as_half(v.bits)); }
   static __device__ __forceinline__ Fp16 fromFloat(float f) {
     uint32_t x = __float_as_uint(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u) {
-      return Fp16{static_cast<uint16_t>(((x >> 16) & 0x8000u) | 0x7e00u | ((x >> 13) & 0x3ffu))};
-    }
+    if (isNanBits(x)) return Fp16{static_cast<uint16_t>(TIDE_CANONICAL_NAN_FP16)};
     return Fp16{__half_as_ushort(__float2half_rn(f))};
   }
 };

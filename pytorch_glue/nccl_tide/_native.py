@@ -6,13 +6,14 @@ shipped in the wheel at nccl_tide/lib/libnccl-tide.so.
 """
 
 import ctypes
+import operator
 import os
 import threading
 from ctypes import POINTER, c_char_p, c_float, c_int, c_size_t, c_uint, c_uint64, c_void_p
 from pathlib import Path
 from typing import Optional
 
-from .errors import LibraryNotFoundError, error_for
+from .errors import InvalidArgumentError, LibraryNotFoundError, error_for
 
 LIB_NAME = "libnccl-tide.so"
 ENV_LIBRARY_PATH = "NCCL_TIDE_LIBRARY_PATH"
@@ -286,7 +287,45 @@ def check(result: int, what: str = "") -> None:
     if result == tideSuccess:
         return
     msg = last_error() or lib().tideGetErrorString(result).decode(errors="replace")
-    raise error_for(result, f"{what}: {msg}" if what else msg)
+    # The library's messages usually start with the function's name already: never say it twice.
+    if what and not (msg.startswith(what + ":") or msg.startswith(what + " ")):
+        msg = f"{what}: {msg}"
+    raise error_for(result, msg)
+
+
+# -- range checks of Python integers that cross into C ----------------------------------------------------------------
+# ctypes silently wraps an out-of-range int (2**32 + 8 becomes 8 in a c_int, -1 becomes 2**64 - 1 in a c_uint64):
+# every integer argument goes through one of these first, and a bad one is refused showing the value given.
+
+INT_MIN, INT_MAX = -(2**31), 2**31 - 1
+U64_MAX = 2**64 - 1
+SIZE_MAX = 2 ** (8 * ctypes.sizeof(c_size_t)) - 1
+
+
+def as_int(value, what: str) -> int:
+    """value as a Python int: ints, numpy integers, objects with __index__, and integral floats (4.0)."""
+    if isinstance(value, bool):
+        raise InvalidArgumentError(f"{what} is {value!r}; expected an integer, not a bool")
+    try:
+        return operator.index(value)
+    except TypeError:
+        pass
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise InvalidArgumentError(f"{what} is {value!r}; expected an integer")
+
+
+def int_arg(value, what: str, lo: int = INT_MIN, hi: int = INT_MAX) -> int:
+    """A C int argument, refused unless lo <= value <= hi (defaults: the C int range)."""
+    v = as_int(value, what)
+    if not lo <= v <= hi:
+        raise InvalidArgumentError(f"{what} is {value!r}; expected an integer from {lo} to {hi}")
+    return v
+
+
+def u64_arg(value, what: str, lo: int = 0, hi: int = U64_MAX) -> int:
+    """A C uint64_t argument (size_t: pass hi=SIZE_MAX), refused unless lo <= value <= hi."""
+    return int_arg(value, what, lo, hi)
 
 
 def version_code() -> int:
@@ -301,7 +340,13 @@ def version_string() -> str:
 
 
 def make_config(rs_chunk_bytes: int = 0, pace_bytes: int = 0) -> tideConfig_t:
-    return tideConfig_t(ctypes.sizeof(tideConfig_t), TIDE_CONFIG_VERSION, rs_chunk_bytes, pace_bytes)
+    """A tideConfig_t (0 = the NCCL_TIDE_* default); negative or > 2^64 - 1 values are refused, not wrapped."""
+    return tideConfig_t(
+        ctypes.sizeof(tideConfig_t),
+        TIDE_CONFIG_VERSION,
+        u64_arg(rs_chunk_bytes, "rs_chunk_bytes"),
+        u64_arg(pace_bytes, "pace_bytes"),
+    )
 
 
 def pointer_table(ptrs) -> "ctypes.Array":

@@ -24,6 +24,7 @@ from . import _native as N
 from .cuda import _TORCH_RS_TYPES, _ptr, _SlotMemory
 from .dtypes import dtype as to_dtype
 from .dtypes import op_code
+from ._lifetime import Lifetime
 from .errors import InvalidArgumentError, TideTimeoutError, describe_pending, first_pending_wait
 
 # Built-in bounds (seconds) when NCCL_TIDE_TIMEOUT_MS is unset or 0: these Python-side waits are bounded anyway, so that
@@ -116,6 +117,7 @@ class Comm:
     """One rank's TIDE communicator (tideCommCreate / tideCommCreateWithBootstrap)."""
 
     def __init__(self, handle: int, keepalive=()):
+        self._life = Lifetime("Comm")
         self._handle = handle
         self._keep = list(keepalive)  # the bootstrap callback must outlive the comm (destroy calls it)
         self._slots: List[int] = []
@@ -135,7 +137,12 @@ class Comm:
         cfg = None if config is None else ctypes.byref(config)
         N.check(
             N.lib().tideCommCreateWithBootstrap(
-                int(rank), int(world), int(device), ctypes.byref(boot), cfg, ctypes.byref(out)
+                N.int_arg(rank, "rank"),
+                N.int_arg(world, "world"),
+                N.int_arg(device, "device"),
+                ctypes.byref(boot),
+                cfg,
+                ctypes.byref(out),
             ),
             "tideCommCreateWithBootstrap",
         )
@@ -150,7 +157,8 @@ class Comm:
             raise InvalidArgumentError("from_nccl: the ncclComm_t is NULL (has the process group run a collective?)")
         out = N.tideComm_t()
         cfg = None if config is None else ctypes.byref(config)
-        N.check(N.lib().tideCommCreate(int(nccl_comm_ptr), cfg, ctypes.byref(out)), "tideCommCreate")
+        nccl_comm_ptr = N.u64_arg(nccl_comm_ptr, "nccl_comm_ptr (ncclComm_t address)", 1)
+        N.check(N.lib().tideCommCreate(nccl_comm_ptr, cfg, ctypes.byref(out)), "tideCommCreate")
         c = cls(out.value, keepalive=keepalive)
         c.device = int(device)
         return c
@@ -174,97 +182,112 @@ class Comm:
     # -- properties ----------------------------------------------------------------------------
     @property
     def handle(self) -> int:
-        if not self._handle:
+        if not self._handle or self._life.closed:
             raise InvalidArgumentError("Comm is closed")
         return self._handle
 
     @property
     def provider(self) -> str:
-        name = ctypes.c_char_p()
-        N.check(N.lib().tideCommGetProvider(self.handle, ctypes.byref(name)), "tideCommGetProvider")
-        return name.value.decode()
+        with self._life.use():
+            name = ctypes.c_char_p()
+            N.check(N.lib().tideCommGetProvider(self.handle, ctypes.byref(name)), "tideCommGetProvider")
+            return name.value.decode()
 
     # -- slots ---------------------------------------------------------------------------------
     def alloc_slot(self, nbytes: int):
         """tideSlotAlloc (collective); a uint8 CUDA tensor viewing the slot (valid until free_slot/close)."""
-        torch = _torch()
-        p = ctypes.c_void_p()
-        N.check(N.lib().tideSlotAlloc(self.handle, int(nbytes), ctypes.byref(p)), "tideSlotAlloc")
-        self._slots.append(p.value)
-        dev = torch.device("cuda", self.device)
-        with torch.cuda.device(self.device):
-            return torch.as_tensor(_SlotMemory(p.value, int(nbytes)), device=dev)
+        with self._life.use():
+            torch = _torch()
+            nbytes = N.u64_arg(nbytes, "nbytes", 0, N.SIZE_MAX)
+            p = ctypes.c_void_p()
+            N.check(N.lib().tideSlotAlloc(self.handle, nbytes, ctypes.byref(p)), "tideSlotAlloc")
+            self._slots.append(p.value)
+            dev = torch.device("cuda", self.device)
+            with torch.cuda.device(self.device):
+                return torch.as_tensor(_SlotMemory(p.value, int(nbytes)), device=dev)
 
     def free_slot(self, slot) -> None:
         """tideSlotFree (collective; synchronizes the device first)."""
-        p = int(slot.data_ptr()) if hasattr(slot, "data_ptr") else int(slot)
-        if p not in self._slots:
-            raise InvalidArgumentError("free_slot: not a slot of this comm")
-        N.check(N.lib().tideSlotFree(self.handle, p), "tideSlotFree")
-        self._slots.remove(p)
+        with self._life.use():
+            p = int(slot.data_ptr()) if hasattr(slot, "data_ptr") else int(slot)
+            if p not in self._slots:
+                raise InvalidArgumentError("free_slot: not a slot of this comm")
+            N.check(N.lib().tideSlotFree(self.handle, p), "tideSlotFree")
+            self._slots.remove(p)
 
     # -- collectives ---------------------------------------------------------------------------
     def _stream(self, stream) -> int:
         if stream is None:
             torch = _torch()
             return int(torch.cuda.current_stream(torch.device("cuda", self.device)).cuda_stream)
-        return int(stream.cuda_stream) if hasattr(stream, "cuda_stream") else int(stream)
+        if hasattr(stream, "cuda_stream"):
+            return int(stream.cuda_stream)
+        return N.u64_arg(stream, "stream (cudaStream_t address)")
 
     def all_gather(self, layout, slot, sendbuf=None, shards=None, stream=None) -> None:
         """tideAllGather for this rank: sendbuf (packed, send_bytes) or shards[i]; slot (>= slot_bytes)."""
-        if (sendbuf is None) == (shards is None):
-            raise InvalidArgumentError("all_gather: pass exactly one of sendbuf and shards")
-        slot_ptr = _ptr(slot, "slot", layout.slot_bytes, at_least=True)
-        table = None
-        send_ptr = None
-        if sendbuf is not None:
-            send_ptr = _ptr(sendbuf, "sendbuf", layout.send_bytes, at_least=True)
-        else:
-            infos = layout.params
-            if len(shards) != len(infos):
-                raise InvalidArgumentError(f"shards: {len(shards)} tensors, layout has {len(infos)} params")
-            table = N.pointer_table(
-                [_ptr(t, f"shards[{i}]", p.shard_numel * p.elem_size) for i, (t, p) in enumerate(zip(shards, infos))]
-            )
-        N.check(
-            N.lib().tideAllGather(self.handle, layout.handle, send_ptr, table, slot_ptr, self._stream(stream)),
-            f"tideAllGather(rank {self.rank})",
-        )
+        with self._life.use():
+            if (sendbuf is None) == (shards is None):
+                raise InvalidArgumentError("all_gather: pass exactly one of sendbuf and shards")
+            slot_ptr = _ptr(slot, "slot", layout.slot_bytes, at_least=True)
+            table = None
+            send_ptr = None
+            if sendbuf is not None:
+                send_ptr = _ptr(sendbuf, "sendbuf", layout.send_bytes, at_least=True)
+            else:
+                infos = layout.params
+                if len(shards) != len(infos):
+                    raise InvalidArgumentError(f"shards: {len(shards)} tensors, layout has {len(infos)} params")
+                table = N.pointer_table(
+                    [
+                        _ptr(t, f"shards[{i}]", p.shard_numel * p.elem_size)
+                        for i, (t, p) in enumerate(zip(shards, infos))
+                    ]
+                )
+            with layout._use() as lh:  # safe against a concurrent layout.close()
+                N.check(
+                    N.lib().tideAllGather(self.handle, lh, send_ptr, table, slot_ptr, self._stream(stream)),
+                    f"tideAllGather(rank {self.rank})",
+                )
 
     def reduce_scatter(
         self, layout, grads, out, op="sum", scale: float = 1.0, staging=None, stream=None, out_dtype=None
     ) -> None:
         """tideReduceScatter for this rank: grads[i] (numel_i elements), out (rs_out_numel elements of fp32, bf16 or
         fp16, from its torch dtype or out_dtype), op 'sum' | 'avg' | 'premul'."""
-        infos = layout.params
-        if out_dtype is None:
-            name = str(getattr(out, "dtype", "")).replace("torch.", "")
-            rev = {v: k for k, v in _TORCH_RS_TYPES.items()}
-            if name not in rev:
-                raise InvalidArgumentError(f"out: dtype {name or type(out).__name__} is not float32/bfloat16/float16")
-            out_dtype = rev[name]
-        odt = to_dtype(out_dtype)
-        if len(grads) != len(infos):
-            raise InvalidArgumentError(f"grads: {len(grads)} tensors, layout has {len(infos)} params")
-        table = N.pointer_table(
-            [_ptr(g, f"grads[{i}]", p.numel * p.elem_size) for i, (g, p) in enumerate(zip(grads, infos))]
-        )
-        out_ptr = _ptr(out, "out", layout.rs_out_numel * odt.size)
-        stag = None if staging is None else _ptr(staging, "staging", layout.rs_staging_bytes, at_least=True)
-        N.check(
-            N.lib().tideReduceScatter(
-                self.handle,
-                layout.handle,
-                table,
-                out_ptr,
-                odt.code,
-                op_code(op),
-                float(scale),
-                stag,
-                self._stream(stream),
-            ),
-            f"tideReduceScatter(rank {self.rank})",
-        )
+        with self._life.use():
+            infos = layout.params
+            if out_dtype is None:
+                name = str(getattr(out, "dtype", "")).replace("torch.", "")
+                rev = {v: k for k, v in _TORCH_RS_TYPES.items()}
+                if name not in rev:
+                    raise InvalidArgumentError(
+                        f"out: dtype {name or type(out).__name__} is not float32/bfloat16/float16"
+                    )
+                out_dtype = rev[name]
+            odt = to_dtype(out_dtype)
+            if len(grads) != len(infos):
+                raise InvalidArgumentError(f"grads: {len(grads)} tensors, layout has {len(infos)} params")
+            table = N.pointer_table(
+                [_ptr(g, f"grads[{i}]", p.numel * p.elem_size) for i, (g, p) in enumerate(zip(grads, infos))]
+            )
+            out_ptr = _ptr(out, "out", layout.rs_out_numel * odt.size)
+            stag = None if staging is None else _ptr(staging, "staging", layout.rs_staging_bytes, at_least=True)
+            with layout._use() as lh:  # safe against a concurrent layout.close()
+                N.check(
+                    N.lib().tideReduceScatter(
+                        self.handle,
+                        lh,
+                        table,
+                        out_ptr,
+                        odt.code,
+                        op_code(op),
+                        float(scale),
+                        stag,
+                        self._stream(stream),
+                    ),
+                    f"tideReduceScatter(rank {self.rank})",
+                )
 
     def debug_dump(self) -> str:
         """tideCommDebugDump: where this rank's host thread is, the last epochs, every rank's flag words (read back
@@ -311,8 +334,9 @@ class Comm:
             time.sleep(0.0005)
 
     def close(self) -> None:
-        """Frees the slots and destroys the comm (collective: every rank calls it)."""
-        if not self._handle:
+        """Frees the slots and destroys the comm (collective: every rank calls it). Waits for calls of other threads
+        on this comm to return; calls made afterwards fail with "Comm is closed"."""
+        if not self._handle or not self._life.close():
             return
         lib = N.lib()
         try:
@@ -331,9 +355,13 @@ class Comm:
         afterwards); memory the device may still use, or that was exported to peers, is left to process exit.
         Idempotent. Raises TideTimeoutError (the comm stays open) only if another thread stays inside a call on this
         comm past the bound."""
-        if not self._handle:
+        if not self._handle or not self._life.close(wait=False):
             return
-        N.check(N.lib().tideCommAbort(self._handle), f"tideCommAbort(rank {self.rank})")
+        try:
+            N.check(N.lib().tideCommAbort(self._handle), f"tideCommAbort(rank {self.rank})")
+        except BaseException:
+            self._life.reopen()  # the handle stays valid (tideTimeout)
+            raise
         self._handle = None
         self._slots = []
 

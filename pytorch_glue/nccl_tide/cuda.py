@@ -26,6 +26,7 @@ from typing import Any, List, Optional
 from . import _native as N
 from .dtypes import dtype as to_dtype
 from .dtypes import op_code
+from ._lifetime import Lifetime
 from .errors import InvalidArgumentError, TideTimeoutError, describe_pending, first_pending_wait
 
 _TORCH_RS_TYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -148,9 +149,10 @@ class LoopbackWorld:
     def __init__(self, n_ranks: int, device: int = 0):
         _set_connections_early()
         torch = _torch()
+        self._life = Lifetime("LoopbackWorld")
         self._comms: List[int] = []
         self._slots: List[List[int]] = []  # per allocation: one pointer per rank
-        n_ranks, device = int(n_ranks), int(device)
+        n_ranks, device = N.int_arg(n_ranks, "n_ranks"), N.int_arg(device, "device")
         lib = N.lib()
         arr = (N.tideComm_t * max(n_ranks, 1))()
         N.check(lib.tideLoopbackCreate(n_ranks, device, arr), "tideLoopbackCreate")
@@ -169,7 +171,7 @@ class LoopbackWorld:
     # -- handles -----------------------------------------------------------------------------
     @property
     def comms(self) -> List[int]:
-        if not self._comms:
+        if not self._comms or self._life.closed:
             raise InvalidArgumentError("LoopbackWorld is closed")
         return list(self._comms)
 
@@ -182,33 +184,35 @@ class LoopbackWorld:
     def alloc_slot(self, nbytes: int) -> List[Any]:
         """tideSlotAlloc on every rank; returns one uint8 CUDA tensor per rank (zero-copy views, valid until
         free_slot() or close())."""
-        torch = _torch()
-        nbytes = int(nbytes)
-        lib = N.lib()
-        ptrs: List[int] = []
-        try:
-            for c in self.comms:
-                p = ctypes.c_void_p()
-                N.check(lib.tideSlotAlloc(c, nbytes, ctypes.byref(p)), "tideSlotAlloc")
-                ptrs.append(p.value)
-        except Exception:
-            for c, p in zip(self._comms, ptrs):
-                lib.tideSlotFree(c, p)
-            raise
-        self._slots.append(ptrs)
-        with torch.cuda.device(self.device):
-            return [torch.as_tensor(_SlotMemory(p, nbytes), device=self._torch_device) for p in ptrs]
+        with self._life.use():
+            torch = _torch()
+            nbytes = N.u64_arg(nbytes, "nbytes", 0, N.SIZE_MAX)
+            lib = N.lib()
+            ptrs: List[int] = []
+            try:
+                for c in self.comms:
+                    p = ctypes.c_void_p()
+                    N.check(lib.tideSlotAlloc(c, nbytes, ctypes.byref(p)), "tideSlotAlloc")
+                    ptrs.append(p.value)
+            except Exception:
+                for c, p in zip(self._comms, ptrs):
+                    lib.tideSlotFree(c, p)
+                raise
+            self._slots.append(ptrs)
+            with torch.cuda.device(self.device):
+                return [torch.as_tensor(_SlotMemory(p, nbytes), device=self._torch_device) for p in ptrs]
 
     def free_slot(self, tensors: Sequence[Any]) -> None:
         """Frees a slot returned by alloc_slot (synchronize first; the tensors must not be used afterwards)."""
-        ptrs = [int(t.data_ptr()) if hasattr(t, "data_ptr") else int(t) for t in tensors]
-        for entry in list(self._slots):
-            if entry == ptrs:
-                for c, p in zip(self._comms, entry):
-                    N.check(N.lib().tideSlotFree(c, p), "tideSlotFree")
-                self._slots.remove(entry)
-                return
-        raise InvalidArgumentError("free_slot: not a slot of this world (pass the list alloc_slot returned)")
+        with self._life.use():
+            ptrs = [int(t.data_ptr()) if hasattr(t, "data_ptr") else int(t) for t in tensors]
+            for entry in list(self._slots):
+                if entry == ptrs:
+                    for c, p in zip(self._comms, entry):
+                        N.check(N.lib().tideSlotFree(c, p), "tideSlotFree")
+                    self._slots.remove(entry)
+                    return
+            raise InvalidArgumentError("free_slot: not a slot of this world (pass the list alloc_slot returned)")
 
     # -- collectives -------------------------------------------------------------------------
     def _rank_streams(self, streams):
@@ -228,7 +232,7 @@ class LoopbackWorld:
 
     @staticmethod
     def _stream_handle(s) -> int:
-        return int(s.cuda_stream) if hasattr(s, "cuda_stream") else int(s)
+        return int(s.cuda_stream) if hasattr(s, "cuda_stream") else N.u64_arg(s, "stream (cudaStream_t address)")
 
     def all_gather(self, layouts, slots, sendbufs=None, shards=None, streams=None) -> None:
         """TIDE-AG on every virtual rank. layouts[r]: rank r's Layout; slots[r]: its slot region (tensor or address,
@@ -238,6 +242,11 @@ class LoopbackWorld:
         if (sendbufs is None) == (shards is None):
             raise InvalidArgumentError("all_gather: pass exactly one of sendbufs and shards")
         rank_streams = self._rank_streams(streams)
+        # One in-flight span for all ranks: a close() on another thread never splits the collective between ranks.
+        with self._life.use():
+            self._all_gather_ranks(layouts, slots, sendbufs, shards, rank_streams)
+
+    def _all_gather_ranks(self, layouts, slots, sendbufs, shards, rank_streams) -> None:
         for r in range(self.n_ranks):
             self.rank_all_gather(
                 r,
@@ -250,27 +259,30 @@ class LoopbackWorld:
 
     def rank_all_gather(self, rank, layout, slot, sendbuf=None, shards=None, stream=None) -> None:
         """tideAllGather for one virtual rank (every rank must make its matching call)."""
-        lib = N.lib()
-        infos = layout.params
-        slot_ptr = _ptr(slot, f"slots[{rank}]", layout.slot_bytes, at_least=True)
-        if sendbuf is not None:
-            send_ptr = _ptr(sendbuf, f"sendbufs[{rank}]", layout.send_bytes, at_least=True)
-            table = None
-        else:
-            if len(shards) != len(infos):
-                raise InvalidArgumentError(f"shards[{rank}]: {len(shards)} tensors, layout has {len(infos)} params")
-            table = N.pointer_table(
-                [
-                    _ptr(t, f"shards[{rank}][{i}]", p.shard_numel * p.elem_size)
-                    for i, (t, p) in enumerate(zip(shards, infos))
-                ]
-            )
-            send_ptr = None
-        s = self._streams[rank] if stream is None else stream
-        N.check(
-            lib.tideAllGather(self.comms[rank], layout.handle, send_ptr, table, slot_ptr, self._stream_handle(s)),
-            f"tideAllGather(rank {rank})",
-        )
+        rank = N.int_arg(rank, "rank", 0, max(len(self._comms) - 1, 0))
+        with self._life.use():
+            lib = N.lib()
+            infos = layout.params
+            slot_ptr = _ptr(slot, f"slots[{rank}]", layout.slot_bytes, at_least=True)
+            if sendbuf is not None:
+                send_ptr = _ptr(sendbuf, f"sendbufs[{rank}]", layout.send_bytes, at_least=True)
+                table = None
+            else:
+                if len(shards) != len(infos):
+                    raise InvalidArgumentError(f"shards[{rank}]: {len(shards)} tensors, layout has {len(infos)} params")
+                table = N.pointer_table(
+                    [
+                        _ptr(t, f"shards[{rank}][{i}]", p.shard_numel * p.elem_size)
+                        for i, (t, p) in enumerate(zip(shards, infos))
+                    ]
+                )
+                send_ptr = None
+            s = self._streams[rank] if stream is None else stream
+            with layout._use() as lh:  # safe against a concurrent layout.close()
+                N.check(
+                    lib.tideAllGather(self.comms[rank], lh, send_ptr, table, slot_ptr, self._stream_handle(s)),
+                    f"tideAllGather(rank {rank})",
+                )
 
     def reduce_scatter(
         self, layouts, grads, outs, op="sum", scale: float = 1.0, staging=None, streams=None, out_dtype=None
@@ -281,6 +293,10 @@ class LoopbackWorld:
         rs_staging_bytes (Slot-Reuse) or None for the world's own staging."""
         self._check_layouts(layouts)
         rank_streams = self._rank_streams(streams)
+        with self._life.use():  # as all_gather: never split by a close() on another thread
+            self._reduce_scatter_ranks(layouts, grads, outs, op, scale, staging, rank_streams, out_dtype)
+
+    def _reduce_scatter_ranks(self, layouts, grads, outs, op, scale, staging, rank_streams, out_dtype) -> None:
         for r in range(self.n_ranks):
             self.rank_reduce_scatter(
                 r,
@@ -298,39 +314,47 @@ class LoopbackWorld:
         self, rank, layout, grads, out, op="sum", scale: float = 1.0, staging=None, stream=None, out_dtype=None
     ) -> None:
         """tideReduceScatter for one virtual rank (every rank must make its matching call)."""
-        lib = N.lib()
-        infos = layout.params
-        if out_dtype is None:
-            name = str(getattr(out, "dtype", "")).replace("torch.", "")
-            rev = {v: k for k, v in _TORCH_RS_TYPES.items()}
-            if name not in rev:
-                raise InvalidArgumentError(
-                    f"outs[{rank}]: dtype {name or type(out).__name__} is not float32/bfloat16/float16; pass out_dtype"
+        rank = N.int_arg(rank, "rank", 0, max(len(self._comms) - 1, 0))
+        with self._life.use():
+            lib = N.lib()
+            infos = layout.params
+            if out_dtype is None:
+                name = str(getattr(out, "dtype", "")).replace("torch.", "")
+                rev = {v: k for k, v in _TORCH_RS_TYPES.items()}
+                if name not in rev:
+                    raise InvalidArgumentError(
+                        f"outs[{rank}]: dtype {name or type(out).__name__} is not float32/bfloat16/float16; "
+                        "pass out_dtype"
+                    )
+                out_dtype = rev[name]
+            odt = to_dtype(out_dtype)
+            if len(grads) != len(infos):
+                raise InvalidArgumentError(f"grads[{rank}]: {len(grads)} tensors, layout has {len(infos)} params")
+            table = N.pointer_table(
+                [_ptr(g, f"grads[{rank}][{i}]", p.numel * p.elem_size) for i, (g, p) in enumerate(zip(grads, infos))]
+            )
+            out_ptr = _ptr(out, f"outs[{rank}]", layout.rs_out_numel * odt.size)
+            stag = (
+                None
+                if staging is None
+                else _ptr(staging, f"staging[{rank}]", layout.rs_staging_bytes, at_least=True)
+            )
+            s = self._streams[rank] if stream is None else stream
+            with layout._use() as lh:  # safe against a concurrent layout.close()
+                N.check(
+                    lib.tideReduceScatter(
+                        self.comms[rank],
+                        lh,
+                        table,
+                        out_ptr,
+                        odt.code,
+                        op_code(op),
+                        float(scale),
+                        stag,
+                        self._stream_handle(s),
+                    ),
+                    f"tideReduceScatter(rank {rank})",
                 )
-            out_dtype = rev[name]
-        odt = to_dtype(out_dtype)
-        if len(grads) != len(infos):
-            raise InvalidArgumentError(f"grads[{rank}]: {len(grads)} tensors, layout has {len(infos)} params")
-        table = N.pointer_table(
-            [_ptr(g, f"grads[{rank}][{i}]", p.numel * p.elem_size) for i, (g, p) in enumerate(zip(grads, infos))]
-        )
-        out_ptr = _ptr(out, f"outs[{rank}]", layout.rs_out_numel * odt.size)
-        stag = None if staging is None else _ptr(staging, f"staging[{rank}]", layout.rs_staging_bytes, at_least=True)
-        s = self._streams[rank] if stream is None else stream
-        N.check(
-            lib.tideReduceScatter(
-                self.comms[rank],
-                layout.handle,
-                table,
-                out_ptr,
-                odt.code,
-                op_code(op),
-                float(scale),
-                stag,
-                self._stream_handle(s),
-            ),
-            f"tideReduceScatter(rank {rank})",
-        )
 
     # -- completion --------------------------------------------------------------------------
     def join(self, stream=None) -> None:
@@ -346,6 +370,10 @@ class LoopbackWorld:
         (nonzero), else 120 s. The error names, for the first rank whose stream is not done, the peer and the step
         (flag) of its first pending wait (from tideCommDebugDump), and carries every such rank's dump; its `pending`
         attribute is that wait, parsed ({"rank", "peer", "step", "owner", "want", "have", "where"})."""
+        with self._life.use():  # the streams are destroyed by close(): never wait on them after that
+            return self._synchronize(streams, timeout)
+
+    def _synchronize(self, streams=None, timeout: Optional[float] = None) -> None:
         torch = _torch()
         if timeout is None:
             timeout = N.timeout_seconds(120.0)
@@ -398,11 +426,12 @@ class LoopbackWorld:
         return err
 
     def close(self) -> None:
-        """Frees every slot and destroys the comms (synchronizes the world's streams first)."""
-        if not self._comms:
+        """Frees every slot and destroys the comms (synchronizes the world's streams first). Waits for calls of other
+        threads on this world to return; calls made afterwards fail with "LoopbackWorld is closed"."""
+        if not self._comms or not self._life.close():
             return
         try:
-            self.synchronize(timeout=60.0)
+            self._synchronize(timeout=60.0)
         finally:
             lib = N.lib()
             for entry in self._slots:
@@ -421,6 +450,7 @@ class LoopbackWorld:
         tensors must not be used afterwards. Idempotent."""
         if not self._comms:
             return
+        self._life.close(wait=False)
         lib = N.lib()
         try:
             for i, c in enumerate(self._comms):

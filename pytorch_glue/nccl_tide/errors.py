@@ -17,15 +17,25 @@ class TideError(Exception):
         if code is not None:
             self.code = code
         text = message or type(self).__name__
-        if self.hint:
-            text = f"{text} ({self.hint})"
+        hint = self.hint_for(message)
+        if hint:
+            text = f"{text} ({hint})"
         super().__init__(text)
         self.detail = message
+
+    def hint_for(self, message: str) -> str:
+        """What to do, for this message: a bad NCCL_TIDE_* environment value is fixed in the environment, not in
+        the call's arguments."""
+        env_hint = getattr(self, "env_hint", "")
+        if env_hint and "NCCL_TIDE_" in (message or "") and "=" in message:
+            return env_hint
+        return self.hint
 
 
 class InvalidArgumentError(TideError, ValueError):
     code = 1
     hint = "check sizes, dtypes, pointers and ranks against include/tide.h"
+    env_hint = "fix or unset that environment variable; docs/env.md lists the accepted values"
 
 
 class InvalidUsageError(TideError, RuntimeError):

@@ -42,6 +42,11 @@ def _pointer(x: Any, numel: int, elem_size: int, what: str, writable: bool) -> i
         raise InvalidArgumentError(f"{what}: {size} elements, layout needs {numel}")
     if numel and not ptr:
         raise InvalidArgumentError(f"{what}: NULL data pointer")
+    if ptr % elem_size:
+        # include/tide.h "Buffer alignment": refused here and in the library alike.
+        raise InvalidArgumentError(
+            f"{what}: address 0x{ptr:x} is not aligned to its element size ({elem_size} bytes); use an aligned buffer"
+        )
     return ptr
 
 
@@ -73,7 +78,8 @@ def host_all_gather(layout: Layout, shards: Sequence[Sequence[Any]], params: Opt
         for i, p in enumerate(infos):
             src.append(_pointer(shards[r][i], p.shard_numel, p.elem_size, f"shards[{r}][{i}]", False))
             dst.append(_pointer(params[r][i], p.shard_numel * W, p.elem_size, f"params[{r}][{i}]", True))
-    N.check(N.lib().tideHostAllGather(layout.handle, N.pointer_table(src), N.pointer_table(dst)), "host_all_gather")
+    with layout._use() as h:  # a close() on another thread waits for this call (or this call fails cleanly)
+        N.check(N.lib().tideHostAllGather(h, N.pointer_table(src), N.pointer_table(dst)), "host_all_gather")
     return params
 
 
@@ -106,12 +112,11 @@ def host_reduce_scatter(
         for i, p in enumerate(infos):
             src.append(_pointer(grads[r][i], p.numel, p.elem_size, f"grads[{r}][{i}]", False))
         dst.append(_pointer(outs[r], layout.rs_out_numel, odt.size, f"outs[{r}]", True))
-    N.check(
-        N.lib().tideHostReduceScatter(
-            layout.handle, N.pointer_table(src), N.pointer_table(dst), odt.code, code, float(scale)
-        ),
-        "host_reduce_scatter",
-    )
+    with layout._use() as h:
+        N.check(
+            N.lib().tideHostReduceScatter(h, N.pointer_table(src), N.pointer_table(dst), odt.code, code, float(scale)),
+            "host_reduce_scatter",
+        )
     return outs
 
 

@@ -6,34 +6,73 @@ blocks. The library this module loads must be the preloaded one (nccl_tide.libra
 recorded in a second copy of the library that the interposer never sees.
 """
 
-from typing import Any
+import threading
+from typing import Any, Dict, Tuple
 
 from . import _native
+from .errors import InvalidArgumentError
+
+
+# Layouts attached through this module, keyed by (ncclComm_t, buffer address): the Layout object stays alive (and
+# its handle valid) while attached, whatever the caller does with its own reference. (The library also keeps its own
+# reference to the layout while attached, include/tide.h tideAttachLayout.)
+_attached: Dict[Tuple[int, int], Any] = {}
+_attached_lock = threading.Lock()
 
 
 def _comm_ptr(comm: Any) -> int:
     """An ncclComm_t as an int: an int as is, or a torch.distributed process group's NCCL communicator."""
+    if isinstance(comm, bool) or (not isinstance(comm, int) and not hasattr(comm, "_get_backend")):
+        raise InvalidArgumentError(
+            f"comm is a {type(comm).__name__}; pass a torch.distributed process group with the NCCL backend or an "
+            "ncclComm_t address (int)"
+        )
     if isinstance(comm, int):
-        return comm
+        return _native.u64_arg(comm, "comm (ncclComm_t address)", 1)
     import torch
 
-    backend = comm._get_backend(torch.device("cuda"))
-    return int(backend._comm_ptr())
+    try:
+        backend = comm._get_backend(torch.device("cuda"))
+        get_ptr = backend._comm_ptr
+    except (AttributeError, RuntimeError, ValueError) as e:
+        name = getattr(comm, "name", lambda: "?")
+        try:
+            name = name()
+        except Exception:
+            name = "?"
+        raise InvalidArgumentError(
+            f"attach_layout needs an NCCL process group (a group with the 'nccl' backend on a CUDA build of torch); "
+            f"this group's backend is {name!r} ({type(e).__name__}: {e})"
+        ) from None
+    return int(get_ptr())
 
 
 def _buffer_ptr(buffer: Any) -> int:
-    return buffer if isinstance(buffer, int) else int(buffer.data_ptr())
+    if isinstance(buffer, int) and not isinstance(buffer, bool):
+        return _native.u64_arg(buffer, "buffer (address)", 1)
+    if not hasattr(buffer, "data_ptr"):
+        raise InvalidArgumentError(f"buffer is a {type(buffer).__name__}; pass a tensor or a device address (int)")
+    return int(buffer.data_ptr())
 
 
 def attach_layout(comm: Any, buffer: Any, layout) -> None:
     """Attaches `layout` (an nccl_tide.Layout of this rank) to `buffer` (a tensor or a device address) on `comm` (a
-    process group with the NCCL backend, or an ncclComm_t address). Keep `layout` alive until detach_layout or the
-    communicator's destruction."""
+    process group with the NCCL backend, or an ncclComm_t address). This module keeps a reference to `layout` until
+    detach_layout (a communicator's destruction drops the library's attachment; detach_layout then releases it here)."""
     lib = _native.lib()
-    _native.check(lib.tideAttachLayout(_comm_ptr(comm), _buffer_ptr(buffer), layout.handle), "tideAttachLayout")
+    key = (_comm_ptr(comm), _buffer_ptr(buffer))
+    with layout._use() as h:
+        _native.check(lib.tideAttachLayout(key[0], key[1], h), "tideAttachLayout")
+    with _attached_lock:
+        _attached[key] = layout  # replaces an earlier attachment of the buffer, as the library does
 
 
 def detach_layout(comm: Any, buffer: Any) -> None:
     """Removes the attachment of `buffer` on `comm`."""
     lib = _native.lib()
-    _native.check(lib.tideDetachLayout(_comm_ptr(comm), _buffer_ptr(buffer)), "tideDetachLayout")
+    key = (_comm_ptr(comm), _buffer_ptr(buffer))
+    try:
+        _native.check(lib.tideDetachLayout(key[0], key[1]), "tideDetachLayout")
+    finally:  # also when the library had dropped it already (the communicator was destroyed)
+        with _attached_lock:
+            _attached.pop(key, None)

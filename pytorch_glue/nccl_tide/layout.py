@@ -5,7 +5,9 @@ describes the group, creates the handle and reads the derived values back.
 """
 
 import ctypes
+import threading
 from collections.abc import Sequence
+from contextlib import contextmanager
 from typing import List, NamedTuple, Optional
 
 from . import _native as N
@@ -61,8 +63,12 @@ class Layout:
         pace_bytes: Optional[int] = None,
     ):
         self._handle = None
-        numels = [int(n) for n in numels]
-        n = len(numels)
+        self._lock = threading.Lock()
+        self._inflight = 0  # calls of this process using the handle now (see _use)
+        self._closing = False
+        # Every integer is range-checked here: ctypes would silently wrap an out-of-range one into another value.
+        numels = [N.u64_arg(x, f"numels[{i}]") for i, x in enumerate(numels)]
+        n = N.int_arg(len(numels), "number of parameters", 0)
         if isinstance(dtypes, (str, DType)) or not hasattr(dtypes, "__len__"):
             dtypes = [dtypes] * n  # one dtype for the whole group
         dts: List[DType] = [to_dtype(d) for d in dtypes]
@@ -70,15 +76,20 @@ class Layout:
             raise InvalidArgumentError(f"{n} numels but {len(dts)} dtypes")
         if row_numels is not None and len(row_numels) != n:
             raise InvalidArgumentError(f"{n} numels but {len(row_numels)} row_numels")
-        if any(x < 0 for x in numels) or (row_numels is not None and any(int(x) < 0 for x in row_numels)):
-            raise InvalidArgumentError("numels and row_numels must be positive")
-        world_size = int(world_size)
+        if row_numels is not None:
+            row_numels = [N.u64_arg(x, f"row_numels[{i}]") for i, x in enumerate(row_numels)]
+        world_size = N.int_arg(world_size, "world_size")
         if ranks_per_node is None:
             ranks_per_node = default_ranks_per_node(world_size) if world_size >= 1 else 1
+        ranks_per_node = N.int_arg(ranks_per_node, "ranks_per_node")
+        rank = N.int_arg(rank, "rank")
+        # None (or 0) takes the NCCL_TIDE_* default; a negative cap is an error, not a huge unsigned one.
+        rs_chunk_bytes = 0 if rs_chunk_bytes is None else N.u64_arg(rs_chunk_bytes, "rs_chunk_bytes")
+        pace_bytes = 0 if pace_bytes is None else N.u64_arg(pace_bytes, "pace_bytes")
 
         lib = N.lib()
         c_numels = (ctypes.c_uint64 * max(n, 1))(*numels)
-        c_rows = (ctypes.c_uint64 * n)(*[int(x) for x in row_numels]) if row_numels is not None else None
+        c_rows = (ctypes.c_uint64 * n)(*row_numels) if row_numels is not None else None
         c_dtypes = (N.tideDataType_t * max(n, 1))(*[d.code for d in dts])
         desc = N.tideLayoutDesc_t(
             ctypes.sizeof(N.tideLayoutDesc_t),
@@ -88,10 +99,10 @@ class Layout:
             c_rows,
             c_dtypes,
             world_size,
-            int(ranks_per_node),
-            int(rank),
+            ranks_per_node,
+            rank,
         )
-        config = N.make_config(int(rs_chunk_bytes or 0), int(pace_bytes or 0))
+        config = N.make_config(rs_chunk_bytes, pace_bytes)
         handle = N.tideLayout_t()
         N.check(lib.tideLayoutCreate(ctypes.byref(desc), ctypes.byref(config), ctypes.byref(handle)), "Layout")
         self._handle = handle
@@ -106,7 +117,8 @@ class Layout:
     def _param(self, i: int) -> ParamInfo:
         p = N.tideParamInfo_t()
         p.size, p.version = ctypes.sizeof(p), N.TIDE_PARAM_INFO_VERSION
-        N.check(N.lib().tideLayoutGetParam(self.handle, i, ctypes.byref(p)), "tideLayoutGetParam")
+        with self._use() as h:
+            N.check(N.lib().tideLayoutGetParam(h, i, ctypes.byref(p)), "tideLayoutGetParam")
         return ParamInfo(
             p.numel,
             p.rowNumel,
@@ -119,16 +131,59 @@ class Layout:
         )
 
     # -- handle lifetime -------------------------------------------------------------------
+    # Thread safety: a call takes the handle through _use(), which counts it in flight; close() on another thread
+    # then only marks the layout closed, and the last call in flight destroys the handle when it returns. So a call
+    # either completes or fails with "layout is closed"; the library itself also keeps a layout alive until every
+    # C call using it returned (include/tide.h "Handles").
     @property
     def handle(self):
-        if self._handle is None:
+        """The tideLayout_t. For a call into the library prefer `with layout._use() as h:` (safe against a
+        concurrent close()); a bare handle used after close() is refused by the library (tideInvalidArgument)."""
+        if self._handle is None or self._closing:
             raise InvalidArgumentError("layout is closed")
         return self._handle
 
-    def close(self) -> None:
-        h, self._handle = self._handle, None
+    @property
+    def closed(self) -> bool:
+        return self._handle is None or self._closing
+
+    @contextmanager
+    def _use(self):
+        with self._lock:
+            if self._handle is None or self._closing:
+                raise InvalidArgumentError("layout is closed")
+            self._inflight += 1
+            h = self._handle
+        try:
+            yield h
+        finally:
+            with self._lock:
+                self._inflight -= 1
+                last = self._closing and self._inflight == 0 and self._handle is not None
+                if last:
+                    h, self._handle = self._handle, None
+            if last:
+                self._destroy(h)
+
+    @staticmethod
+    def _destroy(h) -> None:
         if h is not None and h.value:
-            N.lib().tideLayoutDestroy(h)
+            N.check(N.lib().tideLayoutDestroy(h), "tideLayoutDestroy")
+
+    def close(self) -> None:
+        """Destroys the handle, at once or (a call in flight on another thread) when that call returns.
+        Idempotent."""
+        lock = getattr(self, "_lock", None)
+        if lock is None:  # __init__ failed before the handle existed
+            return
+        with lock:
+            if self._handle is None or self._closing:
+                return
+            self._closing = True
+            if self._inflight:
+                return  # the last call in flight destroys it
+            h, self._handle = self._handle, None
+        self._destroy(h)
 
     def __enter__(self):
         return self
@@ -169,16 +224,18 @@ class Layout:
     def schedule(self, node: int) -> List[Step]:
         """Inter-node all-gather steps that node `node` runs, in order (empty for one node)."""
         lib = N.lib()
+        node = N.int_arg(node, "node")
         count = ctypes.c_int(-1)
-        N.check(lib.tideLayoutGetScheduleLength(self.handle, int(node), ctypes.byref(count)), "schedule length")
         steps = []
-        s = N.tideScheduleStep_t()
-        for k in range(count.value):
-            s.size, s.version = ctypes.sizeof(s), N.TIDE_SCHEDULE_STEP_VERSION
-            N.check(lib.tideLayoutGetScheduleStep(self.handle, int(node), k, ctypes.byref(s)), "schedule step")
-            steps.append(
-                Step(s.round, s.sendToNode, s.recvFromNode, s.sendBlockNode, s.recvBlockNode, s.offset, s.bytes)
-            )
+        with self._use() as h:
+            N.check(lib.tideLayoutGetScheduleLength(h, node, ctypes.byref(count)), "schedule length")
+            s = N.tideScheduleStep_t()
+            for k in range(count.value):
+                s.size, s.version = ctypes.sizeof(s), N.TIDE_SCHEDULE_STEP_VERSION
+                N.check(lib.tideLayoutGetScheduleStep(h, node, k, ctypes.byref(s)), "schedule step")
+                steps.append(
+                    Step(s.round, s.sendToNode, s.recvFromNode, s.sendBlockNode, s.recvBlockNode, s.offset, s.bytes)
+                )
         return steps
 
     def __repr__(self):

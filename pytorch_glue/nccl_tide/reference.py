@@ -26,13 +26,19 @@ def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
+# The NaN every executor writes for a NaN result (include/tide.h "NaN results": TIDE_CANONICAL_NAN_*).
+CANONICAL_NAN_F32 = 0x7FC00000
+CANONICAL_NAN_BF16 = 0x7FC0
+CANONICAL_NAN_FP16 = 0x7E00
+
+
 def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
-    """Round to nearest even; NaN stays NaN (quiet)."""
+    """Round to nearest even; every NaN becomes the canonical NaN 0x7fc0."""
     u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     rounded = ((u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)).astype(np.uint16)
-    nan = np.isnan(x)
+    nan = np.isnan(np.asarray(x, dtype=np.float32))
     if nan.any():
-        rounded[nan] = ((u[nan] >> np.uint32(16)) | np.uint32(0x40)).astype(np.uint16)
+        rounded[nan] = np.uint16(CANONICAL_NAN_BF16)
     return rounded
 
 
@@ -49,14 +55,21 @@ def to_f32(x: np.ndarray, dt) -> np.ndarray:
 
 
 def from_f32(x: np.ndarray, dt) -> np.ndarray:
-    """fp32 -> storage of dt, rounding to nearest even."""
+    """fp32 -> storage of dt, rounding to nearest even; NaN becomes the type's canonical NaN."""
     dt = to_dtype(dt)
     if dt.name == "bf16":
         return f32_to_bf16_bits(x)
+    nan = np.isnan(x)
     if dt.name == "fp16":
-        return x.astype(np.float16)
+        out = x.astype(np.float16)
+        if nan.any():
+            out.view(np.uint16)[nan] = np.uint16(CANONICAL_NAN_FP16)
+        return out
     if dt.name == "fp32":
-        return x.astype(np.float32, copy=False)
+        out = x.astype(np.float32, copy=nan.any())
+        if nan.any():
+            out.view(np.uint32)[nan] = np.uint32(CANONICAL_NAN_F32)
+        return out
     raise ValueError(f"reduce-scatter output {dt.name} is not bf16/fp16/fp32")
 
 

@@ -9,7 +9,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <chrono>
 #include <random>
+#include <thread>
 #include <vector>
 #include "tide.h"
 #include "dtype.h"
@@ -120,8 +122,79 @@ static void rsTest(int W, int R, int nP, tideDataType_t outT, tideRedOp_t op, ui
   tideLayoutDestroy(x.l);
 }
 
+// Issue 18: checked handles (destroyed, double destroy, garbage, wrong type), a destroy racing host AGs on other
+// threads, misaligned bf16 buffers, canonical NaN results. Under ASan (leak detection on) and valgrind.
+static void handleTests() {
+  uint64_t n[1] = {64}; tideDataType_t dt[1] = {tideFloat32};
+  tideLayoutDesc_t d{}; d.size = sizeof d; d.version = 1; d.nParams = 1; d.numels = n; d.dtypes = dt; d.worldSize = 2; d.ranksPerNode = 2;
+  tideLayout_t dead = nullptr; CK(tideLayoutCreate(&d, nullptr, &dead)); CK(tideLayoutDestroy(dead));
+  std::vector<unsigned char> junk(512, 0xab);
+  int onStack = 0;
+  tideLayout_t bad[] = {dead, (tideLayout_t)(void*)junk.data(), (tideLayout_t)(void*)&onStack, (tideLayout_t)0x1234560};
+  tideLayoutInfo_t info{}; info.size = sizeof info; info.version = 1;
+  tideParamInfo_t pi{}; pi.size = sizeof pi; pi.version = 1;
+  tideScheduleStep_t st{}; st.size = sizeof st; st.version = 1;
+  std::vector<float> a(64), b(64); const void* in[2] = {a.data(), b.data()}; void* out[2] = {a.data(), b.data()};
+  for (tideLayout_t h : bad) {
+    int c = -1;
+    EXPECT(tideLayoutGetInfo(h, &info) == tideInvalidArgument && strstr(tideGetLastError(), "not a live tideLayout_t"));
+    EXPECT(tideLayoutGetParam(h, 0, &pi) == tideInvalidArgument);
+    EXPECT(tideLayoutGetScheduleLength(h, 0, &c) == tideInvalidArgument && c == -1);
+    EXPECT(tideLayoutGetScheduleStep(h, 0, 0, &st) == tideInvalidArgument);
+    EXPECT(tideHostAllGather(h, in, out) == tideInvalidArgument);
+    EXPECT(tideHostReduceScatter(h, in, out, tideFloat32, tideSum, 1.f) == tideInvalidArgument);
+    EXPECT(tideAttachLayout((struct ncclComm*)0x1000, (void*)0x2000, h) == tideInvalidArgument);
+    EXPECT(tideLayoutDestroy(h) == tideInvalidArgument);
+  }
+  EXPECT(strstr((tideLayoutGetInfo(dead, &info), tideGetLastError()), "destroyed") != nullptr);
+  tideLayout_t again = nullptr; CK(tideLayoutCreate(&d, nullptr, &again)); EXPECT(again != dead); CK(tideLayoutDestroy(again));
+  // A layout handle passed as a comm (host-only build: tideUnsupported; never a dereference).
+  int r = 0, w = 0; EXPECT(tideCommGetRank((tideComm_t)(void*)junk.data(), &r, &w) != tideSuccess);
+  // Destroy while 3 threads run host all-gathers on it: each call completes or is refused; nothing is freed under one.
+  for (int round = 0; round < 20; ++round) {
+    uint64_t big[2] = {1 << 16, 1 << 14}; tideDataType_t dts[2] = {tideFloat32, tideBfloat16};
+    tideLayoutDesc_t dd = d; dd.nParams = 2; dd.numels = big; dd.dtypes = dts; dd.worldSize = 4; dd.ranksPerNode = 2;
+    tideLayout_t l = nullptr; CK(tideLayoutCreate(&dd, nullptr, &l));
+    std::vector<std::thread> ts; std::vector<int> bads(3, 0);
+    for (int t = 0; t < 3; ++t) ts.emplace_back([&, t] {
+      std::vector<std::vector<char>> sh(8), pa(8); const void* s8[8]; void* p8[8];
+      for (int k = 0; k < 8; ++k) { size_t e = k % 2 ? 2 : 4, num = big[k % 2]; sh[k].assign(num / 4 * e, 1); pa[k].assign(num * e, 0); s8[k] = sh[k].data(); p8[k] = pa[k].data(); }
+      for (int it = 0; it < 4; ++it) { tideResult_t rc = tideHostAllGather(l, s8, p8); if (rc != tideSuccess && rc != tideInvalidArgument) ++bads[t]; }
+    });
+    std::this_thread::sleep_for(std::chrono::microseconds(200 * (round % 5)));
+    CK(tideLayoutDestroy(l));
+    for (auto& t : ts) t.join();
+    for (int x : bads) EXPECT(x == 0);
+  }
+  // Misaligned bf16 gradient and output: refused, nothing written.
+  uint64_t n2[1] = {8}; tideDataType_t bf[1] = {tideBfloat16}; tideLayoutDesc_t db = d; db.numels = n2; db.dtypes = bf;
+  tideLayout_t lb = nullptr; CK(tideLayoutCreate(&db, nullptr, &lb));
+  std::vector<unsigned char> raw(64, 0x11); const void* g2[2] = {raw.data() + 1, raw.data() + 20}; void* o2[2] = {raw.data() + 40, raw.data() + 52};
+  EXPECT(tideHostReduceScatter(lb, g2, o2, tideBfloat16, tideSum, 1.f) == tideInvalidArgument && strstr(tideGetLastError(), "aligned"));
+  g2[0] = raw.data() + 2; o2[1] = raw.data() + 53;
+  EXPECT(tideHostReduceScatter(lb, g2, o2, tideBfloat16, tideSum, 1.f) == tideInvalidArgument && strstr(tideGetLastError(), "outs[1]"));
+  for (size_t k = 40; k < 64; ++k) EXPECT(raw[k] == 0x11);
+  CK(tideLayoutDestroy(lb));
+  // NaN + (-NaN) and NaN payloads: every NaN result is the canonical one, in vector bodies and scalar tails.
+  uint64_t n3[1] = {74}; tideLayoutDesc_t dn = d; dn.numels = n3;
+  tideLayout_t ln = nullptr; CK(tideLayoutCreate(&dn, nullptr, &ln));
+  std::vector<uint32_t> x0(74), x1(74), y0(37, 0), y1(37, 0);
+  for (int k = 0; k < 74; ++k) { x0[k] = k % 3 ? 0x7fc00000u : 0x7fa00001u; x1[k] = k % 2 ? 0xffc00000u : 0xffe12345u; }
+  const void* g3[2] = {x0.data(), x1.data()}; void* o3[2] = {y0.data(), y1.data()};
+  CK(tideHostReduceScatter(ln, g3, o3, tideFloat32, tideSum, 1.f));
+  for (int k = 0; k < 37; ++k) EXPECT(y0[k] == TIDE_CANONICAL_NAN_F32 && y1[k] == TIDE_CANONICAL_NAN_F32);
+  std::vector<uint16_t> h0(37), h1(37); void* o4[2] = {h0.data(), h1.data()};
+  CK(tideHostReduceScatter(ln, g3, o4, tideBfloat16, tideAvg, 1.f));
+  for (int k = 0; k < 37; ++k) EXPECT(h0[k] == TIDE_CANONICAL_NAN_BF16 && h1[k] == TIDE_CANONICAL_NAN_BF16);
+  CK(tideHostReduceScatter(ln, g3, o4, tideFloat16, tidePremulSum, 0.5f));
+  for (int k = 0; k < 37; ++k) EXPECT(h0[k] == TIDE_CANONICAL_NAN_FP16 && h1[k] == TIDE_CANONICAL_NAN_FP16);
+  CK(tideLayoutDestroy(ln));
+  printf("handles/threads/alignment/NaN: done\n");
+}
+
 int main() {
   convTests();
+  handleTests();
   int configs[][2] = {{1,1},{2,1},{2,2},{3,1},{4,2},{5,1},{6,2},{6,1},{8,8},{12,1},{12,2},{24,2},{16,1},{48,4},{13,1},{64,8}};
   for (auto& c : configs) for (uint64_t pace : {0ull, 1ull, 7ull, 4096ull}) agTest(c[0], c[1], 1 + rng() % 5, pace);
   for (auto& c : configs) for (int t = 0; t < 3; ++t) for (int op = 0; op < 3; ++op) rsTest(c[0], c[1], 1 + rng() % 4, (tideDataType_t)t, (tideRedOp_t)op, 1 + rng() % 200);
@@ -145,7 +218,8 @@ int main() {
   EXPECT(tideHostAllGather(l, gp, params) == tideInvalidArgument); printf("msg: %s\n", tideGetLastError());
   tideLayoutDestroy(l);
   EXPECT(tideCommDestroy(nullptr) == tideSuccess);
-  tideComm_t cs[2]; tideResult_t lr = tideLoopbackCreate(2, 0, cs); printf("loopback: %s / %s\n", tideGetErrorString(lr), tideGetLastError());
+  tideComm_t cs[2] = {(tideComm_t)0x5a, (tideComm_t)0x5a}; tideResult_t lr = tideLoopbackCreate(2, 0, cs);
+  EXPECT(lr != tideSuccess && cs[0] == nullptr && cs[1] == nullptr); printf("loopback: %s / %s\n", tideGetErrorString(lr), tideGetLastError());
   int cnt; CK(tideParamCount(&cnt));
   for (int i = 0; i < cnt; ++i) { const char *a, *b, *c, *dd, *v; CK(tideParamDescribe(i, &a, &b, &c, &dd, &v)); printf("| %s | %s | %s | %s | (value %s)\n", a, b, c, dd, v); }
   int allowed = -1; CK(tideMulticastAllowed(&allowed)); printf("multicast %d\n", allowed);

@@ -3,6 +3,7 @@
 
     python tests/fuzz/fuzz.py [--seconds S] [--seed N] [--corpus DIR] [--out DIR] [--replay-only]
 
+Cases are layouts (model.py), handle lifetimes across threads and Python integer edge values (lifetimes.py).
 First replays every case in tests/fuzz/corpus (regressions and edge seeds), then generates random cases until the
 time budget is spent (TIDE_FUZZ_SECONDS, default 60). Each case is checked by harness.check_case against the
 independent model (model.py) and, when small, the numpy reference. On a failure it prints the case as JSON and the
@@ -29,6 +30,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))  # tests/tide_ref.py
 
 import harness as H  # noqa: E402
+import lifetimes as L  # noqa: E402
 import model as M  # noqa: E402
 
 U64 = M.U64
@@ -86,6 +88,11 @@ def _cfg_value(r: random.Random, small: bool):
 
 
 def gen_case(r: random.Random) -> dict:
+    kind = r.choices(["layout", "lifetime", "pyint"], [0.88, 0.03, 0.09])[0]
+    if kind == "lifetime":
+        return L.gen_lifetime(r)
+    if kind == "pyint":
+        return L.gen_pyint(r)
     mode = r.choices(["small", "edge", "many", "struct"], [0.55, 0.25, 0.08, 0.12])[0]
     big = mode in ("edge", "many")
     W, rpn = _world_rpn(r, big)

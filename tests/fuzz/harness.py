@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 
+import lifetimes as L  # noqa: E402
 import model as M
 from nccl_tide import _native as N
 from nccl_tide import reference as ref
@@ -209,18 +210,19 @@ def _random_grad(rng: np.random.Generator, n: int, dt: int) -> np.ndarray:
         k = rng.integers(0, n, size=max(1, n // 8))
         x[k] = rng.choice(np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, 6.0e4, 3.0e38], np.float32), k.size)
     name = M.DTYPE_NAMES[dt]
-    return ref.from_f32(x, name).copy()
+    out = ref.from_f32(x, name).copy()
+    if n and rng.random() < 0.3:  # NaN inputs of both signs and with payloads (from_f32 writes canonical ones)
+        k = rng.integers(0, n, size=max(1, n // 8))
+        bits = out.view(np.uint32 if name == "fp32" else np.uint16)
+        pool = {"fp32": [0xFFC00000, 0x7FA00001, 0xFFE12345, 0x7F800001], "bf16": [0xFFC0, 0x7FA1, 0xFF81, 0x7F81],
+                "fp16": [0xFE00, 0x7D01, 0xFC01, 0x7E55]}[name]  # fmt: skip
+        bits[k] = rng.choice(np.array(pool, bits.dtype), k.size)
+    return out
 
 
 def _same_bits(a: np.ndarray, b: np.ndarray, dt: str) -> bool:
-    if a.shape != b.shape:
-        return False
-    if a.tobytes() == b.tobytes():
-        return True
-    fa, fb = ref.to_f32(a, dt), ref.to_f32(b, dt)
-    both_nan = np.isnan(fa) & np.isnan(fb)  # NaN payloads may differ; NaN-ness may not
-    return bool(np.all((a.view(np.uint8).reshape(a.size, -1) == b.view(np.uint8).reshape(b.size, -1)).all(1)
-                       | both_nan))  # fmt: skip
+    """Bit for bit, NaNs included: every executor writes the canonical NaN (include/tide.h "NaN results")."""
+    return a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
 def small_enough(e: M.Expected) -> bool:
@@ -241,6 +243,9 @@ def run_executors(h, e: M.Expected, dtypes, numels, rows, rng: np.random.Generat
         k = rnd.randrange(W * P)
         bad.append(("NULL shard", src[:k] + [None] + src[k + 1 :], dst))
         bad.append(("NULL param", src, dst[:k] + [None] + dst[k + 1 :]))
+        if M.ELEM[dtypes[k % P]] > 1:  # an odd address for a multi-byte element type (tide.h "Buffer alignment")
+            bad.append(("misaligned shard", src[:k] + [src[k] + 1] + src[k + 1 :], dst))
+            bad.append(("misaligned param", src, dst[:k] + [dst[k] + 1] + dst[k + 1 :]))
         if W * P > 1:
             j = rnd.choice([x for x in range(W * P) if x != k])
             bad.append(("overlapping outputs", src, [dst[j] if x == k else v for x, v in enumerate(dst)]))
@@ -288,6 +293,9 @@ def run_executors(h, e: M.Expected, dtypes, numels, rows, rng: np.random.Generat
     for what, oc, o, sc in bad_rs:
         _expect_invalid(lib.tideHostReduceScatter(h, N.pointer_table(gsrc), N.pointer_table(odst), oc, o, sc),
                         f"host RS with bad {what}")  # fmt: skip
+    if reducible and gsrc and M.ELEM[dtypes[0]] > 1:
+        _expect_invalid(lib.tideHostReduceScatter(h, N.pointer_table([gsrc[0] + 1] + gsrc[1:]), N.pointer_table(odst),
+                                                  out_code, op, scale), "RS with a misaligned gradient")  # fmt: skip
     if W > 1:
         k = rnd.randrange(W)
         _expect_invalid(lib.tideHostReduceScatter(h, N.pointer_table(gsrc), N.pointer_table(
@@ -313,6 +321,12 @@ def run_executors(h, e: M.Expected, dtypes, numels, rows, rng: np.random.Generat
 
 def check_case(case: dict, env_chunk: int, env_pace: int):
     """Runs one case; returns "ok", "error" or "exec" (ok and the host executors ran). Raises CaseFailure."""
+    kind = case.get("kind")
+    if kind in ("lifetime", "pyint"):
+        try:
+            return L.check_lifetime(case) if kind == "lifetime" else L.check_pyint(case)
+        except L.LifetimeFailure as e:
+            raise CaseFailure(str(e)) from None
     with np.errstate(all="ignore"):  # inf/NaN inputs are on purpose; the reference folds them like the library
         return _check_case(case, env_chunk, env_pace)
 

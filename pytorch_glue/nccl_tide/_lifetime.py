@@ -1,0 +1,61 @@
+"""In-flight accounting for objects that own library handles (Comm, LoopbackWorld), so that close() on one thread and
+a call on another never race: close() marks the object closed (new calls fail with "<what> is closed"), waits for
+the calls already inside the library to return, and only then releases the handles. The library checks every
+handle as well (include/tide.h "Handles"): this layer makes the Python-side outcome a clean, named error.
+"""
+
+import threading
+from contextlib import contextmanager
+
+from .errors import InvalidArgumentError
+
+
+class Lifetime:
+    def __init__(self, what: str):
+        self.what = what
+        self._cv = threading.Condition()
+        self._inflight = {}  # thread id -> calls of that thread in flight
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def check(self) -> None:
+        if self._closed:
+            raise InvalidArgumentError(f"{self.what} is closed")
+
+    @contextmanager
+    def use(self):
+        me = threading.get_ident()
+        with self._cv:
+            if self._closed:
+                raise InvalidArgumentError(f"{self.what} is closed")
+            self._inflight[me] = self._inflight.get(me, 0) + 1
+        try:
+            yield
+        finally:
+            with self._cv:
+                left = self._inflight[me] - 1
+                if left:
+                    self._inflight[me] = left
+                else:
+                    del self._inflight[me]
+                self._cv.notify_all()
+
+    def close(self, wait: bool = True) -> bool:
+        """Marks the object closed; False if it already was. With wait, returns once every other thread's call in
+        flight has returned (calls of this thread, e.g. close() from inside a failing call, are not waited for)."""
+        me = threading.get_ident()
+        with self._cv:
+            if self._closed:
+                return False
+            self._closed = True
+            if wait:
+                self._cv.wait_for(lambda: not any(n for t, n in self._inflight.items() if t != me))
+        return True
+
+    def reopen(self) -> None:
+        """Undoes close() when the release failed and the handles stay valid (tideCommAbort's timeout)."""
+        with self._cv:
+            self._closed = False
