@@ -43,7 +43,7 @@ typedef struct {
   uint64_t ctaBytes; /* 0: the rule's */
 } tideBenchReduceArgs_t;
 
-/* Enqueues the library's reduce kernel(s) on stream (the current device's; NULL is refused). */
+/* Enqueues the library's reduce kernel(s) on stream (of the current device; NULL: the legacy default stream). */
 tideResult_t tideBenchReduce(const tideBenchReduceArgs_t* args, void* stream);
 
 /* The shape the launcher would use for args: CTAs per launch, launches, threads per CTA, whether the 16-byte path
@@ -51,7 +51,8 @@ tideResult_t tideBenchReduce(const tideBenchReduceArgs_t* args, void* stream);
 tideResult_t tideBenchReduceShape(const tideBenchReduceArgs_t* args, int* ctas, int* launches, int* threads,
                                   int* vector, uint64_t* bytes);
 
-/* count device-to-device copies through the library's copy-engine path (one hinted cudaMemcpyBatchAsync). */
+/* count device-to-device copies through the library's copy-engine path (one hinted cudaMemcpyBatchAsync). The
+ * stream must not be NULL (the batch API rejects the legacy stream; the fallback could use SMs); nor for the pacer. */
 tideResult_t tideBenchCopy(int count, void* const* dst, const void* const* src, const size_t* bytes, void* stream);
 
 /* A link model: copies paced to bytesPerSecond without SMs. Each tideBenchPacedCopy call is one transfer: its
