@@ -32,8 +32,8 @@ def _host_oracle(torch, xs_cpu, out_type, op, scale):
     name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[xs_cpu[0].dtype]
     with Layout([W * n], name, W) as lay:
         assert lay.params[0].shard_numel == n
-        g = torch.Generator().manual_seed(n)
-        grads = [[torch.cat([x, torch.randn(W * n - n, generator=g).to(x.dtype)])] for x in xs_cpu]
+        # Only rank 0's output is compared: the other ranks' elements are filler (zeros, cheap to make).
+        grads = [[torch.cat([x, torch.zeros(W * n - n, dtype=x.dtype)])] for x in xs_cpu]
         out = np.asarray(host_reduce_scatter(lay, grads, out_type, op, scale)[0])
     return out.view(np.int32 if out.dtype.itemsize == 4 else np.int16)
 
