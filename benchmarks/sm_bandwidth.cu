@@ -151,7 +151,9 @@ extern "C" {
 // bytes: of the buffer (each CTA reads bytes / ctas); depth in {1, 2, 4, 8, 16}. sink: ctas uint64 of scratch.
 int smbw_read(const void* src, size_t bytes, int ctas, int threads, int depth, int iters, void* sink, float* ms) {
   if (ctas < 1 || threads < 32 || threads > 1024 || reinterpret_cast<uintptr_t>(src) % 16) return cudaErrorInvalidValue;
-  const uint64_t perCta = bytes / 16 / ctas;
+  // Whole steps only (threads x depth vectors), so that every counted byte is read.
+  const uint64_t step = static_cast<uint64_t>(threads) * depth;
+  const uint64_t perCta = bytes / 16 / ctas / step * step;
   uint64_t* k = static_cast<uint64_t*>(sink);
   switch (depth) {
     case 1: return timed(iters, ms, [&](cudaStream_t s) { launchRead<1>(ctas, threads, src, perCta, k, s); });
@@ -167,7 +169,8 @@ int smbw_copy(void* dst, const void* src, size_t bytes, int ctas, int threads, i
   if (ctas < 1 || threads < 32 || threads > 1024 || (reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) % 16) {
     return cudaErrorInvalidValue;
   }
-  const uint64_t perCta = bytes / 16 / ctas;
+  const uint64_t step = static_cast<uint64_t>(threads) * depth;
+  const uint64_t perCta = bytes / 16 / ctas / step * step;
   switch (depth) {
     case 1: return timed(iters, ms, [&](cudaStream_t s) { launchCopy<1>(ctas, threads, dst, src, perCta, s); });
     case 4: return timed(iters, ms, [&](cudaStream_t s) { launchCopy<4>(ctas, threads, dst, src, perCta, s); });

@@ -91,11 +91,13 @@ def main(argv=None):
         try:
             if kind == "read":
                 ms = _call(lib.smbw_read, src.data_ptr(), nbytes, ctas, kw["threads"], kw["depth"], 3, sink.data_ptr())
-                moved = nbytes // 16 // ctas * 16 * ctas
+                step = kw["threads"] * kw["depth"]
+                moved = nbytes // 16 // ctas // step * step * 16 * ctas
             elif kind == "copy":
                 half = nbytes // 2
                 ms = _call(lib.smbw_copy, dst.data_ptr(), src.data_ptr(), half, ctas, kw["threads"], kw["depth"], 3)
-                moved = 2 * (half // 16 // ctas * 16 * ctas)
+                step = kw["threads"] * kw["depth"]
+                moved = 2 * (half // 16 // ctas // step * step * 16 * ctas)
             else:
                 err.zero_()
                 ms = _call(lib.smbw_bulk, src.data_ptr(), nbytes, ctas, kw["stages"], kw["stage_bytes"], 3,
