@@ -77,12 +77,12 @@ TAIL=40 run sm_bandwidth 75 30 python3 benchmarks/sm_bandwidth.py --out "$OUT" -
 # 3. Part 1: one rank's share, W = 8, Llama-3.1-8B layer, every side (GEMM alone in the same run).
 TAIL=30 run share_8b 120 45 python3 benchmarks/share.py --out "$OUT" --layouts llama3-8b-layer --ranks 8 \
   --link-gbps 370 --runs 31
-# 4. The share mode's own test (4 ranks, every side, outputs checked).
-run test_share_gpu 75 40 "${PYTEST[@]}" -o faulthandler_timeout=60 tests/gpu/test_share_gpu.py
-# 5. Executors with the new kernel: single node, virtual nodes (prev / in-place / narrowing), graph capture.
+# 4. Executors with the new kernel: single node, virtual nodes (prev / in-place / narrowing), graph capture.
 run test_cuda_collectives 90 40 "${PYTEST[@]}" -o faulthandler_timeout=75 tests/gpu/test_cuda_collectives.py
 run test_virtual_nodes 90 40 "${PYTEST[@]}" -o faulthandler_timeout=75 tests/gpu/test_virtual_nodes.py
 run test_graph_capture 60 30 "${PYTEST[@]}" -o faulthandler_timeout=45 tests/gpu/test_graph_capture.py
+# 5. The share mode's own test (4 ranks, every side, outputs checked).
+run test_share_gpu 75 40 "${PYTEST[@]}" -o faulthandler_timeout=60 tests/gpu/test_share_gpu.py
 # 6. If time is left: the 70B layer (no loopback sides: they would need 8 ranks' 70B gradients).
 TAIL=20 run share_70b 90 50 python3 benchmarks/share.py --out "$OUT" --layouts llama3-70b-layer --ranks 8 \
   --link-gbps 370 --runs 31 --sides ag-share,ag-share-unpaced,rs-share,rs-share-unpaced,nccl-like-16,nccl-like-32

@@ -777,26 +777,10 @@ def summarize(res) -> List[dict]:
 
 
 def plot(res, path) -> None:
-    import matplotlib
+    """GEMM slowdown against side-work HBM rate, one point per side (perf/plot.py draws it: matplotlib stays there)."""
+    from .plot import share_plot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for d in res["sides"]:
-        if d.get("hbm_GBps") is None:
-            continue
-        x, y = d["hbm_GBps"], d["slowdown"]
-        ax.errorbar([x], [y], yerr=[[y - d["slowdown_p25"]], [d["slowdown_p75"] - y]], fmt="o", capsize=3,
-                    label=d["name"])
-    ax.axhline(1.05, ls="--", c="gray", lw=0.8)
-    ax.axhline(1.03, ls=":", c="gray", lw=0.8)
-    ax.set_xlabel("side work HBM traffic (GB/s, modelled bytes / unit time alone)")
-    ax.set_ylabel("single-wave GEMM slowdown (median, IQR)")
-    ax.set_title(f"one rank's share, W={res['ranks']}, {res['layout']}, link {res['link_gbps']:g} GB/s")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    share_plot(res, path)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
