@@ -42,7 +42,7 @@ run() {
   local rc=$?
   grep -vE "TIDE/.*(TRACE|INFO)" "$OUT/$name.log" | tail -n "${TAIL:-25}"
   local line
-  line=$(grep -E "[0-9]+ (passed|failed|error)" "$OUT/$name.log" | tail -1)
+  line=$(grep -E "[0-9]+ (passed|failed|error|skipped)" "$OUT/$name.log" | tail -1)
   summary+=("$name: rc $rc, $(( $(date +%s) - t0 )) s${line:+: $line}")
   [ "$rc" -eq 0 ] || status=1
   return 0
