@@ -5,8 +5,11 @@
 // AVG: acc = __fdiv_rn(acc, W); then fp32 out, or RNE narrowing to bf16/fp16; a NaN result is stored as the
 // canonical NaN of the output type, as on the host (plugin/core/dtype.cc). Padding needs no special case: phase 1 fills it with zeros from a zero buffer.
 //
-// The kernel is short-lived by design (DESIGN.md section 9): a few CTAs sized to the chunk, each thread handling
-// 8 elements per step with 16-byte loads when every base is aligned, grid-stride beyond that; it exits when done.
+// Shape (reduce_kernel.h, reduceShape; issue 16): few CTAs of 512 threads, each CTA a bounded contiguous slice,
+// then exit; a large chunk is several launches in a row on the stream, so at most maxCtas SMs are held at a time
+// and every SM is free again after each launch (a waiting GEMM gets it). Each CTA keeps many bytes in flight:
+// every thread issues up to 16 independent 16-byte loads (U vectors of 8 elements x 8 sources) before its first
+// add, 128 KiB per CTA, which is what one SM needs to approach its own bandwidth (benchmarks/sm_bandwidth.py).
 #include <cuda_fp16.h>
 
 #include "../core/errors.h"
@@ -17,9 +20,8 @@ namespace tide {
 namespace cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kVec = 8;         // elements per thread per step
-constexpr int kStepsPerThread = 4;  // steps each thread takes before the grid caps (fewer, longer-lived CTAs)
+constexpr int kThreads = 512;
+constexpr int kVec = 8;  // elements per 16-byte-path unit
 
 // Per-element NaN canonicalisation at the store (include/tide.h "NaN results"): a NaN result is written as the one
 // canonical quiet NaN of the output type, whichever NaN the fp32 adds produced, as the host executor does.
@@ -96,6 +98,12 @@ __device__ __forceinline__ void store8(T* p, const float (&v)[kVec]) {
 
 // Sources whose loads are all issued before the first add (memory-level parallelism); more are folded one by one.
 constexpr int kPrefetch = 8;
+// Vectors per thread per iteration: 16 sixteen-byte words in flight per thread with 8 sources (bf16/fp16: one word
+// per vector and source, fp32: two), 64 registers of raw data under the 128-register cap of 512 threads.
+template <typename T>
+struct Unroll {
+  static constexpr int value = 16 / (kPrefetch * Raw8<T>::kWords) > 0 ? 16 / (kPrefetch * Raw8<T>::kWords) : 1;
+};
 
 struct Op {
   bool premul;
@@ -107,27 +115,39 @@ struct Op {
 __device__ __forceinline__ float pre(float x, const Op& op) { return op.premul ? __fmul_rn(x, op.scale) : x; }
 __device__ __forceinline__ float post(float x, const Op& op) { return op.avg ? __fdiv_rn(x, op.divisor) : x; }
 
-template <typename InT, typename OutT, bool kVector>
-__global__ void __launch_bounds__(kThreads) reduceKernel(const char* __restrict__ staging, size_t srcStride, int nSrc,
-                                                         uint64_t n, OutT* __restrict__ out, Op op) {
-  const uint64_t tid = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const uint64_t nThreads = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-  if (kVector) {
-    const uint64_t nVec = n / kVec;
-    for (uint64_t v = tid; v < nVec; v += nThreads) {
-      Raw8<InT> raw[kPrefetch];
+// The 16-byte path over vectors [unitBase + blockIdx.x * perCta, + perCta) ∩ [0, nVec). kPrev: acc = prev + fold;
+// out may alias prev (neither is __restrict__; prev is read with plain loads before the same thread writes the
+// same element).
+template <typename InT, typename OutT, bool kPrev>
+__global__ void __launch_bounds__(kThreads, 1)
+    reduceVecKernel(const char* __restrict__ staging, size_t srcStride, int nSrc, uint64_t nVec, const float* prev,
+                    OutT* out, Op op, uint64_t unitBase, uint64_t perCta) {
+  constexpr int U = Unroll<InT>::value;
+  const uint64_t begin = unitBase + static_cast<uint64_t>(blockIdx.x) * perCta;
+  if (begin >= nVec) return;
+  const uint64_t end = begin + perCta < nVec ? begin + perCta : nVec;
+  for (uint64_t v0 = begin + threadIdx.x; v0 < end; v0 += static_cast<uint64_t>(kThreads) * U) {
+    Raw8<InT> raw[U][kPrefetch];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const uint64_t v = v0 + static_cast<uint64_t>(u) * kThreads;
 #pragma unroll
       for (int s = 0; s < kPrefetch; ++s) {
-        if (s < nSrc) loadRaw8(reinterpret_cast<const InT*>(staging + s * srcStride) + v * kVec, raw[s]);
+        if (s < nSrc && v < end) loadRaw8(reinterpret_cast<const InT*>(staging + s * srcStride) + v * kVec, raw[u][s]);
       }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const uint64_t v = v0 + static_cast<uint64_t>(u) * kThreads;
+      if (v >= end) continue;
       float acc[kVec], x[kVec];
-      convert8(raw[0], acc);
+      convert8(raw[u][0], acc);
 #pragma unroll
       for (int k = 0; k < kVec; ++k) acc[k] = pre(acc[k], op);
 #pragma unroll
       for (int s = 1; s < kPrefetch; ++s) {
         if (s < nSrc) {
-          convert8(raw[s], x);
+          convert8(raw[u][s], x);
 #pragma unroll
           for (int k = 0; k < kVec; ++k) acc[k] = __fadd_rn(acc[k], pre(x[k], op));
         }
@@ -139,121 +159,83 @@ __global__ void __launch_bounds__(kThreads) reduceKernel(const char* __restrict_
 #pragma unroll
         for (int k = 0; k < kVec; ++k) acc[k] = __fadd_rn(acc[k], pre(x[k], op));
       }
+      if (kPrev) {
+        const float4* pp = reinterpret_cast<const float4*>(prev + v * kVec);
+        const float4 p0 = pp[0], p1 = pp[1];
+        const float pv[kVec] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) acc[k] = __fadd_rn(pv[k], acc[k]);
+      }
 #pragma unroll
       for (int k = 0; k < kVec; ++k) acc[k] = post(acc[k], op);
       store8(out + v * kVec, acc);
     }
-    // Tail (n % 8 elements) by the first threads.
-    for (uint64_t e = nVec * kVec + tid; e < n; e += nThreads) {
-      float acc = pre(Elem<InT>::toFloat(reinterpret_cast<const InT*>(staging)[e]), op);
-      for (int s = 1; s < nSrc; ++s) {
-        acc = __fadd_rn(acc, pre(Elem<InT>::toFloat(reinterpret_cast<const InT*>(staging + s * srcStride)[e]), op));
-      }
-      out[e] = Elem<OutT>::fromFloat(post(acc, op));
-    }
-  } else {
-    for (uint64_t e = tid; e < n; e += nThreads) {
-      float acc = pre(Elem<InT>::toFloat(reinterpret_cast<const InT*>(staging)[e]), op);
-      for (int s = 1; s < nSrc; ++s) {
-        acc = __fadd_rn(acc, pre(Elem<InT>::toFloat(reinterpret_cast<const InT*>(staging + s * srcStride)[e]), op));
-      }
-      out[e] = Elem<OutT>::fromFloat(post(acc, op));
-    }
   }
 }
 
-// Multi-node variant: acc = prev[e] + fold(inputs), then post. out may alias prev (no __restrict__ on either; prev is
-// read with plain loads, never through the read-only cache, and before the same thread writes the same element).
-template <typename InT, typename OutT, bool kVector>
-__global__ void __launch_bounds__(kThreads) reducePrevKernel(const char* __restrict__ staging, size_t srcStride,
-                                                             int nSrc, uint64_t n, const float* prev, OutT* out,
-                                                             Op op) {
-  const uint64_t tid = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const uint64_t nThreads = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-  uint64_t scalarFrom = 0;
-  if (kVector) {
-    const uint64_t nVec = n / kVec;
-    for (uint64_t v = tid; v < nVec; v += nThreads) {
-      float acc[kVec], x[kVec];
-      {
-        Raw8<InT> r;
-        loadRaw8(reinterpret_cast<const InT*>(staging) + v * kVec, r);
-        convert8(r, acc);
-      }
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) acc[k] = pre(acc[k], op);
-      for (int s = 1; s < nSrc; ++s) {
-        Raw8<InT> r;
-        loadRaw8(reinterpret_cast<const InT*>(staging + s * srcStride) + v * kVec, r);
-        convert8(r, x);
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) acc[k] = __fadd_rn(acc[k], pre(x[k], op));
-      }
-      const float4* pp = reinterpret_cast<const float4*>(prev + v * kVec);
-      const float4 p0 = pp[0], p1 = pp[1];
-      const float pv[kVec] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) acc[k] = post(__fadd_rn(pv[k], acc[k]), op);
-      store8(out + v * kVec, acc);
-    }
-    scalarFrom = nVec * kVec;
-  }
-  for (uint64_t e = scalarFrom + tid; e < n; e += nThreads) {
+// Element by element over [unitBase + blockIdx.x * perCta, + perCta) ∩ [0, end): unaligned bases, and the n % 8
+// tail of the 16-byte path.
+template <typename InT, typename OutT, bool kPrev>
+__global__ void __launch_bounds__(kThreads, 1)
+    reduceScalarKernel(const char* __restrict__ staging, size_t srcStride, int nSrc, uint64_t end, const float* prev,
+                       OutT* out, Op op, uint64_t unitBase, uint64_t perCta) {
+  const uint64_t begin = unitBase + static_cast<uint64_t>(blockIdx.x) * perCta;
+  if (begin >= end) return;
+  const uint64_t stop = begin + perCta < end ? begin + perCta : end;
+  for (uint64_t e = begin + threadIdx.x; e < stop; e += kThreads) {
     float acc = pre(Elem<InT>::toFloat(reinterpret_cast<const InT*>(staging)[e]), op);
     for (int s = 1; s < nSrc; ++s) {
       acc = __fadd_rn(acc, pre(Elem<InT>::toFloat(reinterpret_cast<const InT*>(staging + s * srcStride)[e]), op));
     }
-    out[e] = Elem<OutT>::fromFloat(post(__fadd_rn(prev[e], acc), op));
+    if (kPrev) acc = __fadd_rn(prev[e], acc);
+    out[e] = Elem<OutT>::fromFloat(post(acc, op));
   }
 }
 
-int smCount(int device) {
-  static int cached[64] = {0};
-  if (device >= 0 && device < 64 && cached[device] > 0) return cached[device];
-  int sms = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) {
-    (void)cudaGetLastError();
-    sms = 132;
-  }
-  if (device >= 0 && device < 64) cached[device] = sms;
-  return sms;
-}
+size_t typeSize(tideDataType_t t) { return t == tideFloat32 ? 4 : 2; }
 
-template <typename InT, typename OutT>
-tideResult_t launchTyped(const ReduceArgs& a, cudaStream_t stream, int grid) {
-  const uintptr_t in = reinterpret_cast<uintptr_t>(a.staging), o = reinterpret_cast<uintptr_t>(a.out);
-  const bool vector = in % 16 == 0 && a.srcStride % 16 == 0 && o % 16 == 0;
+bool supported(tideDataType_t t) { return t == tideFloat32 || t == tideBfloat16 || t == tideFloat16; }
+
+template <typename InT, typename OutT, bool kPrev>
+tideResult_t launchShape(const ReduceArgs& a, const ReduceShape& sh, cudaStream_t stream) {
   Op op{a.op == tidePremulSum, a.op == tideAvg, a.scale, a.divisor};
   const char* s = static_cast<const char*>(a.staging);
   OutT* out = static_cast<OutT*>(a.out);
-  if (a.prev != nullptr) {
-    const bool vp = vector && reinterpret_cast<uintptr_t>(a.prev) % 16 == 0;
-    if (vp) {
-      reducePrevKernel<InT, OutT, true><<<grid, kThreads, 0, stream>>>(s, a.srcStride, a.nSrc, a.n, a.prev, out, op);
+  const uint64_t units = sh.vector ? a.n / kVec : a.n;
+  for (int l = 0; l < sh.launches; ++l) {
+    const uint64_t base = static_cast<uint64_t>(l) * static_cast<uint64_t>(sh.ctas) * sh.perCta;
+    if (sh.vector) {
+      reduceVecKernel<InT, OutT, kPrev><<<sh.ctas, kThreads, 0, stream>>>(s, a.srcStride, a.nSrc, units, a.prev, out,
+                                                                          op, base, sh.perCta);
     } else {
-      reducePrevKernel<InT, OutT, false><<<grid, kThreads, 0, stream>>>(s, a.srcStride, a.nSrc, a.n, a.prev, out, op);
+      reduceScalarKernel<InT, OutT, kPrev><<<sh.ctas, kThreads, 0, stream>>>(s, a.srcStride, a.nSrc, units, a.prev,
+                                                                             out, op, base, sh.perCta);
     }
     TIDE_CUDA_CHECK(cudaGetLastError());
-    return tideSuccess;
   }
-  if (vector) {
-    reduceKernel<InT, OutT, true><<<grid, kThreads, 0, stream>>>(s, a.srcStride, a.nSrc, a.n, out, op);
-  } else {
-    reduceKernel<InT, OutT, false><<<grid, kThreads, 0, stream>>>(s, a.srcStride, a.nSrc, a.n, out, op);
+  if (sh.vector && units * kVec < a.n) {
+    // The n % 8 tail (fewer than 8 elements): one CTA of the scalar kernel.
+    reduceScalarKernel<InT, OutT, kPrev><<<1, kThreads, 0, stream>>>(s, a.srcStride, a.nSrc, a.n, a.prev, out, op,
+                                                                     units * kVec, kVec);
+    TIDE_CUDA_CHECK(cudaGetLastError());
   }
-  TIDE_CUDA_CHECK(cudaGetLastError());
   return tideSuccess;
 }
 
+template <typename InT, typename OutT>
+tideResult_t launchTyped(const ReduceArgs& a, const ReduceShape& sh, cudaStream_t stream) {
+  return a.prev != nullptr ? launchShape<InT, OutT, true>(a, sh, stream) : launchShape<InT, OutT, false>(a, sh, stream);
+}
+
 template <typename InT>
-tideResult_t launchIn(const ReduceArgs& a, cudaStream_t stream, int grid) {
+tideResult_t launchIn(const ReduceArgs& a, const ReduceShape& sh, cudaStream_t stream) {
   switch (a.outType) {
     case tideFloat32:
-      return launchTyped<InT, float>(a, stream, grid);
+      return launchTyped<InT, float>(a, sh, stream);
     case tideBfloat16:
-      return launchTyped<InT, Bf16>(a, stream, grid);
+      return launchTyped<InT, Bf16>(a, sh, stream);
     case tideFloat16:
-      return launchTyped<InT, Fp16>(a, stream, grid);
+      return launchTyped<InT, Fp16>(a, sh, stream);
     default:
       return fail(tideInvalidArgument, "Cuda", "reduce: unsupported output type %d", static_cast<int>(a.outType));
   }
@@ -262,10 +244,10 @@ tideResult_t launchIn(const ReduceArgs& a, cudaStream_t stream, int grid) {
 template <typename InT, typename OutT>
 tideResult_t preloadPair() {
   cudaFuncAttributes attr;
-  TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, reduceKernel<InT, OutT, true>));
-  TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, reduceKernel<InT, OutT, false>));
-  TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, reducePrevKernel<InT, OutT, true>));
-  TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, reducePrevKernel<InT, OutT, false>));
+  TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, reduceVecKernel<InT, OutT, false>));
+  TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, reduceVecKernel<InT, OutT, true>));
+  TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, reduceScalarKernel<InT, OutT, false>));
+  TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, reduceScalarKernel<InT, OutT, true>));
   return tideSuccess;
 }
 
@@ -284,32 +266,59 @@ tideResult_t preloadReduceKernels() {
   return preloadIn<Fp16>();
 }
 
-int reduceGridSize(uint64_t n, int device) {
-  const uint64_t perBlock = static_cast<uint64_t>(kThreads) * kVec * kStepsPerThread;
-  uint64_t blocks = (n + perBlock - 1) / perBlock;
-  // Never more than one full wave of resident CTAs (2 per SM at 256 threads keeps the kernel short and few).
-  const uint64_t cap = static_cast<uint64_t>(smCount(device)) * 2;
-  if (blocks > cap) blocks = cap;
-  if (blocks < 1) blocks = 1;
-  return static_cast<int>(blocks);
+ReduceShape reduceShape(const ReduceArgs& a, int maxCtas, uint64_t ctaBytes) {
+  ReduceShape sh;
+  sh.threads = kThreads;
+  const uintptr_t in = reinterpret_cast<uintptr_t>(a.staging), o = reinterpret_cast<uintptr_t>(a.out);
+  sh.vector = in % 16 == 0 && a.srcStride % 16 == 0 && o % 16 == 0 &&
+              (a.prev == nullptr || reinterpret_cast<uintptr_t>(a.prev) % 16 == 0);
+  const uint64_t perElem = static_cast<uint64_t>(a.nSrc > 0 ? a.nSrc : 0) * typeSize(a.inType) +
+                           typeSize(a.outType) + (a.prev != nullptr ? 4 : 0);
+  sh.bytes = a.n * perElem;
+  const uint64_t units = sh.vector ? a.n / kVec : a.n;
+  if (units == 0) {
+    sh.ctas = 1;
+    sh.launches = 0;
+    sh.perCta = 0;
+    return sh;
+  }
+  const uint64_t perUnit = perElem * (sh.vector ? kVec : 1);
+  const uint64_t cta = ctaBytes > 0 ? ctaBytes : kReduceCtaBytes;
+  const uint64_t mc = static_cast<uint64_t>(maxCtas > 0 ? maxCtas : kReduceMaxCtas);
+  uint64_t unitsPerCta = cta / perUnit;
+  if (unitsPerCta < 1) unitsPerCta = 1;
+  const uint64_t needed = (units + unitsPerCta - 1) / unitsPerCta;  // CTAs of about ctaBytes each
+  const uint64_t ctas = needed < mc ? needed : mc;
+  uint64_t launches = (needed + ctas - 1) / ctas;
+  if (launches > static_cast<uint64_t>(kReduceMaxLaunches)) launches = kReduceMaxLaunches;
+  const uint64_t slots = ctas * launches;
+  sh.ctas = static_cast<int>(ctas);
+  sh.perCta = (units + slots - 1) / slots;
+  sh.launches = static_cast<int>((units + ctas * sh.perCta - 1) / (ctas * sh.perCta));
+  return sh;
 }
 
-tideResult_t launchReduce(const ReduceArgs& a, cudaStream_t stream) {
+tideResult_t launchReduce(const ReduceArgs& a, cudaStream_t stream, int maxCtas, uint64_t ctaBytes) {
   if (a.n == 0) return tideSuccess;
-  int device = 0;
-  TIDE_CUDA_CHECK(cudaGetDevice(&device));
-  const int grid = reduceGridSize(a.n, device);
+  if (a.nSrc < 1) return fail(tideInvalidArgument, "Cuda", "reduce: nSrc is %d (at least 1)", a.nSrc);
+  if (!supported(a.inType) || !supported(a.outType)) {
+    return fail(tideInvalidArgument, "Cuda", "reduce: unsupported types (in %d, out %d)", static_cast<int>(a.inType),
+                static_cast<int>(a.outType));
+  }
+  const ReduceShape sh = reduceShape(a, maxCtas, ctaBytes);
   switch (a.inType) {
     case tideFloat32:
-      return launchIn<float>(a, stream, grid);
+      return launchIn<float>(a, sh, stream);
     case tideBfloat16:
-      return launchIn<Bf16>(a, stream, grid);
+      return launchIn<Bf16>(a, sh, stream);
     case tideFloat16:
-      return launchIn<Fp16>(a, stream, grid);
+      return launchIn<Fp16>(a, sh, stream);
     default:
       return fail(tideInvalidArgument, "Cuda", "reduce: unsupported input type %d", static_cast<int>(a.inType));
   }
 }
+
+tideResult_t launchReduce(const ReduceArgs& a, cudaStream_t stream) { return launchReduce(a, stream, 0, 0); }
 
 }  // namespace cuda
 }  // namespace tide

@@ -29,17 +29,39 @@ struct ReduceArgs {
   const float* prev = nullptr;
 };
 
+// How one reduce is launched: `launches` kernels in a row on the stream, each of `ctas` CTAs of `threads` threads;
+// CTA b of launch l handles the contiguous units [(l * ctas + b) * perCta, ... + perCta) (units: 8-element vectors
+// on the 16-byte path, elements otherwise), so every CTA does a bounded amount of work and exits.
+struct ReduceShape {
+  int ctas = 1;
+  int launches = 1;
+  int threads = 0;
+  uint64_t perCta = 0;   // units per CTA
+  bool vector = false;   // 16-byte path (every base 16-byte aligned)
+  uint64_t bytes = 0;    // HBM traffic of the whole reduce: inputs read + prev read + output written
+};
+
+// The grid rule (docs/architecture.md, "Reduce kernel shape"): traffic T = n * (nSrc * inSize + outSize (+ 4 with
+// prev)); ctas = clamp(ceil(T / ctaBytes), 1, maxCtas); launches = min(ceil(T / (ctas * ctaBytes)), kMaxLaunches);
+// units are then split evenly over ctas * launches CTAs. So at most maxCtas SMs are held at any time, and a CTA
+// moves about ctaBytes (more only for chunks above maxCtas * kMaxLaunches * ctaBytes of traffic) and exits.
+// Defaults: maxCtas = kReduceMaxCtas, ctaBytes = kReduceCtaBytes. Bit-exactness does not depend on the shape:
+// each element is folded by one thread in the fixed order.
+constexpr int kReduceMaxCtas = 4;
+constexpr uint64_t kReduceCtaBytes = 2ull << 20;
+constexpr int kReduceMaxLaunches = 16;  // bounds the launches queued per chunk (the stream may be blocked on flags)
+ReduceShape reduceShape(const ReduceArgs& args, int maxCtas = 0, uint64_t ctaBytes = 0);
+
 // Enqueues the kernel on stream. out[k] = fold over s of x_s[k] in the order of include/tide.h (plus prev[k]).
 tideResult_t launchReduce(const ReduceArgs& args, cudaStream_t stream);
+// The same with the rule's two constants overridden (maxCtas, ctaBytes; 0 keeps the rule's): benchmarks and tests.
+tideResult_t launchReduce(const ReduceArgs& args, cudaStream_t stream, int maxCtas, uint64_t ctaBytes);
 
 // Loads every reduce kernel into the current device's context now. Required before the first RS: under lazy
 // module loading (CUDA_MODULE_LOADING=LAZY, which PyTorch sets) the first launch of a kernel loads it, and loading
 // waits for the device's work in flight, which includes this rank's flag waits for work that other (virtual)
 // ranks have not issued yet: the host thread would wait forever.
 tideResult_t preloadReduceKernels();
-
-// Grid the launcher uses for n elements (exposed for the benchmarks' SM-time accounting and tests).
-int reduceGridSize(uint64_t n, int device);
 
 }  // namespace cuda
 }  // namespace tide

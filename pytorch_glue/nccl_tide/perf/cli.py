@@ -5,6 +5,7 @@ tide-perf all_gather|reduce_scatter [-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n 
           [--backend auto|host|loopback|torchrun] [--impl tide,nccl,fsdp2,nccl-ce] [--interfere gemm]
           [--min-busbw GB/s] [--ranks N] [--ranks-per-node R] [--pace-bytes B] [--layout flat|<model>]
 tide-perf plot FILE.json FILE.png
+tide-perf share [all_gather|reduce_scatter|both] [--link-gbps 370] ...   (perf/share.py: one rank's share)
 
 busbw = algbw * (W - 1) / W for both collectives, nccl-tests' all-gather/reduce-scatter factor, whatever the node
 topology (--ranks-per-node): the same convention as nccl-tests on several nodes (BUSBW_FORMULA).
@@ -173,6 +174,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         from . import plot
 
         return plot.main(argv[1:])
+    if argv and argv[0] == "share":  # one rank's share of a node on this GPU (issue 16): perf/share.py
+        from . import share
+
+        return share.main(argv[1:])
     a = parser().parse_args(argv)
     coll = a.collective.replace("_perf", "")
     name = COLLECTIVES[coll]

@@ -1,0 +1,60 @@
+"""Benchmark (issue 16): one rank's share of a W-rank node on this GPU, beside a single-wave GEMM.
+
+The measurement lives in the package (nccl_tide.perf.share, also `tide-perf share`); this script runs it for one
+or more model layers and writes share_<layout>.json and share_<layout>.png (GEMM slowdown against side-work HBM
+rate, one point per implementation) to --out. Usage:
+
+    python benchmarks/share.py --out DIR [--layouts llama3-8b-layer,llama3-70b-layer] [--ranks 8]
+        [--link-gbps 370] [--runs 31] [--sides ag-share,rs-share,...] [--reduce-max-ctas N]
+
+Exit status: non-zero if a share produced a wrong result or a side failed (the others still run).
+"""
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+try:
+    import nccl_tide  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(REPO / "pytorch_glue"))
+
+
+def main(argv=None):
+    from nccl_tide.perf import share
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--layouts", default="llama3-8b-layer")
+    ap.add_argument("--ranks", default="8")
+    ap.add_argument("--link-gbps", default="370")
+    ap.add_argument("--runs", default=str(share.MIN_RUNS))
+    ap.add_argument("--sides", default=",".join(share.DEFAULT_SIDES))
+    ap.add_argument("--reduce-max-ctas", default="0")
+    ap.add_argument("--piece-bytes", default="4M")
+    a = ap.parse_args(argv)
+    os.makedirs(a.out, exist_ok=True)
+    status = 0
+    for layout in [x for x in a.layouts.split(",") if x]:
+        path = os.path.join(a.out, f"share_{layout}")
+        args = ["both", "--layout", layout, "--ranks", a.ranks, "--link-gbps", a.link_gbps, "--runs", a.runs,
+                "--sides", a.sides, "--reduce-max-ctas", a.reduce_max_ctas, "--piece-bytes", a.piece_bytes,
+                "-J", path + ".json", "--plot", path + ".png"]
+        print(f"=== tide-perf share {' '.join(args)}", flush=True)
+        rc = share.main(args)
+        print(f"=== {layout}: exit status {rc}", flush=True)
+        status = status or rc
+        if os.path.exists(path + ".json"):
+            with open(path + ".json") as f:
+                res = json.load(f)
+            for d in res["sides"]:
+                print(share._line(d))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

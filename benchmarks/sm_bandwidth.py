@@ -1,0 +1,213 @@
+"""Micro-benchmark (issue 16, part 2): one SM's achievable bandwidth, and the library's reduce per CTA.
+
+Measured on this GPU, each with CUDA events over several launches of buffers far larger than L2:
+* raw reads by one CTA (LDG.128; threads x independent 16-byte loads in flight per thread), the best shape's
+  scaling over CTAs; a read+write copy; TMA bulk reads (cp.async.bulk into shared memory, stages x bytes);
+* the library's own reduce kernel (tideBenchReduce: 8 bf16 inputs -> fp32, one 32 MiB-output chunk) on G CTAs in
+  one launch, G = 1 .. SMs, and with the library's shape rule; the fold checked bit for bit against torch;
+* references: torch copy_ (device-to-device, read + written) and torch.sum over the 8 inputs (the whole GPU).
+From these: bytes/s per CTA, and the CTAs a reduce needs to keep up with a link of --link-gbps (reduce traffic per
+incoming byte = (2W + 4) / (2 (W - 1)) for W bf16 inputs and an fp32 output): the grid-size rule's input.
+
+    python benchmarks/sm_bandwidth.py [--out DIR] [--link-gbps 370] [--quick]
+"""
+
+import argparse
+import ctypes
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+try:
+    import nccl_tide  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(REPO / "pytorch_glue"))
+
+import torch  # noqa: E402
+
+
+def build_probe():
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    so = os.path.join(tempfile.mkdtemp(prefix="tide_smbw_"), "smbw.so")
+    subprocess.check_call([nvcc, "-shared", "-Xcompiler", "-fPIC", "-arch=sm_90", "-O3", "-o", so,
+                           str(REPO / "benchmarks" / "sm_bandwidth.cu")])
+    lib = ctypes.CDLL(so)
+    P, S, I, F = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.POINTER(ctypes.c_float)
+    lib.smbw_read.argtypes = [P, S, I, I, I, I, P, F]
+    lib.smbw_copy.argtypes = [P, P, S, I, I, I, I, F]
+    lib.smbw_bulk.argtypes = [P, S, I, I, ctypes.c_uint, I, P, P, F]
+    for f in (lib.smbw_read, lib.smbw_copy, lib.smbw_bulk):
+        f.restype = I
+    return lib
+
+
+def _call(fn, *args):
+    ms = ctypes.c_float(0)
+    rc = fn(*args, ctypes.byref(ms))
+    if rc != 0:
+        raise RuntimeError(f"{fn.__name__}: cudaError {rc}")
+    return ms.value
+
+
+def events_ms(fn, iters=5):
+    fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iters):
+        fn()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) / iters
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--link-gbps", type=float, default=370.0)
+    ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument("--quick", action="store_true", help="fewer shapes")
+    a = ap.parse_args(argv)
+    from nccl_tide import _bench as B
+
+    dev = torch.device("cuda", 0)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    res = {"device": torch.cuda.get_device_name(dev), "sms": sms, "date_utc": time.strftime("%Y-%m-%d %H:%M:%S"),
+           "read": [], "copy": [], "bulk": [], "reduce": [], "errors": []}
+    GiB = 1 << 30
+    src = torch.randint(-2**31, 2**31 - 1, (GiB // 4,), dtype=torch.int32, device=dev)
+    sink = torch.zeros(4096, dtype=torch.int64, device=dev)
+    err = torch.zeros(1, dtype=torch.int32, device=dev)
+
+    def one(kind, ctas, **kw):
+        nbytes = min(GiB, (256 << 20) * ctas)  # >= 256 MiB per CTA up to the whole 1 GiB: far beyond L2
+        try:
+            if kind == "read":
+                ms = _call(lib.smbw_read, src.data_ptr(), nbytes, ctas, kw["threads"], kw["depth"], 3, sink.data_ptr())
+                step = kw["threads"] * kw["depth"]
+                moved = nbytes // 16 // ctas // step * step * 16 * ctas
+            elif kind == "copy":
+                half = nbytes // 2
+                ms = _call(lib.smbw_copy, dst.data_ptr(), src.data_ptr(), half, ctas, kw["threads"], kw["depth"], 3)
+                step = kw["threads"] * kw["depth"]
+                moved = 2 * (half // 16 // ctas // step * step * 16 * ctas)
+            else:
+                err.zero_()
+                ms = _call(lib.smbw_bulk, src.data_ptr(), nbytes, ctas, kw["stages"], kw["stage_bytes"], 3,
+                           sink.data_ptr(), err.data_ptr())
+                if int(err.item()):
+                    raise RuntimeError("a bulk stage did not complete within 1 s")
+                moved = nbytes // ctas // kw["stage_bytes"] * kw["stage_bytes"] * ctas
+            d = dict(kw, ctas=ctas, ms=ms, GBps=moved / ms / 1e6, GBps_per_cta=moved / ms / 1e6 / ctas)
+            res[kind].append(d)
+            print(f"[smbw] {kind:5s} ctas {ctas:4d} {kw}: {d['GBps']:8.1f} GB/s ({d['GBps_per_cta']:.1f} per CTA)",
+                  flush=True)
+            return d
+        except Exception as e:
+            res["errors"].append({"what": f"{kind} {ctas} {kw}", "error": f"{type(e).__name__}: {e}"})
+            print(f"[smbw] {kind} {ctas} {kw} FAILED: {e}", flush=True)
+            return None
+
+    try:
+        lib = build_probe()
+    except Exception as e:
+        lib = None
+        res["errors"].append({"what": "build sm_bandwidth.cu", "error": f"{type(e).__name__}: {e}"})
+        print(f"[smbw] probe build FAILED: {e}", flush=True)
+    dst = torch.empty(GiB // 8, dtype=torch.int32, device=dev)  # copy: 512 MiB each way at most
+    scale = [1, 2, 4, 8, 16, 33, 66, sms] if not a.quick else [1, 4, 16, sms]
+    if lib is not None:
+        shapes = [(t, d) for t in (256, 512, 1024) for d in (1, 4, 8, 16)]
+        if a.quick:
+            shapes = [(512, 4), (512, 16), (1024, 8)]
+        best = None
+        for t, d in shapes:
+            r = one("read", 1, threads=t, depth=d)
+            if r and (best is None or r["GBps"] > best["GBps"]):
+                best = r
+        if best:
+            res["read_best_single_cta"] = best
+            for c in scale[1:]:
+                one("read", c, threads=best["threads"], depth=best["depth"])
+        for c in (1, 4, sms):
+            one("copy", c, threads=512, depth=8)
+        bulk_shapes = [(2, 32 << 10), (4, 32 << 10), (4, 48 << 10), (6, 32 << 10)] if not a.quick else [(4, 32 << 10)]
+        bb = None
+        for st, sb in bulk_shapes:
+            r = one("bulk", 1, stages=st, stage_bytes=sb)
+            if r and (bb is None or r["GBps"] > bb["GBps"]):
+                bb = r
+        if bb:
+            res["bulk_best_single_cta"] = bb
+            for c in (4, 16, sms):
+                one("bulk", c, stages=bb["stages"], stage_bytes=bb["stage_bytes"])
+    del dst
+
+    # The library's reduce kernel on G CTAs (one launch), and with its own rule.
+    W = a.ranks
+    n = 8 << 20  # one 32 MiB-output chunk (the default rsChunkBytes)
+    g = torch.Generator(device=dev).manual_seed(5)
+    inp = torch.randn(W * n, dtype=torch.bfloat16, device=dev, generator=g)
+    out = torch.empty(n, dtype=torch.float32, device=dev)
+    ref = inp[:n].float()
+    for s in range(1, W):
+        ref = ref + inp[s * n:(s + 1) * n].float()
+    stream = torch.cuda.current_stream().cuda_stream
+    traffic = n * (2 * W + 4)
+    for G in ([1, 2, 3, 4, 6, 8, 16, 32, sms] if not a.quick else [1, 4, 8, sms]) + [0]:
+        # G CTAs in one launch: bytes per CTA just above traffic / G (0 and 0: the library's rule).
+        args = B.reduce_args(inp.data_ptr(), n * 2, W, n, out.data_ptr(), max_ctas=G,
+                             cta_bytes=(traffic // G + 8 * (2 * W + 4)) if G else 0)
+        try:
+            shape = B.reduce_shape(args)
+            out.fill_(float("nan"))
+            ms = events_ms(lambda: B.reduce(args, stream))
+            exact = bool(torch.equal(out, ref))
+            ctas = shape["ctas"]
+            d = {"max_ctas": G, "rule": G == 0, "shape": shape, "ms": ms, "GBps": traffic / ms / 1e6,
+                 "GBps_per_cta": traffic / ms / 1e6 / ctas, "bit_exact": exact,
+                 "sm_weighted_us": ms * 1e3 * min(1.0, ctas / sms)}
+            res["reduce"].append(d)
+            print(f"[smbw] reduce {'rule' if G == 0 else f'G={G}':>6} ({ctas} CTAs x {shape['launches']} launches): "
+                  f"{d['GBps']:8.1f} GB/s, {d['GBps_per_cta']:.1f} per CTA, {ms * 1e3:.1f} us, exact {exact}",
+                  flush=True)
+        except Exception as e:
+            res["errors"].append({"what": f"reduce G={G}", "error": f"{type(e).__name__}: {e}"})
+            print(f"[smbw] reduce G={G} FAILED: {e}", flush=True)
+    # References on the whole GPU.
+    big = torch.empty(GiB // 4, dtype=torch.float32, device=dev)
+    cms = events_ms(lambda: big.copy_(src.view(torch.float32)))
+    res["torch_copy_GBps"] = 2 * GiB / cms / 1e6
+    x = inp.view(W, n)
+    sms_ms = events_ms(lambda: torch.sum(x, dim=0, dtype=torch.float32, out=out))
+    res["torch_sum_GBps"] = traffic / sms_ms / 1e6
+    print(f"[smbw] torch copy_ {res['torch_copy_GBps']:.0f} GB/s (r+w); torch.sum 8 bf16 -> fp32 "
+          f"{res['torch_sum_GBps']:.0f} GB/s", flush=True)
+    # What the rule needs: reduce traffic per incoming byte, times the link rate.
+    need = a.link_gbps * (2 * W + 4) / (2 * (W - 1))
+    one_cta = next((d for d in res["reduce"] if d["max_ctas"] == 1), None)
+    if one_cta:
+        res["rule"] = {"link_gbps": a.link_gbps, "reduce_GBps_needed": need,
+                       "reduce_GBps_per_cta": one_cta["GBps_per_cta"],
+                       "ctas_to_keep_up": math.ceil(need / one_cta["GBps_per_cta"])}
+        print(f"[smbw] to keep up with {a.link_gbps:g} GB/s incoming: {need:.0f} GB/s of reduce traffic = "
+              f"{res['rule']['ctas_to_keep_up']} CTAs at {one_cta['GBps_per_cta']:.1f} GB/s each", flush=True)
+    bad = [d for d in res["reduce"] if not d["bit_exact"]]
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, "sm_bandwidth.json"), "w") as f:
+            json.dump(res, f, indent=1)
+    if bad:
+        print(f"[smbw] reduce NOT bit-exact for {[d['max_ctas'] for d in bad]}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

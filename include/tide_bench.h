@@ -1,0 +1,83 @@
+/*
+ * nccl-tide internal entry points for benchmarks and tests (issue 16: "one rank's share").
+ *
+ * NOT part of the public API: no stability promise, may change or disappear in any release. They exist so that a
+ * single-GPU benchmark can put on one GPU exactly what one GPU of a W-rank node does, with the library's own
+ * pieces: its reduce kernel on given buffers (same shape rule as the executors), its copy-engine copy path (the
+ * hinted cudaMemcpyBatchAsync of plugin/cuda/copy_batch.h), copies paced to a link rate without SMs, and an
+ * NCCL-like persistent reduce for the baseline. Exported under the tide* rule of plugin/exports.map. In a library
+ * built without CUDA every function returns tideUnsupported. Python: nccl_tide._bench.
+ */
+#ifndef TIDE_BENCH_H_
+#define TIDE_BENCH_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tide.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TIDE_BENCH_REDUCE_ARGS_VERSION 1
+
+/* One reduce on device buffers: out[k] = post(prev[k] + fold over s < nSrc of pre(in_s[k])), in_s at
+ * staging + s * srcStride bytes, in the accumulation order of include/tide.h. maxCtas / ctaBytes override the two
+ * constants of the library's shape rule (0: the rule's own, what the executors use). */
+typedef struct {
+  size_t size;       /* sizeof(tideBenchReduceArgs_t) */
+  int version;       /* TIDE_BENCH_REDUCE_ARGS_VERSION */
+  const void* staging;
+  size_t srcStride;  /* bytes */
+  int nSrc;          /* >= 1 */
+  uint64_t n;        /* elements */
+  void* out;
+  tideDataType_t inType;  /* bf16, fp16, fp32 */
+  tideDataType_t outType; /* bf16, fp16, fp32 */
+  tideRedOp_t op;
+  float scale;       /* PREMUL_SUM */
+  float divisor;     /* AVG */
+  const float* prev; /* NULL, or the running fp32 sum (n elements; may equal out when outType is fp32) */
+  int maxCtas;       /* 0: the rule's */
+  uint64_t ctaBytes; /* 0: the rule's */
+} tideBenchReduceArgs_t;
+
+/* Enqueues the library's reduce kernel(s) on stream (of the current device; NULL: the legacy default stream). */
+tideResult_t tideBenchReduce(const tideBenchReduceArgs_t* args, void* stream);
+
+/* The shape the launcher would use for args: CTAs per launch, launches, threads per CTA, whether the 16-byte path
+ * applies, and the reduce's HBM traffic in bytes. Host only. */
+tideResult_t tideBenchReduceShape(const tideBenchReduceArgs_t* args, int* ctas, int* launches, int* threads,
+                                  int* vector, uint64_t* bytes);
+
+/* count device-to-device copies through the library's copy-engine path (one hinted cudaMemcpyBatchAsync). The
+ * stream must not be NULL (the batch API rejects the legacy stream; the fallback could use SMs); nor for the pacer. */
+tideResult_t tideBenchCopy(int count, void* const* dst, const void* const* src, const size_t* bytes, void* stream);
+
+/* A link model: copies paced to bytesPerSecond without SMs. Each tideBenchPacedCopy call is one transfer: its
+ * copies are cut into pieces of pieceBytes; before piece j the stream waits (cuStreamWaitValue32 on a word in
+ * mapped host memory) until a host thread of the pacer releases it, at t0 + (bytes of pieces 0..j) / rate, where
+ * t0 = max(when the stream reached the transfer's first piece (a stream write the thread observes), when the
+ * previous transfer's last piece was released). So a piece lands only after its bytes could have crossed the link,
+ * the link is never faster than the rate, and it idles while the receiver's stream is elsewhere. */
+typedef struct tideBenchPacer* tideBenchPacer_t;
+tideResult_t tideBenchPacerCreate(double bytesPerSecond, size_t pieceBytes, tideBenchPacer_t* pacer);
+tideResult_t tideBenchPacedCopy(tideBenchPacer_t pacer, int count, void* const* dst, const void* const* src,
+                                const size_t* bytes, void* stream);
+/* stats[0] pieces released, [1] transfers, [2] largest lag of a release past its due time (us), [3] link idle time
+ * between transfers (us), [4] pieces enqueued. */
+tideResult_t tideBenchPacerStats(tideBenchPacer_t pacer, double* stats, int count);
+/* Releases every enqueued piece (so no stream stays blocked), stops the thread, frees the words. */
+tideResult_t tideBenchPacerDestroy(tideBenchPacer_t pacer);
+
+/* The NCCL-like baseline: one persistent kernel of `ctas` CTAs doing the reduce of args (bf16 inputs, fp32 output,
+ * 16-byte aligned, op SUM) spread evenly over `seconds`: each CTA spins on %globaltimer until the step's share of
+ * the link time has passed, as NCCL's CTAs spin on their peers' flags. */
+tideResult_t tideBenchPersistentReduce(const tideBenchReduceArgs_t* args, int ctas, double seconds, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TIDE_BENCH_H_ */

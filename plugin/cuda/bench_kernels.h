@@ -1,0 +1,23 @@
+// Benchmark-only kernels (include/tide_bench.h): the NCCL-like persistent reduce baseline.
+#ifndef TIDE_CUDA_BENCH_KERNELS_H_
+#define TIDE_CUDA_BENCH_KERNELS_H_
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tide.h"
+
+namespace tide {
+namespace cuda {
+
+// ctas persistent CTAs fold nSrc bf16 inputs (staging + s * srcStride) into n fp32 outputs, evenly over `seconds`.
+tideResult_t launchPersistentReduce(const void* staging, size_t srcStride, int nSrc, uint64_t n, float* out,
+                                    int ctas, double seconds, cudaStream_t stream);
+tideResult_t preloadBenchKernels();
+
+}  // namespace cuda
+}  // namespace tide
+
+#endif  // TIDE_CUDA_BENCH_KERNELS_H_

@@ -1,0 +1,150 @@
+"""ctypes binding of include/tide_bench.h: internal entry points for benchmarks and tests (not the public API).
+
+The single-GPU "one rank's share" benchmark (nccl_tide.perf.share, issue 16) drives the library's own reduce
+kernel on given buffers, its copy-engine copy path, a link pacer (copies paced to a byte rate by stream waits that
+a host thread releases: no SMs) and the NCCL-like persistent reduce baseline through these. Pointers and streams
+are plain integers (tensor.data_ptr(), stream.cuda_stream); every call enqueues on the given stream and returns.
+"""
+
+import ctypes
+from ctypes import POINTER, c_double, c_float, c_int, c_size_t, c_uint64, c_void_p
+from typing import Optional, Sequence, Tuple
+
+from . import _native as N
+
+TIDE_BENCH_REDUCE_ARGS_VERSION = 1
+_TYPES = {"bf16": N.tideBfloat16, "fp16": N.tideFloat16, "fp32": N.tideFloat32}
+_OPS = {"sum": N.tideSum, "avg": N.tideAvg, "premul": N.tidePremulSum}
+
+
+class tideBenchReduceArgs_t(ctypes.Structure):
+    _fields_ = [
+        ("size", c_size_t),
+        ("version", c_int),
+        ("staging", c_void_p),
+        ("srcStride", c_size_t),
+        ("nSrc", c_int),
+        ("n", c_uint64),
+        ("out", c_void_p),
+        ("inType", N.tideDataType_t),
+        ("outType", N.tideDataType_t),
+        ("op", N.tideRedOp_t),
+        ("scale", c_float),
+        ("divisor", c_float),
+        ("prev", c_void_p),
+        ("maxCtas", c_int),
+        ("ctaBytes", c_uint64),
+    ]
+
+
+_P = POINTER
+_PPV = _P(c_void_p)
+_PA = _P(tideBenchReduceArgs_t)
+
+SIGNATURES = {
+    "tideBenchReduce": (N.tideResult_t, [_PA, c_void_p]),
+    "tideBenchReduceShape": (N.tideResult_t, [_PA, _P(c_int), _P(c_int), _P(c_int), _P(c_int), _P(c_uint64)]),
+    "tideBenchCopy": (N.tideResult_t, [c_int, _PPV, _PPV, _P(c_size_t), c_void_p]),
+    "tideBenchPacerCreate": (N.tideResult_t, [c_double, c_size_t, _P(c_void_p)]),
+    "tideBenchPacedCopy": (N.tideResult_t, [c_void_p, c_int, _PPV, _PPV, _P(c_size_t), c_void_p]),
+    "tideBenchPacerStats": (N.tideResult_t, [c_void_p, _P(c_double), c_int]),
+    "tideBenchPacerDestroy": (N.tideResult_t, [c_void_p]),
+    "tideBenchPersistentReduce": (N.tideResult_t, [_PA, c_int, c_double, c_void_p]),
+}
+
+_bound = None
+
+
+def lib():
+    """The library with the tide_bench.h signatures set (LibraryNotFoundError if it does not load or lacks them)."""
+    global _bound
+    if _bound is None:
+        handle = N.lib()
+        for name, (res, args) in SIGNATURES.items():
+            try:
+                fn = getattr(handle, name)
+            except AttributeError as e:
+                raise N.LibraryNotFoundError(f"{N.library_path()} does not export {name}: stale library") from e
+            fn.restype, fn.argtypes = res, args
+        _bound = handle
+    return _bound
+
+
+def reduce_args(staging: int, src_stride: int, n_src: int, n: int, out: int, in_type: str = "bf16",
+                out_type: str = "fp32", op: str = "sum", scale: float = 1.0, divisor: float = 1.0,
+                prev: Optional[int] = None, max_ctas: int = 0, cta_bytes: int = 0) -> tideBenchReduceArgs_t:
+    if in_type not in _TYPES or out_type not in _TYPES:
+        raise ValueError(f"in_type/out_type must be one of {sorted(_TYPES)}, got {in_type!r}/{out_type!r}")
+    if op not in _OPS:
+        raise ValueError(f"op must be one of {sorted(_OPS)}, got {op!r}")
+    return tideBenchReduceArgs_t(
+        ctypes.sizeof(tideBenchReduceArgs_t), TIDE_BENCH_REDUCE_ARGS_VERSION, staging, src_stride, n_src, n, out,
+        _TYPES[in_type], _TYPES[out_type], _OPS[op], scale, divisor, prev, max_ctas, cta_bytes,
+    )
+
+
+def reduce(args: tideBenchReduceArgs_t, stream: int) -> None:
+    N.check(lib().tideBenchReduce(ctypes.byref(args), stream), "tideBenchReduce")
+
+
+def reduce_shape(args: tideBenchReduceArgs_t) -> dict:
+    ctas, launches, threads, vector, nbytes = c_int(), c_int(), c_int(), c_int(), c_uint64()
+    N.check(lib().tideBenchReduceShape(ctypes.byref(args), ctypes.byref(ctas), ctypes.byref(launches),
+                                       ctypes.byref(threads), ctypes.byref(vector), ctypes.byref(nbytes)),
+            "tideBenchReduceShape")
+    return {"ctas": ctas.value, "launches": launches.value, "threads": threads.value, "vector": bool(vector.value),
+            "bytes": nbytes.value}
+
+
+def _tables(copies: Sequence[Tuple[int, int, int]]):
+    n = len(copies)
+    dst = (c_void_p * max(n, 1))(*[c[0] for c in copies])
+    src = (c_void_p * max(n, 1))(*[c[1] for c in copies])
+    nb = (c_size_t * max(n, 1))(*[c[2] for c in copies])
+    return n, dst, src, nb
+
+
+def copy(copies: Sequence[Tuple[int, int, int]], stream: int) -> None:
+    """(dst, src, bytes) copies through the library's copy-engine path (one hinted batch)."""
+    n, dst, src, nb = _tables(copies)
+    N.check(lib().tideBenchCopy(n, dst, src, nb, stream), "tideBenchCopy")
+
+
+def persistent_reduce(args: tideBenchReduceArgs_t, ctas: int, seconds: float, stream: int) -> None:
+    N.check(lib().tideBenchPersistentReduce(ctypes.byref(args), ctas, seconds, stream), "tideBenchPersistentReduce")
+
+
+class Pacer:
+    """A link of `gbps` GB/s (1e9 bytes/s) for copy-engine copies, cut into pieces of `piece_bytes`."""
+
+    STATS = ("pieces_released", "transfers", "max_release_lag_us", "link_idle_us", "pieces_enqueued")
+
+    def __init__(self, gbps: float, piece_bytes: int):
+        if not gbps > 0:
+            raise ValueError(f"link rate must be > 0 GB/s, got {gbps}")
+        self.gbps, self.piece_bytes = gbps, piece_bytes
+        h = c_void_p()
+        N.check(lib().tideBenchPacerCreate(gbps * 1e9, piece_bytes, ctypes.byref(h)), "tideBenchPacerCreate")
+        self._h = h
+
+    def paced_copy(self, copies: Sequence[Tuple[int, int, int]], stream: int) -> None:
+        """One transfer: its copies land piece by piece, each no earlier than the link could have carried it."""
+        n, dst, src, nb = _tables(copies)
+        N.check(lib().tideBenchPacedCopy(self._h, n, dst, src, nb, stream), "tideBenchPacedCopy")
+
+    def stats(self) -> dict:
+        out = (c_double * len(self.STATS))()
+        N.check(lib().tideBenchPacerStats(self._h, out, len(self.STATS)), "tideBenchPacerStats")
+        return dict(zip(self.STATS, list(out)))
+
+    def close(self) -> None:
+        """Call once the streams that used the pacer are idle (torch.cuda.synchronize())."""
+        if self._h:
+            N.check(lib().tideBenchPacerDestroy(self._h), "tideBenchPacerDestroy")
+            self._h = c_void_p()
+
+    def __del__(self):  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass

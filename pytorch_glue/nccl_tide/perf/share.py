@@ -1,0 +1,819 @@
+"""One rank's share (issue 16): on one GPU, exactly what ONE GPU of a W-rank node does during TIDE-AG / TIDE-RS.
+
+    tide-perf share [all_gather|reduce_scatter|both] [--ranks 8] [--layout llama3-8b-layer] [--link-gbps 370]
+                    [--piece-bytes 4M] [--runs 31] [--sides LIST] [-J FILE.json] [--plot FILE.png]
+
+Loopback-8 puts all eight ranks' copies through one GPU's HBM, which overstates what one GPU of a node sees. Here
+the GPU holds rank 0's real buffers plus pre-staged images of the other ranks' data, and runs rank 0's part only:
+* AG: rank 0's own shard into its slot (local copy-engine copy, unpaced) and the W-1 incoming shards into their
+  places in rank 0's slot, paced to the link rate;
+* RS: per pipeline chunk, the W-1 incoming chunk pushes into rank 0's staging (paced) and rank 0's own push
+  (local, unpaced), then rank 0's reduce with the library's own kernel and shape rule (tideBenchReduce), two
+  staging buffers as the plan has them, a push into a buffer waiting for the reduce that frees it.
+Pacing (tideBenchPacedCopy): copy-engine copies cut into pieces, each gated by a stream wait on a host-memory word
+that a host thread releases when the piece's bytes could have crossed a link of --link-gbps (aggregate over the
+W-1 peers); no SM runs for it. HBM traffic matches the node: an incoming copy here reads an image and writes rank
+0's buffer (2 bytes of HBM traffic per byte), where on the node the peer's write lands in rank 0's HBM and rank
+0's own outgoing pushes read it (also 2 per byte); what is not modelled is the NVLink port itself.
+
+Measured, per side work, with the method of DESIGN.md section 9 (side streams busy before the GEMM starts and past
+its end, covered-runs count, median and IQR over --runs >= 31): the single-wave GEMM's slowdown; the side work's
+time alone (end to end, against the link-rate floor (W-1)/W x bytes / rate), its modelled HBM bytes/s, and its SM
+time weighted by occupancy (sum over kernels of duration x min(1, CTAs / SMs), torch.profiler); the GEMM's kernel,
+grid and cluster shape. Controls in the same run: GEMM alone (before and after), an NCCL-like persistent reduce of
+16 and 32 CTAs paced to the same link time (tideBenchPersistentReduce), the unpaced share, loopback-8 (upper bound).
+"""
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+SIDES = ("ag-share", "ag-share-unpaced", "rs-share", "rs-share-unpaced", "nccl-like-16", "nccl-like-32",
+         "ag-loopback", "rs-loopback")
+DEFAULT_SIDES = SIDES
+MIN_RUNS = 31  # DESIGN.md section 9 / issue 16: median and IQR over at least 31 runs
+GEMM_MKN = (1024, 4096, 16384)
+SLEEP_CYCLES_PER_MS = 2_000_000  # torch.cuda._sleep cycles per ms at H200 clocks (approximate)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Pure logic (CPU-tested: tests/test_share_logic.py)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def parse_bytes(text: str) -> int:
+    t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
+    mult = 1
+    if t and t[-1] in "KMG":
+        mult, t = 1 << (10 * ("KMG".index(t[-1]) + 1)), t[:-1]
+    try:
+        v = int(t) * mult
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: an integer with an optional K, M or G suffix") from None
+    return v
+
+
+def link_release_times(transfers: Sequence[Sequence[int]], rate_bps: float, arrivals: Sequence[float]) -> List[List[float]]:
+    """The pacer's timeline (include/tide_bench.h), in seconds: transfer t (a list of piece sizes in bytes) starts at
+    t0 = max(arrivals[t], release time of the previous transfer's last piece); its piece j is released at
+    t0 + (bytes of pieces 0..j) / rate. Mirrors plugin/cuda/bench_pacer.cc (LinkPacer::run)."""
+    if not rate_bps > 0:
+        raise ValueError("rate must be > 0")
+    if len(arrivals) != len(transfers):
+        raise ValueError("one arrival time per transfer")
+    out, link_free = [], -math.inf
+    for pieces, arr in zip(transfers, arrivals):
+        t0 = max(arr, link_free)
+        cum, rel = 0, []
+        for b in pieces:
+            if b <= 0:
+                raise ValueError("piece sizes must be > 0")
+            cum += b
+            rel.append(t0 + cum / rate_bps)
+        if rel:
+            link_free = rel[-1]
+        out.append(rel)
+    return out
+
+
+def cut_pieces(sizes: Sequence[int], piece: int) -> List[int]:
+    """Piece sizes of one transfer whose copies have `sizes` bytes (copies may span pieces), as the pacer cuts it."""
+    total = sum(int(s) for s in sizes)
+    if piece <= 0:
+        raise ValueError("piece must be > 0")
+    return [piece] * (total // piece) + ([total % piece] if total % piece else [])
+
+
+def occupancy_weighted_us(kernels: Sequence[Tuple[float, int]], n_sm: int) -> float:
+    """Sum of duration x min(1, CTAs / SMs) over (duration_us, ctas) pairs: the SM time of kernels that hold only
+    part of the GPU, weighted by the share of SMs their grid can occupy."""
+    if n_sm <= 0:
+        raise ValueError("n_sm must be > 0")
+    return sum(float(d) * min(1.0, max(0, int(c)) / n_sm) for d, c in kernels)
+
+
+def link_floor_s(kind: str, world: int, full_bytes: int, rate_bps: float) -> float:
+    """(W-1)/W x bytes / rate: the incoming share of `full_bytes` (AG: the gathered slot; RS: one rank's whole
+    gradient set, padded) crossing a link of rate_bps."""
+    if kind not in ("ag", "rs"):
+        raise ValueError(kind)
+    return (world - 1) / world * full_bytes / rate_bps
+
+
+def side_ops_for(unit_ms: float, gemm_ms: float) -> int:
+    """K side units so the side work outlasts 3x the GEMM + 1 ms (interference.py's rule), at least 3, at most 200."""
+    return int(min(200, 1 + max(2, math.ceil((3 * gemm_ms + 1.0) / max(unit_ms, 1e-3)))))
+
+
+def stats(xs: Sequence[float]) -> dict:
+    xs = sorted(float(x) for x in xs)
+    if not xs:
+        return {"n": 0}
+    q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [xs[0]] * 3
+    return {"n": len(xs), "median": statistics.median(xs), "p25": q[0], "p75": q[2], "min": xs[0], "max": xs[-1]}
+
+
+def ag_plan(params, world: int, peer_base: Callable[[int], int], own_base: int, slot_base: int):
+    """Copies (dst, src, bytes) of rank 0's AG share: own shard of every parameter into slot position 0, and for
+    every parameter and peer s = 1..W-1 (parameter-major, so the peers' data interleave as they arrive) the image
+    of s's shard into slot position s. peer_base(s) is the address of s's send-buffer image."""
+    own, incoming = [], []
+    for p in params:
+        sb = p.shard_numel * p.elem_size
+        if sb == 0:
+            continue
+        own.append((slot_base + p.slot_offset, own_base + p.send_offset, sb))
+        for s in range(1, world):
+            incoming.append((slot_base + p.slot_offset + s * sb, peer_base(s) + p.send_offset, sb))
+    return own, incoming
+
+
+def rs_chunk_plan(params, world: int, chunk: int, out_numel: int, grad_ptrs: Sequence[int], image_ptr: Callable[[int], int],
+                  staging: int, zeros: int, zero_bytes: int, elem: int = 2):
+    """Per pipeline chunk k: (own copies, incoming copies, reduce tuple) of rank 0's RS share.
+    Staging: nb = 2 buffers (1 with one chunk) of W inputs of `chunk` elements, input s at buffer + s * chunk *
+    elem, as rs_executor.cc lays it out. Own copies: rank 0's gradient elements q < shard of each parameter
+    overlapping the chunk (zeros past numel, from `zeros`), as the executor's push for d = me = 0. Incoming: image
+    s (rank s's elements for rank 0, packed in output order) into input s. Reduce: (staging buffer, n, out offset)."""
+    n_chunks = -(-out_numel // chunk) if out_numel else 0
+    nb = 2 if n_chunks > 1 else 1
+    stride = chunk * elem
+    buf_bytes = world * stride
+    plans = []
+    pi = 0
+    for k in range(n_chunks):
+        c0, c1 = k * chunk, min((k + 1) * chunk, out_numel)
+        buf = staging + (k % nb) * buf_bytes
+        own = []
+        while pi < len(params) and params[pi].rs_out_offset + params[pi].shard_numel <= c0:
+            pi += 1
+        i = pi
+        while i < len(params) and params[i].rs_out_offset < c1:
+            p = params[i]
+            lo, hi = max(c0, p.rs_out_offset), min(c1, p.rs_out_offset + p.shard_numel)
+            if lo < hi:
+                q = lo - p.rs_out_offset
+                count = hi - lo
+                valid = 0 if q >= p.numel else min(count, p.numel - q)
+                to = buf + (lo - c0) * elem
+                if valid:
+                    own.append((to, grad_ptrs[i] + q * elem, valid * elem))
+                z = valid * elem
+                while z < count * elem:
+                    nbz = min(zero_bytes, count * elem - z)
+                    own.append((to + z, zeros, nbz))
+                    z += nbz
+            i += 1
+        incoming = [(buf + s * stride, image_ptr(s) + c0 * elem, (c1 - c0) * elem) for s in range(1, world)]
+        plans.append((own, incoming, (buf, c1 - c0, c0)))
+    return plans, nb
+
+
+def validate(a) -> Optional[str]:
+    """The first problem with the arguments, or None."""
+    if not a.link_gbps > 0 or not math.isfinite(a.link_gbps):
+        return f"--link-gbps must be a positive number (GB/s, 1e9 bytes/s), got {a.link_gbps}"
+    if not 2 <= a.ranks <= 8:
+        return f"--ranks must be 2..8 (the GPUs of one node), got {a.ranks}"
+    if a.piece_bytes < 64 << 10 or a.piece_bytes > 1 << 30:
+        return f"--piece-bytes must be 64K..1G, got {a.piece_bytes}"
+    if a.runs < 1:
+        return f"--runs must be >= 1 (the method asks for >= {MIN_RUNS}), got {a.runs}"
+    bad = [s for s in a.sides if s not in SIDES]
+    if bad:
+        return f"unknown --sides {', '.join(bad)}; choose from {', '.join(SIDES)}"
+    if a.collective not in ("all_gather", "reduce_scatter", "both"):
+        return f"collective must be all_gather, reduce_scatter or both, got {a.collective}"
+    return None
+
+
+def parser() -> argparse.ArgumentParser:
+    from ..models import MODELS
+
+    p = argparse.ArgumentParser(prog="tide-perf share", description=__doc__.split("\n\n")[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("collective", nargs="?", default="both", help="all_gather, reduce_scatter or both (default)")
+    p.add_argument("--ranks", type=int, default=8, help="W, the GPUs of the node (2..8)")
+    p.add_argument("--layout", default="llama3-8b-layer", choices=sorted(MODELS))
+    p.add_argument("--link-gbps", type=float, default=370.0, help="aggregate incoming link rate, GB/s (default 370)")
+    p.add_argument("--piece-bytes", type=parse_bytes, default=4 << 20, help="pacing granularity (default 4M)")
+    p.add_argument("--runs", type=int, default=MIN_RUNS, help=f"GEMM runs per median (default {MIN_RUNS})")
+    p.add_argument("--sides", type=lambda s: [x for x in s.split(",") if x], default=list(DEFAULT_SIDES),
+                   help="comma list of " + ",".join(SIDES))
+    p.add_argument("--reduce-max-ctas", type=int, default=0, help="override the reduce rule's CTA cap (0: library's)")
+    p.add_argument("--reduce-cta-bytes", type=parse_bytes, default=0, help="override the rule's bytes per CTA")
+    p.add_argument("--rs-chunk-bytes", type=parse_bytes, default=0, help="layout RS chunk (0: the library's)")
+    p.add_argument("--check", type=int, default=1, help="1: verify the share's outputs bit for bit")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("-J", "--output_file", default=None)
+    p.add_argument("--plot", default=None, help="PNG: GEMM slowdown against side-work HBM rate")
+    return p
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU part
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class _Gpu:
+    def __init__(self):
+        import torch
+
+        self.torch = torch
+        self.dev = torch.device("cuda", torch.cuda.current_device())
+        self.n_sm = torch.cuda.get_device_properties(self.dev).multi_processor_count
+
+    def rand(self, n, dtype, seed):
+        g = self.torch.Generator(device=self.dev).manual_seed(seed)
+        return self.torch.randn(n, dtype=dtype, device=self.dev, generator=g)
+
+    def stream(self):
+        """A fresh stream of its own (driver-created, nccl_tide.cuda.new_streams): torch's pool of 32 wraps, and a
+        side stream that happened to be the GEMM's would serialize the two and void the measurement. The few
+        streams of a run live until the process ends."""
+        from ..cuda import new_streams
+
+        (s,), _release = new_streams(1, self.dev.index)
+        return s
+
+    def sleep_ms(self, ms, stream=None):
+        with self.torch.cuda.stream(stream or self.torch.cuda.current_stream()):
+            self.torch.cuda._sleep(int(max(ms, 0.05) * SLEEP_CYCLES_PER_MS))
+
+
+class Side:
+    """One kind of side work: unit() enqueues one collective's worth on self.streams and leaves its end on
+    self.streams[0] (the others joined into it). bytes: modelled HBM traffic of one unit."""
+
+    name = "?"
+    streams: list
+    bytes = 0
+    floor_s = None
+    tide = False
+
+    def unit(self):
+        raise NotImplementedError
+
+    def check(self) -> dict:
+        return {}
+
+    def close(self):
+        pass
+
+
+class AgShare(Side):
+    def __init__(self, g: _Gpu, lay, world, pacer, seed):
+        from .. import _bench as B
+
+        t = g.torch
+        self.B, self.g, self.pacer = B, g, pacer
+        self.name = "TIDE-AG share" + ("" if pacer else " (unpaced)")
+        self.tide = True
+        self.world = world
+        send_elems = lay.send_bytes // 2
+        self.send = g.rand(send_elems, t.bfloat16, seed)
+        self.images = g.rand((world - 1) * send_elems, t.bfloat16, seed + 1)
+        self.slot = t.empty(lay.slot_bytes, dtype=t.uint8, device=g.dev)
+        ib = self.images.data_ptr()
+        self.own, self.incoming = ag_plan(lay.params, world, lambda s: ib + (s - 1) * send_elems * 2,
+                                          self.send.data_ptr(), self.slot.data_ptr())
+        self.s_in, self.s_own = g.stream(), g.stream()
+        self.streams = [self.s_in, self.s_own]
+        moved = sum(c[2] for c in self.own) + sum(c[2] for c in self.incoming)
+        self.bytes = 2 * moved
+        self.floor_s = sum(c[2] for c in self.incoming) / (pacer.gbps * 1e9) if pacer else None
+        self.incoming_bytes = sum(c[2] for c in self.incoming)
+        self.lay = lay
+
+    def unit(self):
+        self.s_own.wait_stream(self.s_in)
+        self.B.copy(self.own, self.s_own.cuda_stream)
+        if self.pacer:
+            self.pacer.paced_copy(self.incoming, self.s_in.cuda_stream)
+        else:
+            self.B.copy(self.incoming, self.s_in.cuda_stream)
+        self.s_in.wait_stream(self.s_own)
+
+    def check(self):
+        t = self.g.torch
+        self.slot.fill_(0xFF)
+        t.cuda.synchronize()
+        self.unit()
+        t.cuda.synchronize()
+        wrong = 0
+        send_b = self.send.view(t.uint8)
+        img_b = self.images.view(t.uint8)
+        per = self.lay.send_bytes
+        for p in self.lay.params:
+            sb = p.shard_numel * p.elem_size
+            for s in range(self.world):
+                got = self.slot[p.slot_offset + s * sb: p.slot_offset + (s + 1) * sb]
+                src = send_b if s == 0 else img_b[(s - 1) * per:s * per]
+                want = src[p.send_offset:p.send_offset + sb]
+                wrong += int((got != want).sum())
+        return {"wrong_bytes": wrong, "ok": wrong == 0}
+
+
+class RsShare(Side):
+    def __init__(self, g: _Gpu, lay, world, pacer, seed, shapes, max_ctas=0, cta_bytes=0):
+        from .. import _bench as B
+
+        t = g.torch
+        self.B, self.g, self.pacer, self.lay, self.world = B, g, pacer, lay, world
+        self.name = "TIDE-RS share" + ("" if pacer else " (unpaced)")
+        self.tide = True
+        M = lay.rs_out_numel
+        self.grads = [g.rand(math.prod(s), t.bfloat16, seed + 100 + i) for i, s in enumerate(shapes)]
+        self.images = g.rand((world - 1) * M, t.bfloat16, seed + 7)
+        chunk = lay.rs_chunk_numel
+        n_chunks = lay.rs_num_chunks
+        nb = 2 if n_chunks > 1 else 1
+        self.staging = t.empty(nb * world * chunk, dtype=t.bfloat16, device=g.dev)
+        self.zeros = t.zeros(1 << 20, dtype=t.uint8, device=g.dev)
+        self.out = t.empty(M, dtype=t.float32, device=g.dev)
+        ib = self.images.data_ptr()
+        self.plans, self.nb = rs_chunk_plan(lay.params, world, chunk, M, [x.data_ptr() for x in self.grads],
+                                            lambda s: ib + (s - 1) * M * 2, self.staging.data_ptr(),
+                                            self.zeros.data_ptr(), self.zeros.numel())
+        assert self.nb == nb and len(self.plans) == n_chunks, (self.nb, nb, len(self.plans), n_chunks)
+        self.args = [B.reduce_args(buf, chunk * 2, world, n, self.out.data_ptr() + c0 * 4, "bf16", "fp32", "sum",
+                                   1.0, float(world), None, max_ctas, cta_bytes) for _, _, (buf, n, c0) in self.plans]
+        self.shapes = [B.reduce_shape(a) for a in self.args]
+        self.s_in, self.s_own, self.s_red = g.stream(), g.stream(), g.stream()
+        self.streams = [self.s_in, self.s_own, self.s_red]
+        ev = t.cuda.Event
+        self.in_done = [ev() for _ in self.plans]
+        self.own_done = [ev() for _ in self.plans]
+        self.red_done = [ev() for _ in self.plans]
+        self.incoming_bytes = sum(sum(c[2] for c in inc) for _, inc, _ in self.plans)
+        own_bytes = sum(sum(c[2] for c in own) for own, _, _ in self.plans)
+        red_bytes = sum(sh["bytes"] for sh in self.shapes)
+        self.bytes = 2 * (self.incoming_bytes + own_bytes) + red_bytes
+        self.floor_s = self.incoming_bytes / (pacer.gbps * 1e9) if pacer else None
+
+    def unit(self):
+        self.s_own.wait_stream(self.s_in)
+        self.s_red.wait_stream(self.s_in)
+        for k, (own, incoming, _) in enumerate(self.plans):
+            if k >= self.nb:  # the buffer's previous chunk must be reduced first
+                self.s_in.wait_event(self.red_done[k - self.nb])
+                self.s_own.wait_event(self.red_done[k - self.nb])
+            if self.pacer:
+                self.pacer.paced_copy(incoming, self.s_in.cuda_stream)
+            else:
+                self.B.copy(incoming, self.s_in.cuda_stream)
+            self.in_done[k].record(self.s_in)
+            self.B.copy(own, self.s_own.cuda_stream)
+            self.own_done[k].record(self.s_own)
+            self.s_red.wait_event(self.in_done[k])
+            self.s_red.wait_event(self.own_done[k])
+            self.B.reduce(self.args[k], self.s_red.cuda_stream)
+            self.red_done[k].record(self.s_red)
+        self.s_in.wait_stream(self.s_own)
+        self.s_in.wait_stream(self.s_red)
+
+    def check(self):
+        t = self.g.torch
+        self.out.fill_(float("nan"))
+        t.cuda.synchronize()
+        self.unit()
+        t.cuda.synchronize()
+        lay, W, M = self.lay, self.world, self.lay.rs_out_numel
+        own = t.zeros(M, dtype=t.bfloat16, device=self.g.dev)
+        for p, gr in zip(lay.params, self.grads):
+            k = min(p.shard_numel, p.numel)
+            own[p.rs_out_offset:p.rs_out_offset + k] = gr[:k]
+        ref = own.float()
+        for s in range(1, W):
+            ref = ref + self.images[(s - 1) * M:s * M].float()  # ((x0 + x1) + x2) + ...: the tide.h order
+        nan = int(t.isnan(self.out).sum())
+        exact = bool(t.equal(self.out, ref))
+        return {"bit_exact": exact, "nan": nan, "max_abs_diff": float((self.out - ref).abs().max()),
+                "ok": exact and nan == 0}
+
+
+class NcclLike(Side):
+    """The NCCL-like baseline: a persistent reduce of `ctas` CTAs over the share's reduce work (W bf16 inputs ->
+    fp32), spread over the link-rate transfer time."""
+
+    def __init__(self, g: _Gpu, lay, world, ctas, link_gbps, seed):
+        from .. import _bench as B
+
+        t = g.torch
+        self.B, self.g = B, g
+        self.name = f"NCCL-like persistent reduce, {ctas} CTAs"
+        M = lay.rs_out_numel
+        M8 = M // 8 * 8
+        self.inp = g.rand(world * M8, t.bfloat16, seed + 3)
+        self.out = t.empty(M8, dtype=t.float32, device=g.dev)
+        self.args = B.reduce_args(self.inp.data_ptr(), M8 * 2, world, M8, self.out.data_ptr())
+        self.ctas = ctas
+        self.seconds = (world - 1) * M * 2 / (link_gbps * 1e9)  # the same link time as the share's pushes
+        self.floor_s = self.seconds
+        self.s = g.stream()
+        self.streams = [self.s]
+        self.bytes = M8 * (world * 2 + 4)
+        self.world, self.M8 = world, M8
+
+    def unit(self):
+        self.B.persistent_reduce(self.args, self.ctas, self.seconds, self.s.cuda_stream)
+
+    def check(self):
+        t = self.g.torch
+        self.out.fill_(float("nan"))
+        t.cuda.synchronize()
+        self.unit()
+        t.cuda.synchronize()
+        x = self.inp.view(self.world, self.M8)
+        ref = x[0].float()
+        for s in range(1, self.world):
+            ref = ref + x[s].float()
+        exact = bool(t.equal(self.out, ref))
+        return {"bit_exact": exact, "ok": exact}
+
+
+class Loopback(Side):
+    """Upper bound: TIDE's real AG / RS over a loopback world of W virtual ranks (all W ranks' work on this GPU)."""
+
+    def __init__(self, g: _Gpu, kind, numels, rows, shapes, world, seed):
+        from .. import Layout
+        from ..cuda import LoopbackWorld
+
+        t = g.torch
+        self.g, self.kind = g, kind
+        self.name = f"TIDE-{kind.upper()} loopback-{world} (upper bound)"
+        self.tide = True
+        self.world_obj = LoopbackWorld(world, device=g.dev.index)
+        self.layouts = [Layout(numels, "bf16", world, rank=r, row_numels=rows) for r in range(world)]
+        lay = self.layouts[0]
+        self.streams = list(self.world_obj.streams)
+        if kind == "ag":
+            self.slots = self.world_obj.alloc_slot(lay.slot_bytes)
+            self.send = [g.rand(lay.send_bytes // 2, t.bfloat16, seed + r).view(t.uint8) for r in range(world)]
+            self.bytes = world * 2 * lay.slot_bytes
+        else:
+            self.grads = [[g.rand(math.prod(s), t.bfloat16, seed + 100 * r + i) for i, s in enumerate(shapes)]
+                          for r in range(world)]
+            self.outs = [t.empty(lay.rs_out_numel, dtype=t.float32, device=g.dev) for _ in range(world)]
+            M = lay.rs_out_numel
+            self.bytes = world * (2 * sum(numels) + 2 * 2 * world * M + 2 * world * M + 4 * M)
+
+    def unit(self):
+        # The world's streams wait for the first one (so a unit starts after the previous one), run, then join it.
+        first = self.streams[0]
+        for s in self.streams[1:]:
+            s.wait_stream(first)
+        if self.kind == "ag":
+            self.world_obj.all_gather(self.layouts, self.slots, sendbufs=self.send, streams=self.streams)
+        else:
+            self.world_obj.reduce_scatter(self.layouts, self.grads, self.outs, op="sum", streams=self.streams)
+        for s in self.streams[1:]:
+            first.wait_stream(s)
+
+    def close(self):
+        self.g.torch.cuda.synchronize()
+        self.world_obj.close()
+
+
+def _profile(g: _Gpu, fn, iters=3):
+    """Kernels and copies of `iters` calls of fn: [(name, dur_us, ctas, args)], memcpy count and us."""
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    t = g.torch
+    t.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        t.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            data = json.load(f)
+    events = data.get("traceEvents", []) if isinstance(data, dict) else data
+    kernels, mem = [], []
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        cat = str(e.get("cat", "")).lower()
+        if cat == "kernel":
+            args = e.get("args") or {}
+            grid = args.get("grid") or [0]
+            ctas = math.prod(int(x) for x in grid) if isinstance(grid, list) else 0
+            kernels.append((str(e.get("name", "?")), float(e.get("dur", 0.0)), ctas, args))
+        elif cat in ("gpu_memcpy", "gpu_memset"):
+            mem.append(float(e.get("dur", 0.0)))
+    return kernels, mem
+
+
+def _sm_summary(g: _Gpu, kernels, mem, iters, exclude=("sleep",)):
+    ks = [k for k in kernels if not any(x in k[0].lower() for x in exclude)]
+    names: Dict[str, int] = {}
+    for k in ks:
+        names[k[0][:70]] = names.get(k[0][:70], 0) + 1
+    return {
+        "kernels_per_unit": len(ks) / iters,
+        "kernel_us": sum(k[1] for k in ks) / iters,
+        "sm_weighted_us": occupancy_weighted_us([(k[1], k[2]) for k in ks], g.n_sm) / iters,
+        "max_ctas": max((k[2] for k in ks), default=0),
+        "memcpy_per_unit": len(mem) / iters,
+        "memcpy_us": sum(mem) / iters,
+        "kernel_names": dict(sorted(names.items(), key=lambda kv: -kv[1])[:4]),
+    }
+
+
+class Harness:
+    """DESIGN.md section 9: GEMM alone; GEMM beside K side units (side busy before it starts and past its end)."""
+
+    def __init__(self, g: _Gpu, runs: int):
+        t = g.torch
+        self.g, self.runs = g, runs
+        m, k, n = GEMM_MKN
+        self.a = g.rand(m * k, t.bfloat16, 11).view(m, k)
+        self.b = g.rand(k * n, t.bfloat16, 12).view(k, n)
+        self.c = t.empty(m, n, dtype=t.bfloat16, device=g.dev)
+        self.gs, self.head = g.stream(), g.stream()
+        with t.cuda.stream(self.gs):
+            for _ in range(5):
+                self.gemm()
+        t.cuda.synchronize()
+
+    def gemm(self):
+        self.g.torch.matmul(self.a, self.b, out=self.c)
+
+    def alone(self) -> List[float]:
+        t, out = self.g.torch, []
+        for _ in range(self.runs):
+            t.cuda.synchronize()
+            self.g.sleep_ms(1.0, self.gs)
+            a, b = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
+            a.record(self.gs)
+            with t.cuda.stream(self.gs):
+                self.gemm()
+            b.record(self.gs)
+            t.cuda.synchronize()
+            out.append(a.elapsed_time(b))
+        return out
+
+    def gemm_shape(self) -> dict:
+        kernels, _ = _profile(self.g, lambda: self._gemm_on_stream(), iters=1)
+        ks = [k for k in kernels if "sleep" not in k[0].lower()]
+        if not ks:
+            return {}
+        name, dur, ctas, args = max(ks, key=lambda k: k[1])
+        keep = {k: v for k, v in args.items() if k not in ("External id", "correlation", "queued", "device",
+                                                            "context", "stream")}
+        return {"kernel": name, "ctas": ctas, "dur_us": dur, "args": keep, "sms": self.g.n_sm,
+                "waves": ctas / self.g.n_sm if self.g.n_sm else None}
+
+    def _gemm_on_stream(self):
+        with self.g.torch.cuda.stream(self.gs):
+            self.gemm()
+
+    def unit_time(self, side: Side, iters=5) -> Tuple[dict, float]:
+        """Side unit time alone (ms, events after a sleep) and the host time to enqueue one unit (ms)."""
+        t = self.g.torch
+        s0 = side.streams[0]
+        h0 = time.perf_counter()
+        side.unit()  # warm-up; also how long the host takes to enqueue a unit
+        first_host = (time.perf_counter() - h0) * 1e3
+        t.cuda.synchronize()
+        times, host = [], []
+        for _ in range(iters):
+            self.g.sleep_ms(1.0 + 1.5 * first_host, s0)  # the unit is enqueued before it starts running
+            a, b = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
+            a.record(s0)
+            h0 = time.perf_counter()
+            side.unit()
+            host.append((time.perf_counter() - h0) * 1e3)
+            b.record(s0)
+            t.cuda.synchronize()
+            times.append(a.elapsed_time(b))
+        return stats(times), statistics.median(host)
+
+    def beside(self, side: Side, k: int, host_ms: float):
+        t, times, margins = self.g.torch, [], []
+        sleep = 1.0 + 1.5 * k * host_ms  # the whole side work and the GEMM are enqueued before anything runs
+        for _ in range(self.runs):
+            t.cuda.synchronize()
+            self.g.sleep_ms(sleep, self.head)
+            s0 = side.streams[0]
+            s0.wait_stream(self.head)
+            side.unit()
+            first = t.cuda.Event()
+            first.record(s0)
+            for _ in range(k - 1):
+                side.unit()
+            last = t.cuda.Event(enable_timing=True)
+            last.record(s0)
+            self.gs.wait_event(first)
+            a, b = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
+            a.record(self.gs)
+            with t.cuda.stream(self.gs):
+                self.gemm()
+            b.record(self.gs)
+            t.cuda.synchronize()
+            times.append(a.elapsed_time(b))
+            margins.append(b.elapsed_time(last))  # > 0: the side work ended after the GEMM
+        return times, margins
+
+
+def _make_side(name, g, a, lay, shapes, numels, rows, pacer):
+    W = a.ranks
+    if name == "ag-share":
+        return AgShare(g, lay, W, pacer, a.seed)
+    if name == "ag-share-unpaced":
+        return AgShare(g, lay, W, None, a.seed)
+    if name == "rs-share":
+        return RsShare(g, lay, W, pacer, a.seed, shapes, a.reduce_max_ctas, a.reduce_cta_bytes)
+    if name == "rs-share-unpaced":
+        return RsShare(g, lay, W, None, a.seed, shapes, a.reduce_max_ctas, a.reduce_cta_bytes)
+    if name.startswith("nccl-like-"):
+        return NcclLike(g, lay, W, int(name.rsplit("-", 1)[1]), a.link_gbps, a.seed)
+    if name == "ag-loopback":
+        return Loopback(g, "ag", numels, rows, shapes, W, a.seed)
+    if name == "rs-loopback":
+        return Loopback(g, "rs", numels, rows, shapes, W, a.seed)
+    raise ValueError(name)
+
+
+def _wanted(a) -> List[str]:
+    keep = []
+    for s in a.sides:
+        kind = "ag" if s.startswith("ag") else "rs"
+        if a.collective == "all_gather" and kind != "ag":
+            continue
+        if a.collective == "reduce_scatter" and kind != "rs":
+            continue
+        keep.append(s)
+    return keep
+
+
+def run(a) -> dict:
+    import torch
+
+    from .. import Layout, _bench
+    from ..models import model_params, numels_and_rows
+
+    g = _Gpu()
+    shapes_named = model_params(a.layout)
+    shapes = [tuple(s) for _, s in shapes_named]
+    numels, rows = numels_and_rows(shapes_named)
+    kw = {"rs_chunk_bytes": a.rs_chunk_bytes} if a.rs_chunk_bytes else {}
+    lay = Layout(numels, "bf16", a.ranks, rank=0, row_numels=rows, **kw)
+    res = {
+        "command": "tide-perf share " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["share"] else sys.argv[1:]),
+        "device": torch.cuda.get_device_name(g.dev), "sms": g.n_sm, "torch": torch.__version__,
+        "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "layout": a.layout, "ranks": a.ranks,
+        "link_gbps": a.link_gbps, "piece_bytes": a.piece_bytes, "runs": a.runs, "runs_meet_method": a.runs >= MIN_RUNS,
+        "rs_chunk_numel": lay.rs_chunk_numel, "rs_num_chunks": lay.rs_num_chunks, "rs_out_numel": lay.rs_out_numel,
+        "slot_bytes": lay.slot_bytes, "method": __doc__.split("Measured, per side work, ")[1].split("\n\n")[0],
+        "sides": [], "errors": [],
+    }
+    h = Harness(g, a.runs)
+    res["gemm_shape"] = h.gemm_shape()
+    alone = h.alone()
+    res["gemm_alone_ms"] = stats(alone)
+    base = res["gemm_alone_ms"]["median"]
+    pacer = _bench.Pacer(a.link_gbps, a.piece_bytes)
+    try:
+        for name in _wanted(a):
+            side = None
+            try:
+                side = _make_side(name, g, a, lay, shapes, numels, rows, pacer)
+                d = {"side": name, "name": side.name, "tide": side.tide}
+                if a.check:
+                    d["check"] = side.check()
+                unit, host_ms = h.unit_time(side)
+                d["unit_ms"], d["host_enqueue_ms"] = unit, host_ms
+                um = unit["median"]
+                d["hbm_bytes_per_unit"] = side.bytes
+                d["hbm_GBps"] = side.bytes / (um * 1e6) if um > 0 else None
+                if side.floor_s:
+                    d["link_floor_ms"] = side.floor_s * 1e3
+                    d["e2e_over_floor"] = um / (side.floor_s * 1e3)
+                kernels, mem = _profile(g, side.unit, iters=3)
+                d["sm"] = _sm_summary(g, kernels, mem, 3)
+                if isinstance(side, RsShare):
+                    d["reduce_shape"] = side.shapes[0]
+                k = side_ops_for(um, base)
+                times, margins = h.beside(side, k, host_ms)
+                st = stats(times)
+                d.update({"k_units": k, "with_ms": st, "slowdown": st["median"] / base,
+                          "slowdown_p25": st["p25"] / base, "slowdown_p75": st["p75"] / base,
+                          "covered_runs": sum(m > 0 for m in margins), "margin_ms": stats(margins)})
+                res["sides"].append(d)
+                print(_line(d), flush=True)
+            except Exception as e:  # one side failing must not cost the others
+                import traceback
+
+                tb = traceback.format_exc()
+                print(f"[share] {name} FAILED:\n{tb}", flush=True)
+                res["errors"].append({"side": name, "error": f"{type(e).__name__}: {e}", "traceback": tb})
+            finally:
+                torch.cuda.synchronize()
+                if side is not None:
+                    try:
+                        side.close()
+                    except Exception as e:
+                        res["errors"].append({"side": name, "error": f"close: {e}"})
+                del side
+                import gc
+
+                gc.collect()
+                torch.cuda.empty_cache()
+        res["pacer"] = pacer.stats()
+    finally:
+        torch.cuda.synchronize()
+        pacer.close()
+    res["gemm_alone_after_ms"] = stats(h.alone())
+    res["summary"] = summarize(res)
+    return res
+
+
+def _line(d) -> str:
+    sm = d.get("sm", {})
+    fl = f" e2e/floor {d['e2e_over_floor']:.3f}" if d.get("e2e_over_floor") else ""
+    return (f"[share] {d['name']}: GEMM x{d['slowdown']:.3f} (IQR {d['slowdown_p25']:.3f}-{d['slowdown_p75']:.3f}, "
+            f"covered {d['covered_runs']}/{d['with_ms']['n']}), unit {d['unit_ms']['median']:.3f} ms{fl}, "
+            f"HBM {d['hbm_GBps'] or 0:.0f} GB/s, SM-weighted {sm.get('sm_weighted_us', 0):.1f} us "
+            f"(kernels {sm.get('kernel_us', 0):.1f} us, max {sm.get('max_ctas', 0)} CTAs), check {d.get('check')}")
+
+
+def summarize(res) -> List[dict]:
+    """Target rows (issue 16): slowdowns, SM-time ratio against the 32-CTA baseline, RS e2e over the floor."""
+    by = {d["side"]: d for d in res["sides"]}
+    rows = []
+
+    def add(metric, value, target, ok):
+        rows.append({"metric": metric, "value": value, "target": target, "met": ok})
+
+    if "ag-share" in by:
+        v = by["ag-share"]["slowdown"]
+        add("GEMM slowdown beside TIDE-AG share", v, "<= 1.03x", v <= 1.03)
+    if "rs-share" in by:
+        v = by["rs-share"]["slowdown"]
+        add("GEMM slowdown beside TIDE-RS share", v, "<= 1.05x", v <= 1.05)
+        e = by["rs-share"].get("e2e_over_floor")
+        if e:
+            add("RS share end to end / link floor", e, "<= 1.10x", e <= 1.10)
+        if "nccl-like-32" in by:
+            base32 = by["nccl-like-32"]["sm"]["sm_weighted_us"]
+            mine = by["rs-share"]["sm"]["sm_weighted_us"]
+            ratio = base32 / mine if mine else None
+            add("RS SM time (occupancy-weighted): 32-CTA baseline / TIDE share", ratio, ">= 15x",
+                ratio is not None and ratio >= 15)
+    for s in ("nccl-like-16", "nccl-like-32", "ag-loopback", "rs-loopback", "ag-share-unpaced", "rs-share-unpaced"):
+        if s in by:
+            add(f"GEMM slowdown beside {by[s]['name']}", by[s]["slowdown"], "info", None)
+    return rows
+
+
+def plot(res, path) -> None:
+    """GEMM slowdown against side-work HBM rate, one point per side (perf/plot.py draws it: matplotlib stays there)."""
+    from .plot import share_plot
+
+    share_plot(res, path)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    a = parser().parse_args(argv)
+    msg = validate(a)
+    if msg:
+        print(f"tide-perf share: {msg}", file=sys.stderr)
+        return 2
+    if a.runs < MIN_RUNS:
+        print(f"# note: --runs {a.runs} is below the method's {MIN_RUNS}", flush=True)
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+    import torch
+
+    if not torch.cuda.is_available():
+        print("tide-perf share: needs a CUDA GPU (it runs one rank's share on this GPU)", file=sys.stderr)
+        return 2
+    res = run(a)
+    print(f"# one rank's share: W={a.ranks} {a.layout}, link {a.link_gbps:g} GB/s, GEMM alone "
+          f"{res['gemm_alone_ms']['median']:.4f} ms, GEMM {res['gemm_shape'].get('ctas')} CTAs on {res['sms']} SMs")
+    for r in res["summary"]:
+        v = r["value"]
+        met = "-" if r["met"] is None else ("yes" if r["met"] else "NO")
+        print(f"#  {r['metric']:<66} {v if v is None else f'{v:.3f}':>8}  target {r['target']:<9} met {met}")
+    if a.output_file:
+        with open(a.output_file, "w") as f:
+            json.dump(res, f, indent=1, default=str)
+    if a.plot:
+        try:
+            plot(res, a.plot)
+        except Exception as e:
+            print(f"# plot failed: {type(e).__name__}: {e}")
+    bad = [d for d in res["sides"] if d.get("check") and not d["check"].get("ok", True)]
+    if bad:
+        print(f"tide-perf share: wrong results in {', '.join(d['side'] for d in bad)}", file=sys.stderr)
+        return 1
+    return 1 if res["errors"] else 0

@@ -1,0 +1,211 @@
+"""The reduce kernel (plugin/cuda/reduce_kernel.cu, issue 16 shape: few CTAs, bounded work, several launches) on
+given buffers through tideBenchReduce, bit for bit against the host executor (tideHostReduceScatter) across
+sizes, source counts, dtypes, ops, alignments and shape overrides; with a running sum (prev, also in place)
+against the documented order computed on the CPU. Outputs are poisoned first. Also the link pacer and the
+persistent baseline of include/tide_bench.h.
+"""
+
+import time
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+TORCH_T = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def _tt(torch, name):
+    return getattr(torch, TORCH_T[name])
+
+
+def _poison(torch, t):
+    t.view(torch.uint8).fill_(0xFF)  # NaN in every float type
+
+
+def _host_oracle(torch, xs_cpu, out_type, op, scale):
+    """Raw output bits (numpy int16/int32) of rank 0 of a host RS whose ranks' single gradient begins with input
+    s (length n): the host executor's fold of exactly the kernel's inputs."""
+    from nccl_tide import Layout, host_reduce_scatter
+
+    W, n = len(xs_cpu), xs_cpu[0].numel()
+    name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[xs_cpu[0].dtype]
+    with Layout([W * n], name, W) as lay:
+        assert lay.params[0].shard_numel == n
+        # Only rank 0's output is compared: the other ranks' elements are filler (zeros, cheap to make).
+        grads = [[torch.cat([x, torch.zeros(W * n - n, dtype=x.dtype)])] for x in xs_cpu]
+        out = np.asarray(host_reduce_scatter(lay, grads, out_type, op, scale)[0])
+    return out.view(np.int32 if out.dtype.itemsize == 4 else np.int16)
+
+
+CASES = [
+    # n, nSrc, in, out, op, misalign(bytes), max_ctas, cta_bytes
+    (8, 8, "bf16", "fp32", "sum", 0, 0, 0),
+    (1, 2, "bf16", "fp32", "sum", 0, 0, 0),
+    (13, 3, "fp16", "fp16", "avg", 0, 0, 0),
+    (4099, 8, "bf16", "bf16", "premul", 0, 0, 0),
+    (65536 + 5, 8, "bf16", "fp32", "avg", 0, 0, 0),
+    (65536 + 5, 9, "bf16", "fp32", "sum", 0, 0, 0),  # more sources than the prefetch depth (8)
+    (300_001, 8, "fp32", "fp32", "sum", 0, 0, 0),
+    (300_001, 5, "fp32", "bf16", "premul", 0, 0, 0),
+    (1_000_003, 8, "bf16", "fp32", "sum", 0, 1, 0),  # one CTA
+    (1_000_003, 8, "bf16", "fp32", "sum", 0, 3, 1 << 16),  # many small CTAs: launch cap reached
+    (1_000_000, 8, "bf16", "fp32", "sum", 0, 132, 1 << 12),
+    (777_777, 4, "bf16", "fp16", "avg", 2, 0, 0),  # unaligned: the element path
+    (5000, 2, "fp16", "fp32", "sum", 2, 2, 4096),
+    (8 << 20, 8, "bf16", "fp32", "sum", 0, 0, 0),  # one default chunk: 4 CTAs x 16 launches
+]
+
+
+@pytest.mark.parametrize("n,nsrc,it,ot,op,mis,mc,cb", CASES)
+def test_reduce_bit_exact_vs_host_executor(torch_cuda, n, nsrc, it, ot, op, mis, mc, cb):
+    torch = torch_cuda
+    from nccl_tide import _bench as B
+
+    g = torch.Generator(device="cuda").manual_seed(n + nsrc)
+    esz = 4 if it == "fp32" else 2
+    stride = n * esz + 16 * int(n % 3 == 0)  # a stride that is not n * size sometimes
+    stride = (stride + 15) // 16 * 16 if not mis else stride + mis
+    raw = torch.empty(nsrc * stride + 64, dtype=torch.uint8, device="cuda")
+    xs = []
+    for s in range(nsrc):
+        x = torch.randn(n, generator=g, device="cuda").to(_tt(torch, it))
+        if op == "premul":
+            x = x * 3
+        raw[mis + s * stride: mis + s * stride + n * esz].copy_(x.view(torch.uint8))
+        xs.append(x.cpu())
+    osz = 4 if ot == "fp32" else 2
+    out_raw = torch.empty(n * osz + 64, dtype=torch.uint8, device="cuda")
+    _poison(torch, out_raw)
+    scale = 0.37
+    args = B.reduce_args(raw.data_ptr() + mis, stride, nsrc, n, out_raw.data_ptr() + mis, it, ot, op, scale,
+                         float(nsrc), None, mc, cb)
+    shape = B.reduce_shape(args)
+    assert shape["vector"] == (mis == 0 and stride % 16 == 0)
+    if mc:
+        assert shape["ctas"] <= mc
+    else:
+        assert shape["ctas"] <= 4
+    assert shape["launches"] <= 16
+    s = torch.cuda.Stream()
+    B.reduce(args, s.cuda_stream)
+    torch.cuda.synchronize()
+    got = out_raw[mis:mis + n * osz].view(_tt(torch, ot)).cpu()
+    want = _host_oracle(torch, xs, ot, op, scale)
+    assert not torch.isnan(got.float()).any(), "unwritten (poisoned) elements"
+    got_bits = got.view(torch.int16 if osz == 2 else torch.int32).numpy()
+    assert got_bits.shape == want.shape
+    bad = np.flatnonzero(got_bits != want)
+    assert bad.size == 0, f"{bad.size} of {n} elements differ from the host executor, first at {bad[:5]}"
+    # Untouched around the output.
+    assert (out_raw[:mis] == 0xFF).all() and (out_raw[mis + n * osz:] == 0xFF).all()
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("n,ot,op", [(100_003, "fp32", "sum"), (1 << 20, "fp32", "avg"), (4101, "bf16", "premul")])
+def test_reduce_with_running_sum(torch_cuda, n, ot, op, in_place):
+    torch = torch_cuda
+    from nccl_tide import _bench as B
+
+    if in_place and ot != "fp32":
+        pytest.skip("in place needs an fp32 output")
+    W, scale = 4, 1.25
+    g = torch.Generator(device="cuda").manual_seed(n)
+    x = torch.randn(W, n, generator=g, device="cuda").bfloat16()
+    prev = torch.randn(n, generator=g, device="cuda")
+    prev_cpu = prev.cpu()
+    out = prev if in_place else torch.full((n,), float("nan"), device="cuda").to(_tt(torch, ot))
+    args = B.reduce_args(x.data_ptr(), n * 2, W, n, out.data_ptr(), "bf16", ot, op, scale, 8.0, prev.data_ptr())
+    B.reduce(args, torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    xc = x.cpu().float()
+    pre = (lambda v: v * scale) if op == "premul" else (lambda v: v)
+    acc = pre(xc[0].clone())
+    for s in range(1, W):
+        acc = acc + pre(xc[s])
+    acc = prev_cpu + acc
+    if op == "avg":
+        acc = acc / 8.0
+    want = acc.to(_tt(torch, ot))
+    got = out.cpu()
+    assert not torch.isnan(got.float()).any()
+    assert torch.equal(got, want)
+
+
+def test_pacer_paces_without_kernels_and_copies_right(torch_cuda):
+    torch = torch_cuda
+    from nccl_tide import _bench as B
+
+    n = 64 << 20
+    src = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
+    dst = torch.zeros(n, dtype=torch.uint8, device="cuda")
+    pacer = B.Pacer(10.0, 1 << 20)  # 10 GB/s: 64 MiB takes >= 6.7 ms
+    try:
+        s = torch.cuda.Stream()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(s)
+        half = n // 2
+        pacer.paced_copy([(dst.data_ptr(), src.data_ptr(), half),
+                          (dst.data_ptr() + half, src.data_ptr() + half, half)], s.cuda_stream)
+        b.record(s)
+        torch.cuda.synchronize()
+        ms = a.elapsed_time(b)
+        floor = n / 10e9 * 1e3
+        assert floor * 0.97 <= ms <= floor * 1.6 + 2, (ms, floor)
+        assert torch.equal(dst, src)
+        st = pacer.stats()
+        assert st["pieces_released"] == st["pieces_enqueued"] == 64 and st["transfers"] == 1
+        # No kernel ran for it.
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            pacer.paced_copy([(dst.data_ptr(), src.data_ptr(), 8 << 20)], s.cuda_stream)
+            torch.cuda.synchronize()
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                   and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
+        assert not kernels, [e.name for e in kernels]
+    finally:
+        torch.cuda.synchronize()
+        pacer.close()
+
+
+def test_pacer_destroy_releases_blocked_streams(torch_cuda):
+    torch = torch_cuda
+    from nccl_tide import _bench as B
+
+    n = 32 << 20
+    src = torch.ones(n, dtype=torch.uint8, device="cuda")
+    dst = torch.zeros(n, dtype=torch.uint8, device="cuda")
+    pacer = B.Pacer(0.001, 1 << 20)  # 1 MB/s: would take 33 s
+    s = torch.cuda.Stream()
+    pacer.paced_copy([(dst.data_ptr(), src.data_ptr(), n)], s.cuda_stream)
+    time.sleep(0.05)
+    t0 = time.perf_counter()
+    pacer.close()  # releases every piece; the stream drains
+    s.synchronize()
+    assert time.perf_counter() - t0 < 5
+    assert torch.equal(dst, src)
+
+
+def test_persistent_baseline_lasts_the_link_time(torch_cuda):
+    torch = torch_cuda
+    from nccl_tide import _bench as B
+
+    W, n = 8, 1 << 22
+    x = torch.randn(W * n, device="cuda").bfloat16()
+    out = torch.full((n,), float("nan"), device="cuda")
+    args = B.reduce_args(x.data_ptr(), n * 2, W, n, out.data_ptr())
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    B.persistent_reduce(args, 16, 0.004, torch.cuda.current_stream().cuda_stream)
+    b.record()
+    torch.cuda.synchronize()
+    assert 3.9 <= a.elapsed_time(b) <= 8.0
+    xv = x.view(W, n).float()
+    ref = xv[0].clone()
+    for s in range(1, W):
+        ref = ref + xv[s]
+    assert torch.equal(out, ref)
+    with pytest.raises(Exception):
+        B.persistent_reduce(B.reduce_args(x.data_ptr(), n * 2, W, n, out.data_ptr(), op="avg"), 16, 0.001,
+                            torch.cuda.current_stream().cuda_stream)

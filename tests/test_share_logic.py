@@ -1,0 +1,421 @@
+"""One rank's share (nccl_tide.perf.share, issue 16): the pure-Python logic on the CPU.
+
+Pacing timeline (the mirror of plugin/cuda/bench_pacer.cc), piece cutting, occupancy-weighted SM time, the link
+floor, argument validation and the tide-perf hook; the AG and RS copy plans replayed on a byte arena and reduced
+in the documented order, bit for bit against the host executor; include/tide_bench.h bound and laid out as C
+sees it; the reduce kernel's shape rule through the library (host-only function).
+"""
+
+import ctypes
+import math
+import re
+import subprocess
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from nccl_tide.perf import cli, share
+
+
+def test_link_release_times_follow_the_rate_and_the_arrivals():
+    rate = 100.0  # bytes per second
+    rel = share.link_release_times([[100, 100, 50], [100], [200]], rate, [0.0, 1.0, 10.0])
+    assert rel[0] == pytest.approx([1.0, 2.0, 2.5])  # a piece lands once its bytes crossed the link
+    assert rel[1] == pytest.approx([3.5])  # arrived at 1.0 while the link was busy until 2.5: no overlap
+    assert rel[2] == pytest.approx([12.0])  # arrived late (10.0): the link idled, then 200 bytes at the rate
+    # Never faster than the rate, whatever the arrivals.
+    flat = [t for r in rel for t in r]
+    assert all(b > a for a, b in zip(flat, flat[1:]))
+    with pytest.raises(ValueError):
+        share.link_release_times([[1]], 0.0, [0.0])
+    with pytest.raises(ValueError):
+        share.link_release_times([[1], [2]], 1.0, [0.0])
+    with pytest.raises(ValueError):
+        share.link_release_times([[0]], 1.0, [0.0])
+
+
+def test_cut_pieces_covers_the_transfer():
+    assert share.cut_pieces([10, 7, 3], 8) == [8, 8, 4]
+    assert share.cut_pieces([16], 8) == [8, 8]
+    assert share.cut_pieces([], 8) == []
+    rng = np.random.default_rng(3)
+    sizes = list(rng.integers(1, 10000, 50))
+    pieces = share.cut_pieces(sizes, 4096)
+    assert sum(pieces) == sum(sizes) and all(0 < p <= 4096 for p in pieces)
+    with pytest.raises(ValueError):
+        share.cut_pieces([1], 0)
+
+
+def test_occupancy_weighting():
+    # 4 CTAs of 132 SMs for 100 us = 100 * 4/132; a full grid counts once; more CTAs than SMs count once.
+    got = share.occupancy_weighted_us([(100.0, 4), (10.0, 132), (10.0, 264), (5.0, 0)], 132)
+    assert got == pytest.approx(100 * 4 / 132 + 10 + 10)
+    assert share.occupancy_weighted_us([], 132) == 0
+    with pytest.raises(ValueError):
+        share.occupancy_weighted_us([(1.0, 1)], 0)
+    # The issue's comparison: a 32-CTA persistent kernel over T against G CTAs over t.
+    base = share.occupancy_weighted_us([(1000.0, 32)], 132)
+    assert base == pytest.approx(1000 * 32 / 132)
+
+
+def test_link_floor_and_side_ops():
+    assert share.link_floor_s("rs", 8, 8e9, 370e9) == pytest.approx(7 / 8 * 8e9 / 370e9)
+    with pytest.raises(ValueError):
+        share.link_floor_s("x", 8, 1, 1)
+    assert share.side_ops_for(1.0, 0.17) == 3
+    assert share.side_ops_for(0.01, 0.17) == 152
+    assert share.side_ops_for(0.0001, 0.17) == 200
+
+
+def _args(**kw):
+    a = share.parser().parse_args([])
+    for k, v in kw.items():
+        setattr(a, k, v)
+    return a
+
+
+def test_validation_and_cli_hook(capsys):
+    assert share.validate(_args()) is None
+    assert "--link-gbps" in share.validate(_args(link_gbps=0.0))
+    assert "--link-gbps" in share.validate(_args(link_gbps=float("inf")))
+    assert "--ranks" in share.validate(_args(ranks=1))
+    assert "--ranks" in share.validate(_args(ranks=16))
+    assert "--piece-bytes" in share.validate(_args(piece_bytes=1000))
+    assert "--runs" in share.validate(_args(runs=0))
+    assert "unknown --sides" in share.validate(_args(sides=["rs-share", "bogus"]))
+    assert "collective" in share.validate(_args(collective="all_reduce"))
+    a = share.parser().parse_args(["reduce_scatter", "--link-gbps", "200", "--piece-bytes", "2MiB", "--sides",
+                                   "rs-share,nccl-like-32"])
+    assert a.piece_bytes == 2 << 20 and a.link_gbps == 200 and share._wanted(a) == ["rs-share", "nccl-like-32"]
+    assert share._wanted(share.parser().parse_args(["all_gather"])) == ["ag-share", "ag-share-unpaced",
+                                                                       "ag-loopback"]
+    assert share.parse_bytes("4M") == 4 << 20 and share.parse_bytes("64K") == 65536
+    with pytest.raises(Exception):
+        share.parse_bytes("lots")
+    # tide-perf share: bad input exits 2 with the reason, before touching a GPU.
+    assert cli.main(["share", "--link-gbps", "-5"]) == 2
+    assert "--link-gbps" in capsys.readouterr().err
+    assert share.MIN_RUNS == 31 and share.parser().parse_args([]).runs == 31
+
+
+def test_summary_rows():
+    res = {"sides": [
+        {"side": "rs-share", "name": "TIDE-RS share", "slowdown": 1.04, "e2e_over_floor": 1.2,
+         "sm": {"sm_weighted_us": 10.0}},
+        {"side": "nccl-like-32", "name": "NCCL-like 32", "slowdown": 1.7, "sm": {"sm_weighted_us": 200.0}},
+        {"side": "ag-share", "name": "TIDE-AG share", "slowdown": 1.05, "sm": {"sm_weighted_us": 0.0}},
+    ]}
+    rows = {r["metric"]: r for r in share.summarize(res)}
+    assert rows["GEMM slowdown beside TIDE-RS share"]["met"] is True
+    assert rows["GEMM slowdown beside TIDE-AG share"]["met"] is False
+    assert rows["RS share end to end / link floor"]["met"] is False
+    r = rows["RS SM time (occupancy-weighted): 32-CTA baseline / TIDE share"]
+    assert r["value"] == pytest.approx(20.0) and r["met"] is True
+
+
+def _params(numels, rows, world, elem=2):
+    """Layout params as tide.h computes them (tests/tide_ref.py's rules, one dtype)."""
+    out, send, slot, rs = [], 0, 0, 0
+    for n, c in zip(numels, rows):
+        shard = -(-(n // c) // world) * c
+        slot = -(-slot // 256) * 256
+        out.append(SimpleNamespace(numel=n, shard_numel=shard, elem_size=elem, send_offset=send, slot_offset=slot,
+                                   rs_out_offset=rs))
+        send += shard * elem
+        slot += shard * world * elem
+        rs += shard
+    return out, send, slot, rs
+
+
+def test_ag_plan_fills_every_slot_position_once():
+    W = 4
+    params, send_bytes, slot_bytes, _ = _params([3000, 448, 1000, 15], [100, 64, 1, 3], W)
+    arena = np.zeros(send_bytes * W + slot_bytes, dtype=np.uint8)
+    rng = np.random.default_rng(5)
+    arena[: send_bytes * W] = rng.integers(0, 256, send_bytes * W, dtype=np.uint8)
+    slot0 = send_bytes * W
+    own, inc = share.ag_plan(params, W, lambda s: s * send_bytes, 0, slot0)
+    assert len(own) == len(params) and len(inc) == len(params) * (W - 1)
+    written = np.zeros(slot_bytes, dtype=np.int32)
+    for dst, src, nb in own + inc:
+        arena[dst:dst + nb] = arena[src:src + nb]
+        written[dst - slot0:dst - slot0 + nb] += 1
+    for p in params:
+        sb = p.shard_numel * p.elem_size
+        for s in range(W):
+            got = arena[slot0 + p.slot_offset + s * sb: slot0 + p.slot_offset + (s + 1) * sb]
+            want = arena[s * send_bytes + p.send_offset: s * send_bytes + p.send_offset + sb]
+            assert np.array_equal(got, want)
+            assert (written[p.slot_offset + s * sb: p.slot_offset + (s + 1) * sb] == 1).all()
+
+
+def test_rs_chunk_plan_reduces_like_the_host_executor(native):
+    torch = pytest.importorskip("torch")
+    from nccl_tide import Layout, host_reduce_scatter
+
+    W = 4
+    numels, rows = [3000, 448, 1000, 15, 8192], [100, 64, 1, 3, 1]
+    shapes = [(n // r, r) for n, r in zip(numels, rows)]
+    with Layout(numels, "bf16", W, row_numels=rows, rs_chunk_bytes=4096) as lay:
+        M, chunk = lay.rs_out_numel, lay.rs_chunk_numel
+        assert lay.rs_num_chunks >= 3
+        g = torch.Generator().manual_seed(7)
+        grads = [[torch.randn(s, generator=g).bfloat16().reshape(-1) for s in shapes] for _ in range(W)]
+        want = host_reduce_scatter(lay, grads, "fp32", "sum")[0]
+        # Arena: rank 0's grads, the W-1 images (rank s's elements for rank 0, packed in output order), staging,
+        # a small zero buffer (so that padding, where present, comes in several pieces).
+        g_sizes = [x.numel() * 2 for x in grads[0]]
+        g_off = np.cumsum([0] + g_sizes).tolist()
+        img0 = g_off[-1]
+        images = torch.zeros(W - 1, M, dtype=torch.bfloat16)
+        for s in range(1, W):
+            for p, x in zip(lay.params, grads[s]):
+                k = min(p.shard_numel, p.numel)
+                images[s - 1, p.rs_out_offset:p.rs_out_offset + k] = x[:k]
+        stag0 = img0 + (W - 1) * M * 2
+        nb_buf = 2 if lay.rs_num_chunks > 1 else 1
+        zeros0 = stag0 + nb_buf * W * chunk * 2
+        arena = np.full(zeros0 + 64, 0xAB, dtype=np.uint8)
+        arena[zeros0:] = 0
+        for x, o in zip(grads[0], g_off):
+            arena[o:o + x.numel() * 2] = x.view(torch.uint8).numpy()
+        arena[img0:stag0] = images.reshape(-1).view(torch.uint8).numpy()
+        plans, nb = share.rs_chunk_plan(lay.params, W, chunk, M, g_off[:-1], lambda s: img0 + (s - 1) * M * 2, stag0,
+                                        zeros0, 64)
+        assert nb == nb_buf and len(plans) == lay.rs_num_chunks
+        out = torch.full((M,), float("nan"))
+        for own, inc, (buf, n, c0) in plans:
+            for dst, src, nbytes in own + inc:
+                arena[dst:dst + nbytes] = arena[src:src + nbytes]
+            x = torch.from_numpy(arena[buf:buf + W * chunk * 2].copy()).view(torch.bfloat16).view(W, chunk)
+            acc = x[0, :n].float()
+            for s in range(1, W):
+                acc = acc + x[s, :n].float()
+            out[c0:c0 + n] = acc
+        want = torch.as_tensor(np.asarray(want, dtype=np.float32))
+        assert not torch.isnan(out).any()
+        assert torch.equal(out.view(torch.int32), want.view(torch.int32))  # bit for bit
+
+
+def _bench_header_functions(repo):
+    text = (repo / "include" / "tide_bench.h").read_text()
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.DOTALL)
+    protos = {}
+    for m in re.finditer(r"^[\w\s\*]*?\b(tide[A-Z]\w*)\s*\(([^;{]*?)\)\s*;", text, flags=re.MULTILINE | re.DOTALL):
+        args = m.group(2).strip()
+        protos[m.group(1)] = 0 if args in ("", "void") else args.count(",") + 1
+    return protos
+
+
+def test_bench_header_is_bound(native, repo):
+    from nccl_tide import _bench as B
+
+    protos = _bench_header_functions(repo)
+    assert len(protos) == 8
+    assert set(protos) == set(B.SIGNATURES)
+    for name, nargs in protos.items():
+        assert len(B.SIGNATURES[name][1]) == nargs, name
+        assert getattr(B.lib(), name).argtypes == B.SIGNATURES[name][1]
+    # The bench names are exported under the tide* rule, and kept out of the public header.
+    assert not set(protos) & set(native.SIGNATURES)
+
+
+def test_bench_struct_layout_matches_c(tmp_path, repo):
+    from nccl_tide import _bench as B
+
+    cls = B.tideBenchReduceArgs_t
+    lines = ["#include <cstdio>", "#include <cstddef>", '#include "tide_bench.h"', "int main() {",
+             '  printf("SIZEOF %zu\\n", sizeof(tideBenchReduceArgs_t));']
+    lines += [f'  printf("{f} %zu\\n", offsetof(tideBenchReduceArgs_t, {f}));' for f, _ in cls._fields_]
+    lines += ["  return 0;", "}"]
+    src = tmp_path / "l.cc"
+    src.write_text("\n".join(lines))
+    subprocess.run(["g++", "-std=c++17", f"-I{repo / 'include'}", str(src), "-o", str(tmp_path / "l")], check=True)
+    out = subprocess.run([str(tmp_path / "l")], capture_output=True, text=True, check=True).stdout.split("\n")
+    seen = 0
+    for line in filter(None, out):
+        field, value = line.split()
+        got = ctypes.sizeof(cls) if field == "SIZEOF" else getattr(cls, field).offset
+        assert int(value) == got, line
+        seen += 1
+    assert seen == len(cls._fields_) + 1
+
+
+def _cuda_built(B):
+    try:
+        B.reduce_shape(B.reduce_args(256, 16, 1, 8, 256))
+        return True
+    except Exception as e:  # the host-only build answers tideUnsupported
+        if "without CUDA" in str(e):
+            return False
+        raise
+
+
+def test_reduce_shape_rule(native):
+    from nccl_tide import _bench as B
+    from nccl_tide.errors import InvalidArgumentError
+
+    if not _cuda_built(B):
+        pytest.skip("library built without CUDA: the shape rule lives in plugin/cuda")
+    W, n = 8, 8 << 20
+    sh = B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096))
+    traffic = n * (2 * W + 4)
+    assert sh["bytes"] == traffic and sh["vector"] and sh["threads"] == 512
+    assert sh["ctas"] == 4  # never more than kReduceMaxCtas SMs at a time
+    assert sh["launches"] == 16  # capped launches per chunk
+    # A small chunk: one CTA, one launch.
+    sh = B.reduce_shape(B.reduce_args(256, 4096 * 2, W, 4096, 4096))
+    assert (sh["ctas"], sh["launches"]) == (1, 1)
+    # Medium: ceil(T / 2 MiB) CTAs of about 2 MiB each, up to 4 per launch.
+    n = 200_000
+    sh = B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096))
+    need = math.ceil(n * 20 / (8 * 20) / ((2 << 20) // (8 * 20)))
+    assert sh["ctas"] == min(4, need) and sh["ctas"] * sh["launches"] >= need
+    # Unaligned bases: the element path. Overrides: maxCtas and bytes per CTA.
+    assert not B.reduce_shape(B.reduce_args(258, n * 2, W, n, 4096))["vector"]
+    sh = B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, max_ctas=16, cta_bytes=1 << 16))
+    assert sh["ctas"] == 16
+    with pytest.raises(InvalidArgumentError):
+        B.reduce_shape(B.reduce_args(256, 16, 0, 8, 256))
+    with pytest.raises(InvalidArgumentError):
+        B.reduce_shape(B.reduce_args(256, 16, 1, 8, 256, max_ctas=-1))
+    with pytest.raises(ValueError):
+        B.reduce_args(256, 16, 1, 8, 256, in_type="int8")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The whole share run on the CPU: the GPU pieces replaced by host stand-ins that really move and fold the bytes
+# (copies by memmove at the planned addresses, the reduce and the baseline as fp32 left folds), so that every
+# Python path of nccl_tide.perf.share.run (sides, checks, timing, harness, summary, JSON) executes and the
+# shares' own output checks pass.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class _FakeStream:
+    _n = 0
+
+    def __init__(self):
+        _FakeStream._n += 1
+        self.cuda_stream = 1000 + _FakeStream._n
+
+    def wait_stream(self, other):
+        assert isinstance(other, _FakeStream)
+
+    def wait_event(self, ev):
+        assert isinstance(ev, _FakeEvent)
+
+
+class _FakeEvent:
+    def __init__(self, enable_timing=False):
+        self.t = None
+
+    def record(self, stream=None):
+        import time
+
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, other):
+        return (other.t - self.t) * 1e3
+
+
+def _bf16_at(addr, n):
+    import ctypes as C
+
+    bits = np.ctypeslib.as_array((C.c_uint16 * n).from_address(addr)).astype(np.uint32) << 16
+    return bits.view(np.float32)
+
+
+def _fold_into(args):
+    import ctypes as C
+
+    n = int(args.n)
+    acc = _bf16_at(args.staging, n).copy()
+    for s in range(1, args.nSrc):
+        acc = (acc + _bf16_at(args.staging + s * args.srcStride, n)).astype(np.float32)
+    np.ctypeslib.as_array((C.c_float * n).from_address(args.out))[:] = acc
+
+
+def test_share_run_end_to_end_with_host_stand_ins(monkeypatch, tmp_path, native):
+    torch = pytest.importorskip("torch")
+    import ctypes as C
+    import json
+
+    from nccl_tide import _bench as B
+    from nccl_tide import models
+
+    monkeypatch.setitem(models.MODELS, "tiny-test-layer", models._llama_layer(48, 136, 3, 1, 16))
+    monkeypatch.setattr(share, "GEMM_MKN", (16, 32, 64))
+
+    class FakeGpu(share._Gpu):
+        def __init__(self):
+            self.torch = torch
+            self.dev = torch.device("cpu")
+            self.n_sm = 132
+
+        def rand(self, n, dtype, seed):
+            return torch.randn(n, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+        def stream(self):
+            return _FakeStream()
+
+        def sleep_ms(self, ms, stream=None):
+            pass
+
+    def fake_copy(copies, stream):
+        for dst, src, nb in copies:
+            C.memmove(dst, src, nb)
+
+    released = []
+
+    class FakePacer:
+        def __init__(self, gbps, piece_bytes):
+            self.gbps, self.piece_bytes = gbps, piece_bytes
+
+        def paced_copy(self, copies, stream):
+            fake_copy(copies, stream)
+            released.append(len(share.cut_pieces([c[2] for c in copies], self.piece_bytes)))
+
+        def stats(self):
+            return {"pieces_released": sum(released), "pieces_enqueued": sum(released), "transfers": len(released)}
+
+        def close(self):
+            pass
+
+    kernels = []
+
+    def fake_reduce(args, stream):
+        kernels.append(B.reduce_shape(args)["ctas"] if _cuda_built(B) else 1)
+        _fold_into(args)
+
+    monkeypatch.setattr(share, "_Gpu", FakeGpu)
+    monkeypatch.setattr(share, "_profile", lambda g, fn, iters=3: (fn(), [("reduce", 5.0, 4, {})], [1.0])[1:])
+    monkeypatch.setattr(B, "copy", fake_copy)
+    monkeypatch.setattr(B, "Pacer", FakePacer)
+    monkeypatch.setattr(B, "reduce", fake_reduce)
+    monkeypatch.setattr(B, "persistent_reduce", lambda args, ctas, seconds, stream: _fold_into(args))
+    if not _cuda_built(B):
+        monkeypatch.setattr(B, "reduce_shape", lambda args: {"ctas": 1, "launches": 1, "threads": 512,
+                                                             "vector": True, "bytes": int(args.n) * 20})
+    for name, fn in (("synchronize", lambda *a: None), ("empty_cache", lambda: None),
+                     ("get_device_name", lambda *a: "cpu stand-in"), ("is_available", lambda: True),
+                     ("Event", _FakeEvent), ("stream", lambda s: __import__("contextlib").nullcontext())):
+        monkeypatch.setattr(torch.cuda, name, fn)
+
+    out = tmp_path / "share.json"
+    sides = "ag-share,ag-share-unpaced,rs-share,rs-share-unpaced,nccl-like-16,nccl-like-32"
+    rc = share.main(["both", "--ranks", "4", "--layout", "tiny-test-layer", "--runs", "3", "--sides", sides,
+                     "--rs-chunk-bytes", "4096", "-J", str(out)])
+    res = json.loads(out.read_text())
+    assert not res["errors"], res["errors"]
+    assert rc == 0
+    assert res["rs_num_chunks"] >= 2  # the two-buffer pipeline and its buffer reuse were exercised
+    by = {d["side"]: d for d in res["sides"]}
+    assert set(by) == set(sides.split(","))
+    for name, d in by.items():
+        assert d["check"]["ok"], (name, d["check"])
+        assert d["with_ms"]["n"] == 3 and d["k_units"] >= 3 and d["hbm_GBps"] > 0
+    assert by["rs-share"]["link_floor_ms"] > 0 and "e2e_over_floor" in by["rs-share"]
+    assert by["ag-share"]["sm"]["sm_weighted_us"] == pytest.approx(5.0 * 4 / 132 / 3)  # one stand-in kernel per 3 units
+    assert released and kernels
+    assert {r["metric"] for r in res["summary"]} >= {"GEMM slowdown beside TIDE-AG share",
+                                                     "RS SM time (occupancy-weighted): 32-CTA baseline / TIDE share"}
