@@ -25,9 +25,9 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGath
 
 from ..errors import InvalidArgumentError, InvalidUsageError
 from ..reference_executor import get_executor
-from . import _adapter, _patch
+from . import _adapter, _patch, _slot_pool
 from ._group import GroupState, static_reason
-from ._slot_pool import SWAP_SUPPORTED, build_pools, reshards_after_forward
+from ._slot_pool import build_pools, reshards_after_forward
 from ._warn import TideFSDPWarning, warn_once
 
 __all__ = ["TideFSDPHandle", "TideFSDPWarning", "disable", "enable", "handle_of", "stats"]
@@ -95,10 +95,15 @@ class TideFSDPHandle:
                 "slot_bytes": max((p.nbytes for p in shared), default=0),
                 "pooled_groups": sum(1 for g in self.groups if g.pool is not None and g.pool.shared),
                 "dedicated_slots": len(dedicated),
-                "resident_slot_bytes": sum(p.nbytes * len(p.slots) for p in self.pools),
+                "resident_slot_bytes": sum(p.capacity * len(p.slots) for p in self.pools),
                 "hits": sum(p.hits for p in shared),
                 "fallbacks": sum(p.fallbacks for p in shared),
                 "distinct_slots_used": sum(len(p.used) for p in shared),
+                "binder": next((p.binder.name for p in shared), None),
+                "slot_capacity": max((p.capacity for p in shared), default=0),
+                "peak_held": sum(p.peak_held for p in shared),
+                "bind_failures": sum(p.bind_failures for p in shared),
+                "outside_torch_bytes": _slot_pool.outside_torch_bytes(),
             }
             if self.pools
             else None,
@@ -234,11 +239,6 @@ def enable(
         handle.groups.append(gs)
     native = [g for g in handle.groups if g.native]
     if native:
-        if handle.slot_pool and not SWAP_SUPPORTED:
-            warn_once(
-                f"nccl_tide.fsdp: slot_pool={handle.slot_pool} needs torch.UntypedStorage._swap_data_ptr_, which torch "
-                f"{torch.__version__} lacks: one resident slot per group"
-            )
         # tideSlotAlloc is collective: every native slot now, between steps, in the same order on
         # every rank (never inside forward/backward)
         handle.pools, failures = build_pools(native, handle.slot_pool)

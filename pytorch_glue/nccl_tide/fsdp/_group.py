@@ -18,6 +18,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState
 from ..errors import InvalidUsageError
 from ..layout import Layout, default_ranks_per_node
 from ..reference_executor import tide_dtype_name
+from ._slot_pool import BindError, pinned
 from ._warn import warn_once
 
 _RS_GRAD_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -65,6 +66,8 @@ def static_reason(pg, default_comms: Tuple[type, type]) -> Optional[str]:
             return f"Shard({fp.fsdp_placement.dim}) placement (only dim-0 sharding)"
         if hasattr(fp._sharded_local_tensor, "fsdp_pre_all_gather"):
             return "custom fsdp_pre_all_gather extension"
+        if getattr(fp, "is_spmd_types", False):
+            return "spmd-types parameter (torch >= 2.14): FSDP2 keeps it a plain tensor with its own restore step"
         if fp.is_dtensor:
             return "DTensor parameter (TP/EP): unsharded DTensor spec"
         if fp._sharded_param_data.is_meta:
@@ -242,7 +245,17 @@ class GroupState:
         if self.native:
             if self.held is not None:  # FSDP2 calls the group sharded: nothing may still hold memory
                 self.on_release()
-            slot = self.pool.acquire(self)
+            if self.pool.shared and pinned(self.pg):
+                warn_once(
+                    f"nccl_tide.fsdp: {self.label}: set_keep_unsharded_storage after enable(): its pooled slot is "
+                    "released at its next all-gather, not kept (disable() and enable() again for a dedicated slot)"
+                )
+            try:
+                slot = self.pool.acquire(self)
+            except BindError as e:  # the binder could not place the slot: stock FSDP2 this once
+                return self._pool_fallback(
+                    fsdp_params, group, async_op, copy_in_stream, ag_stream, device, stock_fn, f"slot bind failed: {e}"
+                )
             if slot is None:  # every slot owned by a group not resharded yet: stock FSDP2 this once
                 return self._pool_fallback(fsdp_params, group, async_op, copy_in_stream, ag_stream, device, stock_fn)
             return self._native_all_gather(slot, fsdp_params, copy_in_stream, ag_stream, handle)
@@ -297,16 +310,21 @@ class GroupState:
         fields.update(all_gather_output=keep, all_gather_event=event, all_gather_work=None)
         return TideAllGatherResult(**fields)
 
-    def _pool_fallback(self, fsdp_params, group, async_op, copy_in_stream, ag_stream, device, stock_fn):
-        """No free slot: FSDP2's own all-gather (same collective on every rank: the pool's rule
-        is rank-consistent, docs/fsdp.md); fallback_copy_out lands it in torch memory in `store`."""
-        reason = "all-gather: no free slot in the native slot pool (stock FSDP2 all-gather)"
+    def _pool_fallback(self, fsdp_params, group, async_op, copy_in_stream, ag_stream, device, stock_fn, bind=None):
+        """No free slot (or the binder failed): FSDP2's own all-gather (same collective on every
+        rank: the pool's rule is rank-consistent, docs/fsdp.md; a bind failure is deterministic
+        for a torch and allocator setting); fallback_copy_out lands it in torch memory in `store`."""
+        if bind is None:
+            reason = "all-gather: no free slot in the native slot pool (stock FSDP2 all-gather)"
+            warn_once(
+                f"nccl_tide.fsdp: {reason} for at least one call (slot_pool={len(self.pool.slots)} slots are all held "
+                "by groups not resharded yet, e.g. by prefetching); counted in stats(); a larger slot_pool avoids it"
+            )
+        else:
+            reason = "all-gather: the slot could not be bound (stock FSDP2 all-gather)"
+            warn_once(f"nccl_tide.fsdp: {self.label}: {reason}: {bind}; counted in stats()")
         self.stats.fallback(reason)
         self.stats.ag_pool_fallbacks += 1
-        warn_once(
-            f"nccl_tide.fsdp: {reason} for at least one call (slot_pool={len(self.pool.slots)} slots are all held "
-            "by groups not resharded yet, e.g. by prefetching); counted in stats(); a larger slot_pool avoids it"
-        )
         res = stock_fn(fsdp_params, group, async_op, copy_in_stream, ag_stream, device, self.stock_ag)
         out = TidePoolFallbackResult(*res)
         out.state = self
