@@ -209,7 +209,7 @@ def match(have: Dict[str, str]) -> "Selection":
     """The adapter whose guarded hashes all equal `have`, or None and the reason."""
     best, best_diff = None, None
     for ad in ADAPTERS:
-        diff = [k for k in ad.hashes if ad.hashes[k] != have.get(k)]
+        diff = [k for k in ad.hashes if ad.hashes[k] != have.get(k)] if ad.hashes else list(GUARDED)
         if not diff:
             return Selection(ad, "")
         if best_diff is None or len(diff) < len(best_diff):

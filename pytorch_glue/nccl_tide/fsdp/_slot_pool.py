@@ -44,6 +44,9 @@ SWAP_SUPPORTED = hasattr(torch.UntypedStorage, "_swap_data_ptr_")
 MEMPOOL_SUPPORTED = hasattr(torch.cuda, "MemPool") and hasattr(torch._C, "_cuda_customAllocator")
 BINDERS = ("alloc", "swap")
 _forced: Optional[str] = None  # tests: force a binder (force_binder)
+# tests on tiny models: pool even where K slots of the allocator's segment size cost more than a
+# dedicated slot per group (build_pools refuses that otherwise)
+POOL_SMALL_GROUPS = False
 
 
 def force_binder(name: Optional[str]) -> None:
@@ -463,6 +466,10 @@ class SlotPool:
             "rs_staging": self.staging,
             "held": self.held,
             "peak_held": self.peak_held if self.shared else len(self.slots),
+            # alloc binder: segments torch asked the slot allocator for (one per slot at enable(): the
+            # slot's MemPool keeps it cached; more means torch released and re-created a segment)
+            "segment_allocs": getattr(getattr(self.binder, "allocator", None), "calls", None),
+            "refused": list(getattr(getattr(self.binder, "allocator", None), "refused", [])),
         }
 
 
@@ -528,7 +535,7 @@ def build_pools(groups, slot_pool: Optional[int]) -> tuple:
         if pooled:
             nbytes = max(g.layout.slot_bytes for g in pooled)
             cap = binder.capacity(nbytes)
-            if k * cap >= sum(g.layout.slot_bytes for g in pooled):
+            if k * cap >= sum(g.layout.slot_bytes for g in pooled) and not POOL_SMALL_GROUPS:
                 # small groups: the allocator's segment rounding makes K slots cost more than a slot each
                 warn_once(
                     f"nccl_tide.fsdp: slot_pool={k}: {k} slots of {cap} B ({binder.name} binder: the allocator's "
