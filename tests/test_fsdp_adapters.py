@@ -22,8 +22,8 @@ import pytest
 pytest.importorskip("torch")
 
 DATA = Path(__file__).resolve().parent / "data" / "fsdp_sources"
-RELEASES = ["2.11", "2.12", "2.13", "2.14"]  # each has an adapter (ADAPTERS)
-UNSUPPORTED = ["2.15"]  # recorded, no adapter yet: stock FSDP2 with a warning
+RELEASES = ["2.11", "2.12", "2.13", "2.14", "2.15"]  # each has an adapter (ADAPTERS)
+UNSUPPORTED = []  # recorded releases without an adapter (stock FSDP2 with a warning)
 
 
 def _record(ver):
@@ -66,12 +66,16 @@ def test_release_selects_its_adapter(ver):
         assert none.adapter is None and spec.split(":")[1] in none.reason, none
 
 
-@pytest.mark.parametrize("ver", UNSUPPORTED)
-def test_unsupported_release_gets_no_adapter(ver):
+def test_missing_function_gets_no_adapter():
+    """A release where a guarded function is gone (renamed, moved): no adapter, the reason says so."""
     from nccl_tide.fsdp import _adapter
 
-    sel = _adapter.match(_hashes(_record(ver)))
-    assert sel.adapter is None and "matches no supported release" in sel.reason, sel
+    rec = _record("2.15")
+    rec["functions"]["_fsdp_param:free_storage"] = None
+    sel = _adapter.match(_hashes(rec))
+    assert sel.adapter is None and "missing free_storage" in sel.reason and "closest torch-2.15" in sel.reason, sel
+    for ver in UNSUPPORTED:
+        assert _adapter.match(_hashes(_record(ver))).adapter is None, ver
 
 
 def test_installed_torch_matches_its_record():

@@ -18,8 +18,12 @@ critical path. Variants that cannot run print a row saying why.
 
 layout-cost mode (one GPU): nccl_tide.bench.layout_cost (per-layer copy-out / copy-in of stock FSDP2 vs TIDE's none).
 
-On a machine without CUDA both modes exit with status 2 and a message saying what they need (no CPU fallback: the
-FSDP2 parity of TIDE on CPU/gloo is covered by tests/test_fsdp_parity.py).
+pool-check mode (CPU, gloo; nccl_tide.bench.pool_check): per world size (--worlds, default 2,4) stock FSDP2 vs the
+native executor over a simulated tideComm with --slot-pool (default 2) slots; asserts bit identity to stock and that
+the pool's peak slot bytes equal the bytes of the groups stock FSDP2 holds unsharded at once (exit 1 otherwise).
+
+On a machine without CUDA the step and layout-cost modes exit with status 2 and a message saying what they need (the
+FSDP2 parity of TIDE on CPU/gloo is covered by tests/test_fsdp_parity.py and the pool-check mode).
 """
 
 import argparse
@@ -41,7 +45,7 @@ NO_CUDA = (
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m nccl_tide.bench.fsdp_step", description=__doc__.split("\n\n")[0])
-    p.add_argument("--mode", choices=["step", "layout-cost"], default="step")
+    p.add_argument("--mode", choices=["step", "layout-cost", "pool-check"], default="step")
     p.add_argument(
         "--variants",
         default="stock,tide,symm",
@@ -66,7 +70,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--profile-steps", type=int, default=2, help="steps under torch.profiler (0: no SM figures)")
     p.add_argument("--models", default="llama3-70b-layer,llama3-8b-layer", help="layout-cost: layer layouts")
-    p.add_argument("--worlds", default="8,64", help="layout-cost: simulated world sizes")
+    p.add_argument("--worlds", default=None, help="layout-cost: simulated world sizes (default 8,64); pool-check: "
+                   "gloo world sizes (default 2,4)")
     p.add_argument("--iters", type=int, default=20, help="layout-cost: timed iterations")
     p.add_argument(
         "--variant-timeout",
@@ -376,6 +381,24 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ImportError:
         print("nccl_tide.bench.fsdp_step: needs PyTorch: pip install torch", file=sys.stderr)
         return 2
+    if a.mode == "pool-check":  # CPU, gloo: nccl_tide.bench.pool_check
+        from . import pool_check
+
+        worlds = [int(x) for x in (a.worlds or "2,4").split(",") if x]
+        k = 2 if a.slot_pool is None else a.slot_pool
+        print(
+            f"# slot pool check on CPU/gloo, torch {torch.__version__}: stock FSDP2 vs nccl_tide.fsdp native "
+            f"(simulated tideComm), slot_pool={k}, {pool_check.CFG.layers} blocks, {pool_check.STEPS} steps, "
+            f"worlds {worlds}"
+        )
+        rows, failures = pool_check.run(worlds, k)
+        print(pool_check.table(rows))
+        for f in failures:
+            print(f"FAILED: {f}")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"mode": a.mode, "torch": torch.__version__, "results": rows, "failures": failures}, f, indent=2)
+        return 1 if failures or not rows else 0
     if not torch.cuda.is_available():
         print(f"nccl_tide.bench.fsdp_step: {NO_CUDA}", file=sys.stderr)
         return 2
@@ -389,7 +412,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         rows = []
         for m in [x for x in a.models.split(",") if x]:
-            for w in [int(x) for x in a.worlds.split(",") if x]:
+            for w in [int(x) for x in (a.worlds or "8,64").split(",") if x]:
                 rows.append(layout_cost.measure(m, w, a.iters))
         print(
             f"# layout cost per FSDP2 rank and layer, {doc['versions'].get('device', '?')}, torch "

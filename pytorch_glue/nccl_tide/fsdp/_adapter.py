@@ -141,6 +141,42 @@ ADAPTERS: List[Adapter] = [
             "_fsdp_param:free_storage": "d483e17ff7a64e42",
         },
     ),
+    Adapter(
+        # torch 2.15.0. Copy-out is a per-group hook (FSDPParamGroup._all_gather_output_fn):
+        # TIDE sets it for its groups instead of patching foreach_all_gather_copy_out;
+        # foreach_reduce lost orig_dtype and takes a per-group prepare_reduce_scatter_inputs
+        # (TIDE's wrapper binds by name and passes both through); the copy-in is
+        # chunk_cat_mixed_dtype (still skipped for TIDE's placeholder); the AG-stream waits moved
+        # to FSDPCommContext (the world-1 wrappers use it); mixed precision is per parameter
+        # (FSDPParam.mp_policy) and the unsharded parameter carries grad_dtype (TIDE sets it
+        # on the parameters it builds: with reduce_dtype=fp32 autograd hands TIDE-RS fp32
+        # gradients); set_keep_unsharded_storage stops free_storage (pinned groups are not
+        # pooled). Also guarded: the FSDPParamGroup/FSDPCommContext/FSDPParam members TIDE reads.
+        "torch-2.15",
+        {
+            "_fsdp_collectives:foreach_all_gather": "c7cfa65e269f630b",
+            "_fsdp_collectives:foreach_all_gather_copy_out": "2f7f1cc8d994549a",
+            "_fsdp_collectives:foreach_reduce": "695de1c3158df7a0",
+            "_fsdp_collectives:foreach_reduce_scatter_copy_in": "40de14afdb8e7a17",
+            "_fsdp_param_group:FSDPParamGroup.unshard": "9e18e0d92f438ae1",
+            "_fsdp_param_group:FSDPParamGroup.wait_for_unshard": "7ea722eb81f54b98",
+            "_fsdp_param_group:FSDPParamGroup.post_backward": "6f6eec4d23f43bf9",
+            "_fsdp_collectives:_get_gradient_divide_factors": "81b4b5e377eda5a6",
+            "_fsdp_param:FSDPParam.init_all_gather_outputs": "8b1a5d25c59fb79f",
+            "_fsdp_param:FSDPParam.init_unsharded_param": "a970cbf44d6b4232",
+            "_fsdp_param:FSDPParam.alloc_all_gather_outputs": "a83a38318f3eaa59",
+            "_fsdp_param:FSDPParam.free_unsharded_param": "554178c0d731f4f3",
+            "_fsdp_param:FSDPParam.to_sharded": "3260c0efee916d30",
+            "_fsdp_param:FSDPParam.to_unsharded": "7c698f7186613c18",
+            "_fsdp_param:free_storage": "d483e17ff7a64e42",
+            "_fsdp_param_group:FSDPParamGroup.__init__": "a7d00234a946936b",
+            "_fsdp_param_group:FSDPCommContext": "8f2ce7e57eb2d2f0",
+            "_fsdp_param:FSDPParam.unsharded_grad_dtype": "e1bb21504166f123",
+            "_fsdp_param:FSDPParam.init_dtype_attrs": "9722da09ab03c518",
+            "_fsdp_collectives:_default_reduce_scatter_input_fn": "346569ffec2f7fac",
+            "_fsdp_param:FSDPParam.free_all_gather_outputs": "5d28c9551bfc1b1f",
+        },
+    ),
 ]
 
 

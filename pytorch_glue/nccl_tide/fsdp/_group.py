@@ -22,6 +22,9 @@ from ._slot_pool import BindError, pinned
 from ._warn import warn_once
 
 _RS_GRAD_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# torch >= 2.15: FSDP2 sets the unsharded parameter's grad_dtype (init_unsharded_param)
+_HAS_GRAD_DTYPE = hasattr(__import__("torch.distributed.fsdp._fully_shard._fsdp_param", fromlist=["x"]).FSDPParam,
+                          "unsharded_grad_dtype")
 
 # StorageImpl address (UntypedStorage._cdata) of every native group's storage -> its
 # GroupState. FSDP2's free_storage (patched while enabled) must not resize such a storage (it
@@ -29,6 +32,13 @@ _RS_GRAD_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # (_patch._tide_free_storage -> GroupState.on_release).
 NATIVE_SLOTS: Dict[int, "GroupState"] = {}
 _TORCH = "torch"  # GroupState.held: the storage holds torch memory (a stock all-gather fell back)
+
+
+def param_mp_policy(fsdp_param, pg):
+    """The MixedPrecisionPolicy of one parameter: torch >= 2.15 resolves it per parameter
+    (FSDPParam.mp_policy; FSDPParamGroup.mp_policy is gone), older torch per group."""
+    mp = getattr(fsdp_param, "mp_policy", None)
+    return mp if mp is not None else pg.mp_policy
 
 
 def effective_param_dtype(fsdp_param, mp_policy) -> torch.dtype:
@@ -74,7 +84,7 @@ def static_reason(pg, default_comms: Tuple[type, type]) -> Optional[str]:
             return "parameters on the meta device"
         if fp.sharded_state != ShardedState.SHARDED:
             return "group not sharded at enable() (call enable() between steps)"
-        dtypes.add(effective_param_dtype(fp, pg.mp_policy))
+        dtypes.add(effective_param_dtype(fp, param_mp_policy(fp, pg)))
     if len(dtypes) != 1:
         return f"mixed dtypes in one group ({', '.join(sorted(str(d) for d in dtypes))})"
     (dt,) = dtypes
@@ -139,6 +149,19 @@ class GroupState:
     def install(self) -> None:
         self.pg._all_gather_comm = self.ag_comm
         self.pg._reduce_scatter_comm = self.rs_comm
+        if hasattr(self.pg, "_all_gather_output_fn"):  # torch >= 2.15: FSDP2's per-group copy-out hook
+            self._stock_output_fn = self.pg._all_gather_output_fn
+            self.pg._all_gather_output_fn = self.all_gather_output_fn
+
+    def all_gather_output_fn(self, fsdp_params, all_gather_result, world_size) -> None:
+        """FSDP2 >= 2.15 copy-out hook (FSDPParamGroup._all_gather_output_fn; foreach_all_gather_copy_out
+        has already made the current stream wait for the AG): a TIDE result is in place already; after a
+        pool fallback (stock AG) the split copy goes into the group's views; anything else is stock's."""
+        if isinstance(all_gather_result, TidePoolFallbackResult):
+            return self.fallback_copy_out(all_gather_result, fsdp_params)
+        if isinstance(all_gather_result, TideAllGatherResult):
+            return None
+        return self._stock_output_fn(fsdp_params, all_gather_result, world_size)
 
     def uninstall(self) -> None:
         pg = self.pg
@@ -152,6 +175,8 @@ class GroupState:
             self.views_installed = False
         pg._all_gather_comm = self.stock_ag
         pg._reduce_scatter_comm = self.stock_rs
+        if getattr(self, "_stock_output_fn", None) is not None:
+            pg._all_gather_output_fn, self._stock_output_fn = self._stock_output_fn, None
         if self.store is not None:  # the slots themselves: SlotPool.free (disable(), collective)
             if self.held is not None:
                 self.on_release(record=False)
@@ -167,7 +192,7 @@ class GroupState:
     # -- layout and slot -----------------------------------------------------------------------
     def _build(self) -> None:
         pg = self.pg
-        dt = effective_param_dtype(pg.fsdp_params[0], pg.mp_policy)
+        dt = effective_param_dtype(pg.fsdp_params[0], param_mp_policy(pg.fsdp_params[0], pg))
         numels, rows = [], []
         for fp in pg.fsdp_params:
             size = fp._orig_size
@@ -222,6 +247,8 @@ class GroupState:
                 view, fp._orig_size, fp._contiguous_orig_stride, storage_offset=view.storage_offset()
             )
             fp._unsharded_param = nn.Parameter(unsharded, requires_grad=fp.sharded_param.requires_grad)
+            if _HAS_GRAD_DTYPE:  # torch >= 2.15: autograd accumulates in FSDP2's unsharded grad dtype
+                fp._unsharded_param.grad_dtype = fp.unsharded_grad_dtype
         self.views_installed = True
 
     # -- all-gather ----------------------------------------------------------------------------
@@ -234,6 +261,8 @@ class GroupState:
                 warn_once(f"nccl_tide.fsdp: {self.label}: keeping stock FSDP2 all-gather and reduce-scatter ({reason})")
                 self.stats.fallback(reason)
                 self.pg._all_gather_comm, self.pg._reduce_scatter_comm = self.stock_ag, self.stock_rs
+                if getattr(self, "_stock_output_fn", None) is not None:
+                    self.pg._all_gather_output_fn, self._stock_output_fn = self._stock_output_fn, None
                 return stock_fn(fsdp_params, group, async_op, copy_in_stream, ag_stream, device, self.stock_ag)
         if _compiled_autograd():
             raise InvalidUsageError(f"{self.label}: compiled autograd is not supported with nccl_tide.fsdp")
