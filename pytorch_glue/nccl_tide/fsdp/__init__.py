@@ -64,9 +64,11 @@ class TideFSDPHandle:
         flat AG output, fp32 RS input), executor_temp_bytes (what the executor allocated
         instead; the reference executor is not the fast path), rs_staging_in_slot.
         Native: slot_pools (one entry per SlotPool: shared pool or dedicated slot, with slots,
-        slot_bytes, hits, fallbacks, distinct_slots_used, rs_staging), slot_pool (the totals:
-        size, slot_bytes of the shared pool, pooled/dedicated groups, resident_slot_bytes,
-        hits, fallbacks), per group `pool` (shared pool name or 'dedicated')."""
+        slot_bytes, slot_capacity, binder, hits, fallbacks, bind_failures, distinct_slots_used,
+        rs_staging, held, peak_held, segment_allocs, refused), slot_pool (the totals: size,
+        slot_bytes and slot_capacity of the shared pool, binder, pooled/dedicated groups,
+        resident_slot_bytes, hits, fallbacks, bind_failures, peak_held, outside_torch_bytes),
+        per group `pool` (shared pool name or 'dedicated'). docs/fsdp.md."""
         tide = []
         for g in self.groups:
             d = g.stats.as_dict()
@@ -175,8 +177,9 @@ def enable(
       through tideComm; raises UnsupportedError saying why when it cannot be created).
     ranks_per_node: for the layout's RS accumulation order (default: the largest divisor of
       the shard world size that is <= 8, as nccl_tide.Layout).
-    slot_pool: native executor: the groups FSDP2 reshards after forward share this many slots
-      (each of the largest such group's slot_bytes), acquired at each all-gather and released
+    slot_pool: native executor: the groups FSDP2 reshards after forward (and that
+      set_keep_unsharded_storage does not pin) share this many slots (each of the largest such
+      group's slot_bytes, rounded to the allocator's segment), acquired at each all-gather and released
       at reshard; an all-gather that finds every slot held falls back to stock FSDP2 for that
       call (warned once, counted). Other groups (e.g. the root) keep a dedicated slot. 0 or
       None: a dedicated slot per group (all unsharded parameters resident). Ignored by the

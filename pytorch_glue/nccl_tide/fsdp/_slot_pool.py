@@ -95,7 +95,7 @@ class _SlotAllocator:
     slot's until tideSlotFree."""
 
     def __init__(self):
-        self.armed = None  # (ptr, capacity) during a bind
+        self.armed = None  # (ptr, capacity, slot) during a bind
         self.live = set()  # slot pointers torch holds as a segment now
         self.refused = []  # (requested, capacity, why)
         self.calls = 0
@@ -105,7 +105,8 @@ class _SlotAllocator:
         if self.armed is None:
             self.refused.append((int(size), 0, "no slot armed"))
             return 0
-        ptr, cap = self.armed
+        ptr, cap, slot = self.armed
+        slot.segment_allocs += 1
         if size > cap:
             self.refused.append((int(size), cap, "larger than the slot"))
             return 0
@@ -162,25 +163,39 @@ class _SwapBinder(_Binder):
         store._swap_data_ptr_(slot.base.untyped_storage())
 
 
+_cuda_allocator = None  # (SlotAllocator, torch allocator, ctypes callbacks): one per process, never freed
+
+
+def _cuda_slot_allocator():
+    """The process's slot allocator as a torch CUDA allocator. Created once and kept for the life of
+    the process: torch may call it whenever it releases a MemPool's segment, even after the pool that
+    used it is gone (a freed ctypes callback would then crash)."""
+    global _cuda_allocator
+    if _cuda_allocator is None:
+        alloc_fn = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
+        free_fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
+        sa = _SlotAllocator()
+        # torch calls these from the allocating thread (ours, holding the GIL) only when a slot's
+        # MemPool has no cached segment: at the first bind of each slot (enable(), check()) and
+        # after torch released the segment (a freed pool, out of memory)
+        c_alloc = alloc_fn(lambda size, dev, stream: sa.alloc(size, dev, stream))
+        c_free = free_fn(lambda ptr, size, dev, stream: sa.free(ptr, size, dev, stream))
+        ta = torch._C._cuda_customAllocator(
+            ctypes.cast(c_alloc, ctypes.c_void_p).value, ctypes.cast(c_free, ctypes.c_void_p).value
+        )
+        _cuda_allocator = (sa, ta, c_alloc, c_free)
+    return _cuda_allocator
+
+
 class _CudaAllocBinder(_Binder):
-    """torch.cuda.MemPool per slot, allocator = _SlotAllocator (see the module docstring)."""
+    """torch.cuda.MemPool per slot, allocator = the process's _SlotAllocator (module docstring)."""
 
     name = "alloc"
     counts_in_torch = True
     base_while_owned = True
-    _ALLOC_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
-    _FREE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
 
     def __init__(self):
-        self.allocator = _SlotAllocator()
-        # torch calls these from the allocating thread (ours, holding the GIL) only when a slot's
-        # MemPool has no cached segment: at the first bind of each slot (enable(), check()) and
-        # after torch released the segment (empty_cache of a freed pool, out of memory)
-        self._c_alloc = self._ALLOC_FN(lambda size, dev, stream: self.allocator.alloc(size, dev, stream))
-        self._c_free = self._FREE_FN(lambda ptr, size, dev, stream: self.allocator.free(ptr, size, dev, stream))
-        self._torch_allocator = torch._C._cuda_customAllocator(
-            ctypes.cast(self._c_alloc, ctypes.c_void_p).value, ctypes.cast(self._c_free, ctypes.c_void_p).value
-        )
+        self.allocator, self._torch_allocator = _cuda_slot_allocator()[:2]
         self._streams = {}
 
     def capacity(self, nbytes):
@@ -198,7 +213,7 @@ class _CudaAllocBinder(_Binder):
 
     def bind(self, store, slot):
         dev = slot.base.device
-        self.allocator.armed = (slot.ptr, slot.capacity)
+        self.allocator.armed = (slot.ptr, slot.capacity, slot)
         try:
             with torch.cuda.use_mem_pool(slot.mempool, device=dev), torch.cuda.stream(self._stream(dev)):
                 store.resize_(slot.nbytes)
@@ -234,7 +249,7 @@ class _CpuAllocBinder(_Binder):
         return block_size(nbytes)  # CPU memory has no segments: the block rounding only
 
     def bind(self, store, slot):
-        self.allocator.armed = (slot.ptr, slot.capacity)
+        self.allocator.armed = (slot.ptr, slot.capacity, slot)
         try:
             ptr = self.allocator.alloc(block_size(slot.nbytes))
         finally:
@@ -336,6 +351,7 @@ class Slot:
         self.owner = None  # GroupState holding the memory, or None (free)
         self.events: List[object] = []  # what the next writer waits for
         self.mempool = None  # alloc binder on CUDA: the slot's torch.cuda.MemPool
+        self.segment_allocs = 0  # alloc binder: times torch asked the slot allocator for this slot's segment
 
     def wait_on(self, stream) -> None:
         """`stream` waits for the slot's last readers and writers (GPU-side)."""
@@ -468,8 +484,8 @@ class SlotPool:
             "peak_held": self.peak_held if self.shared else len(self.slots),
             # alloc binder: segments torch asked the slot allocator for (one per slot at enable(): the
             # slot's MemPool keeps it cached; more means torch released and re-created a segment)
-            "segment_allocs": getattr(getattr(self.binder, "allocator", None), "calls", None),
-            "refused": list(getattr(getattr(self.binder, "allocator", None), "refused", [])),
+            "segment_allocs": sum(s.segment_allocs for s in self.slots) if self.binder else None,
+            "refused": [r for r in getattr(getattr(self.binder, "allocator", None), "refused", [])][-4:],
         }
 
 
