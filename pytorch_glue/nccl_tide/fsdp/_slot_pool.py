@@ -96,7 +96,7 @@ class _SlotAllocator:
 
     def __init__(self):
         self.armed = None  # (ptr, capacity, slot) during a bind
-        self.live = set()  # slot pointers torch holds as a segment now
+        self.by_ptr = {}  # slot pointer -> the Slot it was last granted to
         self.refused = []  # (requested, capacity, why)
         self.calls = 0
 
@@ -110,14 +110,17 @@ class _SlotAllocator:
         if size > cap:
             self.refused.append((int(size), cap, "larger than the slot"))
             return 0
-        if ptr in self.live:  # torch still holds the slot's segment (e.g. a free deferred by record_stream)
+        if slot.in_torch:  # torch still holds this slot's segment (e.g. a free deferred by record_stream)
             self.refused.append((int(size), cap, "segment still held"))
             return 0
-        self.live.add(ptr)
+        slot.in_torch = True
+        self.by_ptr[ptr] = slot
         return ptr
 
     def free(self, ptr, size=0, device=0, stream=None):
-        self.live.discard(ptr)
+        slot = self.by_ptr.pop(ptr, None)
+        if slot is not None:
+            slot.in_torch = False
 
 
 class _Binder:
@@ -138,6 +141,9 @@ class _Binder:
         raise NotImplementedError
 
     def close(self, slot) -> None:
+        pass
+
+    def closed(self) -> None:
         pass
 
     def check(self, slot) -> None:
@@ -230,7 +236,12 @@ class _CudaAllocBinder(_Binder):
         store.resize_(0)  # FSDP2's free_storage: the block returns to the slot's MemPool
 
     def close(self, slot):
-        slot.mempool = None  # torch releases the pool (its segment: _SlotAllocator.free)
+        slot.mempool = None  # the MemPool goes; torch releases its segment (_SlotAllocator.free) when it frees the pool
+
+    def closed(self) -> None:
+        # every slot's MemPool is gone: ask torch to release cached segments now, before tideSlotFree
+        # (disable(), between steps; tideSlotFree synchronizes the device anyway)
+        torch.cuda.empty_cache()
 
 
 class _CpuAllocBinder(_Binder):
@@ -262,7 +273,7 @@ class _CpuAllocBinder(_Binder):
     def unbind(self, store, slot):
         empty = torch.empty(0, dtype=torch.uint8).untyped_storage()
         store._swap_data_ptr_(empty)  # `empty` now holds the alias; dropped with it
-        self.allocator.free(slot.ptr)
+        self.allocator.free(slot.ptr)  # the emulated pool caches nothing: the segment goes back at once
 
 
 def make_binder(device: torch.device) -> tuple:
@@ -352,6 +363,7 @@ class Slot:
         self.events: List[object] = []  # what the next writer waits for
         self.mempool = None  # alloc binder on CUDA: the slot's torch.cuda.MemPool
         self.segment_allocs = 0  # alloc binder: times torch asked the slot allocator for this slot's segment
+        self.in_torch = False  # alloc binder: torch holds a segment of this slot (granted, not freed yet)
 
     def wait_on(self, stream) -> None:
         """`stream` waits for the slot's last readers and writers (GPU-side)."""
@@ -463,6 +475,9 @@ class SlotPool:
                 self.release(slot, None)
             if self.binder is not None:
                 self.binder.close(slot)
+        if self.binder is not None and self.slots:
+            self.binder.closed()
+        for slot in self.slots:
             self.executor.free_slot(slot.base)
         self.slots = []
         _live_pools.discard(self)
