@@ -1,5 +1,5 @@
 """The native executor's slot pool (nccl_tide/fsdp/_slot_pool.py) on CPU, gloo, 2 and 4 ranks,
-through the simulated tideComm of test_fsdp_training.py (_SimComm: slots torch cannot resize,
+through the simulated tideComm (nccl_tide.bench.sim_comm, _SimComm in test_fsdp_training.py: slots torch cannot resize,
 every slot poisoned with NaN before a TIDE-AG writes it, RS staging poisoned with NaN).
 
 Each case trains the same model three times from the same seed: stock FSDP2, native with one
@@ -49,6 +49,14 @@ def _build(opts):
         fully_shard(layer, mp_policy=mp, reshard_after_forward=r == "T")
     root = {} if opts["root"] == "auto" else {"reshard_after_forward": opts["root"] == "T"}
     fully_shard(model, mp_policy=mp, **root)
+    for i in [int(x) for x in opts.get("pin", "").split("+") if x]:
+        # FSDP2 2.15's set_keep_unsharded_storage sets this on every FSDPParam of the module; older
+        # FSDP2 ignores it (still frees), the pool must refuse the group all the same
+        from nccl_tide.fsdp import _param_groups
+
+        for pg in _param_groups(model.layers[i]._get_fsdp_state()):
+            for fp in pg.fsdp_params:
+                fp.keep_unsharded_storage = True
     depth = int(opts.get("fwd", 0))  # explicit forward prefetch: each block prefetches the next `depth`
     if depth:
         for i, layer in enumerate(model.layers):
@@ -61,7 +69,10 @@ def _build(opts):
 def _native(opts, rank, k, counter):
     import nccl_tide.fsdp as tfsdp
 
+    from nccl_tide.fsdp import _slot_pool
+
     comms = _use_sim_native()
+    _slot_pool.force_binder(opts.get("bind"))  # None: the default (alloc, emulated on CPU)
     model = _build(opts)
     counter.take()
     handle = tfsdp.enable(model, executor="native", slot_pool=k)
@@ -75,6 +86,7 @@ def _native(opts, rank, k, counter):
         "staging_used": comm.staging_used,
         "live_enabled": comm.live_slots,
     }
+    _slot_pool.force_binder(None)
     tfsdp.disable(model)
     sim.update(live_after_disable=comm.live_slots, freed_empty=comm.freed_empty)
     more = _run_accum(model, rank, 1, 1)  # stock FSDP2 again after disable()
@@ -145,6 +157,10 @@ CASES = {
     "fb1": "fb1,k=1,raf=TTTT,root=auto",
     # forward prefetch of 2 blocks ahead needs 3 slots: some forward AGs fall back
     "fb2fwd": "fb2fwd,k=2,raf=TTTTT,root=auto,fwd=2",
+    # the swap binder (UntypedStorage._swap_data_ptr_, torch >= 2.12) instead of the default alloc one
+    "p2swap": "p2swap,k=2,raf=TTTTT,root=auto,bind=swap",
+    # block 1 keeps its unsharded storage (set_keep_unsharded_storage): a dedicated slot, warned once
+    "pin": "pin,k=2,raf=TTTTT,root=auto,pin=1",
 }
 EXPECT_FALLBACK = {"fb1", "fb2fwd"}
 
@@ -156,7 +172,7 @@ def _launch(world, names):
 
 @pytest.fixture(scope="module")
 def w2():
-    return _launch(2, ["p2", "p3mix", "p2accum", "fb1"])
+    return _launch(2, ["p2", "p3mix", "p2accum", "fb1", "p2swap", "pin"])
 
 
 @pytest.fixture(scope="module")
@@ -166,9 +182,12 @@ def w4():
 
 def _check(res, world):
     name, k, opts = res["name"], res["k"], res["opts"]
+    from nccl_tide.fsdp._slot_pool import block_size
+
     raf, root = opts["raf"], opts["root"]
-    n_pooled = raf.count("T") + (root == "T")
-    n_dedicated = raf.count("F") + (root != "T")
+    pins = [int(x) for x in opts.get("pin", "").split("+") if x]
+    n_pooled = raf.count("T") + (root == "T") - len(pins)
+    n_dedicated = raf.count("F") + (root != "T") + len(pins)
     st, sim = res["pooled"]["stats"], res["pooled"]["sim"]
     ded_st, ded_sim = res["dedicated"]["stats"], res["dedicated"]["sim"]
     pool = st["slot_pool"]
@@ -182,6 +201,13 @@ def _check(res, world):
     assert len(pooled) == n_pooled == pool["pooled_groups"] and pool["dedicated_slots"] == n_dedicated, pool
     assert groups["<root>"]["pool"] == ("dedicated" if root != "T" else pooled[0]["pool"]), groups["<root>"]
     assert ded_st["slot_pool"]["size"] == 0 and ded_st["slot_pool"]["dedicated_slots"] == len(groups), ded_st
+    assert pool["binder"] == opts.get("bind", "alloc") and pool["bind_failures"] == 0, pool
+    for i in pins:
+        assert groups[f"layers.{i}"]["pool"] == "dedicated", groups
+    pin_warned = [w for w in res["warnings"] if "set_keep_unsharded_storage" in w]
+    assert len(pin_warned) == (1 if pins else 0), res["warnings"]
+    # the pool never held more slots than it has, and every one of them at some moment
+    assert pool["peak_held"] == k, pool
 
     # the pool was used: every pooled AG hit a slot or fell back (as many AGs as the dedicated run)
     assert pool["hits"] > 0 and pool["distinct_slots_used"] == k, pool
@@ -196,7 +222,9 @@ def _check(res, world):
     max_pooled = max(g["slot_bytes"] for g in pooled)
     dedicated_bytes = sum(g["slot_bytes"] for g in groups.values() if g.get("pool") == "dedicated")
     assert pool["slot_bytes"] == max_pooled, pool
-    assert sim["peak_bytes"] == k * max_pooled + dedicated_bytes == pool["resident_slot_bytes"], (sim, pool)
+    cap = pool["slot_capacity"]  # the binder's rounding (alloc, emulated on CPU: 512-byte blocks; swap: exact)
+    assert cap == (block_size(max_pooled) if pool["binder"] == "alloc" else max_pooled), pool
+    assert sim["peak_bytes"] == k * cap + dedicated_bytes == pool["resident_slot_bytes"], (sim, pool)
     assert ded_sim["peak_bytes"] == sum(g["slot_bytes"] for g in groups.values()), ded_sim
     assert sim["peak_bytes"] < ded_sim["peak_bytes"], (sim, ded_sim)
     assert sim["live_enabled"] == k + n_dedicated and sim["live_after_disable"] == 0, sim
@@ -227,7 +255,7 @@ def _check(res, world):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("case", ["p2", "p3mix", "p2accum", "fb1"])
+@pytest.mark.parametrize("case", ["p2", "p3mix", "p2accum", "fb1", "p2swap", "pin"])
 def test_slot_pool_2_ranks(case, w2):
     for res in w2[case]:
         _check(res, 2)

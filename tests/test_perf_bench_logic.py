@@ -482,14 +482,28 @@ def test_fsdp_step_table_shows_reasons():
             "ran": True,
             "step_ms": {"median": 10.0, "min": 9.5, "max": 11.0},
             "share": {"ag_rs": 0.25, "layout": 0.05, "ce_memcpy": 0.0},
-            "profile": {"comm_sm_us": 1234.0},
+            "profile": {"comm_sm_us": 1234.0, "layout_us": 567.0},
             "peak_mem_GiB": 3.5,
+            "note": "",
+        },
+        {
+            "variant": "tide",
+            "ran": True,
+            "step_ms": {"median": 9.0, "min": 8.5, "max": 9.5},
+            "profile": {"comm_sm_us": 99.0, "layout_us": 0.0},
+            "peak_mem_GiB": 3.25,
+            "slot_GiB": 0.75,
+            "peak_total_GiB": 3.375,
             "note": "",
         },
         {"variant": "tide", "ran": False, "reason": "unavailable: nccl_tide.fsdp.enable(executor='native'): X"},
     ]
     t = step_table(rows)
-    assert "| stock" in t and "10.00" in t and "25.0" in t and "1234" in t and "3.50" in t
+    assert "| stock" in t and "10.00" in t and "25.0" in t and "1234" in t and "3.50" in t and "567" in t
+    tide = next(line for line in t.splitlines() if line.startswith("| tide ") and "9.00" in line)
+    assert "3.25" in tide and "0.75" in tide and "3.38" in tide, tide
+    for col in ("layout us/step", "comm SM us/step", "torch peak GiB", "TIDE slots GiB", "peak total GiB"):
+        assert col in t.splitlines()[0], col
     assert "unavailable: nccl_tide.fsdp.enable" in t
 
 

@@ -13,8 +13,12 @@ fp32 reduce, AdamW, STEPS steps. Runs, each from the same seed:
   accum     native with gradient accumulation (2 microbatches, no sync on the first) and
             reshard_after_forward=False (fp32 accumulated gradients: a second RS layout);
   pool      native with slot_pool=2: the root and both blocks reshard after forward, so the 3
-            groups share 2 slots swapped into their storage per AG (fsdp/_slot_pool.py); the
-            backward prefetch can find both held and falls back to stock FSDP2 for that AG;
+            groups share 2 slots bound under their storage per AG (fsdp/_slot_pool.py) by the
+            default "alloc" binder (a torch.cuda.MemPool per slot whose allocator hands torch the
+            slot: works on torch 2.11, which lacks _swap_data_ptr_); the backward prefetch can
+            find both held and falls back to stock FSDP2 for that AG; the tiny model's groups are
+            far below one allocator segment, so the test turns off build_pools' size rule;
+  poolswap  the same with the "swap" binder where this torch has _swap_data_ptr_ (>= 2.12);
   auto      executor="auto" must pick native on NCCL/CUDA.
 
 Tolerances. At world size 1 the AG is a byte copy of the bf16-cast shards and TIDE-RS of one
@@ -134,7 +138,11 @@ def worker(port: int, out_path: str, mode: str) -> None:
             params = [p.to_local().detach().float().cpu().clone() for p in model.parameters()]
             return {"losses": losses, "grads": grads, "params": params, "param_dtype_in_forward": seen.get("dtype")}
 
-        def run(executor, raf=True, accum=1, after_disable=False, slot_pool=3):
+        def run(executor, raf=True, accum=1, after_disable=False, slot_pool=3, binder=None):
+            from nccl_tide.fsdp import _slot_pool
+
+            _slot_pool.force_binder(binder)
+            _slot_pool.POOL_SMALL_GROUPS = slot_pool == 2  # the pool cases (tiny groups)
             model = build(raf)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -175,6 +183,23 @@ def worker(port: int, out_path: str, mode: str) -> None:
         stock_acc = run("stock", raf=False, accum=2)
         nat_acc = run(native, raf=False, accum=2)
         nat_pool = run(native, slot_pool=2)  # root + 2 blocks reshard after forward: 3 groups share 2 slots
+        report["swap_binder_run"] = gpu and report["swap_data_ptr"]
+        if report["swap_binder_run"]:
+            nat_pool_swap = run(native, slot_pool=2, binder="swap")
+            report["native_poolswap_stats"] = nat_pool_swap["stats"]
+            report["native_poolswap_vs_native"] = compare(nat_pool_swap, nat)
+        if gpu:
+            from nccl_tide.fsdp import _slot_pool
+
+            # the pool's memory, measured: torch's peak (bound slots included) + slot bytes outside torch
+            mem = {}
+            for name, kw in (("dedicated", {"slot_pool": 0}), ("pool", {"slot_pool": 2})):
+                torch.cuda.synchronize()
+                _slot_pool.start_meter(dev)
+                r = run(native, **kw)
+                m = _slot_pool.stop_meter()
+                mem[name] = {"peak_bytes": m.read(), "events": m.events, "resident": r["stats"]["slot_pool"]}
+            report["native_pool_memory"] = mem
         auto = build(True)
         with warnings.catch_warnings(record=True):
             warnings.simplefilter("always")
@@ -272,24 +297,45 @@ def check(rep: dict, gpu: bool) -> None:
     # slot pool (native only; the reference executor ignores slot_pool): every AG of the 3 pooled
     # groups hit one of the 2 slots or fell back to stock FSDP2 (backward holds the root, a block
     # and the prefetched block: 3 > 2), same numbers as dedicated slots
-    pst = rep["native_pool_stats"]
-    if gpu and not rep["swap_data_ptr"]:
-        # torch without UntypedStorage._swap_data_ptr_ (2.11 on the H200): the pool is refused with one
-        # warning and every group keeps a dedicated slot (the documented fallback)
+    def check_pool(pst, binder):
+        from nccl_tide.fsdp._slot_pool import alloc_request
+
         sp = pst["slot_pool"]
-        assert sp["requested"] == 2 and sp["size"] == 0, sp
-        assert any("_swap_data_ptr_" in w for w in rep["native_pool_warnings"]), rep["native_pool_warnings"]
-    elif gpu:
-        sp = pst["slot_pool"]
+        assert sp["binder"] == binder and sp["bind_failures"] == 0, sp
         assert sp["size"] == 2 and sp["pooled_groups"] == 3 and sp["dedicated_slots"] == 0, sp
-        assert sp["hits"] > 0 and sp["distinct_slots_used"] == 2, sp
-        assert sp["resident_slot_bytes"] == 2 * max(g["slot_bytes"] for g in pst["tide_groups"]), sp
+        assert sp["hits"] > 0 and sp["distinct_slots_used"] == 2 and sp["peak_held"] == 2, sp
+        largest = max(g["slot_bytes"] for g in pst["tide_groups"])
+        cap = alloc_request(largest) if binder == "alloc" else largest  # the caching allocator's segment
+        assert sp["slot_bytes"] == largest and sp["slot_capacity"] == cap, sp
+        assert sp["resident_slot_bytes"] == 2 * cap, sp
+        (pool,) = [p for p in pst["slot_pools"] if p["shared"]]
+        if binder == "alloc":
+            # torch asked the slot allocator for each slot's segment once (enable()'s check) and reused
+            # the cached segment at every later bind: nothing refused
+            assert pool["segment_allocs"] == 2 and pool["refused"] == [], pool
         fell = sum(g["ag_pool_fallbacks"] for g in pst["tide_groups"])
         assert sp["fallbacks"] == fell == pst["total"]["fallbacks"], (sp, pst["total"])
+        for g in pst["tide_groups"]:
+            assert g["ag_calls"] + g["ag_pool_fallbacks"] == 2 * STEPS and g["rs_calls"] == STEPS, g
+
+    pst = rep["native_pool_stats"]
+    if gpu:
+        check_pool(pst, "alloc")  # every torch with torch.cuda.MemPool, 2.11 included
+        if rep["swap_binder_run"]:
+            check_pool(rep["native_poolswap_stats"], "swap")
+            close(rep["native_poolswap_vs_native"])
+        # the memory meter (what fsdp_step reports): one reading per bind and per unbind, a peak that
+        # includes the slots TIDE holds outside torch (the memory comparison itself is fsdp_step's:
+        # this model's groups are far smaller than one allocator segment)
+        mem = rep["native_pool_memory"]
+        ded, pool = mem["dedicated"], mem["pool"]
+        assert ded["events"] == 0 and pool["events"] == 2 * pool["resident"]["hits"], mem
+        assert ded["peak_bytes"] >= ded["resident"]["resident_slot_bytes"] > 0, mem
+        assert pool["peak_bytes"] >= pool["resident"]["resident_slot_bytes"] > 0, mem
     else:
         assert pst["slot_pool"] is None, pst["slot_pool"]
-    for g in pst["tide_groups"]:
-        assert g["ag_calls"] + g["ag_pool_fallbacks"] == 2 * STEPS and g["rs_calls"] == STEPS, g
+        for g in pst["tide_groups"]:
+            assert g["ag_calls"] + g["ag_pool_fallbacks"] == 2 * STEPS and g["rs_calls"] == STEPS, g
     close(rep["native_pool_vs_native"])
     close(rep["native_vs_reference"])
     fp32_stock = rep["stock_w1_dtype"] != "torch.bfloat16"
@@ -313,6 +359,7 @@ def test_native_executor_world1_matches_stock(torch_cuda, cuda_lib, tmp_path):
         rep["stock_w1_dtype"],
     )
     print("slot pool:", rep["native_pool_stats"]["slot_pool"])
+    print("slot pool memory:", rep.get("native_pool_memory"))
     for k in ("native_vs_reference", "native_vs_stock", "native_vs_stock_accum", "native_pool_vs_native"):
         print(k, {x: rep[k][x] for x in ("bitequal", "loss_maxdiff", "grad_maxdiff_step0", "param_maxdiff")})
     check(rep, gpu=True)

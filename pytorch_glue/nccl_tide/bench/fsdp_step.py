@@ -7,15 +7,23 @@ step mode (needs CUDA; under torchrun, or one process = world size 1): bf16 para
 weights and fp32 gradient reduction (MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)), fully_shard per
 block and on the root, AdamW. Per variant: step time (CUDA events per step, median and spread over --steps after
 --warmup), the share of step time in NCCL all-gather / reduce-scatter kernels and in FSDP2's layout conversion
-kernels (split_with_sizes_copy copy-out, chunk_cat copy-in), copy-engine memcpy time, comm SM time (NCCL and TIDE
-kernels) from torch.profiler over --profile-steps steps, and peak memory (torch.cuda.max_memory_allocated).
+kernels (split_with_sizes_copy copy-out, chunk_cat copy-in; also in us per step), copy-engine memcpy time, comm SM
+time (NCCL and TIDE kernels) from torch.profiler over --profile-steps steps, and memory: torch peak
+(torch.cuda.max_memory_allocated over the timed steps; with the pool's default alloc binder it includes the slots
+bound at that moment), TIDE slots (the tideSlotAlloc bytes TIDE holds, resident), and peak total (one more step
+under fsdp/_slot_pool.MemoryMeter: the maximum over the step of torch's allocated bytes plus the slot bytes torch
+does not count at that moment; stock: its torch peak). Compare peak total across variants.
 Shares are summed kernel durations / step time; kernels on other streams overlap compute, so they are loads, not a
 critical path. Variants that cannot run print a row saying why.
 
 layout-cost mode (one GPU): nccl_tide.bench.layout_cost (per-layer copy-out / copy-in of stock FSDP2 vs TIDE's none).
 
-On a machine without CUDA both modes exit with status 2 and a message saying what they need (no CPU fallback: the
-FSDP2 parity of TIDE on CPU/gloo is covered by tests/test_fsdp_parity.py).
+pool-check mode (CPU, gloo; nccl_tide.bench.pool_check): per world size (--worlds, default 2,4) stock FSDP2 vs the
+native executor over a simulated tideComm with --slot-pool (default 2) slots; asserts bit identity to stock and that
+the pool's peak slot bytes equal the bytes of the groups stock FSDP2 holds unsharded at once (exit 1 otherwise).
+
+On a machine without CUDA the step and layout-cost modes exit with status 2 and a message saying what they need (the
+FSDP2 parity of TIDE on CPU/gloo is covered by tests/test_fsdp_parity.py and the pool-check mode).
 """
 
 import argparse
@@ -37,12 +45,18 @@ NO_CUDA = (
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m nccl_tide.bench.fsdp_step", description=__doc__.split("\n\n")[0])
-    p.add_argument("--mode", choices=["step", "layout-cost"], default="step")
+    p.add_argument("--mode", choices=["step", "layout-cost", "pool-check"], default="step")
     p.add_argument(
         "--variants",
         default="stock,tide,symm",
         help="comma list of stock, tide (native executor, default slot pool), tide-dedicated (one resident slot per "
         "group, slot_pool=0), symm (symm last: a failure there cannot disturb the others)",
+    )
+    p.add_argument(
+        "--slot-pool",
+        type=int,
+        default=None,
+        help="tide variant: nccl_tide.fsdp.enable(slot_pool=N) (default: enable()'s default); tide-dedicated is 0",
     )
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--hidden", type=int, default=4096)
@@ -56,7 +70,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--profile-steps", type=int, default=2, help="steps under torch.profiler (0: no SM figures)")
     p.add_argument("--models", default="llama3-70b-layer,llama3-8b-layer", help="layout-cost: layer layouts")
-    p.add_argument("--worlds", default="8,64", help="layout-cost: simulated world sizes")
+    p.add_argument("--worlds", default=None, help="layout-cost: simulated world sizes (default 8,64); pool-check: "
+                   "gloo world sizes (default 2,4)")
     p.add_argument("--iters", type=int, default=20, help="layout-cost: timed iterations")
     p.add_argument(
         "--variant-timeout",
@@ -131,7 +146,7 @@ def _init_dist():
     return dist, dist.get_rank(), dist.get_world_size(), torch.device("cuda", local)
 
 
-def _shard(model, variant: str):
+def _shard(model, variant: str, slot_pool=None):
     """fully_shard per block and root; returns (None, note) on success or (reason, None) when the variant cannot run."""
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -152,7 +167,7 @@ def _shard(model, variant: str):
         pol = os.environ.get("NCCL_CTA_POLICY")
         return None, f"set_symm_mem_for_comm on {len(mods)} modules; NCCL_CTA_POLICY={pol or 'unset'}"
     if variant in ("tide", "tide-dedicated"):
-        kw = {"slot_pool": 0} if variant == "tide-dedicated" else {}
+        kw = {"slot_pool": 0} if variant == "tide-dedicated" else ({} if slot_pool is None else {"slot_pool": slot_pool})
         try:
             import nccl_tide.fsdp
 
@@ -163,7 +178,8 @@ def _shard(model, variant: str):
         pool = st.get("slot_pool") or {}
         return None, (
             f"TIDE groups {len(st['tide_groups'])}, stock groups {len(st['stock_groups'])}, "
-            f"slot pool size {pool.get('size', 0)} x {pool.get('slot_bytes', 0)} B"
+            f"slot pool size {pool.get('size', 0)} x {pool.get('slot_capacity', 0)} B ({pool.get('binder')} binder), "
+            f"{pool.get('dedicated_slots', 0)} dedicated"
         )
     return None, ""
 
@@ -176,7 +192,7 @@ def run_variant(variant: str, cfg: LlamaConfig, a, rank: int, world: int, device
     row = {"variant": variant, "ran": False}
     torch.cuda.empty_cache()
     model = build(cfg, seed=0, device=device)
-    reason, note = _shard(model, variant)
+    reason, note = _shard(model, variant, getattr(a, "slot_pool", None))
     if reason:
         row["reason"] = reason
         model = None
@@ -219,8 +235,21 @@ def run_variant(variant: str, cfg: LlamaConfig, a, rank: int, world: int, device
             "p75": ms[(3 * len(ms)) // 4],
             "n": len(ms),
         }
-        row["peak_mem_GiB"] = torch.cuda.max_memory_allocated(device) / 2**30
+        row["peak_mem_GiB"] = torch.cuda.max_memory_allocated(device) / 2**30  # torch's peak over the timed steps
         row["loss"] = float(loss.item())
+        # one more step for memory alone: torch's peak + TIDE's slot bytes outside torch at that moment
+        # (fsdp/_slot_pool.MemoryMeter: exact, read at every slot bind/unbind; stock: torch's peak)
+        from ..fsdp import _slot_pool
+
+        torch.cuda.synchronize()
+        meter = _slot_pool.start_meter(device)
+        try:
+            step()
+            torch.cuda.synchronize()
+        finally:
+            _slot_pool.stop_meter()
+        row["peak_total_GiB"] = meter.read() / 2**30
+        row["slot_GiB"] = sum(p.capacity * len(p.slots) for p in list(_slot_pool._live_pools)) / 2**30
         if a.profile_steps > 0:
             row["profile"] = _profile(step, a.profile_steps)
             med_us = row["step_ms"]["median"] * 1e3
@@ -266,14 +295,17 @@ def step_table(rows: List[dict]) -> str:
         "AG+RS %",
         "layout %",
         "CE memcpy %",
+        "layout us/step",
         "comm SM us/step",
-        "peak GiB",
+        "torch peak GiB",
+        "TIDE slots GiB",
+        "peak total GiB",
         "note",
     )
     lines = []
     for r in rows:
         if not r.get("ran"):
-            lines.append((r["variant"], "N/A", "", "", "", "", "", "", r.get("reason", "")))
+            lines.append((r["variant"], "N/A", "", "", "", "", "", "", "", "", "", r.get("reason", "")))
             continue
         st, sh, p = r["step_ms"], r.get("share", {}), r.get("profile", {})
         pct = lambda k, sh=sh: f"{100 * sh[k]:.1f}" if k in sh else "-"  # noqa: E731
@@ -285,8 +317,11 @@ def step_table(rows: List[dict]) -> str:
                 pct("ag_rs"),
                 pct("layout"),
                 pct("ce_memcpy"),
+                f"{p['layout_us']:.0f}" if "layout_us" in p else "-",
                 f"{p['comm_sm_us']:.0f}" if p else "-",
                 f"{r['peak_mem_GiB']:.2f}",
+                f"{r.get('slot_GiB', 0.0):.2f}",
+                f"{r['peak_total_GiB']:.2f}" if "peak_total_GiB" in r else "-",
                 r.get("note", ""),
             )
         )
@@ -346,6 +381,24 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ImportError:
         print("nccl_tide.bench.fsdp_step: needs PyTorch: pip install torch", file=sys.stderr)
         return 2
+    if a.mode == "pool-check":  # CPU, gloo: nccl_tide.bench.pool_check
+        from . import pool_check
+
+        worlds = [int(x) for x in (a.worlds or "2,4").split(",") if x]
+        k = 2 if a.slot_pool is None else a.slot_pool
+        print(
+            f"# slot pool check on CPU/gloo, torch {torch.__version__}: stock FSDP2 vs nccl_tide.fsdp native "
+            f"(simulated tideComm), slot_pool={k}, {pool_check.CFG.layers} blocks, {pool_check.STEPS} steps, "
+            f"worlds {worlds}"
+        )
+        rows, failures = pool_check.run(worlds, k)
+        print(pool_check.table(rows))
+        for f in failures:
+            print(f"FAILED: {f}")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"mode": a.mode, "torch": torch.__version__, "results": rows, "failures": failures}, f, indent=2)
+        return 1 if failures or not rows else 0
     if not torch.cuda.is_available():
         print(f"nccl_tide.bench.fsdp_step: {NO_CUDA}", file=sys.stderr)
         return 2
@@ -359,7 +412,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         rows = []
         for m in [x for x in a.models.split(",") if x]:
-            for w in [int(x) for x in a.worlds.split(",") if x]:
+            for w in [int(x) for x in (a.worlds or "8,64").split(",") if x]:
                 rows.append(layout_cost.measure(m, w, a.iters))
         print(
             f"# layout cost per FSDP2 rank and layer, {doc['versions'].get('device', '?')}, torch "

@@ -25,9 +25,9 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGath
 
 from ..errors import InvalidArgumentError, InvalidUsageError
 from ..reference_executor import get_executor
-from . import _adapter, _patch
+from . import _adapter, _patch, _slot_pool
 from ._group import GroupState, static_reason
-from ._slot_pool import SWAP_SUPPORTED, build_pools, reshards_after_forward
+from ._slot_pool import build_pools, reshards_after_forward
 from ._warn import TideFSDPWarning, warn_once
 
 __all__ = ["TideFSDPHandle", "TideFSDPWarning", "disable", "enable", "handle_of", "stats"]
@@ -64,9 +64,11 @@ class TideFSDPHandle:
         flat AG output, fp32 RS input), executor_temp_bytes (what the executor allocated
         instead; the reference executor is not the fast path), rs_staging_in_slot.
         Native: slot_pools (one entry per SlotPool: shared pool or dedicated slot, with slots,
-        slot_bytes, hits, fallbacks, distinct_slots_used, rs_staging), slot_pool (the totals:
-        size, slot_bytes of the shared pool, pooled/dedicated groups, resident_slot_bytes,
-        hits, fallbacks), per group `pool` (shared pool name or 'dedicated')."""
+        slot_bytes, slot_capacity, binder, hits, fallbacks, bind_failures, distinct_slots_used,
+        rs_staging, held, peak_held, segment_allocs, refused), slot_pool (the totals: size,
+        slot_bytes and slot_capacity of the shared pool, binder, pooled/dedicated groups,
+        resident_slot_bytes, hits, fallbacks, bind_failures, peak_held, outside_torch_bytes),
+        per group `pool` (shared pool name or 'dedicated'). docs/fsdp.md."""
         tide = []
         for g in self.groups:
             d = g.stats.as_dict()
@@ -95,10 +97,15 @@ class TideFSDPHandle:
                 "slot_bytes": max((p.nbytes for p in shared), default=0),
                 "pooled_groups": sum(1 for g in self.groups if g.pool is not None and g.pool.shared),
                 "dedicated_slots": len(dedicated),
-                "resident_slot_bytes": sum(p.nbytes * len(p.slots) for p in self.pools),
+                "resident_slot_bytes": sum(p.capacity * len(p.slots) for p in self.pools),
                 "hits": sum(p.hits for p in shared),
                 "fallbacks": sum(p.fallbacks for p in shared),
                 "distinct_slots_used": sum(len(p.used) for p in shared),
+                "binder": next((p.binder.name for p in shared), None),
+                "slot_capacity": max((p.capacity for p in shared), default=0),
+                "peak_held": sum(p.peak_held for p in shared),
+                "bind_failures": sum(p.bind_failures for p in shared),
+                "outside_torch_bytes": _slot_pool.outside_torch_bytes(),
             }
             if self.pools
             else None,
@@ -170,8 +177,9 @@ def enable(
       through tideComm; raises UnsupportedError saying why when it cannot be created).
     ranks_per_node: for the layout's RS accumulation order (default: the largest divisor of
       the shard world size that is <= 8, as nccl_tide.Layout).
-    slot_pool: native executor: the groups FSDP2 reshards after forward share this many slots
-      (each of the largest such group's slot_bytes), acquired at each all-gather and released
+    slot_pool: native executor: the groups FSDP2 reshards after forward (and that
+      set_keep_unsharded_storage does not pin) share this many slots (each of the largest such
+      group's slot_bytes, rounded to the allocator's segment), acquired at each all-gather and released
       at reshard; an all-gather that finds every slot held falls back to stock FSDP2 for that
       call (warned once, counted). Other groups (e.g. the root) keep a dedicated slot. 0 or
       None: a dedicated slot per group (all unsharded parameters resident). Ignored by the
@@ -234,11 +242,6 @@ def enable(
         handle.groups.append(gs)
     native = [g for g in handle.groups if g.native]
     if native:
-        if handle.slot_pool and not SWAP_SUPPORTED:
-            warn_once(
-                f"nccl_tide.fsdp: slot_pool={handle.slot_pool} needs torch.UntypedStorage._swap_data_ptr_, which torch "
-                f"{torch.__version__} lacks: one resident slot per group"
-            )
         # tideSlotAlloc is collective: every native slot now, between steps, in the same order on
         # every rank (never inside forward/backward)
         handle.pools, failures = build_pools(native, handle.slot_pool)

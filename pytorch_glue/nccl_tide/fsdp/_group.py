@@ -18,9 +18,13 @@ from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState
 from ..errors import InvalidUsageError
 from ..layout import Layout, default_ranks_per_node
 from ..reference_executor import tide_dtype_name
+from ._slot_pool import BindError, pinned
 from ._warn import warn_once
 
 _RS_GRAD_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# torch >= 2.15: FSDP2 sets the unsharded parameter's grad_dtype (init_unsharded_param)
+_HAS_GRAD_DTYPE = hasattr(__import__("torch.distributed.fsdp._fully_shard._fsdp_param", fromlist=["x"]).FSDPParam,
+                          "unsharded_grad_dtype")
 
 # StorageImpl address (UntypedStorage._cdata) of every native group's storage -> its
 # GroupState. FSDP2's free_storage (patched while enabled) must not resize such a storage (it
@@ -28,6 +32,13 @@ _RS_GRAD_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # (_patch._tide_free_storage -> GroupState.on_release).
 NATIVE_SLOTS: Dict[int, "GroupState"] = {}
 _TORCH = "torch"  # GroupState.held: the storage holds torch memory (a stock all-gather fell back)
+
+
+def param_mp_policy(fsdp_param, pg):
+    """The MixedPrecisionPolicy of one parameter: torch >= 2.15 resolves it per parameter
+    (FSDPParam.mp_policy; FSDPParamGroup.mp_policy is gone), older torch per group."""
+    mp = getattr(fsdp_param, "mp_policy", None)
+    return mp if mp is not None else pg.mp_policy
 
 
 def effective_param_dtype(fsdp_param, mp_policy) -> torch.dtype:
@@ -65,13 +76,15 @@ def static_reason(pg, default_comms: Tuple[type, type]) -> Optional[str]:
             return f"Shard({fp.fsdp_placement.dim}) placement (only dim-0 sharding)"
         if hasattr(fp._sharded_local_tensor, "fsdp_pre_all_gather"):
             return "custom fsdp_pre_all_gather extension"
+        if getattr(fp, "is_spmd_types", False):
+            return "spmd-types parameter (torch >= 2.14): FSDP2 keeps it a plain tensor with its own restore step"
         if fp.is_dtensor:
             return "DTensor parameter (TP/EP): unsharded DTensor spec"
         if fp._sharded_param_data.is_meta:
             return "parameters on the meta device"
         if fp.sharded_state != ShardedState.SHARDED:
             return "group not sharded at enable() (call enable() between steps)"
-        dtypes.add(effective_param_dtype(fp, pg.mp_policy))
+        dtypes.add(effective_param_dtype(fp, param_mp_policy(fp, pg)))
     if len(dtypes) != 1:
         return f"mixed dtypes in one group ({', '.join(sorted(str(d) for d in dtypes))})"
     (dt,) = dtypes
@@ -136,6 +149,19 @@ class GroupState:
     def install(self) -> None:
         self.pg._all_gather_comm = self.ag_comm
         self.pg._reduce_scatter_comm = self.rs_comm
+        if hasattr(self.pg, "_all_gather_output_fn"):  # torch >= 2.15: FSDP2's per-group copy-out hook
+            self._stock_output_fn = self.pg._all_gather_output_fn
+            self.pg._all_gather_output_fn = self.all_gather_output_fn
+
+    def all_gather_output_fn(self, fsdp_params, all_gather_result, world_size) -> None:
+        """FSDP2 >= 2.15 copy-out hook (FSDPParamGroup._all_gather_output_fn; foreach_all_gather_copy_out
+        has already made the current stream wait for the AG): a TIDE result is in place already; after a
+        pool fallback (stock AG) the split copy goes into the group's views; anything else is stock's."""
+        if isinstance(all_gather_result, TidePoolFallbackResult):
+            return self.fallback_copy_out(all_gather_result, fsdp_params)
+        if isinstance(all_gather_result, TideAllGatherResult):
+            return None
+        return self._stock_output_fn(fsdp_params, all_gather_result, world_size)
 
     def uninstall(self) -> None:
         pg = self.pg
@@ -149,6 +175,8 @@ class GroupState:
             self.views_installed = False
         pg._all_gather_comm = self.stock_ag
         pg._reduce_scatter_comm = self.stock_rs
+        if getattr(self, "_stock_output_fn", None) is not None:
+            pg._all_gather_output_fn, self._stock_output_fn = self._stock_output_fn, None
         if self.store is not None:  # the slots themselves: SlotPool.free (disable(), collective)
             if self.held is not None:
                 self.on_release(record=False)
@@ -164,7 +192,7 @@ class GroupState:
     # -- layout and slot -----------------------------------------------------------------------
     def _build(self) -> None:
         pg = self.pg
-        dt = effective_param_dtype(pg.fsdp_params[0], pg.mp_policy)
+        dt = effective_param_dtype(pg.fsdp_params[0], param_mp_policy(pg.fsdp_params[0], pg))
         numels, rows = [], []
         for fp in pg.fsdp_params:
             size = fp._orig_size
@@ -219,6 +247,8 @@ class GroupState:
                 view, fp._orig_size, fp._contiguous_orig_stride, storage_offset=view.storage_offset()
             )
             fp._unsharded_param = nn.Parameter(unsharded, requires_grad=fp.sharded_param.requires_grad)
+            if _HAS_GRAD_DTYPE:  # torch >= 2.15: autograd accumulates in FSDP2's unsharded grad dtype
+                fp._unsharded_param.grad_dtype = fp.unsharded_grad_dtype
         self.views_installed = True
 
     # -- all-gather ----------------------------------------------------------------------------
@@ -231,6 +261,8 @@ class GroupState:
                 warn_once(f"nccl_tide.fsdp: {self.label}: keeping stock FSDP2 all-gather and reduce-scatter ({reason})")
                 self.stats.fallback(reason)
                 self.pg._all_gather_comm, self.pg._reduce_scatter_comm = self.stock_ag, self.stock_rs
+                if getattr(self, "_stock_output_fn", None) is not None:
+                    self.pg._all_gather_output_fn, self._stock_output_fn = self._stock_output_fn, None
                 return stock_fn(fsdp_params, group, async_op, copy_in_stream, ag_stream, device, self.stock_ag)
         if _compiled_autograd():
             raise InvalidUsageError(f"{self.label}: compiled autograd is not supported with nccl_tide.fsdp")
@@ -242,7 +274,17 @@ class GroupState:
         if self.native:
             if self.held is not None:  # FSDP2 calls the group sharded: nothing may still hold memory
                 self.on_release()
-            slot = self.pool.acquire(self)
+            if self.pool.shared and pinned(self.pg):
+                warn_once(
+                    f"nccl_tide.fsdp: {self.label}: set_keep_unsharded_storage after enable(): its pooled slot is "
+                    "released at its next all-gather, not kept (disable() and enable() again for a dedicated slot)"
+                )
+            try:
+                slot = self.pool.acquire(self)
+            except BindError as e:  # the binder could not place the slot: stock FSDP2 this once
+                return self._pool_fallback(
+                    fsdp_params, group, async_op, copy_in_stream, ag_stream, device, stock_fn, f"slot bind failed: {e}"
+                )
             if slot is None:  # every slot owned by a group not resharded yet: stock FSDP2 this once
                 return self._pool_fallback(fsdp_params, group, async_op, copy_in_stream, ag_stream, device, stock_fn)
             return self._native_all_gather(slot, fsdp_params, copy_in_stream, ag_stream, handle)
@@ -297,16 +339,21 @@ class GroupState:
         fields.update(all_gather_output=keep, all_gather_event=event, all_gather_work=None)
         return TideAllGatherResult(**fields)
 
-    def _pool_fallback(self, fsdp_params, group, async_op, copy_in_stream, ag_stream, device, stock_fn):
-        """No free slot: FSDP2's own all-gather (same collective on every rank: the pool's rule
-        is rank-consistent, docs/fsdp.md); fallback_copy_out lands it in torch memory in `store`."""
-        reason = "all-gather: no free slot in the native slot pool (stock FSDP2 all-gather)"
+    def _pool_fallback(self, fsdp_params, group, async_op, copy_in_stream, ag_stream, device, stock_fn, bind=None):
+        """No free slot (or the binder failed): FSDP2's own all-gather (same collective on every
+        rank: the pool's rule is rank-consistent, docs/fsdp.md; a bind failure is deterministic
+        for a torch and allocator setting); fallback_copy_out lands it in torch memory in `store`."""
+        if bind is None:
+            reason = "all-gather: no free slot in the native slot pool (stock FSDP2 all-gather)"
+            warn_once(
+                f"nccl_tide.fsdp: {reason} for at least one call (slot_pool={len(self.pool.slots)} slots are all held "
+                "by groups not resharded yet, e.g. by prefetching); counted in stats(); a larger slot_pool avoids it"
+            )
+        else:
+            reason = "all-gather: the slot could not be bound (stock FSDP2 all-gather)"
+            warn_once(f"nccl_tide.fsdp: {self.label}: {reason}: {bind}; counted in stats()")
         self.stats.fallback(reason)
         self.stats.ag_pool_fallbacks += 1
-        warn_once(
-            f"nccl_tide.fsdp: {reason} for at least one call (slot_pool={len(self.pool.slots)} slots are all held "
-            "by groups not resharded yet, e.g. by prefetching); counted in stats(); a larger slot_pool avoids it"
-        )
         res = stock_fn(fsdp_params, group, async_op, copy_in_stream, ag_stream, device, self.stock_ag)
         out = TidePoolFallbackResult(*res)
         out.state = self

@@ -123,6 +123,15 @@ def _tide_free_storage(tensor):
     return _orig["free"](tensor)
 
 
+def _wait_ag_streams(pg, event) -> None:
+    """The all-gather streams wait for `event` (FSDPCommContext's method on torch >= 2.15)."""
+    ctx = pg.comm_ctx
+    if hasattr(ctx, "wait_all_gather_streams_on_event"):
+        ctx.wait_all_gather_streams_on_event(event)
+    else:
+        pg._wait_all_gather_streams_on_event(event)
+
+
 def _w1_state(pg):
     comm = getattr(pg, "_all_gather_comm", None)
     if isinstance(comm, TideAllGather) and comm.state.world == 1:
@@ -139,7 +148,7 @@ def _tide_unshard(self, async_op: bool = False):
     if not getattr(self, "unshard_in_backward", True) and self._training_state == TrainingState.PRE_BACKWARD:
         return None
     if getattr(self, "_reshard_after_forward_event", None) is not None:
-        self._wait_all_gather_streams_on_event(self._reshard_after_forward_event)
+        _wait_ag_streams(self, self._reshard_after_forward_event)
         self._reshard_after_forward_event = None
     self._all_gather_result = _pgm.foreach_all_gather(
         self.fsdp_params,
@@ -158,23 +167,30 @@ def _tide_wait_for_unshard(self):
     if _w1_state(self) is None or not isinstance(self._all_gather_result, TideAllGatherResult):
         return _orig["wait"](self)
     if self._training_state == TrainingState.FORWARD:  # implicit prefetch
-        if prev := self.comm_ctx.all_gather_state:
-            self._wait_all_gather_streams_on_event(prev.event)
+        if hasattr(self.comm_ctx, "release_all_gather_state_for_comm_reuse"):  # torch >= 2.15
+            self.comm_ctx.release_all_gather_state_for_comm_reuse()
+        elif prev := self.comm_ctx.all_gather_state:
+            _wait_ag_streams(self, prev.event)
             self.comm_ctx.all_gather_state = None
-    _pgm.foreach_all_gather_copy_out(self._all_gather_result, self.fsdp_params, self._all_gather_process_group)
+    kw = {"all_gather_output_fn": self._all_gather_output_fn} if COPY_OUT_HOOK else {}
+    _pgm.foreach_all_gather_copy_out(self._all_gather_result, self.fsdp_params, self._all_gather_process_group, **kw)
     for fsdp_param in self.fsdp_params:
         fsdp_param.init_unsharded_param()
     self._to_unsharded()
     event = _get_device_handle(self.device.type).Event()
     event.record()
-    self._wait_all_gather_streams_on_event(event)
+    _wait_ag_streams(self, event)
     self._all_gather_result = None
     return None
 
 
+# torch >= 2.15: FSDP2 calls a per-group copy-out hook (FSDPParamGroup._all_gather_output_fn), which
+# GroupState.install sets for TIDE groups: foreach_all_gather_copy_out itself is not patched there.
+COPY_OUT_HOOK = "all_gather_output_fn" in inspect.signature(inspect.unwrap(_coll.foreach_all_gather_copy_out)).parameters
+
 _POINTS = {
     "ag": (_pgm, "foreach_all_gather", _tide_foreach_all_gather),
-    "copy_out": (_pgm, "foreach_all_gather_copy_out", _tide_foreach_all_gather_copy_out),
+    **({} if COPY_OUT_HOOK else {"copy_out": (_pgm, "foreach_all_gather_copy_out", _tide_foreach_all_gather_copy_out)}),
     "reduce": (_pgm, "foreach_reduce", _tide_foreach_reduce),
     "copy_in": (_coll, "foreach_reduce_scatter_copy_in", _tide_foreach_reduce_scatter_copy_in),
     "free": (_fpm, "free_storage", _tide_free_storage),
@@ -184,6 +200,7 @@ _POINTS = {
 # Argument names from the definitions in _fsdp_collectives (not from whatever the patch
 # points hold now: another wrapper may sit there).
 _SIGS = {k: _sig(getattr(_coll, name)) for k, (_mod, name, _) in _POINTS.items() if k in ("ag", "copy_out", "reduce")}
+_SIGS["copy_out"] = _sig(_coll.foreach_all_gather_copy_out)
 
 
 def install() -> None:

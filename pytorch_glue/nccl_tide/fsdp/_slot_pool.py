@@ -1,13 +1,25 @@
 """Slots of the native executor: a shared pool for groups that reshard, dedicated slots for the rest.
 
 A slot is a tideSlotAlloc region (collective: every rank allocates and frees in the same order,
-at enable() / disable(), never inside forward/backward). Torch cannot resize it. A group's
-unsharded parameters are views of the group's own torch storage (GroupState.store, empty while
-the group is sharded); at each TIDE all-gather the group *acquires* a slot and the slot's
-memory is swapped into that storage (UntypedStorage._swap_data_ptr_: the same StorageImpl, so
-autograd's saved views of the parameters see it, exactly as they see FSDP2's resize_ of its own
-storage); at reshard (FSDP2's free_storage, patched) the memory is swapped back into the slot
-and the slot is free again.
+at enable() / disable(), never inside forward/backward). A group's unsharded parameters are views
+of the group's own torch storage (GroupState.store, empty while the group is sharded); at each
+TIDE all-gather the group *acquires* a slot and a binder puts the slot's memory under that
+storage, in place (the same StorageImpl, so autograd's saved views of the parameters see it,
+exactly as they see FSDP2's resize_ of its own storage); at reshard (FSDP2's free_storage,
+patched) the binder takes it away again and the slot is free. Two binders, one pool:
+
+* "alloc" (every torch with torch.cuda.MemPool, torch 2.11 included; the default on CUDA): each
+  slot has its own torch.cuda.MemPool whose allocator is TIDE's slot allocator (_SlotAllocator:
+  it hands torch the pointer of the slot being bound, nothing else). Binding is FSDP2's own
+  alloc_storage move, store.resize_(n), inside torch.cuda.use_mem_pool(slot's pool); unbinding is
+  FSDP2's free_storage move, store.resize_(0) (the block goes back to the slot's MemPool, whose one
+  segment is the slot). torch counts a bound slot in memory_allocated(); the slot's memory is
+  also reachable through Slot.base at all times (RS staging uses it while no group holds it).
+  Slots are sized to the segment the caching allocator asks for (alloc_request()). On CPU (the
+  simulated comm of the tests) the same allocator runs under an emulation of the MemPool move
+  (_CpuAllocBinder: a second storage over the slot's memory swapped into the store).
+* "swap" (torch >= 2.12: UntypedStorage._swap_data_ptr_): the slot's memory is swapped into the
+  storage and back; torch never sees it; Slot.base is empty while the slot is owned.
 
 Acquisition rule (SlotPool.acquire): the first free slot in index order starting at the pool's
 cursor (round-robin), the cursor then moves past it. A slot is owned from the acquiring AG to the
@@ -20,24 +32,338 @@ release event recorded on the compute stream at reshard, the RS that used it as 
 makes its stream wait for them (never the host) and then leaves its own completion event.
 """
 
+import ctypes
+import weakref
 from typing import List, Optional
 
 import torch
 
+from ._warn import warn_once
+
 SWAP_SUPPORTED = hasattr(torch.UntypedStorage, "_swap_data_ptr_")
+MEMPOOL_SUPPORTED = hasattr(torch.cuda, "MemPool") and hasattr(torch._C, "_cuda_customAllocator")
+BINDERS = ("alloc", "swap")
+_forced: Optional[str] = None  # tests: force a binder (force_binder)
+# tests on tiny models: pool even where K slots of the allocator's segment size cost more than a
+# dedicated slot per group (build_pools refuses that otherwise)
+POOL_SMALL_GROUPS = False
+
+
+def force_binder(name: Optional[str]) -> None:
+    """Tests and benchmarks: use binder `name` ('alloc' or 'swap') for pools built from now on;
+    None: the default (alloc where it works, else swap)."""
+    global _forced
+    if name is not None and name not in BINDERS:
+        raise ValueError(f"binder {name!r}: use one of {BINDERS} or None")
+    _forced = name
+
+
+# -- the caching allocator's segment rule (c10 CUDACachingAllocator: round_size, get_allocation_size)
+_MIN_BLOCK = 512
+_SMALL_SIZE = 1 << 20
+_SMALL_BUFFER = 2 << 20
+_MIN_LARGE_ALLOC = 10 << 20
+_LARGE_BUFFER = 20 << 20
+_ROUND_LARGE = 2 << 20
+
+
+def block_size(nbytes: int) -> int:
+    """The caching allocator's block rounding (round_size, default settings)."""
+    return max(_MIN_BLOCK, -(-int(nbytes) // _MIN_BLOCK) * _MIN_BLOCK)
+
+
+def alloc_request(nbytes: int) -> int:
+    """Bytes torch's caching allocator asks a pool's allocator for when a storage of `nbytes`
+    is resized in an empty MemPool (default allocator settings; another rounding configured in
+    PYTORCH_CUDA_ALLOC_CONF shows as a refused request and a warning: _SlotAllocator)."""
+    r = block_size(nbytes)
+    if r <= _SMALL_SIZE:
+        return _SMALL_BUFFER
+    if r < _MIN_LARGE_ALLOC:
+        return _LARGE_BUFFER
+    return -(-r // _ROUND_LARGE) * _ROUND_LARGE
+
+
+class BindError(RuntimeError):
+    """The binder could not put a slot's memory under a group's storage (stock AG for that call)."""
+
+
+class _SlotAllocator:
+    """The allocator of every slot's MemPool: it returns the slot being bound (armed) when torch
+    asks for no more than the slot holds, else 0 (torch then raises its out-of-memory error,
+    which bind() turns into BindError). free() returns nothing to anyone: the memory is the
+    slot's until tideSlotFree."""
+
+    def __init__(self):
+        self.armed = None  # (ptr, capacity, slot) during a bind
+        self.by_ptr = {}  # slot pointer -> the Slot it was last granted to
+        self.refused = []  # (requested, capacity, why)
+        self.calls = 0
+
+    def alloc(self, size, device=0, stream=None):
+        self.calls += 1
+        if self.armed is None:
+            self.refused.append((int(size), 0, "no slot armed"))
+            return 0
+        ptr, cap, slot = self.armed
+        slot.segment_allocs += 1
+        if size > cap:
+            self.refused.append((int(size), cap, "larger than the slot"))
+            return 0
+        if slot.in_torch:  # torch still holds this slot's segment (e.g. a free deferred by record_stream)
+            self.refused.append((int(size), cap, "segment still held"))
+            return 0
+        slot.in_torch = True
+        self.by_ptr[ptr] = slot
+        return ptr
+
+    def free(self, ptr, size=0, device=0, stream=None):
+        slot = self.by_ptr.pop(ptr, None)
+        if slot is not None:
+            slot.in_torch = False
+
+
+class _Binder:
+    name = ""
+    counts_in_torch = False  # a bound slot shows in torch.cuda.memory_allocated()
+    base_while_owned = False  # Slot.base still holds the memory while a group owns the slot
+
+    def capacity(self, nbytes: int) -> int:
+        return int(nbytes)
+
+    def prepare(self, slot) -> None:
+        pass
+
+    def bind(self, store: torch.UntypedStorage, slot) -> None:
+        raise NotImplementedError
+
+    def unbind(self, store: torch.UntypedStorage, slot) -> None:
+        raise NotImplementedError
+
+    def close(self, slot) -> None:
+        pass
+
+    def closed(self) -> None:
+        pass
+
+    def check(self, slot) -> None:
+        """Bind and unbind a probe storage once (at enable(), between steps): the slot's memory
+        must land under the storage, pointer for pointer."""
+        probe = torch.empty(0, dtype=torch.uint8, device=slot.base.device).untyped_storage()
+        self.bind(probe, slot)
+        try:
+            got = probe.data_ptr()
+        finally:
+            self.unbind(probe, slot)
+        if got != slot.ptr:
+            raise BindError(f"{self.name} binder put memory at {got:#x} under the storage, not the slot at {slot.ptr:#x}")
+
+
+class _SwapBinder(_Binder):
+    name = "swap"
+
+    def bind(self, store, slot):
+        store._swap_data_ptr_(slot.base.untyped_storage())
+
+    def unbind(self, store, slot):
+        store._swap_data_ptr_(slot.base.untyped_storage())
+
+
+_cuda_allocator = None  # (SlotAllocator, torch allocator, ctypes callbacks): one per process, never freed
+
+
+def _cuda_slot_allocator():
+    """The process's slot allocator as a torch CUDA allocator. Created once and kept for the life of
+    the process: torch may call it whenever it releases a MemPool's segment, even after the pool that
+    used it is gone (a freed ctypes callback would then crash)."""
+    global _cuda_allocator
+    if _cuda_allocator is None:
+        alloc_fn = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
+        free_fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
+        sa = _SlotAllocator()
+        # torch calls these from the allocating thread (ours, holding the GIL) only when a slot's
+        # MemPool has no cached segment: at the first bind of each slot (enable(), check()) and
+        # after torch released the segment (a freed pool, out of memory)
+        c_alloc = alloc_fn(lambda size, dev, stream: sa.alloc(size, dev, stream))
+        c_free = free_fn(lambda ptr, size, dev, stream: sa.free(ptr, size, dev, stream))
+        ta = torch._C._cuda_customAllocator(
+            ctypes.cast(c_alloc, ctypes.c_void_p).value, ctypes.cast(c_free, ctypes.c_void_p).value
+        )
+        _cuda_allocator = (sa, ta, c_alloc, c_free)
+    return _cuda_allocator
+
+
+class _CudaAllocBinder(_Binder):
+    """torch.cuda.MemPool per slot, allocator = the process's _SlotAllocator (module docstring)."""
+
+    name = "alloc"
+    counts_in_torch = True
+    base_while_owned = True
+
+    def __init__(self):
+        self.allocator, self._torch_allocator = _cuda_slot_allocator()[:2]
+        self._streams = {}
+
+    def capacity(self, nbytes):
+        return alloc_request(nbytes)
+
+    def prepare(self, slot):
+        slot.mempool = torch.cuda.MemPool(self._torch_allocator, no_split=True)
+
+    def _stream(self, device):
+        # one allocation stream per device: the caching allocator reuses a freed block only for an
+        # allocation on the stream it was allocated on; GPU ordering is the slot's events' job
+        if device.index not in self._streams:
+            self._streams[device.index] = torch.cuda.default_stream(device)
+        return self._streams[device.index]
+
+    def bind(self, store, slot):
+        dev = slot.base.device
+        self.allocator.armed = (slot.ptr, slot.capacity, slot)
+        try:
+            with torch.cuda.use_mem_pool(slot.mempool, device=dev), torch.cuda.stream(self._stream(dev)):
+                store.resize_(slot.nbytes)
+        except RuntimeError as e:  # torch.OutOfMemoryError: the allocator refused (see .refused)
+            why = self.allocator.refused[-1] if self.allocator.refused else None
+            raise BindError(f"torch.cuda.MemPool of slot {slot.index}: {why or e}") from e
+        finally:
+            self.allocator.armed = None
+        if store.data_ptr() != slot.ptr:
+            store.resize_(0)
+            raise BindError(f"MemPool gave {store.data_ptr():#x}, not the slot at {slot.ptr:#x}")
+
+    def unbind(self, store, slot):
+        store.resize_(0)  # FSDP2's free_storage: the block returns to the slot's MemPool
+
+    def close(self, slot):
+        slot.mempool = None  # the MemPool goes; torch releases its segment (_SlotAllocator.free) when it frees the pool
+
+    def closed(self) -> None:
+        # every slot's MemPool is gone: ask torch to release cached segments now, before tideSlotFree
+        # (disable(), between steps; tideSlotFree synchronizes the device anyway)
+        torch.cuda.empty_cache()
+
+
+class _CpuAllocBinder(_Binder):
+    """CPU emulation of _CudaAllocBinder for the simulated comm of the tests (CPU torch has no
+    MemPool): the same _SlotAllocator decides, and a second storage over the slot's memory takes
+    the place of the caching allocator's block (swapped into the store: the store's own
+    StorageImpl gets the slot's pointer, Slot.base keeps it too). Needs _swap_data_ptr_."""
+
+    name = "alloc"
+    base_while_owned = True
+
+    def __init__(self):
+        self.allocator = _SlotAllocator()
+
+    def capacity(self, nbytes):
+        return block_size(nbytes)  # CPU memory has no segments: the block rounding only
+
+    def bind(self, store, slot):
+        self.allocator.armed = (slot.ptr, slot.capacity, slot)
+        try:
+            ptr = self.allocator.alloc(block_size(slot.nbytes))
+        finally:
+            self.allocator.armed = None
+        if ptr != slot.ptr:
+            raise BindError(f"slot allocator refused: {self.allocator.refused[-1]}")
+        alias = torch.from_dlpack(slot.base.detach()).untyped_storage()  # same memory, its own StorageImpl
+        store._swap_data_ptr_(alias)
+
+    def unbind(self, store, slot):
+        empty = torch.empty(0, dtype=torch.uint8).untyped_storage()
+        store._swap_data_ptr_(empty)  # `empty` now holds the alias; dropped with it
+        self.allocator.free(slot.ptr)  # the emulated pool caches nothing: the segment goes back at once
+
+
+def make_binder(device: torch.device) -> tuple:
+    """(binder, "") for pools on `device`, or (None, why none works on this torch)."""
+    want = _forced
+    if device.type == "cuda":
+        if want in (None, "alloc") and MEMPOOL_SUPPORTED:
+            return _CudaAllocBinder(), ""
+        if want in (None, "swap") and SWAP_SUPPORTED:
+            return _SwapBinder(), ""
+    elif SWAP_SUPPORTED:
+        return (_SwapBinder() if want == "swap" else _CpuAllocBinder()), ""
+    return None, (
+        f"torch {torch.__version__} on {device.type} has neither torch.cuda.MemPool with a custom allocator nor "
+        "UntypedStorage._swap_data_ptr_" + (f" (binder {want!r} forced)" if want else "")
+    )
+
+
+# -- memory accounting for benchmarks: peak of torch's allocations plus slot memory outside torch
+_live_pools: "weakref.WeakSet[SlotPool]" = weakref.WeakSet()
+
+
+class MemoryMeter:
+    """Peak device bytes = max over time of torch.cuda.memory_allocated() + slot bytes torch does
+    not count at that moment (every slot for the swap binder and dedicated slots; unbound slots
+    for the alloc binder). torch's peak counter is read and reset at every bind and unbind, so
+    between two such events the slot bytes outside torch are constant and the sum is exact."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.peak = 0
+        self.events = 0
+        torch.cuda.reset_peak_memory_stats(device)
+
+    def event(self) -> None:
+        self.events += 1
+        self.peak = max(self.peak, torch.cuda.max_memory_allocated(self.device) + outside_torch_bytes())
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def read(self) -> int:
+        return max(self.peak, torch.cuda.max_memory_allocated(self.device) + outside_torch_bytes())
+
+
+_meter: Optional[MemoryMeter] = None
+
+
+def start_meter(device) -> MemoryMeter:
+    global _meter
+    _meter = MemoryMeter(torch.device(device))
+    return _meter
+
+
+def stop_meter() -> Optional[MemoryMeter]:
+    global _meter
+    m, _meter = _meter, None
+    return m
+
+
+def outside_torch_bytes() -> int:
+    """Slot bytes allocated by TIDE that torch.cuda.memory_allocated() does not include now."""
+    total = 0
+    for p in list(_live_pools):
+        for s in p.slots:
+            if not (p.binder is not None and p.binder.counts_in_torch and s.owner is not None):
+                total += s.capacity
+    return total
+
+
+def _tick() -> None:
+    if _meter is not None:
+        _meter.event()
 
 
 class Slot:
-    """One tideSlotAlloc region. While free, `base` (a uint8 tensor) holds the memory; while
-    owned, the owner's storage does (base's storage is then empty)."""
+    """One tideSlotAlloc region of `capacity` bytes (>= nbytes: the binder's segment rule).
+    `base` (a uint8 tensor over the region) holds the memory while the slot is free, and also
+    while it is owned where binder.base_while_owned; the owner's storage holds it while owned."""
 
-    def __init__(self, pool: "SlotPool", index: int, base: torch.Tensor):
+    def __init__(self, pool: "SlotPool", index: int, base: torch.Tensor, nbytes: int):
         self.pool = pool
         self.index = index
         self.base = base
-        self.nbytes = int(base.numel())
+        self.ptr = int(base.data_ptr())
+        self.capacity = int(base.numel())
+        self.nbytes = int(nbytes)  # bytes a group's storage gets (the pool's largest group)
         self.owner = None  # GroupState holding the memory, or None (free)
         self.events: List[object] = []  # what the next writer waits for
+        self.mempool = None  # alloc binder on CUDA: the slot's torch.cuda.MemPool
+        self.segment_allocs = 0  # alloc binder: times torch asked the slot allocator for this slot's segment
+        self.in_torch = False  # alloc binder: torch holds a segment of this slot (granted, not freed yet)
 
     def wait_on(self, stream) -> None:
         """`stream` waits for the slot's last readers and writers (GPU-side)."""
@@ -50,35 +376,49 @@ class Slot:
 
     def __repr__(self):
         who = self.owner.label if self.owner is not None else "free"
-        return f"Slot({self.pool.name}#{self.index}, {self.nbytes} B, {who})"
+        return f"Slot({self.pool.name}#{self.index}, {self.nbytes}/{self.capacity} B, {who})"
 
 
 class SlotPool:
     """`count` slots of `nbytes` each on one executor's tideComm, shared by `groups` (a
-    dedicated slot is a pool of one slot with one group)."""
+    dedicated slot is a pool of one slot with one group, never bound: the group's storage is
+    the slot's own)."""
 
-    def __init__(self, executor, nbytes: int, count: int, name: str, shared: bool):
+    def __init__(self, executor, nbytes: int, count: int, name: str, shared: bool, binder: Optional[_Binder] = None):
+        if shared and binder is None:
+            raise ValueError("a shared pool needs a binder")
         self.executor = executor
         self.nbytes = int(nbytes)
         self.name = name
         self.shared = shared
+        self.binder = binder if shared else None
+        self.capacity = self.binder.capacity(self.nbytes) if self.binder else self.nbytes
         self.slots: List[Slot] = []
         self.cursor = 0
         self.hits = 0  # acquisitions that got a slot
         self.fallbacks = 0  # acquisitions that found none free (stock all-gather)
+        self.bind_failures = 0  # acquisitions whose bind failed (stock all-gather)
         self.used = set()  # slot indices ever acquired or used as staging
         self.staging = 0
+        self.held = 0  # slots owned now
+        self.peak_held = 0  # most slots owned at once
         try:
             for i in range(count):  # collective, in this order on every rank
-                self.slots.append(Slot(self, i, executor.alloc_slot(self.nbytes)))
+                self.slots.append(Slot(self, i, executor.alloc_slot(self.capacity), self.nbytes))
+            for slot in self.slots:
+                if self.binder is not None:
+                    self.binder.prepare(slot)
+                    self.binder.check(slot)  # deterministic: every rank passes or fails alike
         except Exception:
             self.free()
             raise
+        _live_pools.add(self)
 
     # -- ownership -----------------------------------------------------------------------------
     def acquire(self, group) -> Optional[Slot]:
-        """The first free slot from the cursor on (round-robin), or None (all owned). A dedicated
-        slot is the group's storage itself (nothing to swap) and always the group's."""
+        """The first free slot from the cursor on (round-robin), or None (all owned, or the
+        binder failed: BindError is counted and warned by the caller). A dedicated slot is the
+        group's storage itself (nothing to bind) and always the group's."""
         if not self.shared:
             slot = self.slots[0]
             slot.owner = group
@@ -90,10 +430,17 @@ class SlotPool:
             slot = self.slots[(self.cursor + k) % n]
             if slot.owner is None:
                 self.cursor = (slot.index + 1) % n
+                _tick()
+                try:
+                    self.binder.bind(group.store, slot)  # the slot's memory goes under the group's storage
+                except BindError:
+                    self.bind_failures += 1
+                    raise
                 slot.owner = group
-                _swap(group.store, slot.base)  # the slot's memory moves into the group's storage
                 self.hits += 1
                 self.used.add(slot.index)
+                self.held += 1
+                self.peak_held = max(self.peak_held, self.held)
                 return slot
         self.fallbacks += 1
         return None
@@ -101,7 +448,9 @@ class SlotPool:
     def release(self, slot: Slot, event) -> None:
         """The owner resharded: its parameters' last readers end at `event` (compute stream)."""
         if self.shared:
-            _swap(slot.owner.store, slot.base)  # the memory goes back to the slot; the group's storage is empty
+            _tick()
+            self.binder.unbind(slot.owner.store, slot)  # the group's storage is empty again
+            self.held -= 1
         slot.owner = None
         if event is not None:
             slot.events.append(event)
@@ -109,7 +458,7 @@ class SlotPool:
     def staging_slot(self, group, need: int) -> Optional[Slot]:
         """A free slot of at least `need` bytes for RS staging: the group's last slot if free,
         else the first free one in index order; None if none (the comm's own staging)."""
-        if need > self.nbytes:
+        if need > self.capacity:
             return None
         last = group.last_slot
         if last is not None and last.pool is self and last.owner is None:
@@ -124,24 +473,41 @@ class SlotPool:
             if slot.owner is not None:
                 slot.owner.held = None
                 self.release(slot, None)
+            if self.binder is not None:
+                self.binder.close(slot)
+        if self.binder is not None and self.slots:
+            self.binder.closed()
+        for slot in self.slots:
             self.executor.free_slot(slot.base)
         self.slots = []
+        _live_pools.discard(self)
 
     def stats(self) -> dict:
         return {
             "name": self.name,
             "shared": self.shared,
+            "binder": self.binder.name if self.binder else None,
             "slots": len(self.slots),
             "slot_bytes": self.nbytes,
+            "slot_capacity": self.capacity,
             "hits": self.hits,
             "fallbacks": self.fallbacks,
+            "bind_failures": self.bind_failures,
             "distinct_slots_used": len(self.used),
             "rs_staging": self.staging,
+            "held": self.held,
+            "peak_held": self.peak_held if self.shared else len(self.slots),
+            # alloc binder: segments torch asked the slot allocator for (one per slot at enable(): the
+            # slot's MemPool keeps it cached; more means torch released and re-created a segment)
+            "segment_allocs": sum(s.segment_allocs for s in self.slots) if self.binder else None,
+            "refused": [r for r in getattr(getattr(self.binder, "allocator", None), "refused", [])][-4:],
         }
 
 
-def _swap(store: torch.UntypedStorage, base: torch.Tensor) -> None:
-    store._swap_data_ptr_(base.untyped_storage())
+def pinned(pg) -> bool:
+    """FSDP2 >= 2.15: set_keep_unsharded_storage(True) on any parameter of the group: FSDP2
+    never frees its unsharded storage, so a pooled slot would never come back."""
+    return any(getattr(fp, "keep_unsharded_storage", False) for fp in pg.fsdp_params)
 
 
 def reshards_after_forward(pg, state, top_level: bool) -> bool:
@@ -166,9 +532,11 @@ def build_pools(groups, slot_pool: Optional[int]) -> tuple:
     tideComm in group order, first the shared pool's slots, then each dedicated slot in group
     order). Returns (pools, failures) where failures maps a group to why its slot was refused.
 
-    Pooled: groups that reshard after forward, when the pool is on (slot_pool > 0), the torch
-    has UntypedStorage._swap_data_ptr_, and they outnumber the pool (else a dedicated slot each
-    costs no more). Everything else gets a dedicated slot.
+    Pooled: groups that reshard after forward and are not pinned by set_keep_unsharded_storage,
+    when the pool is on (slot_pool > 0), a binder works on this torch (make_binder), and they
+    outnumber the pool (else a dedicated slot each costs no more). Everything else gets a
+    dedicated slot; a pool that cannot be built (binder check failed, slots refused) warns once
+    and its groups get dedicated slots.
     """
     pools: List[SlotPool] = []
     failures = {}
@@ -178,17 +546,41 @@ def build_pools(groups, slot_pool: Optional[int]) -> tuple:
     k = int(slot_pool or 0)
     for members in by_comm.values():
         pooled = []
-        if k > 0 and SWAP_SUPPORTED:
-            pooled = [g for g in members if g.reshards_after_forward]
+        if k > 0:
+            pins = [g for g in members if g.reshards_after_forward and pinned(g.pg)]
+            if pins:
+                names = ", ".join(g.label for g in pins[:4]) + (" and more" if len(pins) > 4 else "")
+                warn_once(
+                    f"nccl_tide.fsdp: slot pool: {names} keep their unsharded storage (set_keep_unsharded_storage): "
+                    "a dedicated slot each, not pooled"
+                )
+            pooled = [g for g in members if g.reshards_after_forward and g not in pins]
             if len(pooled) <= k:
+                pooled = []
+        binder = None
+        if pooled:
+            binder, why = make_binder(pooled[0].pg.device)
+            if binder is None:
+                warn_once(f"nccl_tide.fsdp: slot_pool={k}: {why}: one resident slot per group")
                 pooled = []
         if pooled:
             nbytes = max(g.layout.slot_bytes for g in pooled)
+            cap = binder.capacity(nbytes)
+            if k * cap >= sum(g.layout.slot_bytes for g in pooled) and not POOL_SMALL_GROUPS:
+                # small groups: the allocator's segment rounding makes K slots cost more than a slot each
+                warn_once(
+                    f"nccl_tide.fsdp: slot_pool={k}: {k} slots of {cap} B ({binder.name} binder: the allocator's "
+                    f"segment size for {nbytes} B) are no smaller than one slot per group: one resident slot per group"
+                )
+                pooled = []
+        if pooled:
             try:
-                pool = SlotPool(pooled[0].executor, nbytes, k, f"pool[{pooled[0].label}..]", shared=True)
+                pool = SlotPool(pooled[0].executor, nbytes, k, f"pool[{pooled[0].label}..]", shared=True, binder=binder)
             except Exception as e:
-                for g in pooled:
-                    failures[g] = f"slot pool of {k} x {nbytes} B refused: {e}"
+                warn_once(
+                    f"nccl_tide.fsdp: slot pool of {k} x {nbytes} B ({binder.name} binder) not built "
+                    f"({type(e).__name__}: {e}): one resident slot per group"
+                )
                 pooled = []
             else:
                 pools.append(pool)
@@ -203,5 +595,5 @@ def build_pools(groups, slot_pool: Optional[int]) -> tuple:
                 failures[g] = f"slot refused: {e}"
                 continue
             g.pool = pools[-1]
-            g.store = pools[-1].slots[0].base.untyped_storage()  # never swapped: today's resident slot
+            g.store = pools[-1].slots[0].base.untyped_storage()  # never bound: a resident slot
     return pools, failures
