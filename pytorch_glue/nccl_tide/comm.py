@@ -16,15 +16,17 @@ same order. nccl_info() reports the NCCL library TIDE found in this process (hos
 """
 
 import ctypes
-import sys
 import time
 from typing import Any, Dict, List, Optional
 
 from . import _native as N
+from ._log import get_logger
 from .cuda import _TORCH_RS_TYPES, _ptr, _SlotMemory
 from .dtypes import dtype as to_dtype
 from .dtypes import op_code
 from .errors import InvalidArgumentError, TideTimeoutError, describe_pending, first_pending_wait
+
+_log = get_logger("comm")
 
 # Built-in bounds (seconds) when NCCL_TIDE_TIMEOUT_MS is unset or 0: these Python-side waits are bounded anyway, so that
 # a test or a job never hangs silently; NCCL_TIDE_TIMEOUT_MS, when set, replaces them.
@@ -95,18 +97,18 @@ def make_gloo_allgather(group=None, world: Optional[int] = None, timeout: Option
                 try:
                     work.wait(timeout=bound)
                 except RuntimeError as e:  # gloo: "Operation timed out!" (or the group's own timeout)
-                    print(
-                        f"nccl_tide.comm: bootstrap all-gather of {nbytes} bytes not done after "
-                        f"{bound.total_seconds():g} s (NCCL_TIDE_TIMEOUT_MS / timeout): {e}",
-                        file=sys.stderr,
-                        flush=True,
+                    _log.error(
+                        "bootstrap all-gather of %d bytes not done after %g s (NCCL_TIDE_TIMEOUT_MS / timeout): %s",
+                        nbytes,
+                        bound.total_seconds(),
+                        e,
                     )
                     return N.tideTimeout
             joined = torch.cat(parts).contiguous()
             ctypes.memmove(all_out, joined.data_ptr(), nbytes * n)
             return 0
         except BaseException as e:  # never let an exception cross the C boundary
-            print(f"nccl_tide.comm: bootstrap all-gather failed: {e!r}", file=sys.stderr, flush=True)
+            _log.error("bootstrap all-gather failed: %r", e)
             return 1
 
     return N.tideAllGatherFn_t(allgather)
@@ -300,7 +302,7 @@ class Comm:
                     dump = f"(debug dump failed: {e!r})\n"
                 pending = first_pending_wait(dump)
                 head = f"rank {self.rank}: stream not done after {timeout:g} s; " + describe_pending(self.rank, pending)
-                print(f"nccl_tide.comm: {head}\n{dump}", file=sys.stderr, flush=True)
+                _log.error("%s\n%s", head, dump)
                 err = TideTimeoutError(f"{head} (a peer missing or stuck?)\n{dump}")
                 err.pending = pending
                 raise err
