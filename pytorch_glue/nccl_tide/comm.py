@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional
 
 from . import _native as N
 from ._log import get_logger
+from .nccl_cuda import check_cuda_major
 from .cuda import _TORCH_RS_TYPES, _ptr, _SlotMemory
 from .dtypes import dtype as to_dtype
 from .dtypes import op_code
@@ -54,6 +55,7 @@ def nccl_info() -> Dict[str, Any]:
     Raises UnsupportedError when no libnccl is loaded in this process or its version is outside 2.28-2.32."""
     info = N.tideNcclInfo_t(ctypes.sizeof(N.tideNcclInfo_t), N.TIDE_NCCL_INFO_VERSION)
     N.check(N.lib().tideNcclGetInfo(ctypes.byref(info)), "tideNcclGetInfo")
+    check_cuda_major()  # warns once if the libnccl found is for another CUDA major than torch's
     return {
         "header_version": info.headerVersion,
         "runtime_version": info.runtimeVersion,
@@ -150,6 +152,7 @@ class Comm:
         """tideCommCreate on a raw ncclComm_t (an int address)."""
         if not nccl_comm_ptr:
             raise InvalidArgumentError("from_nccl: the ncclComm_t is NULL (has the process group run a collective?)")
+        check_cuda_major()
         out = N.tideComm_t()
         cfg = None if config is None else ctypes.byref(config)
         N.check(N.lib().tideCommCreate(int(nccl_comm_ptr), cfg, ctypes.byref(out)), "tideCommCreate")
