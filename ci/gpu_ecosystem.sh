@@ -33,13 +33,13 @@ run() {  # name limit command...
   echo "$name: rc $rc" | tee -a "$OUT/summary.txt"
   [ "$rc" -eq 0 ] || status=1
 }
-run cuda_collectives 120 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_cuda_collectives.py
-run multiprocess 150 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_multiprocess.py
-run abort 90 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_abort.py
-run interposer 120 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_interposer_gpu.py
-run perf 120 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_perf_gpu.py -k "loopback and not interfere"
-# Logging with a device: the comm-create INFO line carries [0]; the default prints nothing for a clean run.
-run log_info 60 env NCCL_DEBUG=INFO python3 -c "
+run cuda_collectives 90 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_cuda_collectives.py
+run multiprocess 120 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_multiprocess.py
+run abort 60 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_abort.py
+run interposer 90 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_interposer_gpu.py
+run perf 90 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_perf_gpu.py -k "loopback and not interfere"
+# Logging with a device: the loopback-create INFO line (component Cuda = NCCL subsystem COLL) carries [0].
+run log_info 40 env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,COLL python3 -c "
 import torch, nccl_tide
 from nccl_tide.cuda import LoopbackWorld
 w = LoopbackWorld(2, 0); w.close(); print('DONE')"
