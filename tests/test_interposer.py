@@ -146,6 +146,9 @@ def test_min_bytes_param(native, programs, tmp_path):
     assert OFF_WARN not in p.stderr  # nothing eligible: no TIDE comm is ever attempted
 
 
+RS_BF16_TRACE = "TRACE Interposer: ncclReduceScatter comm 0xc0ffee00 count 1048576 dtype 9"
+
+
 def test_rs_accum_fp32_makes_half_precision_reduce_scatter_eligible(native, programs, tmp_path):
     # The 2 MiB bf16 sum is the first call above the threshold: without NCCL_TIDE_RS_ACCUM=FP32 it is left to NCCL
     # (reason logged), with it it is eligible and is the call that tries (and fails, on the stub) to create the TIDE
@@ -153,11 +156,11 @@ def test_rs_accum_fp32_makes_half_precision_reduce_scatter_eligible(native, prog
     argv = [programs[23203]["linked"], "0"]
     p, logged = run_prog(native, tmp_path, argv, "1", debug="TRACE")
     expect_pass_through(p, logged, native.library_path())
-    rs_trace = [x for x in p.stderr.splitlines() if "TRACE Interposer: ncclReduceScatter comm 0xc0ffee00 count 1048576 dtype 9" in x]
+    rs_trace = [x for x in p.stderr.splitlines() if RS_BF16_TRACE in x]
     assert len(rs_trace) == 1 and "without NCCL_TIDE_RS_ACCUM=FP32" in rs_trace[0], p.stderr
     p, logged = run_prog(native, tmp_path, argv, "1", debug="TRACE", extra={"NCCL_TIDE_RS_ACCUM": "fp32"})
     expect_pass_through(p, logged, native.library_path())
-    rs_trace = [x for x in p.stderr.splitlines() if "TRACE Interposer: ncclReduceScatter comm 0xc0ffee00 count 1048576 dtype 9" in x]
+    rs_trace = [x for x in p.stderr.splitlines() if RS_BF16_TRACE in x]
     if not cuda_build(p.stderr):
         assert len(rs_trace) == 1 and NO_CUDA in rs_trace[0], p.stderr
         return

@@ -119,7 +119,8 @@ def test_nccl_debug_file_gets_a_tide_sibling(native, tmp_path):
 
 def test_tide_debug_file_overrides(native, tmp_path):
     own = tmp_path / "tide-%p.txt"
-    p = run(native, {"NCCL_DEBUG": "WARN", "NCCL_DEBUG_FILE": str(tmp_path / "n.log"), "NCCL_TIDE_DEBUG_FILE": str(own)})
+    extra = {"NCCL_DEBUG": "WARN", "NCCL_DEBUG_FILE": str(tmp_path / "n.log"), "NCCL_TIDE_DEBUG_FILE": str(own)}
+    p = run(native, extra)
     assert tide_lines(p.stderr) == []
     files = [f.name for f in tmp_path.iterdir()]
     assert len(files) == 1 and re.fullmatch(r"tide-\d+\.txt", files[0]), files

@@ -99,7 +99,8 @@ def parser() -> argparse.ArgumentParser:
                    help="size increment when -f is not given (default 1M)")
     p.add_argument("-f", "--stepfactor", type=int, default=None,
                    help="size multiplication factor, >= 2 (default: step by -i)")
-    p.add_argument("-n", "--iters", type=int, default=None, help="timed iterations, >= 1 (default 20; 1 for model layouts)")
+    p.add_argument("-n", "--iters", type=int, default=None,
+                   help="timed iterations, >= 1 (default 20; 1 for model layouts)")
     p.add_argument("-w", "--warmup_iters", type=int, default=None,
                    help="warm-up iterations, >= 0 (default 1; 0 for model layouts)")
     p.add_argument("-c", "--check", type=int, default=1, choices=[0, 1],
