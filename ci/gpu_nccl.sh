@@ -33,7 +33,7 @@ export PYTHONPATH="$PWD/pytorch_glue:$PWD/tests/gpu${PYTHONPATH:+:$PYTHONPATH}"
 
 step "tests/gpu/test_multiprocess.py"
 timeout -k 5 "${TIDE_MP_TEST_TIMEOUT:-150}" python3 -m pytest -q -rs -s -p no:cacheprovider \
-  tests/gpu/test_multiprocess.py 2>&1 | tee "$OUT/multiprocess.log" | grep -vE "^TIDE/.*(TRACE)" | tail -60
+  tests/gpu/test_multiprocess.py 2>&1 | tee "$OUT/multiprocess.log" | grep -vE "NCCL TIDE TRACE" | tail -60
 rc=${PIPESTATUS[0]}
 echo "test_multiprocess exit status: $rc"
 [ "$rc" -eq 0 ] || status=1

@@ -39,7 +39,7 @@ for spec in "$@"; do
   timeout -k 5 "$limit" python3 -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout=$((limit - 15)) \
     "$file" >"$OUT/$name.log" 2>&1
   rc=$?
-  tail -n 25 "$OUT/$name.log" | grep -vE "^TIDE/.*TRACE"
+  tail -n 25 "$OUT/$name.log" | grep -vE "NCCL TIDE TRACE"
   line=$(grep -E "[0-9]+ (passed|failed|error)" "$OUT/$name.log" | tail -1)
   summary+=("$name: rc $rc, $(( $(date +%s) - start )) s: ${line:-no pytest summary}")
   [ "$rc" -eq 0 ] || status=1

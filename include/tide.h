@@ -476,8 +476,9 @@ typedef struct {
   int runtimeVersion;       /* ncclGetVersion of the loaded libnccl, e.g. 22809 for 2.28.9 */
   int effectiveVersion;     /* runtimeVersion, or 23299 for 2.33+ (treated as 2.32, with a warning) */
   uint64_t features;        /* TIDE_NCCL_FEATURE_* bits */
-  const char* provider;     /* peer-memory provider the version calls for: "window" (>= 2.29.2 with the window
-                               symbols) or "ipc" (CUDA IPC, single node); static string */
+  const char* provider;     /* peer-memory provider tideCommCreate uses with this NCCL: "ipc" (CUDA IPC, single
+                               node) in this release, also for NCCL >= 2.29.2 (the "window" provider is not built;
+                               TIDE_NCCL_FEATURE_* bits show the window symbols); static string */
   const char* transport;    /* inter-node transport: "putsignal" (ncclPutSignal/ncclWaitSignal) or "sendrecv" */
 } tideNcclInfo_t;
 

@@ -101,10 +101,10 @@ def test_calls_reach_nccl_unchanged(native, programs, tmp_path, enable, how):
     if how == "dlopen-local":
         # The stub is not in the global scope: RTLD_NEXT could not have found it; RTLD_NOLOAD did.
         assert "GLOBAL pncclAllGather hidden" in p.stdout
-    tide_lines = [x for x in p.stderr.splitlines() if "TIDE/" in x]
+    tide_lines = [x for x in p.stderr.splitlines() if "NCCL TIDE " in x]
     if enable == "1":
         # Every call still reaches NCCL; the user is told once, for the one communicator with an eligible call.
-        interposer = [x for x in tide_lines if "TIDE/Interposer" in x]
+        interposer = [x for x in tide_lines if "Interposer:" in x]
         assert len(interposer) == 1, p.stderr
         if cuda_build(p.stderr):
             assert OFF_WARN in interposer[0] and "tideCommCreate failed" in interposer[0], p.stderr
@@ -117,8 +117,8 @@ def test_calls_reach_nccl_unchanged(native, programs, tmp_path, enable, how):
 def test_enabled_classifies_each_reason_once(native, programs, tmp_path):
     p, logged = run_prog(native, tmp_path, [programs[23203]["linked"], "0"], "1", debug="INFO")
     expect_pass_through(p, logged, native.library_path())
-    info = [x for x in p.stderr.splitlines() if "TIDE/Interposer INFO" in x and "classified:" in x]
-    info += [x for x in p.stderr.splitlines() if "TIDE/Interposer WARN" in x and NO_CUDA in x]  # said at WARN
+    info = [x for x in p.stderr.splitlines() if "NCCL TIDE INFO Interposer:" in x and "classified:" in x]
+    info += [x for x in p.stderr.splitlines() if "NCCL TIDE WARN Interposer:" in x and NO_CUDA in x]  # said at WARN
     for reason in ["smaller than NCCL_TIDE_ENABLE_MIN_BYTES", ELIGIBLE if cuda_build(p.stderr) else NO_CUDA,
                    "op other than ncclSum", "type other than fp32/fp16/bf16", "unknown ncclDataType_t",
                    "a ...Config call", "without NCCL_TIDE_RS_ACCUM=FP32", "inside ncclGroupStart/ncclGroupEnd"]:
@@ -126,7 +126,7 @@ def test_enabled_classifies_each_reason_once(native, programs, tmp_path):
     # TRACE: one line per collective call.
     p, logged = run_prog(native, tmp_path, [programs[23203]["linked"], "0"], "1", debug="TRACE")
     expect_pass_through(p, logged, native.library_path())
-    trace = [x for x in p.stderr.splitlines() if "TIDE/Interposer TRACE" in x]
+    trace = [x for x in p.stderr.splitlines() if "NCCL TIDE TRACE Interposer:" in x]
     assert len(trace) == len([x for x in logged if x.split()[0] in ("AG", "RS", "AGC", "RSC")]), p.stderr
 
 
@@ -146,6 +146,9 @@ def test_min_bytes_param(native, programs, tmp_path):
     assert OFF_WARN not in p.stderr  # nothing eligible: no TIDE comm is ever attempted
 
 
+RS_BF16_TRACE = "TRACE Interposer: ncclReduceScatter comm 0xc0ffee00 count 1048576 dtype 9"
+
+
 def test_rs_accum_fp32_makes_half_precision_reduce_scatter_eligible(native, programs, tmp_path):
     # The 2 MiB bf16 sum is the first call above the threshold: without NCCL_TIDE_RS_ACCUM=FP32 it is left to NCCL
     # (reason logged), with it it is eligible and is the call that tries (and fails, on the stub) to create the TIDE
@@ -153,11 +156,11 @@ def test_rs_accum_fp32_makes_half_precision_reduce_scatter_eligible(native, prog
     argv = [programs[23203]["linked"], "0"]
     p, logged = run_prog(native, tmp_path, argv, "1", debug="TRACE")
     expect_pass_through(p, logged, native.library_path())
-    rs_trace = [x for x in p.stderr.splitlines() if "TRACE ncclReduceScatter comm 0xc0ffee00 count 1048576 dtype 9" in x]
+    rs_trace = [x for x in p.stderr.splitlines() if RS_BF16_TRACE in x]
     assert len(rs_trace) == 1 and "without NCCL_TIDE_RS_ACCUM=FP32" in rs_trace[0], p.stderr
     p, logged = run_prog(native, tmp_path, argv, "1", debug="TRACE", extra={"NCCL_TIDE_RS_ACCUM": "fp32"})
     expect_pass_through(p, logged, native.library_path())
-    rs_trace = [x for x in p.stderr.splitlines() if "TRACE ncclReduceScatter comm 0xc0ffee00 count 1048576 dtype 9" in x]
+    rs_trace = [x for x in p.stderr.splitlines() if RS_BF16_TRACE in x]
     if not cuda_build(p.stderr):
         assert len(rs_trace) == 1 and NO_CUDA in rs_trace[0], p.stderr
         return
@@ -174,7 +177,7 @@ def test_nccl_without_config_collectives(native, programs, tmp_path, enable):
     # each; the plain collectives still pass through.
     p, logged = run_prog(native, tmp_path, [programs[22809]["linked"], "5"], enable)
     expect_pass_through(p, logged, native.library_path())
-    warns = [x for x in p.stderr.splitlines() if "TIDE/Interposer WARN" in x and "cannot forward" in x]
+    warns = [x for x in p.stderr.splitlines() if "NCCL TIDE WARN Interposer:" in x and "cannot forward" in x]
     assert len(warns) == 2, p.stderr
     assert all("NCCL >= 2.31.2" in x and "ncclInvalidUsage" in x for x in warns), p.stderr
 

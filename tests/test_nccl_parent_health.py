@@ -90,7 +90,7 @@ def test_parent_in_error_fails_cleanly(native, stub):
     assert "remote process exited" in line and "NCCL error 6" in line
     assert "Destroy the TIDE comm" in line
     assert rc == "RC 6 null"  # tideNcclError, *comm stays NULL
-    assert "TIDE/Nccl" in err  # one WARN line from the root cause
+    assert "NCCL TIDE WARN Nccl:" in err  # one WARN line from the root cause
 
 
 @pytest.mark.parametrize("healthy", [0, 7])  # ncclSuccess, ncclInProgress (non-blocking communicator)

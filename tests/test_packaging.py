@@ -38,7 +38,7 @@ def wheel_lib(wheel, tmp_path_factory) -> Path:
 
 def test_wheel_contents(wheel, repo):
     version = (repo / "VERSION").read_text().strip()
-    assert wheel.name.startswith(f"nccl_tide-{version}-")
+    assert re.match(rf"nccl_tide-{re.escape(version)}(\+cu\d+)?-", wheel.name), wheel.name
     assert not wheel.name.endswith("-none-any.whl"), "the wheel holds a native library: it must be platform-specific"
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
@@ -50,9 +50,55 @@ def test_wheel_contents(wheel, repo):
     assert libs == ["nccl_tide/lib/libnccl-tide.so"], libs
     assert not [n for n in names if re.search(r"(^|/)libnccl\.so", n)]
     assert "Requires-Dist: numpy" in meta
-    for extra, dep in [("cu12", "nvidia-nccl-cu12"), ("cu13", "nvidia-nccl-cu13"), ("test", "torch==2.13.0")]:
-        assert re.search(rf"Requires-Dist: {re.escape(dep)}.*extra == \"{extra}\"", meta), (extra, meta)
+    assert re.search(r"Requires-Dist: torch==2\.13\.0.*extra == \"test\"", meta), meta
+    # No NCCL extras: an nvidia-nccl-cuXX wheel would overwrite torch's libnccl.so.2 (README, "How NCCL is found").
+    deps = [ln for ln in meta.splitlines() if ln.startswith(("Requires-Dist:", "Provides-Extra:"))]
+    assert not [ln for ln in deps if "nvidia-nccl" in ln or "cu12" in ln or "cu13" in ln], deps
     assert "tide-perf = nccl_tide.perf.cli:main" in entry
+
+
+# What a manylinux_2_28 wheel may link (PEP 600 / auditwheel's policy for x86_64: the glibc libraries, libgcc_s).
+MANYLINUX_LIBS = {"libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1", "libgcc_s.so.1",
+                  "ld-linux-x86-64.so.2"}
+
+
+def test_wheel_tag_is_py3_none_manylinux(wheel, repo):
+    # ctypes loads the library: no CPython ABI in the tag; glibc 2.28 symbols only: manylinux_2_28 (setup.py).
+    # The CUDA major of a CUDA build is the local version (+cu13), as torch's wheels carry +cu130.
+    import platform
+
+    if platform.machine() != "x86_64":
+        pytest.skip("the manylinux link is implemented for x86_64")
+    m = re.fullmatch(r"nccl_tide-([0-9.]+)(?:\+cu(\d+))?-py3-none-manylinux_2_28_x86_64\.whl", wheel.name)
+    assert m, wheel.name
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        tags = z.read(next(n for n in names if n.endswith(".dist-info/WHEEL"))).decode()
+    assert "Tag: py3-none-manylinux_2_28_x86_64" in tags and "Root-Is-Purelib: false" in tags, tags
+
+
+def test_library_needs_glibc_2_28_at_most(wheel_lib):
+    # Every imported symbol version (objdump -T) is one glibc 2.28 has; libstdc++ is static (no GLIBCXX_/CXXABI_
+    # imports), and the NEEDED list holds only libraries every manylinux system has.
+    dyn = subprocess.run(["objdump", "-T", str(wheel_lib)], capture_output=True, text=True, check=True).stdout
+    glibc = {tuple(int(x) for x in v.split(".")) for v in re.findall(r"\bGLIBC_([0-9.]+)\b", dyn)}
+    assert glibc and max(glibc) <= (2, 28), sorted(glibc)
+    assert not re.search(r"\b(GLIBCXX|CXXABI)_", dyn), "libstdc++ must be linked statically"
+    for sym in ("arc4random", "_dl_find_object", "__libc_single_threaded", "pthread_cond_clockwait"):
+        assert not re.search(rf"\*UND\*.*\s{sym}$", dyn, flags=re.M), sym  # glibc > 2.28: defined inside
+    needed = set(re.findall(r"\(NEEDED\).*\[(.*)\]", subprocess.run(["readelf", "-d", str(wheel_lib)],
+                                                                   capture_output=True, text=True).stdout))
+    assert needed <= MANYLINUX_LIBS, needed - MANYLINUX_LIBS
+
+
+def test_auditwheel_agrees(wheel):
+    auditwheel = pytest.importorskip("auditwheel", reason="auditwheel is not installed (pip install auditwheel)")
+    del auditwheel
+    r = subprocess.run([sys.executable, "-m", "auditwheel", "show", str(wheel)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = re.search(r'platform tag:\s+"manylinux_(\d+)_(\d+)_x86_64"', " ".join(r.stdout.split()))
+    assert m and (int(m.group(1)), int(m.group(2))) <= (2, 28), r.stdout
 
 
 def test_rpath_is_relative(wheel_lib):

@@ -277,6 +277,7 @@ def test_cli_loopback_end_to_end_on_a_model_world(coll, monkeypatch, tmp_path, c
     from test_perf_cli import parse_full
 
     made = []
+    monkeypatch.setattr(cli, "check_gpu_backend", lambda backend: None)  # CPU torch here
     monkeypatch.setattr(loopback_backend, "make", lambda w, d, **kw: made.append(CpuLoopback(w)) or made[-1])
     js = tmp_path / "lb.json"
     rc = cli.main(
@@ -341,6 +342,7 @@ def test_cli_loopback_virtual_nodes_on_a_model_world(coll, monkeypatch, tmp_path
         made.append(b)
         return b
 
+    monkeypatch.setattr(cli, "check_gpu_backend", lambda backend: None)  # CPU torch here
     monkeypatch.setattr(loopback_backend, "make", make)
     js = tmp_path / "vn.json"
     args = [coll, "--backend", "loopback", "--ranks", "4", "--ranks-per-node", "2", "--pace-bytes", "2K"]
@@ -369,6 +371,7 @@ def test_cli_loopback_counts_wrong_elements(monkeypatch, capsys, fake_gpu_timing
         b.world = ModelWorld(w, corrupt=True)
         return b
 
+    monkeypatch.setattr(cli, "check_gpu_backend", lambda backend: None)  # CPU torch here
     monkeypatch.setattr(loopback_backend, "make", make)
     rc = cli.main(
         [
@@ -412,6 +415,7 @@ def test_cli_torchrun_end_to_end_on_gloo(gloo1, monkeypatch, tmp_path, capsys, f
         def close(self):
             pass
 
+    monkeypatch.setattr(cli, "check_gpu_backend", lambda backend: None)  # CPU torch here
     monkeypatch.setattr(torchrun_backend, "make", lambda average: CpuTorchrun(average))
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setattr(cli, "_gpu_present", lambda: True)

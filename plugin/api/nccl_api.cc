@@ -1,6 +1,7 @@
 // C API entry points of the NCCL binding (include/tide.h, "NCCL binding"): tideNcclGetInfo (host only, every build)
 // and the communicator constructors over NCCL or a caller's bootstrap (CUDA builds; tideUnsupported otherwise).
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -266,9 +267,9 @@ TIDE_EXPORT tideResult_t tideCommCreate(struct ncclComm* ncclComm, const tideCon
   r = lib->commCuDevice(ncclComm, &device);
   if (r != tide::nccl::kNcclSuccess) return tide::nccl::ncclFail(*lib, r, "ncclCommCuDevice");
   TIDE_CHECK(checkDevice(device, "tideCommCreate"));
-  if (std::strcmp(lib->provider, "window") == 0) {
+  if (lib->windowCapable) {
     TIDE_INFO(kComponent,
-              "NCCL %d.%d.%d calls for the window provider, which this build does not implement yet: using CUDA IPC "
+              "NCCL %d.%d.%d has the window API, but this build has no window provider yet: using CUDA IPC "
               "(single node)",
               lib->major, lib->minor, lib->patch);
   }
@@ -286,6 +287,12 @@ TIDE_EXPORT tideResult_t tideCommCreate(struct ncclComm* ncclComm, const tideCon
   };
   tide::cuda::IpcProvider::WorkLeftFn workLeft = [ex] { return ex->workQueued; };
   TIDE_CHECK(createIpcComm(rank, world, device, config, std::move(fn), comm, std::move(health), std::move(workLeft)));
+  {
+    char version[96];
+    snprintf(version, sizeof(version), "%s over NCCL %d.%d.%d", TIDE_VERSION_STRING, lib->major, lib->minor,
+             lib->patch);
+    tide::log::versionOnce(version);
+  }
   TIDE_INFO(kComponent, "tideCommCreate: rank %d of %d on device %d over NCCL %d.%d.%d, provider ipc", rank, world,
             device, lib->major, lib->minor, lib->patch);
   return tideSuccess;

@@ -20,7 +20,7 @@ tideResult_t failV(tideResult_t code, const char* component, const char* fmt, va
   va_copy(copy, ap);
   vsnprintf(tlsMessage, kMessageBytes, fmt, copy);
   va_end(copy);
-  TIDE_WARN(component, "%s (%s)", tlsMessage, resultString(code));
+  TIDE_WARN_RETURNED(component, "%s (%s)", tlsMessage, resultString(code));
   return code;
 }
 

@@ -1,7 +1,8 @@
 // Error reporting shared by every layer: one thread-local "last error" message per thread, set by the root cause.
 //
 // The rule (CONVENTIONS.md, Errors): the function that detects a problem calls fail(), which records the message,
-// logs exactly one WARN line tagged TIDE/<component>, and returns the code. Callers higher up propagate the code
+// logs exactly one WARN line for <component> (printed from NCCL_DEBUG=WARN up: the caller gets the message through
+// the return code and tideGetLastError; log.h), and returns the code. Callers higher up propagate the code
 // with TIDE_CHECK and add nothing, so each failure produces one log line with the useful context.
 #ifndef TIDE_CORE_ERRORS_H_
 #define TIDE_CORE_ERRORS_H_
@@ -12,7 +13,7 @@
 
 namespace tide {
 
-// Records the formatted message as this thread's last error, logs it at WARN under TIDE/<component>, returns code.
+// Records the formatted message as this thread's last error, logs it at WARN (TIDE_WARN_RETURNED), returns code.
 // Never allocates and never throws (the message lives in a fixed thread-local buffer; long messages are cut).
 tideResult_t fail(tideResult_t code, const char* component, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
 tideResult_t failV(tideResult_t code, const char* component, const char* fmt, va_list ap);

@@ -34,9 +34,10 @@ struct Def {
 
 // THE registry. docs/env.md must list exactly these rows (a test compares them).
 const Def kDefs[kNumParams] = {
-    {"NCCL_TIDE_DEBUG", Type::kString, "string", "WARN",
-     "Log level of TIDE/* lines on stderr: NONE, WARN, INFO or TRACE.", 0, 0, "NONE|WARN|INFO|TRACE",
-     "one of NONE, WARN, INFO, TRACE"},
+    {"NCCL_TIDE_DEBUG", Type::kString, "string", "NCCL",
+     "Log level of TIDE's lines, overriding NCCL_DEBUG: NONE, VERSION, WARN, INFO or TRACE; NCCL follows NCCL_DEBUG "
+     "(unset there too: only faults no caller is told about).",
+     0, 0, "NCCL|NONE|VERSION|WARN|INFO|TRACE", "one of NCCL, NONE, VERSION, WARN, INFO, TRACE"},
     {"NCCL_TIDE_RS_CHUNK_BYTES", Type::kBytes, "bytes", "33554432",
      "Reduce-scatter pipeline chunk in bytes of this rank's fp32 output (4 KiB to 1 TiB); part of the layout hash.",
      4 * kKiB, kTiB, nullptr,
@@ -72,14 +73,23 @@ const Def kDefs[kNumParams] = {
      "Interposer: FP32 lets TIDE take bf16/fp16 ncclReduceScatter calls (fp32 accumulation: more accurate than "
      "NCCL's, so not bitwise NCCL's); OFF passes them to NCCL. fp32 calls are eligible either way.",
      0, 0, "OFF|FP32", "one of OFF, FP32"},
+    {"NCCL_TIDE_DEBUG_SUBSYS", Type::kString, "string", "NCCL",
+     "Components whose INFO/TRACE lines are logged, overriding NCCL_DEBUG_SUBSYS: comma-separated TIDE component "
+     "names or ALL, a leading ^ excludes them; NCCL follows NCCL_DEBUG_SUBSYS (docs/env.md, Logging).",
+     0, 0, nullptr, "comma-separated component names (API, Cuda, HostAG, HostRS, Interposer, Ipc, Layout, Multicast, "
+     "Nccl, Params, RsPlan, Schedule, ALL), optionally starting with ^"},
+    {"NCCL_TIDE_DEBUG_FILE", Type::kString, "string", "NCCL",
+     "File for TIDE's lines (%h = host, %p = pid), overriding NCCL_DEBUG_FILE; NCCL writes to NCCL_DEBUG_FILE with "
+     ".tide appended when that is set, else to stderr.",
+     0, 0, nullptr, "a file path (%h and %p are substituted)"},
 };
 
 struct Entry {
   bool fromEnv = false;
   bool valid = true;
   uint64_t value = 0;   // bool / bytes / uint64; int64 stored two's complement; string: index into choices
-  char text[64] = {0};  // canonical effective value
-  char envText[128] = {0};
+  char text[256] = {0};  // canonical effective value
+  char envText[256] = {0};
 };
 
 struct State {
@@ -137,6 +147,12 @@ bool parseValue(const Def& def, const char* text, Entry* e) {
       snprintf(e->text, sizeof(e->text), "%" PRId64, s);
       return true;
     case Type::kString:
+      if (def.choices == nullptr) {  // free-form text (checked by its user), never empty, never cut
+        if (text[0] == '\0' || strlen(text) >= sizeof(e->text)) return false;
+        e->value = 0;
+        snprintf(e->text, sizeof(e->text), "%s", text);
+        return true;
+      }
       if (!parseChoice(def, text, &u)) return false;
       e->value = u;
       choiceText(def, u, e->text, sizeof(e->text));
@@ -265,10 +281,19 @@ bool parseBytes(const char* text, uint64_t* out) {
   return false;
 }
 
-log::Level debugLevel() {
-  // Not loggedState(): the logger calls this to learn its level.
-  return static_cast<log::Level>(state().entries[kDebug].value);
+// Not loggedState(): the logger calls these to learn its settings.
+DebugSetting debugSetting() { return static_cast<DebugSetting>(state().entries[kDebug].value); }
+
+namespace {
+const char* followOrText(Id id) {
+  const Entry& e = state().entries[id];
+  if (!e.fromEnv || !e.valid || strcasecmp(e.text, "NCCL") == 0) return nullptr;
+  return e.text;
 }
+}  // namespace
+
+const char* debugSubsysText() { return followOrText(kDebugSubsys); }
+const char* debugFileText() { return followOrText(kDebugFile); }
 
 uint64_t rsChunkBytes() { return loggedState().entries[kRsChunkBytes].value; }
 uint64_t paceBytes() { return loggedState().entries[kPaceBytes].value; }

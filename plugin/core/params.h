@@ -30,11 +30,19 @@ enum Id : int {
   kRanksPerNode = 7,    // NCCL_TIDE_RANKS_PER_NODE
   kTimeoutMs = 8,       // NCCL_TIDE_TIMEOUT_MS
   kRsAccum = 9,         // NCCL_TIDE_RS_ACCUM
-  kNumParams = 10
+  kDebugSubsys = 10,    // NCCL_TIDE_DEBUG_SUBSYS
+  kDebugFile = 11,      // NCCL_TIDE_DEBUG_FILE
+  kNumParams = 12
 };
 
 // Typed accessors (effective values: environment if valid, else default).
-log::Level debugLevel();
+// Logging (log.cc reads these without logging): NCCL_TIDE_DEBUG as an index into
+// NCCL|NONE|VERSION|WARN|INFO|TRACE (0 = follow NCCL_DEBUG); NCCL_TIDE_DEBUG_SUBSYS / NCCL_TIDE_DEBUG_FILE as text,
+// nullptr when unset, invalid or "NCCL" (follow NCCL_DEBUG_SUBSYS / NCCL_DEBUG_FILE).
+enum DebugSetting : int { kDebugNccl = 0, kDebugNone, kDebugVersion, kDebugWarn, kDebugInfo, kDebugTrace };
+DebugSetting debugSetting();
+const char* debugSubsysText();
+const char* debugFileText();
 uint64_t rsChunkBytes();
 uint64_t paceBytes();
 bool nvlsRequested();  // NCCL_TIDE_NVLS=1; only one of the conditions of the multicast gate (see multicast.h)

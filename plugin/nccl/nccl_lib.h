@@ -46,7 +46,8 @@ struct Lib {
   int effectiveVersion = 0;  // runtimeVersion, or 2.32.99 for a newer minor (behaves as 2.32)
   int major = 0, minor = 0, patch = 0;
   uint64_t features = 0;
-  const char* provider = "";   // "window" or "ipc"
+  const char* provider = "";   // the provider tideCommCreate uses: "ipc" (the window provider is not built)
+  bool windowCapable = false;  // >= 2.29.2 with the window symbols: what a window provider would need
   const char* transport = "";  // "putsignal" or "sendrecv"
 
   // 2.28 base (required).

@@ -394,9 +394,9 @@ def timeout_seconds(builtin: float) -> float:
     except (TideError, KeyError, ValueError) as e:
         if not _timeout_warned:
             _timeout_warned = True
-            import warnings
+            from ._log import get_logger
 
-            warnings.warn(f"nccl_tide: ignoring NCCL_TIDE_TIMEOUT_MS: {e}", RuntimeWarning, stacklevel=3)
+            get_logger("").warning("ignoring NCCL_TIDE_TIMEOUT_MS: %s", e)
         return builtin
     return ms / 1000.0 if ms > 0 else builtin
 

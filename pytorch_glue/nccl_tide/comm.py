@@ -16,16 +16,19 @@ same order. nccl_info() reports the NCCL library TIDE found in this process (hos
 """
 
 import ctypes
-import sys
 import time
 from typing import Any, Dict, List, Optional
 
 from . import _native as N
+from ._log import get_logger
+from .nccl_cuda import check_cuda_major
 from .cuda import _TORCH_RS_TYPES, _ptr, _SlotMemory
 from .dtypes import dtype as to_dtype
 from .dtypes import op_code
 from ._lifetime import Lifetime
 from .errors import InvalidArgumentError, TideTimeoutError, describe_pending, first_pending_wait
+
+_log = get_logger("comm")
 
 # Built-in bounds (seconds) when NCCL_TIDE_TIMEOUT_MS is unset or 0: these Python-side waits are bounded anyway, so that
 # a test or a job never hangs silently; NCCL_TIDE_TIMEOUT_MS, when set, replaces them.
@@ -53,6 +56,7 @@ def nccl_info() -> Dict[str, Any]:
     Raises UnsupportedError when no libnccl is loaded in this process or its version is outside 2.28-2.32."""
     info = N.tideNcclInfo_t(ctypes.sizeof(N.tideNcclInfo_t), N.TIDE_NCCL_INFO_VERSION)
     N.check(N.lib().tideNcclGetInfo(ctypes.byref(info)), "tideNcclGetInfo")
+    check_cuda_major()  # warns once if the libnccl found is for another CUDA major than torch's
     return {
         "header_version": info.headerVersion,
         "runtime_version": info.runtimeVersion,
@@ -96,18 +100,18 @@ def make_gloo_allgather(group=None, world: Optional[int] = None, timeout: Option
                 try:
                     work.wait(timeout=bound)
                 except RuntimeError as e:  # gloo: "Operation timed out!" (or the group's own timeout)
-                    print(
-                        f"nccl_tide.comm: bootstrap all-gather of {nbytes} bytes not done after "
-                        f"{bound.total_seconds():g} s (NCCL_TIDE_TIMEOUT_MS / timeout): {e}",
-                        file=sys.stderr,
-                        flush=True,
+                    _log.error(
+                        "bootstrap all-gather of %d bytes not done after %g s (NCCL_TIDE_TIMEOUT_MS / timeout): %s",
+                        nbytes,
+                        bound.total_seconds(),
+                        e,
                     )
                     return N.tideTimeout
             joined = torch.cat(parts).contiguous()
             ctypes.memmove(all_out, joined.data_ptr(), nbytes * n)
             return 0
         except BaseException as e:  # never let an exception cross the C boundary
-            print(f"nccl_tide.comm: bootstrap all-gather failed: {e!r}", file=sys.stderr, flush=True)
+            _log.error("bootstrap all-gather failed: %r", e)
             return 1
 
     return N.tideAllGatherFn_t(allgather)
@@ -155,6 +159,7 @@ class Comm:
         """tideCommCreate on a raw ncclComm_t (an int address)."""
         if not nccl_comm_ptr:
             raise InvalidArgumentError("from_nccl: the ncclComm_t is NULL (has the process group run a collective?)")
+        check_cuda_major()
         out = N.tideComm_t()
         cfg = None if config is None else ctypes.byref(config)
         nccl_comm_ptr = N.u64_arg(nccl_comm_ptr, "nccl_comm_ptr (ncclComm_t address)", 1)
@@ -327,7 +332,7 @@ class Comm:
                 except Exception:
                     pending = first_pending_wait(dump)
                 head = f"rank {self.rank}: stream not done after {timeout:g} s; " + describe_pending(self.rank, pending)
-                print(f"nccl_tide.comm: {head}\n{dump}", file=sys.stderr, flush=True)
+                _log.error("%s\n%s", head, dump)
                 err = TideTimeoutError(f"{head} (a peer missing or stuck?)\n{dump}")
                 err.pending = pending
                 raise err

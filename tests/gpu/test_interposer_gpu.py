@@ -98,7 +98,7 @@ def run_case(tmp_path, enable, rs_accum=None, timeout=180, script=SCRIPT):
 
 
 def taken(p, what):
-    return sum(1 for x in p.stderr.splitlines() if f"TRACE {what} on" in x and "taken by TIDE" in x)
+    return sum(1 for x in p.stderr.splitlines() if f"TRACE Interposer: {what} on" in x and "taken by TIDE" in x)
 
 
 def test_enabled_calls_run_through_tide(torch_cuda, cuda_lib, tmp_path):
@@ -125,7 +125,7 @@ def test_disabled_is_pass_through(torch_cuda, cuda_lib, tmp_path):
     p = run_case(tmp_path, "0")
     assert p.returncode == 0 and "DONE" in p.stdout, p.stdout + p.stderr[-4000:]
     assert "BAD []" in p.stdout, p.stdout
-    assert "TIDE/Interposer" not in p.stderr, p.stderr[-4000:]
+    assert "Interposer:" not in p.stderr, p.stderr[-4000:]
 
 
 LAYOUT_SCRIPT = textwrap.dedent(

@@ -398,5 +398,5 @@ def test_nccl_communicator_of_size_one(torch_cuda, cuda_lib, tmp_path):
     assert 22800 <= info["runtime_version"] < 23300
     # 2.28.x: no host-side window pointers -> the IPC provider; newer NCCL would call for windows (not built yet:
     # IPC either way, said at INFO).
-    assert info["provider"] == ("ipc" if info["runtime_version"] < 22902 else "window")
+    assert info["provider"] == "ipc"  # the window provider is not built: IPC on every NCCL
     assert rep["provider"] == "ipc"

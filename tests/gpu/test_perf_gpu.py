@@ -13,11 +13,19 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
+# A data row: nccl-tests' 13 columns in nccl-tests' places (size count type redop root, 4 out-of-place, 4 in-place),
+# then tide-perf's: impl, SM, GEMM, note.
 ROW = re.compile(
-    r"^\s*(\d+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(-?\d+)\s+(\S+)"
+    r"^\s*(\d+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(-?\d+)"
     + r"\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)" * 2
-    + r"\s+(\S+)\s+(\S+)(?:\s+(.*?))?\s*$"
+    + r"\s+(\S+)\s+(\S+)\s+(\S+)(?:\s+(.*?))?\s*$"
 )
+
+
+def by_name(g):
+    """A ROW match's groups as (size, count, type, redop, root, impl, 4 oop, 4 ip, SM, GEMM, note): the impl first,
+    which is how these tests index rows (the table itself puts impl after nccl-tests' columns)."""
+    return g[:5] + (g[13],) + g[5:13] + g[14:]
 ENV = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -50,7 +58,7 @@ def rows(stdout):
         if line and not line.startswith("#"):
             m = ROW.match(line)
             if m:
-                g = m.groups()
+                g = by_name(m.groups())
                 out.append(
                     {
                         "size": int(g[0]),

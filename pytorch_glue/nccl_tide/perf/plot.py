@@ -28,6 +28,29 @@ def _pyplot():
     return plt
 
 
+# What matplotlib's Agg-based savefig writes (matplotlib.backend_bases: get_supported_filetypes of a default canvas).
+FORMATS = ("eps", "jpeg", "jpg", "pdf", "pgf", "png", "ps", "raw", "rgba", "svg", "svgz", "tif", "tiff", "webp")
+
+
+def output_problem(path: str) -> Optional[str]:
+    """Why the figure cannot be written to `path` (None if it can): checked before any work."""
+    import os
+
+    ext = os.path.splitext(path)[1].lower().lstrip(".")
+    if ext not in FORMATS:
+        return f"unsupported figure format {('.' + ext) if ext else '(no extension)'}: use one of " + ", ".join(
+            "." + f for f in FORMATS
+        )
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return "is a directory"
+    if not os.path.isdir(parent):
+        return f"directory {parent} does not exist"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"directory {parent} is not writable"
+    return None
+
+
 def require_matplotlib() -> None:
     """Raises PlotUnavailable (naming the pip command) when matplotlib cannot be imported."""
     _pyplot()
@@ -109,6 +132,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("json_file")
     p.add_argument("out_file")
     a = p.parse_args(argv)
+    why = output_problem(a.out_file)
+    if why:
+        print(f"tide-perf plot: error: {a.out_file}: {why}", file=sys.stderr)
+        return 2
     try:
         with open(a.json_file) as f:
             doc = json.load(f)

@@ -1,8 +1,15 @@
-"""nccl-tests output format (src/util.cu of nccl-tests 2.19): preamble, table, footer, JSON.
+"""nccl-tests output format (src/util.cu of nccl-tests): preamble, table, footer, JSON.
 
-tide-perf adds, per row: the implementation measured (`impl`), SM time per call (sum of kernel durations from
+The row keeps nccl-tests' columns in their places (size count type redop root, then time algbw busbw #wrong
+out-of-place and in-place), so a parser that reads nccl-tests by field position reads tide-perf too. tide-perf's
+own columns follow them: the implementation measured (`impl`), SM time per call (sum of kernel durations from
 torch.profiler, us), the slowdown of a concurrent single-wave GEMM (`--interfere gemm`) and a free-text note (the
 stand-in measured, or why the row could not run). One table holds every implementation side by side.
+
+The JSON has nccl-tests' keys (file version 2: version, start_time, args, env, nccl_version, config with devices,
+results with out_of_place/in_place {time, alg_bw, bus_bw, nwrong}, out_of_bounds {count, okay},
+average_bus_bandwidth {bandwidth, okay}, errors, end_time; booleans as the strings "true"/"false" as nccl-tests
+writes them) plus tide-perf's keys, which never reuse one of those names.
 """
 
 import json
@@ -47,18 +54,21 @@ def fit_float(v: Optional[float], width: int) -> str:
     return f"{v:.0f}"
 
 
-_COLS = "# %10s  %12s  %8s  %6s  %6s  %8s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %s\n"
+_COLS = "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s  %8s  %7s  %6s  %s\n"
+# 0-based whitespace-separated fields of a data row (nccl-tests' positions first, then tide-perf's).
+FIELDS = ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
+          "ip_time", "ip_algbw", "ip_busbw", "ip_#wrong", "impl", "SM", "GEMM")
 
 
 def header(out: TextIO) -> None:
     out.write(
-        "# %10s  %12s  %8s  %6s  %6s  %8s           out-of-place                       in-place          \n"
-        % ("", "", "", "", "", "")
+        "# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          \n"
+        % ("", "", "", "", "")
     )
     cols = ("time", "algbw", "busbw", "#wrong")
-    out.write(_COLS % (("size", "count", "type", "redop", "root", "impl") + cols + cols + ("SM", "GEMM", "note")))
+    out.write(_COLS % (("size", "count", "type", "redop", "root") + cols + cols + ("impl", "SM", "GEMM", "note")))
     units = ("(us)", "(GB/s)", "(GB/s)", "")
-    out.write(_COLS % (("(B)", "(elements)", "", "", "", "") + units + units + ("(us)", "(x)", "")))
+    out.write(_COLS % (("(B)", "(elements)", "", "", "") + units + units + ("", "(us)", "(x)", "")))
 
 
 def _variant(v: Variant) -> str:
@@ -68,10 +78,10 @@ def _variant(v: Variant) -> str:
 
 def row_line(r: Row) -> str:
     line = (
-        "%12li  %12li  %8s  %6s  %6i  %8s" % (r.size, r.count, r.type, r.redop, r.root, r.impl)
+        "%12li  %12li  %8s  %6s  %6i" % (r.size, r.count, r.type, r.redop, r.root)
         + _variant(r.oop)
         + _variant(r.ip)
-        + "  %7s  %6s" % (fit_float(r.sm_us, 7), fit_float(r.gemm_x, 6))
+        + "  %8s  %7s  %6s" % (r.impl, fit_float(r.sm_us, 7), fit_float(r.gemm_x, 6))
     )
     return line + ("  " + r.note if r.note else "")
 
@@ -125,16 +135,18 @@ def _variant_json(v: Variant) -> dict:
     return {"time": v.time_us, "alg_bw": v.algbw, "bus_bw": v.busbw, "nwrong": v.wrong}
 
 
-def row_json(r: Row) -> dict:
+def row_json(r: Row, iters: Optional[int] = None, name: str = "") -> dict:
     return {
-        "impl": r.impl,
         "size": r.size,
         "count": r.count,
         "type": r.type,
         "redop": r.redop,
-        "root": r.root,
+        "root": "%6i" % r.root,  # nccl-tests writes root as its padded text
         "out_of_place": _variant_json(r.oop),
         "in_place": _variant_json(r.ip),
+        "actual_iterations": iters,
+        "experiment_name": name,
+        "impl": r.impl,
         "sm_time_us": r.sm_us,
         "gemm_slowdown": r.gemm_x,
         "ran": r.ok,
@@ -142,26 +154,59 @@ def row_json(r: Row) -> dict:
     }
 
 
-def build_json(config: dict, devices: list, rows: List[Row], impls: Dict[str, dict], subject: str, min_busbw) -> dict:
-    doc = dict(config)
+JSON_FILE_VERSION = 2  # nccl-tests' JSON_FILE_VERSION whose keys these are
+
+
+def _tf(b: bool) -> str:
+    return "true" if b else "false"
+
+
+def build_json(
+    config: dict,
+    devices: list,
+    rows: List[Row],
+    impls: Dict[str, dict],
+    subject: str,
+    min_busbw,
+    head: Optional[dict] = None,
+    nccl_config: Optional[dict] = None,
+    iters: Optional[int] = None,
+    name: str = "",
+) -> dict:
+    """head: nccl-tests' leading keys (version, start_time, args, env, nccl_version); nccl_config: nccl-tests' config
+    keys, merged into config together with devices."""
+    doc = dict(head or {})
+    doc.update(config)
+    cfg = dict(nccl_config or {})
+    cfg.update(doc.get("config", {}))
+    cfg["devices"] = devices
+    doc["config"] = cfg
     avg = avg_busbw(rows, subject)
+    wrong = total_wrong(rows)
     doc.update(
         {
             "devices": devices,
             "impls": impls,
-            "results": [row_json(r) for r in rows],
-            "out_of_bounds": {"count": total_wrong(rows), "ok": total_wrong(rows) == 0},
-            "average_bus_bandwidth": avg,
+            "results": [row_json(r, iters, name) for r in rows],
+            "out_of_bounds": {"count": wrong, "okay": _tf(wrong == 0)},
+            "average_bus_bandwidth": {
+                "bandwidth": avg,
+                "okay": "unchecked" if min_busbw is None else _tf(not busbw_gate_failed(avg, min_busbw)),
+            },
             "average_bus_bandwidth_impl": subject,
             "average_bus_bandwidth_by_impl": {i: avg_busbw(rows, i) for i in impl_order(rows)},
             "min_busbw": min_busbw,
             "min_busbw_ok": None if min_busbw is None else not busbw_gate_failed(avg, min_busbw),
+            "errors": [],
         }
     )
     return doc
 
 
 def write_json(path: str, doc: dict) -> None:
+    import time
+
+    doc.setdefault("end_time", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime()))
     with open(path, "w") as f:
         json.dump(doc, f, indent=2)
         f.write("\n")
