@@ -66,7 +66,9 @@ def prepare_all_gather(world, layouts, slots, sendbufs=None, shards=None) -> Pre
     return p
 
 
-def prepare_reduce_scatter(world, layouts, grads, outs, op_code: int, out_code: int, staging=None) -> PreparedCalls:
+def prepare_reduce_scatter(
+    world, layouts, grads, outs, op_code: int, out_code: int, staging=None, scale: float = 1.0
+) -> PreparedCalls:
     from .. import _native as N
 
     lib = N.lib()
@@ -82,7 +84,7 @@ def prepare_reduce_scatter(world, layouts, grads, outs, op_code: int, out_code: 
         keep.append((table, out, stag, stream))
         fns.append(
             lambda c=comm, h=h, t=table, o=out, s=stag, st=stream: lib.tideReduceScatter(
-                c, h, t, o, out_code, op_code, ctypes.c_float(1.0), s, st
+                c, h, t, o, out_code, op_code, ctypes.c_float(scale), s, st
             )
         )
     p = PreparedCalls(world, fns)
@@ -221,4 +223,44 @@ def prepare_graph_replays(prepared: PreparedCalls) -> PreparedCalls:
             lib.cuGraphExecDestroy(e)
 
     p.close = close
+    return p
+
+
+class _OneRank:
+    """The world interface above for one rank of a real communicator (torchrun backend): its current stream."""
+
+    def __init__(self, comm):
+        torch = _torch()
+        self.comm = comm
+        self.n_ranks = 1
+        self.device = comm.device
+        self.streams = [torch.cuda.current_stream(torch.device("cuda", comm.device))]
+
+    def synchronize(self, timeout=None):
+        self.comm.synchronize(timeout=timeout)
+
+
+def prepare_comm_all_gather(comm, layout, slot, sendbuf) -> PreparedCalls:
+    from .. import _native as N
+
+    lib = N.lib()
+    one = _OneRank(comm)
+    args = (comm.handle, layout.handle, ctypes.c_void_p(int(sendbuf.data_ptr())), None,
+            ctypes.c_void_p(int(slot.data_ptr())), ctypes.c_void_p(int(one.streams[0].cuda_stream)))
+    p = PreparedCalls(one, [lambda: lib.tideAllGather(*args)])
+    p.copies = layout.n_params * layout.world_size
+    return p
+
+
+def prepare_comm_reduce_scatter(comm, layout, grads, out, op_code: int, out_code: int, scale: float = 1.0):
+    from .. import _native as N
+
+    lib = N.lib()
+    one = _OneRank(comm)
+    table = N.pointer_table([int(g.data_ptr()) for g in grads])
+    args = (comm.handle, layout.handle, table, ctypes.c_void_p(int(out.data_ptr())), out_code, op_code,
+            ctypes.c_float(scale), None, ctypes.c_void_p(int(one.streams[0].cuda_stream)))
+    p = PreparedCalls(one, [lambda: lib.tideReduceScatter(*args)])
+    p.copies = layout.n_params * layout.world_size
+    p._keep = table
     return p

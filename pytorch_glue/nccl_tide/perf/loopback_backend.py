@@ -212,7 +212,14 @@ class LoopbackBackend:
                 torch.cuda.synchronize()
                 return wrong_in(slots)
 
-            return Bench(call, check, note="", cleanup=lambda: world.free_slot(slots))
+            def prepare_issue():
+                from . import issue_cost
+
+                prep = issue_cost.prepare_all_gather(world, lays, slots, sendbufs=send)
+                prep.copies = len(lay.params) * W  # copy entries per rank and call, about
+                return prep
+
+            return Bench(call, check, note="", cleanup=lambda: world.free_slot(slots), prepare_issue=prepare_issue)
 
         if impl in ("nccl", "fsdp2"):
             S = lay.send_bytes // case.dtype.size
@@ -299,7 +306,18 @@ class LoopbackBackend:
                 torch.cuda.synchronize()
                 return wrong_in(outs)
 
-            return Bench(call, check, note="", cleanup=lambda: refs.clear())
+            def prepare_issue():
+                from ..dtypes import dtype as to_dtype
+                from ..dtypes import op_code
+                from . import issue_cost
+
+                prep = issue_cost.prepare_reduce_scatter(
+                    world, lays, grads, outs, op_code(case.op), to_dtype(case.out_dtype.name).code, scale=case.scale
+                )
+                prep.copies = len(lay.params) * W
+                return prep
+
+            return Bench(call, check, note="", cleanup=lambda: refs.clear(), prepare_issue=prepare_issue)
 
         if impl in ("nccl", "fsdp2") and self.nodes > 1:
             raise Unavailable(MULTI_NODE_RS_REASON)

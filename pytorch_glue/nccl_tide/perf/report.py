@@ -41,6 +41,10 @@ class Row(NamedTuple):
     gemm_x: Optional[float] = None  # concurrent single-wave GEMM time / GEMM alone (--interfere gemm)
     note: str = ""  # the stand-in measured, or why the row did not run
     ok: bool = True  # False: the impl could not run (all figures N/A, note says why)
+    # Issue cost (perf/issue_cost.py; TIDE rows on GPU backends): host time per rank per call with the GPU held
+    # behind a gate, and the device time of one call issued entirely behind the gate.
+    host_us: Optional[float] = None
+    gpu_us: Optional[float] = None
 
 
 def fit_float(v: Optional[float], width: int) -> str:
@@ -54,10 +58,10 @@ def fit_float(v: Optional[float], width: int) -> str:
     return f"{v:.0f}"
 
 
-_COLS = "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s  %8s  %7s  %6s  %s\n"
+_COLS = "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s  %8s  %7s  %6s  %7s  %7s  %s\n"
 # 0-based whitespace-separated fields of a data row (nccl-tests' positions first, then tide-perf's).
 FIELDS = ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
-          "ip_time", "ip_algbw", "ip_busbw", "ip_#wrong", "impl", "SM", "GEMM")
+          "ip_time", "ip_algbw", "ip_busbw", "ip_#wrong", "impl", "SM", "GEMM", "host", "gpu")
 
 
 def header(out: TextIO) -> None:
@@ -66,9 +70,11 @@ def header(out: TextIO) -> None:
         % ("", "", "", "", "")
     )
     cols = ("time", "algbw", "busbw", "#wrong")
-    out.write(_COLS % (("size", "count", "type", "redop", "root") + cols + cols + ("impl", "SM", "GEMM", "note")))
+    out.write(
+        _COLS % (("size", "count", "type", "redop", "root") + cols + cols + ("impl", "SM", "GEMM", "host", "gpu", "note"))
+    )
     units = ("(us)", "(GB/s)", "(GB/s)", "")
-    out.write(_COLS % (("(B)", "(elements)", "", "", "") + units + units + ("", "(us)", "(x)", "")))
+    out.write(_COLS % (("(B)", "(elements)", "", "", "") + units + units + ("", "(us)", "(x)", "(us)", "(us)", "")))
 
 
 def _variant(v: Variant) -> str:
@@ -82,6 +88,7 @@ def row_line(r: Row) -> str:
         + _variant(r.oop)
         + _variant(r.ip)
         + "  %8s  %7s  %6s" % (r.impl, fit_float(r.sm_us, 7), fit_float(r.gemm_x, 6))
+        + "  %7s  %7s" % (fit_float(r.host_us, 7), fit_float(r.gpu_us, 7))
     )
     return line + ("  " + r.note if r.note else "")
 
@@ -149,6 +156,8 @@ def row_json(r: Row, iters: Optional[int] = None, name: str = "") -> dict:
         "impl": r.impl,
         "sm_time_us": r.sm_us,
         "gemm_slowdown": r.gemm_x,
+        "host_issue_us_per_rank": r.host_us,
+        "gpu_latency_us": r.gpu_us,
         "ran": r.ok,
         "note": r.note,
     }

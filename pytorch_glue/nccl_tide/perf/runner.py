@@ -32,6 +32,9 @@ class Bench(NamedTuple):
     check: Callable[[], int]
     note: str = ""
     cleanup: Optional[Callable[[], None]] = None
+    # TIDE rows on GPU backends: builds the call's prebuilt issue (perf/issue_cost.py) for the host us / gpu us
+    # columns (issue 15), or None.
+    prepare_issue: Optional[Callable[[], object]] = None
 
 
 class MeasureOpts(NamedTuple):
@@ -93,6 +96,16 @@ def measure(
             inter = o.gemm.slowdown(bench.call, t / 1e3, barrier=o.barrier)
             gx = inter["slowdown"]
             detail["interference"] = inter
+        host_us = gpu_us = None
+        if bench.prepare_issue is not None and getattr(o, "issue_cost", True):
+            from . import issue_cost
+
+            prep = bench.prepare_issue()
+            hi = issue_cost.host_issue_us(prep, calls=max(1, min(6, 600 // max(1, getattr(prep, "copies", 1)))),
+                                          samples=5)
+            host_us = hi["host_us"] if hi["valid_samples"] else None
+            gpu_us = issue_cost.gpu_latency_us(prep, samples=5)["gpu_us"]
+            detail["issue_cost"] = {**hi, "gpu_us": gpu_us}
         if detail:
             extras.setdefault("detail", []).append({"impl": impl, "size": size, **detail})
         return Row(
@@ -107,6 +120,8 @@ def measure(
             sm_us=sm,
             gemm_x=gx,
             note=bench.note,
+            host_us=host_us,
+            gpu_us=gpu_us,
         )
     except Exception as e:
         from ..errors import TideTimeoutError

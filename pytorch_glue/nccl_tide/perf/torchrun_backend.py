@@ -171,7 +171,12 @@ class TorchrunBackend:
                 torch.cuda.synchronize()
                 return wrong_in(slot)
 
-            return Bench(call, check, cleanup=lambda: comm.free_slot(slot))
+            def prepare_issue():
+                from . import issue_cost
+
+                return issue_cost.prepare_comm_all_gather(comm, lay, slot, send)
+
+            return Bench(call, check, cleanup=lambda: comm.free_slot(slot), prepare_issue=prepare_issue)
 
         if impl == "nccl-ce":
             return self._nccl_ce(send, flat_want, bits)
@@ -301,7 +306,16 @@ class TorchrunBackend:
                 torch.cuda.synchronize()
                 return wrong_in(out)
 
-            return Bench(call, check)
+            def prepare_issue():
+                from ..dtypes import dtype as to_dtype
+                from ..dtypes import op_code
+                from . import issue_cost
+
+                return issue_cost.prepare_comm_reduce_scatter(
+                    comm, lay, grads, out, op_code(case.op), to_dtype(case.out_dtype.name).code, scale=case.scale
+                )
+
+            return Bench(call, check, prepare_issue=prepare_issue)
 
         op_name, chunk_cat = chunk_cat_impl()
         rsin = torch.empty(W * M, dtype=out_t, device=dev)
