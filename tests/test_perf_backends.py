@@ -317,11 +317,14 @@ def test_json_schema(tmp_path):
         "in_place",
         "sm_time_us",
         "gemm_slowdown",
+        "host_issue_us_per_rank",
+        "gpu_latency_us",
         "ran",
         "note",
     }
     assert set(res["out_of_place"]) == {"time", "alg_bw", "bus_bw", "nwrong"}
     assert res["sm_time_us"] is None and res["gemm_slowdown"] is None  # host backend: no GPU figures
+    assert res["host_issue_us_per_rank"] is None and res["gpu_latency_us"] is None
     assert doc["config"]["sm_time"] is False and doc["config"]["interfere"] == "none"
 
 

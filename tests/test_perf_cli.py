@@ -11,18 +11,18 @@ from nccl_tide.perf.cli import parse_size
 
 # size count type redop root impl | oop time algbw busbw #wrong | ip time algbw busbw #wrong | SM GEMM [note]
 # A data row: nccl-tests' 13 columns in nccl-tests' places (size count type redop root, 4 out-of-place, 4 in-place),
-# then tide-perf's: impl, SM, GEMM, note.
+# then tide-perf's: impl, SM, GEMM, host, gpu, note.
 ROW = re.compile(
     r"^\s*(\d+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(-?\d+)"
     + r"\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)" * 2
-    + r"\s+(\S+)\s+(\S+)\s+(\S+)(?:\s+(.*?))?\s*$"
+    + r"\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)(?:\s+(.*?))?\s*$"
 )
 
 
 def by_name(g):
-    """A ROW match's groups as (size, count, type, redop, root, impl, 4 oop, 4 ip, SM, GEMM, note): the impl first,
-    which is how these tests index rows (the table itself puts impl after nccl-tests' columns)."""
-    return g[:5] + (g[13],) + g[5:13] + g[14:]
+    """A ROW match's groups as (size, count, type, redop, root, impl, 4 oop, 4 ip, SM, GEMM, note, host, gpu): the
+    impl first, which is how these tests index rows (the table itself puts impl after nccl-tests' columns)."""
+    return g[:5] + (g[13],) + g[5:13] + g[14:16] + (g[18],) + g[16:18]
 
 
 def tide_perf(*args, env=None, timeout=300):

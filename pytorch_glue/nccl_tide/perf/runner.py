@@ -97,15 +97,18 @@ def measure(
             gx = inter["slowdown"]
             detail["interference"] = inter
         host_us = gpu_us = None
-        if bench.prepare_issue is not None and getattr(o, "issue_cost", True):
+        if bench.prepare_issue is not None and getattr(o, "issue_cost", True) and torch.cuda.is_available():
             from . import issue_cost
 
-            prep = bench.prepare_issue()
-            hi = issue_cost.host_issue_us(prep, calls=max(1, min(6, 600 // max(1, getattr(prep, "copies", 1)))),
-                                          samples=5)
-            host_us = hi["host_us"] if hi["valid_samples"] else None
-            gpu_us = issue_cost.gpu_latency_us(prep, samples=5)["gpu_us"]
-            detail["issue_cost"] = {**hi, "gpu_us": gpu_us}
+            try:  # an extra column: its failure is reported in the JSON, never fails the row
+                prep = bench.prepare_issue()
+                calls = max(1, min(6, 600 // max(1, getattr(prep, "copies", 1))))
+                hi = issue_cost.host_issue_us(prep, calls=calls, samples=5)
+                host_us = hi["host_us"] if hi["valid_samples"] else None
+                gpu_us = issue_cost.gpu_latency_us(prep, samples=5)["gpu_us"]
+                detail["issue_cost"] = {**hi, "gpu_us": gpu_us}
+            except Exception as e:
+                detail["issue_cost"] = {"error": f"{type(e).__name__}: {e}"[:300]}
         if detail:
             extras.setdefault("detail", []).append({"impl": impl, "size": size, **detail})
         return Row(
