@@ -14,18 +14,18 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 # A data row: nccl-tests' 13 columns in nccl-tests' places (size count type redop root, 4 out-of-place, 4 in-place),
-# then tide-perf's: impl, SM, GEMM, note.
+# then tide-perf's: impl, SM, GEMM, host, gpu, note.
 ROW = re.compile(
     r"^\s*(\d+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(-?\d+)"
     + r"\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)" * 2
-    + r"\s+(\S+)\s+(\S+)\s+(\S+)(?:\s+(.*?))?\s*$"
+    + r"\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)(?:\s+(.*?))?\s*$"
 )
 
 
 def by_name(g):
-    """A ROW match's groups as (size, count, type, redop, root, impl, 4 oop, 4 ip, SM, GEMM, note): the impl first,
-    which is how these tests index rows (the table itself puts impl after nccl-tests' columns)."""
-    return g[:5] + (g[13],) + g[5:13] + g[14:]
+    """A ROW match's groups as (size, count, type, redop, root, impl, 4 oop, 4 ip, SM, GEMM, note, host, gpu): the
+    impl first, which is how these tests index rows (the table itself puts impl after nccl-tests' columns)."""
+    return g[:5] + (g[13],) + g[5:13] + g[14:16] + (g[18],) + g[16:18]
 ENV = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -69,6 +69,8 @@ def rows(stdout):
                         "sm": g[14],
                         "gemm": g[15],
                         "note": g[16] or "",
+                        "host": g[17],
+                        "gpu": g[18],
                     }
                 )
     return out
@@ -96,6 +98,9 @@ def test_loopback_all_impls(coll, tmp_path):
         if x["impl"] != "tide":
             assert "stand-in" in x["note"]
     tide = [x for x in got if x["impl"] == "tide"]
+    # Issue cost columns (issue 15): host issue time per rank and device time of one call, TIDE rows only.
+    assert all(float(x["host"]) > 0 and float(x["gpu"]) > 0 for x in tide), tide
+    assert all(x["host"] == "N/A" for x in got if x["impl"] != "tide")
     if coll == "all_gather":
         assert all(float(x["sm"]) == 0.0 for x in tide)  # copy engines only: no kernel
     else:
