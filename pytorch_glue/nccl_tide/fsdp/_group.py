@@ -134,7 +134,7 @@ class GroupState:
         self.views_installed = False
         self._rs_layouts: Dict[Tuple[int, ...], Layout] = {}
         # native executor (fsdp/_slot_pool.py): the unsharded parameters are views of `store`; a
-        # slot of `pool` is held (its memory swapped into `store`) from each TIDE-AG to the reshard.
+        # slot of `pool` is held (its memory bound under `store` by the pool's binder) from each TIDE-AG to the reshard.
         self.native = getattr(executor, "name", "") == "native"
         self.reshards_after_forward = False  # set by enable(): pooled when True
         self.pool = None  # SlotPool (shared, or a dedicated one-slot pool)
@@ -223,7 +223,7 @@ class GroupState:
     def attach(self, pool) -> None:
         """Native: the group draws from `pool` (build_pools set `store` for a dedicated slot)."""
         self.pool = pool
-        if self.store is None:  # pooled: an empty storage of the group's own; slots swap in
+        if self.store is None:  # pooled: an empty storage of the group's own; the binder puts slots under it
             self.store = torch.empty(0, dtype=torch.uint8, device=self.pg.device).untyped_storage()
         NATIVE_SLOTS[self.store._cdata] = self
 

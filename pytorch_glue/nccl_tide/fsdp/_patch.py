@@ -1,15 +1,17 @@
-"""The four module globals nccl_tide.fsdp replaces while at least one model is enabled.
+"""The private FSDP2 names nccl_tide.fsdp replaces while at least one model is enabled.
 
 * _fsdp_param_group.foreach_all_gather: TIDE groups run TIDE-AG into the slot;
-* _fsdp_param_group.foreach_all_gather_copy_out: a TIDE result needs no copy-out;
+* _fsdp_param_group.foreach_all_gather_copy_out (torch <= 2.14): a TIDE result needs no copy-out;
+  torch 2.15 calls a per-group copy-out hook instead (FSDPParamGroup._all_gather_output_fn),
+  which GroupState.install sets for TIDE groups, so this name is not patched there;
 * _fsdp_param_group.foreach_reduce: arms a TIDE group's reduce-scatter comm (or hands the
   stock comm to a call TIDE cannot take), then runs FSDP2's own foreach_reduce, which keeps
   doing everything after the collective (post-divide, sharded-gradient views, accumulation,
   hooks) exactly as stock;
 * _fsdp_collectives.foreach_reduce_scatter_copy_in: skipped for TIDE's placeholder input;
-* _fsdp_param.free_storage: a native group's storage holds a tideSlotAlloc slot, not torch's
-  memory, and is never resized; FSDP2 "freeing" it releases the slot to its pool with a release
-  event instead (the next writer of the slot waits for it; fsdp/_slot_pool.py);
+* _fsdp_param.free_storage: a native group's storage holds a tideSlotAlloc slot; FSDP2 "freeing"
+  it releases the slot to its pool with a release event (the next writer of the slot waits for
+  it) and the pool's binder takes the memory away (fsdp/_slot_pool.py);
 * FSDPParamGroup.unshard / wait_for_unshard (class attributes): only for a TIDE group of
   shard world size 1, where FSDP2 skips foreach_all_gather and copies the shards locally:
   TIDE's wrappers run FSDP2's world > 1 sequence instead (TIDE-AG, no copy-out), so world
