@@ -12,6 +12,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/reduce_kernel.h"
 #include "errors.h"
+#include "params.h"
 #include "tide.h"
 #include "tide_bench.h"
 
@@ -71,6 +72,21 @@ tideResult_t toReduceArgs(const tideBenchReduceArgs_t* a, const char* fn, tide::
   return tideSuccess;
 }
 
+// The pace a comm on the current device would use (NCCL_TIDE_LINK_GBPS, the SM count): the benchmarks' reduces
+// follow the library's own rule. Without a device (the shape query is pure arithmetic, CPU-tested) the SM count is
+// ReducePace's default, an H200's 132.
+tideResult_t currentPace(tide::cuda::ReducePace* pace) {
+  int device = 0, count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    (void)cudaGetLastError();
+    TIDE_CHECK(tide::params::status(tide::params::kLinkGBps));
+    pace->linkGBps = static_cast<double>(tide::params::linkGBps());
+    return tideSuccess;
+  }
+  TIDE_CUDA_CHECK(cudaGetDevice(&device));
+  return tide::cuda::devicePace(device, pace);
+}
+
 // Copies refuse the legacy default stream: the batch API rejects it and the fallback (cudaMemcpyAsync) may run
 // same-device copies on the SMs, which would falsify the measurement.
 tideResult_t checkStream(void* stream, const char* fn) {
@@ -89,7 +105,9 @@ TIDE_EXPORT tideResult_t tideBenchReduce(const tideBenchReduceArgs_t* args, void
   tide::cuda::ReduceArgs r{};
   TIDE_CHECK(toReduceArgs(args, __func__, &r));
   TIDE_CHECK(preloadOnce());
-  return tide::cuda::launchReduce(r, static_cast<cudaStream_t>(stream), args->maxCtas, args->ctaBytes);
+  tide::cuda::ReducePace pace;
+  TIDE_CHECK(currentPace(&pace));
+  return tide::cuda::launchReduce(r, static_cast<cudaStream_t>(stream), pace, args->maxCtas, args->ctaBytes);
   TIDE_API_END
 }
 
@@ -98,7 +116,9 @@ TIDE_EXPORT tideResult_t tideBenchReduceShape(const tideBenchReduceArgs_t* args,
   TIDE_API_BEGIN
   tide::cuda::ReduceArgs r{};
   TIDE_CHECK(toReduceArgs(args, __func__, &r));
-  const tide::cuda::ReduceShape sh = tide::cuda::reduceShape(r, args->maxCtas, args->ctaBytes);
+  tide::cuda::ReducePace pace;
+  TIDE_CHECK(currentPace(&pace));
+  const tide::cuda::ReduceShape sh = tide::cuda::reduceShape(r, args->maxCtas, args->ctaBytes, pace);
   if (ctas) *ctas = sh.ctas;
   if (launches) *launches = sh.launches;
   if (threads) *threads = sh.threads;

@@ -82,6 +82,10 @@ const Def kDefs[kNumParams] = {
      "File for TIDE's lines (%h = host, %p = pid), overriding NCCL_DEBUG_FILE; NCCL writes to NCCL_DEBUG_FILE with "
      ".tide appended when that is set, else to stderr.",
      0, 0, nullptr, "a file path (%h and %p are substituted)"},
+    {"NCCL_TIDE_LINK_GBPS", Type::kUint64, "uint64", "370",
+     "Reduce-scatter: the rate (GB/s) at which other ranks' inputs reach this GPU; the reduce kernel takes only as "
+     "many SMs as keep pace with it (docs/architecture.md, Reduce kernel shape).",
+     1, 100000, nullptr, "an integer number of GB/s from 1 to 100000"},
 };
 
 struct Entry {
@@ -304,6 +308,7 @@ uint64_t interposerMinBytes() { return loggedState().entries[kEnableMinBytes].va
 int ranksPerNodeOverride() { return static_cast<int>(loggedState().entries[kRanksPerNode].value); }
 uint64_t timeoutMs() { return loggedState().entries[kTimeoutMs].value; }
 bool rsAccumFp32() { return loggedState().entries[kRsAccum].value == 1; }
+uint64_t linkGBps() { return loggedState().entries[kLinkGBps].value; }
 
 tideResult_t status(Id id) {
   if (id < 0 || id >= kNumParams) return fail(tideInvalidArgument, kComponent, "parameter index %d out of range", id);

@@ -32,7 +32,8 @@ enum Id : int {
   kRsAccum = 9,         // NCCL_TIDE_RS_ACCUM
   kDebugSubsys = 10,    // NCCL_TIDE_DEBUG_SUBSYS
   kDebugFile = 11,      // NCCL_TIDE_DEBUG_FILE
-  kNumParams = 12
+  kLinkGBps = 12,       // NCCL_TIDE_LINK_GBPS
+  kNumParams = 13
 };
 
 // Typed accessors (effective values: environment if valid, else default).
@@ -52,6 +53,7 @@ uint64_t interposerMinBytes();    // NCCL_TIDE_ENABLE_MIN_BYTES: smallest call (
 int ranksPerNodeOverride();       // NCCL_TIDE_RANKS_PER_NODE: virtual nodes of this many ranks; 0 = discover
 uint64_t timeoutMs();             // NCCL_TIDE_TIMEOUT_MS: bound on host-side waits; 0 = none
 bool rsAccumFp32();               // NCCL_TIDE_RS_ACCUM=FP32: the interposer may take bf16/fp16 reduce-scatters
+uint64_t linkGBps();              // NCCL_TIDE_LINK_GBPS: the rate the RS reduce kernel keeps pace with
 
 // tideSuccess if the environment value of parameter `id` (if any) parses; else records and returns
 // tideInvalidArgument with a message naming the variable and the accepted form.

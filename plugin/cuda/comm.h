@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "peer_provider.h"
+#include "reduce_kernel.h"
 #include "tide.h"
 
 namespace tide {
@@ -70,6 +71,8 @@ struct tideComm {
   cudaStream_t sideStream = nullptr;
   // The NVLink multicast gate (DESIGN.md section 6), read once by commInit.
   bool multicastGate = false;
+  // What the RS reduce kernel keeps pace with (NCCL_TIDE_LINK_GBPS, the device's SMs), read once by commInit.
+  tide::cuda::ReducePace reducePace;
   // tideCommDebugDump's flag readback stream, created once by commInit (a stream created per dump can land on a
   // hardware queue that a stuck wait blocks). After a readback that did not finish in time it is abandoned (its
   // helper thread may still use it: never destroyed) and the dumps fall back to a fresh stream each.

@@ -155,7 +155,7 @@ tideResult_t BoundProgram::issueStep(const StepItems& s, const CallValues& v, cu
         if (!br.asCopy.dst.empty() && a.outType == tideFloat32 && op == tideSum) {
           TIDE_CHECK(enqueueCopyBatch(stream, comm->device, br.asCopy, v.batchApi));
         } else {
-          TIDE_CHECK(launchReduce(a, stream));
+          TIDE_CHECK(launchReduce(a, stream, comm->reducePace));
         }
         break;
       }

@@ -5,14 +5,16 @@
 // AVG: acc = __fdiv_rn(acc, W); then fp32 out, or RNE narrowing to bf16/fp16; a NaN result is stored as the
 // canonical NaN of the output type, as on the host (plugin/core/dtype.cc). Padding needs no special case: phase 1 fills it with zeros from a zero buffer.
 //
-// Shape (reduce_kernel.h, reduceShape; issue 16): few CTAs of 512 threads, each CTA a bounded contiguous slice,
-// then exit; a large chunk is several launches in a row on the stream, so at most maxCtas SMs are held at a time
-// and every SM is free again after each launch (a waiting GEMM gets it). Each CTA keeps many bytes in flight:
+// Shape (reduce_kernel.h, reduceShape; issue 16): as many CTAs of 512 threads as keep pace with the inputs' arrival
+// over the links (8 for 8 bf16 inputs at 370 GB/s), each CTA a bounded contiguous slice, then exit; a large chunk is
+// several launches in a row on the stream, so at most that many SMs are held at a time and every SM is free again
+// after each launch (a waiting GEMM gets it). Each CTA keeps many bytes in flight:
 // every thread issues up to 16 independent 16-byte loads (U vectors of 8 elements x 8 sources) before its first
 // add, 128 KiB per CTA, which is what one SM needs to approach its own bandwidth (benchmarks/sm_bandwidth.py).
 #include <cuda_fp16.h>
 
 #include "../core/errors.h"
+#include "../core/params.h"
 #include "cuda_check.h"
 #include "reduce_kernel.h"
 
@@ -173,6 +175,122 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+// The staged 16-byte path (2-byte inputs, up to kBulkMaxSources sources): the same fold, but the inputs reach the
+// CTA through shared memory by TMA bulk copies (cp.async.bulk, one issuing thread, completion on an mbarrier per
+// stage), so `stages` tiles are in flight while the CTA folds the current one, without registers holding them. One
+// CTA of 16-byte loads from registers sustains about 80 GB/s on an H200, TMA bulk reads about 200 GB/s
+// (benchmarks/sm_bandwidth.py): more bytes per CTA means fewer SMs for the same pace. A tile is kThreads vectors of
+// every source (8 KiB per source); thread i folds vector i of the tile, sources in order, as the other paths do.
+constexpr int kBulkMaxStages = 8;
+constexpr uint32_t kBulkSmemBytes = 192u << 10;  // of the 227 KiB an H100/H200 CTA may have
+constexpr int kBulkMinStages = 2;
+
+__device__ __forceinline__ uint32_t smemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void bulkExpect(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" : : "r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void bulkCopy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               :
+               : "r"(dst), "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+__device__ __forceinline__ void bulkWait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (done == 0);
+}
+
+template <typename InT, typename OutT, bool kPrev>
+__global__ void __launch_bounds__(kThreads, 1)
+    reduceBulkKernel(const char* __restrict__ staging, size_t srcStride, int nSrc, uint64_t nVec, const float* prev,
+                     OutT* out, Op op, uint64_t unitBase, uint64_t perCta, int stages) {
+  static_assert(sizeof(InT) == 2, "the staged path folds 2-byte inputs");
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ __align__(8) uint64_t bars[kBulkMaxStages];
+  constexpr uint32_t kTileBytes = kThreads * kVec * sizeof(InT);  // per source: one 16-byte vector per thread
+  const uint64_t begin = unitBase + static_cast<uint64_t>(blockIdx.x) * perCta;
+  if (begin >= nVec) return;
+  const uint64_t end = begin + perCta < nVec ? begin + perCta : nVec;
+  const uint64_t tiles = (end - begin + kThreads - 1) / kThreads;
+  const uint32_t stageBytes = kTileBytes * static_cast<uint32_t>(nSrc);
+  // Thread 0 fills stage s with tile u: every source's vectors [begin + u * kThreads, ...) ∩ [begin, end).
+  auto issue = [&](uint64_t u, int s) {
+    const uint64_t v0 = begin + u * kThreads;
+    const uint64_t nv = end - v0 < static_cast<uint64_t>(kThreads) ? end - v0 : kThreads;
+    const uint32_t bytes = static_cast<uint32_t>(nv * kVec * sizeof(InT));
+    const uint32_t bar = smemAddr(&bars[s]);
+    bulkExpect(bar, bytes * static_cast<uint32_t>(nSrc));
+    for (int j = 0; j < nSrc; ++j) {
+      bulkCopy(smemAddr(smem + s * stageBytes + j * kTileBytes), staging + j * srcStride + v0 * kVec * sizeof(InT),
+               bytes, bar);
+    }
+  };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" : : "r"(smemAddr(&bars[s])), "r"(1) : "memory");
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" : : : "memory");
+    asm volatile("fence.proxy.async.shared::cta;" : : : "memory");
+    for (int s = 0; s < stages && static_cast<uint64_t>(s) < tiles; ++s) issue(s, s);
+  }
+  __syncthreads();  // the barriers are initialised before anyone waits on them
+  for (uint64_t t = 0; t < tiles; ++t) {
+    const int s = static_cast<int>(t % static_cast<uint64_t>(stages));
+    bulkWait(smemAddr(&bars[s]), static_cast<uint32_t>((t / static_cast<uint64_t>(stages)) & 1u));
+    const uint64_t v = begin + t * kThreads + threadIdx.x;
+    if (v < end) {
+      const unsigned char* tile = smem + s * stageBytes + threadIdx.x * 16;
+      float acc[kVec], x[kVec];
+      Raw8<InT> r;
+      r.w[0] = *reinterpret_cast<const uint4*>(tile);
+      convert8(r, acc);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) acc[k] = pre(acc[k], op);
+      for (int j = 1; j < nSrc; ++j) {
+        r.w[0] = *reinterpret_cast<const uint4*>(tile + j * kTileBytes);
+        convert8(r, x);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) acc[k] = __fadd_rn(acc[k], pre(x[k], op));
+      }
+      if (kPrev) {
+        const float4* pp = reinterpret_cast<const float4*>(prev + v * kVec);
+        const float4 p0 = pp[0], p1 = pp[1];
+        const float pv[kVec] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) acc[k] = __fadd_rn(pv[k], acc[k]);
+      }
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) acc[k] = post(acc[k], op);
+      store8(out + v * kVec, acc);
+    }
+    __syncthreads();  // every thread has read stage s before the engine refills it
+    if (threadIdx.x == 0 && t + stages < tiles) {
+      asm volatile("fence.proxy.async.shared::cta;" : : : "memory");  // generic-proxy reads before async writes
+      issue(t + stages, s);
+    }
+  }
+}
+
+// Stages the staged path would use for args (0: not eligible: 4-byte inputs, or too many sources to double-buffer).
+int bulkStages(const ReduceArgs& a) {
+  if (a.inType == tideFloat32 || a.nSrc < 1) return 0;
+  const uint32_t stage = static_cast<uint32_t>(a.nSrc) * kThreads * kVec * 2;
+  const uint32_t fit = kBulkSmemBytes / stage;
+  const int stages = static_cast<int>(fit < static_cast<uint32_t>(kBulkMaxStages) ? fit : kBulkMaxStages);
+  return stages >= kBulkMinStages ? stages : 0;
+}
+
 // Element by element over [unitBase + blockIdx.x * perCta, + perCta) ∩ [0, end): unaligned bases, and the n % 8
 // tail of the 16-byte path.
 template <typename InT, typename OutT, bool kPrev>
@@ -204,7 +322,13 @@ tideResult_t launchShape(const ReduceArgs& a, const ReduceShape& sh, cudaStream_
   const uint64_t units = sh.vector ? a.n / kVec : a.n;
   for (int l = 0; l < sh.launches; ++l) {
     const uint64_t base = static_cast<uint64_t>(l) * static_cast<uint64_t>(sh.ctas) * sh.perCta;
-    if (sh.vector) {
+    if (sh.vector && sh.stages > 0) {
+      if constexpr (sizeof(InT) == 2) {
+        const size_t smem = static_cast<size_t>(sh.stages) * a.nSrc * kThreads * kVec * sizeof(InT);
+        reduceBulkKernel<InT, OutT, kPrev><<<sh.ctas, kThreads, smem, stream>>>(s, a.srcStride, a.nSrc, units, a.prev,
+                                                                                out, op, base, sh.perCta, sh.stages);
+      }
+    } else if (sh.vector) {
       reduceVecKernel<InT, OutT, kPrev><<<sh.ctas, kThreads, 0, stream>>>(s, a.srcStride, a.nSrc, units, a.prev, out,
                                                                           op, base, sh.perCta);
     } else {
@@ -244,6 +368,13 @@ tideResult_t launchIn(const ReduceArgs& a, const ReduceShape& sh, cudaStream_t s
 template <typename InT, typename OutT>
 tideResult_t preloadPair() {
   cudaFuncAttributes attr;
+  if constexpr (sizeof(InT) == 2) {
+    // The staged path's dynamic shared memory exceeds the 48 KiB default: opt in once per kernel, here (commInit).
+    TIDE_CUDA_CHECK(cudaFuncSetAttribute(reduceBulkKernel<InT, OutT, false>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkSmemBytes));
+    TIDE_CUDA_CHECK(cudaFuncSetAttribute(reduceBulkKernel<InT, OutT, true>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkSmemBytes));
+  }
   TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, reduceVecKernel<InT, OutT, false>));
   TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, reduceVecKernel<InT, OutT, true>));
   TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, reduceScalarKernel<InT, OutT, false>));
@@ -266,12 +397,40 @@ tideResult_t preloadReduceKernels() {
   return preloadIn<Fp16>();
 }
 
-ReduceShape reduceShape(const ReduceArgs& a, int maxCtas, uint64_t ctaBytes) {
+int reduceMaxCtas(const ReduceArgs& a, const ReducePace& pace, bool* paced) {
+  const uint64_t inSize = typeSize(a.inType);
+  const uint64_t nSrc = static_cast<uint64_t>(a.nSrc > 0 ? a.nSrc : 0);
+  const uint64_t perElem = nSrc * inSize + typeSize(a.outType) + (a.prev != nullptr ? 4 : 0);
+  const uint64_t incomingPerElem = (nSrc > 0 ? nSrc - 1 : 0) * inSize + (a.prev != nullptr ? 4 : 0);
+  const int sms = pace.smCount > 0 ? pace.smCount : 1;
+  const bool byLink = incomingPerElem > 0 && pace.linkGBps > 0;
+  if (paced != nullptr) *paced = byLink;
+  if (!byLink) return sms;  // nothing arrives: nothing to keep pace with
+  const double rate = pace.linkGBps * static_cast<double>(perElem) / static_cast<double>(incomingPerElem);
+  double c = rate / kReduceCtaGBps;
+  int ctas = static_cast<int>(c);
+  if (static_cast<double>(ctas) < c) ++ctas;
+  if (ctas < 1) ctas = 1;
+  if (ctas > kReduceMaxPacedCtas) ctas = kReduceMaxPacedCtas;
+  return ctas < sms ? ctas : sms;
+}
+
+tideResult_t devicePace(int device, ReducePace* out) {
+  TIDE_CHECK(params::status(params::kLinkGBps));
+  int sms = 0;
+  TIDE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  out->linkGBps = static_cast<double>(params::linkGBps());
+  out->smCount = sms > 0 ? sms : 1;
+  return tideSuccess;
+}
+
+ReduceShape reduceShape(const ReduceArgs& a, int maxCtas, uint64_t ctaBytes, const ReducePace& pace) {
   ReduceShape sh;
   sh.threads = kThreads;
   const uintptr_t in = reinterpret_cast<uintptr_t>(a.staging), o = reinterpret_cast<uintptr_t>(a.out);
   sh.vector = in % 16 == 0 && a.srcStride % 16 == 0 && o % 16 == 0 &&
               (a.prev == nullptr || reinterpret_cast<uintptr_t>(a.prev) % 16 == 0);
+  sh.stages = sh.vector ? bulkStages(a) : 0;
   const uint64_t perElem = static_cast<uint64_t>(a.nSrc > 0 ? a.nSrc : 0) * typeSize(a.inType) +
                            typeSize(a.outType) + (a.prev != nullptr ? 4 : 0);
   sh.bytes = a.n * perElem;
@@ -284,7 +443,8 @@ ReduceShape reduceShape(const ReduceArgs& a, int maxCtas, uint64_t ctaBytes) {
   }
   const uint64_t perUnit = perElem * (sh.vector ? kVec : 1);
   const uint64_t cta = ctaBytes > 0 ? ctaBytes : kReduceCtaBytes;
-  const uint64_t mc = static_cast<uint64_t>(maxCtas > 0 ? maxCtas : kReduceMaxCtas);
+  if (maxCtas <= 0) maxCtas = reduceMaxCtas(a, pace, &sh.paced);
+  const uint64_t mc = static_cast<uint64_t>(maxCtas);
   uint64_t unitsPerCta = cta / perUnit;
   if (unitsPerCta < 1) unitsPerCta = 1;
   const uint64_t needed = (units + unitsPerCta - 1) / unitsPerCta;  // CTAs of about ctaBytes each
@@ -298,14 +458,27 @@ ReduceShape reduceShape(const ReduceArgs& a, int maxCtas, uint64_t ctaBytes) {
   return sh;
 }
 
-tideResult_t launchReduce(const ReduceArgs& a, cudaStream_t stream, int maxCtas, uint64_t ctaBytes) {
+tideResult_t launchReduce(const ReduceArgs& a, cudaStream_t stream, const ReducePace& pace, int maxCtas,
+                          uint64_t ctaBytes) {
   if (a.n == 0) return tideSuccess;
   if (a.nSrc < 1) return fail(tideInvalidArgument, "Cuda", "reduce: nSrc is %d (at least 1)", a.nSrc);
   if (!supported(a.inType) || !supported(a.outType)) {
     return fail(tideInvalidArgument, "Cuda", "reduce: unsupported types (in %d, out %d)", static_cast<int>(a.inType),
                 static_cast<int>(a.outType));
   }
-  const ReduceShape sh = reduceShape(a, maxCtas, ctaBytes);
+  // Every element access is a naturally aligned load or store of its type: a pointer or stride that is not a
+  // multiple of the element size would fault on the device (a sticky "misaligned address" for the whole context).
+  const uintptr_t in = reinterpret_cast<uintptr_t>(a.staging), o = reinterpret_cast<uintptr_t>(a.out);
+  const uintptr_t pv = reinterpret_cast<uintptr_t>(a.prev);
+  if (in % typeSize(a.inType) != 0 || a.srcStride % typeSize(a.inType) != 0 || o % typeSize(a.outType) != 0 ||
+      pv % 4 != 0) {
+    return fail(tideInvalidArgument, "Cuda",
+                "reduce: staging %p, stride %zu, out %p, prev %p not aligned to their element sizes (in %zu, out %zu, "
+                "prev 4 bytes)",
+                a.staging, a.srcStride, a.out, static_cast<const void*>(a.prev), typeSize(a.inType),
+                typeSize(a.outType));
+  }
+  const ReduceShape sh = reduceShape(a, maxCtas, ctaBytes, pace);
   switch (a.inType) {
     case tideFloat32:
       return launchIn<float>(a, sh, stream);
@@ -317,8 +490,6 @@ tideResult_t launchReduce(const ReduceArgs& a, cudaStream_t stream, int maxCtas,
       return fail(tideInvalidArgument, "Cuda", "reduce: unsupported input type %d", static_cast<int>(a.inType));
   }
 }
-
-tideResult_t launchReduce(const ReduceArgs& a, cudaStream_t stream) { return launchReduce(a, stream, 0, 0); }
 
 }  // namespace cuda
 }  // namespace tide

@@ -38,24 +38,48 @@ struct ReduceShape {
   int threads = 0;
   uint64_t perCta = 0;   // units per CTA
   bool vector = false;   // 16-byte path (every base 16-byte aligned)
+  bool paced = false;    // sized to the link rate (else: unpaced, or an explicit maxCtas)
+  int stages = 0;        // > 0: the staged 16-byte path (TMA bulk copies through this many shared-memory stages)
   uint64_t bytes = 0;    // HBM traffic of the whole reduce: inputs read + prev read + output written
 };
 
-// The grid rule (docs/architecture.md, "Reduce kernel shape"): traffic T = n * (nSrc * inSize + outSize (+ 4 with
-// prev)); ctas = clamp(ceil(T / ctaBytes), 1, maxCtas); launches = min(ceil(T / (ctas * ctaBytes)), kMaxLaunches);
-// units are then split evenly over ctas * launches CTAs. So at most maxCtas SMs are held at any time, and a CTA
-// moves about ctaBytes (more only for chunks above maxCtas * kMaxLaunches * ctaBytes of traffic) and exits.
-// Defaults: maxCtas = kReduceMaxCtas, ctaBytes = kReduceCtaBytes. Bit-exactness does not depend on the shape:
-// each element is folded by one thread in the fixed order.
-constexpr int kReduceMaxCtas = 4;
+// How fast the reduce must go (the grid rule's input). The node-local inputs other than this rank's own, and prev,
+// arrive over links at linkGBps; the reduce only has to keep pace with them, so it is sized to that rate and no
+// faster (fewer SMs taken from concurrent compute). When nothing arrives (one input, no prev: world size 1), every
+// input is already present and nothing paces the reduce: it runs on the whole GPU (smCount CTAs).
+struct ReducePace {
+  double linkGBps = 370.0;  // NCCL_TIDE_LINK_GBPS
+  int smCount = 132;        // the device's SMs
+};
+
+// The grid rule (docs/architecture.md, "Reduce kernel shape"). Traffic T = n * (nSrc * inSize + outSize (+ 4 with
+// prev)); incoming I = n * ((nSrc - 1) * inSize (+ 4 with prev)).
+//   paced (I > 0):  rate = linkGBps * T / I; maxCtas = clamp(ceil(rate / kReduceCtaGBps), 1, kReduceMaxPacedCtas)
+//   unpaced (I = 0): maxCtas = smCount
+// then ctas = min(maxCtas, ceil(T / ctaBytes)); launches = min(ceil(T / (ctas * ctaBytes)), kReduceMaxLaunches);
+// units are split evenly over ctas * launches CTAs. So at most maxCtas SMs are held at a time, and a CTA moves about
+// ctaBytes (more only for chunks above maxCtas * kReduceMaxLaunches * ctaBytes of traffic) and exits. An explicit
+// maxCtas > 0 replaces the paced/unpaced choice (benchmarks, tests). Example: W = 8 bf16 inputs -> fp32 at 370
+// GB/s: T/I = 20/14, rate 529 GB/s, 8 CTAs. Bit-exactness does not depend on the shape: each element is folded by
+// one thread in the fixed order.
+constexpr double kReduceCtaGBps = 70.0;  // one 512-thread CTA of this kernel, bf16 x 8 -> fp32, on an H200: 66-81
+                                         // GB/s from 1 to 32 CTAs (benchmarks/RESULTS.md, sm_bandwidth, session 15)
+constexpr int kReduceMaxPacedCtas = 32;
 constexpr uint64_t kReduceCtaBytes = 2ull << 20;
 constexpr int kReduceMaxLaunches = 16;  // bounds the launches queued per chunk (the stream may be blocked on flags)
-ReduceShape reduceShape(const ReduceArgs& args, int maxCtas = 0, uint64_t ctaBytes = 0);
+// The rule's CTA cap for args (paced: whether it came from the link rate).
+int reduceMaxCtas(const ReduceArgs& args, const ReducePace& pace, bool* paced = nullptr);
+ReduceShape reduceShape(const ReduceArgs& args, int maxCtas = 0, uint64_t ctaBytes = 0,
+                        const ReducePace& pace = ReducePace{});
 
 // Enqueues the kernel on stream. out[k] = fold over s of x_s[k] in the order of include/tide.h (plus prev[k]).
-tideResult_t launchReduce(const ReduceArgs& args, cudaStream_t stream);
-// The same with the rule's two constants overridden (maxCtas, ctaBytes; 0 keeps the rule's): benchmarks and tests.
-tideResult_t launchReduce(const ReduceArgs& args, cudaStream_t stream, int maxCtas, uint64_t ctaBytes);
+// maxCtas / ctaBytes: 0 keeps the rule's (benchmarks and tests override them).
+tideResult_t launchReduce(const ReduceArgs& args, cudaStream_t stream, const ReducePace& pace, int maxCtas = 0,
+                          uint64_t ctaBytes = 0);
+
+// The pace of `device`: NCCL_TIDE_LINK_GBPS (an invalid value is an error, as for every parameter that changes
+// behaviour) and the device's SM count. Queried once per comm (commInit), not per call.
+tideResult_t devicePace(int device, ReducePace* out);
 
 // Loads every reduce kernel into the current device's context now. Required before the first RS: under lazy
 // module loading (CUDA_MODULE_LOADING=LAZY, which PyTorch sets) the first launch of a kernel loads it, and loading

@@ -27,9 +27,13 @@ class Lifetime:
 
     @contextmanager
     def use(self):
+        """One call in flight. A nested use by a thread that already has a call in flight is part of that call and
+        is let in even after close() began (close waits for it): a world-wide collective enters once for all ranks
+        and once per rank, and refusing the inner entries would split it between ranks (some ranks' work queued,
+        the others' never: their streams would wait forever)."""
         me = threading.get_ident()
         with self._cv:
-            if self._closed:
+            if self._closed and not self._inflight.get(me):
                 raise InvalidArgumentError(f"{self.what} is closed")
             self._inflight[me] = self._inflight.get(me, 0) + 1
         try:

@@ -17,7 +17,8 @@ import statistics
 import time
 from typing import Callable, List
 
-GATE_CYCLES = 400_000_000  # ~200 ms at H200 clocks: longer than any issue loop measured here
+GATE_CYCLES = 400_000_000  # ~200 ms at H200 clocks: longer than any issue loop measured here (the cap)
+_CYCLES_PER_US = 2_000  # torch.cuda._sleep spins in clock cycles; about 2 GHz (an estimate: validity is checked)
 
 
 def _torch():
@@ -92,12 +93,12 @@ def prepare_reduce_scatter(
     return p
 
 
-def _gate(world):
+def _gate(world, cycles: int = GATE_CYCLES):
     """Closes the gate: a sleeping kernel on a fresh stream, every rank stream waits for it. Returns the event."""
     torch = _torch()
     gate = torch.cuda.Stream(device=world.device)
     with torch.cuda.stream(gate):
-        torch.cuda._sleep(GATE_CYCLES)
+        torch.cuda._sleep(int(cycles))
     ev = torch.cuda.Event()
     ev.record(gate)
     for s in world.streams:
@@ -111,9 +112,18 @@ def host_issue_us(prepared: PreparedCalls, calls: int = 8, samples: int = 15) ->
     world = prepared.world
     prepared.issue_all()  # warm-up: caches, agreement, own staging growth
     world.synchronize()
+    # The gate only has to outlast the issue loop: sized from one ungated loop (x4, at least 5 ms), doubled after a
+    # sample it did not cover (such a sample is dropped), at most GATE_CYCLES. A fixed 200 ms gate made every row of
+    # tide-perf cost a second here.
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        prepared.issue_all()
+    est_us = (time.perf_counter() - t0) * 1e6
+    world.synchronize()
+    cycles = min(GATE_CYCLES, max(_CYCLES_PER_US * 5_000, int(4 * est_us * _CYCLES_PER_US)))
     vals = []
     for _ in range(samples):
-        ev = _gate(world)
+        ev = _gate(world, cycles)
         t0 = time.perf_counter()
         for _ in range(calls):
             prepared.issue_all()
@@ -122,6 +132,8 @@ def host_issue_us(prepared: PreparedCalls, calls: int = 8, samples: int = 15) ->
         world.synchronize()
         if closed:
             vals.append((t1 - t0) * 1e6 / (calls * world.n_ranks))
+        else:
+            cycles = min(GATE_CYCLES, 2 * cycles)
     torch.cuda.synchronize()
     out = {"host_us": statistics.median(vals) if vals else float("nan"), "valid_samples": len(vals)}
     if len(vals) >= 4:
@@ -131,28 +143,36 @@ def host_issue_us(prepared: PreparedCalls, calls: int = 8, samples: int = 15) ->
 
 
 def gpu_latency_us(prepared: PreparedCalls, samples: int = 15) -> dict:
-    """Median device time of one call of the whole world (us), issued entirely behind the gate."""
+    """Median device time of one call of the whole world (us), issued entirely behind the gate. A sample whose gate
+    opened before the last rank's call was issued (host gaps inside the interval) is dropped and the gate doubled."""
     torch = _torch()
     world = prepared.world
     vals = []
-    for _ in range(samples):
+    cycles = 10 * _CYCLES_PER_US * 1000  # ~10 ms
+    for _ in range(2 * samples):
+        if len(vals) >= samples:
+            break
         torch.cuda.synchronize()
         gate_stream = torch.cuda.Stream(device=world.device)
         with torch.cuda.stream(gate_stream):
-            torch.cuda._sleep(20_000_000)  # ~10 ms
+            torch.cuda._sleep(int(cycles))
         start = torch.cuda.Event(enable_timing=True)
         start.record(gate_stream)
         for s in world.streams:
             s.wait_event(start)
         prepared.issue_all()
+        covered = not start.query()
         end = torch.cuda.Event(enable_timing=True)
         for s in world.streams:
             gate_stream.wait_stream(s)
         end.record(gate_stream)
         world.synchronize()
         torch.cuda.synchronize()
-        vals.append(start.elapsed_time(end) * 1e3)
-    return {"gpu_us": statistics.median(vals)}
+        if covered:
+            vals.append(start.elapsed_time(end) * 1e3)
+        else:
+            cycles = min(GATE_CYCLES, 2 * cycles)
+    return {"gpu_us": statistics.median(vals) if vals else float("nan"), "gpu_valid_samples": len(vals)}
 
 
 class _Graphs:

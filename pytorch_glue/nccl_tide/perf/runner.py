@@ -105,8 +105,9 @@ def measure(
                 calls = max(1, min(6, 600 // max(1, getattr(prep, "copies", 1))))
                 hi = issue_cost.host_issue_us(prep, calls=calls, samples=5)
                 host_us = hi["host_us"] if hi["valid_samples"] else None
-                gpu_us = issue_cost.gpu_latency_us(prep, samples=5)["gpu_us"]
-                detail["issue_cost"] = {**hi, "gpu_us": gpu_us}
+                gl = issue_cost.gpu_latency_us(prep, samples=5)
+                gpu_us = gl["gpu_us"] if gl["gpu_valid_samples"] else None
+                detail["issue_cost"] = {**hi, **gl}
             except Exception as e:
                 detail["issue_cost"] = {"error": f"{type(e).__name__}: {e}"[:300]}
         if detail:

@@ -1,0 +1,59 @@
+"""nccl_tide._lifetime.Lifetime: close() waits for calls in flight, new calls fail, and a nested entry of a call that
+was already in flight when close() began is let in (a world-wide collective enters once per rank inside its outer
+entry: refusing those would split the collective between ranks)."""
+
+import threading
+import time
+
+import pytest
+
+from nccl_tide._lifetime import Lifetime
+from nccl_tide.errors import InvalidArgumentError
+
+
+def test_close_waits_for_a_call_in_flight_and_its_nested_entries_complete():
+    life = Lifetime("thing")
+    inside, release = threading.Event(), threading.Event()
+    entered = []
+
+    def call():
+        with life.use():  # the outer, world-wide entry
+            inside.set()
+            release.wait(10)
+            for r in range(4):  # per-rank entries, after close() began
+                with life.use():
+                    entered.append(r)
+
+    t = threading.Thread(target=call)
+    t.start()
+    assert inside.wait(10)
+    closer = threading.Thread(target=life.close)
+    closer.start()
+    time.sleep(0.05)
+    assert closer.is_alive(), "close() must wait for the call in flight"
+    assert life.closed
+    with pytest.raises(InvalidArgumentError, match="thing is closed"):  # a new call from another thread
+        with life.use():
+            pass
+    release.set()
+    t.join(10)
+    closer.join(10)
+    assert not closer.is_alive() and entered == [0, 1, 2, 3]
+    with pytest.raises(InvalidArgumentError, match="is closed"):  # after the call returned: refused again
+        with life.use():
+            pass
+    assert life.close() is False  # already closed
+
+
+def test_close_from_inside_a_call_does_not_wait_for_itself():
+    life = Lifetime("w")
+    with life.use():
+        assert life.close() is True
+        with life.use():  # still inside the same call
+            pass
+    with pytest.raises(InvalidArgumentError):
+        with life.use():
+            pass
+    life.reopen()
+    with life.use():
+        pass
