@@ -175,122 +175,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// The staged 16-byte path (2-byte inputs, up to kBulkMaxSources sources): the same fold, but the inputs reach the
-// CTA through shared memory by TMA bulk copies (cp.async.bulk, one issuing thread, completion on an mbarrier per
-// stage), so `stages` tiles are in flight while the CTA folds the current one, without registers holding them. One
-// CTA of 16-byte loads from registers sustains about 80 GB/s on an H200, TMA bulk reads about 200 GB/s
-// (benchmarks/sm_bandwidth.py): more bytes per CTA means fewer SMs for the same pace. A tile is kThreads vectors of
-// every source (8 KiB per source); thread i folds vector i of the tile, sources in order, as the other paths do.
-constexpr int kBulkMaxStages = 8;
-constexpr uint32_t kBulkSmemBytes = 192u << 10;  // of the 227 KiB an H100/H200 CTA may have
-constexpr int kBulkMinStages = 2;
-
-__device__ __forceinline__ uint32_t smemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void bulkExpect(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" : : "r"(bar), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void bulkCopy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               :
-               : "r"(dst), "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-
-__device__ __forceinline__ void bulkWait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (done == 0);
-}
-
-template <typename InT, typename OutT, bool kPrev>
-__global__ void __launch_bounds__(kThreads, 1)
-    reduceBulkKernel(const char* __restrict__ staging, size_t srcStride, int nSrc, uint64_t nVec, const float* prev,
-                     OutT* out, Op op, uint64_t unitBase, uint64_t perCta, int stages) {
-  static_assert(sizeof(InT) == 2, "the staged path folds 2-byte inputs");
-  extern __shared__ __align__(128) unsigned char smem[];
-  __shared__ __align__(8) uint64_t bars[kBulkMaxStages];
-  constexpr uint32_t kTileBytes = kThreads * kVec * sizeof(InT);  // per source: one 16-byte vector per thread
-  const uint64_t begin = unitBase + static_cast<uint64_t>(blockIdx.x) * perCta;
-  if (begin >= nVec) return;
-  const uint64_t end = begin + perCta < nVec ? begin + perCta : nVec;
-  const uint64_t tiles = (end - begin + kThreads - 1) / kThreads;
-  const uint32_t stageBytes = kTileBytes * static_cast<uint32_t>(nSrc);
-  // Thread 0 fills stage s with tile u: every source's vectors [begin + u * kThreads, ...) ∩ [begin, end).
-  auto issue = [&](uint64_t u, int s) {
-    const uint64_t v0 = begin + u * kThreads;
-    const uint64_t nv = end - v0 < static_cast<uint64_t>(kThreads) ? end - v0 : kThreads;
-    const uint32_t bytes = static_cast<uint32_t>(nv * kVec * sizeof(InT));
-    const uint32_t bar = smemAddr(&bars[s]);
-    bulkExpect(bar, bytes * static_cast<uint32_t>(nSrc));
-    for (int j = 0; j < nSrc; ++j) {
-      bulkCopy(smemAddr(smem + s * stageBytes + j * kTileBytes), staging + j * srcStride + v0 * kVec * sizeof(InT),
-               bytes, bar);
-    }
-  };
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < stages; ++s) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" : : "r"(smemAddr(&bars[s])), "r"(1) : "memory");
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" : : : "memory");
-    asm volatile("fence.proxy.async.shared::cta;" : : : "memory");
-    for (int s = 0; s < stages && static_cast<uint64_t>(s) < tiles; ++s) issue(s, s);
-  }
-  __syncthreads();  // the barriers are initialised before anyone waits on them
-  for (uint64_t t = 0; t < tiles; ++t) {
-    const int s = static_cast<int>(t % static_cast<uint64_t>(stages));
-    bulkWait(smemAddr(&bars[s]), static_cast<uint32_t>((t / static_cast<uint64_t>(stages)) & 1u));
-    const uint64_t v = begin + t * kThreads + threadIdx.x;
-    if (v < end) {
-      const unsigned char* tile = smem + s * stageBytes + threadIdx.x * 16;
-      float acc[kVec], x[kVec];
-      Raw8<InT> r;
-      r.w[0] = *reinterpret_cast<const uint4*>(tile);
-      convert8(r, acc);
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) acc[k] = pre(acc[k], op);
-      for (int j = 1; j < nSrc; ++j) {
-        r.w[0] = *reinterpret_cast<const uint4*>(tile + j * kTileBytes);
-        convert8(r, x);
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) acc[k] = __fadd_rn(acc[k], pre(x[k], op));
-      }
-      if (kPrev) {
-        const float4* pp = reinterpret_cast<const float4*>(prev + v * kVec);
-        const float4 p0 = pp[0], p1 = pp[1];
-        const float pv[kVec] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) acc[k] = __fadd_rn(pv[k], acc[k]);
-      }
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) acc[k] = post(acc[k], op);
-      store8(out + v * kVec, acc);
-    }
-    __syncthreads();  // every thread has read stage s before the engine refills it
-    if (threadIdx.x == 0 && t + stages < tiles) {
-      asm volatile("fence.proxy.async.shared::cta;" : : : "memory");  // generic-proxy reads before async writes
-      issue(t + stages, s);
-    }
-  }
-}
-
-// Stages the staged path would use for args (0: not eligible: 4-byte inputs, or too many sources to double-buffer).
-int bulkStages(const ReduceArgs& a) {
-  if (a.inType == tideFloat32 || a.nSrc < 1) return 0;
-  const uint32_t stage = static_cast<uint32_t>(a.nSrc) * kThreads * kVec * 2;
-  const uint32_t fit = kBulkSmemBytes / stage;
-  const int stages = static_cast<int>(fit < static_cast<uint32_t>(kBulkMaxStages) ? fit : kBulkMaxStages);
-  return stages >= kBulkMinStages ? stages : 0;
-}
-
 // Element by element over [unitBase + blockIdx.x * perCta, + perCta) ∩ [0, end): unaligned bases, and the n % 8
 // tail of the 16-byte path.
 template <typename InT, typename OutT, bool kPrev>
@@ -322,13 +206,7 @@ tideResult_t launchShape(const ReduceArgs& a, const ReduceShape& sh, cudaStream_
   const uint64_t units = sh.vector ? a.n / kVec : a.n;
   for (int l = 0; l < sh.launches; ++l) {
     const uint64_t base = static_cast<uint64_t>(l) * static_cast<uint64_t>(sh.ctas) * sh.perCta;
-    if (sh.vector && sh.stages > 0) {
-      if constexpr (sizeof(InT) == 2) {
-        const size_t smem = static_cast<size_t>(sh.stages) * a.nSrc * kThreads * kVec * sizeof(InT);
-        reduceBulkKernel<InT, OutT, kPrev><<<sh.ctas, kThreads, smem, stream>>>(s, a.srcStride, a.nSrc, units, a.prev,
-                                                                                out, op, base, sh.perCta, sh.stages);
-      }
-    } else if (sh.vector) {
+    if (sh.vector) {
       reduceVecKernel<InT, OutT, kPrev><<<sh.ctas, kThreads, 0, stream>>>(s, a.srcStride, a.nSrc, units, a.prev, out,
                                                                           op, base, sh.perCta);
     } else {
@@ -368,13 +246,6 @@ tideResult_t launchIn(const ReduceArgs& a, const ReduceShape& sh, cudaStream_t s
 template <typename InT, typename OutT>
 tideResult_t preloadPair() {
   cudaFuncAttributes attr;
-  if constexpr (sizeof(InT) == 2) {
-    // The staged path's dynamic shared memory exceeds the 48 KiB default: opt in once per kernel, here (commInit).
-    TIDE_CUDA_CHECK(cudaFuncSetAttribute(reduceBulkKernel<InT, OutT, false>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkSmemBytes));
-    TIDE_CUDA_CHECK(cudaFuncSetAttribute(reduceBulkKernel<InT, OutT, true>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkSmemBytes));
-  }
   TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, reduceVecKernel<InT, OutT, false>));
   TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, reduceVecKernel<InT, OutT, true>));
   TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, reduceScalarKernel<InT, OutT, false>));
@@ -406,7 +277,8 @@ int reduceMaxCtas(const ReduceArgs& a, const ReducePace& pace, bool* paced) {
   const bool byLink = incomingPerElem > 0 && pace.linkGBps > 0;
   if (paced != nullptr) *paced = byLink;
   if (!byLink) return sms;  // nothing arrives: nothing to keep pace with
-  const double rate = pace.linkGBps * static_cast<double>(perElem) / static_cast<double>(incomingPerElem);
+  const double rate =
+      kReducePaceHeadroom * pace.linkGBps * static_cast<double>(perElem) / static_cast<double>(incomingPerElem);
   double c = rate / kReduceCtaGBps;
   int ctas = static_cast<int>(c);
   if (static_cast<double>(ctas) < c) ++ctas;
@@ -430,7 +302,6 @@ ReduceShape reduceShape(const ReduceArgs& a, int maxCtas, uint64_t ctaBytes, con
   const uintptr_t in = reinterpret_cast<uintptr_t>(a.staging), o = reinterpret_cast<uintptr_t>(a.out);
   sh.vector = in % 16 == 0 && a.srcStride % 16 == 0 && o % 16 == 0 &&
               (a.prev == nullptr || reinterpret_cast<uintptr_t>(a.prev) % 16 == 0);
-  sh.stages = sh.vector ? bulkStages(a) : 0;
   const uint64_t perElem = static_cast<uint64_t>(a.nSrc > 0 ? a.nSrc : 0) * typeSize(a.inType) +
                            typeSize(a.outType) + (a.prev != nullptr ? 4 : 0);
   sh.bytes = a.n * perElem;

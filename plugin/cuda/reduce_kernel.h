@@ -39,7 +39,6 @@ struct ReduceShape {
   uint64_t perCta = 0;   // units per CTA
   bool vector = false;   // 16-byte path (every base 16-byte aligned)
   bool paced = false;    // sized to the link rate (else: unpaced, or an explicit maxCtas)
-  int stages = 0;        // > 0: the staged 16-byte path (TMA bulk copies through this many shared-memory stages)
   uint64_t bytes = 0;    // HBM traffic of the whole reduce: inputs read + prev read + output written
 };
 
@@ -54,16 +53,21 @@ struct ReducePace {
 
 // The grid rule (docs/architecture.md, "Reduce kernel shape"). Traffic T = n * (nSrc * inSize + outSize (+ 4 with
 // prev)); incoming I = n * ((nSrc - 1) * inSize (+ 4 with prev)).
-//   paced (I > 0):  rate = linkGBps * T / I; maxCtas = clamp(ceil(rate / kReduceCtaGBps), 1, kReduceMaxPacedCtas)
+//   paced (I > 0):  rate = kReducePaceHeadroom * linkGBps * T / I;
+//                   maxCtas = clamp(ceil(rate / kReduceCtaGBps), 1, kReduceMaxPacedCtas)
 //   unpaced (I = 0): maxCtas = smCount
 // then ctas = min(maxCtas, ceil(T / ctaBytes)); launches = min(ceil(T / (ctas * ctaBytes)), kReduceMaxLaunches);
 // units are split evenly over ctas * launches CTAs. So at most maxCtas SMs are held at a time, and a CTA moves about
 // ctaBytes (more only for chunks above maxCtas * kReduceMaxLaunches * ctaBytes of traffic) and exits. An explicit
 // maxCtas > 0 replaces the paced/unpaced choice (benchmarks, tests). Example: W = 8 bf16 inputs -> fp32 at 370
-// GB/s: T/I = 20/14, rate 529 GB/s, 8 CTAs. Bit-exactness does not depend on the shape: each element is folded by
-// one thread in the fixed order.
+// GB/s: T/I = 20/14, 529 GB/s to keep pace, 661 GB/s with the headroom, 10 CTAs. Bit-exactness does not depend on
+// the shape: each element is folded by one thread in the fixed order.
 constexpr double kReduceCtaGBps = 70.0;  // one 512-thread CTA of this kernel, bf16 x 8 -> fp32, on an H200: 66-81
                                          // GB/s from 1 to 32 CTAs (benchmarks/RESULTS.md, sm_bandwidth, session 15)
+// The reduce of chunk k must end before chunk k+1 has arrived, or it becomes the pipeline's bottleneck; and the
+// last chunk's reduce is a drain after the last byte arrived. Exactly the arrival rate left one rank's share at
+// 1.49x the link floor (session 15): a quarter more.
+constexpr double kReducePaceHeadroom = 1.25;
 constexpr int kReduceMaxPacedCtas = 32;
 constexpr uint64_t kReduceCtaBytes = 2ull << 20;
 constexpr int kReduceMaxLaunches = 16;  // bounds the launches queued per chunk (the stream may be blocked on flags)

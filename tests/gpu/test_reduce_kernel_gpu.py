@@ -1,5 +1,5 @@
 """The reduce kernel (plugin/cuda/reduce_kernel.cu, issue 16 shape: CTAs paced to the link, bounded work, several
-launches; 2-byte inputs staged through shared memory by TMA bulk copies, 4-byte ones and many sources from registers) on
+launches) on
 given buffers through tideBenchReduce, bit for bit against the host executor (tideHostReduceScatter) across
 sizes, source counts, dtypes, ops, alignments and shape overrides; with a running sum (prev, also in place)
 against the documented order computed on the CPU. Outputs are poisoned first. Also the link pacer and the
@@ -47,7 +47,7 @@ CASES = [
     (4099, 8, "bf16", "bf16", "premul", 0, 0, 0),
     (65536 + 5, 8, "bf16", "fp32", "avg", 0, 0, 0),
     (65536 + 5, 9, "bf16", "fp32", "sum", 0, 0, 0),  # more sources than the prefetch depth (8)
-    (70_001, 13, "bf16", "fp32", "avg", 0, 0, 0),  # too many sources for two shared-memory stages: register path
+    (70_001, 13, "bf16", "fp32", "avg", 0, 0, 0),  # 13 sources: 8 prefetched, 5 folded one by one
     (300_001, 8, "fp32", "fp32", "sum", 0, 0, 0),
     (300_001, 5, "fp32", "bf16", "premul", 0, 0, 0),
     (1_000_003, 8, "bf16", "fp32", "sum", 0, 1, 0),  # one CTA
