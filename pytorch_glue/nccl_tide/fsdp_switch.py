@@ -9,11 +9,14 @@ torchtitan turns FSDP2's symmetric-memory path on with `parallelism.fsdp_symm_me
 
 * scope None / "none" / "": nothing happens (stock FSDP2); returns None.
 * "all": nccl_tide.fsdp.enable(model, **kwargs) for every FSDP module.
-* "dense": every FSDP module except MoE experts. An expert module is one whose FSDP mesh differs from the root
-  module's (torchtitan shards experts on their own edp mesh) or whose qualified name has an `experts` component.
-  When the model has no expert module this is "all". When it has some, enable() must accept a module filter
-  (`module_filter=callable(name, module) -> bool`); an enable() without one is refused with UnsupportedError
-  rather than silently taking the experts too.
+* "dense": every FSDP module except MoE experts, through enable(model, module_filter=dense_filter(model)). An
+  expert module is one whose FSDP mesh differs from the root module's (torchtitan shards experts on their own edp
+  mesh) or whose qualified name has an `experts` component. Expert parameters in a module that is not
+  fully_shard'ed by itself belong to the parameter groups of the nearest FSDP module above it, which then keeps
+  stock FSDP2 as well (FSDP2 cannot split a group; warned once): the experts never go through TIDE. With no expert
+  module this is "all". A module_filter in the kwargs narrows "dense" further (both must keep a module). An
+  enable_fn without a module_filter parameter is refused with UnsupportedError rather than silently taking the
+  experts too.
 * NCCL_TIDE_FSDP=0 in the environment wins over the config (a kill switch for a job that must run stock FSDP2
   without a code change); 1 or unset: the config decides. Anything else is an error naming the variable.
 """
@@ -71,14 +74,40 @@ def is_expert(name: str, module, root_mesh=None) -> bool:
     return root_mesh is not None and mesh is not None and mesh is not root_mesh and mesh != root_mesh
 
 
-def dense_filter(model) -> Callable[[str, object], bool]:
-    """The predicate of scope "dense" for `model` (True: TIDE may take the module)."""
-    root_mesh = _fsdp_mesh(model)
-    return lambda name, module: not is_expert(name, module, root_mesh)
+def _is_fsdp(module) -> bool:
+    return hasattr(module, "_get_fsdp_state")
 
 
 def _fsdp_modules(model):
-    return [(n, m) for n, m in model.named_modules() if hasattr(m, "_get_fsdp_state") or "experts" in n.split(".")]
+    return [(n, m) for n, m in model.named_modules() if _is_fsdp(m)]
+
+
+def expert_owners(model, root_mesh=None) -> dict:
+    """Non-expert FSDP modules that hold expert parameters: {owner name: [expert module names]}. A parameter
+    belongs to the groups of the nearest FSDP module at or above its module; an `experts` module that is not
+    fully_shard'ed by itself leaves its parameters to such an owner."""
+    fsdp = dict(_fsdp_modules(model))
+    owners = {}
+    for pname, _ in model.named_parameters():
+        parts = pname.split(".")[:-1]  # the module path
+        if "experts" not in parts:
+            continue
+        owner = next((".".join(parts[:i]) for i in range(len(parts), -1, -1) if ".".join(parts[:i]) in fsdp), None)
+        if owner is None or is_expert(owner, fsdp[owner], root_mesh):
+            continue  # not sharded at all, or the expert module is an FSDP module (excluded itself)
+        expert = ".".join(parts[: parts.index("experts") + 1])
+        owners.setdefault(owner, [])
+        if expert not in owners[owner]:
+            owners[owner].append(expert)
+    return owners
+
+
+def dense_filter(model) -> Callable[[str, object], bool]:
+    """The predicate of scope "dense" for `model` (True: TIDE may take the module): False for expert modules and
+    for the FSDP modules whose groups hold expert parameters (expert_owners)."""
+    root_mesh = _fsdp_mesh(model)
+    owners = set(expert_owners(model, root_mesh))
+    return lambda name, module: name not in owners and not is_expert(name, module, root_mesh)
 
 
 def apply(model, scope: Optional[str] = "all", *, env: Optional[Mapping[str, str]] = None,
@@ -95,18 +124,31 @@ def apply(model, scope: Optional[str] = "all", *, env: Optional[Mapping[str, str
         from .fsdp import enable as enable_fn
     if effective == "all":
         return enable_fn(model, **enable_kwargs)
-    keep = dense_filter(model)
-    experts = [n for n, m in _fsdp_modules(model) if not keep(n, m)]
+    dense = dense_filter(model)
+    experts = [n for n, m in _fsdp_modules(model) if not dense(n, m)]
     if not experts:
         return enable_fn(model, **enable_kwargs)  # no expert module: "dense" is "all"
     if "module_filter" not in inspect.signature(enable_fn).parameters:
         raise UnsupportedError(
             f"TIDE FSDP scope 'dense' would leave {len(experts)} expert module(s) ({', '.join(experts[:3])}"
-            f"{', ...' if len(experts) > 3 else ''}) to stock FSDP2, but this nccl_tide.fsdp.enable() takes no "
+            f"{', ...' if len(experts) > 3 else ''}) to stock FSDP2, but this enable() takes no "
             "module_filter; use scope 'all', or None"
         )
-    _log.info("scope dense: %d expert module(s) keep stock FSDP2", len(experts))
+    user = enable_kwargs.pop("module_filter", None)
+    if user is not None and not callable(user):
+        raise InvalidArgumentError(f"module_filter={user!r}: use a callable (qualified_name, module) -> bool, or None")
+    from .fsdp._warn import warn_once  # loads torch, as enable() does
+
+    for owner, held in expert_owners(model, _fsdp_mesh(model)).items():
+        warn_once(
+            f"nccl_tide.fsdp_switch: scope 'dense' keeps stock FSDP2 for {owner or '<root>'} too: it holds the "
+            f"parameters of {', '.join(held[:3])}{', ...' if len(held) > 3 else ''}, which are not fully_shard'ed "
+            "on their own (fully_shard each experts module to let TIDE take the rest)"
+        )
+    keep = dense if user is None else (lambda name, module: dense(name, module) and user(name, module))
+    _log.info("scope dense: %d FSDP module(s) keep stock FSDP2 (%s%s)", len(experts), ", ".join(experts[:3]),
+              ", ..." if len(experts) > 3 else "")
     return enable_fn(model, module_filter=keep, **enable_kwargs)
 
 
-__all__ = ["ENV", "SCOPES", "apply", "dense_filter", "is_expert", "resolve_scope"]
+__all__ = ["ENV", "SCOPES", "apply", "dense_filter", "expert_owners", "is_expert", "resolve_scope"]

@@ -11,11 +11,12 @@ parameter order and padding, places the group's unsharded parameters in one slot
 parameter a view at its slot offset) and routes the group's all-gather and reduce-scatter
 through TIDE: no flat all-gather output and no copy-out, no chunk_cat copy-in of the
 gradients, fp32 sharded gradients written where FSDP2 expects them. Anything it cannot take
-keeps stock FSDP2 and warns once, saying why. Details: docs/fsdp.md.
+keeps stock FSDP2 and warns once, saying why; modules a module_filter excludes keep stock FSDP2
+too (an INFO line, not a warning: the caller asked for it). Details: docs/fsdp.md.
 """
 
 import weakref
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -23,6 +24,7 @@ import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
+from .._log import get_logger
 from ..errors import InvalidArgumentError, InvalidUsageError
 from ..reference_executor import get_executor
 from . import _adapter, _patch, _slot_pool
@@ -33,6 +35,7 @@ from ._warn import TideFSDPWarning, warn_once
 __all__ = ["TideFSDPHandle", "TideFSDPWarning", "disable", "enable", "handle_of", "stats"]
 
 _handles: "weakref.WeakKeyDictionary[nn.Module, TideFSDPHandle]" = weakref.WeakKeyDictionary()
+_log = get_logger("fsdp")
 
 
 def _param_groups(state) -> list:
@@ -166,6 +169,7 @@ def enable(
     executor: str = "auto",
     ranks_per_node: Optional[int] = None,
     slot_pool: Optional[int] = 3,
+    module_filter: Optional[Callable[[str, nn.Module], bool]] = None,
 ) -> TideFSDPHandle:
     """Route the FSDP2 collectives of `model` (after fully_shard) through TIDE.
 
@@ -184,6 +188,13 @@ def enable(
       call (warned once, counted). Other groups (e.g. the root) keep a dedicated slot. 0 or
       None: a dedicated slot per group (all unsharded parameters resident). Ignored by the
       reference executor (its slots are torch memory, freed at reshard). docs/fsdp.md.
+    module_filter: None (every FSDP module), or a callable (qualified_name, module) -> bool called
+      once for every FSDP module of `model` (those fully_shard was applied to, "" for `model`
+      itself) before anything is changed: False keeps stock FSDP2 for all of that module's
+      parameter groups (handle.stock, reason "module_filter excluded <name>", logged at INFO);
+      the slot pool and executor choice count only the groups it keeps. It must decide alike on
+      every rank. A filter that raises or returns a non-bool raises InvalidArgumentError naming
+      the module, and the model is left as stock FSDP2.
     Call between steps (every group sharded), on every rank, with the same arguments.
     Returns the handle (also nccl_tide.fsdp.handle_of(model)); enabling twice is an error.
     """
@@ -191,6 +202,10 @@ def enable(
         raise InvalidArgumentError(f"enable() takes the root nn.Module, got {type(model).__name__}")
     if slot_pool is not None and (not isinstance(slot_pool, int) or isinstance(slot_pool, bool) or slot_pool < 0):
         raise InvalidArgumentError(f"slot_pool={slot_pool!r}: use a number of slots >= 0, or None (one slot per group)")
+    if module_filter is not None and not callable(module_filter):
+        raise InvalidArgumentError(
+            f"module_filter={module_filter!r}: use a callable (qualified_name, module) -> bool, or None"
+        )
     if model in _handles and _handles[model].enabled:
         raise InvalidUsageError("nccl_tide.fsdp.enable(): already enabled on this model (disable() first)")
     if not dist.is_available() or not dist.is_initialized():
@@ -200,18 +215,25 @@ def enable(
     labels = {}
     fsdp_names: List[str] = []
     where = {}  # id(pg) -> (its FSDPState, no FSDP ancestor)
+    excluded = {}  # id(pg) -> why module_filter keeps it stock
+    # Nothing is changed before this walk ends: a filter that raises leaves the model stock FSDP2.
     for name, mod in model.named_modules():
         if isinstance(mod, FSDPModule):
             state = mod._get_fsdp_state()
             top = not any(name == p or name.startswith(p + ".") or p == "" for p in fsdp_names)
             fsdp_names.append(name)
+            keep = _filter_keeps(module_filter, name, mod)
             for pg in _param_groups(state):
                 labels.setdefault(id(pg), (pg, name or "<root>"))
                 where.setdefault(id(pg), (state, top))
+                if not keep:
+                    excluded[id(pg)] = f"module_filter excluded {name or '<root>'}"
     selection = _adapter.select()
     static = {}
     for pg, _label in labels.values():
-        static[id(pg)] = selection.reason or static_reason(pg, (DefaultAllGather, DefaultReduceScatter))
+        static[id(pg)] = excluded.get(id(pg)) or selection.reason or static_reason(
+            pg, (DefaultAllGather, DefaultReduceScatter)
+        )
     candidates = [pg for pg, _ in labels.values() if not static[id(pg)]]
     if selection.adapter is not None:
         executor_name, why_stock = _pick_executor(executor, candidates)
@@ -220,10 +242,15 @@ def enable(
     handle = TideFSDPHandle(model, executor_name, slot_reuse, selection.adapter.name if selection.adapter else None)
     handle.slot_pool = int(slot_pool or 0)
     reasons = {}
+    filtered: List[str] = []
 
-    def keep_stock(label, reason):
+    def keep_stock(label, reason, asked=False):
         handle.stock.append({"group": label, "reason": reason})
-        reasons.setdefault(reason, []).append(label)
+        if asked:  # module_filter excluded it: INFO, not a warning
+            if label not in filtered:
+                filtered.append(label)
+        else:
+            reasons.setdefault(reason, []).append(label)
 
     for pg, label in labels.values():
         reason = static[id(pg)] or why_stock
@@ -237,7 +264,7 @@ def enable(
                 except Exception as e:
                     reason = f"layout refused by the native executor: {e}"
         if reason:
-            keep_stock(label, reason)
+            keep_stock(label, reason, asked=id(pg) in excluded)
             continue
         handle.groups.append(gs)
     native = [g for g in handle.groups if g.native]
@@ -253,14 +280,40 @@ def enable(
             else:
                 g.attach(g.pool)
     for reason, names in reasons.items():
-        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-        warn_once(f"nccl_tide.fsdp: keeping stock FSDP2 for {shown}: {reason}")
+        warn_once(f"nccl_tide.fsdp: keeping stock FSDP2 for {_shown(names)}: {reason}")
+    if filtered:
+        _log.info("module_filter: keeping stock FSDP2 for %s (%d module(s))", _shown(filtered), len(filtered))
     if handle.groups:
         _patch.install()
         for g in handle.groups:
             g.install()
     _handles[model] = handle
     return handle
+
+
+def _shown(names: List[str]) -> str:
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
+
+def _filter_keeps(module_filter, name: str, module: nn.Module) -> bool:
+    """module_filter's verdict on one FSDP module (True without a filter); its errors become
+    InvalidArgumentError naming the module (enable() has changed nothing yet)."""
+    if module_filter is None:
+        return True
+    label = name or "<root>"
+    try:
+        verdict = module_filter(name, module)
+    except Exception as e:
+        raise InvalidArgumentError(
+            f"nccl_tide.fsdp.enable(): module_filter raised on FSDP module {label} ({type(module).__name__}): "
+            f"{type(e).__name__}: {e}; nothing was changed (stock FSDP2)"
+        ) from e
+    if not isinstance(verdict, bool):
+        raise InvalidArgumentError(
+            f"nccl_tide.fsdp.enable(): module_filter returned {verdict!r} ({type(verdict).__name__}) for FSDP "
+            f"module {label}: return True (TIDE may take it) or False (stock FSDP2); nothing was changed"
+        )
+    return verdict
 
 
 def disable(model: nn.Module) -> None:
