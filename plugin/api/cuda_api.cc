@@ -22,11 +22,9 @@
 #include "cuda/comm.h"
 #include "cuda/cuda_check.h"
 #include "cuda/executors.h"
-#include "cuda/ipc_provider.h"
 #include "cuda/loopback.h"
 #include "cuda/pending.h"
 #include "cuda/program_exec.h"
-#include "cuda/peer_provider.h"
 #include "errors.h"
 #include "handles.h"
 #include "log.h"
@@ -101,7 +99,7 @@ bool readFlags(tideComm* comm, int timeoutMs, std::vector<uint32_t>* words, std:
   namespace fl = tide::cuda::flag;
   const int W = comm->worldSize;
   std::vector<const uint32_t*> src(W);
-  for (int d = 0; d < W; ++d) src[d] = comm->provider->flags(comm->rank, d);
+  for (int d = 0; d < W; ++d) src[d] = comm->memory->flags(d);
   auto rb = std::make_shared<FlagReadback>();
   rb->words.assign(static_cast<size_t>(W) * fl::kWords, 0);
   const int device = comm->device;
@@ -150,7 +148,7 @@ std::string debugDump(tideComm* comm) {
   std::string out;
   const int W = comm->worldSize, me = comm->rank;
   const char* phase = comm->phase.load(std::memory_order_relaxed);
-  appendf(&out, "TIDE comm dump: rank %d of %d, provider %s, device %d\n", me, W, comm->provider->name(),
+  appendf(&out, "TIDE comm dump: rank %d of %d, provider %s, device %d\n", me, W, comm->memory->name(),
           comm->device);
   std::unique_lock<std::mutex> lock(comm->mu, std::try_to_lock);
   const bool busy = !lock.owns_lock();
@@ -206,9 +204,9 @@ extern "C" {
 TIDE_EXPORT tideResult_t tideLoopbackCreate(int nRanks, int device, tideComm_t* comms) {
   TIDE_API_BEGIN
   if (comms == nullptr) return tide::fail(tideInvalidArgument, "API", "tideLoopbackCreate: comms is NULL");
-  if (nRanks < 2 || nRanks > tide::cuda::LoopbackProvider::kMaxRanks) {
+  if (nRanks < 2 || nRanks > tide::cuda::LoopbackWorld::kMaxRanks) {
     return tide::fail(tideInvalidArgument, "API", "tideLoopbackCreate: nRanks is %d; a loopback world has 2..%d ranks",
-                      nRanks, tide::cuda::LoopbackProvider::kMaxRanks);
+                      nRanks, tide::cuda::LoopbackWorld::kMaxRanks);
   }
   // Every failure from here leaves comms[0 .. nRanks-1] NULL, in this build and in the host-only one.
   for (int r = 0; r < nRanks; ++r) comms[r] = nullptr;
@@ -224,15 +222,16 @@ TIDE_EXPORT tideResult_t tideLoopbackCreate(int nRanks, int device, tideComm_t* 
                       count);
   }
   ScopedDevice scoped(device);
-  std::shared_ptr<tide::cuda::LoopbackProvider> world;
-  TIDE_CHECK(tide::cuda::LoopbackProvider::create(nRanks, device, &world));
+  std::vector<std::shared_ptr<tide::cuda::LoopbackRank>> ranks;
+  TIDE_CHECK(tide::cuda::LoopbackWorld::create(nRanks, device, &ranks));
   std::vector<std::unique_ptr<tideComm>> made;
   for (int r = 0; r < nRanks; ++r) {
     std::unique_ptr<tideComm> c(new tideComm());
     c->rank = r;
     c->worldSize = nRanks;
     c->device = device;
-    c->provider = world;
+    c->memory = ranks[r];
+    c->policy = ranks[r];
     tideResult_t res = tide::cuda::commInit(c.get());
     if (res != tideSuccess) {
       tide::cuda::commRelease(c.get());
@@ -262,7 +261,7 @@ TIDE_EXPORT tideResult_t tideCommDestroy(tideComm_t handle) {
     comm->closed = true;
     tide::cuda::commRelease(comm.get());
   }
-  // The last reference (normally this one) frees the object and its provider reference: the last comm of a loopback
+  // The last reference (normally this one) frees the object and its provider references: the last comm of a loopback
   // world frees the world's memory, with the comm's device current.
   comm.reset();
   return tideSuccess;
@@ -301,15 +300,7 @@ TIDE_EXPORT tideResult_t tideCommAbort(tideComm_t handle) {
   comm->closed = true;
   {
     ScopedDevice scoped(comm->device);
-    bool idle = true;
-    if (comm->provider) {
-      tide::cuda::PeerProvider* pp = comm->provider.get();
-      if (auto* ipc = dynamic_cast<tide::cuda::IpcProvider*>(pp)) {
-        idle = ipc->abort(bound);
-      } else if (auto* lb = dynamic_cast<tide::cuda::LoopbackProvider*>(pp)) {
-        idle = lb->abort(comm->rank, bound);
-      }
-    }
+    const bool idle = comm->memory ? comm->memory->abort(bound) : true;
     // Destroying streams and events does not wait for their work (CUDA releases them once it completes).
     tide::cuda::commRelease(comm.get());
     TIDE_INFO("API", "tideCommAbort: rank %d of %d released%s", comm->rank, comm->worldSize,
@@ -343,8 +334,7 @@ TIDE_EXPORT tideResult_t tideSlotAlloc(tideComm_t handle, size_t bytes, void** p
   std::lock_guard<std::mutex> lock(comm->mu);
   TIDE_CHECK(tide::cuda::checkOpen(comm.get(), handle, "tideSlotAlloc"));
   PhaseGuard phase(comm.get(), "tideSlotAlloc (collective: cudaMalloc, exchange, IPC open)");
-  comm->provider->bumpMemoryGeneration();
-  return comm->provider->slotAlloc(comm->rank, bytes, ptr);
+  return comm->memory->slotAlloc(bytes, ptr);
   TIDE_API_END
 }
 
@@ -356,8 +346,7 @@ TIDE_EXPORT tideResult_t tideSlotFree(tideComm_t handle, void* ptr) {
   std::lock_guard<std::mutex> lock(comm->mu);
   TIDE_CHECK(tide::cuda::checkOpen(comm.get(), handle, "tideSlotFree"));
   PhaseGuard phase(comm.get(), "tideSlotFree (collective: device synchronize, barriers)");
-  comm->provider->bumpMemoryGeneration();
-  return comm->provider->slotFree(comm->rank, ptr);
+  return comm->memory->slotFree(ptr);
   TIDE_API_END
 }
 

@@ -198,7 +198,8 @@ tideResult_t createIpcComm(int rank, int world, int device, const tideConfig_t* 
   c->rank = rank;
   c->worldSize = world;
   c->device = device;
-  c->provider = provider;
+  c->memory = provider;
+  c->policy = provider;
   tideResult_t res = tide::cuda::commInit(c.get());
   if (res != tideSuccess) {
     tide::cuda::commRelease(c.get());
@@ -351,7 +352,7 @@ TIDE_EXPORT tideResult_t tideCommGetProvider(tideComm_t handle, const char** nam
   if (name == nullptr) return tide::fail(tideInvalidArgument, "API", "tideCommGetProvider: name is NULL");
   tide::cuda::CommRef comm;
   TIDE_CHECK(tide::cuda::checkComm(handle, "tideCommGetProvider", &comm));
-  *name = comm->provider->name();
+  *name = comm->memory->name();
   return tideSuccess;
   TIDE_API_END
 }

@@ -40,7 +40,7 @@ tideResult_t bindAllGather(tideComm* comm, const LayoutView& v, std::shared_ptr<
   b.slotOf.resize(W);
   for (int r = 0; r < W; ++r) {
     void* p = nullptr;
-    TIDE_CHECK(comm->provider->peerPtr(me, slot, v.info.slotBytes, r, "tideAllGather: slot", &p));
+    TIDE_CHECK(comm->memory->peerPtr(slot, v.info.slotBytes, r, "tideAllGather: slot", &p));
     b.slotOf[r] = static_cast<char*>(p);
   }
   // The sources must not overlap the region every rank writes (except this rank's own shard, in place).
@@ -58,7 +58,7 @@ tideResult_t bindAllGather(tideComm* comm, const LayoutView& v, std::shared_ptr<
     }
   }
   size_t zb = 0;
-  b.zeros = static_cast<const char*>(comm->provider->zeros(&zb));
+  b.zeros = static_cast<const char*>(comm->memory->zeros(&zb));
   b.multicast = static_cast<char*>(mc);
   return BoundProgram::bind(comm, std::move(program), b, out);
 }
@@ -83,7 +83,8 @@ tideResult_t allGather(tideComm* comm, tideLayout_t layout, const void* sendbuff
     return fail(tideInvalidArgument, "Cuda", "tideAllGather: slot (%p) is not aligned to TIDE_SLOT_ALIGN (%d)", slot,
                 TIDE_SLOT_ALIGN);
   }
-  PeerProvider* pp = comm->provider.get();
+  PeerMemory* mem = comm->memory.get();
+  IssuePolicy* pol = comm->policy.get();
   const bool multi = v.info.nNodes > 1;
   if (cap.active && multi) {
     return fail(tideUnsupported, "Cuda",
@@ -94,24 +95,24 @@ tideResult_t allGather(tideComm* comm, tideLayout_t layout, const void* sendbuff
   }
   prog::Options opt;
   size_t zeroBytes = 0;
-  (void)pp->zeros(&zeroBytes);
+  (void)mem->zeros(&zeroBytes);
   opt.zeroBytes = zeroBytes;
   opt.mode = cap.active ? prog::Mode::kCaptured
-                        : (multi && pp->defersPushes() ? prog::Mode::kDeferred : prog::Mode::kInOrder);
+                        : (multi && pol->defersPushes() ? prog::Mode::kDeferred : prog::Mode::kInOrder);
   void* mc = nullptr;
   if (!cap.active && !multi && comm->multicastGate) {
-    mc = pp->multicastPtr(me, slot, v.info.slotBytes);
+    mc = mem->multicastPtr(slot, v.info.slotBytes);
     if (mc == nullptr && !g_mcNoticeLogged.exchange(true)) {
       TIDE_INFO("Cuda", "multicast gate is open but the %s provider has no multicast address: multicast all-gather "
                         "unsupported here, using unicast copy-engine writes",
-                pp->name());
+                mem->name());
     }
     opt.multicast = mc != nullptr;
   }
 
   std::vector<uintptr_t>& key = comm->keyScratch;
   key.clear();
-  key.push_back(pp->memoryGeneration());
+  key.push_back(mem->memoryGeneration());
   key.push_back(reinterpret_cast<uintptr_t>(slot));
   key.push_back(reinterpret_cast<uintptr_t>(mc));
   key.push_back(reinterpret_cast<uintptr_t>(sendbuff));
@@ -141,11 +142,11 @@ tideResult_t allGather(tideComm* comm, tideLayout_t layout, const void* sendbuff
   CallValues cv;
   cv.batchApi = batchApiFor(stream, cap.active);
   if (cap.active) {
-    TIDE_CHECK(pp->checkCapture(me, CollKind::kAllGather, cap.id));
+    TIDE_CHECK(pol->checkCapture(CollKind::kAllGather, cap.id));
     return BoundProgram::issue(bound, cv, stream, prog::Coll::kAllGather);
   }
   const uint64_t epoch = comm->agEpoch + 1;
-  TIDE_CHECK(pp->checkStream(me, CollKind::kAllGather, epoch, stream));
+  TIDE_CHECK(pol->checkStream(CollKind::kAllGather, epoch, stream));
   comm->agEpoch = epoch;
   cv.epoch = epoch;
   comm->lastAg = tideComm::LastCall{bound, epoch, 0};

@@ -33,7 +33,7 @@ tideResult_t commInit(tideComm* comm) {
   comm->ranksPerNode = over > 0 ? over : comm->worldSize;
   if (over > 0 && comm->rank == 0) {
     TIDE_INFO("Cuda", "virtual nodes: %d ranks per node (NCCL_TIDE_RANKS_PER_NODE), %d nodes, provider %s", over,
-              comm->worldSize / over, comm->provider ? comm->provider->name() : "?");
+              comm->worldSize / over, comm->memory ? comm->memory->name() : "?");
   }
   return tideSuccess;
 }
@@ -63,12 +63,12 @@ tideResult_t queryCapture(cudaStream_t stream, const char* what, CaptureState* o
 }
 
 tideResult_t checkCapturable(const tideComm* comm, const CaptureState& cap, const char* what) {
-  if (!cap.active || comm->provider->capturable()) return tideSuccess;
+  if (!cap.active || comm->policy->capturable()) return tideSuccess;
   return fail(tideUnsupported, "Cuda",
               "%s: the stream is being captured into a CUDA graph, and collectives of the %s provider cannot be "
               "captured (docs/architecture.md \"CUDA graphs\"). Run this collective outside the capture (nothing was "
               "enqueued; the capture is still valid)",
-              what, comm->provider->name());
+              what, comm->policy->name());
 }
 
 void commRelease(tideComm* comm) {
@@ -87,7 +87,7 @@ tideComm_t registerComm(std::unique_ptr<tideComm> comm) {
 
 tideResult_t checkComm(tideComm_t handle, const char* fn, CommRef* out) {
   TIDE_CHECK(checkHandle(handle, HandleKind::kComm, fn, "comm", out));
-  if (!(*out)->provider) return fail(tideInvalidUsage, "API", "%s: comm is not initialized", fn);
+  if (!(*out)->memory || !(*out)->policy) return fail(tideInvalidUsage, "API", "%s: comm is not initialized", fn);
   return tideSuccess;
 }
 
@@ -120,7 +120,7 @@ tideResult_t layoutEntry(tideComm* comm, tideLayout_t layout, bool capturing, ti
     if (p.dtype != v->params[0].dtype) v->uniformDtype = false;
   }
   if (comm->agreedLayouts.count(v->info.hash) == 0) {
-    if (capturing && comm->provider->agreementExchanges()) {
+    if (capturing && comm->policy->agreementExchanges()) {
       return fail(tideUnsupported, "Cuda",
                   "the stream is being captured into a CUDA graph, and this layout (hash %016llx) has not been used by "
                   "an eager collective on this comm yet: its first use checks it against every rank's layout, an "
@@ -128,7 +128,7 @@ tideResult_t layoutEntry(tideComm* comm, tideLayout_t layout, bool capturing, ti
                   "capturing (nothing was enqueued; the capture is still valid)",
                   static_cast<unsigned long long>(v->info.hash));
     }
-    TIDE_CHECK(comm->provider->agreeOnLayout(comm->rank, v->info.hash));
+    TIDE_CHECK(comm->policy->agreeOnLayout(v->info.hash));
     comm->agreedLayouts.insert(v->info.hash);
   }
   if (comm->layoutCache.size() > 256) comm->layoutCache.clear();  // bound programs in flight are kept by their users
@@ -145,11 +145,11 @@ tideResult_t checkLayoutAndStream(tideComm* comm, const LayoutView& view, cudaSt
                 "%s: layout is for rank %d of %d but the comm is rank %d of %d (create one layout per rank)", what,
                 in.rank, in.worldSize, comm->rank, comm->worldSize);
   }
-  if (in.nNodes != 1 && !comm->provider->peerMapsAllRanks()) {
+  if (in.nNodes != 1 && !comm->memory->peerMapsAllRanks()) {
     return fail(tideUnsupported, "Cuda",
                 "%s: layout spans %d nodes (ranksPerNode %d) but the %s provider does not map every rank's memory, and "
                 "the NCCL inter-node transports (put/signal, send/recv) are not built yet",
-                what, in.nNodes, in.ranksPerNode, comm->provider->name());
+                what, in.nNodes, in.ranksPerNode, comm->memory->name());
   }
   if (in.nNodes > 1 && (in.worldSize % in.ranksPerNode != 0 || in.nNodes != in.worldSize / in.ranksPerNode)) {
     return fail(tideInternalError, "Cuda", "%s: layout has %d nodes of %d ranks but %d ranks", what, in.nNodes,

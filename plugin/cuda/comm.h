@@ -45,9 +45,12 @@ struct tideComm {
   // Ranks per node as this comm sees its world: NCCL_TIDE_RANKS_PER_NODE if set (virtual nodes; it must divide the
   // world size), else the real ranks per node (every provider built so far is single-host: the world size). Set by
   // commInit. Informational for the executors: a layout carries its own ranksPerNode, and any split of the world
-  // runs on a provider whose ranks all map each other's memory (PeerProvider::peerMapsAllRanks).
+  // runs on a provider whose ranks all map each other's memory (PeerMemory::peerMapsAllRanks).
   int ranksPerNode = 0;
-  std::shared_ptr<tide::cuda::PeerProvider> provider;
+  // This rank's part of its provider (peer_provider.h), both bound to `rank`: where its memory lives and how its
+  // programs are issued (IPC: one object for both; loopback: one view of the shared world for both).
+  std::shared_ptr<tide::cuda::PeerMemory> memory;
+  std::shared_ptr<tide::cuda::IssuePolicy> policy;
 
   // Per-comm sequence numbers; every rank makes the same calls in the same order, so they agree across ranks.
   uint64_t agEpoch = 0;
@@ -89,7 +92,7 @@ struct tideComm {
     std::shared_ptr<tide::cuda::ExecCache> exec;  // compiled programs and bound pointer sets of this layout
   };
   std::unordered_map<const void*, CacheEntry> layoutCache;
-  // Layout hashes every rank has agreed on (PeerProvider::agreeOnLayout), keyed by hash rather than by handle, so
+  // Layout hashes every rank has agreed on (IssuePolicy::agreeOnLayout), keyed by hash rather than by handle, so
   // a rank that recreates an identical layout object does not start an exchange its peers do not make.
   std::unordered_set<uint64_t> agreedLayouts;
 };
@@ -114,7 +117,7 @@ tideResult_t commInit(tideComm* comm);
 void commRelease(tideComm* comm);
 
 // Cached view of `layout` for this comm (validates nothing about the comm). The first use of a layout's hash agrees
-// on it across ranks (PeerProvider::agreeOnLayout); while capturing (`capturing`), a layout that still needs an
+// on it across ranks (IssuePolicy::agreeOnLayout); while capturing (`capturing`), a layout that still needs an
 // exchanging agreement is refused with tideUnsupported (the capture stays valid).
 // The cache entry is owned by the comm (valid until the next call on this comm).
 tideResult_t layoutEntry(tideComm* comm, tideLayout_t layout, bool capturing, tideComm::CacheEntry** out);
@@ -131,7 +134,7 @@ struct CaptureState {
   unsigned long long id = 0;  // cudaStreamGetCaptureInfo's unique id of the capture sequence
 };
 tideResult_t queryCapture(cudaStream_t stream, const char* what, CaptureState* out);
-// tideUnsupported if cap is active and the comm's provider cannot capture (PeerProvider::capturable); called by the
+// tideUnsupported if cap is active and the comm's provider cannot capture (IssuePolicy::capturable); called by the
 // executors first, before anything else.
 tideResult_t checkCapturable(const tideComm* comm, const CaptureState& cap, const char* what);
 

@@ -1,6 +1,6 @@
 #include "internode_transport.h"
 
-#include "peer_provider.h"
+#include "issue_policy.h"
 
 namespace tide {
 namespace cuda {
@@ -18,7 +18,7 @@ tideResult_t PeerMappedTransport::flags(cudaStream_t stream, int peer, MemOpBatc
   return enqueueMemOps(stream, batch);
 }
 
-InterNodeTransport* PeerProvider::transport() { return peerMappedTransport(); }
+InterNodeTransport* IssuePolicy::transport() { return peerMappedTransport(); }
 
 InterNodeTransport* peerMappedTransport() {
   static PeerMappedTransport t;

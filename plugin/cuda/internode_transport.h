@@ -1,6 +1,6 @@
 // Inter-node transport: the operations of a step program that cross a node boundary (prog::Op::crossNode: paced
-// puts, the signals that announce them, the waits for those signals), handed out by the peer memory provider
-// (PeerProvider::transport) and called by the program interpreter (program_exec.cc) with prebuilt arguments.
+// puts, the signals that announce them, the waits for those signals), handed out by the rank's issue policy
+// (IssuePolicy::transport) and called by the program interpreter (program_exec.cc) with prebuilt arguments.
 // Node-local pushes and the fan-out are plain peer-mapped copies and never come here.
 //
 //   put(s, peer, copies)   the copies land in `peer`'s memory (destinations are addresses of the peer's slot or
@@ -42,7 +42,7 @@ class PeerMappedTransport final : public InterNodeTransport {
   tideResult_t flags(cudaStream_t stream, int peer, MemOpBatch& batch) override;
 };
 
-// The process's one PeerMappedTransport (what PeerProvider::transport() returns by default).
+// The process's one PeerMappedTransport (what IssuePolicy::transport() returns by default).
 InterNodeTransport* peerMappedTransport();
 
 }  // namespace cuda

@@ -313,8 +313,7 @@ tideResult_t IpcProvider::syncDevice(const char* what) {
   return r;
 }
 
-tideResult_t IpcProvider::checkStream(int rank, CollKind kind, uint64_t epoch, cudaStream_t stream) {
-  (void)rank;
+tideResult_t IpcProvider::checkStream(CollKind kind, uint64_t epoch, cudaStream_t stream) {
   (void)epoch;
   (void)stream;
   if (!health_) return tideSuccess;
@@ -327,8 +326,7 @@ tideResult_t IpcProvider::barrier() {
   return exchange(&mine, all.data(), sizeof(mine));
 }
 
-tideResult_t IpcProvider::agreeOnLayout(int rank, uint64_t layoutHash) {
-  (void)rank;
+tideResult_t IpcProvider::agreeOnLayout(uint64_t layoutHash) {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<uint64_t> all(world_);
   TIDE_CHECK(exchange(&layoutHash, all.data(), sizeof(layoutHash)));
@@ -463,8 +461,8 @@ void IpcProvider::unshare(Shared* s) {
   (void)cudaGetLastError();
 }
 
-tideResult_t IpcProvider::slotAlloc(int rank, size_t bytes, void** ptr) {
-  (void)rank;
+tideResult_t IpcProvider::slotAlloc(size_t bytes, void** ptr) {
+  memGeneration_.fetch_add(1, std::memory_order_relaxed);
   if (bytes == 0) return fail(tideInvalidArgument, kComponent, "tideSlotAlloc: bytes must be > 0");
   std::lock_guard<std::mutex> lock(mu_);
   Shared s;
@@ -475,8 +473,8 @@ tideResult_t IpcProvider::slotAlloc(int rank, size_t bytes, void** ptr) {
   return tideSuccess;
 }
 
-tideResult_t IpcProvider::slotFree(int rank, void* ptr) {
-  (void)rank;
+tideResult_t IpcProvider::slotFree(void* ptr) {
+  memGeneration_.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(mu_);
   for (Shared& s : slots_) {
     if (s.live && s.base == ptr) {
@@ -495,8 +493,7 @@ tideResult_t IpcProvider::slotFree(int rank, void* ptr) {
   return fail(tideInvalidArgument, kComponent, "tideSlotFree: %p is not a live slot of rank %d", ptr, rank_);
 }
 
-tideResult_t IpcProvider::peerPtr(int rank, const void* local, size_t bytes, int peer, const char* what, void** out) {
-  (void)rank;
+tideResult_t IpcProvider::peerPtr(const void* local, size_t bytes, int peer, const char* what, void** out) {
   std::lock_guard<std::mutex> lock(mu_);
   const char* p = static_cast<const char*>(local);
   for (const Shared& s : slots_) {
@@ -514,13 +511,11 @@ tideResult_t IpcProvider::peerPtr(int rank, const void* local, size_t bytes, int
               local, rank_);
 }
 
-uint32_t* IpcProvider::flags(int rank, int owner) {
-  (void)rank;
+uint32_t* IpcProvider::flags(int owner) {
   return reinterpret_cast<uint32_t*>(flags_.peers[owner]);
 }
 
-tideResult_t IpcProvider::ownStaging(int rank, int owner, uint64_t bytes, uint64_t epoch, void** out) {
-  (void)rank;
+tideResult_t IpcProvider::ownStaging(int owner, uint64_t bytes, uint64_t epoch, void** out) {
   std::lock_guard<std::mutex> lock(mu_);
   if (staging_.empty() || staging_.back().bytes < bytes) {
     // Collective growth: every rank reaches this point in the same RS call (same layouts in the same order).

@@ -11,6 +11,7 @@
 #ifndef TIDE_CUDA_IPC_PROVIDER_H_
 #define TIDE_CUDA_IPC_PROVIDER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -26,7 +27,8 @@ namespace cuda {
 // All-gather of host bytes: `all` receives worldSize blocks of `bytes`, block r from rank r. Blocking, collective.
 using ExchangeFn = std::function<tideResult_t(const void* mine, void* all, size_t bytes)>;
 
-class IpcProvider final : public PeerProvider {
+// One rank per process: its PeerMemory and its IssuePolicy are this one object (peer_provider.h).
+class IpcProvider final : public PeerMemory, public IssuePolicy {
  public:
   // Collective. configHash must match on every rank (tideMismatch on every rank otherwise); all ranks must be on
   // one host (tideUnsupported otherwise) and in distinct processes (tideInvalidUsage: use tideLoopbackCreate).
@@ -36,28 +38,29 @@ class IpcProvider final : public PeerProvider {
   ~IpcProvider() override;
 
   const char* name() const override { return "ipc"; }
-  int worldSize() const override { return world_; }
-  int device() const override { return device_; }
 
-  tideResult_t slotAlloc(int rank, size_t bytes, void** ptr) override;
-  tideResult_t slotFree(int rank, void* ptr) override;
-  tideResult_t peerPtr(int rank, const void* local, size_t bytes, int peer, const char* what, void** out) override;
-  uint32_t* flags(int rank, int owner) override;
-  tideResult_t ownStaging(int rank, int owner, uint64_t bytes, uint64_t epoch, void** out) override;
+  // PeerMemory.
+  uint64_t memoryGeneration() const override { return memGeneration_.load(std::memory_order_relaxed); }
+  tideResult_t slotAlloc(size_t bytes, void** ptr) override;
+  tideResult_t slotFree(void* ptr) override;
+  tideResult_t peerPtr(const void* local, size_t bytes, int peer, const char* what, void** out) override;
+  uint32_t* flags(int owner) override;
+  tideResult_t ownStaging(int owner, uint64_t bytes, uint64_t epoch, void** out) override;
   const void* zeros(size_t* bytes) override;
-  // Collective: every rank learns every rank's layout hash; tideMismatch on every rank (naming the ranks and hashes)
-  // if they differ.
-  tideResult_t agreeOnLayout(int rank, uint64_t layoutHash) override;
+
+  // IssuePolicy. Collective: every rank learns every rank's layout hash; tideMismatch on every rank (naming the
+  // ranks and hashes) if they differ.
+  tideResult_t agreeOnLayout(uint64_t layoutHash) override;
   bool agreementExchanges() const override { return true; }
   // One rank per process with its own copy-engine queues: a graph may hold several TIDE collectives (the default
   // checkCapture). A layout must have been agreed on by an eager call first (agreementExchanges).
   bool capturable() const override { return true; }
 
-  // Called before every AG/RS enqueues anything (PeerProvider::checkStream is the per-call provider hook): runs the
+  // Called before every AG/RS enqueues anything (IssuePolicy::checkStream is the per-call provider hook): runs the
   // health check, if one is set. The NCCL constructor sets ncclCommGetAsyncError of the parent communicator, so a
   // parent that reports an error (a failed peer, an abort in progress) makes TIDE calls fail with tideNcclError
   // instead of enqueueing flag waits for peers that will never come.
-  tideResult_t checkStream(int rank, CollKind kind, uint64_t epoch, cudaStream_t stream) override;
+  tideResult_t checkStream(CollKind kind, uint64_t epoch, cudaStream_t stream) override;
   using HealthFn = std::function<tideResult_t(const char* what)>;
   void setHealthCheck(HealthFn fn) { health_ = std::move(fn); }
 
@@ -75,7 +78,7 @@ class IpcProvider final : public PeerProvider {
   // closed and its local (never exported) memory is freed by the destructor; memory exported to peers (flags, slots,
   // staging) stays allocated until process exit, because a peer's queued work may still write into it. If the device
   // did not go idle, nothing is closed or freed (the stuck work uses it). Returns true if the device went idle.
-  bool abort(uint64_t boundMs);
+  bool abort(uint64_t boundMs) override;
 
  private:
   IpcProvider(int rank, int world, int device, ExchangeFn exchange)
@@ -104,6 +107,7 @@ class IpcProvider final : public PeerProvider {
   const int rank_;
   const int world_;
   const int device_;
+  std::atomic<uint64_t> memGeneration_{0};  // bumped on entry of slotAlloc / slotFree
   ExchangeFn exchange_;
   HealthFn health_;
   bool ready_ = false;  // created on every rank: destruction is collective (a barrier before freeing)

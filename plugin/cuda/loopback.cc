@@ -33,8 +33,8 @@ class DeviceGuard {
 
 }  // namespace
 
-tideResult_t LoopbackProvider::create(int nRanks, int device, std::shared_ptr<LoopbackProvider>* out) {
-  std::shared_ptr<LoopbackProvider> p(new LoopbackProvider(nRanks, device));
+tideResult_t LoopbackWorld::create(int nRanks, int device, std::vector<std::shared_ptr<LoopbackRank>>* ranks) {
+  std::shared_ptr<LoopbackWorld> p(new LoopbackWorld(nRanks, device));
   DeviceGuard guard(device);
   p->slots_.resize(nRanks);
   TIDE_CUDA_CHECK(cudaSetDevice(device));
@@ -47,11 +47,12 @@ tideResult_t LoopbackProvider::create(int nRanks, int device, std::shared_ptr<Lo
   // The memsets run on the legacy stream, which non-blocking streams do not wait for: finish them here.
   TIDE_CUDA_CHECK(cudaDeviceSynchronize());
   TIDE_INFO("Cuda", "loopback world: %d virtual ranks on device %d", nRanks, device);
-  *out = std::move(p);
+  ranks->clear();
+  for (int r = 0; r < nRanks; ++r) ranks->push_back(std::make_shared<LoopbackRank>(p, r));
   return tideSuccess;
 }
 
-LoopbackProvider::~LoopbackProvider() {
+LoopbackWorld::~LoopbackWorld() {
   if (deviceStuck_) {
     TIDE_WARN("Cuda", "loopback world aborted with device work still pending: its memory stays allocated until the "
                       "process exits");
@@ -68,19 +69,19 @@ LoopbackProvider::~LoopbackProvider() {
   (void)cudaGetLastError();
 }
 
-tideResult_t LoopbackProvider::brokenError(int rank, const char* what) {
+tideResult_t LoopbackWorld::brokenError(int rank, const char* what) {
   return fail(tideInvalidUsage, "Cuda",
               "%s: loopback world (virtual rank %d) is unusable: %s. Destroy (or tideCommAbort) every comm of this "
               "world",
               what, rank, broken_.c_str());
 }
 
-void LoopbackProvider::markBroken(const char* reason) {
+void LoopbackWorld::markBroken(const char* reason) {
   if (broken_.empty()) broken_ = reason;
   pending_.clear();  // deferred work that will never be issued: drop it (its issue functions hold plans)
 }
 
-bool LoopbackProvider::abort(int rank, uint64_t boundMs) {
+bool LoopbackWorld::abort(int rank, uint64_t boundMs) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     char why[96];
@@ -102,7 +103,8 @@ bool LoopbackProvider::abort(int rank, uint64_t boundMs) {
   return !deviceStuck_;
 }
 
-tideResult_t LoopbackProvider::slotAlloc(int rank, size_t bytes, void** ptr) {
+tideResult_t LoopbackWorld::slotAlloc(int rank, size_t bytes, void** ptr) {
+  memGeneration_.fetch_add(1, std::memory_order_relaxed);
   if (bytes == 0) return fail(tideInvalidArgument, "Cuda", "tideSlotAlloc: bytes must be > 0");
   std::lock_guard<std::mutex> lock(mu_);
   if (!broken_.empty()) return brokenError(rank, "tideSlotAlloc");
@@ -126,7 +128,8 @@ tideResult_t LoopbackProvider::slotAlloc(int rank, size_t bytes, void** ptr) {
   return tideSuccess;
 }
 
-tideResult_t LoopbackProvider::slotFree(int rank, void* ptr) {
+tideResult_t LoopbackWorld::slotFree(int rank, void* ptr) {
+  memGeneration_.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(mu_);
   for (Slot& s : slots_[rank]) {
     if (s.live && s.base == ptr) {
@@ -141,7 +144,7 @@ tideResult_t LoopbackProvider::slotFree(int rank, void* ptr) {
   return fail(tideInvalidArgument, "Cuda", "tideSlotFree: %p is not a live slot of virtual rank %d", ptr, rank);
 }
 
-tideResult_t LoopbackProvider::peerPtr(int rank, const void* local, size_t bytes, int peer, const char* what,
+tideResult_t LoopbackWorld::peerPtr(int rank, const void* local, size_t bytes, int peer, const char* what,
                                        void** out) {
   std::lock_guard<std::mutex> lock(mu_);
   const char* p = static_cast<const char*>(local);
@@ -173,12 +176,11 @@ tideResult_t LoopbackProvider::peerPtr(int rank, const void* local, size_t bytes
               what, local, rank);
 }
 
-uint32_t* LoopbackProvider::flags(int rank, int owner) {
-  (void)rank;
+uint32_t* LoopbackWorld::flags(int owner) {
   return flagMem_ + static_cast<size_t>(owner) * flag::kWords;
 }
 
-tideResult_t LoopbackProvider::ownStaging(int rank, int owner, uint64_t bytes, uint64_t epoch, void** out) {
+tideResult_t LoopbackWorld::ownStaging(int rank, int owner, uint64_t bytes, uint64_t epoch, void** out) {
   std::lock_guard<std::mutex> lock(mu_);
   // Generation valid for this epoch: the last one that started at or before it.
   int gen = -1;
@@ -221,12 +223,12 @@ tideResult_t LoopbackProvider::ownStaging(int rank, int owner, uint64_t bytes, u
   return tideSuccess;
 }
 
-const void* LoopbackProvider::zeros(size_t* bytes) {
+const void* LoopbackWorld::zeros(size_t* bytes) {
   *bytes = zeroBytes_;
   return zeros_;
 }
 
-tideResult_t LoopbackProvider::checkStream(int rank, CollKind kind, uint64_t epoch, cudaStream_t stream) {
+tideResult_t LoopbackWorld::checkStream(int rank, CollKind kind, uint64_t epoch, cudaStream_t stream) {
   if (stream == nullptr || stream == cudaStreamLegacy) {
     return fail(tideInvalidUsage, "Cuda",
                 "loopback world: virtual rank %d passed the legacy default stream; every virtual rank needs a "
@@ -252,7 +254,7 @@ tideResult_t LoopbackProvider::checkStream(int rank, CollKind kind, uint64_t epo
   return tideSuccess;
 }
 
-tideResult_t LoopbackProvider::checkCapture(int rank, CollKind kind, unsigned long long captureId) {
+tideResult_t LoopbackWorld::checkCapture(int rank, CollKind kind, unsigned long long captureId) {
   auto kindName = [](CollKind k) { return k == CollKind::kAllGather ? "all-gather" : "reduce-scatter"; };
   std::lock_guard<std::mutex> lock(mu_);
   auto it = captures_.find(captureId);
@@ -279,7 +281,7 @@ tideResult_t LoopbackProvider::checkCapture(int rank, CollKind kind, unsigned lo
   return tideSuccess;
 }
 
-tideResult_t LoopbackProvider::precheckSteps(int rank, CollKind kind, uint64_t epoch, int numSteps) {
+tideResult_t LoopbackWorld::precheckSteps(int rank, CollKind kind, uint64_t epoch, int numSteps) {
   const char* what = kind == CollKind::kAllGather ? "all-gather" : "reduce-scatter";
   std::lock_guard<std::mutex> lock(mu_);
   if (!broken_.empty()) return brokenError(rank, kind == CollKind::kAllGather ? "tideAllGather" : "tideReduceScatter");
@@ -301,7 +303,7 @@ tideResult_t LoopbackProvider::precheckSteps(int rank, CollKind kind, uint64_t e
   return tideSuccess;
 }
 
-tideResult_t LoopbackProvider::scheduleSteps(int rank, CollKind kind, uint64_t epoch, int numChunks, IssueFn issue) {
+tideResult_t LoopbackWorld::scheduleSteps(int rank, CollKind kind, uint64_t epoch, int numChunks, IssueFn issue) {
   const std::pair<int, uint64_t> key(static_cast<int>(kind), epoch);
   const char* what = kind == CollKind::kAllGather ? "all-gather" : "reduce-scatter";
   std::vector<IssueFn> ready;

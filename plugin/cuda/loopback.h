@@ -1,4 +1,5 @@
-// Loopback provider: a world of 2..8 virtual ranks in one process on one device.
+// Loopback provider: a world of 2..8 virtual ranks in one process on one device (LoopbackWorld, their shared state),
+// and one thin view per virtual rank (LoopbackRank: its PeerMemory and IssuePolicy).
 //
 // Each virtual rank has its own slots (cudaMalloc per tideSlotAlloc call), its own flag array and its own RS staging;
 // "peer memory" of a rank is the other virtual ranks' allocations: slot k of rank q is the k-th tideSlotAlloc call of
@@ -13,6 +14,7 @@
 #ifndef TIDE_CUDA_LOOPBACK_H_
 #define TIDE_CUDA_LOOPBACK_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -26,40 +28,44 @@
 namespace tide {
 namespace cuda {
 
-class LoopbackProvider final : public PeerProvider {
+class LoopbackRank;
+
+// The state all virtual ranks of one world share (slots, flags, staging, deferred issue, stream and capture use).
+// Its methods take the virtual rank they act for: only the per-rank views (LoopbackRank) call them.
+class LoopbackWorld {
  public:
   static constexpr int kMaxRanks = 8;
+  using IssueFn = IssuePolicy::IssueFn;
 
-  // Allocates flags and the zero buffer on `device`. Errors: tideCudaError, tideOutOfMemory.
-  static tideResult_t create(int nRanks, int device, std::shared_ptr<LoopbackProvider>* out);
-  ~LoopbackProvider() override;
+  // Allocates flags and the zero buffer on `device`, and one view per virtual rank (ranks[r] is rank r; the world
+  // lives as long as any of them). Errors: tideCudaError, tideOutOfMemory.
+  static tideResult_t create(int nRanks, int device, std::vector<std::shared_ptr<LoopbackRank>>* ranks);
+  ~LoopbackWorld();
 
-  const char* name() const override { return "loopback"; }
-  int worldSize() const override { return nRanks_; }
-  int device() const override { return device_; }
-
-  tideResult_t slotAlloc(int rank, size_t bytes, void** ptr) override;
-  tideResult_t slotFree(int rank, void* ptr) override;
-  tideResult_t peerPtr(int rank, const void* local, size_t bytes, int peer, const char* what, void** out) override;
-  uint32_t* flags(int rank, int owner) override;
-  tideResult_t ownStaging(int rank, int owner, uint64_t bytes, uint64_t epoch, void** out) override;
-  const void* zeros(size_t* bytes) override;
-  tideResult_t checkStream(int rank, CollKind kind, uint64_t epoch, cudaStream_t stream) override;
+  // One counter for the world (PeerMemory::memoryGeneration): a slot of any virtual rank changes what the others'
+  // peerPtr resolves. slotAlloc and slotFree bump it on entry.
+  uint64_t memoryGeneration() const { return memGeneration_.load(std::memory_order_relaxed); }
+  tideResult_t slotAlloc(int rank, size_t bytes, void** ptr);
+  tideResult_t slotFree(int rank, void* ptr);
+  tideResult_t peerPtr(int rank, const void* local, size_t bytes, int peer, const char* what, void** out);
+  uint32_t* flags(int owner);
+  tideResult_t ownStaging(int rank, int owner, uint64_t bytes, uint64_t epoch, void** out);
+  const void* zeros(size_t* bytes);
+  tideResult_t checkStream(int rank, CollKind kind, uint64_t epoch, cudaStream_t stream);
   // Deferred until every virtual rank of the epoch has submitted, then issued chunk-major across ranks (all
   // virtual ranks share the device's copy-engine queues).
-  bool defersPushes() const override { return true; }
-  tideResult_t scheduleSteps(int rank, CollKind kind, uint64_t epoch, int numSteps, IssueFn issue) override;
+  tideResult_t scheduleSteps(int rank, CollKind kind, uint64_t epoch, int numSteps, IssueFn issue);
   // Captured collectives: each virtual rank captures into a graph of its own (two ranks in one graph would wait for
   // each other inside it), with at most one TIDE collective per graph: a graph launch enqueues the rank's whole
   // graph at once, so a second collective's copies would sit in the shared copy-engine queues ahead of the other
   // ranks' copies of the first one, which they (through the flags) wait for.
-  bool capturable() const override { return true; }
-  tideResult_t checkCapture(int rank, CollKind kind, unsigned long long captureId) override;
+  tideResult_t checkCapture(int rank, CollKind kind, unsigned long long captureId);
 
-  // Called by the program interpreter before it enqueues a deferred program's call-time steps: fails (without enqueueing anything) if this world is unusable, or if an earlier rank of
-  // (kind, epoch) submitted a different step count (then the world is marked unusable: that rank's stream already
-  // waits for steps that will never be issued). Records numSteps for the epoch otherwise.
-  tideResult_t precheckSteps(int rank, CollKind kind, uint64_t epoch, int numSteps) override;
+  // Called by the program interpreter before it enqueues a deferred program's call-time steps: fails (without
+  // enqueueing anything) if this world is unusable, or if an earlier rank of (kind, epoch) submitted a different
+  // step count (then the world is marked unusable: that rank's stream already waits for steps that will never be
+  // issued). Records numSteps for the epoch otherwise.
+  tideResult_t precheckSteps(int rank, CollKind kind, uint64_t epoch, int numSteps);
 
   // tideCommAbort of one virtual rank: the whole world becomes unusable (every later call of any of its ranks fails
   // with tideInvalidUsage naming the reason), pending deferred work is dropped, and the device is synchronized for
@@ -68,7 +74,7 @@ class LoopbackProvider final : public PeerProvider {
   bool abort(int rank, uint64_t boundMs);
 
  private:
-  LoopbackProvider(int nRanks, int device) : nRanks_(nRanks), device_(device) {}
+  LoopbackWorld(int nRanks, int device) : nRanks_(nRanks), device_(device) {}
 
   struct Slot {
     char* base = nullptr;
@@ -88,6 +94,7 @@ class LoopbackProvider final : public PeerProvider {
 
   const int nRanks_;
   const int device_;
+  std::atomic<uint64_t> memGeneration_{0};
   std::mutex mu_;
   std::vector<std::vector<Slot>> slots_;  // [rank][allocation index]
   uint32_t* flagMem_ = nullptr;           // nRanks_ * flag::kWords words
@@ -113,6 +120,46 @@ class LoopbackProvider final : public PeerProvider {
     CollKind kind;
   };
   std::map<unsigned long long, CaptureUse> captures_;  // capture id -> the (rank, kind) that captured into it
+};
+
+// Virtual rank `rank` of a world: its PeerMemory and IssuePolicy, each call forwarded to the world with the rank.
+class LoopbackRank final : public PeerMemory, public IssuePolicy {
+ public:
+  LoopbackRank(std::shared_ptr<LoopbackWorld> world, int rank) : world_(std::move(world)), rank_(rank) {}
+
+  const char* name() const override { return "loopback"; }
+
+  uint64_t memoryGeneration() const override { return world_->memoryGeneration(); }
+  tideResult_t slotAlloc(size_t bytes, void** ptr) override { return world_->slotAlloc(rank_, bytes, ptr); }
+  tideResult_t slotFree(void* ptr) override { return world_->slotFree(rank_, ptr); }
+  tideResult_t peerPtr(const void* local, size_t bytes, int peer, const char* what, void** out) override {
+    return world_->peerPtr(rank_, local, bytes, peer, what, out);
+  }
+  uint32_t* flags(int owner) override { return world_->flags(owner); }
+  tideResult_t ownStaging(int owner, uint64_t bytes, uint64_t epoch, void** out) override {
+    return world_->ownStaging(rank_, owner, bytes, epoch, out);
+  }
+  const void* zeros(size_t* bytes) override { return world_->zeros(bytes); }
+  bool abort(uint64_t boundMs) override { return world_->abort(rank_, boundMs); }
+
+  bool defersPushes() const override { return true; }
+  tideResult_t scheduleSteps(CollKind kind, uint64_t epoch, int numSteps, IssueFn issue) override {
+    return world_->scheduleSteps(rank_, kind, epoch, numSteps, std::move(issue));
+  }
+  tideResult_t precheckSteps(CollKind kind, uint64_t epoch, int numSteps) override {
+    return world_->precheckSteps(rank_, kind, epoch, numSteps);
+  }
+  bool capturable() const override { return true; }
+  tideResult_t checkCapture(CollKind kind, unsigned long long captureId) override {
+    return world_->checkCapture(rank_, kind, captureId);
+  }
+  tideResult_t checkStream(CollKind kind, uint64_t epoch, cudaStream_t stream) override {
+    return world_->checkStream(rank_, kind, epoch, stream);
+  }
+
+ private:
+  const std::shared_ptr<LoopbackWorld> world_;
+  const int rank_;
 };
 
 }  // namespace cuda

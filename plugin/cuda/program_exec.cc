@@ -34,8 +34,7 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
   bp->comm_ = comm;
   bp->prog_ = std::move(program);
   const prog::Program& p = *bp->prog_;
-  PeerProvider* pp = comm->provider.get();
-  const int me = p.rank;
+  PeerMemory* mem = comm->memory.get();
   bp->steps_.reserve(p.steps.size());
   for (const prog::Step& st : p.steps) {
     StepItems si;
@@ -47,7 +46,7 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
       if (op.kind == prog::Op::kFlags) {
         if (op.begin == op.end) continue;
         MemOpBatch m;
-        for (uint32_t f = op.begin; f < op.end; ++f) m.add(p.flags[f], pp->flags(me, p.flags[f].owner) + p.flags[f].word);
+        for (uint32_t f = op.begin; f < op.end; ++f) m.add(p.flags[f], mem->flags(p.flags[f].owner) + p.flags[f].word);
         it.index = static_cast<int>(bp->memops_.size());
         bp->memops_.push_back(std::move(m));
       } else if (op.kind == prog::Op::kCopies) {
@@ -126,7 +125,7 @@ tideResult_t BoundProgram::issueStep(const StepItems& s, const CallValues& v, cu
         MemOpBatch& m = memops_[it.index];
         m.patch(v.epoch, v.task);
         if (it.peer >= 0) {
-          if (!net) net = comm->provider->transport();
+          if (!net) net = comm->policy->transport();
           TIDE_CHECK(net->flags(stream, it.peer, m));
         } else {
           TIDE_CHECK(enqueueMemOps(stream, m));
@@ -135,7 +134,7 @@ tideResult_t BoundProgram::issueStep(const StepItems& s, const CallValues& v, cu
       }
       case prog::Op::kCopies:
         if (it.peer >= 0) {
-          if (!net) net = comm->provider->transport();
+          if (!net) net = comm->policy->transport();
           TIDE_CHECK(net->put(stream, it.peer, copies_[it.index], v.batchApi, comm->device));
         } else {
           TIDE_CHECK(enqueueCopyBatch(stream, comm->device, copies_[it.index], v.batchApi));
@@ -168,7 +167,7 @@ tideResult_t BoundProgram::issue(const std::shared_ptr<BoundProgram>& self, cons
                                  prog::Coll coll) {
   BoundProgram& bp = *self;
   const prog::Program& p = *bp.prog_;
-  PeerProvider* pp = bp.comm_->provider.get();
+  IssuePolicy* pol = bp.comm_->policy.get();
   if (p.mode != prog::Mode::kDeferred) {
     std::lock_guard<std::mutex> lock(bp.issueMu_);
     for (const StepItems& s : bp.steps_) TIDE_CHECK(bp.issueStep(s, v, stream));
@@ -177,7 +176,7 @@ tideResult_t BoundProgram::issue(const std::shared_ptr<BoundProgram>& self, cons
   // Deferred: the provider first checks that the groups can be issued (so that no caller-stream wait is enqueued
   // for work that will never come), then the call-time steps, then the groups through the provider.
   const int last = p.numGroups - 1;
-  TIDE_CHECK(pp->precheckSteps(p.rank, kindOf(coll), v.epoch, last));
+  TIDE_CHECK(pol->precheckSteps(kindOf(coll), v.epoch, last));
   {
     std::lock_guard<std::mutex> lock(bp.issueMu_);
     for (const StepItems& s : bp.steps_) {
@@ -186,14 +185,14 @@ tideResult_t BoundProgram::issue(const std::shared_ptr<BoundProgram>& self, cons
   }
   // Each group's steps, issued when the provider calls back (possibly from another rank's call); the values are
   // carried by the closure, so a later call of this rank cannot change them.
-  PeerProvider::IssueFn fn = [self, v, stream](int g) -> tideResult_t {
+  IssuePolicy::IssueFn fn = [self, v, stream](int g) -> tideResult_t {
     BoundProgram& b = *self;
     std::lock_guard<std::mutex> lock(b.issueMu_);
     const auto& r = b.groupRange_[g];
     for (int i = r.first; i < r.second; ++i) TIDE_CHECK(b.issueStep(b.steps_[i], v, stream));
     return tideSuccess;
   };
-  return pp->scheduleSteps(p.rank, kindOf(coll), v.epoch, last, std::move(fn));
+  return pol->scheduleSteps(kindOf(coll), v.epoch, last, std::move(fn));
 }
 
 tideResult_t ExecCache::program(tideLayout_t layout, prog::Coll coll, const prog::Options& opt,

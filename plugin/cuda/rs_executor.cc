@@ -63,7 +63,8 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
 
   const uint64_t outBytes = v.info.rsOutNumel * outElem;
   const int W = comm->worldSize;
-  PeerProvider* pp = comm->provider.get();
+  PeerMemory* mem = comm->memory.get();
+  IssuePolicy* pol = comm->policy.get();
 
   // Captured into a CUDA graph: what the replay-safe protocol cannot take is refused here, before anything is
   // enqueued or any counter moves (the capture stays valid).
@@ -87,9 +88,9 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
   }
   prog::Options opt;
   size_t zeroBytes = 0;
-  const char* zeros = static_cast<const char*>(pp->zeros(&zeroBytes));
+  const char* zeros = static_cast<const char*>(mem->zeros(&zeroBytes));
   opt.zeroBytes = zeroBytes;
-  opt.mode = cap.active ? prog::Mode::kCaptured : (pp->defersPushes() ? prog::Mode::kDeferred : prog::Mode::kInOrder);
+  opt.mode = cap.active ? prog::Mode::kCaptured : (pol->defersPushes() ? prog::Mode::kDeferred : prog::Mode::kInOrder);
   std::shared_ptr<const prog::Program> program;
   {
     tideResult_t r = ent->exec->program(layout, prog::Coll::kReduceScatter, opt, &program);
@@ -112,7 +113,7 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
 
   TIDE_CHECK(driverOpsInit());
   const uint64_t epoch = comm->rsEpoch + 1;
-  if (!cap.active) TIDE_CHECK(pp->checkStream(me, CollKind::kReduceScatter, epoch, stream));
+  if (!cap.active) TIDE_CHECK(pol->checkStream(CollKind::kReduceScatter, epoch, stream));
   // Own staging (collective: every rank of the epoch asks for it, and it may grow), as this rank addresses it.
   std::vector<char*>& own = comm->stagingScratch;
   own.assign(W, nullptr);
@@ -121,14 +122,14 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
                       std::memory_order_relaxed);
     for (int d = 0; d < W; ++d) {
       void* p = nullptr;
-      TIDE_CHECK(pp->ownStaging(me, d, need, epoch, &p));
+      TIDE_CHECK(mem->ownStaging(d, need, epoch, &p));
       own[d] = static_cast<char*>(p);
     }
   }
 
   std::vector<uintptr_t>& key = comm->keyScratch;
   key.clear();
-  key.push_back(pp->memoryGeneration());
+  key.push_back(mem->memoryGeneration());
   key.push_back(reinterpret_cast<uintptr_t>(out));
   key.push_back(outElem);
   key.push_back(reinterpret_cast<uintptr_t>(staging));
@@ -153,7 +154,7 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
     if (staging != nullptr) {
       for (int d = 0; d < W; ++d) {
         void* p = nullptr;
-        TIDE_CHECK(pp->peerPtr(me, staging, v.info.rsStagingBytes, d, "tideReduceScatter: staging", &p));
+        TIDE_CHECK(mem->peerPtr(staging, v.info.rsStagingBytes, d, "tideReduceScatter: staging", &p));
         b.stagingOf[d] = static_cast<char*>(p);
       }
       const char* o = static_cast<const char*>(out);
@@ -186,7 +187,7 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
   cv.divisor = static_cast<float>(W);
   cv.batchApi = batchApiFor(stream, cap.active);
   if (cap.active) {
-    TIDE_CHECK(pp->checkCapture(me, CollKind::kReduceScatter, cap.id));
+    TIDE_CHECK(pol->checkCapture(CollKind::kReduceScatter, cap.id));
     return BoundProgram::issue(bound, cv, stream, prog::Coll::kReduceScatter);
   }
   comm->rsEpoch = epoch;
