@@ -119,7 +119,11 @@ def test_fresh_venv_install_and_run(wheel, tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py, bin_ = venv / "bin" / "python", venv / "bin"
-    r = subprocess.run([str(py), "-m", "pip", "install", "-q", str(wheel)], capture_output=True, text=True, timeout=900)
+    # Without PYTHONPATH for pip too: a dev checkout's pytorch_glue/ on it (with the egg-info a wheel build leaves
+    # there) would make pip believe nccl-tide is already installed and skip the wheel.
+    clean = {k: v for k, v in os.environ.items() if k not in ("NCCL_TIDE_LIBRARY_PATH", "PYTHONPATH")}
+    r = subprocess.run([str(py), "-m", "pip", "install", "-q", str(wheel)], capture_output=True, text=True,
+                       timeout=900, env=clean)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     env = {
         k: v

@@ -37,6 +37,8 @@ def expect_usage_error(capsys, args, words):
         (["-w", "-5"], ["-w", ">= 0", "got -5"]),
         (["-b", "1G", "-e", "1K"], ["-b 1073741824 is larger than -e 1024"]),
         (["-b", "0", "-e", "4K", "-f", "2"], ["-b 0 with -f never grows"]),  # used to hang
+        (["-b", "5", "-e", "5"], ["every size from -b 5 to -e 5 is below 16 bytes per rank"]),  # used to exit 0
+        (["-b", "1", "-e", "15", "-f", "2"], ["below 16 bytes per rank", "nothing to run"]),
         (["-b", "-1K"], ["invalid size '-1K'", ">= 0"]),  # used to say "expected one argument"
         (["-e", "-4"], ["invalid size '-4'"]),
         (["-f", "0"], ["-f", "got 0"]),

@@ -241,9 +241,10 @@ class LoopbackWorld:
         self._check_layouts(layouts)
         if (sendbufs is None) == (shards is None):
             raise InvalidArgumentError("all_gather: pass exactly one of sendbufs and shards")
-        rank_streams = self._rank_streams(streams)
-        # One in-flight span for all ranks: a close() on another thread never splits the collective between ranks.
+        # One in-flight span for all ranks: a close() on another thread never splits the collective between ranks,
+        # and never destroys the world's streams while this call orders them after the current stream.
         with self._life.use():
+            rank_streams = self._rank_streams(streams)
             self._all_gather_ranks(layouts, slots, sendbufs, shards, rank_streams)
 
     def _all_gather_ranks(self, layouts, slots, sendbufs, shards, rank_streams) -> None:
@@ -292,8 +293,8 @@ class LoopbackWorld:
         fp32/bf16/fp16); op 'sum' | 'avg' | 'premul' (times scale); staging[r]: a slot region of at least
         rs_staging_bytes (Slot-Reuse) or None for the world's own staging."""
         self._check_layouts(layouts)
-        rank_streams = self._rank_streams(streams)
         with self._life.use():  # as all_gather: never split by a close() on another thread
+            rank_streams = self._rank_streams(streams)
             self._reduce_scatter_ranks(layouts, grads, outs, op, scale, staging, rank_streams, out_dtype)
 
     def _reduce_scatter_ranks(self, layouts, grads, outs, op, scale, staging, rank_streams, out_dtype) -> None:

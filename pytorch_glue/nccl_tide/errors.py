@@ -47,7 +47,7 @@ class UnsupportedError(TideError, RuntimeError):
     code = 3
     hint = (
         "this build or runtime cannot do it: GPU paths need a CUDA build (TIDE_BUILD_CUDA=ON), "
-        "a GPU and NCCL >= 2.28 (pip install 'nccl-tide[cu12]' or 'nccl-tide[cu13]')"
+        "a GPU and NCCL >= 2.28 loaded in the process (with PyTorch: torch's own NCCL; README, How NCCL is found)"
     )
 
 

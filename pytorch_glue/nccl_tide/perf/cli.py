@@ -324,11 +324,22 @@ def _min_busbw(a) -> Optional[float]:
     return None
 
 
+def _per_rank_count(size: int, dt, world: int) -> int:
+    """nccl-tests' per-rank count of a size: whole 16-byte multiples (0: the size is skipped)."""
+    return ((size // dt.size) // world) & ~(16 // dt.size - 1)
+
+
+def _check_some_size_runs(a, dt, world: int) -> None:
+    """A flat run whose every size is below 16 bytes per rank would print a header and no row: refuse it."""
+    if a.layout == "flat" and not any(_per_rank_count(s, dt, world) for s in sizes(a)):
+        _die(f"every size from -b {a.minbytes} to -e {a.maxbytes} is below 16 bytes per rank at {world} ranks: "
+             f"nothing to run (use -e >= {16 * world})")
+
+
 def _flat_cases(a, dt, world: int, out) -> List[Tuple[List[int], List[int], List[tuple]]]:
     cases = []
     for size in sizes(a):
-        count = size // dt.size
-        base = (count // world) & ~(16 // dt.size - 1)  # nccl-tests: per-rank count, 16-byte multiple
+        base = _per_rank_count(size, dt, world)
         if base == 0:
             out.write(f"# size {size}: fewer than 16 bytes per rank, skipped\n")
             continue
@@ -415,6 +426,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except TideError as e:
         _die(str(e))
 
+    if backend != "torchrun":  # torchrun: the world size is known once the process group is up (below)
+        _check_some_size_runs(a, dt, a.ranks)
     gpu_backend = None
     if backend != "host":
         check_gpu_backend(backend)
@@ -431,6 +444,12 @@ def main(argv: Optional[List[str]] = None) -> int:
 
             gpu_backend = torchrun_backend.make(a.average)
     world = a.ranks if backend != "torchrun" else gpu_backend.W
+    if backend == "torchrun":
+        try:
+            _check_some_size_runs(a, dt, world)
+        except SystemExit:
+            gpu_backend.close()
+            raise
     if backend == "torchrun":
         rpn = default_ranks_per_node(world)  # what its layouts use (--ranks-per-node is ignored there)
     leader = backend != "torchrun" or gpu_backend.rank == 0
