@@ -498,7 +498,16 @@ def test_fsdp_step_table_shows_reasons():
             "peak_mem_GiB": 3.25,
             "slot_GiB": 0.75,
             "peak_total_GiB": 3.375,
+            "start_allocated_GiB": 0.004,  # below 0.01 GiB: no warning
             "note": "",
+        },
+        {
+            "variant": "tide-dedicated",
+            "ran": True,
+            "step_ms": {"median": 9.0, "min": 8.5, "max": 9.5},
+            "peak_mem_GiB": 7.5,
+            "start_allocated_GiB": 4.23,  # an earlier variant's model still allocated (issue 17)
+            "note": "n",
         },
         {"variant": "tide", "ran": False, "reason": "unavailable: nccl_tide.fsdp.enable(executor='native'): X"},
     ]
@@ -509,6 +518,9 @@ def test_fsdp_step_table_shows_reasons():
     for col in ("layout us/step", "comm SM us/step", "torch peak GiB", "TIDE slots GiB", "peak total GiB"):
         assert col in t.splitlines()[0], col
     assert "unavailable: nccl_tide.fsdp.enable" in t
+    assert "started with" not in tide
+    ded = next(line for line in t.splitlines() if line.startswith("| tide-dedicated"))
+    assert "[started with 4.23 GiB allocated by earlier variants: in its torch peak] n" in ded, ded
 
 
 def test_fsdp_step_watchdog_reports_a_hung_variant(tmp_path):

@@ -12,7 +12,10 @@ time (NCCL and TIDE kernels) from torch.profiler over --profile-steps steps, and
 (torch.cuda.max_memory_allocated over the timed steps; with the pool's default alloc binder it includes the slots
 bound at that moment), TIDE slots (the tideSlotAlloc bytes TIDE holds, resident), and peak total (one more step
 under fsdp/_slot_pool.MemoryMeter: the maximum over the step of torch's allocated bytes plus the slot bytes torch
-does not count at that moment; stock: its torch peak). Compare peak total across variants.
+does not count at that moment; stock: its torch peak). Compare peak total across variants: torch peak + TIDE slots
+double-counts the pool slots bound at torch's peak. Each variant starts after gc.collect() (FSDP2 modules are reference
+cycles) and reports start_allocated_GiB, what the earlier variants left allocated (0 unless something leaks); for a
+per-allocation breakdown of the peak, benchmarks/fsdp_memory_probe.py.
 Shares are summed kernel durations / step time; kernels on other streams overlap compute, so they are loads, not a
 critical path. Variants that cannot run print a row saying why.
 
@@ -184,35 +187,90 @@ def _shard(model, variant: str, slot_pool=None):
     return None, ""
 
 
-def run_variant(variant: str, cfg: LlamaConfig, a, rank: int, world: int, device) -> dict:
-    import torch
+class VariantRun:
+    """One variant's model (sharded, TIDE enabled for the tide variants), AdamW and batch: what run_variant measures
+    (benchmarks/fsdp_memory_probe.py builds its variants with this class too, so both run the same step).
 
-    from .model import build
+    `reason` is set (and nothing else kept) when the variant cannot run. close() disables TIDE, drops every reference
+    and runs gc.collect(): FSDP2 modules live in reference cycles (module -> FSDPState -> hooks -> module), so dropping
+    the last name does not free the sharded parameters; a variant measured after another one used to count the earlier
+    variants' models in its peak (issue 17: about 4.2 GiB of fp32 sharded parameters per earlier variant at 1.13B
+    parameters)."""
 
-    row = {"variant": variant, "ran": False}
-    torch.cuda.empty_cache()
-    model = build(cfg, seed=0, device=device)
-    reason, note = _shard(model, variant, getattr(a, "slot_pool", None))
-    if reason:
-        row["reason"] = reason
-        model = None
-        torch.cuda.empty_cache()
-        return row
-    row["note"] = note
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-    batch = max(1, a.tokens // a.seq)
-    g = torch.Generator(device=device).manual_seed(100 + rank)
-    tokens = torch.randint(0, cfg.vocab, (batch, a.seq + 1), device=device, generator=g)
-    x, y = tokens[:, :-1], tokens[:, 1:]
+    def __init__(self, variant: str, cfg: LlamaConfig, a, rank: int, device):
+        import torch
 
-    def step():
-        logits = model(x)
-        loss = torch.nn.functional.cross_entropy(logits.float().view(-1, cfg.vocab), y.reshape(-1))
+        from .model import build
+
+        self.variant, self.cfg = variant, cfg
+        self.device = torch.device(device)
+        self.opt = self.x = self.y = None
+        self.model = build(cfg, seed=0, device=self.device)
+        self.reason, self.note = _shard(self.model, variant, getattr(a, "slot_pool", None))
+        if self.reason:
+            self.close()
+            return
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, foreach=True)
+        batch = max(1, a.tokens // a.seq)
+        g = torch.Generator(device=self.device).manual_seed(100 + rank)
+        tokens = torch.randint(0, cfg.vocab, (batch, a.seq + 1), device=self.device, generator=g)
+        self.x, self.y = tokens[:, :-1], tokens[:, 1:]
+
+    def step(self, mark=None):
+        """One training step; mark(phase) is called before 'backward' and before 'optimizer' (the memory probe's
+        phase markers)."""
+        import torch
+
+        logits = self.model(self.x)
+        loss = torch.nn.functional.cross_entropy(logits.float().view(-1, self.cfg.vocab), self.y.reshape(-1))
+        if mark is not None:
+            mark("backward")
         loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        if mark is not None:
+            mark("optimizer")
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
         return loss
 
+    def tide_stats(self) -> Optional[dict]:
+        import nccl_tide.fsdp
+
+        return nccl_tide.fsdp.stats(self.model) if self.model is not None else None
+
+    def close(self) -> None:
+        import gc
+
+        import torch
+
+        if self.model is not None and self.variant.startswith("tide"):
+            try:
+                import nccl_tide.fsdp
+
+                nccl_tide.fsdp.disable(self.model)
+            except Exception:
+                pass
+        self.model = self.opt = self.x = self.y = None
+        gc.collect()  # the FSDP2 reference cycles (class docstring)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def run_variant(variant: str, cfg: LlamaConfig, a, rank: int, world: int, device) -> dict:
+    import gc
+
+    import torch
+
+    row = {"variant": variant, "ran": False}
+    gc.collect()
+    torch.cuda.empty_cache()
+    # what earlier variants (or anything else in the process) left allocated: part of this variant's torch peak
+    row["start_allocated_GiB"] = torch.cuda.memory_allocated(device) / 2**30
+    v = VariantRun(variant, cfg, a, rank, device)
+    if v.reason:
+        row["reason"] = v.reason
+        return row
+    row["note"] = v.note
+    step = v.step
     try:
         for _ in range(a.warmup):
             step()
@@ -237,6 +295,7 @@ def run_variant(variant: str, cfg: LlamaConfig, a, rank: int, world: int, device
         }
         row["peak_mem_GiB"] = torch.cuda.max_memory_allocated(device) / 2**30  # torch's peak over the timed steps
         row["loss"] = float(loss.item())
+        loss = None
         # one more step for memory alone: torch's peak + TIDE's slot bytes outside torch at that moment
         # (fsdp/_slot_pool.MemoryMeter: exact, read at every slot bind/unbind; stock: torch's peak)
         from ..fsdp import _slot_pool
@@ -260,24 +319,16 @@ def run_variant(variant: str, cfg: LlamaConfig, a, rank: int, world: int, device
                 "ce_memcpy": p["memcpy_us"] / med_us,
             }
         if variant.startswith("tide"):
-            import nccl_tide.fsdp
-
-            st = nccl_tide.fsdp.stats(model) or {}
+            st = v.tide_stats() or {}
             row["tide_stats"] = st.get("total")  # TIDE AG/RS calls and per-call fallbacks to stock
             row["slot_pool"] = st.get("slot_pool")
         row["ran"] = True
     except Exception as e:
         row["reason"] = f"failed: {type(e).__name__}: {e}"[:400]
     finally:
-        if variant.startswith("tide"):
-            try:
-                import nccl_tide.fsdp
-
-                nccl_tide.fsdp.disable(model)
-            except Exception:
-                pass
-        model = opt = None  # noqa: F841  (frees the variant's memory before the next one)
-        torch.cuda.empty_cache()
+        step = None
+        v.close()  # TIDE disabled, model and optimizer collected (frees the variant's memory before the next one)
+    row["end_allocated_GiB"] = torch.cuda.memory_allocated(device) / 2**30  # should be back at start_allocated_GiB
     return row
 
 
@@ -285,6 +336,13 @@ def _profile(step, steps: int) -> dict:
     from ..perf.gpu import profiled_events
 
     return summarize_trace(profiled_events(step, steps), steps)
+
+
+def _left_over(r: dict) -> str:
+    """A warning for the note column when the variant did not start from an empty device (its torch peak then
+    includes what was left; run_variant collects garbage before each variant, so this means a real leak)."""
+    left = r.get("start_allocated_GiB", 0.0)
+    return f"[started with {left:.2f} GiB allocated by earlier variants: in its torch peak] " if left >= 0.01 else ""
 
 
 def step_table(rows: List[dict]) -> str:
@@ -322,7 +380,7 @@ def step_table(rows: List[dict]) -> str:
                 f"{r['peak_mem_GiB']:.2f}",
                 f"{r.get('slot_GiB', 0.0):.2f}",
                 f"{r['peak_total_GiB']:.2f}" if "peak_total_GiB" in r else "-",
-                r.get("note", ""),
+                _left_over(r) + r.get("note", ""),
             )
         )
     w = [max(len(h), *(len(x[i]) for x in lines)) if lines else len(h) for i, h in enumerate(head)]

@@ -75,7 +75,7 @@ class TideFSDPHandle:
         tide = []
         for g in self.groups:
             d = g.stats.as_dict()
-            d.update(group=g.label, n_params=len(g.pg.fsdp_params), world_size=g.world)
+            d.update(group=g.label, n_params=g.n_params, world_size=g.world)
             d.update(slot_bytes=g.layout.slot_bytes if g.layout is not None else None)
             d.update(slot_reuse_fits=g.layout.slot_reuse_fits if g.layout is not None else None)
             if g.pool is not None:

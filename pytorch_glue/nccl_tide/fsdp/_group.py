@@ -5,6 +5,7 @@ the group's private _all_gather_comm / _reduce_scatter_comm, one instance per gr
 FSDP2's Comm contract asks), so the patched functions find it from their arguments.
 """
 
+import weakref
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -113,11 +114,19 @@ class GroupStats:
 
 
 class GroupState:
-    """TIDE state of one FSDPParamGroup."""
+    """TIDE state of one FSDPParamGroup.
+
+    Holds its FSDPParamGroup weakly: the group holds its modules (FSDPParamGroup.modules), so a
+    strong reference from here would let the handle registry (nccl_tide.fsdp._handles, a
+    WeakKeyDictionary whose values are the handles) or NATIVE_SLOTS keep the whole model alive
+    (its sharded parameters, gradients, everything) after the user dropped it, enabled or not
+    (issue 17). The group holds this state through its comms, so it lives as long as the model.
+    """
 
     def __init__(self, pg, label: str, executor, slot_reuse: bool, ranks_per_node: Optional[int]):
-        self.pg = pg
         self.label = label
+        self._pg = weakref.ref(pg)
+        self.n_params = len(pg.fsdp_params)
         self.executor = executor
         self.slot_reuse = slot_reuse
         self.stats = GroupStats()
@@ -144,6 +153,27 @@ class GroupState:
         self.exec_u8: Optional[torch.Tensor] = None  # uint8 alias of `store` for the comm
         self.ag_comm = TideAllGather(self)
         self.rs_comm = TideReduceScatter(self)
+
+    @property
+    def pg(self):
+        pg = self._pg()
+        if pg is None:
+            raise InvalidUsageError(f"{self.label}: its FSDP2 module was garbage-collected")
+        return pg
+
+    @property
+    def _stock_output_fn(self):
+        """torch >= 2.15: FSDP2's copy-out hook of the group while TIDE's is installed. Kept on the
+        FSDPParamGroup itself (it may be a bound method of the group: held here, it would keep
+        the group, and so the model, alive)."""
+        pg = self._pg()
+        return getattr(pg, "_tide_stock_output_fn", None) if pg is not None else None
+
+    @_stock_output_fn.setter
+    def _stock_output_fn(self, fn) -> None:
+        pg = self._pg()
+        if pg is not None:
+            pg._tide_stock_output_fn = fn
 
     # -- install / uninstall -------------------------------------------------------------------
     def install(self) -> None:
