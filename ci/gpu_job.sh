@@ -4,7 +4,7 @@
 # priority order), all under one deadline (TIDE_GPU_DEADLINE_S, default 540 s): a step that would not fit is
 # skipped and says so. Logs and JSON go to $OUT, archived as all.tgz (the device returns few files) plus
 # summary.txt. Usage: [TIDE_GPU_TESTS=...] [TIDE_GPU_BENCH=...] bash ci/gpu_job.sh
-# Benchmark steps: sm_bandwidth share_8b host_issue host_issue_base probe fsdp_step
+# Benchmark steps: sm_bandwidth share_8b host_issue host_issue_base probe fsdp_step fsdp_memory
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # NVLink multicast stays off on shared machines (DESIGN.md section 6); every child inherits these.
@@ -70,6 +70,7 @@ for b in $BENCH; do
     probe) step probe 45 20 /tmp/host_cost_probe ;;
     fsdp_step) step fsdp_step 150 60 python3 -m nccl_tide.bench.fsdp_step --layers 4 --variants stock,tide,tide-dedicated \
                  --slot-pool 2 --warmup 3 --steps 10 --profile-steps 2 --variant-timeout 45 -J "$OUT/fsdp_step_pool.json" ;;
+    fsdp_memory) step fsdp_memory 150 60 python3 benchmarks/fsdp_memory_probe.py --out "$OUT/fsdp_memory_probe.json" ;;
     host_issue_base) [ -f build/base/libnccl-tide.so ] && step host_issue_base 80 40 env TIDE_BENCH_OLD_LIBRARY=1 \
                        NCCL_TIDE_LIBRARY_PATH="$PWD/build/base/libnccl-tide.so" python3 benchmarks/host_issue.py \
                        --samples 7 --json "$OUT/host_issue_base.json" ;;
@@ -78,7 +79,7 @@ for b in $BENCH; do
 done
 echo "=== summary ($(( $(date +%s) - START )) s)"
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
-for f in sm_bandwidth share_8b host_issue host_issue_base probe fsdp_step; do
+for f in sm_bandwidth share_8b host_issue host_issue_base probe fsdp_step fsdp_memory; do
   [ -f "$OUT/$f.log" ] && { echo "--- $f"; grep -vE "TIDE/|NCCL TIDE" "$OUT/$f.log" | tail -30; }
 done
 ( cd "$OUT" && tar czf /tmp/all.tgz --exclude=all.tgz . && find . -mindepth 1 -delete && mv /tmp/all.tgz all.tgz )
