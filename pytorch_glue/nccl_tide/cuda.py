@@ -171,6 +171,8 @@ class LoopbackWorld:
     # -- handles -----------------------------------------------------------------------------
     @property
     def comms(self) -> List[int]:
+        # For callers outside the world. Inside a call (an in-flight span of _life) use self._comms: once close()
+        # has begun, this property refuses, and a collective already in flight must still reach every rank.
         if not self._comms or self._life.closed:
             raise InvalidArgumentError("LoopbackWorld is closed")
         return list(self._comms)
@@ -281,7 +283,7 @@ class LoopbackWorld:
             s = self._streams[rank] if stream is None else stream
             with layout._use() as lh:  # safe against a concurrent layout.close()
                 N.check(
-                    lib.tideAllGather(self.comms[rank], lh, send_ptr, table, slot_ptr, self._stream_handle(s)),
+                    lib.tideAllGather(self._comms[rank], lh, send_ptr, table, slot_ptr, self._stream_handle(s)),
                     f"tideAllGather(rank {rank})",
                 )
 
@@ -344,7 +346,7 @@ class LoopbackWorld:
             with layout._use() as lh:  # safe against a concurrent layout.close()
                 N.check(
                     lib.tideReduceScatter(
-                        self.comms[rank],
+                        self._comms[rank],
                         lh,
                         table,
                         out_ptr,
