@@ -164,6 +164,9 @@ typedef struct {
   uint64_t rsChunkBytes;  /* RS pipeline chunk, bytes of this rank's fp32 output (NCCL_TIDE_RS_CHUNK_BYTES) */
   uint64_t paceBytes;     /* inter-node cap on bytes in flight per schedule step (NCCL_TIDE_PACE_BYTES) */
 } tideConfig_t;
+/* A config field accepts any value >= 1 (0 = the environment's), down to single bytes, so that tests and tuning
+ * can force many chunks or schedule steps on small layouts; the environment variables accept 4 KiB .. 1 TiB, the
+ * range that makes sense in production. */
 
 /* ------------------------------------------------------------------------------------ */
 /* Layouts and plans (host only; no GPU or NCCL needed)                                  */

@@ -57,3 +57,14 @@ def test_close_from_inside_a_call_does_not_wait_for_itself():
     life.reopen()
     with life.use():
         pass
+
+
+def test_closed_errors_say_so_instead_of_the_argument_hint():
+    e = InvalidArgumentError("layout is closed")
+    assert "closed before or during this call" in str(e) and "check sizes" not in str(e)
+    assert "check sizes" in str(InvalidArgumentError("n is 3"))
+    life = Lifetime("LoopbackWorld")
+    life.close()
+    with pytest.raises(InvalidArgumentError, match="create a new one"):
+        with life.use():
+            pass

@@ -478,3 +478,15 @@ def test_share_run_end_to_end_with_host_stand_ins(monkeypatch, tmp_path, native)
     assert released and kernels
     assert {r["metric"] for r in res["summary"]} >= {"GEMM slowdown beside TIDE-AG share",
                                                      "RS SM time (occupancy-weighted): 32-CTA baseline / TIDE share"}
+
+
+@pytest.mark.parametrize("gbps,piece", [(0.0, 4096), (float("nan"), 4096), (float("inf"), 4096), (-1.0, 4096),
+                                        (10.0, -1), (10.0, 2**64 + 4096), (10.0, 4095), (10.0, (1 << 30) + 1),
+                                        (10.0, True), (10.0, 4096.0)])
+def test_pacer_arguments_are_checked_before_the_library(gbps, piece):
+    """Out-of-range link rates and piece sizes never reach tideBenchPacerCreate (a negative or >= 2**64 size would
+    wrap in ctypes' size_t)."""
+    from nccl_tide import _bench as B
+
+    with pytest.raises(ValueError, match="link rate|piece_bytes"):
+        B.Pacer(gbps, piece)

@@ -120,8 +120,12 @@ class Pacer:
     STATS = ("pieces_released", "transfers", "max_release_lag_us", "link_idle_us", "pieces_enqueued")
 
     def __init__(self, gbps: float, piece_bytes: int):
-        if not gbps > 0:
-            raise ValueError(f"link rate must be > 0 GB/s, got {gbps}")
+        if not gbps > 0 or gbps != gbps or gbps == float("inf"):
+            raise ValueError(f"link rate must be a finite number > 0 GB/s, got {gbps}")
+        # Pieces of 4 KiB .. 1 GiB: smaller ones would be thousands of host releases per transfer, and a value that
+        # ctypes would wrap (negative, >= 2**64) must never reach the C size_t.
+        if isinstance(piece_bytes, bool) or not isinstance(piece_bytes, int) or not 4096 <= piece_bytes <= 1 << 30:
+            raise ValueError(f"piece_bytes must be an integer from 4096 to {1 << 30}, got {piece_bytes!r}")
         self.gbps, self.piece_bytes = gbps, piece_bytes
         h = c_void_p()
         N.check(lib().tideBenchPacerCreate(gbps * 1e9, piece_bytes, ctypes.byref(h)), "tideBenchPacerCreate")

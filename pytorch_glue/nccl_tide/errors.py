@@ -29,6 +29,9 @@ class TideError(Exception):
         env_hint = getattr(self, "env_hint", "")
         if env_hint and "NCCL_TIDE_" in (message or "") and "=" in message:
             return env_hint
+        closed_hint = getattr(self, "closed_hint", "")
+        if closed_hint and (message or "").endswith(" is closed"):
+            return closed_hint
         return self.hint
 
 
@@ -36,6 +39,7 @@ class InvalidArgumentError(TideError, ValueError):
     code = 1
     hint = "check sizes, dtypes, pointers and ranks against include/tide.h"
     env_hint = "fix or unset that environment variable; docs/env.md lists the accepted values"
+    closed_hint = "closed before or during this call, by this thread or another; create a new one to go on"
 
 
 class InvalidUsageError(TideError, RuntimeError):
