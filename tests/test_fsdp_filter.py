@@ -298,7 +298,25 @@ def case_errors(opts, rank, counter):
     none = tfsdp.enable(model, executor="reference", module_filter=lambda n, m: False)
     none_stats, none_patched = none.stats(), _patch.installed()
     tfsdp.disable(model)
+    # The kill switch governs enable() itself too: NCCL_TIDE_FSDP=0 keeps every group stock (the reason says so,
+    # no patch), an unknown value is refused before anything changes.
+    os.environ["NCCL_TIDE_FSDP"] = "0"
+    try:
+        killed = tfsdp.enable(model, executor="reference")
+        kill = {"stats": killed.stats(), "reasons": sorted({s["reason"] for s in killed.stock}),
+                "patched": _patch.installed()}
+        tfsdp.disable(model)
+        os.environ["NCCL_TIDE_FSDP"] = "yes"
+        try:
+            tfsdp.enable(model, executor="reference")
+            kill["bad"] = "accepted"
+        except InvalidArgumentError as e:
+            kill["bad"] = str(e)
+        kill["bad_handle"] = tfsdp.handle_of(model) is not None and tfsdp.handle_of(model).enabled
+    finally:
+        os.environ.pop("NCCL_TIDE_FSDP", None)
     return {
+        "kill": kill,
         "errors": errors,
         "raising_calls": calls,
         "vs_stock": _compare(stock, after),
@@ -475,6 +493,10 @@ def test_bad_filters_leave_stock_fsdp2(w2):
         # a filter that excludes every module: a handle with every group stock and no patch installed
         assert res["none_stats"]["tide_groups"] == [] and len(res["none_stats"]["stock_groups"]) == 2 * LAYERS + 1
         assert not res["none_patched"]
+        kill = res["kill"]
+        assert kill["stats"]["tide_groups"] == [] and len(kill["stats"]["stock_groups"]) == 2 * LAYERS + 1, kill
+        assert kill["reasons"] == ["NCCL_TIDE_FSDP=0 (stock FSDP2 for every group)"] and not kill["patched"], kill
+        assert "NCCL_TIDE_FSDP='yes'" in kill["bad"] and not kill["bad_handle"], kill
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ keeps stock FSDP2 and warns once, saying why; modules a module_filter excludes k
 too (an INFO line, not a warning: the caller asked for it). Details: docs/fsdp.md.
 """
 
+import os
 import weakref
 from typing import Callable, List, Optional
 
@@ -212,6 +213,7 @@ def enable(
         raise InvalidUsageError(
             "nccl_tide.fsdp.enable(): call torch.distributed.init_process_group and fully_shard first"
         )
+    killed = _kill_switch()
     labels = {}
     fsdp_names: List[str] = []
     where = {}  # id(pg) -> (its FSDPState, no FSDP ancestor)
@@ -222,12 +224,13 @@ def enable(
             state = mod._get_fsdp_state()
             top = not any(name == p or name.startswith(p + ".") or p == "" for p in fsdp_names)
             fsdp_names.append(name)
-            keep = _filter_keeps(module_filter, name, mod)
+            keep = not killed and _filter_keeps(module_filter, name, mod)
             for pg in _param_groups(state):
                 labels.setdefault(id(pg), (pg, name or "<root>"))
                 where.setdefault(id(pg), (state, top))
                 if not keep:
-                    excluded[id(pg)] = f"module_filter excluded {name or '<root>'}"
+                    excluded[id(pg)] = (f"{KILL_ENV}=0 (stock FSDP2 for every group)" if killed
+                                        else f"module_filter excluded {name or '<root>'}")
     selection = _adapter.select()
     static = {}
     for pg, _label in labels.values():
@@ -281,7 +284,9 @@ def enable(
                 g.attach(g.pool)
     for reason, names in reasons.items():
         warn_once(f"nccl_tide.fsdp: keeping stock FSDP2 for {_shown(names)}: {reason}")
-    if filtered:
+    if killed:
+        _log.info("%s=0: keeping stock FSDP2 for every group (%d module(s))", KILL_ENV, len(filtered))
+    elif filtered:
         _log.info("module_filter: keeping stock FSDP2 for %s (%d module(s))", _shown(filtered), len(filtered))
     if handle.groups:
         _patch.install()
@@ -293,6 +298,18 @@ def enable(
 
 def _shown(names: List[str]) -> str:
     return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
+
+KILL_ENV = "NCCL_TIDE_FSDP"  # 0: enable() keeps stock FSDP2 for every group (also fsdp_switch's kill switch)
+
+
+def _kill_switch() -> bool:
+    """NCCL_TIDE_FSDP=0: True; 1 or unset: False; anything else is an error (as fsdp_switch.resolve_scope)."""
+    v = os.environ.get(KILL_ENV)
+    if v is not None and v not in ("0", "1"):
+        raise InvalidArgumentError(f"{KILL_ENV}={v!r}: use 0 (stock FSDP2 whatever the code asks) or 1 (enable() "
+                                   "decides); unset is 1")
+    return v == "0"
 
 
 def _filter_keeps(module_filter, name: str, module: nn.Module) -> bool:
