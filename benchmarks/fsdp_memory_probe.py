@@ -325,10 +325,21 @@ def _probe_mark(label: str, device) -> None:
     del t
 
 
+def _use_nccl_tide() -> Path:
+    """Imports nccl_tide: the installed package if there is one (its library included), else this checkout's
+    pytorch_glue/ (with NCCL_TIDE_LIBRARY_PATH pointing at a built library). Returns the directory it came from."""
+    try:
+        import nccl_tide
+    except ImportError:
+        sys.path.insert(0, str(GLUE))
+        import nccl_tide
+    return Path(nccl_tide.__file__).resolve().parents[1]
+
+
 def _child(a) -> dict:
     import torch
 
-    sys.path.insert(0, str(GLUE))
+    _use_nccl_tide()
     from nccl_tide.bench import fsdp_step
     from nccl_tide.bench.model import LlamaConfig
 
@@ -464,9 +475,8 @@ def _checks(variants: List[str]) -> None:
         raise ProbeError(f"needs a CUDA GPU; torch {torch.__version__} sees none")
     if not hasattr(torch.cuda.memory, "_record_memory_history") or not hasattr(torch.cuda.memory, "_snapshot"):
         raise ProbeError(f"torch {torch.__version__} lacks torch.cuda.memory._record_memory_history / _snapshot")
-    if str(GLUE) not in sys.path:
-        sys.path.insert(0, str(GLUE))
     try:
+        pkg_dir = _use_nccl_tide()
         import nccl_tide.bench.fsdp_step  # noqa: F401
     except ImportError as e:
         raise ProbeError(
@@ -477,7 +487,7 @@ def _checks(variants: List[str]) -> None:
         if lib and not Path(lib).is_file():
             raise ProbeError(f"NCCL_TIDE_LIBRARY_PATH={lib}: no such file (build: cmake -S . -B build/gpu -G Ninja "
                              "-DTIDE_BUILD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 && cmake --build build/gpu -j)")
-        if not lib and not (GLUE / "nccl_tide" / "lib" / "libnccl-tide.so").is_file():
+        if not lib and not (pkg_dir / "nccl_tide" / "lib" / "libnccl-tide.so").is_file():
             raise ProbeError("the tide variants need libnccl-tide.so built with CUDA: set NCCL_TIDE_LIBRARY_PATH "
                              "(e.g. $PWD/build/gpu/libnccl-tide.so)")
 
@@ -508,7 +518,9 @@ def _run_child(variant: str, a, out_path: Path) -> dict:
     env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
     env.update(PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0",
                WORLD_SIZE="1", LOCAL_RANK="0")
-    env["PYTHONPATH"] = os.pathsep.join([str(GLUE)] + [x for x in env.get("PYTHONPATH", "").split(os.pathsep) if x])
+    # The child imports the same nccl_tide as this process (installed, or this checkout's pytorch_glue/).
+    env["PYTHONPATH"] = os.pathsep.join([str(_use_nccl_tide())] +
+                                        [x for x in env.get("PYTHONPATH", "").split(os.pathsep) if x])
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", variant, "--child-out", str(res), *_model_args(a)]
     if a.keep_snapshot:
         cmd += ["--snapshot-path", str(out_path.with_name(f"{out_path.name}.{variant}.pickle"))]

@@ -315,8 +315,12 @@ def test_child_plumbing_on_cpu(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from fsdp_llama import free_port
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "pytorch_glue"), str(REPO / "tests")]),
-               OMP_NUM_THREADS="1")
+    # The child imports nccl_tide as this process does (CI: the installed package, whose library it needs; a dev
+    # run: PYTHONPATH=pytorch_glue with NCCL_TIDE_LIBRARY_PATH), plus tests/ for this module.
+    import nccl_tide
+
+    pkg_dir = str(Path(nccl_tide.__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([pkg_dir, str(REPO / "tests")]), OMP_NUM_THREADS="1")
     docs = {}
     for variant in ("stock", "tide"):
         out = tmp_path / f"{variant}.json"
