@@ -23,8 +23,10 @@ extern "C" {
 #define TIDE_BENCH_REDUCE_ARGS_VERSION 1
 
 /* One reduce on device buffers: out[k] = post(prev[k] + fold over s < nSrc of pre(in_s[k])), in_s at
- * staging + s * srcStride bytes, in the accumulation order of include/tide.h. maxCtas / ctaBytes override the two
- * constants of the library's shape rule (0: the rule's own, what the executors use). */
+ * staging + s * srcStride bytes, in the accumulation order of include/tide.h. The shape follows the library's rule
+ * (plugin/cuda/reduce_kernel.h) with NCCL_TIDE_LINK_GBPS and the current device's SM count, nSrc - 1 inputs (and
+ * prev) taken as arriving over links (one input and no prev: a world of one rank, unpaced). maxCtas / ctaBytes
+ * override the rule's CTA cap and bytes per CTA (0: the rule's own). */
 typedef struct {
   size_t size;       /* sizeof(tideBenchReduceArgs_t) */
   int version;       /* TIDE_BENCH_REDUCE_ARGS_VERSION */
@@ -47,7 +49,8 @@ typedef struct {
 tideResult_t tideBenchReduce(const tideBenchReduceArgs_t* args, void* stream);
 
 /* The shape the launcher would use for args: CTAs per launch, launches, threads per CTA, whether the 16-byte path
- * applies, and the reduce's HBM traffic in bytes. Host only. */
+ * applies, and the reduce's HBM traffic in bytes. Launches nothing; it reads the current device's SM count when a
+ * device is present (else 132, an H200's). */
 tideResult_t tideBenchReduceShape(const tideBenchReduceArgs_t* args, int* ctas, int* launches, int* threads,
                                   int* vector, uint64_t* bytes);
 

@@ -76,6 +76,8 @@ tideResult_t toReduceArgs(const tideBenchReduceArgs_t* a, const char* fn, tide::
 // follow the library's own rule. Without a device (the shape query is pure arithmetic, CPU-tested) the SM count is
 // ReducePace's default, an H200's 132.
 tideResult_t currentPace(tide::cuda::ReducePace* pace) {
+  // A bench reduce has no world: one input and no prev is taken as a world of one rank (nothing arrives).
+  pace->singleRank = true;
   int device = 0, count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     (void)cudaGetLastError();
@@ -106,7 +108,7 @@ TIDE_EXPORT tideResult_t tideBenchReduce(const tideBenchReduceArgs_t* args, void
   TIDE_CHECK(toReduceArgs(args, __func__, &r));
   TIDE_CHECK(preloadOnce());
   tide::cuda::ReducePace pace;
-  TIDE_CHECK(currentPace(&pace));
+  if (args->maxCtas <= 0) TIDE_CHECK(currentPace(&pace));  // an explicit CTA cap needs no pace
   return tide::cuda::launchReduce(r, static_cast<cudaStream_t>(stream), pace, args->maxCtas, args->ctaBytes);
   TIDE_API_END
 }
@@ -117,7 +119,7 @@ TIDE_EXPORT tideResult_t tideBenchReduceShape(const tideBenchReduceArgs_t* args,
   tide::cuda::ReduceArgs r{};
   TIDE_CHECK(toReduceArgs(args, __func__, &r));
   tide::cuda::ReducePace pace;
-  TIDE_CHECK(currentPace(&pace));
+  if (args->maxCtas <= 0) TIDE_CHECK(currentPace(&pace));
   const tide::cuda::ReduceShape sh = tide::cuda::reduceShape(r, args->maxCtas, args->ctaBytes, pace);
   if (ctas) *ctas = sh.ctas;
   if (launches) *launches = sh.launches;

@@ -188,6 +188,10 @@ tideResult_t createIpcComm(int rank, int world, int device, const tideConfig_t* 
                            tide::cuda::IpcProvider::WorkLeftFn workLeft = nullptr) {
   uint64_t hash = 0;
   tideResult_t local = configHash(config, &hash);
+  // commInit's own parameters are checked here too, before the exchange: a rank that failed alone after its peers
+  // had set up would leave them paired with its provider's teardown barrier.
+  if (local == tideSuccess) local = tide::params::status(tide::params::kLinkGBps);
+  if (local == tideSuccess) local = tide::params::status(tide::params::kRanksPerNode);
   if (local != tideSuccess) hash = ~0ULL;  // still take part in the exchange: the others fail with tideMismatch
   std::shared_ptr<tide::cuda::IpcProvider> provider;
   tideResult_t r = tide::cuda::IpcProvider::create(rank, world, device, hash, std::move(ex), &provider, workLeft);

@@ -6,7 +6,7 @@
 // canonical NaN of the output type, as on the host (plugin/core/dtype.cc). Padding needs no special case: phase 1 fills it with zeros from a zero buffer.
 //
 // Shape (reduce_kernel.h, reduceShape; issue 16): as many CTAs of 512 threads as keep pace with the inputs' arrival
-// over the links (8 for 8 bf16 inputs at 370 GB/s), each CTA a bounded contiguous slice, then exit; a large chunk is
+// over the links (10 for 8 bf16 inputs at 370 GB/s, with the rule's headroom), each CTA a bounded contiguous slice, then exit; a large chunk is
 // several launches in a row on the stream, so at most that many SMs are held at a time and every SM is free again
 // after each launch (a waiting GEMM gets it). Each CTA keeps many bytes in flight:
 // every thread issues up to 16 independent 16-byte loads (U vectors of 8 elements x 8 sources) before its first
@@ -272,14 +272,16 @@ int reduceMaxCtas(const ReduceArgs& a, const ReducePace& pace, bool* paced) {
   const uint64_t inSize = typeSize(a.inType);
   const uint64_t nSrc = static_cast<uint64_t>(a.nSrc > 0 ? a.nSrc : 0);
   const uint64_t perElem = nSrc * inSize + typeSize(a.outType) + (a.prev != nullptr ? 4 : 0);
-  const uint64_t incomingPerElem = (nSrc > 0 ? nSrc - 1 : 0) * inSize + (a.prev != nullptr ? 4 : 0);
+  uint64_t incomingPerElem = (nSrc > 0 ? nSrc - 1 : 0) * inSize + (a.prev != nullptr ? 4 : 0);
   const int sms = pace.smCount > 0 ? pace.smCount : 1;
+  if (incomingPerElem == 0 && !pace.singleRank) incomingPerElem = nSrc * inSize;  // its input came over a link
   const bool byLink = incomingPerElem > 0 && pace.linkGBps > 0;
   if (paced != nullptr) *paced = byLink;
-  if (!byLink) return sms;  // nothing arrives: nothing to keep pace with
+  if (!byLink) return sms;  // a single-rank world: nothing arrives, nothing to keep pace with
   const double rate =
       kReducePaceHeadroom * pace.linkGBps * static_cast<double>(perElem) / static_cast<double>(incomingPerElem);
   double c = rate / kReduceCtaGBps;
+  if (!(c < kReduceMaxPacedCtas)) c = kReduceMaxPacedCtas;  // also NaN; before the cast, which would overflow
   int ctas = static_cast<int>(c);
   if (static_cast<double>(ctas) < c) ++ctas;
   if (ctas < 1) ctas = 1;

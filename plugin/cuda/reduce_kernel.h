@@ -44,18 +44,22 @@ struct ReduceShape {
 
 // How fast the reduce must go (the grid rule's input). The node-local inputs other than this rank's own, and prev,
 // arrive over links at linkGBps; the reduce only has to keep pace with them, so it is sized to that rate and no
-// faster (fewer SMs taken from concurrent compute). When nothing arrives (one input, no prev: world size 1), every
-// input is already present and nothing paces the reduce: it runs on the whole GPU (smCount CTAs).
+// faster (fewer SMs taken from concurrent compute). Only in a world of one rank does nothing arrive: every input is
+// already present and nothing paces the reduce, which then runs on the whole GPU (smCount CTAs). In a larger world
+// a reduce of one input and no prev (the final narrowing of a sum that came over the link, the first node's fold
+// with one rank per node) counts its input as arriving.
 struct ReducePace {
   double linkGBps = 370.0;  // NCCL_TIDE_LINK_GBPS
   int smCount = 132;        // the device's SMs
+  bool singleRank = false;  // a world of one rank (tideBench's reduces: true)
 };
 
 // The grid rule (docs/architecture.md, "Reduce kernel shape"). Traffic T = n * (nSrc * inSize + outSize (+ 4 with
 // prev)); incoming I = n * ((nSrc - 1) * inSize (+ 4 with prev)).
-//   paced (I > 0):  rate = kReducePaceHeadroom * linkGBps * T / I;
-//                   maxCtas = clamp(ceil(rate / kReduceCtaGBps), 1, kReduceMaxPacedCtas)
-//   unpaced (I = 0): maxCtas = smCount
+//   unpaced (I = 0 and a single-rank world): maxCtas = smCount
+//   paced (otherwise; I = 0 counts every input as incoming: I = n * nSrc * inSize):
+//                   rate = kReducePaceHeadroom * linkGBps * T / I;
+//                   maxCtas = min(clamp(ceil(rate / kReduceCtaGBps), 1, kReduceMaxPacedCtas), smCount)
 // then ctas = min(maxCtas, ceil(T / ctaBytes)); launches = min(ceil(T / (ctas * ctaBytes)), kReduceMaxLaunches);
 // units are split evenly over ctas * launches CTAs. So at most maxCtas SMs are held at a time, and a CTA moves about
 // ctaBytes (more only for chunks above maxCtas * kReduceMaxLaunches * ctaBytes of traffic) and exits. An explicit
@@ -73,8 +77,7 @@ constexpr uint64_t kReduceCtaBytes = 2ull << 20;
 constexpr int kReduceMaxLaunches = 16;  // bounds the launches queued per chunk (the stream may be blocked on flags)
 // The rule's CTA cap for args (paced: whether it came from the link rate).
 int reduceMaxCtas(const ReduceArgs& args, const ReducePace& pace, bool* paced = nullptr);
-ReduceShape reduceShape(const ReduceArgs& args, int maxCtas = 0, uint64_t ctaBytes = 0,
-                        const ReducePace& pace = ReducePace{});
+ReduceShape reduceShape(const ReduceArgs& args, int maxCtas, uint64_t ctaBytes, const ReducePace& pace);
 
 // Enqueues the kernel on stream. out[k] = fold over s of x_s[k] in the order of include/tide.h (plus prev[k]).
 // maxCtas / ctaBytes: 0 keeps the rule's (benchmarks and tests override them).
