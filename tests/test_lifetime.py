@@ -68,3 +68,25 @@ def test_closed_errors_say_so_instead_of_the_argument_hint():
     with pytest.raises(InvalidArgumentError, match="create a new one"):
         with life.use():
             pass
+
+
+def test_others_in_flight_sees_only_other_threads():
+    life = Lifetime("w")
+    inside, release = threading.Event(), threading.Event()
+
+    def call():
+        with life.use():
+            inside.set()
+            release.wait(10)
+
+    with life.use():
+        assert not life.others_in_flight()  # this thread's own call does not count
+    t = threading.Thread(target=call)
+    t.start()
+    assert inside.wait(10)
+    assert life.others_in_flight()
+    life.close(wait=False)  # abort-style: returns at once, the other call still in flight
+    assert life.closed and life.others_in_flight()
+    release.set()
+    t.join(10)
+    assert not life.others_in_flight()

@@ -59,6 +59,12 @@ class Lifetime:
                 self._cv.wait_for(lambda: not any(n for t, n in self._inflight.items() if t != me))
         return True
 
+    def others_in_flight(self) -> bool:
+        """Whether a thread other than the caller has a call in flight (close(wait=False) does not wait for them)."""
+        me = threading.get_ident()
+        with self._cv:
+            return any(n for t, n in self._inflight.items() if t != me)
+
     def reopen(self) -> None:
         """Undoes close() when the release failed and the handles stay valid (tideCommAbort's timeout)."""
         with self._cv:

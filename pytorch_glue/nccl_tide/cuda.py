@@ -150,6 +150,7 @@ class LoopbackWorld:
         _set_connections_early()
         torch = _torch()
         self._life = Lifetime("LoopbackWorld")
+        self._aborted = set()  # ranks whose tideCommAbort succeeded (abort() retries the others)
         self._comms: List[int] = []
         self._slots: List[List[int]] = []  # per allocation: one pointer per rank
         n_ranks, device = N.int_arg(n_ranks, "n_ranks"), N.int_arg(device, "device")
@@ -180,7 +181,7 @@ class LoopbackWorld:
     @property
     def streams(self):
         """The world's own streams, one per virtual rank (torch.cuda.Stream)."""
-        return list(self._streams)
+        return list(self._streams)  # valid until close(); join()/synchronize() refuse after it
 
     # -- slots ---------------------------------------------------------------------------------
     def alloc_slot(self, nbytes: int) -> List[Any]:
@@ -362,10 +363,11 @@ class LoopbackWorld:
     # -- completion --------------------------------------------------------------------------
     def join(self, stream=None) -> None:
         """Makes `stream` (default: the current torch stream) wait for every rank's stream."""
-        torch = _torch()
-        target = stream if stream is not None else torch.cuda.current_stream(self._torch_device)
-        for s in self._streams:
-            target.wait_stream(s)
+        with self._life.use():  # the streams are destroyed by close(): never order after them once it began
+            torch = _torch()
+            target = stream if stream is not None else torch.cuda.current_stream(self._torch_device)
+            for s in self._streams:
+                target.wait_stream(s)
 
     def synchronize(self, streams=None, timeout: Optional[float] = None) -> None:
         """Waits on the host for every rank's stream, polling so that a cross-rank deadlock becomes a
@@ -455,13 +457,19 @@ class LoopbackWorld:
             return
         self._life.close(wait=False)
         lib = N.lib()
+        aborted = self._aborted
         try:
             for i, c in enumerate(self._comms):
-                N.check(lib.tideCommAbort(c), f"tideCommAbort(virtual rank {i})")
-                self._comms[i] = None
+                if i not in aborted:
+                    N.check(lib.tideCommAbort(c), f"tideCommAbort(virtual rank {i})")
+                    aborted.add(i)
         finally:
-            self._comms = [c for c in self._comms if c is not None]
-            if not self._comms:
+            # A call of another thread may still be inside this world (abort does not wait for it): it must find the
+            # handles where they were (the library refuses aborted ones by name) and the streams alive, so the
+            # teardown of the Python side happens only when no such call is left; else the streams go with the
+            # process. The handle list keeps its positions until every rank is aborted (abort() again retries).
+            if len(aborted) == len(self._comms) and not self._life.others_in_flight():
+                self._comms = []
                 self._slots = []
                 _DriverStreams.destroy(self._raw_streams)
                 self._raw_streams = []

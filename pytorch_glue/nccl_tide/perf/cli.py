@@ -333,7 +333,7 @@ def _check_some_size_runs(a, dt, world: int) -> None:
     """A flat run whose every size is below 16 bytes per rank would print a header and no row: refuse it."""
     if a.layout == "flat" and not any(_per_rank_count(s, dt, world) for s in sizes(a)):
         _die(f"every size from -b {a.minbytes} to -e {a.maxbytes} is below 16 bytes per rank at {world} ranks: "
-             f"nothing to run (use -e >= {16 * world})")
+             f"nothing to run (no size reaches {16 * world} bytes: raise -b, or -e with -f 2)")
 
 
 def _flat_cases(a, dt, world: int, out) -> List[Tuple[List[int], List[int], List[tuple]]]:

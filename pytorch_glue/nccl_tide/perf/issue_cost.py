@@ -161,11 +161,11 @@ def gpu_latency_us(prepared: PreparedCalls, samples: int = 15) -> dict:
         for s in world.streams:
             s.wait_event(start)
         prepared.issue_all()
-        covered = not start.query()
         end = torch.cuda.Event(enable_timing=True)
         for s in world.streams:
             gate_stream.wait_stream(s)
         end.record(gate_stream)
+        covered = not start.query()  # after the end event is enqueued: no host gap inside the interval
         world.synchronize()
         torch.cuda.synchronize()
         if covered:
