@@ -54,11 +54,13 @@ case " $BENCH " in *" probe "*)
 echo "=== built ($(( $(date +%s) - START )) s)"
 export NCCL_TIDE_LIBRARY_PATH="$PWD/build/gpu/libnccl-tide.so"
 export PYTHONPATH="$PWD/pytorch_glue:$PWD/tests/gpu${PYTHONPATH:+:$PYTHONPATH}"
-PT=(python3 -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout=150)
 for spec in $TESTS; do
   f=${spec%%:*}; lim=${spec##*:}
   [ -f "tests/gpu/$f.py" ] || { summary+=("$f: not in this tree"); continue; }
-  step "$f" "$lim" 20 "${PT[@]}" "tests/gpu/$f.py"
+  # faulthandler dumps every thread's stack 15 s before the file's limit (or the deadline), so a hang shows where.
+  l=$(left); [ "$l" -lt "$lim" ] && lim=$l
+  step "$f" "$lim" 20 python3 -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout=$(( lim > 30 ? lim - 15 : 15 )) \
+    "tests/gpu/$f.py"
 done
 wait
 for b in $BENCH; do
