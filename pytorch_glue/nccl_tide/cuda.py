@@ -251,8 +251,10 @@ class LoopbackWorld:
             self._all_gather_ranks(layouts, slots, sendbufs, shards, rank_streams)
 
     def _all_gather_ranks(self, layouts, slots, sendbufs, shards, rank_streams) -> None:
-        for r in range(self.n_ranks):
-            self.rank_all_gather(
+        # Every rank's arguments are checked before the first rank's call is issued: a bad argument of rank k found
+        # after ranks < k had queued their part would leave those streams waiting forever.
+        calls = [
+            self._all_gather_call(
                 r,
                 layouts[r],
                 slots[r],
@@ -260,33 +262,46 @@ class LoopbackWorld:
                 shards=None if shards is None else shards[r],
                 stream=rank_streams[r],
             )
+            for r in range(self.n_ranks)
+        ]
+        for issue in calls:
+            issue()
 
     def rank_all_gather(self, rank, layout, slot, sendbuf=None, shards=None, stream=None) -> None:
         """tideAllGather for one virtual rank (every rank must make its matching call)."""
-        rank = N.int_arg(rank, "rank", 0, max(len(self._comms) - 1, 0))
         with self._life.use():
-            lib = N.lib()
-            infos = layout.params
-            slot_ptr = _ptr(slot, f"slots[{rank}]", layout.slot_bytes, at_least=True)
-            if sendbuf is not None:
-                send_ptr = _ptr(sendbuf, f"sendbufs[{rank}]", layout.send_bytes, at_least=True)
-                table = None
-            else:
-                if len(shards) != len(infos):
-                    raise InvalidArgumentError(f"shards[{rank}]: {len(shards)} tensors, layout has {len(infos)} params")
-                table = N.pointer_table(
-                    [
-                        _ptr(t, f"shards[{rank}][{i}]", p.shard_numel * p.elem_size)
-                        for i, (t, p) in enumerate(zip(shards, infos))
-                    ]
-                )
-                send_ptr = None
-            s = self._streams[rank] if stream is None else stream
+            self._all_gather_call(rank, layout, slot, sendbuf=sendbuf, shards=shards, stream=stream)()
+
+    def _all_gather_call(self, rank, layout, slot, sendbuf=None, shards=None, stream=None):
+        """Checks rank `rank`'s arguments and returns its tideAllGather as a call without arguments (issued by the
+        caller, inside its in-flight span)."""
+        rank = N.int_arg(rank, "rank", 0, max(len(self._comms) - 1, 0))
+        lib = N.lib()
+        infos = layout.params
+        slot_ptr = _ptr(slot, f"slots[{rank}]", layout.slot_bytes, at_least=True)
+        if sendbuf is not None:
+            send_ptr = _ptr(sendbuf, f"sendbufs[{rank}]", layout.send_bytes, at_least=True)
+            table = None
+        else:
+            if len(shards) != len(infos):
+                raise InvalidArgumentError(f"shards[{rank}]: {len(shards)} tensors, layout has {len(infos)} params")
+            table = N.pointer_table(
+                [
+                    _ptr(t, f"shards[{rank}][{i}]", p.shard_numel * p.elem_size)
+                    for i, (t, p) in enumerate(zip(shards, infos))
+                ]
+            )
+            send_ptr = None
+        stream_handle = self._stream_handle(self._streams[rank] if stream is None else stream)
+
+        def issue():
             with layout._use() as lh:  # safe against a concurrent layout.close()
                 N.check(
-                    lib.tideAllGather(self._comms[rank], lh, send_ptr, table, slot_ptr, self._stream_handle(s)),
+                    lib.tideAllGather(self._comms[rank], lh, send_ptr, table, slot_ptr, stream_handle),
                     f"tideAllGather(rank {rank})",
                 )
+
+        return issue
 
     def reduce_scatter(
         self, layouts, grads, outs, op="sum", scale: float = 1.0, staging=None, streams=None, out_dtype=None
@@ -301,8 +316,9 @@ class LoopbackWorld:
             self._reduce_scatter_ranks(layouts, grads, outs, op, scale, staging, rank_streams, out_dtype)
 
     def _reduce_scatter_ranks(self, layouts, grads, outs, op, scale, staging, rank_streams, out_dtype) -> None:
-        for r in range(self.n_ranks):
-            self.rank_reduce_scatter(
+        # As _all_gather_ranks: every rank's arguments checked before any rank's call is issued.
+        calls = [
+            self._reduce_scatter_call(
                 r,
                 layouts[r],
                 grads[r],
@@ -313,52 +329,56 @@ class LoopbackWorld:
                 stream=rank_streams[r],
                 out_dtype=out_dtype,
             )
+            for r in range(self.n_ranks)
+        ]
+        for issue in calls:
+            issue()
 
     def rank_reduce_scatter(
         self, rank, layout, grads, out, op="sum", scale: float = 1.0, staging=None, stream=None, out_dtype=None
     ) -> None:
         """tideReduceScatter for one virtual rank (every rank must make its matching call)."""
-        rank = N.int_arg(rank, "rank", 0, max(len(self._comms) - 1, 0))
         with self._life.use():
-            lib = N.lib()
-            infos = layout.params
-            if out_dtype is None:
-                name = str(getattr(out, "dtype", "")).replace("torch.", "")
-                rev = {v: k for k, v in _TORCH_RS_TYPES.items()}
-                if name not in rev:
-                    raise InvalidArgumentError(
-                        f"outs[{rank}]: dtype {name or type(out).__name__} is not float32/bfloat16/float16; "
-                        "pass out_dtype"
-                    )
-                out_dtype = rev[name]
-            odt = to_dtype(out_dtype)
-            if len(grads) != len(infos):
-                raise InvalidArgumentError(f"grads[{rank}]: {len(grads)} tensors, layout has {len(infos)} params")
-            table = N.pointer_table(
-                [_ptr(g, f"grads[{rank}][{i}]", p.numel * p.elem_size) for i, (g, p) in enumerate(zip(grads, infos))]
-            )
-            out_ptr = _ptr(out, f"outs[{rank}]", layout.rs_out_numel * odt.size)
-            stag = (
-                None
-                if staging is None
-                else _ptr(staging, f"staging[{rank}]", layout.rs_staging_bytes, at_least=True)
-            )
-            s = self._streams[rank] if stream is None else stream
+            self._reduce_scatter_call(rank, layout, grads, out, op=op, scale=scale, staging=staging, stream=stream,
+                                      out_dtype=out_dtype)()
+
+    def _reduce_scatter_call(
+        self, rank, layout, grads, out, op="sum", scale: float = 1.0, staging=None, stream=None, out_dtype=None
+    ):
+        """Checks rank `rank`'s arguments and returns its tideReduceScatter as a call without arguments."""
+        rank = N.int_arg(rank, "rank", 0, max(len(self._comms) - 1, 0))
+        lib = N.lib()
+        infos = layout.params
+        if out_dtype is None:
+            name = str(getattr(out, "dtype", "")).replace("torch.", "")
+            rev = {v: k for k, v in _TORCH_RS_TYPES.items()}
+            if name not in rev:
+                raise InvalidArgumentError(
+                    f"outs[{rank}]: dtype {name or type(out).__name__} is not float32/bfloat16/float16; "
+                    "pass out_dtype"
+                )
+            out_dtype = rev[name]
+        odt = to_dtype(out_dtype)
+        if len(grads) != len(infos):
+            raise InvalidArgumentError(f"grads[{rank}]: {len(grads)} tensors, layout has {len(infos)} params")
+        table = N.pointer_table(
+            [_ptr(g, f"grads[{rank}][{i}]", p.numel * p.elem_size) for i, (g, p) in enumerate(zip(grads, infos))]
+        )
+        out_ptr = _ptr(out, f"outs[{rank}]", layout.rs_out_numel * odt.size)
+        stag = None if staging is None else _ptr(staging, f"staging[{rank}]", layout.rs_staging_bytes, at_least=True)
+        op_c, scale_f = op_code(op), float(scale)
+        stream_handle = self._stream_handle(self._streams[rank] if stream is None else stream)
+
+        def issue():
             with layout._use() as lh:  # safe against a concurrent layout.close()
                 N.check(
                     lib.tideReduceScatter(
-                        self._comms[rank],
-                        lh,
-                        table,
-                        out_ptr,
-                        odt.code,
-                        op_code(op),
-                        float(scale),
-                        stag,
-                        self._stream_handle(s),
+                        self._comms[rank], lh, table, out_ptr, odt.code, op_c, scale_f, stag, stream_handle
                     ),
                     f"tideReduceScatter(rank {rank})",
                 )
+
+        return issue
 
     # -- completion --------------------------------------------------------------------------
     def join(self, stream=None) -> None:
