@@ -12,7 +12,6 @@
 #include "cuda/cuda_check.h"
 #include "cuda/reduce_kernel.h"
 #include "errors.h"
-#include "params.h"
 #include "tide.h"
 #include "tide_bench.h"
 
@@ -76,17 +75,14 @@ tideResult_t toReduceArgs(const tideBenchReduceArgs_t* a, const char* fn, tide::
 // follow the library's own rule. Without a device (the shape query is pure arithmetic, CPU-tested) the SM count is
 // ReducePace's default, an H200's 132.
 tideResult_t currentPace(tide::cuda::ReducePace* pace) {
-  // A bench reduce has no world: one input and no prev is taken as a world of one rank (nothing arrives).
-  pace->singleRank = true;
-  int device = 0, count = 0;
+  int device = -1, count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     (void)cudaGetLastError();
-    TIDE_CHECK(tide::params::status(tide::params::kLinkGBps));
-    pace->linkGBps = static_cast<double>(tide::params::linkGBps());
-    return tideSuccess;
+  } else {
+    TIDE_CUDA_CHECK(cudaGetDevice(&device));
   }
-  TIDE_CUDA_CHECK(cudaGetDevice(&device));
-  return tide::cuda::devicePace(device, pace);
+  // A bench reduce has no world: one input and no prev is taken as a world of one rank (nothing arrives).
+  return tide::cuda::devicePace(device, true, pace);
 }
 
 // Copies refuse the legacy default stream: the batch API rejects it and the fallback (cudaMemcpyAsync) may run

@@ -22,8 +22,7 @@ tideResult_t commInit(tideComm* comm) {
   comm->multicastGate = mc != 0;
   TIDE_CUDA_CHECK(cudaStreamCreateWithFlags(&comm->dumpStream, cudaStreamNonBlocking));
   TIDE_CHECK(preloadReduceKernels());
-  TIDE_CHECK(devicePace(comm->device, &comm->reducePace));
-  comm->reducePace.singleRank = comm->worldSize == 1;
+  TIDE_CHECK(devicePace(comm->device, comm->worldSize == 1, &comm->reducePace));
   TIDE_CHECK(params::status(params::kRanksPerNode));
   const int over = params::ranksPerNodeOverride();
   if (over > 0 && comm->worldSize % over != 0) {

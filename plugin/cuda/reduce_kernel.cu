@@ -268,16 +268,14 @@ tideResult_t preloadReduceKernels() {
   return preloadIn<Fp16>();
 }
 
-int reduceMaxCtas(const ReduceArgs& a, const ReducePace& pace, bool* paced) {
+int reduceMaxCtas(const ReduceArgs& a, const ReducePace& pace) {
   const uint64_t inSize = typeSize(a.inType);
   const uint64_t nSrc = static_cast<uint64_t>(a.nSrc > 0 ? a.nSrc : 0);
   const uint64_t perElem = nSrc * inSize + typeSize(a.outType) + (a.prev != nullptr ? 4 : 0);
   uint64_t incomingPerElem = (nSrc > 0 ? nSrc - 1 : 0) * inSize + (a.prev != nullptr ? 4 : 0);
   const int sms = pace.smCount > 0 ? pace.smCount : 1;
   if (incomingPerElem == 0 && !pace.singleRank) incomingPerElem = nSrc * inSize;  // its input came over a link
-  const bool byLink = incomingPerElem > 0 && pace.linkGBps > 0;
-  if (paced != nullptr) *paced = byLink;
-  if (!byLink) return sms;  // a single-rank world: nothing arrives, nothing to keep pace with
+  if (incomingPerElem == 0 || !(pace.linkGBps > 0)) return sms;  // a single-rank world: nothing to keep pace with
   const double rate =
       kReducePaceHeadroom * pace.linkGBps * static_cast<double>(perElem) / static_cast<double>(incomingPerElem);
   double c = rate / kReduceCtaGBps;
@@ -285,16 +283,18 @@ int reduceMaxCtas(const ReduceArgs& a, const ReducePace& pace, bool* paced) {
   int ctas = static_cast<int>(c);
   if (static_cast<double>(ctas) < c) ++ctas;
   if (ctas < 1) ctas = 1;
-  if (ctas > kReduceMaxPacedCtas) ctas = kReduceMaxPacedCtas;
   return ctas < sms ? ctas : sms;
 }
 
-tideResult_t devicePace(int device, ReducePace* out) {
+tideResult_t devicePace(int device, bool singleRank, ReducePace* out) {
   TIDE_CHECK(params::status(params::kLinkGBps));
-  int sms = 0;
-  TIDE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   out->linkGBps = static_cast<double>(params::linkGBps());
-  out->smCount = sms > 0 ? sms : 1;
+  out->singleRank = singleRank;
+  if (device >= 0) {
+    int sms = 0;
+    TIDE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    out->smCount = sms > 0 ? sms : 1;
+  }
   return tideSuccess;
 }
 
@@ -316,7 +316,7 @@ ReduceShape reduceShape(const ReduceArgs& a, int maxCtas, uint64_t ctaBytes, con
   }
   const uint64_t perUnit = perElem * (sh.vector ? kVec : 1);
   const uint64_t cta = ctaBytes > 0 ? ctaBytes : kReduceCtaBytes;
-  if (maxCtas <= 0) maxCtas = reduceMaxCtas(a, pace, &sh.paced);
+  if (maxCtas <= 0) maxCtas = reduceMaxCtas(a, pace);
   const uint64_t mc = static_cast<uint64_t>(maxCtas);
   uint64_t unitsPerCta = cta / perUnit;
   if (unitsPerCta < 1) unitsPerCta = 1;

@@ -38,7 +38,6 @@ struct ReduceShape {
   int threads = 0;
   uint64_t perCta = 0;   // units per CTA
   bool vector = false;   // 16-byte path (every base 16-byte aligned)
-  bool paced = false;    // sized to the link rate (else: unpaced, or an explicit maxCtas)
   uint64_t bytes = 0;    // HBM traffic of the whole reduce: inputs read + prev read + output written
 };
 
@@ -75,8 +74,8 @@ constexpr double kReducePaceHeadroom = 1.25;
 constexpr int kReduceMaxPacedCtas = 32;
 constexpr uint64_t kReduceCtaBytes = 2ull << 20;
 constexpr int kReduceMaxLaunches = 16;  // bounds the launches queued per chunk (the stream may be blocked on flags)
-// The rule's CTA cap for args (paced: whether it came from the link rate).
-int reduceMaxCtas(const ReduceArgs& args, const ReducePace& pace, bool* paced = nullptr);
+// The rule's CTA cap for args.
+int reduceMaxCtas(const ReduceArgs& args, const ReducePace& pace);
 ReduceShape reduceShape(const ReduceArgs& args, int maxCtas, uint64_t ctaBytes, const ReducePace& pace);
 
 // Enqueues the kernel on stream. out[k] = fold over s of x_s[k] in the order of include/tide.h (plus prev[k]).
@@ -84,9 +83,10 @@ ReduceShape reduceShape(const ReduceArgs& args, int maxCtas, uint64_t ctaBytes, 
 tideResult_t launchReduce(const ReduceArgs& args, cudaStream_t stream, const ReducePace& pace, int maxCtas = 0,
                           uint64_t ctaBytes = 0);
 
-// The pace of `device`: NCCL_TIDE_LINK_GBPS (an invalid value is an error, as for every parameter that changes
-// behaviour) and the device's SM count. Queried once per comm (commInit), not per call.
-tideResult_t devicePace(int device, ReducePace* out);
+// The pace of a rank on `device`: NCCL_TIDE_LINK_GBPS (an invalid value is an error, as for every parameter that
+// changes behaviour), the device's SM count (device < 0: no device, ReducePace's default) and whether its world
+// has one rank. Queried once per comm (commInit), not per call.
+tideResult_t devicePace(int device, bool singleRank, ReducePace* out);
 
 // Loads every reduce kernel into the current device's context now. Required before the first RS: under lazy
 // module loading (CUDA_MODULE_LOADING=LAZY, which PyTorch sets) the first launch of a kernel loads it, and loading
