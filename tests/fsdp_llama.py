@@ -67,6 +67,22 @@ def init_worker(rank: int, world: int, port: int):
     return dist
 
 
+def run_worker(rank: int, world: int, port: int, cases: str, run_case, counter) -> None:
+    """The body of every FSDP2 test worker: init gloo, run_case(rank, case, counter) for each of the ';'-separated
+    cases, then print one JSON line (rank, results, whether TIDE's FSDP patch is still installed) and leave."""
+    dist = init_worker(rank, world, port)
+    results = [run_case(rank, case, counter) for case in cases.split(";")]
+    from nccl_tide.fsdp import _patch
+
+    dist.barrier()
+    dist.destroy_process_group()
+    print(json.dumps({"rank": rank, "results": results, "patched_at_exit": _patch.installed()}))
+    # The result is out; skip interpreter teardown, where torch's gloo threads occasionally abort the process
+    # ("terminate called without an active exception") under CPU load, after the work under test is done.
+    sys.stdout.flush()
+    os._exit(0)
+
+
 def build_model(seed: int = 0, tied: bool = False, layers: int = LAYERS):
     import torch
     import torch.nn as nn

@@ -13,7 +13,6 @@ Case string: name,attr=<experts attribute>,edp=<0|1 experts on their own mesh>,s
 Run by hand: python tests/test_fsdp_filter.py worker <rank> <world> <port> <cases>
 """
 
-import json
 import logging
 import os
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fsdp_llama import VOCAB, init_worker, launch  # noqa: E402
+from fsdp_llama import VOCAB, launch, run_worker  # noqa: E402
 from test_fsdp_parity import _StockCounter  # noqa: E402
 from test_fsdp_training import _bitexact, _compare, _run_accum, _use_sim_native  # noqa: E402
 
@@ -342,16 +341,7 @@ def run_case(rank, case, counter):
 
 
 def worker(rank, world, port, cases):
-    dist = init_worker(rank, world, port)
-    counter = _StockCounter()
-    results = [run_case(rank, c, counter) for c in cases.split(";")]
-    from nccl_tide.fsdp import _patch
-
-    dist.barrier()
-    dist.destroy_process_group()
-    print(json.dumps({"rank": rank, "results": results, "patched_at_exit": _patch.installed()}))
-    sys.stdout.flush()
-    os._exit(0)  # see test_fsdp_parity.worker
+    run_worker(rank, world, port, cases, run_case, _StockCounter())
 
 
 # ------------------------------------------------------------------------------------------

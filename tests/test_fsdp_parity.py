@@ -16,8 +16,6 @@ and parameters. What the tolerances rest on:
 Run by hand: python tests/test_fsdp_parity.py worker <rank> <world> <port> <case>
 """
 
-import json
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -25,7 +23,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fsdp_llama import VOCAB, batch, build_model, init_worker, launch  # noqa: E402
+from fsdp_llama import VOCAB, batch, build_model, launch, run_worker  # noqa: E402
 
 pytest.importorskip("torch")
 
@@ -236,18 +234,7 @@ def run_case(rank, case, counter):
 
 
 def worker(rank, world, port, cases):
-    dist = init_worker(rank, world, port)
-    counter = _StockCounter()
-    results = [run_case(rank, case, counter) for case in cases.split(";")]
-    from nccl_tide.fsdp import _patch
-
-    dist.barrier()
-    dist.destroy_process_group()
-    print(json.dumps({"rank": rank, "results": results, "patched_at_exit": _patch.installed()}))
-    # The result is out; skip interpreter teardown, where torch's gloo threads occasionally abort the process
-    # ("terminate called without an active exception") under CPU load, after the work under test is done.
-    sys.stdout.flush()
-    os._exit(0)
+    run_worker(rank, world, port, cases, run_case, _StockCounter())
 
 
 # ------------------------------------------------------------------------------------------

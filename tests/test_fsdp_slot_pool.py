@@ -16,8 +16,6 @@ Case string: name,k=K,layers=N,raf=<T|F per block>,root=<T|F|auto>,accum=A,fwd=<
 Run by hand: python tests/test_fsdp_slot_pool.py worker <rank> <world> <port> <cases>
 """
 
-import json
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -25,7 +23,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fsdp_llama import build_model, init_worker, launch  # noqa: E402
+from fsdp_llama import build_model, launch, run_worker  # noqa: E402
 from test_fsdp_parity import _StockCounter  # noqa: E402
 from test_fsdp_training import _bitexact, _close4, _compare, _run_accum, _use_sim_native  # noqa: E402
 
@@ -132,14 +130,7 @@ def run_case(rank, case, counter):
 
 
 def worker(rank, world, port, cases):
-    dist = init_worker(rank, world, port)
-    counter = _StockCounter()
-    results = [run_case(rank, c, counter) for c in cases.split(";")]
-    dist.barrier()
-    dist.destroy_process_group()
-    print(json.dumps({"rank": rank, "results": results}))
-    sys.stdout.flush()
-    os._exit(0)  # see test_fsdp_parity.worker
+    run_worker(rank, world, port, cases, run_case, _StockCounter())
 
 
 # ------------------------------------------------------------------------------------------

@@ -13,8 +13,6 @@ within 2^-22 of the largest gradient, later steps at bf16 resolution of the upda
 Run by hand: python tests/test_fsdp_training.py worker <rank> <world> <port> <cases>
 """
 
-import json
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -22,7 +20,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fsdp_llama import VOCAB, batch, build_model, init_worker, launch  # noqa: E402
+from fsdp_llama import VOCAB, batch, build_model, launch, run_worker  # noqa: E402
 from test_fsdp_parity import _bits_equal, _maxdiff, _shard, _StockCounter  # noqa: E402
 
 pytest.importorskip("torch")
@@ -207,16 +205,7 @@ def run_case(rank, name, counter):
 
 
 def worker(rank, world, port, cases):
-    dist = init_worker(rank, world, port)
-    counter = _StockCounter()
-    results = [run_case(rank, c, counter) for c in cases.split(";")]
-    from nccl_tide.fsdp import _patch
-
-    dist.barrier()
-    dist.destroy_process_group()
-    print(json.dumps({"rank": rank, "results": results, "patched_at_exit": _patch.installed()}))
-    sys.stdout.flush()
-    os._exit(0)  # see test_fsdp_parity.worker
+    run_worker(rank, world, port, cases, run_case, _StockCounter())
 
 
 # ------------------------------------------------------------------------------------------

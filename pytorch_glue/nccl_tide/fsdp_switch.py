@@ -33,19 +33,26 @@ ENV = "NCCL_TIDE_FSDP"
 _log = get_logger("fsdp")
 
 
-def resolve_scope(scope: Optional[str], env: Optional[Mapping[str, str]] = None) -> Optional[str]:
-    """The effective scope: "all", "dense" or None (off), after the NCCL_TIDE_FSDP kill switch."""
+def killed(env: Optional[Mapping[str, str]] = None) -> bool:
+    """NCCL_TIDE_FSDP=0: True (stock FSDP2 whatever the config or the code asks; nccl_tide.fsdp.enable() reads it
+    too); 1 or unset: False; anything else is an InvalidArgumentError."""
     env = os.environ if env is None else env
     kill = env.get(ENV)
     if kill is not None and kill not in ("0", "1"):
         raise InvalidArgumentError(f"{ENV}={kill!r}: use 0 (stock FSDP2 whatever the config says) or 1 (the config "
                                    "decides); unset is 1")
+    return kill == "0"
+
+
+def resolve_scope(scope: Optional[str], env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The effective scope: "all", "dense" or None (off), after the NCCL_TIDE_FSDP kill switch."""
+    kill = killed(env)
     if scope is None or (isinstance(scope, str) and scope.strip().lower() in ("", "none")):
         return None
     if not isinstance(scope, str) or scope.strip().lower() not in SCOPES:
         raise InvalidArgumentError(f"TIDE FSDP scope {scope!r}: use 'all', 'dense' or None (off), as "
                                    "torchtitan's fsdp_symm_mem_scope")
-    if kill == "0":
+    if kill:
         return None
     return scope.strip().lower()
 
@@ -151,4 +158,4 @@ def apply(model, scope: Optional[str] = "all", *, env: Optional[Mapping[str, str
     return enable_fn(model, module_filter=keep, **enable_kwargs)
 
 
-__all__ = ["ENV", "SCOPES", "apply", "dense_filter", "expert_owners", "is_expert", "resolve_scope"]
+__all__ = ["ENV", "SCOPES", "apply", "dense_filter", "expert_owners", "is_expert", "killed", "resolve_scope"]

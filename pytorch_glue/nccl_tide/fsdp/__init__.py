@@ -15,7 +15,6 @@ keeps stock FSDP2 and warns once, saying why; modules a module_filter excludes k
 too (an INFO line, not a warning: the caller asked for it). Details: docs/fsdp.md.
 """
 
-import os
 import weakref
 from typing import Callable, List, Optional
 
@@ -26,6 +25,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
 from .._log import get_logger
+from .. import fsdp_switch
 from ..errors import InvalidArgumentError, InvalidUsageError
 from ..reference_executor import get_executor
 from . import _adapter, _patch, _slot_pool
@@ -213,7 +213,7 @@ def enable(
         raise InvalidUsageError(
             "nccl_tide.fsdp.enable(): call torch.distributed.init_process_group and fully_shard first"
         )
-    killed = _kill_switch()
+    killed = fsdp_switch.killed()  # NCCL_TIDE_FSDP=0: every group stock
     labels = {}
     fsdp_names: List[str] = []
     where = {}  # id(pg) -> (its FSDPState, no FSDP ancestor)
@@ -229,7 +229,7 @@ def enable(
                 labels.setdefault(id(pg), (pg, name or "<root>"))
                 where.setdefault(id(pg), (state, top))
                 if not keep:
-                    excluded[id(pg)] = (f"{KILL_ENV}=0 (stock FSDP2 for every group)" if killed
+                    excluded[id(pg)] = (f"{fsdp_switch.ENV}=0 (stock FSDP2 for every group)" if killed
                                         else f"module_filter excluded {name or '<root>'}")
     selection = _adapter.select()
     static = {}
@@ -285,7 +285,7 @@ def enable(
     for reason, names in reasons.items():
         warn_once(f"nccl_tide.fsdp: keeping stock FSDP2 for {_shown(names)}: {reason}")
     if killed:
-        _log.info("%s=0: keeping stock FSDP2 for every group (%d module(s))", KILL_ENV, len(filtered))
+        _log.info("%s=0: keeping stock FSDP2 for every group (%d module(s))", fsdp_switch.ENV, len(filtered))
     elif filtered:
         _log.info("module_filter: keeping stock FSDP2 for %s (%d module(s))", _shown(filtered), len(filtered))
     if handle.groups:
@@ -298,18 +298,6 @@ def enable(
 
 def _shown(names: List[str]) -> str:
     return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-
-
-KILL_ENV = "NCCL_TIDE_FSDP"  # 0: enable() keeps stock FSDP2 for every group (also fsdp_switch's kill switch)
-
-
-def _kill_switch() -> bool:
-    """NCCL_TIDE_FSDP=0: True; 1 or unset: False; anything else is an error (as fsdp_switch.resolve_scope)."""
-    v = os.environ.get(KILL_ENV)
-    if v is not None and v not in ("0", "1"):
-        raise InvalidArgumentError(f"{KILL_ENV}={v!r}: use 0 (stock FSDP2 whatever the code asks) or 1 (enable() "
-                                   "decides); unset is 1")
-    return v == "0"
 
 
 def _filter_keeps(module_filter, name: str, module: nn.Module) -> bool:
