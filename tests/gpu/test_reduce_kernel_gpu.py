@@ -31,7 +31,7 @@ def _host_oracle(torch, xs_cpu, out_type, op, scale):
 
     W, n = len(xs_cpu), xs_cpu[0].numel()
     name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[xs_cpu[0].dtype]
-    with Layout([W * n], name, W) as lay:
+    with Layout([W * n], name, W, ranks_per_node=W) as lay:  # one node: the kernel folds all W in order
         assert lay.params[0].shard_numel == n
         # Only rank 0's output is compared: the other ranks' elements are filler (zeros, cheap to make).
         grads = [[torch.cat([x, torch.zeros(W * n - n, dtype=x.dtype)])] for x in xs_cpu]
@@ -56,11 +56,20 @@ CASES = [
     (777_777, 4, "bf16", "fp16", "avg", 2, 0, 0),  # unaligned: the element path
     (5000, 2, "fp16", "fp32", "sum", 4, 2, 4096),  # 4-byte aligned (fp32 out): the element path
     (8 << 20, 8, "bf16", "fp32", "sum", 0, 0, 0),  # one default chunk: 4 CTAs x 16 launches
+    (262_147, 16, "bf16", "fp32", "sum", 0, 0, 0),  # 16 sources (two virtual nodes' worth); partial last tile
+    (100_003, 17, "bf16", "fp32", "sum", 0, 0, 0),
+    (333_333, 1, "bf16", "bf16", "avg", 0, 5, 1 << 15),  # one source, small CTAs (a tile larger than a CTA's slice)
+    (1_234_567, 2, "fp16", "fp32", "premul", 0, 2, 0),  # 2 sources: 4 passes per tile
 ]
 
 
+def _staged_applies(it, nsrc, mis, stride, prev=False):
+    return it != "fp32" and mis == 0 and stride % 16 == 0
+
+
+@pytest.mark.parametrize("kernel", ["register", "staged"])
 @pytest.mark.parametrize("n,nsrc,it,ot,op,mis,mc,cb", CASES)
-def test_reduce_bit_exact_vs_host_executor(torch_cuda, n, nsrc, it, ot, op, mis, mc, cb):
+def test_reduce_bit_exact_vs_host_executor(torch_cuda, n, nsrc, it, ot, op, mis, mc, cb, kernel):
     torch = torch_cuda
     from nccl_tide import _bench as B
 
@@ -81,9 +90,10 @@ def test_reduce_bit_exact_vs_host_executor(torch_cuda, n, nsrc, it, ot, op, mis,
     _poison(torch, out_raw)
     scale = 0.37
     args = B.reduce_args(raw.data_ptr() + mis, stride, nsrc, n, out_raw.data_ptr() + mis, it, ot, op, scale,
-                         float(nsrc), None, mc, cb)
+                         float(nsrc), None, mc, cb, kernel)
     shape = B.reduce_shape(args)
     assert shape["vector"] == (mis == 0 and stride % 16 == 0)
+    assert shape["staged"] == (kernel == "staged" and _staged_applies(it, nsrc, mis, stride))
     if mc:
         assert shape["ctas"] <= mc
     else:  # paced to the link: at most kReduceMaxPacedCtas (one input: nothing arrives, the whole GPU)
@@ -126,9 +136,10 @@ def test_reduce_refuses_element_misaligned_pointers(torch_cuda, in_off, stride_o
     assert torch.equal(out[:n], ref[0] + ref[1] + ref[2])
 
 
+@pytest.mark.parametrize("kernel", ["register", "staged"])
 @pytest.mark.parametrize("in_place", [False, True])
 @pytest.mark.parametrize("n,ot,op", [(100_003, "fp32", "sum"), (1 << 20, "fp32", "avg"), (4101, "bf16", "premul")])
-def test_reduce_with_running_sum(torch_cuda, n, ot, op, in_place):
+def test_reduce_with_running_sum(torch_cuda, n, ot, op, in_place, kernel):
     torch = torch_cuda
     from nccl_tide import _bench as B
 
@@ -136,11 +147,16 @@ def test_reduce_with_running_sum(torch_cuda, n, ot, op, in_place):
         pytest.skip("in place needs an fp32 output")
     W, scale = 4, 1.25
     g = torch.Generator(device="cuda").manual_seed(n)
-    x = torch.randn(W, n, generator=g, device="cuda").bfloat16()
+    npad = (n + 7) // 8 * 8  # 16-byte source stride: the 16-byte paths (and the n % 8 tail) run
+    xp = torch.randn(W, npad, generator=g, device="cuda").bfloat16()
+    x = xp[:, :n]
     prev = torch.randn(n, generator=g, device="cuda")
     prev_cpu = prev.cpu()
     out = prev if in_place else torch.full((n,), float("nan"), device="cuda").to(_tt(torch, ot))
-    args = B.reduce_args(x.data_ptr(), n * 2, W, n, out.data_ptr(), "bf16", ot, op, scale, 8.0, prev.data_ptr())
+    args = B.reduce_args(xp.data_ptr(), npad * 2, W, n, out.data_ptr(), "bf16", ot, op, scale, 8.0, prev.data_ptr(),
+                         kernel=kernel)
+    shape = B.reduce_shape(args)
+    assert shape["vector"] and shape["staged"] == (kernel == "staged")
     B.reduce(args, torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
     xc = x.cpu().float()
