@@ -161,27 +161,26 @@ def main(argv=None):
         ref = ref + inp[s * n:(s + 1) * n].float()
     stream = torch.cuda.current_stream().cuda_stream
     traffic = n * (2 * W + 4)
-    for kernel in ("register", "staged"):
-        for G in ([1, 2, 3, 4, 6, 8, 16, 32, sms] if not a.quick else [1, 4, 8, sms]) + [0]:
-            # G CTAs in one launch: bytes per CTA just above traffic / G (0 and 0: the library's rule).
-            args = B.reduce_args(inp.data_ptr(), n * 2, W, n, out.data_ptr(), max_ctas=G,
-                                 cta_bytes=(traffic // G + 8 * (2 * W + 4)) if G else 0, kernel=kernel)
-            try:
-                shape = B.reduce_shape(args)
-                out.fill_(float("nan"))
-                ms = events_ms(lambda: B.reduce(args, stream))
-                exact = bool(torch.equal(out, ref))
-                ctas = shape["ctas"]
-                d = {"kernel": kernel, "max_ctas": G, "rule": G == 0, "shape": shape, "ms": ms,
-                     "GBps": traffic / ms / 1e6, "GBps_per_cta": traffic / ms / 1e6 / ctas, "bit_exact": exact,
-                     "sm_weighted_us": ms * 1e3 * min(1.0, ctas / sms)}
-                res["reduce"].append(d)
-                print(f"[smbw] reduce {kernel:8} {'rule' if G == 0 else f'G={G}':>6} ({ctas} CTAs x "
-                      f"{shape['launches']} launches): {d['GBps']:8.1f} GB/s, {d['GBps_per_cta']:.1f} per CTA, "
-                      f"{ms * 1e3:.1f} us, exact {exact}", flush=True)
-            except Exception as e:
-                res["errors"].append({"what": f"reduce {kernel} G={G}", "error": f"{type(e).__name__}: {e}"})
-                print(f"[smbw] reduce {kernel} G={G} FAILED: {e}", flush=True)
+    for G in ([1, 2, 3, 4, 6, 8, 16, 32, sms] if not a.quick else [1, 4, 8, sms]) + [0]:
+        # G CTAs in one launch: bytes per CTA just above traffic / G (0 and 0: the library's rule).
+        args = B.reduce_args(inp.data_ptr(), n * 2, W, n, out.data_ptr(), max_ctas=G,
+                             cta_bytes=(traffic // G + 8 * (2 * W + 4)) if G else 0)
+        try:
+            shape = B.reduce_shape(args)
+            out.fill_(float("nan"))
+            ms = events_ms(lambda: B.reduce(args, stream))
+            exact = bool(torch.equal(out, ref))
+            ctas = shape["ctas"]
+            d = {"max_ctas": G, "rule": G == 0, "shape": shape, "ms": ms, "GBps": traffic / ms / 1e6,
+                 "GBps_per_cta": traffic / ms / 1e6 / ctas, "bit_exact": exact,
+                 "sm_weighted_us": ms * 1e3 * min(1.0, ctas / sms)}
+            res["reduce"].append(d)
+            print(f"[smbw] reduce {'rule' if G == 0 else f'G={G}':>6} ({ctas} CTAs x {shape['launches']} launches): "
+                  f"{d['GBps']:8.1f} GB/s, {d['GBps_per_cta']:.1f} per CTA, {ms * 1e3:.1f} us, exact {exact}",
+                  flush=True)
+        except Exception as e:
+            res["errors"].append({"what": f"reduce G={G}", "error": f"{type(e).__name__}: {e}"})
+            print(f"[smbw] reduce G={G} FAILED: {e}", flush=True)
     # References on the whole GPU.
     big = torch.empty(GiB // 4, dtype=torch.float32, device=dev)
     cms = events_ms(lambda: big.copy_(src.view(torch.float32)))
@@ -193,23 +192,20 @@ def main(argv=None):
           f"{res['torch_sum_GBps']:.0f} GB/s", flush=True)
     # What the rule needs: reduce traffic per incoming byte, times the link rate.
     need = a.link_gbps * (2 * W + 4) / (2 * (W - 1))
-    res["rule"] = {}
-    for kernel in ("register", "staged"):
-        one_cta = next((d for d in res["reduce"] if d["max_ctas"] == 1 and d["kernel"] == kernel), None)
-        if one_cta:
-            res["rule"][kernel] = {"link_gbps": a.link_gbps, "reduce_GBps_needed": need,
-                                   "reduce_GBps_per_cta": one_cta["GBps_per_cta"],
-                                   "ctas_to_keep_up": math.ceil(need / one_cta["GBps_per_cta"])}
-            print(f"[smbw] {kernel}: to keep up with {a.link_gbps:g} GB/s incoming: {need:.0f} GB/s of reduce "
-                  f"traffic = {res['rule'][kernel]['ctas_to_keep_up']} CTAs at {one_cta['GBps_per_cta']:.1f} GB/s "
-                  f"each", flush=True)
-    bad = [(d["kernel"], d["max_ctas"]) for d in res["reduce"] if not d["bit_exact"]]
+    one_cta = next((d for d in res["reduce"] if d["max_ctas"] == 1), None)
+    if one_cta:
+        res["rule"] = {"link_gbps": a.link_gbps, "reduce_GBps_needed": need,
+                       "reduce_GBps_per_cta": one_cta["GBps_per_cta"],
+                       "ctas_to_keep_up": math.ceil(need / one_cta["GBps_per_cta"])}
+        print(f"[smbw] to keep up with {a.link_gbps:g} GB/s incoming: {need:.0f} GB/s of reduce traffic = "
+              f"{res['rule']['ctas_to_keep_up']} CTAs at {one_cta['GBps_per_cta']:.1f} GB/s each", flush=True)
+    bad = [d for d in res["reduce"] if not d["bit_exact"]]
     if a.out:
         os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, "sm_bandwidth.json"), "w") as f:
             json.dump(res, f, indent=1)
     if bad:
-        print(f"[smbw] reduce NOT bit-exact for {bad}")
+        print(f"[smbw] reduce NOT bit-exact for {[d['max_ctas'] for d in bad]}")
     return 1 if bad else 0
 
 

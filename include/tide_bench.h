@@ -20,7 +20,7 @@
 extern "C" {
 #endif
 
-#define TIDE_BENCH_REDUCE_ARGS_VERSION 2
+#define TIDE_BENCH_REDUCE_ARGS_VERSION 1
 
 /* One reduce on device buffers: out[k] = post(prev[k] + fold over s < nSrc of pre(in_s[k])), in_s at
  * staging + s * srcStride bytes, in the accumulation order of include/tide.h. The shape follows the library's rule
@@ -43,14 +43,13 @@ typedef struct {
   const float* prev; /* NULL, or the running fp32 sum (n elements; may equal out when outType is fp32) */
   int maxCtas;       /* 0: the rule's */
   uint64_t ctaBytes; /* 0: the rule's */
-  int kernel;        /* 0: the rule's; 1: the register kernel; 2: the staged (TMA bulk) kernel where it applies */
 } tideBenchReduceArgs_t;
 
 /* Enqueues the library's reduce kernel(s) on stream (of the current device; NULL: the legacy default stream). */
 tideResult_t tideBenchReduce(const tideBenchReduceArgs_t* args, void* stream);
 
-/* The shape the launcher would use for args: CTAs per launch, launches, threads per CTA, the path (*vector: 0
- * element by element, 1 the 16-byte register kernel, 2 the staged kernel), and the reduce's HBM traffic in bytes. Launches nothing; it reads the current device's SM count when a
+/* The shape the launcher would use for args: CTAs per launch, launches, threads per CTA, whether the 16-byte path
+ * applies, and the reduce's HBM traffic in bytes. Launches nothing; it reads the current device's SM count when a
  * device is present (else 132, an H200's). */
 tideResult_t tideBenchReduceShape(const tideBenchReduceArgs_t* args, int* ctas, int* launches, int* threads,
                                   int* vector, uint64_t* bytes);

@@ -54,10 +54,6 @@ tideResult_t toReduceArgs(const tideBenchReduceArgs_t* a, const char* fn, tide::
   if (a->maxCtas < 0 || a->maxCtas > 65535) {
     return tide::fail(tideInvalidArgument, "Bench", "%s: maxCtas %d (0: the rule's, else 1..65535)", fn, a->maxCtas);
   }
-  if (a->kernel < 0 || a->kernel > 2) {
-    return tide::fail(tideInvalidArgument, "Bench", "%s: kernel %d (0: the rule's, 1 register, 2 staged)", fn,
-                      a->kernel);
-  }
   if (a->prev != nullptr && a->outType != tideFloat32 && static_cast<const void*>(a->prev) == a->out) {
     return tide::fail(tideInvalidArgument, "Bench", "%s: prev may equal out only with an fp32 output", fn);
   }
@@ -109,8 +105,7 @@ TIDE_EXPORT tideResult_t tideBenchReduce(const tideBenchReduceArgs_t* args, void
   TIDE_CHECK(preloadOnce());
   tide::cuda::ReducePace pace;
   if (args->maxCtas <= 0) TIDE_CHECK(currentPace(&pace));  // an explicit CTA cap needs no pace
-  return tide::cuda::launchReduce(r, static_cast<cudaStream_t>(stream), pace, args->maxCtas, args->ctaBytes,
-                                  static_cast<tide::cuda::ReduceKernel>(args->kernel));
+  return tide::cuda::launchReduce(r, static_cast<cudaStream_t>(stream), pace, args->maxCtas, args->ctaBytes);
   TIDE_API_END
 }
 
@@ -121,12 +116,11 @@ TIDE_EXPORT tideResult_t tideBenchReduceShape(const tideBenchReduceArgs_t* args,
   TIDE_CHECK(toReduceArgs(args, __func__, &r));
   tide::cuda::ReducePace pace;
   if (args->maxCtas <= 0) TIDE_CHECK(currentPace(&pace));
-  const tide::cuda::ReduceShape sh = tide::cuda::reduceShape(r, args->maxCtas, args->ctaBytes, pace,
-                                                             static_cast<tide::cuda::ReduceKernel>(args->kernel));
+  const tide::cuda::ReduceShape sh = tide::cuda::reduceShape(r, args->maxCtas, args->ctaBytes, pace);
   if (ctas) *ctas = sh.ctas;
   if (launches) *launches = sh.launches;
   if (threads) *threads = sh.threads;
-  if (vector) *vector = sh.staged ? 2 : sh.vector ? 1 : 0;
+  if (vector) *vector = sh.vector ? 1 : 0;
   if (bytes) *bytes = sh.bytes;
   return tideSuccess;
   TIDE_API_END

@@ -176,8 +176,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-#include "reduce_staged.cuh"
-
 // Element by element over [unitBase + blockIdx.x * perCta, + perCta) ∩ [0, end): unaligned bases, and the n % 8
 // tail of the 16-byte path.
 template <typename InT, typename OutT, bool kPrev>
@@ -209,12 +207,7 @@ tideResult_t launchShape(const ReduceArgs& a, const ReduceShape& sh, cudaStream_
   const uint64_t units = sh.vector ? a.n / kVec : a.n;
   for (int l = 0; l < sh.launches; ++l) {
     const uint64_t base = static_cast<uint64_t>(l) * static_cast<uint64_t>(sh.ctas) * sh.perCta;
-    if (sh.staged) {
-      if constexpr (sizeof(InT) == 2) {
-        reduceStagedKernel<InT, OutT, kPrev><<<sh.ctas, kStagedThreads, sh.smemBytes, stream>>>(
-            s, a.srcStride, a.nSrc, units, a.prev, out, op, base, sh.perCta);
-      }
-    } else if (sh.vector) {
+    if (sh.vector) {
       reduceVecKernel<InT, OutT, kPrev><<<sh.ctas, kThreads, 0, stream>>>(s, a.srcStride, a.nSrc, units, a.prev, out,
                                                                           op, base, sh.perCta);
     } else {
@@ -258,14 +251,6 @@ tideResult_t preloadPair() {
   TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, reduceVecKernel<InT, OutT, true>));
   TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, reduceScalarKernel<InT, OutT, false>));
   TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, reduceScalarKernel<InT, OutT, true>));
-  if constexpr (sizeof(InT) == 2) {
-    // The staged kernel's stages exceed the 48 KiB default: opt in once per device (never per launch: the call is
-    // not allowed while a stream is being captured).
-    TIDE_CUDA_CHECK(cudaFuncSetAttribute(reduceStagedKernel<InT, OutT, false>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kStagedSmemBytes));
-    TIDE_CUDA_CHECK(cudaFuncSetAttribute(reduceStagedKernel<InT, OutT, true>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kStagedSmemBytes));
-  }
   return tideSuccess;
 }
 
@@ -284,7 +269,7 @@ tideResult_t preloadReduceKernels() {
   return preloadIn<Fp16>();
 }
 
-int reduceMaxCtas(const ReduceArgs& a, const ReducePace& pace, bool staged) {
+int reduceMaxCtas(const ReduceArgs& a, const ReducePace& pace) {
   const uint64_t inSize = typeSize(a.inType);
   const uint64_t nSrc = static_cast<uint64_t>(a.nSrc > 0 ? a.nSrc : 0);
   const uint64_t perElem = nSrc * inSize + typeSize(a.outType) + (a.prev != nullptr ? 4 : 0);
@@ -294,7 +279,7 @@ int reduceMaxCtas(const ReduceArgs& a, const ReducePace& pace, bool staged) {
   if (incomingPerElem == 0 || !(pace.linkGBps > 0)) return sms;  // a single-rank world: nothing to keep pace with
   const double rate =
       kReducePaceHeadroom * pace.linkGBps * static_cast<double>(perElem) / static_cast<double>(incomingPerElem);
-  double c = rate / (staged ? kReduceStagedCtaGBps : kReduceCtaGBps);
+  double c = rate / kReduceCtaGBps;
   if (!(c < kReduceMaxPacedCtas)) c = kReduceMaxPacedCtas;  // also NaN; before the cast, which would overflow
   int ctas = static_cast<int>(c);
   if (static_cast<double>(ctas) < c) ++ctas;
@@ -314,18 +299,12 @@ tideResult_t devicePace(int device, bool singleRank, ReducePace* out) {
   return tideSuccess;
 }
 
-ReduceShape reduceShape(const ReduceArgs& a, int maxCtas, uint64_t ctaBytes, const ReducePace& pace,
-                        ReduceKernel kernel) {
+ReduceShape reduceShape(const ReduceArgs& a, int maxCtas, uint64_t ctaBytes, const ReducePace& pace) {
   ReduceShape sh;
   sh.threads = kThreads;
   const uintptr_t in = reinterpret_cast<uintptr_t>(a.staging), o = reinterpret_cast<uintptr_t>(a.out);
   sh.vector = in % 16 == 0 && a.srcStride % 16 == 0 && o % 16 == 0 &&
               (a.prev == nullptr || reinterpret_cast<uintptr_t>(a.prev) % 16 == 0);
-  if (sh.vector && kernel != ReduceKernel::kRegister && typeSize(a.inType) == 2) {
-    sh.staged = true;
-    sh.threads = kStagedThreads;
-    sh.smemBytes = kStagedSmemBytes;
-  }
   const uint64_t perElem = static_cast<uint64_t>(a.nSrc > 0 ? a.nSrc : 0) * typeSize(a.inType) +
                            typeSize(a.outType) + (a.prev != nullptr ? 4 : 0);
   sh.bytes = a.n * perElem;
@@ -338,7 +317,7 @@ ReduceShape reduceShape(const ReduceArgs& a, int maxCtas, uint64_t ctaBytes, con
   }
   const uint64_t perUnit = perElem * (sh.vector ? kVec : 1);
   const uint64_t cta = ctaBytes > 0 ? ctaBytes : kReduceCtaBytes;
-  if (maxCtas <= 0) maxCtas = reduceMaxCtas(a, pace, sh.staged);
+  if (maxCtas <= 0) maxCtas = reduceMaxCtas(a, pace);
   const uint64_t mc = static_cast<uint64_t>(maxCtas);
   uint64_t unitsPerCta = cta / perUnit;
   if (unitsPerCta < 1) unitsPerCta = 1;
@@ -354,7 +333,7 @@ ReduceShape reduceShape(const ReduceArgs& a, int maxCtas, uint64_t ctaBytes, con
 }
 
 tideResult_t launchReduce(const ReduceArgs& a, cudaStream_t stream, const ReducePace& pace, int maxCtas,
-                          uint64_t ctaBytes, ReduceKernel kernel) {
+                          uint64_t ctaBytes) {
   if (a.n == 0) return tideSuccess;
   if (a.nSrc < 1) return fail(tideInvalidArgument, "Cuda", "reduce: nSrc is %d (at least 1)", a.nSrc);
   if (!supported(a.inType) || !supported(a.outType)) {
@@ -373,7 +352,7 @@ tideResult_t launchReduce(const ReduceArgs& a, cudaStream_t stream, const Reduce
                 a.staging, a.srcStride, a.out, static_cast<const void*>(a.prev), typeSize(a.inType),
                 typeSize(a.outType));
   }
-  const ReduceShape sh = reduceShape(a, maxCtas, ctaBytes, pace, kernel);
+  const ReduceShape sh = reduceShape(a, maxCtas, ctaBytes, pace);
   switch (a.inType) {
     case tideFloat32:
       return launchIn<float>(a, sh, stream);

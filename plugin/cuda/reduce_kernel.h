@@ -32,19 +32,12 @@ struct ReduceArgs {
 // How one reduce is launched: `launches` kernels in a row on the stream, each of `ctas` CTAs of `threads` threads;
 // CTA b of launch l handles the contiguous units [(l * ctas + b) * perCta, ... + perCta) (units: 8-element vectors
 // on the 16-byte path, elements otherwise), so every CTA does a bounded amount of work and exits.
-// Which kernel folds a reduce. kStaged (2-byte inputs on the 16-byte path, at most 16 sources): inputs staged in
-// shared memory by TMA bulk copies (reduce_staged.cuh); kRegister: 16-byte loads into registers; kScalar: element
-// by element (unaligned bases). The same fold order in all three: bit-exact with each other and the host.
-enum class ReduceKernel { kRule = 0, kRegister = 1, kStaged = 2 };
-
 struct ReduceShape {
   int ctas = 1;
   int launches = 1;
   int threads = 0;
   uint64_t perCta = 0;   // units per CTA
   bool vector = false;   // 16-byte path (every base 16-byte aligned)
-  bool staged = false;   // the staged kernel (vector is then true)
-  size_t smemBytes = 0;  // dynamic shared memory per CTA (staged)
   uint64_t bytes = 0;    // HBM traffic of the whole reduce: inputs read + prev read + output written
 };
 
@@ -74,7 +67,6 @@ struct ReducePace {
 // the shape: each element is folded by one thread in the fixed order.
 constexpr double kReduceCtaGBps = 70.0;  // one 512-thread CTA of the register kernel, bf16 x 8 -> fp32, on an H200:
                                          // 66-81 GB/s from 1 to 32 CTAs (benchmarks/RESULTS.md, sm_bandwidth)
-constexpr double kReduceStagedCtaGBps = 70.0;  // one CTA of the staged kernel (to be set from sm_bandwidth)
 // The reduce of chunk k must end before chunk k+1 has arrived, or it becomes the pipeline's bottleneck; and the
 // last chunk's reduce is a drain after the last byte arrived. Exactly the arrival rate left one rank's share at
 // 1.49x the link floor (session 15): a quarter more.
@@ -83,15 +75,13 @@ constexpr int kReduceMaxPacedCtas = 32;
 constexpr uint64_t kReduceCtaBytes = 2ull << 20;
 constexpr int kReduceMaxLaunches = 16;  // bounds the launches queued per chunk (the stream may be blocked on flags)
 // The rule's CTA cap for args.
-int reduceMaxCtas(const ReduceArgs& args, const ReducePace& pace, bool staged);
-// kernel: kRule picks the staged kernel where it applies; kStaged where it does not falls back to kRegister.
-ReduceShape reduceShape(const ReduceArgs& args, int maxCtas, uint64_t ctaBytes, const ReducePace& pace,
-                        ReduceKernel kernel = ReduceKernel::kRule);
+int reduceMaxCtas(const ReduceArgs& args, const ReducePace& pace);
+ReduceShape reduceShape(const ReduceArgs& args, int maxCtas, uint64_t ctaBytes, const ReducePace& pace);
 
 // Enqueues the kernel on stream. out[k] = fold over s of x_s[k] in the order of include/tide.h (plus prev[k]).
 // maxCtas / ctaBytes: 0 keeps the rule's (benchmarks and tests override them).
 tideResult_t launchReduce(const ReduceArgs& args, cudaStream_t stream, const ReducePace& pace, int maxCtas = 0,
-                          uint64_t ctaBytes = 0, ReduceKernel kernel = ReduceKernel::kRule);
+                          uint64_t ctaBytes = 0);
 
 // The pace of a rank on `device`: NCCL_TIDE_LINK_GBPS (an invalid value is an error, as for every parameter that
 // changes behaviour), the device's SM count (device < 0: no device, ReducePace's default) and whether its world

@@ -12,10 +12,9 @@ from typing import Optional, Sequence, Tuple
 
 from . import _native as N
 
-TIDE_BENCH_REDUCE_ARGS_VERSION = 2
+TIDE_BENCH_REDUCE_ARGS_VERSION = 1
 _TYPES = {"bf16": N.tideBfloat16, "fp16": N.tideFloat16, "fp32": N.tideFloat32}
 _OPS = {"sum": N.tideSum, "avg": N.tideAvg, "premul": N.tidePremulSum}
-_KERNELS = {"rule": 0, "register": 1, "staged": 2}
 
 
 class tideBenchReduceArgs_t(ctypes.Structure):
@@ -35,7 +34,6 @@ class tideBenchReduceArgs_t(ctypes.Structure):
         ("prev", c_void_p),
         ("maxCtas", c_int),
         ("ctaBytes", c_uint64),
-        ("kernel", c_int),
     ]
 
 
@@ -74,17 +72,14 @@ def lib():
 
 def reduce_args(staging: int, src_stride: int, n_src: int, n: int, out: int, in_type: str = "bf16",
                 out_type: str = "fp32", op: str = "sum", scale: float = 1.0, divisor: float = 1.0,
-                prev: Optional[int] = None, max_ctas: int = 0, cta_bytes: int = 0,
-                kernel: str = "rule") -> tideBenchReduceArgs_t:
+                prev: Optional[int] = None, max_ctas: int = 0, cta_bytes: int = 0) -> tideBenchReduceArgs_t:
     if in_type not in _TYPES or out_type not in _TYPES:
         raise ValueError(f"in_type/out_type must be one of {sorted(_TYPES)}, got {in_type!r}/{out_type!r}")
     if op not in _OPS:
         raise ValueError(f"op must be one of {sorted(_OPS)}, got {op!r}")
-    if kernel not in _KERNELS:
-        raise ValueError(f"kernel must be one of {sorted(_KERNELS)}, got {kernel!r}")
     return tideBenchReduceArgs_t(
         ctypes.sizeof(tideBenchReduceArgs_t), TIDE_BENCH_REDUCE_ARGS_VERSION, staging, src_stride, n_src, n, out,
-        _TYPES[in_type], _TYPES[out_type], _OPS[op], scale, divisor, prev, max_ctas, cta_bytes, _KERNELS[kernel],
+        _TYPES[in_type], _TYPES[out_type], _OPS[op], scale, divisor, prev, max_ctas, cta_bytes,
     )
 
 
@@ -98,7 +93,7 @@ def reduce_shape(args: tideBenchReduceArgs_t) -> dict:
                                        ctypes.byref(threads), ctypes.byref(vector), ctypes.byref(nbytes)),
             "tideBenchReduceShape")
     return {"ctas": ctas.value, "launches": launches.value, "threads": threads.value, "vector": bool(vector.value),
-            "staged": vector.value == 2, "bytes": nbytes.value}
+            "bytes": nbytes.value}
 
 
 def _tables(copies: Sequence[Tuple[int, int, int]]):

@@ -63,13 +63,9 @@ CASES = [
 ]
 
 
-def _staged_applies(it, nsrc, mis, stride, prev=False):
-    return it != "fp32" and mis == 0 and stride % 16 == 0
 
-
-@pytest.mark.parametrize("kernel", ["register", "staged"])
 @pytest.mark.parametrize("n,nsrc,it,ot,op,mis,mc,cb", CASES)
-def test_reduce_bit_exact_vs_host_executor(torch_cuda, n, nsrc, it, ot, op, mis, mc, cb, kernel):
+def test_reduce_bit_exact_vs_host_executor(torch_cuda, n, nsrc, it, ot, op, mis, mc, cb):
     torch = torch_cuda
     from nccl_tide import _bench as B
 
@@ -90,10 +86,9 @@ def test_reduce_bit_exact_vs_host_executor(torch_cuda, n, nsrc, it, ot, op, mis,
     _poison(torch, out_raw)
     scale = 0.37
     args = B.reduce_args(raw.data_ptr() + mis, stride, nsrc, n, out_raw.data_ptr() + mis, it, ot, op, scale,
-                         float(nsrc), None, mc, cb, kernel)
+                         float(nsrc), None, mc, cb)
     shape = B.reduce_shape(args)
     assert shape["vector"] == (mis == 0 and stride % 16 == 0)
-    assert shape["staged"] == (kernel == "staged" and _staged_applies(it, nsrc, mis, stride))
     if mc:
         assert shape["ctas"] <= mc
     else:  # paced to the link: at most kReduceMaxPacedCtas (one input: nothing arrives, the whole GPU)
@@ -136,10 +131,9 @@ def test_reduce_refuses_element_misaligned_pointers(torch_cuda, in_off, stride_o
     assert torch.equal(out[:n], ref[0] + ref[1] + ref[2])
 
 
-@pytest.mark.parametrize("kernel", ["register", "staged"])
 @pytest.mark.parametrize("in_place", [False, True])
 @pytest.mark.parametrize("n,ot,op", [(100_003, "fp32", "sum"), (1 << 20, "fp32", "avg"), (4101, "bf16", "premul")])
-def test_reduce_with_running_sum(torch_cuda, n, ot, op, in_place, kernel):
+def test_reduce_with_running_sum(torch_cuda, n, ot, op, in_place):
     torch = torch_cuda
     from nccl_tide import _bench as B
 
@@ -153,10 +147,8 @@ def test_reduce_with_running_sum(torch_cuda, n, ot, op, in_place, kernel):
     prev = torch.randn(n, generator=g, device="cuda")
     prev_cpu = prev.cpu()
     out = prev if in_place else torch.full((n,), float("nan"), device="cuda").to(_tt(torch, ot))
-    args = B.reduce_args(xp.data_ptr(), npad * 2, W, n, out.data_ptr(), "bf16", ot, op, scale, 8.0, prev.data_ptr(),
-                         kernel=kernel)
-    shape = B.reduce_shape(args)
-    assert shape["vector"] and shape["staged"] == (kernel == "staged")
+    args = B.reduce_args(xp.data_ptr(), npad * 2, W, n, out.data_ptr(), "bf16", ot, op, scale, 8.0, prev.data_ptr())
+    assert B.reduce_shape(args)["vector"]
     B.reduce(args, torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
     xc = x.cpu().float()
