@@ -20,7 +20,7 @@
 extern "C" {
 #endif
 
-#define TIDE_BENCH_REDUCE_ARGS_VERSION 1
+#define TIDE_BENCH_REDUCE_ARGS_VERSION 2
 
 /* One reduce on device buffers: out[k] = post(prev[k] + fold over s < nSrc of pre(in_s[k])), in_s at
  * staging + s * srcStride bytes, in the accumulation order of include/tide.h. The shape follows the library's rule
@@ -43,6 +43,7 @@ typedef struct {
   const float* prev; /* NULL, or the running fp32 sum (n elements; may equal out when outType is fp32) */
   int maxCtas;       /* 0: the rule's */
   uint64_t ctaBytes; /* 0: the rule's */
+  int64_t followingBytes; /* bytes arriving while it runs (its deadline); -1: its own incoming; 0: a drain */
 } tideBenchReduceArgs_t;
 
 /* Enqueues the library's reduce kernel(s) on stream (of the current device; NULL: the legacy default stream). */

@@ -307,6 +307,32 @@ def test_reduce_shape_rule(native):
         B.reduce_args(256, 16, 1, 8, 256, in_type="int8")
 
 
+def test_reduce_shape_deadline_and_drain(native):
+    """The next chunk's arrival is a reduce's deadline (following_bytes); the last reduce is a drain."""
+    from nccl_tide import _bench as B
+    from nccl_tide.errors import InvalidArgumentError
+
+    if not _cuda_built(B):
+        pytest.skip("library built without CUDA: the shape rule lives in plugin/cuda")
+    W, n = 8, 8 << 20
+    own_incoming = n * 2 * (W - 1)
+    base = B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096))["ctas"]
+    assert B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=own_incoming))["ctas"] == base == 10
+    # A next chunk of a third of the size arrives three times sooner: three times the rate, 29 CTAs.
+    short = B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=own_incoming // 3))["ctas"]
+    assert short == math.ceil(1.25 * 370 * n * 20 / (own_incoming // 3) / 70) == 29
+    # Tiny next chunk: capped at the paced maximum; nothing after it: the drain, the same cap.
+    assert B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=4096))["ctas"] == min(32, _sm_count())
+    assert B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=0))["ctas"] == min(32, _sm_count())
+    # A larger next chunk leaves more time: fewer CTAs.
+    assert B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=own_incoming * 4))["ctas"] == 3
+    # A world of one rank stays unpaced whatever follows.
+    big = 64 << 20
+    assert B.reduce_shape(B.reduce_args(256, big * 2, 1, big, 4096, following_bytes=0))["ctas"] == _sm_count()
+    with pytest.raises(InvalidArgumentError):
+        B.reduce_args(256, n * 2, W, n, 4096, following_bytes=-2)
+
+
 def _sm_count():
     """The SM count the rule uses: the current device's, or 132 (an H200) where the process sees no GPU."""
     try:

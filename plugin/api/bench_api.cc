@@ -54,6 +54,10 @@ tideResult_t toReduceArgs(const tideBenchReduceArgs_t* a, const char* fn, tide::
   if (a->maxCtas < 0 || a->maxCtas > 65535) {
     return tide::fail(tideInvalidArgument, "Bench", "%s: maxCtas %d (0: the rule's, else 1..65535)", fn, a->maxCtas);
   }
+  if (a->followingBytes < -1) {
+    return tide::fail(tideInvalidArgument, "Bench", "%s: followingBytes %lld (-1, 0 or a byte count)", fn,
+                      static_cast<long long>(a->followingBytes));
+  }
   if (a->prev != nullptr && a->outType != tideFloat32 && static_cast<const void*>(a->prev) == a->out) {
     return tide::fail(tideInvalidArgument, "Bench", "%s: prev may equal out only with an fp32 output", fn);
   }
@@ -68,6 +72,7 @@ tideResult_t toReduceArgs(const tideBenchReduceArgs_t* a, const char* fn, tide::
   r->scale = a->scale;
   r->divisor = a->divisor;
   r->prev = a->prev;
+  r->followingBytes = a->followingBytes;
   return tideSuccess;
 }
 

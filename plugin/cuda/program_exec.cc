@@ -92,6 +92,8 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
     }
     bp->steps_.push_back(std::move(si));
   }
+  // Each reduce's deadline is the next one's arrival (reduce_kernel.h, followingBytes); the last has none.
+  for (size_t i = 0; i + 1 < bp->reduces_.size(); ++i) bp->reduces_[i].next = static_cast<int>(i + 1);
   // Deferred groups: each group's steps are contiguous in program order (program_*.cc emit them group by group).
   if (p.mode == prog::Mode::kDeferred) {
     bp->groupRange_.assign(p.numGroups, {0, 0});
@@ -151,6 +153,13 @@ tideResult_t BoundProgram::issueStep(const StepItems& s, const CallValues& v, cu
         a.op = op;
         a.scale = v.scale;
         a.divisor = v.divisor;
+        if (br.next < 0) {
+          a.followingBytes = 0;
+        } else {
+          const BoundReduce& nx = reduces_[br.next];
+          a.followingBytes = static_cast<int64_t>(reduceIncomingBytes(
+              nx.args.nSrc, nx.args.n, nx.op.inputsFp32 ? 4 : (v.inType == tideFloat32 ? 4 : 2), nx.op.hasPrev));
+        }
         if (!br.asCopy.dst.empty() && a.outType == tideFloat32 && op == tideSum) {
           TIDE_CHECK(enqueueCopyBatch(stream, comm->device, br.asCopy, v.batchApi));
         } else {

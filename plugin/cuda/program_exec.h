@@ -75,6 +75,7 @@ class BoundProgram {
     ReduceArgs args;       // staging/out/prev/n/nSrc/srcStride bound; types and op patched per call
     prog::ReduceOp op;
     CopyBatch asCopy;      // the fp32 -> fp32 "narrow" of a final sum: a copy-engine copy instead of a kernel
+    int next = -1;         // the reduce after it in program order (its inputs arrive while this one runs), or -1
   };
 
   tideResult_t issueStep(const StepItems& s, const CallValues& v, cudaStream_t caller);

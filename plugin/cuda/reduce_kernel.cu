@@ -269,16 +269,24 @@ tideResult_t preloadReduceKernels() {
   return preloadIn<Fp16>();
 }
 
+uint64_t reduceIncomingBytes(int nSrc, uint64_t n, size_t inSize, bool prev) {
+  const uint64_t others = nSrc > 1 ? static_cast<uint64_t>(nSrc - 1) : 0;
+  return n * (others * inSize + (prev ? 4 : 0));
+}
+
 int reduceMaxCtas(const ReduceArgs& a, const ReducePace& pace) {
   const uint64_t inSize = typeSize(a.inType);
   const uint64_t nSrc = static_cast<uint64_t>(a.nSrc > 0 ? a.nSrc : 0);
-  const uint64_t perElem = nSrc * inSize + typeSize(a.outType) + (a.prev != nullptr ? 4 : 0);
-  uint64_t incomingPerElem = (nSrc > 0 ? nSrc - 1 : 0) * inSize + (a.prev != nullptr ? 4 : 0);
+  const uint64_t traffic = a.n * (nSrc * inSize + typeSize(a.outType) + (a.prev != nullptr ? 4 : 0));
+  uint64_t incoming = reduceIncomingBytes(a.nSrc, a.n, inSize, a.prev != nullptr);
   const int sms = pace.smCount > 0 ? pace.smCount : 1;
-  if (incomingPerElem == 0 && !pace.singleRank) incomingPerElem = nSrc * inSize;  // its input came over a link
-  if (incomingPerElem == 0 || !(pace.linkGBps > 0)) return sms;  // a single-rank world: nothing to keep pace with
+  if (incoming == 0 && pace.singleRank) return sms;  // a single-rank world: nothing to keep pace with
+  if (incoming == 0) incoming = a.n * nSrc * inSize;  // its input came over a link
+  if (!(pace.linkGBps > 0)) return sms;
+  if (a.followingBytes == 0) return kReduceMaxPacedCtas < sms ? kReduceMaxPacedCtas : sms;  // the drain
+  const uint64_t deadline = a.followingBytes > 0 ? static_cast<uint64_t>(a.followingBytes) : incoming;
   const double rate =
-      kReducePaceHeadroom * pace.linkGBps * static_cast<double>(perElem) / static_cast<double>(incomingPerElem);
+      kReducePaceHeadroom * pace.linkGBps * static_cast<double>(traffic) / static_cast<double>(deadline);
   double c = rate / kReduceCtaGBps;
   if (!(c < kReduceMaxPacedCtas)) c = kReduceMaxPacedCtas;  // also NaN; before the cast, which would overflow
   int ctas = static_cast<int>(c);

@@ -27,7 +27,16 @@ struct ReduceArgs {
   // post(prev[k] + fold) (the node order of include/tide.h: total = total + partial(node)). out may be prev itself
   // (in place, outType fp32): each element is read and written by the same thread.
   const float* prev = nullptr;
+  // The reduce's deadline, as the bytes that reach this GPU over links while it runs (the next chunk's inputs: the
+  // pipeline stalls if this reduce is still running when they have all arrived). -1: not known, this reduce's own
+  // incoming bytes stand in (chunks of equal size); 0: nothing arrives after it (the collective's last reduce: a
+  // drain on the critical path, given kReduceMaxPacedCtas).
+  int64_t followingBytes = -1;
 };
+
+// Bytes of a reduce of n elements of nSrc inputs of inSize bytes (and prev) that arrive over links: every input
+// but the rank's own, and prev.
+uint64_t reduceIncomingBytes(int nSrc, uint64_t n, size_t inSize, bool prev);
 
 // How one reduce is launched: `launches` kernels in a row on the stream, each of `ctas` CTAs of `threads` threads;
 // CTA b of launch l handles the contiguous units [(l * ctas + b) * perCta, ... + perCta) (units: 8-element vectors
@@ -56,8 +65,9 @@ struct ReducePace {
 // The grid rule (docs/architecture.md, "Reduce kernel shape"). Traffic T = n * (nSrc * inSize + outSize (+ 4 with
 // prev)); incoming I = n * ((nSrc - 1) * inSize (+ 4 with prev)).
 //   unpaced (I = 0 and a single-rank world): maxCtas = smCount
-//   paced (otherwise; I = 0 counts every input as incoming: I = n * nSrc * inSize):
-//                   rate = kReducePaceHeadroom * linkGBps * T / I;
+//   drain (followingBytes == 0: nothing arrives after it): maxCtas = min(kReduceMaxPacedCtas, smCount)
+//   paced (otherwise; F = followingBytes if > 0, else I, where I = 0 counts every input as incoming):
+//                   rate = kReducePaceHeadroom * linkGBps * T / F;
 //                   maxCtas = min(clamp(ceil(rate / kReduceCtaGBps), 1, kReduceMaxPacedCtas), smCount)
 // then ctas = min(maxCtas, ceil(T / ctaBytes)); launches = min(ceil(T / (ctas * ctaBytes)), kReduceMaxLaunches);
 // units are split evenly over ctas * launches CTAs. So at most maxCtas SMs are held at a time, and a CTA moves about

@@ -12,7 +12,7 @@ from typing import Optional, Sequence, Tuple
 
 from . import _native as N
 
-TIDE_BENCH_REDUCE_ARGS_VERSION = 1
+TIDE_BENCH_REDUCE_ARGS_VERSION = 2
 _TYPES = {"bf16": N.tideBfloat16, "fp16": N.tideFloat16, "fp32": N.tideFloat32}
 _OPS = {"sum": N.tideSum, "avg": N.tideAvg, "premul": N.tidePremulSum}
 
@@ -34,6 +34,7 @@ class tideBenchReduceArgs_t(ctypes.Structure):
         ("prev", c_void_p),
         ("maxCtas", c_int),
         ("ctaBytes", c_uint64),
+        ("followingBytes", ctypes.c_int64),
     ]
 
 
@@ -72,7 +73,10 @@ def lib():
 
 def reduce_args(staging: int, src_stride: int, n_src: int, n: int, out: int, in_type: str = "bf16",
                 out_type: str = "fp32", op: str = "sum", scale: float = 1.0, divisor: float = 1.0,
-                prev: Optional[int] = None, max_ctas: int = 0, cta_bytes: int = 0) -> tideBenchReduceArgs_t:
+                prev: Optional[int] = None, max_ctas: int = 0, cta_bytes: int = 0,
+                following_bytes: int = -1) -> tideBenchReduceArgs_t:
+    """following_bytes: what arrives over links while this reduce runs (the next chunk's inputs), its deadline;
+    -1: its own incoming bytes stand in; 0: nothing follows (the last reduce of a collective: a drain)."""
     if in_type not in _TYPES or out_type not in _TYPES:
         raise ValueError(f"in_type/out_type must be one of {sorted(_TYPES)}, got {in_type!r}/{out_type!r}")
     if op not in _OPS:
@@ -80,6 +84,7 @@ def reduce_args(staging: int, src_stride: int, n_src: int, n: int, out: int, in_
     return tideBenchReduceArgs_t(
         ctypes.sizeof(tideBenchReduceArgs_t), TIDE_BENCH_REDUCE_ARGS_VERSION, staging, src_stride, n_src, n, out,
         _TYPES[in_type], _TYPES[out_type], _OPS[op], scale, divisor, prev, max_ctas, cta_bytes,
+        N.int_arg(following_bytes, "following_bytes", -1, 2**63 - 1),
     )
 
 

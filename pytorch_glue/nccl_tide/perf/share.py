@@ -341,8 +341,12 @@ class RsShare(Side):
                                             lambda s: ib + (s - 1) * M * 2, self.staging.data_ptr(),
                                             self.zeros.data_ptr(), self.zeros.numel())
         assert self.nb == nb and len(self.plans) == n_chunks, (self.nb, nb, len(self.plans), n_chunks)
+        # Each chunk's reduce has until the next chunk has arrived (its bytes: the deadline); the last is a drain.
+        # As the library's programs do (program_exec.cc).
+        following = [sum(c[2] for c in inc) for _, inc, _ in self.plans[1:]] + [0]
         self.args = [B.reduce_args(buf, chunk * 2, world, n, self.out.data_ptr() + c0 * 4, "bf16", "fp32", "sum",
-                                   1.0, float(world), None, max_ctas, cta_bytes) for _, _, (buf, n, c0) in self.plans]
+                                   1.0, float(world), None, max_ctas, cta_bytes, following_bytes=f)
+                     for (_, _, (buf, n, c0)), f in zip(self.plans, following)]
         self.shapes = [B.reduce_shape(a) for a in self.args]
         self.s_in, self.s_own, self.s_red = g.stream(), g.stream(), g.stream()
         self.streams = [self.s_in, self.s_own, self.s_red]
