@@ -166,7 +166,11 @@ std::string debugDump(tideComm* comm) {
       const tide::prog::Program& p = lc->bound->program();
       appendf(&out, "  last %s program: %zu steps, %d nodes of %d ranks, %s issue\n",
               p.coll == tide::prog::Coll::kAllGather ? "AG" : "RS", p.steps.size(), p.nNodes, p.ranksPerNode,
-              p.mode == tide::prog::Mode::kDeferred ? "deferred (internal stream, issued across ranks)" : "in-order");
+              p.mode == tide::prog::Mode::kDeferred
+                  ? "deferred (internal stream, issued across ranks)"
+                  : (p.mode == tide::prog::Mode::kCaptured
+                         ? (lc->bound->hasGraph() ? "token protocol, replayed from a graph" : "token protocol")
+                         : "in-order"));
     }
   }
   std::vector<uint32_t> words;
