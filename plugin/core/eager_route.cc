@@ -7,8 +7,9 @@ namespace prog {
 bool eagerUsesTokens(const RouteInputs& in) {
   if (!in.enabled || !in.providerCapturable || in.nNodes != 1) return false;
   if (in.coll == Coll::kAllGather) return true;
-  // One staging buffer per chunk, so no push waits for a reduction (docs/architecture.md "CUDA graphs").
-  return in.rsNumChunks >= 1 && in.rsNumChunks <= 2 && in.rsNumBuffers == in.rsNumChunks;
+  // At most 2 chunks: one staging buffer per chunk (rs_plan.cc), so no push waits for a reduction
+  // (docs/architecture.md "CUDA graphs").
+  return in.rsNumChunks >= 1 && in.rsNumChunks <= 2;
 }
 
 GraphAmortizer::Issue GraphAmortizer::next(uint64_t valuesKey) {

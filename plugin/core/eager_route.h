@@ -23,12 +23,13 @@ struct RouteInputs {
   bool providerCapturable = false;  // IssuePolicy::capturable(): the provider can run kCaptured programs
   Coll coll = Coll::kAllGather;
   int nNodes = 1;                   // the layout's
-  int rsNumChunks = 1, rsNumBuffers = 1;  // the layout's RS plan
+  int rsNumChunks = 1;              // the layout's RS plan (tideLayoutInfo_t.rsNumChunks)
 };
 
 // True if an eager call with these inputs runs the token (kCaptured) program. The covered programs are exactly those
-// compileAllGather / compileReduceScatter accept in kCaptured mode: one node; RS with at most 2 chunks, one staging
-// buffer per chunk (own staging or Slot-Reuse: staging is chosen per call but both are bound outside any capture).
+// compileAllGather / compileReduceScatter accept in kCaptured mode: one node; RS with at most 2 chunks (the RS plan
+// then has one staging buffer per chunk, which the kCaptured compiler checks again), own staging or Slot-Reuse (both
+// are bound at call time, outside any capture).
 bool eagerUsesTokens(const RouteInputs& in);
 
 // Per bound token program (same layout, pointers, staging): when to capture. The first call with a given set of
