@@ -89,10 +89,12 @@ void shortWordName(int w, int ranksPerNode, char* buf, size_t len) {
   else if (w >= k::kAgRail && w < k::kAgRail + k::kMaxRounds) snprintf(buf, len, "agRail[%d]", w - k::kAgRail);
   else if (w >= k::kAgDone && w < k::kAgDone + k::kMaxLocalRanks) snprintf(buf, len, "agDone[%d]", w - k::kAgDone);
   else if (w >= k::kRsFull && w < k::kRsFull + k::kMaxLocalRanks) snprintf(buf, len, "rsFull[%d]", w - k::kRsFull);
-  else if (w >= k::kCapAgReady && w < k::kCapAgDone) snprintf(buf, len, "capAgReady[%d]", w - k::kCapAgReady);
-  else if (w >= k::kCapAgDone && w < k::kCapRsEnter) snprintf(buf, len, "capAgDone[%d]", w - k::kCapAgDone);
-  else if (w >= k::kCapRsEnter && w < k::kCapRsFull) snprintf(buf, len, "capRsEnter[%d]", w - k::kCapRsEnter);
-  else if (w >= k::kCapRsFull && w < k::kWords) snprintf(buf, len, "capRsFull[%d]", w - k::kCapRsFull);
+  // Token words (captured calls, eager calls on the graph route) read like the epoch words they stand for, with the
+  // writer in brackets: "rank 0 waits for agReadyTok[1]" says what "waits for rank 1's agReady" says eagerly.
+  else if (w >= k::kCapAgReady && w < k::kCapAgDone) snprintf(buf, len, "agReadyTok[%d]", w - k::kCapAgReady);
+  else if (w >= k::kCapAgDone && w < k::kCapRsEnter) snprintf(buf, len, "agDoneTok[%d]", w - k::kCapAgDone);
+  else if (w >= k::kCapRsEnter && w < k::kCapRsFull) snprintf(buf, len, "rsEnterTok[%d]", w - k::kCapRsEnter);
+  else if (w >= k::kCapRsFull && w < k::kWords) snprintf(buf, len, "rsFullTok[%d]", w - k::kCapRsFull);
   else snprintf(buf, len, "word[%d]", w);
 }
 
