@@ -159,8 +159,8 @@ tideResult_t allGather(tideComm* comm, tideLayout_t layout, const void* sendbuff
   // debug dump), and the epoch programs only ever wait for values >= theirs, so skipped values are harmless.
   TIDE_CHECK(tokens ? BoundProgram::issueTokens(bound, cv, stream)
                     : BoundProgram::issue(bound, cv, stream, prog::Coll::kAllGather));
-  TIDE_TRACE("Cuda", "AG rank %d epoch %" PRIu64 ": program of %zu steps%s", me, epoch, bound->program().steps.size(),
-             tokens ? (bound->hasGraph() ? ", tokens, graph" : ", tokens, direct") : "");
+  TIDE_TRACE("Cuda", "AG rank %d epoch %" PRIu64 ": program of %zu steps%s%s", me, epoch,
+             bound->program().steps.size(), tokens ? ", token protocol " : "", tokens ? bound->lastTokenIssue() : "");
   return tideSuccess;
 }
 

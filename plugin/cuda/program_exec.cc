@@ -195,6 +195,7 @@ tideResult_t BoundProgram::issueTokens(const std::shared_ptr<BoundProgram>& self
   using Issue = prog::GraphAmortizer::Issue;
   Issue how = bp.amort_.next(valuesKey(v));
   std::string why;
+  bool justCaptured = false;
   cudaStream_t capStream = nullptr;
   if (how == Issue::kCapture && !captureStreamOf(bp.comm_, &capStream, &why)) {
     bp.amort_.captureFailed();
@@ -209,6 +210,7 @@ tideResult_t BoundProgram::issueTokens(const std::shared_ptr<BoundProgram>& self
     cudaGraphExec_t g = nullptr;
     if (captureGraph(capStream, [&](cudaStream_t s) { return bp.issueAll(cv, s) == tideSuccess; }, &g, &why)) {
       bp.graph_ = g;
+      justCaptured = true;
       how = Issue::kReplay;
     } else {
       bp.amort_.captureFailed();
@@ -217,13 +219,17 @@ tideResult_t BoundProgram::issueTokens(const std::shared_ptr<BoundProgram>& self
     }
   }
   if (how == Issue::kReplay) {
-    if (launchGraph(bp.graph_, stream, &why)) return tideSuccess;
+    if (launchGraph(bp.graph_, stream, &why)) {
+      bp.lastIssue_ = justCaptured ? "captured into a graph and replayed from it" : "replayed from a graph";
+      return tideSuccess;
+    }
     // A refused launch enqueued nothing: issue the same program directly, and never again from a graph.
     bp.amort_.captureFailed();
     destroyGraph(bp.graph_);
     bp.graph_ = nullptr;
     noteGraphFallback("launching a captured bound program", why);
   }
+  bp.lastIssue_ = "issued directly";
   return bp.issueAll(v, stream);
 }
 

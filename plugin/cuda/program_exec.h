@@ -72,6 +72,9 @@ class BoundProgram {
   // once). Each is the same operations in the same order on `stream`, so the choice is this rank's alone.
   static tideResult_t issueTokens(const std::shared_ptr<BoundProgram>& self, const CallValues& v, cudaStream_t stream);
   bool hasGraph() const { return graph_ != nullptr; }
+  // How the last issueTokens call went, for the debug dump and traces: "issued directly", "captured into a graph
+  // and replayed from it", "replayed from a graph", or "" when issueTokens was never called.
+  const char* lastTokenIssue() const { return lastIssue_; }
 
  private:
   struct Item {
@@ -104,6 +107,7 @@ class BoundProgram {
   // Eager token route, under issueMu_: when to capture, and the graph (captured with amort_'s current values).
   prog::GraphAmortizer amort_;
   cudaGraphExec_t graph_ = nullptr;
+  const char* lastIssue_ = "";  // a static string (read by tideCommDebugDump between calls)
 };
 
 // Per layout (tideComm::CacheEntry): its compiled programs and its recently bound pointer sets.

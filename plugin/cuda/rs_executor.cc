@@ -203,9 +203,9 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
   // A token program has numTasks 0 (the task counter is the eager pipeline's); the epoch counts every eager call.
   TIDE_CHECK(tokens ? BoundProgram::issueTokens(bound, cv, stream)
                     : BoundProgram::issue(bound, cv, stream, prog::Coll::kReduceScatter));
-  TIDE_TRACE("Cuda", "RS rank %d epoch %" PRIu64 ": %d chunks, program of %zu steps, staging %s%s", me, epoch,
+  TIDE_TRACE("Cuda", "RS rank %d epoch %" PRIu64 ": %d chunks, program of %zu steps, staging %s%s%s", me, epoch,
              v.info.rsNumChunks, bound->program().steps.size(), staging ? "slot" : "own",
-             tokens ? (bound->hasGraph() ? ", tokens, graph" : ", tokens, direct") : "");
+             tokens ? ", token protocol " : "", tokens ? bound->lastTokenIssue() : "");
   return tideSuccess;
 }
 
