@@ -94,7 +94,8 @@ class BoundProgram {
   };
 
   tideResult_t issueStep(const StepItems& s, const CallValues& v, cudaStream_t caller);
-  tideResult_t issueAll(const CallValues& v, cudaStream_t caller);  // every step in program order; caller holds issueMu_
+  // Every step in program order; the caller holds issueMu_.
+  tideResult_t issueAll(const CallValues& v, cudaStream_t caller);
 
   tideComm* comm_ = nullptr;
   std::shared_ptr<const prog::Program> prog_;
