@@ -86,8 +86,13 @@ bool eagerTokens(const tideComm* comm, const LayoutView& view, bool reduceScatte
 
 bool captureStreamOf(tideComm* comm, cudaStream_t* out, std::string* why) {
   if (comm->captureStream == nullptr) {
+    // With the thread's capture mode relaxed: another thread's global-mode capture must not see this as unsafe.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    const bool exchanged = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
+    if (!exchanged) (void)cudaGetLastError();
     cudaStream_t s = nullptr;
     cudaError_t err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    if (exchanged) (void)cudaThreadExchangeStreamCaptureMode(&mode);
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
       *why = std::string("cudaStreamCreateWithFlags: ") + cudaGetErrorName(err);
