@@ -1,16 +1,25 @@
 """Host issue time per rank per call, apart from GPU latency, for TIDE-AG and TIDE-RS on loopback worlds (issue 15).
 
-    python benchmarks/host_issue.py [--json FILE]
+    python benchmarks/host_issue.py [--json FILE] [--route both|on|off]
 
 Cases: flat AG/RS (one parameter) of 1 and 64 MiB of gathered output at W = 2 and 8; one Llama-3.1-8B decoder layer
 (9 parameters, bf16) AG from per-parameter shards and RS with 4 pipeline chunks; a 64-parameter layout at W = 2
 and 8. Method: nccl_tide.perf.issue_cost (streams gated behind a sleep kernel, prebuilt ctypes arguments).
+
+--route both (default): the eager graph route (NCCL_TIDE_EAGER_GRAPHS, docs/architecture.md "Eager calls as graph
+replays") off and on in the same run: the cases run first in a child process with NCCL_TIDE_EAGER_GRAPHS=0 (the
+parameter is read once per process), then here with it on, and one table compares them (host us off / on, and the
+GPU time of each, since a replayed graph runs memcpy nodes where the eager call runs batched copies). Cases whose
+program cannot take the route (RS of more than 2 chunks: the Llama and 64-parameter RS rows) run the epoch protocol
+in both columns and show "epoch" in the route column.
 """
 
 import argparse
 import json
 import os
+import subprocess
 import sys
+import tempfile
 
 for k, v in {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}.items():
     os.environ.setdefault(k, v)
@@ -38,7 +47,61 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=6)
     ap.add_argument("--samples", type=int, default=11)
     ap.add_argument("--only", default=None, help="substring of case names to run")
+    ap.add_argument("--route", choices=("both", "on", "off"), default="both",
+                    help="eager graph route: off and on in one run (default), or only the current process's setting")
     args = ap.parse_args()
+    env_route = os.environ.get("NCCL_TIDE_EAGER_GRAPHS", "1")
+    if args.route != "both":
+        if env_route != ("1" if args.route == "on" else "0"):
+            print(f"--route {args.route} needs NCCL_TIDE_EAGER_GRAPHS={'1' if args.route == 'on' else '0'} "
+                  f"(it is {env_route})", file=sys.stderr)
+            return 2
+        return run(args)
+    if env_route != "1":
+        print("--route both runs the 'on' half in this process: unset NCCL_TIDE_EAGER_GRAPHS (or set it to 1)",
+              file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        off_json = os.path.join(tmp, "off.json")
+        cmd = [sys.executable, os.path.abspath(__file__), "--route", "off", "--json", off_json,
+               "--calls", str(args.calls), "--samples", str(args.samples)]
+        if args.only:
+            cmd += ["--only", args.only]
+        print("# route off (child process, NCCL_TIDE_EAGER_GRAPHS=0):", flush=True)
+        child = subprocess.run(cmd, env=dict(os.environ, NCCL_TIDE_EAGER_GRAPHS="0"))
+        if child.returncode != 0:
+            print(f"route-off run failed ({child.returncode})", file=sys.stderr)
+            return child.returncode
+        with open(off_json) as f:
+            off_rows = json.load(f)
+    print("# route on (this process):", flush=True)
+    on_json = args.json
+    args.json = None
+    rows_on = []
+    rc = run(args, rows_on)
+    if rc != 0:
+        return rc
+    off = {(r["case"], r["W"], r["coll"]): r for r in off_rows}
+    print("\n# eager graph route off vs on, same run: host us per rank per call (median), GPU us per call of the world")
+    print(f"{'case':<18}{'W':>3}{'P':>4}{'coll':>5}{'chunks':>7}{'route':>7}{'host off':>10}{'host on':>10}"
+          f"{'off/on':>8}{'gpu off':>10}{'gpu on':>10}")
+    merged = []
+    for r in rows_on:
+        o = off.get((r["case"], r["W"], r["coll"]), {})
+        route = "graph" if r["coll"] == "ag" or r["chunks"] <= 2 else "epoch"
+        h_off, h_on = o.get("host_us", float("nan")), r.get("host_us", float("nan"))
+        ratio = h_off / h_on if h_on and h_on == h_on and h_off == h_off else float("nan")
+        print(f"{r['case']:<18}{r['W']:>3}{r['P']:>4}{r['coll']:>5}{r['chunks']:>7}{route:>7}{h_off:>10.1f}"
+              f"{h_on:>10.1f}{ratio:>8.1f}{o.get('gpu_us', float('nan')):>10.1f}{r.get('gpu_us', float('nan')):>10.1f}")
+        merged.append({"case": r["case"], "W": r["W"], "P": r["P"], "coll": r["coll"], "chunks": r["chunks"],
+                       "route": route, "off": o, "on": r})
+    if on_json:
+        with open(on_json, "w") as f:
+            json.dump(merged, f, indent=1)
+    return 0
+
+
+def run(args, rows_out=None) -> int:
     import torch
 
     from nccl_tide import _native as _N
@@ -53,7 +116,7 @@ def main() -> int:
     from nccl_tide.dtypes import op_code
     from nccl_tide.perf import issue_cost as ic
 
-    rows = []
+    rows = [] if rows_out is None else rows_out
     print(f"# torch {torch.__version__}, device {torch.cuda.get_device_name(0)}, nccl_tide {nccl_tide.__version__}")
     print(f"{'case':<18}{'W':>3}{'P':>4}{'coll':>5}{'chunks':>7}{'host us/rank':>14}{'iqr':>8}{'valid':>6}{'gpu us':>10}"
           f"{'replay us/rank':>16}")

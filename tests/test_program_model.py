@@ -3,8 +3,8 @@
 The model runs the programs of every rank of a layout together (random interleavings of each rank's two lanes, many
 seeds, counters that wrap around 2^32) for world sizes 2-64 and node splits 1xW, 2x4, 4x2, 3x2, 2x3, 5x1, 8x8, 6x8,
 and checks termination, bit-exact results against the host executor, and read/overwrite hazards on staging and slots.
-The mutation cases remove every wait on one flag word and require the model to fail: each wait protects something the
-model can see.
+Eager calls on the token route (NCCL_TIDE_EAGER_GRAPHS) run mixed with epoch calls on one comm. The mutation cases
+remove every wait on one flag word and require the model to fail: each wait protects something the model can see.
 """
 
 import subprocess
@@ -45,6 +45,11 @@ def test_programs_run_to_completion_bit_exact_without_hazards(model_exe):
     assert len(lines) >= 13 * 2 * 6
     assert any("W=64 R=8" in x for x in lines) and any("start fffffff0" in x for x in lines)
     assert any("captured" in x for x in lines)
+    # Eager epoch and token-route calls mixed on one comm (docs/architecture.md "Eager calls as graph replays"):
+    # RS on tokens (<= 2 chunks, own and slot staging) and RS on epochs beside token AGs (more chunks), both modes.
+    mixed = [x for x in lines if "mixed eager/token" in x]
+    assert any("RS epoch only" in x for x in mixed) and any("RS epoch only" not in x for x in mixed)
+    assert any("mode 0" in x for x in mixed) and any("mode 1" in x for x in mixed)
 
 
 # Every flag word a program waits on: AG ready/done/rail/finish, RS enter/consumed/pushDone/full/prev/final, and the

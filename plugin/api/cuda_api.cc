@@ -164,9 +164,12 @@ std::string debugDump(tideComm* comm) {
     for (const tideComm::LastCall* lc : {&comm->lastAg, &comm->lastRs}) {
       if (!lc->bound) continue;
       const tide::prog::Program& p = lc->bound->program();
-      appendf(&out, "  last %s program: %zu steps, %d nodes of %d ranks, %s issue\n",
+      const bool tokens = p.mode == tide::prog::Mode::kCaptured;
+      appendf(&out, "  last %s program: %zu steps, %d nodes of %d ranks, %s issue%s%s\n",
               p.coll == tide::prog::Coll::kAllGather ? "AG" : "RS", p.steps.size(), p.nNodes, p.ranksPerNode,
-              p.mode == tide::prog::Mode::kDeferred ? "deferred (internal stream, issued across ranks)" : "in-order");
+              p.mode == tide::prog::Mode::kDeferred ? "deferred (internal stream, issued across ranks)"
+                                                    : (tokens ? "token-protocol" : "in-order"),
+              tokens ? ": " : "", tokens ? lc->bound->lastTokenIssue() : "");
     }
   }
   std::vector<uint32_t> words;

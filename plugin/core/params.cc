@@ -86,6 +86,11 @@ const Def kDefs[kNumParams] = {
      "Reduce-scatter: the rate (GB/s) at which other ranks' inputs reach this GPU; the reduce kernel takes only as "
      "many SMs as keep pace with it (docs/architecture.md, Reduce kernel shape).",
      1, 100000, nullptr, "an integer number of GB/s from 1 to 100000"},
+    {"NCCL_TIDE_EAGER_GRAPHS", Type::kBool, "bool", "1",
+     "1 runs eager calls whose program can be captured (one node; RS with at most 2 chunks) with the token protocol, "
+     "replaying a CUDA graph the library captured (docs/architecture.md, CUDA graphs); 0 keeps the epoch protocol. "
+     "Must match on all ranks.",
+     0, 1, nullptr, "0 or 1"},
 };
 
 struct Entry {
@@ -196,7 +201,11 @@ std::atomic<bool> gLogged{false};
 // Parameters that change plans or the world's shape (part of the layout/config hash, or NCCL_TIDE_RANKS_PER_NODE):
 // an invalid value is an error of every call that needs it (status() below), never silently the default, which
 // could differ from what the other ranks use. The others fall back to their default with a WARN.
-bool strictWhenInvalid(Id id) { return id == kRsChunkBytes || id == kPaceBytes || id == kRanksPerNode; }
+bool strictWhenInvalid(Id id) {
+  // NCCL_TIDE_EAGER_GRAPHS picks the wire protocol of eager calls (epoch or token words): a default that differs from
+  // what the other ranks use would deadlock.
+  return id == kRsChunkBytes || id == kPaceBytes || id == kRanksPerNode || id == kEagerGraphs;
+}
 
 // Logs, once per process, every value that came from the environment.
 const State& loggedState() {
@@ -309,6 +318,7 @@ int ranksPerNodeOverride() { return static_cast<int>(loggedState().entries[kRank
 uint64_t timeoutMs() { return loggedState().entries[kTimeoutMs].value; }
 bool rsAccumFp32() { return loggedState().entries[kRsAccum].value == 1; }
 uint64_t linkGBps() { return loggedState().entries[kLinkGBps].value; }
+bool eagerGraphs() { return loggedState().entries[kEagerGraphs].value != 0; }
 
 tideResult_t status(Id id) {
   if (id < 0 || id >= kNumParams) return fail(tideInvalidArgument, kComponent, "parameter index %d out of range", id);

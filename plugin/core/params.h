@@ -33,7 +33,8 @@ enum Id : int {
   kDebugSubsys = 10,    // NCCL_TIDE_DEBUG_SUBSYS
   kDebugFile = 11,      // NCCL_TIDE_DEBUG_FILE
   kLinkGBps = 12,       // NCCL_TIDE_LINK_GBPS
-  kNumParams = 13
+  kEagerGraphs = 13,    // NCCL_TIDE_EAGER_GRAPHS
+  kNumParams = 14
 };
 
 // Typed accessors (effective values: environment if valid, else default).
@@ -54,6 +55,7 @@ int ranksPerNodeOverride();       // NCCL_TIDE_RANKS_PER_NODE: virtual nodes of 
 uint64_t timeoutMs();             // NCCL_TIDE_TIMEOUT_MS: bound on host-side waits; 0 = none
 bool rsAccumFp32();               // NCCL_TIDE_RS_ACCUM=FP32: the interposer may take bf16/fp16 reduce-scatters
 uint64_t linkGBps();              // NCCL_TIDE_LINK_GBPS: the rate the RS reduce kernel keeps pace with
+bool eagerGraphs();               // NCCL_TIDE_EAGER_GRAPHS: eager calls of capturable programs as graph replays
 
 // tideSuccess if the environment value of parameter `id` (if any) parses; else records and returns
 // tideInvalidArgument with a message naming the variable and the accepted form.

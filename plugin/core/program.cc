@@ -48,6 +48,8 @@ void wordName(int w, char* buf, size_t len) {
   else if (w == word::kRsPrev) snprintf(buf, len, "RS running sum from the previous node");
   else if (w == word::kRsFinal) snprintf(buf, len, "RS final sum from the last node");
   else if (w == word::kAgFinish) snprintf(buf, len, "AG deferred work finished");
+  else if (w == word::kCapAgPhase) snprintf(buf, len, "captured AG phase (1 entered, 2 gathering, 0 done)");
+  else if (w == word::kCapRsPhase) snprintf(buf, len, "captured RS phase (1 entered, 2 reducing, 0 done)");
   else if (w >= word::kAgRail && w < word::kAgRail + word::kMaxRounds) snprintf(buf, len, "AG rail round %d landed", w - word::kAgRail);
   else if (w >= word::kAgDone && w < word::kAgDone + word::kMaxLocalRanks) snprintf(buf, len, "AG done from local rank %d", w - word::kAgDone);
   else if (w >= word::kRsFull && w < word::kRsFull + word::kMaxLocalRanks) snprintf(buf, len, "RS full from local rank %d", w - word::kRsFull);

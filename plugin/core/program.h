@@ -35,6 +35,11 @@ constexpr int kRsPushDone = 3;
 constexpr int kRsPrev = 4;
 constexpr int kRsFinal = 5;
 constexpr int kAgFinish = 6;
+// Where this rank's last token (kCaptured) AG / RS is: 1 entered, 2 past its ready / enter waits, 0 finished (or
+// none yet). Written only by the rank into its own array, never waited on: the token words are reset to 0 after
+// their wait, so only these tell tideCommGetPendingWaits which of a token program's waits can still be pending.
+constexpr int kCapAgPhase = 7;
+constexpr int kCapRsPhase = 8;
 constexpr int kAgRail = 16;     // + round
 constexpr int kMaxRounds = 32;
 constexpr int kAgDone = 64;     // + source local rank

@@ -46,6 +46,7 @@ void singleNode(const Layout& l, const Options& opt, Builder& b) {
 void captured(const Layout& l, Builder& b) {
   const int W = l.worldSize, me = l.rank;
   b.at(Lane::kCaller, -1);
+  b.write(me, word::kCapAgPhase, Val::kConst, 1);
   for (int d = 0; d < W; ++d) {
     if (d != me) b.write(d, word::kCapAgReady + me, Val::kConst, 1);
   }
@@ -55,6 +56,7 @@ void captured(const Layout& l, Builder& b) {
   for (int d = 0; d < W; ++d) {
     if (d != me) b.write(me, word::kCapAgReady + d, Val::kConst, 0);
   }
+  b.write(me, word::kCapAgPhase, Val::kConst, 2);
   for (int i = 0; i < l.nParams; ++i) {
     const ParamLayout& p = l.params[i];
     for (int k = 0; k < W; ++k) {
@@ -71,6 +73,7 @@ void captured(const Layout& l, Builder& b) {
   for (int s = 0; s < W; ++s) {
     if (s != me) b.write(me, word::kCapAgDone + s, Val::kConst, 0);
   }
+  b.write(me, word::kCapAgPhase, Val::kConst, 0);
 }
 
 // Bytes [offset, offset + bytes) of block `blockRank` (packed send-buffer layout), own slot -> peer's slot, one

@@ -133,6 +133,7 @@ void singleNode(const Layout& l, const Geometry& g, Mode mode, Builder& b) {
 void captured(const Layout& l, const Geometry& g, Builder& b) {
   const int W = g.W, me = g.me;
   b.at(Lane::kCaller, -1);
+  b.write(me, word::kCapRsPhase, Val::kConst, 1);
   for (int d = 0; d < W; ++d) {
     if (d != me) b.write(d, word::kCapRsEnter + me, Val::kConst, 1);
   }
@@ -142,6 +143,7 @@ void captured(const Layout& l, const Geometry& g, Builder& b) {
   for (int d = 0; d < W; ++d) {
     if (d != me) b.write(me, word::kCapRsEnter + d, Val::kConst, 0);
   }
+  b.write(me, word::kCapRsPhase, Val::kConst, 2);
   int pi = 0;
   for (int k = 0; k < g.numChunks; ++k) {
     const uint64_t c0 = static_cast<uint64_t>(k) * g.chunk, c1 = std::min(c0 + g.chunk, g.outNumel);
@@ -167,6 +169,7 @@ void captured(const Layout& l, const Geometry& g, Builder& b) {
   for (int s = 0; s < W; ++s) {
     if (s != me) b.write(me, word::kCapRsFull + s, Val::kConst, 0);
   }
+  b.write(me, word::kCapRsPhase, Val::kConst, 0);
 }
 
 // Several nodes. Task t = k * N + m: chunk k of this rank's rail owner on node m. See docs/architecture.md.

@@ -93,14 +93,18 @@ tideResult_t allGather(tideComm* comm, tideLayout_t layout, const void* sendbuff
                 "epochs. Run this all-gather outside the capture (nothing was enqueued; the capture is still valid)",
                 kWhat, v.info.nNodes, v.info.ranksPerNode);
   }
+  // Eager calls of a single-node layout take the token protocol when the graph route is on (the same decision on
+  // every rank: docs/architecture.md "Eager calls as graph replays"); they never use multicast, which the token
+  // program does not have (and no provider offers yet), so that the choice cannot differ between ranks.
+  const bool tokens = cap.active || eagerTokens(comm, v, false);
   prog::Options opt;
   size_t zeroBytes = 0;
   (void)mem->zeros(&zeroBytes);
   opt.zeroBytes = zeroBytes;
-  opt.mode = cap.active ? prog::Mode::kCaptured
-                        : (multi && pol->defersPushes() ? prog::Mode::kDeferred : prog::Mode::kInOrder);
+  opt.mode = tokens ? prog::Mode::kCaptured
+                    : (multi && pol->defersPushes() ? prog::Mode::kDeferred : prog::Mode::kInOrder);
   void* mc = nullptr;
-  if (!cap.active && !multi && comm->multicastGate) {
+  if (!tokens && !multi && comm->multicastGate) {
     mc = mem->multicastPtr(slot, v.info.slotBytes);
     if (mc == nullptr && !g_mcNoticeLogged.exchange(true)) {
       TIDE_INFO("Cuda", "multicast gate is open but the %s provider has no multicast address: multicast all-gather "
@@ -151,8 +155,12 @@ tideResult_t allGather(tideComm* comm, tideLayout_t layout, const void* sendbuff
   cv.epoch = epoch;
   comm->lastAg = tideComm::LastCall{bound, epoch, 0};
   comm->phase.store("tideAllGather: enqueueing", std::memory_order_relaxed);
-  TIDE_CHECK(BoundProgram::issue(bound, cv, stream, prog::Coll::kAllGather));
-  TIDE_TRACE("Cuda", "AG rank %d epoch %" PRIu64 ": program of %zu steps", me, epoch, bound->program().steps.size());
+  // Token programs carry no epoch; the epoch still counts every eager call alike on every rank (checkStream, the
+  // debug dump), and the epoch programs only ever wait for values >= theirs, so skipped values are harmless.
+  TIDE_CHECK(tokens ? BoundProgram::issueTokens(bound, cv, stream)
+                    : BoundProgram::issue(bound, cv, stream, prog::Coll::kAllGather));
+  TIDE_TRACE("Cuda", "AG rank %d epoch %" PRIu64 ": program of %zu steps%s%s", me, epoch,
+             bound->program().steps.size(), tokens ? ", token protocol " : "", tokens ? bound->lastTokenIssue() : "");
   return tideSuccess;
 }
 

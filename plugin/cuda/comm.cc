@@ -2,6 +2,7 @@
 
 #include <cinttypes>
 
+#include "../core/eager_route.h"
 #include "../core/errors.h"
 #include "../core/handles.h"
 #include "../core/log.h"
@@ -23,6 +24,8 @@ tideResult_t commInit(tideComm* comm) {
   TIDE_CUDA_CHECK(cudaStreamCreateWithFlags(&comm->dumpStream, cudaStreamNonBlocking));
   TIDE_CHECK(preloadReduceKernels());
   TIDE_CHECK(devicePace(comm->device, comm->worldSize == 1, &comm->reducePace));
+  TIDE_CHECK(params::status(params::kEagerGraphs));
+  comm->eagerGraphs = params::eagerGraphs();
   TIDE_CHECK(params::status(params::kRanksPerNode));
   const int over = params::ranksPerNodeOverride();
   if (over > 0 && comm->worldSize % over != 0) {
@@ -71,12 +74,44 @@ tideResult_t checkCapturable(const tideComm* comm, const CaptureState& cap, cons
               what, comm->policy->name());
 }
 
+bool eagerTokens(const tideComm* comm, const LayoutView& view, bool reduceScatter) {
+  prog::RouteInputs in;
+  in.enabled = comm->eagerGraphs;
+  in.providerCapturable = comm->policy->capturable();
+  in.coll = reduceScatter ? prog::Coll::kReduceScatter : prog::Coll::kAllGather;
+  in.nNodes = view.info.nNodes;
+  in.rsNumChunks = view.info.rsNumChunks;
+  return prog::eagerUsesTokens(in);
+}
+
+bool captureStreamOf(tideComm* comm, cudaStream_t* out, std::string* why) {
+  if (comm->captureStream == nullptr) {
+    // With the thread's capture mode relaxed: another thread's global-mode capture must not see this as unsafe.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    const bool exchanged = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
+    if (!exchanged) (void)cudaGetLastError();
+    cudaStream_t s = nullptr;
+    cudaError_t err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    if (exchanged) (void)cudaThreadExchangeStreamCaptureMode(&mode);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      *why = std::string("cudaStreamCreateWithFlags: ") + cudaGetErrorName(err);
+      return false;
+    }
+    comm->captureStream = s;
+  }
+  *out = comm->captureStream;
+  return true;
+}
+
 void commRelease(tideComm* comm) {
   if (comm->sideStream) (void)cudaStreamDestroy(comm->sideStream);
   comm->lastAg = tideComm::LastCall{};
   comm->lastRs = tideComm::LastCall{};
-  comm->layoutCache.clear();
+  comm->layoutCache.clear();  // destroys the bound programs and with them the eager route's graphs
   comm->sideStream = nullptr;
+  if (comm->captureStream) (void)cudaStreamDestroy(comm->captureStream);
+  comm->captureStream = nullptr;
   (void)cudaGetLastError();
 }
 
@@ -119,7 +154,10 @@ tideResult_t layoutEntry(tideComm* comm, tideLayout_t layout, bool capturing, ti
     if (p.elemSize > v->maxElemSize) v->maxElemSize = p.elemSize;
     if (p.dtype != v->params[0].dtype) v->uniformDtype = false;
   }
-  if (comm->agreedLayouts.count(v->info.hash) == 0) {
+  // The switch of the eager graph route picks the wire protocol of eager calls, so ranks must agree on it with the
+  // layout: when it is off the agreed key differs from the hash (on, the default, it is the hash itself).
+  const uint64_t agreeKey = comm->eagerGraphs ? v->info.hash : v->info.hash ^ 0x7e1de0ff6a9f3c5bull;
+  if (comm->agreedLayouts.count(agreeKey) == 0) {
     if (capturing && comm->policy->agreementExchanges()) {
       return fail(tideUnsupported, "Cuda",
                   "the stream is being captured into a CUDA graph, and this layout (hash %016llx) has not been used by "
@@ -128,8 +166,8 @@ tideResult_t layoutEntry(tideComm* comm, tideLayout_t layout, bool capturing, ti
                   "capturing (nothing was enqueued; the capture is still valid)",
                   static_cast<unsigned long long>(v->info.hash));
     }
-    TIDE_CHECK(comm->policy->agreeOnLayout(v->info.hash));
-    comm->agreedLayouts.insert(v->info.hash);
+    TIDE_CHECK(comm->policy->agreeOnLayout(agreeKey));
+    comm->agreedLayouts.insert(agreeKey);
   }
   if (comm->layoutCache.size() > 256) comm->layoutCache.clear();  // bound programs in flight are kept by their users
   tideComm::CacheEntry& e = comm->layoutCache[layout];

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -72,6 +73,12 @@ struct tideComm {
   // The internal lane of step programs (RS pushes; deferred multi-node work), ordered against the caller's stream
   // by flags only (docs/architecture.md "Step programs").
   cudaStream_t sideStream = nullptr;
+  // Eager calls as graph replays (docs/architecture.md "Eager calls as graph replays"): NCCL_TIDE_EAGER_GRAPHS, read
+  // once by commInit (part of the layout agreement: it picks the wire protocol), and the private stream the library
+  // captures its own graphs on (created at the first capture, so that it takes no hardware queue from the streams
+  // created with the comm; it never runs work). The graphs live with their bound programs (ExecCache).
+  bool eagerGraphs = false;
+  cudaStream_t captureStream = nullptr;
   // The NVLink multicast gate (DESIGN.md section 6), read once by commInit.
   bool multicastGate = false;
   // What the RS reduce kernel keeps pace with (NCCL_TIDE_LINK_GBPS, the device's SMs), read once by commInit.
@@ -137,6 +144,14 @@ tideResult_t queryCapture(cudaStream_t stream, const char* what, CaptureState* o
 // tideUnsupported if cap is active and the comm's provider cannot capture (IssuePolicy::capturable); called by the
 // executors first, before anything else.
 tideResult_t checkCapturable(const tideComm* comm, const CaptureState& cap, const char* what);
+
+// Whether an eager call of this layout runs the token program (prog::eagerUsesTokens over what every rank agrees
+// on: the comm's switch, the provider, the layout's node split and RS chunks). Never true while capturing (cap.active
+// takes the captured path itself).
+bool eagerTokens(const tideComm* comm, const LayoutView& view, bool reduceScatter);
+
+// The comm's private capture stream, created on first use (false with the reason on failure; error state cleared).
+bool captureStreamOf(tideComm* comm, cudaStream_t* out, std::string* why);
 
 // tideInvalidArgument unless p is device memory (device or managed) that the comm's device can address, aligned to
 // `align` bytes.

@@ -17,7 +17,9 @@ namespace cuda {
 // provider cannot capture (checkCapturable), then validated like eager ones (with capture-safe queries), then
 // refused if their shape cannot be captured (tideUnsupported, nothing enqueued) or issued as the replay-safe
 // program (prog::Mode::kCaptured). They skip the provider's per-call stream/health check (checkStream: IPC's parent-NCCL
-// async-error query). Eager calls (cap.active false) take the paths below unchanged.
+// async-error query). Eager calls (cap.active false) of a program that can be captured run the same token program
+// when NCCL_TIDE_EAGER_GRAPHS is on (eagerTokens, BoundProgram::issueTokens: replayed from a graph the library
+// captured); the others, and every call with the switch off, run the epoch programs.
 tideResult_t allGather(tideComm* comm, tideLayout_t layout, const void* sendbuff, const void* const* shardPtrs,
                        void* slot, cudaStream_t stream, const CaptureState& cap);
 

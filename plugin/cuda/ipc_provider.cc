@@ -350,7 +350,8 @@ tideResult_t IpcProvider::agreeOnLayout(uint64_t layoutHash) {
   return fail(tideMismatch, kComponent,
               "layout mismatch across ranks: rank 0 has layout hash %016llx (%d of %d ranks agree with it), but %s "
               "(this is rank %d). Every rank must build the layout from the same parameter numels, dtypes, row "
-              "numels, world size, ranks per node and NCCL_TIDE_* plan parameters",
+              "numels, world size, ranks per node and NCCL_TIDE_* plan parameters, and set NCCL_TIDE_EAGER_GRAPHS "
+              "alike (it is part of the agreed value)",
               static_cast<unsigned long long>(all[0]), world_ - differ, world_, list, rank_);
 }
 

@@ -82,8 +82,10 @@ class IssuePolicy {
   // yet is refused at capture time (layoutEntry); the first eager call with the layout agrees on it.
   virtual bool agreementExchanges() const { return false; }
 
-  // True if this rank's collectives may be captured into CUDA graphs (the kCaptured programs; checked first).
-  // Default false: refused at capture time. Loopback and IPC: true.
+  // True if this rank's collectives may be captured into CUDA graphs (the kCaptured programs; checked first), and
+  // then also whether its eager calls of such programs take the token protocol (NCCL_TIDE_EAGER_GRAPHS; the same on
+  // every rank of a comm, since all share the provider). Default false: refused at capture time, eager calls on the
+  // epoch protocol. Loopback and IPC: true.
   virtual bool capturable() const { return false; }
 
   // Check of a collective enqueued into the stream capture `captureId` (cudaStreamGetCaptureInfo) by this rank,

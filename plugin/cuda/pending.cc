@@ -22,9 +22,22 @@ int writerOf(const prog::Program& p, const prog::Op& op, const prog::FlagOp& f) 
   return f.owner;
 }
 
+// A token program's waits are followed by resets to 0, so a word at 0 may be one already waited for: its phase word
+// (prog::word::kCapAgPhase / kCapRsPhase) says which of its two wait sets can still be pending (0: none).
+bool tokenWaitMayPend(const prog::Program& p, const prog::FlagOp& f, const std::vector<uint32_t>& words) {
+  namespace w = prog::word;
+  const bool ag = p.coll == prog::Coll::kAllGather;
+  const size_t at = static_cast<size_t>(p.rank) * w::kWords + (ag ? w::kCapAgPhase : w::kCapRsPhase);
+  const uint32_t phase = at < words.size() ? words[at] : 0;
+  const int first = ag ? w::kCapAgReady : w::kCapRsEnter;  // the entry tokens; then done / full tokens
+  const bool entry = f.word >= first && f.word < first + 64;
+  return (phase == 1 && entry) || (phase == 2 && !entry);
+}
+
 void scan(const tideComm::LastCall& last, int coll, const std::vector<uint32_t>& words, std::vector<PendingWait>* out) {
   if (!last.bound) return;
   const prog::Program& p = last.bound->program();
+  const bool tokens = p.mode == prog::Mode::kCaptured;
   bool stuck[2] = {false, false};
   for (size_t s = 0; s < p.steps.size(); ++s) {
     const prog::Step& st = p.steps[s];
@@ -36,6 +49,7 @@ void scan(const tideComm::LastCall& last, int coll, const std::vector<uint32_t>&
       for (uint32_t i = op.begin; i < op.end; ++i) {
         const prog::FlagOp& f = p.flags[i];
         if (f.kind != prog::FlagOp::kWait) continue;
+        if (tokens && !tokenWaitMayPend(p, f, words)) continue;
         const size_t at = static_cast<size_t>(f.owner) * prog::word::kWords + f.word;
         if (at >= words.size()) continue;
         const uint32_t want = f.value(last.epoch, last.task), have = words[at];
@@ -70,13 +84,17 @@ void shortWordName(int w, int ranksPerNode, char* buf, size_t len) {
   else if (w == k::kRsPrev) snprintf(buf, len, "rsPrev");
   else if (w == k::kRsFinal) snprintf(buf, len, "rsFinal");
   else if (w == k::kAgFinish) snprintf(buf, len, "agFinish");
+  else if (w == k::kCapAgPhase) snprintf(buf, len, "capAgPhase");
+  else if (w == k::kCapRsPhase) snprintf(buf, len, "capRsPhase");
   else if (w >= k::kAgRail && w < k::kAgRail + k::kMaxRounds) snprintf(buf, len, "agRail[%d]", w - k::kAgRail);
   else if (w >= k::kAgDone && w < k::kAgDone + k::kMaxLocalRanks) snprintf(buf, len, "agDone[%d]", w - k::kAgDone);
   else if (w >= k::kRsFull && w < k::kRsFull + k::kMaxLocalRanks) snprintf(buf, len, "rsFull[%d]", w - k::kRsFull);
-  else if (w >= k::kCapAgReady && w < k::kCapAgDone) snprintf(buf, len, "capAgReady[%d]", w - k::kCapAgReady);
-  else if (w >= k::kCapAgDone && w < k::kCapRsEnter) snprintf(buf, len, "capAgDone[%d]", w - k::kCapAgDone);
-  else if (w >= k::kCapRsEnter && w < k::kCapRsFull) snprintf(buf, len, "capRsEnter[%d]", w - k::kCapRsEnter);
-  else if (w >= k::kCapRsFull && w < k::kWords) snprintf(buf, len, "capRsFull[%d]", w - k::kCapRsFull);
+  // Token words (captured calls, eager calls on the graph route) read like the epoch words they stand for, with the
+  // writer in brackets: "rank 0 waits for agReadyTok[1]" says what "waits for rank 1's agReady" says eagerly.
+  else if (w >= k::kCapAgReady && w < k::kCapAgDone) snprintf(buf, len, "agReadyTok[%d]", w - k::kCapAgReady);
+  else if (w >= k::kCapAgDone && w < k::kCapRsEnter) snprintf(buf, len, "agDoneTok[%d]", w - k::kCapAgDone);
+  else if (w >= k::kCapRsEnter && w < k::kCapRsFull) snprintf(buf, len, "rsEnterTok[%d]", w - k::kCapRsEnter);
+  else if (w >= k::kCapRsFull && w < k::kWords) snprintf(buf, len, "rsFullTok[%d]", w - k::kCapRsFull);
   else snprintf(buf, len, "word[%d]", w);
 }
 

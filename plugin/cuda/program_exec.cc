@@ -1,10 +1,12 @@
 #include "program_exec.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "../core/errors.h"
 #include "../core/handles.h"
 #include "../core/layout.h"
+#include "graph_replay.h"
 #include "internode_transport.h"
 
 namespace tide {
@@ -25,6 +27,19 @@ char* resolve(const Binding& b, const prog::Addr& a) {
 }
 
 CollKind kindOf(prog::Coll c) { return c == prog::Coll::kAllGather ? CollKind::kAllGather : CollKind::kReduceScatter; }
+
+// What a graph bakes in beyond the binding: the reduce's types, op and scale (an AG has none of these, and its
+// values are then always the defaults). Not the epoch or task: token programs carry constants only.
+uint64_t valuesKey(const CallValues& v) {
+  uint32_t scale = 0, divisor = 0;
+  static_assert(sizeof(float) == sizeof(uint32_t), "float is 32 bits");
+  memcpy(&scale, &v.scale, sizeof(scale));
+  memcpy(&divisor, &v.divisor, sizeof(divisor));
+  uint64_t k = static_cast<uint64_t>(v.inType) | static_cast<uint64_t>(v.outType) << 8 |
+               static_cast<uint64_t>(v.op) << 16;
+  k = k * 0x9e3779b97f4a7c15ull ^ scale;
+  return k * 0x9e3779b97f4a7c15ull ^ divisor;
+}
 
 }  // namespace
 
@@ -172,6 +187,61 @@ tideResult_t BoundProgram::issueStep(const StepItems& s, const CallValues& v, cu
   return tideSuccess;
 }
 
+BoundProgram::~BoundProgram() { destroyGraph(graph_); }
+
+tideResult_t BoundProgram::issueAll(const CallValues& v, cudaStream_t caller) {
+  for (const StepItems& s : steps_) TIDE_CHECK(issueStep(s, v, caller));
+  return tideSuccess;
+}
+
+tideResult_t BoundProgram::issueTokens(const std::shared_ptr<BoundProgram>& self, const CallValues& v,
+                                       cudaStream_t stream) {
+  BoundProgram& bp = *self;
+  if (bp.prog_->mode != prog::Mode::kCaptured || bp.prog_->usesInternalLane) {
+    return fail(tideInternalError, "Cuda", "issueTokens: not a token program on the caller's stream");
+  }
+  std::lock_guard<std::mutex> lock(bp.issueMu_);
+  using Issue = prog::GraphAmortizer::Issue;
+  Issue how = bp.amort_.next(valuesKey(v));
+  std::string why;
+  bool justCaptured = false;
+  cudaStream_t capStream = nullptr;
+  if (how == Issue::kCapture && !captureStreamOf(bp.comm_, &capStream, &why)) {
+    bp.amort_.captureFailed();
+    noteGraphFallback("creating the private capture stream", why);
+    how = Issue::kDirect;
+  }
+  if (how == Issue::kCapture) {
+    destroyGraph(bp.graph_);  // captured with other values (or none yet); one still running is freed when it ends
+    bp.graph_ = nullptr;
+    CallValues cv = v;
+    cv.batchApi = false;  // the batch API is not capturable: one memcpy node per copy
+    cudaGraphExec_t g = nullptr;
+    if (captureGraph(capStream, [&](cudaStream_t s) { return bp.issueAll(cv, s) == tideSuccess; }, &g, &why)) {
+      bp.graph_ = g;
+      justCaptured = true;
+      how = Issue::kReplay;
+    } else {
+      bp.amort_.captureFailed();
+      noteGraphFallback("capturing a bound program", why);
+      how = Issue::kDirect;
+    }
+  }
+  if (how == Issue::kReplay) {
+    if (launchGraph(bp.graph_, stream, &why)) {
+      bp.lastIssue_ = justCaptured ? "captured into a graph and replayed from it" : "replayed from a graph";
+      return tideSuccess;
+    }
+    // A refused launch enqueued nothing: issue the same program directly, and never again from a graph.
+    bp.amort_.captureFailed();
+    destroyGraph(bp.graph_);
+    bp.graph_ = nullptr;
+    noteGraphFallback("launching a captured bound program", why);
+  }
+  bp.lastIssue_ = "issued directly";
+  return bp.issueAll(v, stream);
+}
+
 tideResult_t BoundProgram::issue(const std::shared_ptr<BoundProgram>& self, const CallValues& v, cudaStream_t stream,
                                  prog::Coll coll) {
   BoundProgram& bp = *self;
@@ -179,8 +249,7 @@ tideResult_t BoundProgram::issue(const std::shared_ptr<BoundProgram>& self, cons
   IssuePolicy* pol = bp.comm_->policy.get();
   if (p.mode != prog::Mode::kDeferred) {
     std::lock_guard<std::mutex> lock(bp.issueMu_);
-    for (const StepItems& s : bp.steps_) TIDE_CHECK(bp.issueStep(s, v, stream));
-    return tideSuccess;
+    return bp.issueAll(v, stream);
   }
   // Deferred: the provider first checks that the groups can be issued (so that no caller-stream wait is enqueued
   // for work that will never come), then the call-time steps, then the groups through the provider.

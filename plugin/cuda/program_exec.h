@@ -6,7 +6,8 @@
 // the same; a call only patches the flag values (epoch, RS task base) and the reduce's op/type/scale, then issues.
 // Issue: every step at call time in program order (kInOrder, kCaptured), or the call-time steps now and the issue
 // groups through the provider's scheduleSteps (kDeferred). Cross-node operations go through the provider's
-// InterNodeTransport.
+// InterNodeTransport. Eager calls on the token route (issueTokens) replay a CUDA graph of the bound program
+// (graph_replay.h) once the same binding and call values repeat; docs/architecture.md "Eager calls as graph replays".
 #ifndef TIDE_CUDA_PROGRAM_EXEC_H_
 #define TIDE_CUDA_PROGRAM_EXEC_H_
 
@@ -16,6 +17,7 @@
 #include <mutex>
 #include <vector>
 
+#include "../core/eager_route.h"
 #include "../core/program.h"
 #include "comm.h"
 #include "prebuilt.h"
@@ -49,6 +51,11 @@ struct CallValues {
 
 class BoundProgram {
  public:
+  BoundProgram() = default;
+  ~BoundProgram();  // destroys the graph of the eager route (the driver frees one still running when it completes)
+  BoundProgram(const BoundProgram&) = delete;
+  BoundProgram& operator=(const BoundProgram&) = delete;
+
   // Builds the driver arguments. `program` must outlive this object (it lives in the same cache entry).
   static tideResult_t bind(tideComm* comm, std::shared_ptr<const prog::Program> program, const Binding& b,
                            std::shared_ptr<BoundProgram>* out);
@@ -59,6 +66,15 @@ class BoundProgram {
   // for a deferred program the groups through the provider. stream = the caller's stream.
   static tideResult_t issue(const std::shared_ptr<BoundProgram>& self, const CallValues& v, cudaStream_t stream,
                             prog::Coll kind);
+
+  // An eager call of a token (kCaptured) program: replays this binding's graph, or captures it first, or issues the
+  // steps directly (prog::GraphAmortizer decides; a capture or launch failure falls back to direct issue, logged
+  // once). Each is the same operations in the same order on `stream`, so the choice is this rank's alone.
+  static tideResult_t issueTokens(const std::shared_ptr<BoundProgram>& self, const CallValues& v, cudaStream_t stream);
+  bool hasGraph() const { return graph_ != nullptr; }
+  // How the last issueTokens call went, for the debug dump and traces: "issued directly", "captured into a graph
+  // and replayed from it", "replayed from a graph", or "" when issueTokens was never called.
+  const char* lastTokenIssue() const { return lastIssue_; }
 
  private:
   struct Item {
@@ -79,6 +95,8 @@ class BoundProgram {
   };
 
   tideResult_t issueStep(const StepItems& s, const CallValues& v, cudaStream_t caller);
+  // Every step in program order; the caller holds issueMu_.
+  tideResult_t issueAll(const CallValues& v, cudaStream_t caller);
 
   tideComm* comm_ = nullptr;
   std::shared_ptr<const prog::Program> prog_;
@@ -88,6 +106,10 @@ class BoundProgram {
   std::vector<BoundReduce> reduces_;
   std::vector<std::pair<int, int>> groupRange_;  // deferred: steps [first, second) of each group
   std::mutex issueMu_;  // deferred groups of two epochs may be issued from two threads
+  // Eager token route, under issueMu_: when to capture, and the graph (captured with amort_'s current values).
+  prog::GraphAmortizer amort_;
+  cudaGraphExec_t graph_ = nullptr;
+  const char* lastIssue_ = "";  // a static string (read by tideCommDebugDump between calls)
 };
 
 // Per layout (tideComm::CacheEntry): its compiled programs and its recently bound pointer sets.

@@ -86,11 +86,15 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
                   kWhat);
     }
   }
+  // Eager calls whose program can be captured (one node, <= 2 chunks) take the token protocol when the graph route
+  // is on: the same decision on every rank (docs/architecture.md "Eager calls as graph replays"). Unlike a capture,
+  // an eager token call may use the comm's own staging: its growth runs here, at call time, outside any capture.
+  const bool tokens = cap.active || eagerTokens(comm, v, true);
   prog::Options opt;
   size_t zeroBytes = 0;
   const char* zeros = static_cast<const char*>(mem->zeros(&zeroBytes));
   opt.zeroBytes = zeroBytes;
-  opt.mode = cap.active ? prog::Mode::kCaptured : (pol->defersPushes() ? prog::Mode::kDeferred : prog::Mode::kInOrder);
+  opt.mode = tokens ? prog::Mode::kCaptured : (pol->defersPushes() ? prog::Mode::kDeferred : prog::Mode::kInOrder);
   std::shared_ptr<const prog::Program> program;
   {
     tideResult_t r = ent->exec->program(layout, prog::Coll::kReduceScatter, opt, &program);
@@ -196,9 +200,12 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
   comm->rsChunkSeq += bound->program().numTasks;
   comm->lastRs = tideComm::LastCall{bound, epoch, cv.task};
   comm->phase.store("tideReduceScatter: enqueueing", std::memory_order_relaxed);
-  TIDE_CHECK(BoundProgram::issue(bound, cv, stream, prog::Coll::kReduceScatter));
-  TIDE_TRACE("Cuda", "RS rank %d epoch %" PRIu64 ": %d chunks, program of %zu steps, staging %s", me, epoch,
-             v.info.rsNumChunks, bound->program().steps.size(), staging ? "slot" : "own");
+  // A token program has numTasks 0 (the task counter is the eager pipeline's); the epoch counts every eager call.
+  TIDE_CHECK(tokens ? BoundProgram::issueTokens(bound, cv, stream)
+                    : BoundProgram::issue(bound, cv, stream, prog::Coll::kReduceScatter));
+  TIDE_TRACE("Cuda", "RS rank %d epoch %" PRIu64 ": %d chunks, program of %zu steps, staging %s%s%s", me, epoch,
+             v.info.rsNumChunks, bound->program().steps.size(), staging ? "slot" : "own",
+             tokens ? ", token protocol " : "", tokens ? bound->lastTokenIssue() : "");
   return tideSuccess;
 }
 

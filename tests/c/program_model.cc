@@ -73,6 +73,7 @@ struct Call {
   bool slotStaging;  // RS: staging in the slot region (Slot-Reuse)
   tideRedOp_t op;
   tideDataType_t outType;
+  bool token = false;  // eager call on the token route (NCCL_TIDE_EAGER_GRAPHS): the kCaptured program
 };
 
 struct LaneItem {
@@ -394,13 +395,23 @@ uint64_t runCase(const Case& cs, Mode mode, uint64_t seed, uint32_t start, std::
   Options opt;
   opt.mode = mode;
   opt.zeroBytes = 64;  // small, so padding takes several zero copies
-  std::vector<Program> ag(W), rs(W);
+  std::vector<Program> ag(W), rs(W), agT(W), rsT(W);
   bool slotFits = l0.rs.slotReuseFits;
+  bool agTokens = false, rsTokens = false;
+  for (const Call& c : seq) (c.kind == Kind::kAg ? agTokens : rsTokens) |= c.token;
+  Options tok = opt;
+  tok.mode = Mode::kCaptured;
   for (int r = 0; r < W; ++r) {
     if (compileAllGather(*layouts[r], opt, &ag[r]) != tideSuccess) die("compileAllGather failed");
     if (compileReduceScatter(*layouts[r], opt, &rs[r]) != tideSuccess) die("compileReduceScatter failed");
+    if (agTokens && compileAllGather(*layouts[r], tok, &agT[r]) != tideSuccess) die("compileAllGather (tokens) failed");
+    if (rsTokens && compileReduceScatter(*layouts[r], tok, &rsT[r]) != tideSuccess) {
+      die("compileReduceScatter (tokens) failed");
+    }
     mutate(&ag[r]);
     mutate(&rs[r]);
+    mutate(&agT[r]);
+    mutate(&rsT[r]);
   }
   // Counters as the comm keeps them: AG and RS epochs, the RS task counter (all equal on every rank).
   uint64_t agE = start, rsE = start, task = start;
@@ -411,12 +422,14 @@ uint64_t runCase(const Case& cs, Mode mode, uint64_t seed, uint32_t start, std::
       w.epochOf.push_back(++agE);
       w.taskOf.push_back(0);
     } else {
+      // Token calls move the epoch as the executor does (it is the eager call's sequence number), not the tasks.
       w.epochOf.push_back(++rsE);
       w.taskOf.push_back(task);
-      task += rs[0].numTasks;
+      task += seq[c].token ? 0 : rs[0].numTasks;
     }
     for (int r = 0; r < W; ++r) {
-      const Program& p = seq[c].kind == Kind::kAg ? ag[r] : rs[r];
+      const bool t = seq[c].token;
+      const Program& p = seq[c].kind == Kind::kAg ? (t ? agT[r] : ag[r]) : (t ? rsT[r] : rs[r]);
       w.lanes[2 * r].push_back(LaneItem{static_cast<int>(c), nullptr, -2});
       // Call-time steps in program order; deferred groups follow on the internal lane (the provider issues group
       // g of every rank before g + 1 of any; per lane that is program order again).
@@ -536,6 +549,23 @@ int main(int argc, char** argv) {
         for (int s = 0; s < 2 * seeds; ++s) {
           uint64_t n = runCase(c, Mode::kCaptured, 77 + s, 0, seqs[s % 2]);
           printf("case %zu W=%d captured seed %d: ok (%" PRIu64 " scheduler steps)\n", ci, c.W, s, n);
+        }
+      }
+      // Eager calls on the token route (docs/architecture.md "Eager calls as graph replays") mixed with epoch calls
+      // on one comm: AG always takes tokens on one node, RS only with <= 2 chunks (own or slot staging), so a layout
+      // with more chunks mixes token AGs with epoch RSs.
+      const bool rsTok = ls[0]->rs.numChunks <= 2;
+      const Call agT{Kind::kAg, false, tideSum, tideFloat32, true};
+      const Call rsOwn{Kind::kRs, false, tideAvg, tideBfloat16, rsTok};
+      const Call rsSlot{Kind::kRs, true, tidePremulSum, tideFloat16, rsTok};
+      const std::vector<Call> mixed = {agT, agC, Call{Kind::kRs, false, tideSum, tideFloat32}, rsOwn, agT, rsSlot,
+                                       Call{Kind::kRs, true, tideSum, tideFloat32}, agT, agT, rsOwn, rsOwn, agC};
+      for (Mode mode : {Mode::kInOrder, Mode::kDeferred}) {
+        for (int s = 0; s < seeds; ++s) {
+          const uint32_t start = (s % 2) ? 0xFFFFFFF0u : 0u;
+          uint64_t n = runCase(c, mode, 5000 + 31 * s + static_cast<int>(mode), start, mixed);
+          printf("case %zu W=%d mixed eager/token mode %d seed %d%s: ok (%" PRIu64 " scheduler steps)\n", ci, c.W,
+                 static_cast<int>(mode), s, rsTok ? "" : " (RS epoch only)", n);
         }
       }
     }

@@ -79,7 +79,8 @@ def _ipc_worker(rank, world, port, out_dir):
             time.sleep(0.5)
             report["steps"]["queued_still_running"] = not s.query()
             dump = _dump(N, comm.handle)
-            report["steps"]["dump_names_rank1"] = "agReady of rank 1" in dump
+            # Epoch protocol: rank 1's agReady; token protocol (eager graph route): rank 1's token in rank 0's array.
+            report["steps"]["dump_names_rank1"] = "agReady of rank 1" in dump or "agReadyTok[1] of rank 0" in dump
             t0 = time.monotonic()
             comm.abort()
             report["steps"]["abort_s"] = time.monotonic() - t0

@@ -1,0 +1,383 @@
+"""Eager TIDE-AG / TIDE-RS as replays of graphs the library captured itself (issue 15; docs/architecture.md "Eager
+calls as graph replays"), on loopback worlds.
+
+With NCCL_TIDE_EAGER_GRAPHS=1 (the default) an eager single-node AG, or RS of at most 2 chunks, runs the token
+protocol: the first call with a binding is issued directly, the second is captured into a graph on the comm's
+private stream and launched, later ones replay that graph. Every call here gets fresh random inputs (never zeros)
+and poisoned outputs, and is compared bit for bit with the host executor; the debug dump says how each rank issued
+its last call, so the tests also check that the graph route was taken when it should be (and not when it should
+not). Interleaved on one world: eager graph-route calls, eager epoch-protocol calls (RS of 4 chunks) and
+user-captured graphs of TIDE calls. The switch off (a subprocess, since the parameter is read once) is exactly the
+epoch protocol.
+"""
+
+import ctypes
+import os
+import subprocess
+import sys
+import textwrap
+import zlib
+
+import nccl_tide
+import numpy as np
+import pytest
+from gpu_util import POISON, as_bits, int_dtype, make_layouts, random_bytes, random_float
+from nccl_tide import _native as N
+from test_graph_capture import AgCase, RsCase, capture_each_rank, destroy, launch_all, rs_layouts
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
+
+CALLS = 5
+DIRECT = "issued directly"
+CAPTURED = "captured into a graph and replayed from it"
+REPLAYED = "replayed from a graph"
+
+
+def seeded(*key):
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+def route_on() -> bool:
+    return os.environ.get("NCCL_TIDE_EAGER_GRAPHS", "1") == "1"
+
+
+@pytest.fixture
+def world_of(torch_cuda, cuda_lib):
+    from nccl_tide.cuda import LoopbackWorld
+
+    made = []
+
+    def get(n):
+        made.append(LoopbackWorld(n))
+        return made[-1]
+
+    yield get
+    for w in made:
+        w.synchronize()
+        w.close()
+
+
+def last_program(world, r, coll):
+    """The debug dump's "last AG/RS program: ..." line of rank r (call between collectives)."""
+    buf = ctypes.create_string_buffer(64 * 1024)
+    assert N.lib().tideCommDebugDump(world.comms[r], buf, len(buf)) == N.tideSuccess
+    text = buf.value.decode()
+    for line in text.splitlines():
+        if line.strip().startswith(f"last {coll} program:"):
+            return line.strip()
+    pytest.fail(f"rank {r}: no 'last {coll} program' line in the dump:\n{text}")
+
+
+def expect_issue(world, coll, how, what):
+    """Every rank's last call of `coll` was a token call issued `how` (DIRECT, CAPTURED, REPLAYED), or an epoch
+    call when how is None."""
+    for r in range(world.n_ranks):
+        line = last_program(world, r, coll)
+        if how is None:
+            assert "token-protocol" not in line, f"{what}: rank {r}: {line}"
+        else:
+            assert line.endswith(f"token-protocol issue: {how}"), f"{what}: rank {r}: expected '{how}': {line}"
+
+
+def amortised(call_index):
+    """How the call_index-th call (0-based) with one binding and unchanged values is issued."""
+    return DIRECT if call_index == 0 else CAPTURED if call_index == 1 else REPLAYED
+
+
+class ShardAgCase(AgCase):
+    """AgCase through per-parameter shard pointers (views of the send buffers) instead of the packed buffer."""
+
+    def eager(self):
+        shards = [
+            [self.send[r][p.send_offset : p.send_offset + p.shard_numel * p.elem_size] for p in self.L.params]
+            for r in range(self.world.n_ranks)
+        ]
+        self.world.all_gather(self.layouts, self.slots, shards=shards, streams=self.world.streams)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Bit-exact, graph route taken
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not route_on(), reason="NCCL_TIDE_EAGER_GRAPHS=0")
+@pytest.mark.parametrize("W", [2, 4, 8])
+def test_eager_all_gather_graph_route_bit_exact(torch_cuda, world_of, W):
+    torch = torch_cuda
+    world = world_of(W)
+    for li in range(3):
+        cls = ShardAgCase if li == 2 else AgCase
+        case = cls(torch, world, seeded("eager-ag", W, li), ["bf16", "fp32", "int8", "fp16", "fp8_e4m3"])
+        try:
+            for it in range(CALLS):
+                case.new_inputs()
+                case.eager()
+                case.check(case.result(), f"layout {li} ({cls.__name__}) call {it}")
+                expect_issue(world, "AG", amortised(it), f"layout {li} call {it}")
+        finally:
+            case.close()
+
+
+RS_CASES = [
+    # W, gradient dtype, output dtype, op, chunks, own staging
+    (2, "bf16", "fp32", "sum", 1, False),
+    (2, "fp32", "fp32", "avg", 2, True),
+    (4, "bf16", "bf16", "premul", 2, False),
+    (4, "fp16", "fp32", "avg", 1, True),
+    (8, "bf16", "fp32", "sum", 2, True),
+    (8, "bf16", "bf16", "premul", 1, False),
+    (8, "fp32", "fp32", "sum", 1, True),
+]
+
+
+@pytest.mark.skipif(not route_on(), reason="NCCL_TIDE_EAGER_GRAPHS=0")
+@pytest.mark.parametrize("W,gdt,odt,op,chunks,own", RS_CASES)
+def test_eager_reduce_scatter_graph_route_bit_exact(torch_cuda, world_of, W, gdt, odt, op, chunks, own):
+    torch = torch_cuda
+    world = world_of(W)
+    case = RsCase(torch, world, seeded("eager-rs", W, gdt, odt, op, chunks, own), gdt, odt, op, chunks)
+    try:
+        for it in range(CALLS):
+            case.new_inputs()
+            case.eager(own_staging=own)
+            case.check(case.result(), f"call {it} ({'own' if own else 'slot'} staging)")
+            expect_issue(world, "RS", amortised(it), f"call {it}")
+    finally:
+        case.close()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Interleaving: graph route, epoch protocol and user captures on one world
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not route_on(), reason="NCCL_TIDE_EAGER_GRAPHS=0")
+def test_interleaved_routes(torch_cuda, world_of):
+    """Per round, on each rank's one stream: eager AG (graph route), eager RS of 4 chunks (epoch protocol, deferred),
+    a user-captured AG graph, eager RS of 2 chunks (graph route; own staging every other round), a user-captured RS
+    graph; no host synchronization inside a round, every result bit-exact each round."""
+    torch = torch_cuda
+    W = 4
+    world = world_of(W)
+    rng = seeded("interleaved")
+    ag = AgCase(torch, world, rng, ["bf16", "fp32"])
+    rs4 = RsCase(torch, world, rng, "bf16", "fp32", "sum", 4)
+    ag_cap = AgCase(torch, world, rng, ["fp16", "int8"])
+    rs2 = RsCase(torch, world, rng, "bf16", "bf16", "avg", 2)
+    rs_cap = RsCase(torch, world, rng, "fp32", "fp32", "premul", 1)
+    cases = [ag, rs4, ag_cap, rs2, rs_cap]
+    try:
+        for c in cases:  # eager calls before the captures (and the first, direct, token calls)
+            c.new_inputs()
+        ag.eager()
+        rs4.eager()
+        ag_cap.eager()
+        rs2.eager()
+        rs_cap.eager()
+        for c in cases:
+            c.check(c.result(), "eager before the captures")
+        ag_execs = capture_each_rank(torch, world, ag_cap.call)
+        rs_execs = capture_each_rank(torch, world, rs_cap.call)
+        try:
+            for it in range(10):
+                for c in cases:
+                    c.new_inputs()
+                ag.eager()
+                rs4.eager(own_staging=it % 2 == 0)
+                launch_all(world, ag_execs)
+                rs2.eager(own_staging=it % 2 == 1)
+                launch_all(world, rs_execs)
+                for c, name in zip(cases, ["eager AG", "eager RS 4 chunks", "AG graph", "eager RS 2 chunks", "RS graph"]):
+                    c.check(c.result(), f"round {it} {name}")
+                expect_issue(world, "AG", REPLAYED if it >= 1 else CAPTURED, f"round {it} AG")
+                # rs2 alternates Slot-Reuse (even rounds; its first use was before the captures) and own staging (odd
+                # rounds; grown once, then stable): two bindings, each captured at its second use.
+                expect_issue(world, "RS", {0: CAPTURED, 1: DIRECT, 2: REPLAYED, 3: CAPTURED}.get(it, REPLAYED),
+                             f"round {it} RS")
+            # The RS of 4 chunks stays on the epoch protocol.
+            rs4.new_inputs()
+            rs4.eager()
+            rs4.check(rs4.result(), "eager RS 4 chunks at the end")
+            expect_issue(world, "RS", None, "RS of 4 chunks")
+        finally:
+            destroy(world, ag_execs)
+            destroy(world, rs_execs)
+    finally:
+        for c in cases:
+            c.close()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Pointer and value changes between calls
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not route_on(), reason="NCCL_TIDE_EAGER_GRAPHS=0")
+def test_values_and_pointer_changes(torch_cuda, world_of):
+    """A binding is the layout plus every pointer; a graph also bakes the RS call values in. Pointer changes rebind
+    (direct first, captured at the second use); value changes issue directly and recapture when they repeat."""
+    torch = torch_cuda
+    W = 4
+    world = world_of(W)
+    rng = seeded("changes")
+    Ls = make_layouts([3001, 64 * 7, 5, 999], [1, 64, 1, 1], ["bf16", "bf16", "fp32", "fp16"], W)
+    L = Ls[0]
+    # Every slot first: a slot allocation changes the memory generation, which is part of every binding.
+    slots = {k: world.alloc_slot(L.slot_bytes) for k in "AB"}
+    rsL = rs_layouts(W, [2999, 37, 64 * 48, 1, 700 + W], [1, 1, 64, 1, 1], "bf16", 2)
+    staging = world.alloc_slot(rsL[0].rs_staging_bytes)
+    sends = {k: [torch.empty(L.send_bytes, dtype=torch.uint8, device="cuda") for _ in range(W)] for k in "ABC"}
+
+    def ag_call(slot_key, send_key, how, what):
+        send_cpu = [random_bytes(torch, rng, L.send_bytes) for _ in range(W)]
+        shards = [
+            [send_cpu[r][p.send_offset : p.send_offset + p.shard_numel * p.elem_size].view(int_dtype(torch, p.elem_size))
+             for p in L.params]
+            for r in range(W)
+        ]
+        expected = nccl_tide.host_all_gather(L, shards)
+        for r in range(W):
+            sends[send_key][r].copy_(send_cpu[r])
+        for s in slots[slot_key]:
+            s.fill_(POISON)
+        torch.cuda.synchronize()
+        world.all_gather(Ls, slots[slot_key], sendbufs=sends[send_key], streams=world.streams)
+        world.synchronize(timeout=60)
+        for r in range(W):
+            got = slots[slot_key][r].cpu().numpy()
+            for i, p in enumerate(L.params):
+                n = p.shard_numel * W * p.elem_size
+                exp = np.ascontiguousarray(expected[r][i]).view(np.uint8)
+                assert np.array_equal(got[p.slot_offset : p.slot_offset + n], exp), f"{what}: rank {r} param {i}"
+        expect_issue(world, "AG", how, what)
+
+    ag_seq = [("A", "A", DIRECT), ("A", "A", CAPTURED), ("B", "A", DIRECT), ("A", "A", REPLAYED), ("B", "B", DIRECT),
+              ("B", "B", CAPTURED), ("B", "B", REPLAYED), ("A", "B", DIRECT), ("A", "C", DIRECT), ("A", "C", CAPTURED),
+              ("A", "A", REPLAYED)]
+    for k, (sk, dk, how) in enumerate(ag_seq):
+        ag_call(sk, dk, how, f"AG call {k} slot {sk} send {dk}")
+
+    tdt = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    R = rsL[0]
+    grads = {k: [[torch.empty(p.numel, dtype=torch.bfloat16, device="cuda") for p in R.params] for _ in range(W)]
+             for k in "AB"}
+    outs = {o: [torch.empty(R.rs_out_numel, dtype=tdt[o], device="cuda") for _ in range(W)] for o in tdt}
+
+    def rs_call(gk, odt, op, scale, how, what):
+        grads_cpu = [[random_float(torch, rng, p.numel, "bf16") for p in R.params] for _ in range(W)]
+        expected = nccl_tide.host_reduce_scatter(R, grads_cpu, out_dtype=odt, op=op, scale=scale)
+        for r in range(W):
+            for g, c in zip(grads[gk][r], grads_cpu[r]):
+                g.copy_(c)
+            outs[odt][r].view(torch.uint8).fill_(POISON)
+        torch.cuda.synchronize()
+        world.reduce_scatter(rsL, grads[gk], outs[odt], op=op, scale=scale, staging=staging, streams=world.streams)
+        world.synchronize(timeout=60)
+        for r in range(W):
+            got = as_bits(torch, outs[odt][r]).view(np.uint8)
+            exp = np.ascontiguousarray(expected[r]).view(np.uint8)
+            assert np.array_equal(got, exp), f"{what}: rank {r}: {np.count_nonzero(got != exp)} bytes differ"
+        expect_issue(world, "RS", how, what)
+
+    rs_seq = [("A", "fp32", "sum", 1.0, DIRECT), ("A", "fp32", "sum", 1.0, CAPTURED),
+              ("A", "fp32", "premul", 0.5, DIRECT), ("A", "fp32", "premul", 0.5, CAPTURED),
+              ("A", "fp32", "premul", 0.25, DIRECT), ("A", "fp32", "sum", 1.0, DIRECT),
+              ("A", "bf16", "avg", 1.0, DIRECT), ("A", "bf16", "avg", 1.0, CAPTURED),
+              ("B", "fp32", "sum", 1.0, DIRECT), ("B", "fp32", "sum", 1.0, CAPTURED),
+              ("A", "fp32", "sum", 1.0, CAPTURED), ("A", "fp32", "sum", 1.0, REPLAYED),
+              ("A", "fp32", "premul", 0.5, DIRECT)]
+    try:
+        for k, (gk, odt, op, scale, how) in enumerate(rs_seq):
+            rs_call(gk, odt, op, scale, how, f"RS call {k} grads {gk} {odt} {op} {scale}")
+    finally:
+        world.synchronize()
+        for s in list(slots.values()) + [staging]:
+            world.free_slot(s)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The switch
+# ----------------------------------------------------------------------------------------------------------------
+
+SWITCH_SCRIPT = textwrap.dedent(
+    r"""
+    import ctypes, sys
+    import numpy as np, torch, nccl_tide
+    from nccl_tide import _native as N
+    from nccl_tide.cuda import LoopbackWorld
+    expect_tokens = sys.argv[1] == "1"
+    W = 2
+    rng = np.random.default_rng(7)
+    w = LoopbackWorld(W)
+    Ls = [nccl_tide.Layout([4099, 64 * 3, 17], ["bf16", "fp32", "bf16"], W, rank=r, row_numels=[1, 64, 1])
+          for r in range(W)]
+    L = Ls[0]
+    slots = w.alloc_slot(L.slot_bytes)
+
+    def line(r, coll):
+        buf = ctypes.create_string_buffer(65536)
+        assert N.lib().tideCommDebugDump(w.comms[r], buf, len(buf)) == 0
+        return [x.strip() for x in buf.value.decode().splitlines() if x.strip().startswith("last %s program" % coll)][0]
+
+    for it in range(4):
+        send_cpu = [torch.from_numpy(rng.integers(0, 256, L.send_bytes, dtype=np.uint8)) for _ in range(W)]
+        shards = [[send_cpu[r][p.send_offset:p.send_offset + p.shard_numel * p.elem_size].view(
+            {2: torch.int16, 4: torch.int32}[p.elem_size]) for p in L.params] for r in range(W)]
+        exp = nccl_tide.host_all_gather(L, shards)
+        sends = [t.cuda() for t in send_cpu]
+        for s in slots:
+            s.fill_(0xFF)
+        torch.cuda.synchronize()
+        w.all_gather(Ls, slots, sendbufs=sends, streams=w.streams)
+        w.synchronize(timeout=60)
+        for r in range(W):
+            got = slots[r].cpu().numpy()
+            for i, p in enumerate(L.params):
+                n = p.shard_numel * W * p.elem_size
+                assert np.array_equal(got[p.slot_offset:p.slot_offset + n],
+                                      np.ascontiguousarray(exp[r][i]).view(np.uint8)), ("AG", it, r, i)
+        print("AG", it, line(0, "AG"))
+        ok = ("token-protocol" in line(0, "AG")) == expect_tokens
+        assert ok, line(0, "AG")
+
+    R = [nccl_tide.Layout([3000, 77], "bf16", W, rank=r) for r in range(W)]
+    assert R[0].rs_num_chunks <= 2
+    rstag = w.alloc_slot(R[0].rs_staging_bytes)
+    outs = [torch.empty(R[0].rs_out_numel, dtype=torch.float32, device="cuda") for _ in range(W)]
+    for it in range(4):
+        gc = [[torch.from_numpy((rng.standard_normal(p.numel) + 3).astype(np.float32)).to(torch.bfloat16)
+               for p in R[0].params] for _ in range(W)]
+        exp = nccl_tide.host_reduce_scatter(R[0], gc, out_dtype="fp32", op="sum")
+        grads = [[g.cuda() for g in gc[r]] for r in range(W)]
+        for o in outs:
+            o.fill_(float("nan"))
+        torch.cuda.synchronize()
+        w.reduce_scatter(R, grads, outs, op="sum", staging=None if it % 2 else rstag, streams=w.streams)
+        w.synchronize(timeout=60)
+        for r in range(W):
+            assert np.array_equal(outs[r].cpu().numpy().view(np.uint8),
+                                  np.ascontiguousarray(exp[r]).view(np.uint8)), ("RS", it, r)
+        l = line(0, "RS")
+        print("RS", it, l)
+        assert ("token-protocol" in l) == expect_tokens, l
+        if not expect_tokens:
+            assert "deferred" in l, l
+    w.synchronize()
+    w.free_slot(slots)
+    w.free_slot(rstag)
+    w.close()
+    print("SWITCH OK", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("value", ["0", "1"])
+def test_switch(torch_cuda, cuda_lib, value):
+    """NCCL_TIDE_EAGER_GRAPHS=0: every eager call is the epoch protocol (single-node AG in order, RS deferred), with
+    exact results; =1: the token protocol. Each in its own process (the parameter is read once)."""
+    env = dict(os.environ, NCCL_TIDE_EAGER_GRAPHS=value, CUDA_DEVICE_MAX_CONNECTIONS="32", NCCL_NVLS_ENABLE="0",
+               TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [env.get("PYTHONPATH", ""), *sys.path] if p)
+    p = subprocess.run([sys.executable, "-c", SWITCH_SCRIPT, value], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert p.returncode == 0 and "SWITCH OK" in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
