@@ -50,17 +50,18 @@ def main() -> int:
     ap.add_argument("--route", choices=("both", "on", "off"), default="both",
                     help="eager graph route: off and on in one run (default), or only the current process's setting")
     args = ap.parse_args()
-    env_route = os.environ.get("NCCL_TIDE_EAGER_GRAPHS", "1")
+    env_route = os.environ.get("NCCL_TIDE_EAGER_GRAPHS", "0")
     if args.route != "both":
         if env_route != ("1" if args.route == "on" else "0"):
             print(f"--route {args.route} needs NCCL_TIDE_EAGER_GRAPHS={'1' if args.route == 'on' else '0'} "
                   f"(it is {env_route})", file=sys.stderr)
             return 2
         return run(args)
-    if env_route != "1":
+    if "NCCL_TIDE_EAGER_GRAPHS" in os.environ and env_route != "1":
         print("--route both runs the 'on' half in this process: unset NCCL_TIDE_EAGER_GRAPHS (or set it to 1)",
               file=sys.stderr)
         return 2
+    os.environ["NCCL_TIDE_EAGER_GRAPHS"] = "1"  # before the library is loaded (it is read once per process)
     with tempfile.TemporaryDirectory() as tmp:
         off_json = os.path.join(tmp, "off.json")
         cmd = [sys.executable, os.path.abspath(__file__), "--route", "off", "--json", off_json,

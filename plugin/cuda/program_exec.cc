@@ -6,6 +6,7 @@
 #include "../core/errors.h"
 #include "../core/handles.h"
 #include "../core/layout.h"
+#include "../core/log.h"
 #include "graph_replay.h"
 #include "internode_transport.h"
 
@@ -217,7 +218,11 @@ tideResult_t BoundProgram::issueTokens(const std::shared_ptr<BoundProgram>& self
     CallValues cv = v;
     cv.batchApi = false;  // the batch API is not capturable: one memcpy node per copy
     cudaGraphExec_t g = nullptr;
+    // TRACE lines around each driver call that could block: the last one logged names the call of a hang.
+    TIDE_TRACE("Cuda", "rank %d: capturing a %s token program (%zu copy batches, %zu reduces)", bp.comm_->rank,
+               bp.prog_->coll == prog::Coll::kAllGather ? "AG" : "RS", bp.copies_.size(), bp.reduces_.size());
     if (captureGraph(capStream, [&](cudaStream_t s) { return bp.issueAll(cv, s) == tideSuccess; }, &g, &why)) {
+      TIDE_TRACE("Cuda", "rank %d: captured and instantiated", bp.comm_->rank);
       bp.graph_ = g;
       justCaptured = true;
       how = Issue::kReplay;
@@ -228,7 +233,9 @@ tideResult_t BoundProgram::issueTokens(const std::shared_ptr<BoundProgram>& self
     }
   }
   if (how == Issue::kReplay) {
+    TIDE_TRACE("Cuda", "rank %d: launching its graph", bp.comm_->rank);
     if (launchGraph(bp.graph_, stream, &why)) {
+      TIDE_TRACE("Cuda", "rank %d: graph launched", bp.comm_->rank);
       bp.lastIssue_ = justCaptured ? "captured into a graph and replayed from it" : "replayed from a graph";
       return tideSuccess;
     }

@@ -49,13 +49,13 @@ def test_missing_rank_is_named(torch_cuda, world, rpn):
     peers = {p["peer"] for p in pending}
     steps = {p["step"] for p in pending}
     if rpn == W:
-        # One node: the epoch protocol waits on rank W-1's agReady; the token protocol (eager graph route, the
-        # default) on the ready token rank W-1 writes into rank 0's own array.
+        # One node: the epoch protocol waits on rank W-1's agReady; the token protocol (eager graph route,
+        # NCCL_TIDE_EAGER_GRAPHS=1) on the ready token rank W-1 writes into rank 0's own array.
         first = pending[0]
         epoch = first["step"] == "agReady" and first["owner"] == W - 1
         token = first["step"] == f"agReadyTok[{W - 1}]" and first["owner"] == 0
         assert (epoch or token) and first["peer"] == W - 1, pending
-        assert token == (os.environ.get("NCCL_TIDE_EAGER_GRAPHS", "1") == "1"), pending
+        assert token == (os.environ.get("NCCL_TIDE_EAGER_GRAPHS", "0") == "1"), pending
     else:
         assert peers & {2, 3}, pending
         assert steps & {"agReady", "agRail[0]", "agFinish", "agDone[1]"}, pending
