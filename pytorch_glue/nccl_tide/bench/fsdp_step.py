@@ -308,7 +308,7 @@ def run_variant(variant: str, cfg: LlamaConfig, a, rank: int, world: int, device
         finally:
             _slot_pool.stop_meter()
         row["peak_total_GiB"] = meter.read() / 2**30
-        row["slot_GiB"] = sum(p.capacity * len(p.slots) for p in list(_slot_pool._live_pools)) / 2**30
+        row["slot_GiB"] = _slot_pool.resident_bytes() / 2**30  # allocated now (trimmed slots not)
         if a.profile_steps > 0:
             row["profile"] = _profile(step, a.profile_steps)
             med_us = row["step_ms"]["median"] * 1e3
