@@ -476,6 +476,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--variants", default="stock,tide", help=f"comma list of {', '.join(VARIANTS)} (default stock,tide)")
     p.add_argument("--out", default="fsdp_memory_probe.json", help="JSON result (children's logs: <out>.<variant>.log)")
     p.add_argument("--slot-pool", type=int, default=2, help="tide: nccl_tide.fsdp.enable(slot_pool=N) (issue 17: 2)")
+    p.add_argument("--slot-trim", choices=["auto", "on", "off"], default="auto",
+                   help="tide: enable(slot_trim=None|True|False) (auto: on at world size 1; off: the slots stay "
+                   "allocated, as measured in issue 17)")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--heads", type=int, default=32)
@@ -540,7 +543,7 @@ def _checks(variants: List[str]) -> None:
 
 def _model_args(a) -> List[str]:
     keys = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq", "tokens", "warmup", "steps", "slot_pool",
-            "top_json")
+            "slot_trim", "top_json")
     out = []
     for k in keys:
         out += [f"--{k.replace('_', '-')}", str(getattr(a, k))]
@@ -610,7 +613,7 @@ def report(doc: dict, top: int = 20) -> str:
     out = []
     s = doc.get("settings", {})
     model = ", ".join(f"{k} {s[k]}" for k in ("layers", "hidden", "ffn", "vocab", "seq", "tokens", "warmup", "steps",
-                                               "slot_pool") if k in s)
+                                               "slot_pool", "slot_trim") if k in s)
     out.append(f"# FSDP2 step memory at the peak of the measured steps, {s.get('device', '?')}, torch "
                f"{s.get('torch', '?')}, world size 1; {model}")
     rows = []
@@ -631,8 +634,8 @@ def report(doc: dict, top: int = 20) -> str:
             _mib(w["torch_peak_bytes"]),
             _mib(r["torch_max_memory_allocated"]),
             f"{_mib(w.get('slot_bytes_at_device_peak', r['resident_slot_bytes']))} at the device peak (max "
-            f"{_mib(r.get('max_resident_slot_bytes', r['resident_slot_bytes']))}; {w['torch_peak_bound_slots']} bound at "
-            "torch peak)"
+            f"{_mib(r.get('max_resident_slot_bytes', r['resident_slot_bytes']))}; "
+            f"{w['torch_peak_bound_slots']} bound at torch peak)"
             if r.get("resident_slot_bytes") or r.get("max_resident_slot_bytes") else "-",
             _mib(wa["device_peak_bytes"]),
             note,
@@ -714,7 +717,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         + " ".join(shlex.quote(x) for x in (argv or sys.argv[1:])),
         "settings": {"torch": torch.__version__, "device": "?", "layers": a.layers,  # device: from a child
                      "hidden": a.hidden, "ffn": a.ffn, "vocab": a.vocab, "seq": a.seq, "tokens": a.tokens,
-                     "warmup": a.warmup, "steps": a.steps, "slot_pool": a.slot_pool},
+                     "warmup": a.warmup, "steps": a.steps, "slot_pool": a.slot_pool, "slot_trim": a.slot_trim},
         "variants": {},
     }
     for v in variants:

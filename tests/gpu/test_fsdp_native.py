@@ -155,7 +155,9 @@ def worker(port: int, out_path: str, mode: str) -> None:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 kw = {"slot_trim": slot_trim} if executor == "native" else {}
-                handle = tfsdp.enable(model, executor=executor, slot_pool=slot_pool, **kw) if executor != "stock" else None
+                handle = None
+                if executor != "stock":
+                    handle = tfsdp.enable(model, executor=executor, slot_pool=slot_pool, **kw)
                 out = train(model, STEPS, accum)
                 if handle is not None:
                     out["stats"] = handle.stats()
