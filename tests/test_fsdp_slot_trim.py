@@ -9,10 +9,12 @@ at the next all-gather that needs one. Checked here on CPU/gloo through the simu
 
 * host-only: the pool's learning and accounting on a scripted schedule (no FSDP2, no processes);
 * world sizes 1 (trim by default) and 2 (slot_trim=True), 5 blocks that reshard after forward, the
-  root dedicated, K = 2: at the end of every forward after the first (a forward hook on the final
-  norm, where the loss/head/backward-start peak lies) and before every optimizer step after the
-  first, the comm holds only the dedicated slot; the pool never holds more slots than groups are
-  held at once (its peak_held), exactly 2 * (steps - 1) trims and 3 * (steps - 1) - 1 regrows;
+  root (not resharded after forward) in a trimming slot of its own, K = 2: at the end of every forward
+  after the first (a forward hook on the final norm, where the loss/head/backward-start peak lies) the
+  comm holds only the root's slot, and before every optimizer step after the first no slot at all (stock
+  FSDP2 has resharded the root there too); without trimming the K slots and the root's stay; the pool
+  never holds more slots than groups are held at once (its peak_held), exactly 2 * (steps - 1) trims
+  and 3 * (steps - 1) - 1 regrows (the root's: steps - 1 and steps - 2);
   Slot-Reuse on every RS (the end-of-backward trim waits for the last RS); no slot freed while a
   group's storage holds it; losses, sharded gradients and parameters bit-identical to stock and to
   the same pool without trimming;
@@ -228,7 +230,7 @@ def _native(comms, rank, trim):
     finally:
         _slot_pool.residency_hooks.remove(resident.append)
     out["stats"] = h.stats()
-    dedicated = sum(p.capacity for p in h.pools if not p.shared)
+    dedicated = sum(p.capacity for p in h.pools if p.solo or not p.shared)  # the root's slot, own or dedicated
     tfsdp.disable(model)
     comm.free_slot = orig_free
     out["sim"] = {
@@ -253,7 +255,7 @@ def _dropped(comms, rank, world):
     (comm,) = comms.values()
     before = comm.live_slots
     model = _shard(build_model(1, layers=BLOCKS))
-    h = tfsdp.enable(model, executor="native", slot_pool=K)
+    h = tfsdp.enable(model, executor="native", slot_pool=K, slot_trim=False)  # slots stay allocated until dropped
     n_states = len(h.groups)
     _train(model, rank, 2)
     live_enabled = comm.live_slots - before
@@ -314,7 +316,7 @@ def w2():
 
 
 def _pool_stats(st):
-    (p,) = [p for p in st["slot_pools"] if p["shared"]]
+    (p,) = [p for p in st["slot_pools"] if p["shared"] and not p["solo"]]
     return p
 
 
@@ -326,21 +328,26 @@ def test_trim_frees_idle_slots(world, request):
         pool, top = _pool_stats(st), st["slot_pool"]
         kst = res["kept"]["stats"]
         assert top["trim"] is True and kst["slot_pool"]["trim"] is False, (top, kst["slot_pool"])
-        assert top["pooled_groups"] == BLOCKS and top["dedicated_slots"] == 1, top
+        assert top["pooled_groups"] == BLOCKS and top["dedicated_slots"] == 0 and top["own_slots"] == 1, top
+        assert kst["slot_pool"]["dedicated_slots"] == 1 and kst["slot_pool"]["own_slots"] == 0, kst["slot_pool"]
         cap, ded = pool["slot_capacity"], sim["dedicated_bytes"]
-        # the learned idle points: end of forward (before the head/loss/backward start) and end of backward
-        # (before the optimizer step) hold only the dedicated root slot from the second step on
+        (own,) = [p for p in st["slot_pools"] if p["solo"]]
+        assert own["slots"] == 1 and own["trim"] and own["slot_capacity"] == ded, own
+        # the learned idle points: end of forward (before the head/loss/backward start) holds only the root's slot
+        # (FSDP2 keeps the root unsharded into backward), end of backward (before the optimizer step) nothing
         fwd, bwd = sim["probes"]["fwd_end"], sim["probes"]["bwd_end"]
         assert len(fwd) == len(bwd) == STEPS, sim["probes"]
         assert fwd[0] == bwd[0] == ded + K * cap, (fwd, bwd, ded, cap)  # step 0 learns
-        assert fwd[1:] == [ded] * (STEPS - 1) and bwd[1:] == [ded] * (STEPS - 1), (fwd, bwd, ded)
+        assert fwd[1:] == [ded] * (STEPS - 1) and bwd[1:] == [0] * (STEPS - 1), (fwd, bwd, ded)
+        assert own["trims"] == STEPS - 1 and own["regrows"] == STEPS - 2 and own["trim_points"] == 1, own
         # without trimming the K slots stay resident at both points
         kf, kb = res["kept"]["sim"]["probes"]["fwd_end"], res["kept"]["sim"]["probes"]["bwd_end"]
-        assert set(kf) == set(kb) == {ded + K * cap}, (kf, kb)
+        assert set(kf) == set(kb) == {res["kept"]["sim"]["dedicated_bytes"] + K * cap}, (kf, kb)
         # accounting: never more pool slots resident than held at once (peak_held = K here), trims and
         # regrows exactly where the schedule has its idle points
         assert pool["peak_held"] == K and pool["peak_resident"] == K, pool
-        assert all(ded <= r <= ded + pool["peak_held"] * cap for r in sim["resident_timeline"]), sim
+        assert all(0 <= r <= ded + pool["peak_held"] * cap for r in sim["resident_timeline"]), sim
+        assert min(sim["resident_timeline"]) == 0 and max(sim["resident_timeline"]) == ded + K * cap, sim
         assert pool["trims"] == 2 * (STEPS - 1) and pool["regrows"] == 3 * (STEPS - 1) - 1, pool
         assert pool["trim_points"] == 2 and pool["trim_blocked"] == 0, pool
         assert top["peak_resident_slot_bytes"] == ded + K * cap, top
@@ -349,7 +356,9 @@ def test_trim_frees_idle_slots(world, request):
         assert pool["fallbacks"] == 0 and pool["bind_failures"] == 0 and st["total"]["fallbacks"] == 0, pool
         for g in st["tide_groups"]:
             assert g["ag_pool_fallbacks"] == 0 and g["rs_calls"] == STEPS, g
-            if g["pool"] != "dedicated":
+            if g["group"] == "<root>":  # its own slot: staging there when the RS plan fits the root's slot
+                assert g["pool"] == "own" and g["rs_staging_in_slot"] == (STEPS if g["slot_reuse_fits"] else 0), g
+            else:
                 assert g["rs_staging_in_slot"] == STEPS, g
         # numbers: bit-identical to the same pool without trimming and to stock (1 and 2 ranks)
         assert res["vs_kept"]["losses_stock"] == res["vs_kept"]["losses_tide"], res["vs_kept"]
@@ -364,8 +373,7 @@ def test_dropped_model_slots_released(world, request):
     for rank, res in enumerate(request.getfixturevalue(f"w{world}")):
         d = res["dropped"]
         assert d["n_states"] == BLOCKS + 1 and d["in_native_slots"] == BLOCKS + 1, d
-        # world 1 trims (after step 1's backward only the dedicated root slot is left); world 2 keeps K + root
-        assert d["live_enabled"] == (1 if world == 1 else K + 1), d
+        assert d["live_enabled"] == K + 1, d  # slot_trim=False: the pool and the root's dedicated slot
         assert not d["model_alive"] and d["states_alive"] == 0 and d["native_slots_left"] == 0, d
         assert d["patched_after_gc"] is False, d
         if world == 1:  # nobody maps the slots: freed when the model is collected

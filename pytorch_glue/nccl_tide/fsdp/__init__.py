@@ -83,9 +83,10 @@ class TideFSDPHandle:
             d.update(slot_bytes=g.layout.slot_bytes if g.layout is not None else None)
             d.update(slot_reuse_fits=g.layout.slot_reuse_fits if g.layout is not None else None)
             if g.pool is not None:
-                d.update(pool=g.pool.name if g.pool.shared else "dedicated")
+                d.update(pool="own" if g.pool.solo else (g.pool.name if g.pool.shared else "dedicated"))
             tide.append(d)
-        shared = [p for p in self.pools if p.shared]
+        shared = [p for p in self.pools if p.shared and not p.solo]
+        own = [p for p in self.pools if p.solo]  # trim: a one-slot trimming pool per unpooled group
         dedicated = [p for p in self.pools if not p.shared]
         keys = ("ag_calls", "rs_calls", "ag_bytes", "rs_bytes", "stock_bytes_avoided", "executor_temp_bytes")
         return {
@@ -102,7 +103,7 @@ class TideFSDPHandle:
                 "requested": self.slot_pool,
                 "size": sum(len(p.slots) for p in shared),
                 "slot_bytes": max((p.nbytes for p in shared), default=0),
-                "pooled_groups": sum(1 for g in self.groups if g.pool is not None and g.pool.shared),
+                "pooled_groups": sum(1 for g in self.groups if g.pool is not None and g.pool in shared),
                 "dedicated_slots": len(dedicated),
                 "trim": self.slot_trim,
                 # slot bytes allocated now (shared pools' live slots + dedicated slots); with trim this changes
@@ -110,8 +111,9 @@ class TideFSDPHandle:
                 "resident_slot_bytes": sum(p.resident_bytes() for p in self.pools),
                 "peak_resident_slot_bytes": sum(p.capacity * p.peak_resident for p in self.pools),
                 "max_resident_slot_bytes": sum(p.capacity * len(p.slots) for p in self.pools),
-                "trims": sum(p.trims for p in shared),
-                "regrows": sum(p.regrows for p in shared),
+                "own_slots": len(own),
+                "trims": sum(p.trims for p in shared + own),
+                "regrows": sum(p.regrows for p in shared + own),
                 "hits": sum(p.hits for p in shared),
                 "fallbacks": sum(p.fallbacks for p in shared),
                 "distinct_slots_used": sum(len(p.used) for p in shared),

@@ -458,6 +458,7 @@ class SlotPool:
         self.regrows = 0  # slots allocated again after a trim
         self.trim_blocked = 0  # slots a trim left live because torch still held their segment
         self.peak_resident = 0  # most slots live at once
+        self.solo = False  # a trimming one-slot pool of one group that FSDP2 does not pool (build_pools, trim)
         try:
             for i in range(count):  # collective, in this order on every rank
                 self.slots.append(Slot(self, i, executor.alloc_slot(self.capacity), self.nbytes))
@@ -642,6 +643,7 @@ class SlotPool:
         return {
             "name": self.name,
             "shared": self.shared,
+            "solo": self.solo,
             "binder": self.binder.name if self.binder else None,
             "slots": len(self.slots),
             "slot_bytes": self.nbytes,
@@ -691,6 +693,22 @@ def reshards_after_forward(pg, state, top_level: bool) -> bool:
     return True
 
 
+def _own_pool(g, binder) -> Optional["SlotPool"]:
+    """A trimming one-slot pool of the group's own size (None: no binder works here, or it could not be built:
+    the caller gives the group a dedicated slot)."""
+    if binder is None:
+        binder, _why = make_binder(g.pg.device)
+        if binder is None:
+            return None
+    try:
+        pool = SlotPool(g.executor, g.layout.slot_bytes, 1, f"own[{g.label}]", shared=True, binder=binder, trim=True)
+    except Exception as e:
+        warn_once(f"nccl_tide.fsdp: {g.label}: trimming slot not built ({type(e).__name__}: {e}): a dedicated slot")
+        return None
+    pool.solo = True
+    return pool
+
+
 def build_pools(groups, slot_pool: Optional[int], trim: bool = False) -> tuple:
     """Assigns every native GroupState a SlotPool (allocating, collectively, in this order: per
     tideComm in group order, first the shared pool's slots, then each dedicated slot in group
@@ -702,7 +720,9 @@ def build_pools(groups, slot_pool: Optional[int], trim: bool = False) -> tuple:
     dedicated slot; a pool that cannot be built (binder check failed, slots refused) warns once
     and its groups get dedicated slots. With `trim` (SlotPool(trim=True)) the pool gives its slots
     back at the idle points of the schedule, so it is built even for K or fewer groups (K is then
-    capped at their number) and whatever the segment rounding: a dedicated slot never goes back.
+    capped at their number) and whatever the segment rounding: a dedicated slot never goes back. With
+    `trim`, the other groups (not pinned) get a trimming one-slot pool each instead of a dedicated slot
+    (SlotPool.solo): it goes back between backward and the next forward.
     """
     pools: List[SlotPool] = []
     failures = {}
@@ -759,6 +779,16 @@ def build_pools(groups, slot_pool: Optional[int], trim: bool = False) -> tuple:
         for g in members:
             if g in failures or g.pool is not None:
                 continue
+            if trim and not pinned(g.pg):
+                # the groups FSDP2 keeps unsharded from forward to backward (the root, reshard_after_forward=False
+                # blocks) are idle between backward and the next forward (the optimizer step), where stock FSDP2 has
+                # resharded them: a trimming pool of their own (one slot of their size) gives the slot back there
+                own = _own_pool(g, binder)
+                if own is not None:
+                    binder = own.binder
+                    pools.append(own)
+                    g.pool = own
+                    continue
             try:
                 pools.append(SlotPool(g.executor, g.layout.slot_bytes, 1, g.label, shared=False))
             except Exception as e:
