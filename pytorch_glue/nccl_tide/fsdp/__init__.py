@@ -207,7 +207,8 @@ def enable(
       backward and the next forward: the loss/head backward and the optimizer step, where a step
       usually peaks) and allocates them again at the next all-gather that needs one, so those
       slots are not resident at that peak (stock FSDP2 holds no block there either). Every
-      reshard-after-forward group is then pooled. None (default): on where every native group's
+      reshard-after-forward group is then pooled, and every other group (the root, blocks with
+      reshard_after_forward=False) gets a trimming slot of its own, freed after backward. None (default): on where every native group's
       shard world size is 1 (no peer maps a slot), off otherwise; True at world size > 1 makes
       every trim and regrow a collective IPC exchange inside the step (docs/fsdp.md, "Trimming").
     module_filter: None (every FSDP module), or a callable (qualified_name, module) -> bool called

@@ -35,7 +35,8 @@ there costs K slots at that peak, which stock FSDP2 does not pay (issue 17). The
 the schedule itself: a release that leaves no slot held, followed by an acquire of the other phase (forward vs
 backward, FSDP2's TrainingState of the groups), is a trim point; from then on, reaching it frees every unbound slot
 (tideSlotFree, after the releasing group's RS at the end of backward, so Slot-Reuse keeps its staging slot), and an
-acquire that finds no live free slot allocates one again (tideSlotAlloc) at its index. Slots are never freed while
+acquire that finds no live free slot allocates one again (tideSlotAlloc) at its index (groups FSDP2 does not pool,
+e.g. the root, get such a pool of one slot of their own: SlotPool.solo). Slots are never freed while
 held, while torch still holds their segment (alloc binder: the slot's MemPool is dropped and torch's cache emptied
 first), and tideSlotFree synchronizes the device first (no queued AG, RS or copy still touches them). Both calls
 are collective: the decisions read only state that changes at AG, reshard and RS calls, the same on every rank as
