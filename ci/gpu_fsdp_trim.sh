@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 17 on one H200: the trimming slot pool. The memory probe (stock vs tide, with trimming and without) and the
-# step benchmark's time (tide trimmed vs untrimmed vs stock), world size 1, 4 Llama layers, slot_pool=2. About 6 minutes
-# (probe: about 1 minute per variant). Usage, from the repo root:  bash ci/gpu_fsdp_trim.sh
+# step benchmark's time (tide trimmed vs untrimmed vs stock), world size 1, 4 Llama layers, slot_pool=2. About 8 minutes
+# (probe: about 1 minute per variant; --slot-trim on, off and all). Usage, from the repo root:  bash ci/gpu_fsdp_trim.sh
 # Writes $OUT (default ./gpu-out): probe_trim*.json/log, probe_keep*.json/log, fsdp_step_trim.{log,json}.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +21,7 @@ fi
 export NCCL_TIDE_LIBRARY_PATH="$PWD/$BUILD/libnccl-tide.so"
 export PYTHONPATH="$PWD/pytorch_glue${PYTHONPATH:+:$PYTHONPATH}"
 status=0
-for trim in on off; do
+for trim in on off all; do
   echo "=== fsdp_memory_probe stock,tide --slot-trim $trim ($(date +%T))"
   timeout -k 5 300 python3 benchmarks/fsdp_memory_probe.py --variants stock,tide --slot-pool 2 --slot-trim "$trim" \
     --timeout 140 --out "$OUT/probe_trim_$trim.json" >"$OUT/probe_trim_$trim.log" 2>&1 || status=1

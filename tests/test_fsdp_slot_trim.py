@@ -8,10 +8,11 @@ at the next all-gather that needs one. Checked here on CPU/gloo through the simu
 (nccl_tide.bench.sim_comm: every slot poisoned with NaN before an AG writes it, RS staging poisoned):
 
 * host-only: the pool's learning and accounting on a scripted schedule (no FSDP2, no processes);
-* world sizes 1 (trim by default) and 2 (slot_trim=True), 5 blocks that reshard after forward, the
-  root (not resharded after forward) in a trimming slot of its own, K = 2: at the end of every forward
-  after the first (a forward hook on the final norm, where the loss/head/backward-start peak lies) the
-  comm holds only the root's slot, and before every optimizer step after the first no slot at all (stock
+* world sizes 1 (trim by default: the root, not resharded after forward, keeps its dedicated slot) and 2
+  (slot_trim="all": the root gets a trimming slot of its own), 5 blocks that reshard after forward, K = 2:
+  at the end of every forward after the first (a forward hook on the final norm, where the
+  loss/head/backward-start peak lies) the comm holds only the root's slot, and before every optimizer
+  step after the first only the root's dedicated slot (world 1) or no slot at all (world 2, "all": stock
   FSDP2 has resharded the root there too); without trimming the K slots and the root's stay; the pool
   never holds more slots than groups are held at once (its peak_held), exactly 2 * (steps - 1) trims
   and 3 * (steps - 1) - 1 regrows (the root's: steps - 1 and steps - 2);
@@ -155,6 +156,17 @@ def test_trim_unlearns_when_the_schedule_changes():
     assert not ex.live
 
 
+def test_slot_trim_argument():
+    import torch.nn as nn
+
+    import nccl_tide.fsdp as tfsdp
+    from nccl_tide.errors import InvalidArgumentError
+
+    for bad in ("yes", 1, "ALL"):
+        with pytest.raises(InvalidArgumentError, match="slot_trim"):
+            tfsdp.enable(nn.Linear(2, 2), slot_trim=bad)
+
+
 def test_no_trim_keeps_slots():
     pool, ex, trace, _ = _scripted(False, 3)
     assert all(r == 2 for _, r, _h in trace), trace
@@ -291,7 +303,7 @@ def worker(rank, world, port):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         stock = _train(_shard(build_model(0, layers=BLOCKS)), rank, STEPS)
-        trimmed = _native(comms, rank, None if world == 1 else True)
+        trimmed = _native(comms, rank, None if world == 1 else "all")
         kept = _native(comms, rank, False)
         res["dropped"] = _dropped(comms, rank, world)
     res["vs_stock"] = _compare(stock, trimmed)
@@ -328,18 +340,22 @@ def test_trim_frees_idle_slots(world, request):
         pool, top = _pool_stats(st), st["slot_pool"]
         kst = res["kept"]["stats"]
         assert top["trim"] is True and kst["slot_pool"]["trim"] is False, (top, kst["slot_pool"])
-        assert top["pooled_groups"] == BLOCKS and top["dedicated_slots"] == 0 and top["own_slots"] == 1, top
+        solo = world == 2  # slot_trim="all": the root in a trimming slot of its own; world 1: dedicated
+        assert top["pooled_groups"] == BLOCKS and top["own_slots"] == int(solo), top
+        assert top["dedicated_slots"] == int(not solo), top
         assert kst["slot_pool"]["dedicated_slots"] == 1 and kst["slot_pool"]["own_slots"] == 0, kst["slot_pool"]
         cap, ded = pool["slot_capacity"], sim["dedicated_bytes"]
-        (own,) = [p for p in st["slot_pools"] if p["solo"]]
-        assert own["slots"] == 1 and own["trim"] and own["slot_capacity"] == ded, own
+        owns = [p for p in st["slot_pools"] if p["solo"]]
+        assert len(owns) == int(solo), owns
         # the learned idle points: end of forward (before the head/loss/backward start) holds only the root's slot
         # (FSDP2 keeps the root unsharded into backward), end of backward (before the optimizer step) nothing
         fwd, bwd = sim["probes"]["fwd_end"], sim["probes"]["bwd_end"]
         assert len(fwd) == len(bwd) == STEPS, sim["probes"]
         assert fwd[0] == bwd[0] == ded + K * cap, (fwd, bwd, ded, cap)  # step 0 learns
-        assert fwd[1:] == [ded] * (STEPS - 1) and bwd[1:] == [0] * (STEPS - 1), (fwd, bwd, ded)
-        assert own["trims"] == STEPS - 1 and own["regrows"] == STEPS - 2 and own["trim_points"] == 1, own
+        assert fwd[1:] == [ded] * (STEPS - 1) and bwd[1:] == [0 if solo else ded] * (STEPS - 1), (fwd, bwd, ded)
+        for own in owns:
+            assert own["slots"] == 1 and own["trim"] and own["slot_capacity"] == ded, own
+            assert own["trims"] == STEPS - 1 and own["regrows"] == STEPS - 2 and own["trim_points"] == 1, own
         # without trimming the K slots stay resident at both points
         kf, kb = res["kept"]["sim"]["probes"]["fwd_end"], res["kept"]["sim"]["probes"]["bwd_end"]
         assert set(kf) == set(kb) == {res["kept"]["sim"]["dedicated_bytes"] + K * cap}, (kf, kb)
@@ -347,7 +363,8 @@ def test_trim_frees_idle_slots(world, request):
         # regrows exactly where the schedule has its idle points
         assert pool["peak_held"] == K and pool["peak_resident"] == K, pool
         assert all(0 <= r <= ded + pool["peak_held"] * cap for r in sim["resident_timeline"]), sim
-        assert min(sim["resident_timeline"]) == 0 and max(sim["resident_timeline"]) == ded + K * cap, sim
+        assert min(sim["resident_timeline"]) == (0 if solo else ded), sim
+        assert max(sim["resident_timeline"]) == ded + K * cap, sim
         assert pool["trims"] == 2 * (STEPS - 1) and pool["regrows"] == 3 * (STEPS - 1) - 1, pool
         assert pool["trim_points"] == 2 and pool["trim_blocked"] == 0, pool
         assert top["peak_resident_slot_bytes"] == ded + K * cap, top
@@ -356,8 +373,10 @@ def test_trim_frees_idle_slots(world, request):
         assert pool["fallbacks"] == 0 and pool["bind_failures"] == 0 and st["total"]["fallbacks"] == 0, pool
         for g in st["tide_groups"]:
             assert g["ag_pool_fallbacks"] == 0 and g["rs_calls"] == STEPS, g
-            if g["group"] == "<root>":  # its own slot: staging there when the RS plan fits the root's slot
-                assert g["pool"] == "own" and g["rs_staging_in_slot"] == (STEPS if g["slot_reuse_fits"] else 0), g
+            if g["group"] == "<root>":  # its own slot ("all"): staging there when the RS plan fits the root's slot
+                assert g["pool"] == ("own" if solo else "dedicated"), g
+                if solo:
+                    assert g["rs_staging_in_slot"] == (STEPS if g["slot_reuse_fits"] else 0), g
             else:
                 assert g["rs_staging_in_slot"] == STEPS, g
         # numbers: bit-identical to the same pool without trimming and to stock (1 and 2 ranks)

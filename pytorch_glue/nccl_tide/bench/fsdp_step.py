@@ -63,10 +63,10 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--slot-trim",
-        choices=["auto", "on", "off"],
+        choices=["auto", "on", "off", "all"],
         default="auto",
-        help="tide variant: enable(slot_trim=None|True|False): the pool frees its slots at the schedule's idle points "
-        "(auto: on at shard world size 1)",
+        help="tide variant: enable(slot_trim=None|True|False|'all'): the pool frees its slots at the schedule's idle "
+        "points (auto: on at shard world size 1; all: the root too, after backward)",
     )
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--hidden", type=int, default=4096)
@@ -179,7 +179,7 @@ def _shard(model, variant: str, slot_pool=None, slot_trim="auto"):
     if variant in ("tide", "tide-dedicated"):
         kw = {"slot_pool": 0} if variant == "tide-dedicated" else ({} if slot_pool is None else {"slot_pool": slot_pool})
         if variant == "tide" and slot_trim != "auto":
-            kw["slot_trim"] = slot_trim == "on"
+            kw["slot_trim"] = "all" if slot_trim == "all" else slot_trim == "on"
         try:
             import nccl_tide.fsdp
 

@@ -183,7 +183,7 @@ def enable(
     ranks_per_node: Optional[int] = None,
     slot_pool: Optional[int] = 3,
     module_filter: Optional[Callable[[str, nn.Module], bool]] = None,
-    slot_trim: Optional[bool] = None,
+    slot_trim=None,
 ) -> TideFSDPHandle:
     """Route the FSDP2 collectives of `model` (after fully_shard) through TIDE.
 
@@ -207,8 +207,9 @@ def enable(
       backward and the next forward: the loss/head backward and the optimizer step, where a step
       usually peaks) and allocates them again at the next all-gather that needs one, so those
       slots are not resident at that peak (stock FSDP2 holds no block there either). Every
-      reshard-after-forward group is then pooled, and every other group (the root, blocks with
-      reshard_after_forward=False) gets a trimming slot of its own, freed after backward. None (default): on where every native group's
+      reshard-after-forward group is then pooled. "all": also every other group (the root, blocks
+      with reshard_after_forward=False) gets a trimming slot of its own, freed after backward (it then
+      costs the allocator's segment rounding, up to 2 MiB per large group, while held). None (default): on where every native group's
       shard world size is 1 (no peer maps a slot), off otherwise; True at world size > 1 makes
       every trim and regrow a collective IPC exchange inside the step (docs/fsdp.md, "Trimming").
     module_filter: None (every FSDP module), or a callable (qualified_name, module) -> bool called
@@ -225,8 +226,10 @@ def enable(
         raise InvalidArgumentError(f"enable() takes the root nn.Module, got {type(model).__name__}")
     if slot_pool is not None and (not isinstance(slot_pool, int) or isinstance(slot_pool, bool) or slot_pool < 0):
         raise InvalidArgumentError(f"slot_pool={slot_pool!r}: use a number of slots >= 0, or None (one slot per group)")
-    if slot_trim is not None and not isinstance(slot_trim, bool):
-        raise InvalidArgumentError(f"slot_trim={slot_trim!r}: use True, False or None (on at shard world size 1)")
+    if slot_trim is not None and not isinstance(slot_trim, bool) and slot_trim != "all":
+        raise InvalidArgumentError(
+            f"slot_trim={slot_trim!r}: use True, False, 'all' or None (the pool trims at shard world size 1)"
+        )
     if module_filter is not None and not callable(module_filter):
         raise InvalidArgumentError(
             f"module_filter={module_filter!r}: use a callable (qualified_name, module) -> bool, or None"
@@ -301,7 +304,8 @@ def enable(
         # every rank (never inside forward/backward)
         trim = slot_trim if slot_trim is not None else all(g.world == 1 for g in native)
         handle.slot_trim = bool(trim) and handle.slot_pool > 0
-        handle.pools, failures = build_pools(native, handle.slot_pool, trim=handle.slot_trim)
+        own = handle.slot_trim and slot_trim == "all"
+        handle.pools, failures = build_pools(native, handle.slot_pool, trim=handle.slot_trim, own=own)
         for g in native:
             if g in failures:
                 g.uninstall()

@@ -710,7 +710,7 @@ def _own_pool(g, binder) -> Optional["SlotPool"]:
     return pool
 
 
-def build_pools(groups, slot_pool: Optional[int], trim: bool = False) -> tuple:
+def build_pools(groups, slot_pool: Optional[int], trim: bool = False, own: bool = False) -> tuple:
     """Assigns every native GroupState a SlotPool (allocating, collectively, in this order: per
     tideComm in group order, first the shared pool's slots, then each dedicated slot in group
     order). Returns (pools, failures) where failures maps a group to why its slot was refused.
@@ -722,8 +722,9 @@ def build_pools(groups, slot_pool: Optional[int], trim: bool = False) -> tuple:
     and its groups get dedicated slots. With `trim` (SlotPool(trim=True)) the pool gives its slots
     back at the idle points of the schedule, so it is built even for K or fewer groups (K is then
     capped at their number) and whatever the segment rounding: a dedicated slot never goes back. With
-    `trim`, the other groups (not pinned) get a trimming one-slot pool each instead of a dedicated slot
-    (SlotPool.solo): it goes back between backward and the next forward.
+    `own` (and `trim`), the other groups (not pinned) get a trimming one-slot pool each instead of a dedicated
+    slot (SlotPool.solo): it goes back between backward and the next forward, but costs the binder's segment
+    rounding while the group is held (docs/fsdp.md, "Trimming").
     """
     pools: List[SlotPool] = []
     failures = {}
@@ -780,7 +781,7 @@ def build_pools(groups, slot_pool: Optional[int], trim: bool = False) -> tuple:
         for g in members:
             if g in failures or g.pool is not None:
                 continue
-            if trim and not pinned(g.pg):
+            if trim and own and not pinned(g.pg):
                 # the groups FSDP2 keeps unsharded from forward to backward (the root, reshard_after_forward=False
                 # blocks) are idle between backward and the next forward (the optimizer step), where stock FSDP2 has
                 # resharded them: a trimming pool of their own (one slot of their size) gives the slot back there
