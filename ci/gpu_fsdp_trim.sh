@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Issue 17 on one H200: the trimming slot pool. The memory probe (stock vs tide, with trimming and without) and the
-# step benchmark's time (tide trimmed vs untrimmed vs stock), world size 1, 4 Llama layers, slot_pool=2. About 8 minutes
+# step benchmark's time (tide trimmed vs untrimmed vs stock), world size 1, 4 Llama layers, slot_pool=2.
+# About 8 minutes
 # (probe: about 1 minute per variant; --slot-trim on, off and all). Usage, from the repo root:  bash ci/gpu_fsdp_trim.sh
-# Writes $OUT (default ./gpu-out): probe_trim*.json/log, probe_keep*.json/log, fsdp_step_trim.{log,json}.
+# Writes $OUT (default ./gpu-out): probe_trim_{on,off,all}.{json,log} (+ the children's logs),
+# fsdp_step_trim_{on,off}.{json,log}.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

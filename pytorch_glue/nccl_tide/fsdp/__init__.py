@@ -209,8 +209,9 @@ def enable(
       slots are not resident at that peak (stock FSDP2 holds no block there either). Every
       reshard-after-forward group is then pooled. "all": also every other group (the root, blocks
       with reshard_after_forward=False) gets a trimming slot of its own, freed after backward (it then
-      costs the allocator's segment rounding, up to 2 MiB per large group, while held). None (default): on where every native group's
-      shard world size is 1 (no peer maps a slot), off otherwise; True at world size > 1 makes
+      costs the allocator's segment rounding, up to 2 MiB per large group, while held). None
+      (default): on where every native group's shard world size is 1 (no peer maps a slot), off
+      otherwise; True at world size > 1 makes
       every trim and regrow a collective IPC exchange inside the step (docs/fsdp.md, "Trimming").
     module_filter: None (every FSDP module), or a callable (qualified_name, module) -> bool called
       once for every FSDP module of `model` (those fully_shard was applied to, "" for `model`
@@ -365,6 +366,9 @@ def free_dropped() -> int:
     call it themselves). Runs gc.collect() first. Returns the number of slot pools freed."""
     if _dropped_pools or any(_world(p) != 1 for h in list(_handles.values()) for p in h.pools):
         gc.collect()
+    # tideSlotFree is collective per slot: every rank frees the same pools in the same order, creation order
+    # (garbage collection may have run the finalizers in another order on another rank)
+    _dropped_pools.sort(key=lambda p: p.serial)
     n = 0
     while _dropped_pools:
         _dropped_pools.pop(0).free()

@@ -51,6 +51,7 @@ makes its stream wait for them (never the host) and then leaves its own completi
 """
 
 import ctypes
+import itertools
 import weakref
 from typing import List, Optional
 
@@ -415,6 +416,9 @@ class Slot:
         return f"Slot({self.pool.name}#{self.index}, {self.nbytes}/{self.capacity} B, {who})"
 
 
+_serials = itertools.count()
+
+
 class SlotPool:
     """`count` slots of `nbytes` each on one executor's tideComm, shared by `groups` (a
     dedicated slot is a pool of one slot with one group, never bound: the group's storage is
@@ -460,6 +464,7 @@ class SlotPool:
         self.trim_blocked = 0  # slots a trim left live because torch still held their segment
         self.peak_resident = 0  # most slots live at once
         self.solo = False  # a trimming one-slot pool of one group that FSDP2 does not pool (build_pools, trim)
+        self.serial = next(_serials)  # creation order: the same on every rank (enable() builds pools in group order)
         try:
             for i in range(count):  # collective, in this order on every rank
                 self.slots.append(Slot(self, i, executor.alloc_slot(self.capacity), self.nbytes))
