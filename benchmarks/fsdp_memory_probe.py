@@ -21,9 +21,13 @@ What it prints per variant, for the measured steps:
   * torch peak: the peak of the live allocations replayed from the trace (alloc until free_requested, the rule of
     torch.cuda.memory_allocated; sizes are requested sizes rounded up to 512 B, so it can be slightly below torch's
     counter, printed next to it as a check);
-  * device peak: the peak of the live allocations without TIDE's bound pool slots, plus every TIDE slot
-    (tideSlotAlloc, resident whether bound or not: stats()["slot_pool"]["resident_slot_bytes"]). This is what the
-    device holds; for stock it equals the torch peak. Compare this one;
+  * device peak: the peak over time of the live allocations without TIDE's bound pool slots plus the TIDE slot
+    bytes allocated at that moment (tideSlotAlloc, resident whether bound or not). A trimming pool
+    (enable(slot_trim=...), on at world size 1) frees and allocates slots during the step: the child puts a
+    marker labelled "slots:<bytes>" into the trace after every tideSlotAlloc/tideSlotFree of a pool
+    (nccl_tide.fsdp._slot_pool.residency_hooks), so the resident slot bytes are known at every event; without
+    markers they are constant (stats()["slot_pool"]["resident_slot_bytes"]). This is what the device holds; for
+    stock it equals the torch peak. Compare this one; the table shows the slot bytes resident at that peak;
   * the live bytes at the device peak grouped by their most informative frame (the innermost frame in nccl_tide/,
     torch/distributed/fsdp/ or this script, else the innermost Python frame; allocations made by the autograd engine
     with no Python frame form one group), top --top groups in MiB, with the phase the peak fell in;
@@ -54,6 +58,7 @@ GLUE = REPO / "pytorch_glue"
 MAX_ENTRIES = 200000
 MARK_FN = "_probe_mark"
 MARK_BYTES = 512
+SLOT_MARK = "slots:"  # marker label prefix: TIDE slot bytes resident from this event on
 FOCUS = ("nccl_tide/", "torch/distributed/fsdp/", "fsdp_memory_probe.py")
 NO_FRAME = "<no Python frame: autograd engine / C++>"
 SLOT_GROUP = "TIDE slots (tideSlotAlloc, resident: pool + dedicated)"
@@ -118,14 +123,22 @@ def is_slot_bind(e: dict) -> bool:
     )
 
 
-def _replay(events, upto: int, mode: str, weight: Callable[[dict], int], track_from: Optional[int], zero):
+def _replay(events, upto: int, mode: str, weight: Callable[[dict], int], track_from: Optional[int], zero,
+            extra=None):
     """Replays events[0..upto] (inclusive); allocations at the indices in `zero` count 0 bytes. Returns (live,
-    current bytes, peak, peak index, unknown frees), the peak taken over indices >= track_from (None: no tracking)."""
+    current bytes, peak, peak index, unknown frees, extra bytes at the peak), the peak of current + extra bytes taken
+    over indices >= track_from (None: no tracking). extra: (initial bytes, [(index, bytes from that index on), ...]
+    sorted by index), e.g. the TIDE slot bytes resident at each event; None: 0."""
     live: Dict[int, tuple] = {}  # addr -> (bytes, index of its alloc)
     requested = set()  # addrs freed (free_requested) whose free_completed has not come yet
     cur = 0
     peak, peak_idx, unknown = None, None, 0
+    add, steps = extra if extra is not None else (0, [])
+    k, add_at_peak = 0, 0
     for i in range(upto + 1):
+        while k < len(steps) and steps[k][0] <= i:
+            add = steps[k][1]
+            k += 1
         e = events[i]
         act = e.get("action")
         addr = e.get("addr")
@@ -154,9 +167,9 @@ def _replay(events, upto: int, mode: str, weight: Callable[[dict], int], track_f
                 cur -= live.pop(addr)[0]
             else:
                 unknown += 1
-        if track_from is not None and i >= track_from and (peak is None or cur > peak):
-            peak, peak_idx = cur, i
-    return live, cur, peak, peak_idx, unknown
+        if track_from is not None and i >= track_from and (peak is None or cur + add > peak):
+            peak, peak_idx, add_at_peak = cur + add, i, add
+    return live, cur, peak, peak_idx, unknown, add_at_peak
 
 
 def live_at_peak(
@@ -166,6 +179,7 @@ def live_at_peak(
     mode: str = "allocated",
     weight: Optional[Callable[[dict], int]] = None,
     zero: Optional[set] = None,
+    extra=None,
 ) -> dict:
     """Replays a device trace's alloc / free_requested / free_completed events and returns the live allocation set at
     the moment, between event indices start (inclusive) and end (exclusive), when the live bytes peak.
@@ -179,8 +193,11 @@ def live_at_peak(
     in the trace are counted in 'unknown_frees' (allocated before the
     recording began, or lost when the ring buffer of max_entries wrapped).
 
+    extra: bytes added at each event outside the live set, as _replay's (initial, [(index, bytes), ...]); the peak
+    is then that of live + extra, and extra_at_peak says how much of it is extra.
+
     Returns peak_bytes, peak_index, live (list of {addr, bytes, size, index, frames}, largest first),
-    unknown_frees, events.
+    unknown_frees, extra_at_peak, events.
     """
     if mode not in ("allocated", "active"):
         raise ValueError(f"mode {mode!r}: 'allocated' or 'active'")
@@ -189,11 +206,11 @@ def live_at_peak(
     end = n if end is None else max(0, min(end, n))
     start = max(0, start)
     if n == 0 or start >= end:
-        return {"peak_bytes": 0, "peak_index": None, "live": [], "unknown_frees": 0, "events": n}
+        return {"peak_bytes": 0, "peak_index": None, "live": [], "unknown_frees": 0, "extra_at_peak": 0, "events": n}
     zero = set(find_marks(events)) if zero is None else zero
-    _, _, peak, idx, unknown = _replay(events, end - 1, mode, w, start, zero)
-    live, cur, _, _, _ = _replay(events, idx, mode, w, None, zero)
-    assert cur == peak
+    _, _, peak, idx, unknown, add = _replay(events, end - 1, mode, w, start, zero, extra)
+    live, cur, _, _, _, _ = _replay(events, idx, mode, w, None, zero)
+    assert cur + add == peak
     out = [
         {"addr": a, "bytes": b, "size": int(events[i].get("size", 0)), "index": i,
          "frames": events[i].get("frames") or []}
@@ -201,7 +218,8 @@ def live_at_peak(
         if b
     ]
     out.sort(key=lambda r: -r["bytes"])
-    return {"peak_bytes": peak, "peak_index": idx, "live": out, "unknown_frees": unknown, "events": n}
+    return {"peak_bytes": peak, "peak_index": idx, "live": out, "unknown_frees": unknown, "extra_at_peak": add,
+            "events": n}
 
 
 def live_bytes_at(events: Sequence[dict], index: int, mode: str = "allocated", weight=None, zero=None) -> int:
@@ -211,6 +229,13 @@ def live_bytes_at(events: Sequence[dict], index: int, mode: str = "allocated", w
     w = weight or (lambda e: block_bytes(e.get("size", 0)))
     zero = set(find_marks(events)) if zero is None else zero
     return _replay(events, min(index, len(events) - 1), mode, w, None, zero)[1]
+
+
+def slot_timeline(marks: Sequence[int], labels: Sequence[str], initial: int = 0) -> tuple:
+    """(initial bytes, [(event index, TIDE slot bytes resident from there on), ...]) from the "slots:<bytes>"
+    markers, for live_at_peak(extra=...)."""
+    steps = [(m, int(lab[len(SLOT_MARK):])) for m, lab in zip(marks, labels) if lab.startswith(SLOT_MARK)]
+    return int(initial), steps
 
 
 def group_live(live: Sequence[dict], key: Callable[[Sequence[dict]], str] = group_key) -> List[dict]:
@@ -257,7 +282,7 @@ def phase_at(index: Optional[int], marks: Sequence[int], labels: Sequence[str]) 
         return "?"
     best = "before the first marker"
     for m, lab in zip(marks, labels):
-        if m <= index:
+        if m <= index and not lab.startswith(SLOT_MARK):
             best = lab
     return best
 
@@ -267,7 +292,8 @@ def analyze(events: Sequence[dict], labels: Sequence[str], resident_slot_bytes: 
     allocated them ('measure' and 'end' bound the measured steps; labels 'step<k>:<phase>' mark the phases). Per
     window ('measured'; 'all_steps': warm-up and measured steps, not the model build): torch peak (all
     live allocations), device peak (live allocations without bound pool slots, plus resident_slot_bytes as one
-    group), each with its index, phase and top groups."""
+    group), each with its index, phase and top groups. With "slots:<bytes>" markers among the labels the slot
+    bytes follow them (resident_slot_bytes is then the value before the first one: a wrapped trace lost it)."""
     marks = find_marks(events)
     labels = list(labels)
     if 0 < len(marks) < len(labels) and len(events) >= MAX_ENTRIES:  # the ring buffer dropped the earliest events
@@ -282,13 +308,17 @@ def analyze(events: Sequence[dict], labels: Sequence[str], resident_slot_bytes: 
     windows = {"measured": (at["measure"], at.get("end", len(events))), "all_steps": (first, len(events))}
     zero = set(marks)
     slots = {i for i, e in enumerate(events) if e.get("action") == "alloc" and is_slot_bind(e)}
+    timeline = slot_timeline(marks, labels, resident_slot_bytes)
+    timed = bool(timeline[1])
     res = {"events": len(events), "marks": len(marks), "windows": {}}
     for name, (a, b) in windows.items():
         tp = live_at_peak(events, a, b, zero=zero)
-        dp = live_at_peak(events, a, b, zero=zero | slots)  # the device peak: bound slots are in resident_slot_bytes
+        # the device peak: bound slots are in the resident slot bytes, added at every event
+        dp = live_at_peak(events, a, b, zero=zero | slots, extra=timeline)
         dgroups = group_live(dp["live"])
-        if resident_slot_bytes:
-            dgroups.append({"group": SLOT_GROUP, "bytes": int(resident_slot_bytes), "count": 0, "example": None})
+        at_peak = dp["extra_at_peak"]
+        if at_peak:
+            dgroups.append({"group": SLOT_GROUP, "bytes": int(at_peak), "count": 0, "example": None})
             dgroups.sort(key=lambda g: (-g["bytes"], g["group"]))
         bound = [r for r in tp["live"] if r["index"] in slots]
         res["windows"][name] = {
@@ -298,7 +328,9 @@ def analyze(events: Sequence[dict], labels: Sequence[str], resident_slot_bytes: 
             "torch_peak_bound_slots": len(bound),
             "torch_peak_bound_slot_bytes": sum(r["bytes"] for r in bound),
             "torch_groups": group_live(tp["live"]) if name == "measured" else group_live(tp["live"])[:top],
-            "device_peak_bytes": dp["peak_bytes"] + int(resident_slot_bytes),
+            "device_peak_bytes": dp["peak_bytes"],
+            "slot_bytes_at_device_peak": at_peak,
+            "slot_bytes_timed": timed,  # True: from the markers (a trimming pool), False: constant
             "device_peak_index": dp["peak_index"],
             "device_peak_phase": phase_at(dp["peak_index"], marks, labels),
             "device_groups": dgroups if name == "measured" else dgroups[:top],  # measured: all (the diff)
@@ -359,6 +391,12 @@ def _child(a) -> dict:
            "model": dict(cfg._asdict(), n_params=cfg.n_params())}
     t0 = time.time()
     _probe_mark("start", device)
+    from nccl_tide.fsdp import _slot_pool
+
+    def slot_mark(nbytes: int) -> None:  # after every tideSlotAlloc / tideSlotFree of a pool: the resident bytes
+        _probe_mark(f"{SLOT_MARK}{int(nbytes)}", device)
+
+    _slot_pool.residency_hooks.append(slot_mark)
     v = fsdp_step.VariantRun(a.child, cfg, a, rank, device)
     if v.reason:
         raise ProbeError(f"variant {a.child} cannot run: {v.reason}")
@@ -378,6 +416,7 @@ def _child(a) -> dict:
         step(k)
     torch.cuda.synchronize()
     out["allocated_at_measure"] = torch.cuda.memory_allocated(device)
+    out["slot_bytes_at_measure"] = _slot_pool.resident_bytes()
     _probe_mark("measure", device)
     torch.cuda.reset_peak_memory_stats(device)
     for k in range(a.warmup, a.warmup + a.steps):
@@ -385,6 +424,7 @@ def _child(a) -> dict:
     torch.cuda.synchronize()
     out["torch_max_memory_allocated"] = torch.cuda.max_memory_allocated(device)  # over the measured steps
     _probe_mark("end", device)
+    _slot_pool.residency_hooks.remove(slot_mark)  # disable() frees slots after the snapshot: no markers there
     out["build_and_steps_s"] = time.time() - t0
     snap = mem._snapshot()
     mem._record_memory_history(enabled=None)
@@ -393,9 +433,10 @@ def _child(a) -> dict:
         pool = st.get("slot_pool") or {}
         out["tide"] = {"total": st.get("total"), "slot_pool": pool, "slot_pools": st.get("slot_pools")}
         resident = int(pool.get("resident_slot_bytes") or 0)
+        out["max_resident_slot_bytes"] = int(pool.get("max_resident_slot_bytes") or resident)
     else:
         resident = 0
-    out["resident_slot_bytes"] = resident
+    out["resident_slot_bytes"] = resident  # at the end of the measured steps
     traces = snap.get("device_traces") or []
     idx = device.index or 0
     if idx >= len(traces) or not traces[idx]:
@@ -411,7 +452,12 @@ def _child(a) -> dict:
         with open(a.snapshot_path, "wb") as f:
             pickle.dump(snap, f)
         out["snapshot_file"] = a.snapshot_path
-    out["analysis"] = analyze(events, _MARK_LABELS, resident, top=a.top_json)
+    # slot bytes before the first "slots:" marker: none allocated (the hook was in place before enable()), unless
+    # the ring buffer dropped the earliest events (then those at the first measured step stand in)
+    initial = out["slot_bytes_at_measure"] if out["trace_wrapped"] else 0
+    if not any(lab.startswith(SLOT_MARK) for lab in _MARK_LABELS):
+        initial = resident  # no pool event at all: constant
+    out["analysis"] = analyze(events, _MARK_LABELS, initial, top=a.top_json)
     v.close()
     dist.destroy_process_group()
     return out
@@ -430,6 +476,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--variants", default="stock,tide", help=f"comma list of {', '.join(VARIANTS)} (default stock,tide)")
     p.add_argument("--out", default="fsdp_memory_probe.json", help="JSON result (children's logs: <out>.<variant>.log)")
     p.add_argument("--slot-pool", type=int, default=2, help="tide: nccl_tide.fsdp.enable(slot_pool=N) (issue 17: 2)")
+    p.add_argument("--slot-trim", choices=["auto", "on", "off", "all"], default="auto",
+                   help="tide: enable(slot_trim=None|True|False|'all') (auto: on at world size 1; off: the slots stay "
+                   "allocated, as measured in issue 17; all: the root's slot too, freed after backward)")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--heads", type=int, default=32)
@@ -494,7 +543,7 @@ def _checks(variants: List[str]) -> None:
 
 def _model_args(a) -> List[str]:
     keys = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq", "tokens", "warmup", "steps", "slot_pool",
-            "top_json")
+            "slot_trim", "top_json")
     out = []
     for k in keys:
         out += [f"--{k.replace('_', '-')}", str(getattr(a, k))]
@@ -564,7 +613,7 @@ def report(doc: dict, top: int = 20) -> str:
     out = []
     s = doc.get("settings", {})
     model = ", ".join(f"{k} {s[k]}" for k in ("layers", "hidden", "ffn", "vocab", "seq", "tokens", "warmup", "steps",
-                                               "slot_pool") if k in s)
+                                               "slot_pool", "slot_trim") if k in s)
     out.append(f"# FSDP2 step memory at the peak of the measured steps, {s.get('device', '?')}, torch "
                f"{s.get('torch', '?')}, world size 1; {model}")
     rows = []
@@ -584,8 +633,10 @@ def report(doc: dict, top: int = 20) -> str:
             w["device_peak_phase"],
             _mib(w["torch_peak_bytes"]),
             _mib(r["torch_max_memory_allocated"]),
-            f"{_mib(r['resident_slot_bytes'])} ({w['torch_peak_bound_slots']} bound at torch peak)"
-            if r.get("resident_slot_bytes") else "-",
+            f"{_mib(w.get('slot_bytes_at_device_peak', r['resident_slot_bytes']))} at the device peak (max "
+            f"{_mib(r.get('max_resident_slot_bytes', r['resident_slot_bytes']))}; "
+            f"{w['torch_peak_bound_slots']} bound at torch peak)"
+            if r.get("resident_slot_bytes") or r.get("max_resident_slot_bytes") else "-",
             _mib(wa["device_peak_bytes"]),
             note,
         ))
@@ -666,7 +717,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         + " ".join(shlex.quote(x) for x in (argv or sys.argv[1:])),
         "settings": {"torch": torch.__version__, "device": "?", "layers": a.layers,  # device: from a child
                      "hidden": a.hidden, "ffn": a.ffn, "vocab": a.vocab, "seq": a.seq, "tokens": a.tokens,
-                     "warmup": a.warmup, "steps": a.steps, "slot_pool": a.slot_pool},
+                     "warmup": a.warmup, "steps": a.steps, "slot_pool": a.slot_pool, "slot_trim": a.slot_trim},
         "variants": {},
     }
     for v in variants:

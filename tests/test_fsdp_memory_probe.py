@@ -183,6 +183,22 @@ def _trace(slot_frames=F_BIND):
     return ev, labels
 
 
+def test_live_at_peak_with_slot_timeline():
+    """A trimming pool: the resident slot bytes change during the step ("slots:<bytes>" markers); the device peak is
+    the peak of live + resident at each event, which may sit elsewhere than the torch peak."""
+    ev = [alloc(0xA, 100, F_MODEL), alloc(0xB, 200, F_MODEL), *free(0xB, 200), alloc(0xC, 50, F_MODEL)]
+    exact = lambda e: e["size"]  # noqa: E731
+    plain = probe.live_at_peak(ev, weight=exact)
+    assert plain["peak_bytes"] == 300 and plain["peak_index"] == 1 and plain["extra_at_peak"] == 0
+    timed = probe.live_at_peak(ev, weight=exact, extra=(50, [(2, 0), (4, 300)]))  # 150, 350, 100, 100, 450
+    assert timed["peak_bytes"] == 450 and timed["peak_index"] == 4 and timed["extra_at_peak"] == 300, timed
+    assert sorted(r["addr"] for r in timed["live"]) == [0xA, 0xC]
+    early = probe.live_at_peak(ev, weight=exact, extra=(50, [(2, 0), (4, 300)]), end=4)
+    assert early["peak_bytes"] == 350 and early["extra_at_peak"] == 50, early
+    assert probe.slot_timeline([3, 7, 9], ["measure", "slots:10", "slots:0"], 5) == (5, [(7, 10), (9, 0)])
+    assert probe.phase_at(8, [3, 7], ["step1:backward", "slots:10"], ) == "step1:backward"
+
+
 def test_analyze_windows_phases_and_slots():
     ev, labels = _trace()
     res = probe.analyze(ev, labels, resident_slot_bytes=400 * MiB)
@@ -288,6 +304,8 @@ def _fake_child(variant, out_path, port):
             a += 0x1000
             ev.append(alloc(a, 512, F_MARK))
             ev.extend(free(a, 512))
+            if lab.startswith(probe.SLOT_MARK):  # a slot alloc/free of the pool: no torch allocation of its own
+                continue
             if prev is not None:
                 ev.extend(free(prev, 0))
             a += 0x1000
@@ -307,6 +325,7 @@ def _fake_child(variant, out_path, port):
                                    "--warmup", "2", "--steps", "1"])
     doc = probe._child(a)
     doc["record_calls"] = calls
+    doc["labels"] = list(probe._MARK_LABELS)
     with open(out_path, "w") as f:
         json.dump(doc, f)
 
@@ -333,17 +352,42 @@ def test_child_plumbing_on_cpu(tmp_path):
         assert d["record_calls"][0]["max_entries"] == probe.MAX_ENTRIES and d["record_calls"][-1] == {"enabled": None}
         assert d["record_calls"][0]["stacks"] == "python"
         an = d["analysis"]
-        # start, 3 steps x (forward, backward, optimizer), measure, end
-        assert an["marks"] == 1 + 3 * 3 + 2
+        # start, 3 steps x (forward, backward, optimizer), measure, end; tide: one "slots:" marker per slot event
+        n_slot = sum(lab.startswith(probe.SLOT_MARK) for lab in d["labels"])
+        assert an["marks"] == 1 + 3 * 3 + 2 + n_slot
+        assert (n_slot > 0) == (variant == "tide"), d["labels"]
         m = an["windows"]["measured"]
         assert m["torch_peak_phase"] == "step2:backward"
         assert d["torch_max_memory_allocated"] == 456 and d["allocated_at_measure"] == 123
     t = docs["tide"]
-    assert t["resident_slot_bytes"] > 0 and t["tide"]["slot_pool"]["size"] == 2  # --slot-pool 2 by default
+    # --slot-pool 2 by default; at the end of the last backward the pool holds nothing, the root its dedicated slot
+    assert 0 < t["resident_slot_bytes"] < t["max_resident_slot_bytes"] and t["tide"]["slot_pool"]["size"] == 2
     assert t["tide"]["total"]["ag_calls"] > 0 and t["tide"]["total"]["fallbacks"] == 0
     assert docs["stock"]["resident_slot_bytes"] == 0
     tm, sm = t["analysis"]["windows"]["measured"], docs["stock"]["analysis"]["windows"]["measured"]
-    assert tm["device_peak_bytes"] - sm["device_peak_bytes"] == t["resident_slot_bytes"]
+    # world size 1: the pool trims. Its markers: only the root's dedicated slot is resident when backward starts and
+    # when the optimizer step starts (steps 1 and 2), both pool slots again during backward (regrown)
+    pool = t["tide"]["slot_pool"]
+    ded = sum(p["slot_capacity"] for p in t["tide"]["slot_pools"] if p["solo"] or not p["shared"])
+    assert pool["trim"] and pool["trims"] > 0 and pool["regrows"] > 0 and tm["slot_bytes_timed"], pool
+    resident, at, during, phase = 0, {}, {}, None
+    for lab in t["labels"]:
+        if lab.startswith(probe.SLOT_MARK):
+            resident = int(lab[len(probe.SLOT_MARK):])
+            during.setdefault(phase, []).append(resident)
+        else:
+            at[lab], phase = resident, lab
+    in_bwd = during.get("step2:backward", [])
+    full = ded + 2 * pool["slot_capacity"]
+    assert at["step0:backward"] == full and ded > 0, at
+    for k in (1, 2):
+        assert at[f"step{k}:backward"] == ded and at[f"step{k}:optimizer"] == ded, at
+    assert t["max_resident_slot_bytes"] == full, t
+    # the fake trace's backward allocation spans the whole phase, so its device peak is where backward regrew both
+    # slots: 3 MiB + the dedicated slot + 2 pool slots, the replay adding the bytes the markers gave at each event
+    assert tm["device_peak_phase"] == "step2:backward", tm["device_peak_phase"]
+    assert tm["slot_bytes_at_device_peak"] == max(at["step2:backward"], *in_bwd) == full, (tm, in_bwd)
+    assert tm["device_peak_bytes"] - sm["device_peak_bytes"] == tm["slot_bytes_at_device_peak"]
     d = probe.diff_groups(tm["device_groups"], sm["device_groups"])
     assert [r["group"] for r in d["more"]] == [probe.SLOT_GROUP]
     doc = {"settings": {}, "variants": {k: dict(v, ok=True) for k, v in docs.items()},

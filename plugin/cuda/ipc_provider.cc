@@ -477,7 +477,8 @@ tideResult_t IpcProvider::slotAlloc(size_t bytes, void** ptr) {
 tideResult_t IpcProvider::slotFree(void* ptr) {
   memGeneration_.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(mu_);
-  for (Shared& s : slots_) {
+  for (auto it = slots_.begin(); it != slots_.end(); ++it) {
+    Shared& s = *it;
     if (s.live && s.base == ptr) {
       // Collective: no rank frees its memory while a peer's work may still write into it.
       TIDE_CUDA_CHECK(cudaSetDevice(device_));
@@ -488,6 +489,9 @@ tideResult_t IpcProvider::slotFree(void* ptr) {
       closePeers(&s);
       TIDE_CHECK(barrier());
       unshare(&s);
+      // Drop the dead entry: a trimming slot pool (nccl_tide.fsdp) frees and allocates slots every step, and dead
+      // entries would pile up and lengthen every peerPtr lookup. Nothing keeps a pointer into slots_ (mu_ is held).
+      slots_.erase(it);
       return tideSuccess;
     }
   }

@@ -18,7 +18,15 @@ fp32 reduce, AdamW, STEPS steps. Runs, each from the same seed:
             slot: works on torch 2.11, which lacks _swap_data_ptr_); the backward prefetch can
             find both held and falls back to stock FSDP2 for that AG; the tiny model's groups are
             far below one allocator segment, so the test turns off build_pools' size rule;
+            (slot_trim=False: the slots stay allocated, as before trimming);
+  pooltrim  the same pool with slot_trim=True (the default at world size 1): the slots are freed at the
+            learned idle points (end of forward, end of backward) and allocated again at the next AG
+            (tideSlotFree / tideSlotAlloc inside the step, the slot's MemPool dropped and torch's cache
+            emptied first): no bind failure, no trim blocked by a segment torch still holds, same
+            numbers, and the memory meter's peak no higher than the untrimmed pool's;
   poolswap  the same with the "swap" binder where this torch has _swap_data_ptr_ (>= 2.12);
+  dropped   a native-enabled model dropped without disable(): its slots leave the comm when it is
+            collected (world size 1: the finalizer frees them);
   auto      executor="auto" must pick native on NCCL/CUDA.
 
 Tolerances. At world size 1 the AG is a byte copy of the bf16-cast shards and TIDE-RS of one
@@ -138,7 +146,7 @@ def worker(port: int, out_path: str, mode: str) -> None:
             params = [p.to_local().detach().float().cpu().clone() for p in model.parameters()]
             return {"losses": losses, "grads": grads, "params": params, "param_dtype_in_forward": seen.get("dtype")}
 
-        def run(executor, raf=True, accum=1, after_disable=False, slot_pool=3, binder=None):
+        def run(executor, raf=True, accum=1, after_disable=False, slot_pool=3, binder=None, slot_trim=False):
             from nccl_tide.fsdp import _slot_pool
 
             _slot_pool.force_binder(binder)
@@ -146,7 +154,10 @@ def worker(port: int, out_path: str, mode: str) -> None:
             model = build(raf)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                handle = tfsdp.enable(model, executor=executor, slot_pool=slot_pool) if executor != "stock" else None
+                kw = {"slot_trim": slot_trim} if executor == "native" else {}
+                handle = None
+                if executor != "stock":
+                    handle = tfsdp.enable(model, executor=executor, slot_pool=slot_pool, **kw)
                 out = train(model, STEPS, accum)
                 if handle is not None:
                     out["stats"] = handle.stats()
@@ -183,6 +194,7 @@ def worker(port: int, out_path: str, mode: str) -> None:
         stock_acc = run("stock", raf=False, accum=2)
         nat_acc = run(native, raf=False, accum=2)
         nat_pool = run(native, slot_pool=2)  # root + 2 blocks reshard after forward: 3 groups share 2 slots
+        nat_pool_trim = run(native, slot_pool=2, slot_trim=True)
         report["swap_binder_run"] = gpu and report["swap_data_ptr"]
         if report["swap_binder_run"]:
             nat_pool_swap = run(native, slot_pool=2, binder="swap")
@@ -193,13 +205,33 @@ def worker(port: int, out_path: str, mode: str) -> None:
 
             # the pool's memory, measured: torch's peak (bound slots included) + slot bytes outside torch
             mem = {}
-            for name, kw in (("dedicated", {"slot_pool": 0}), ("pool", {"slot_pool": 2})):
+            for name, kw in (("dedicated", {"slot_pool": 0}), ("pool", {"slot_pool": 2}),
+                             ("pooltrim", {"slot_pool": 2, "slot_trim": True})):
                 torch.cuda.synchronize()
                 _slot_pool.start_meter(dev)
                 r = run(native, **kw)
                 m = _slot_pool.stop_meter()
                 mem[name] = {"peak_bytes": m.read(), "events": m.events, "resident": r["stats"]["slot_pool"]}
             report["native_pool_memory"] = mem
+
+            # a native-enabled model dropped without disable(): the finalizer frees its slots (world size 1)
+            import gc
+
+            from nccl_tide import native_executor
+
+            def comm_slots():
+                return sum(len(c._slots) for _ref, c in native_executor._comms.values())
+
+            before = comm_slots()
+            model = build(True)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                h = tfsdp.enable(model, executor="native", slot_pool=2, slot_trim=False)
+                train(model, 2)
+            during = comm_slots()
+            del model, h
+            gc.collect()
+            report["dropped_slots"] = {"before": before, "enabled": during, "after_gc": comm_slots()}
         auto = build(True)
         with warnings.catch_warnings(record=True):
             warnings.simplefilter("always")
@@ -218,6 +250,9 @@ def worker(port: int, out_path: str, mode: str) -> None:
         report["native_pool_stats"] = nat_pool["stats"]
         report["native_pool_warnings"] = nat_pool["warnings"]
         report["native_pool_vs_native"] = compare(nat_pool, nat)
+        report["native_pooltrim_stats"] = nat_pool_trim["stats"]
+        report["native_pooltrim_warnings"] = nat_pool_trim["warnings"]
+        report["native_pooltrim_vs_native"] = compare(nat_pool_trim, nat)
         # No destroy_process_group: the report is written first and os._exit ends the process, so
         # a slow NCCL/tideComm teardown cannot turn a finished run into a timeout.
         report["ok"] = True
@@ -332,6 +367,24 @@ def check(rep: dict, gpu: bool) -> None:
         assert ded["events"] == 0 and pool["events"] == 2 * pool["resident"]["hits"], mem
         assert ded["peak_bytes"] >= ded["resident"]["resident_slot_bytes"] > 0, mem
         assert pool["peak_bytes"] >= pool["resident"]["resident_slot_bytes"] > 0, mem
+        # trimming: never more slot bytes resident than without it, torch's allocations the same: the peak
+        # (torch's + the slot bytes outside torch, read at every bind, unbind, trim and regrow) is no higher
+        trim = mem["pooltrim"]
+        assert trim["resident"]["trims"] > 0 and trim["resident"]["regrows"] > 0, trim
+        assert trim["peak_bytes"] <= pool["peak_bytes"], mem
+        # trimming, on the GPU: the slots' MemPools let go of their segments (torch.cuda.empty_cache), so
+        # every trim freed them (none blocked) and every regrown slot bound (its new MemPool got its pointer)
+        tst = rep["native_pooltrim_stats"]
+        tsp = tst["slot_pool"]
+        (tpool,) = [p for p in tst["slot_pools"] if p["shared"]]
+        assert tsp["trim"] is True and tsp["trims"] > 0 and tsp["regrows"] > 0, tsp
+        assert tpool["trim_blocked"] == 0 and tsp["bind_failures"] == 0 and tpool["trim_points"] == 2, tpool
+        assert tpool["peak_resident"] <= 2 and tpool["resident"] == 0, tpool  # the last trim: end of backward
+        for g in tst["tide_groups"]:
+            assert g["ag_calls"] + g["ag_pool_fallbacks"] == 2 * STEPS and g["rs_calls"] == STEPS, g
+        close(rep["native_pooltrim_vs_native"])
+        d = rep["dropped_slots"]
+        assert d["enabled"] == d["before"] + 2 and d["after_gc"] == d["before"], d  # 2 pool slots (all 3 pooled)
     else:
         assert pst["slot_pool"] is None, pst["slot_pool"]
         for g in pst["tide_groups"]:
@@ -360,7 +413,10 @@ def test_native_executor_world1_matches_stock(torch_cuda, cuda_lib, tmp_path):
     )
     print("slot pool:", rep["native_pool_stats"]["slot_pool"])
     print("slot pool memory:", rep.get("native_pool_memory"))
-    for k in ("native_vs_reference", "native_vs_stock", "native_vs_stock_accum", "native_pool_vs_native"):
+    print("slot pool, trimming:", rep["native_pooltrim_stats"]["slot_pool"])
+    print("dropped model's slots:", rep.get("dropped_slots"))
+    for k in ("native_vs_reference", "native_vs_stock", "native_vs_stock_accum", "native_pool_vs_native",
+              "native_pooltrim_vs_native"):
         print(k, {x: rep[k][x] for x in ("bitequal", "loss_maxdiff", "grad_maxdiff_step0", "param_maxdiff")})
     check(rep, gpu=True)
 

@@ -61,6 +61,13 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="tide variant: nccl_tide.fsdp.enable(slot_pool=N) (default: enable()'s default); tide-dedicated is 0",
     )
+    p.add_argument(
+        "--slot-trim",
+        choices=["auto", "on", "off", "all"],
+        default="auto",
+        help="tide variant: enable(slot_trim=None|True|False|'all'): the pool frees its slots at the schedule's idle "
+        "points (auto: on at shard world size 1; all: the root too, after backward)",
+    )
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--heads", type=int, default=32)
@@ -149,7 +156,7 @@ def _init_dist():
     return dist, dist.get_rank(), dist.get_world_size(), torch.device("cuda", local)
 
 
-def _shard(model, variant: str, slot_pool=None):
+def _shard(model, variant: str, slot_pool=None, slot_trim="auto"):
     """fully_shard per block and root; returns (None, note) on success or (reason, None) when the variant cannot run."""
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -171,6 +178,8 @@ def _shard(model, variant: str, slot_pool=None):
         return None, f"set_symm_mem_for_comm on {len(mods)} modules; NCCL_CTA_POLICY={pol or 'unset'}"
     if variant in ("tide", "tide-dedicated"):
         kw = {"slot_pool": 0} if variant == "tide-dedicated" else ({} if slot_pool is None else {"slot_pool": slot_pool})
+        if variant == "tide" and slot_trim != "auto":
+            kw["slot_trim"] = "all" if slot_trim == "all" else slot_trim == "on"
         try:
             import nccl_tide.fsdp
 
@@ -182,7 +191,7 @@ def _shard(model, variant: str, slot_pool=None):
         return None, (
             f"TIDE groups {len(st['tide_groups'])}, stock groups {len(st['stock_groups'])}, "
             f"slot pool size {pool.get('size', 0)} x {pool.get('slot_capacity', 0)} B ({pool.get('binder')} binder), "
-            f"{pool.get('dedicated_slots', 0)} dedicated"
+            f"{pool.get('dedicated_slots', 0)} dedicated, trim {'on' if pool.get('trim') else 'off'}"
         )
     return None, ""
 
@@ -206,7 +215,9 @@ class VariantRun:
         self.device = torch.device(device)
         self.opt = self.x = self.y = None
         self.model = build(cfg, seed=0, device=self.device)
-        self.reason, self.note = _shard(self.model, variant, getattr(a, "slot_pool", None))
+        self.reason, self.note = _shard(
+            self.model, variant, getattr(a, "slot_pool", None), getattr(a, "slot_trim", "auto") or "auto"
+        )
         if self.reason:
             self.close()
             return
@@ -308,7 +319,7 @@ def run_variant(variant: str, cfg: LlamaConfig, a, rank: int, world: int, device
         finally:
             _slot_pool.stop_meter()
         row["peak_total_GiB"] = meter.read() / 2**30
-        row["slot_GiB"] = sum(p.capacity * len(p.slots) for p in list(_slot_pool._live_pools)) / 2**30
+        row["slot_GiB"] = _slot_pool.resident_bytes() / 2**30  # allocated now (trimmed slots not)
         if a.profile_steps > 0:
             row["profile"] = _profile(step, a.profile_steps)
             med_us = row["step_ms"]["median"] * 1e3

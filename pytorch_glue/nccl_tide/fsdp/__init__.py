@@ -15,6 +15,7 @@ keeps stock FSDP2 and warns once, saying why; modules a module_filter excludes k
 too (an INFO line, not a warning: the caller asked for it). Details: docs/fsdp.md.
 """
 
+import gc
 import weakref
 from typing import Callable, List, Optional
 
@@ -33,7 +34,7 @@ from ._group import GroupState, static_reason
 from ._slot_pool import build_pools, reshards_after_forward
 from ._warn import TideFSDPWarning, warn_once
 
-__all__ = ["TideFSDPHandle", "TideFSDPWarning", "disable", "enable", "handle_of", "stats"]
+__all__ = ["TideFSDPHandle", "TideFSDPWarning", "disable", "enable", "free_dropped", "handle_of", "stats"]
 
 _handles: "weakref.WeakKeyDictionary[nn.Module, TideFSDPHandle]" = weakref.WeakKeyDictionary()
 _log = get_logger("fsdp")
@@ -56,6 +57,8 @@ class TideFSDPHandle:
         self.slot_reuse = slot_reuse
         self.adapter = adapter
         self.slot_pool = 0  # native: size of the shared slot pool asked for
+        self.slot_trim = False  # native: the shared pools give their slots back at the schedule's idle points
+        self._finalizer = None  # weakref.finalize on the model: frees the slots of a model dropped while enabled
         self.pools = []  # native: SlotPool objects (shared pools first per comm, then dedicated slots)
         self.groups: List[GroupState] = []
         self.stock: List[dict] = []  # {"group": label, "reason": why}
@@ -80,9 +83,10 @@ class TideFSDPHandle:
             d.update(slot_bytes=g.layout.slot_bytes if g.layout is not None else None)
             d.update(slot_reuse_fits=g.layout.slot_reuse_fits if g.layout is not None else None)
             if g.pool is not None:
-                d.update(pool=g.pool.name if g.pool.shared else "dedicated")
+                d.update(pool="own" if g.pool.solo else (g.pool.name if g.pool.shared else "dedicated"))
             tide.append(d)
-        shared = [p for p in self.pools if p.shared]
+        shared = [p for p in self.pools if p.shared and not p.solo]
+        own = [p for p in self.pools if p.solo]  # trim: a one-slot trimming pool per unpooled group
         dedicated = [p for p in self.pools if not p.shared]
         keys = ("ag_calls", "rs_calls", "ag_bytes", "rs_bytes", "stock_bytes_avoided", "executor_temp_bytes")
         return {
@@ -99,9 +103,17 @@ class TideFSDPHandle:
                 "requested": self.slot_pool,
                 "size": sum(len(p.slots) for p in shared),
                 "slot_bytes": max((p.nbytes for p in shared), default=0),
-                "pooled_groups": sum(1 for g in self.groups if g.pool is not None and g.pool.shared),
+                "pooled_groups": sum(1 for g in self.groups if g.pool is not None and g.pool in shared),
                 "dedicated_slots": len(dedicated),
-                "resident_slot_bytes": sum(p.capacity * len(p.slots) for p in self.pools),
+                "trim": self.slot_trim,
+                # slot bytes allocated now (shared pools' live slots + dedicated slots); with trim this changes
+                # during a step: max_resident_slot_bytes is the bound, peak_resident_slot_bytes what was reached
+                "resident_slot_bytes": sum(p.resident_bytes() for p in self.pools),
+                "peak_resident_slot_bytes": sum(p.capacity * p.peak_resident for p in self.pools),
+                "max_resident_slot_bytes": sum(p.capacity * len(p.slots) for p in self.pools),
+                "own_slots": len(own),
+                "trims": sum(p.trims for p in shared + own),
+                "regrows": sum(p.regrows for p in shared + own),
                 "hits": sum(p.hits for p in shared),
                 "fallbacks": sum(p.fallbacks for p in shared),
                 "distinct_slots_used": sum(len(p.used) for p in shared),
@@ -171,6 +183,7 @@ def enable(
     ranks_per_node: Optional[int] = None,
     slot_pool: Optional[int] = 3,
     module_filter: Optional[Callable[[str, nn.Module], bool]] = None,
+    slot_trim=None,
 ) -> TideFSDPHandle:
     """Route the FSDP2 collectives of `model` (after fully_shard) through TIDE.
 
@@ -189,6 +202,17 @@ def enable(
       call (warned once, counted). Other groups (e.g. the root) keep a dedicated slot. 0 or
       None: a dedicated slot per group (all unsharded parameters resident). Ignored by the
       reference executor (its slots are torch memory, freed at reshard). docs/fsdp.md.
+    slot_trim: native executor with a slot pool: the pool frees its unbound slots at the idle points
+      of FSDP2's schedule (no pooled group unsharded between forward and backward, and between
+      backward and the next forward: the loss/head backward and the optimizer step, where a step
+      usually peaks) and allocates them again at the next all-gather that needs one, so those
+      slots are not resident at that peak (stock FSDP2 holds no block there either). Every
+      reshard-after-forward group is then pooled. "all": also every other group (the root, blocks
+      with reshard_after_forward=False) gets a trimming slot of its own, freed after backward (it then
+      costs the allocator's segment rounding, up to 2 MiB per large group, while held). None
+      (default): on where every native group's shard world size is 1 (no peer maps a slot), off
+      otherwise; True at world size > 1 makes
+      every trim and regrow a collective IPC exchange inside the step (docs/fsdp.md, "Trimming").
     module_filter: None (every FSDP module), or a callable (qualified_name, module) -> bool called
       once for every FSDP module of `model` (those fully_shard was applied to, "" for `model`
       itself) before anything is changed: False keeps stock FSDP2 for all of that module's
@@ -203,6 +227,10 @@ def enable(
         raise InvalidArgumentError(f"enable() takes the root nn.Module, got {type(model).__name__}")
     if slot_pool is not None and (not isinstance(slot_pool, int) or isinstance(slot_pool, bool) or slot_pool < 0):
         raise InvalidArgumentError(f"slot_pool={slot_pool!r}: use a number of slots >= 0, or None (one slot per group)")
+    if slot_trim is not None and not isinstance(slot_trim, bool) and slot_trim != "all":
+        raise InvalidArgumentError(
+            f"slot_trim={slot_trim!r}: use True, False, 'all' or None (the pool trims at shard world size 1)"
+        )
     if module_filter is not None and not callable(module_filter):
         raise InvalidArgumentError(
             f"module_filter={module_filter!r}: use a callable (qualified_name, module) -> bool, or None"
@@ -213,6 +241,7 @@ def enable(
         raise InvalidUsageError(
             "nccl_tide.fsdp.enable(): call torch.distributed.init_process_group and fully_shard first"
         )
+    free_dropped()  # slots of models dropped while enabled (collective: here, on every rank)
     killed = fsdp_switch.killed()  # NCCL_TIDE_FSDP=0: every group stock
     labels = {}
     fsdp_names: List[str] = []
@@ -274,7 +303,10 @@ def enable(
     if native:
         # tideSlotAlloc is collective: every native slot now, between steps, in the same order on
         # every rank (never inside forward/backward)
-        handle.pools, failures = build_pools(native, handle.slot_pool)
+        trim = slot_trim if slot_trim is not None else all(g.world == 1 for g in native)
+        handle.slot_trim = bool(trim) and handle.slot_pool > 0
+        own = handle.slot_trim and slot_trim == "all"
+        handle.pools, failures = build_pools(native, handle.slot_pool, trim=handle.slot_trim, own=own)
         for g in native:
             if g in failures:
                 g.uninstall()
@@ -292,8 +324,56 @@ def enable(
         _patch.install()
         for g in handle.groups:
             g.install()
+        handle._finalizer = weakref.finalize(model, _model_dropped, handle.pools, bool(handle.groups))
+        handle._finalizer.atexit = False  # at exit the comms go with the process
     _handles[model] = handle
     return handle
+
+
+# Slot pools of models dropped while enabled whose slots must be freed collectively (world size > 1):
+# freed at the next enable() / disable() / free_dropped() call, which every rank makes at the same point.
+_dropped_pools: list = []
+
+
+def _world(pool) -> int:
+    comm = getattr(pool.executor, "comm", None)
+    return int(getattr(comm, "world_size", 1) or 1)
+
+
+def _model_dropped(pools: list, patched: bool) -> None:
+    """weakref.finalize of an enabled model, run when it is garbage-collected without disable(): nothing
+    holds its GroupStates any more (NATIVE_SLOTS holds them weakly, the handle registry is keyed by the
+    model), but its tideSlotAlloc slots are still allocated in the comm. World size 1: no peer maps them,
+    so they are freed now (tideSlotFree synchronizes the device first: nothing still writes them). World
+    size > 1: tideSlotFree is collective and a garbage collection runs at a different moment on every
+    rank, so they wait for the next enable()/disable()/free_dropped(), which every rank reaches in the
+    same order (after a gc.collect(), so every rank has seen the same models go)."""
+    local = [p for p in pools if _world(p) == 1]
+    _dropped_pools.extend(p for p in pools if _world(p) != 1)
+    for p in local:
+        try:
+            p.free()
+        except Exception as e:  # a finalizer must not raise; the slots stay allocated (the comm frees them)
+            warn_once(f"nccl_tide.fsdp: freeing the slots of a dropped model failed: {type(e).__name__}: {e}")
+    pools.clear()
+    if patched:
+        _patch.uninstall()
+
+
+def free_dropped() -> int:
+    """Frees the slots of TIDE-enabled models dropped without disable() at shard world size > 1
+    (collective: call it on every rank at the same point, between steps, as enable()/disable(), which
+    call it themselves). Runs gc.collect() first. Returns the number of slot pools freed."""
+    if _dropped_pools or any(_world(p) != 1 for h in list(_handles.values()) for p in h.pools):
+        gc.collect()
+    # tideSlotFree is collective per slot: every rank frees the same pools in the same order, creation order
+    # (garbage collection may have run the finalizers in another order on another rank)
+    _dropped_pools.sort(key=lambda p: p.serial)
+    n = 0
+    while _dropped_pools:
+        _dropped_pools.pop(0).free()
+        n += 1
+    return n
 
 
 def _shown(names: List[str]) -> str:
@@ -333,10 +413,14 @@ def disable(model: nn.Module) -> None:
         g.uninstall()
     for pool in handle.pools:  # tideSlotFree (collective), in allocation order
         pool.free()
-    handle.pools = []
+    handle.pools.clear()  # the same list the finalizer holds: nothing left for it
+    if handle._finalizer is not None:
+        handle._finalizer.detach()
+        handle._finalizer = None
     if handle.groups:
         _patch.uninstall()
     handle.enabled = False
+    free_dropped()
 
 
 def handle_of(model: nn.Module) -> Optional[TideFSDPHandle]:

@@ -30,9 +30,24 @@ _HAS_GRAD_DTYPE = hasattr(__import__("torch.distributed.fsdp._fully_shard._fsdp_
 # StorageImpl address (UntypedStorage._cdata) of every native group's storage -> its
 # GroupState. FSDP2's free_storage (patched while enabled) must not resize such a storage (it
 # holds a tideSlotAlloc slot, not torch's memory); it releases the slot instead
-# (_patch._tide_free_storage -> GroupState.on_release).
-NATIVE_SLOTS: Dict[int, "GroupState"] = {}
+# (_patch._tide_free_storage -> GroupState.on_release). Weak values: the GroupState lives as long
+# as its FSDPParamGroup (which holds it through its comms) and the handle; a model dropped without
+# disable() must not stay here with its state, pool and slots (its handle's finalizer frees the
+# slots: nccl_tide.fsdp._model_dropped). The entry goes with the state, and with it the storage
+# whose address is the key (the state holds it), so a reused address never finds a stale entry.
+NATIVE_SLOTS: "weakref.WeakValueDictionary[int, GroupState]" = weakref.WeakValueDictionary()
 _TORCH = "torch"  # GroupState.held: the storage holds torch memory (a stock all-gather fell back)
+
+
+_PHASES = {"FORWARD": "F", "PRE_BACKWARD": "B", "POST_BACKWARD": "B"}
+
+
+def schedule_phase(pg) -> Optional[str]:
+    """'F' (forward: pre_forward, forward prefetch, post_forward reshard), 'B' (backward: pre_backward,
+    backward prefetch, post_backward reshard) or None (IDLE: an explicit unshard()/reshard()), from the
+    group's FSDP2 TrainingState: the slot pool's trim points are the idle gaps between the two."""
+    state = getattr(pg, "_training_state", None) if pg is not None else None
+    return _PHASES.get(getattr(state, "name", None))
 
 
 def param_mp_policy(fsdp_param, pg):
@@ -209,7 +224,7 @@ class GroupState:
             pg._all_gather_output_fn, self._stock_output_fn = self._stock_output_fn, None
         if self.store is not None:  # the slots themselves: SlotPool.free (disable(), collective)
             if self.held is not None:
-                self.on_release(record=False)
+                self.on_release(record=False, learn=False)
             NATIVE_SLOTS.pop(self.store._cdata, None)
             self.store = self.exec_u8 = self.pool = self.last_slot = None
         self.slot = self.exec_slot = None
@@ -303,14 +318,14 @@ class GroupState:
         handle = _get_device_handle(device.type)
         if self.native:
             if self.held is not None:  # FSDP2 calls the group sharded: nothing may still hold memory
-                self.on_release()
+                self.on_release(learn=False)
             if self.pool.shared and pinned(self.pg):
                 warn_once(
                     f"nccl_tide.fsdp: {self.label}: set_keep_unsharded_storage after enable(): its pooled slot is "
                     "released at its next all-gather, not kept (disable() and enable() again for a dedicated slot)"
                 )
             try:
-                slot = self.pool.acquire(self)
+                slot = self.pool.acquire(self, schedule_phase(self.pg))
             except BindError as e:  # the binder could not place the slot: stock FSDP2 this once
                 return self._pool_fallback(
                     fsdp_params, group, async_op, copy_in_stream, ag_stream, device, stock_fn, f"slot bind failed: {e}"
@@ -415,7 +430,7 @@ class GroupState:
             out = [o.view(torch.uint8) for o in out]
         torch.ops.fsdp.split_with_sizes_copy(flat, result.all_gather_input_split_sizes, dim=1, out=out)
 
-    def on_release(self, record: bool = True) -> None:
+    def on_release(self, record: bool = True, learn: bool = True) -> None:
         """FSDP2 resharded the group (its free_storage on `store`, patched): the parameters' last
         readers are on the current stream; the slot goes back to the pool with that event (the
         next writer waits for it). After a stock fallback, the torch memory is freed as FSDP2
@@ -427,7 +442,7 @@ class GroupState:
             self.store.resize_(0)
             return
         ev = _get_device_handle(self.pg.device.type).current_stream().record_event() if record else None
-        self.pool.release(held, ev)
+        self.pool.release(held, ev, schedule_phase(self._pg()) if learn else None)
 
     def vacated(self) -> bool:
         """The group's parameters were resharded: its slot may hold RS staging."""

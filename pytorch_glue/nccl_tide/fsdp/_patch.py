@@ -95,20 +95,24 @@ def _tide_foreach_reduce(*args, **kwargs):
         a.get("force_sum_reduction_for_comms", False),
         a["device"],
     )
-    if isinstance(plan, str):
-        st.stats.fallback(plan)
-        warn_once(f"nccl_tide.fsdp: stock FSDP2 reduce-scatter for this call: {plan} (counted in stats())")
-        a["reduce_scatter_comm"] = st.stock_rs
-        return _orig["reduce"](*ba.args, **ba.kwargs)
-    layout, op, scale = plan
-    grads = list(a["unsharded_grads"])
-    if st.native:  # tideReduceScatter reads raw pointers: contiguous gradients (copies kept alive with them)
-        grads = [g if g.is_contiguous() else g.contiguous() for g in grads]
-    comm.arm(layout, grads, op, scale)
     try:
-        return _orig["reduce"](*ba.args, **ba.kwargs)
+        if isinstance(plan, str):
+            st.stats.fallback(plan)
+            warn_once(f"nccl_tide.fsdp: stock FSDP2 reduce-scatter for this call: {plan} (counted in stats())")
+            a["reduce_scatter_comm"] = st.stock_rs
+            return _orig["reduce"](*ba.args, **ba.kwargs)
+        layout, op, scale = plan
+        grads = list(a["unsharded_grads"])
+        if st.native:  # tideReduceScatter reads raw pointers: contiguous gradients (copies kept alive with them)
+            grads = [g if g.is_contiguous() else g.contiguous() for g in grads]
+        comm.arm(layout, grads, op, scale)
+        try:
+            return _orig["reduce"](*ba.args, **ba.kwargs)
+        finally:
+            comm.disarm()
     finally:
-        comm.disarm()
+        if st.native and st.pool is not None:  # a trim point at the end of backward waits for this RS
+            st.pool.after_reduce(st)
 
 
 def _tide_foreach_reduce_scatter_copy_in(unsharded_grads, reduce_scatter_input, world_size):

@@ -27,12 +27,31 @@ owner's reshard. The rule reads only state that changes at AG and reshard calls,
 in the same program order on every rank, so every rank picks the same slot index, or finds none
 free and falls back to stock FSDP2 for that all-gather (docs/fsdp.md, "Slot pool").
 
+Trimming (SlotPool(trim=True); enable(slot_trim=...), default on where the shard world size is 1): resident
+slots are given back between the phases of a step. FSDP2 holds no pooled group from the last reshard of forward to
+the first all-gather of backward (the loss, the head and its backward run there: the usual peak of a step) and from
+the last reshard of backward to the next forward (the optimizer step); a pool that keeps its K slots allocated
+there costs K slots at that peak, which stock FSDP2 does not pay (issue 17). The pool learns these idle points from
+the schedule itself: a release that leaves no slot held, followed by an acquire of the other phase (forward vs
+backward, FSDP2's TrainingState of the groups), is a trim point; from then on, reaching it frees every unbound slot
+(tideSlotFree, after the releasing group's RS at the end of backward, so Slot-Reuse keeps its staging slot), and an
+acquire that finds no live free slot allocates one again (tideSlotAlloc) at its index (groups FSDP2 does not pool,
+e.g. the root, get such a pool of one slot of their own: SlotPool.solo). Slots are never freed while
+held, while torch still holds their segment (alloc binder: the slot's MemPool is dropped and torch's cache emptied
+first), and tideSlotFree synchronizes the device first (no queued AG, RS or copy still touches them). Both calls
+are collective: the decisions read only state that changes at AG, reshard and RS calls, the same on every rank as
+the acquire rule (below), so every rank frees and allocates the same indices in the same order. At world size 1
+nothing else maps a slot; at world > 1 each trim and regrow is an IPC exchange (handles opened and closed by every
+peer, barriers), correct under the same rank-consistency rule but milliseconds per slot per step, and a
+rank-local allocation failure there breaks the collective: opt-in only (docs/fsdp.md, "Trimming").
+
 GPU ordering: each slot keeps the events its next writer must wait for (the last AG into it, the
 release event recorded on the compute stream at reshard, the RS that used it as staging); a writer
 makes its stream wait for them (never the host) and then leaves its own completion event.
 """
 
 import ctypes
+import itertools
 import weakref
 from typing import List, Optional
 
@@ -337,9 +356,26 @@ def outside_torch_bytes() -> int:
     total = 0
     for p in list(_live_pools):
         for s in p.slots:
-            if not (p.binder is not None and p.binder.counts_in_torch and s.owner is not None):
+            if s.live and not (p.binder is not None and p.binder.counts_in_torch and s.owner is not None):
                 total += s.capacity
     return total
+
+
+def resident_bytes() -> int:
+    """Slot bytes of every live pool of the process allocated now (tideSlotAlloc'd, bound or not)."""
+    return sum(p.resident_bytes() for p in list(_live_pools))
+
+
+# Called as hook(resident_bytes()) after every tideSlotAlloc / tideSlotFree of a pool (enable(), trims, regrows,
+# disable()); benchmarks/fsdp_memory_probe.py puts a marker into torch's memory trace there.
+residency_hooks: List = []
+
+
+def _resident_changed() -> None:
+    if residency_hooks:
+        now = resident_bytes()
+        for h in list(residency_hooks):
+            h(now)
 
 
 def _tick() -> None:
@@ -364,6 +400,7 @@ class Slot:
         self.mempool = None  # alloc binder on CUDA: the slot's torch.cuda.MemPool
         self.segment_allocs = 0  # alloc binder: times torch asked the slot allocator for this slot's segment
         self.in_torch = False  # alloc binder: torch holds a segment of this slot (granted, not freed yet)
+        self.live = True  # False: trimmed (tideSlotFree'd); the index is vacant until a regrow puts a new Slot there
 
     def wait_on(self, stream) -> None:
         """`stream` waits for the slot's last readers and writers (GPU-side)."""
@@ -379,12 +416,26 @@ class Slot:
         return f"Slot({self.pool.name}#{self.index}, {self.nbytes}/{self.capacity} B, {who})"
 
 
+_serials = itertools.count()
+
+
 class SlotPool:
     """`count` slots of `nbytes` each on one executor's tideComm, shared by `groups` (a
     dedicated slot is a pool of one slot with one group, never bound: the group's storage is
-    the slot's own)."""
+    the slot's own). With `trim`, slots are freed at the learned idle points of the schedule and
+    allocated again on demand (module docstring, "Trimming"): `count` is then the most slots
+    the pool may hold, and the slots live now are those with Slot.live."""
 
-    def __init__(self, executor, nbytes: int, count: int, name: str, shared: bool, binder: Optional[_Binder] = None):
+    def __init__(
+        self,
+        executor,
+        nbytes: int,
+        count: int,
+        name: str,
+        shared: bool,
+        binder: Optional[_Binder] = None,
+        trim: bool = False,
+    ):
         if shared and binder is None:
             raise ValueError("a shared pool needs a binder")
         self.executor = executor
@@ -402,6 +453,18 @@ class SlotPool:
         self.staging = 0
         self.held = 0  # slots owned now
         self.peak_held = 0  # most slots owned at once
+        # trimming (shared pools only)
+        self.trim = bool(trim) and shared
+        self.trim_points = set()  # (id(group), phase) of releases that precede a phase switch with nothing held
+        self._idle = None  # (id(group), phase) of the last release that left nothing held, until the next acquire
+        self._trim_after_rs = None  # id(group): trim once this group's RS (same post_backward) has been issued
+        self.trims = 0  # trim points reached that freed at least one slot
+        self.trimmed = 0  # slots freed by trims
+        self.regrows = 0  # slots allocated again after a trim
+        self.trim_blocked = 0  # slots a trim left live because torch still held their segment
+        self.peak_resident = 0  # most slots live at once
+        self.solo = False  # a trimming one-slot pool of one group that FSDP2 does not pool (build_pools, trim)
+        self.serial = next(_serials)  # creation order: the same on every rank (enable() builds pools in group order)
         try:
             for i in range(count):  # collective, in this order on every rank
                 self.slots.append(Slot(self, i, executor.alloc_slot(self.capacity), self.nbytes))
@@ -412,48 +475,144 @@ class SlotPool:
         except Exception:
             self.free()
             raise
+        self.peak_resident = len(self.slots)
         _live_pools.add(self)
+        _resident_changed()
+
+    def resident(self) -> int:
+        """Slots allocated now (bound or not)."""
+        return sum(1 for s in self.slots if s.live)
+
+    def resident_bytes(self) -> int:
+        return self.resident() * self.capacity
 
     # -- ownership -----------------------------------------------------------------------------
-    def acquire(self, group) -> Optional[Slot]:
-        """The first free slot from the cursor on (round-robin), or None (all owned, or the
-        binder failed: BindError is counted and warned by the caller). A dedicated slot is the
-        group's storage itself (nothing to bind) and always the group's."""
+    def acquire(self, group, phase: Optional[str] = None) -> Optional[Slot]:
+        """The first free live slot from the cursor on (round-robin); with trim, else a vacant
+        index gets a new slot (tideSlotAlloc, collective); None if every slot is owned. A failed
+        bind or regrow raises BindError (counted here, warned by the caller). A dedicated slot is
+        the group's storage itself (nothing to bind) and always the group's. `phase`: 'F' or 'B'
+        (forward / backward, the group's FSDP2 TrainingState), for the trim points."""
         if not self.shared:
             slot = self.slots[0]
             slot.owner = group
             self.hits += 1
             self.used.add(0)
             return slot
+        self._learn(phase)
         n = len(self.slots)
+        slot = None
         for k in range(n):
-            slot = self.slots[(self.cursor + k) % n]
-            if slot.owner is None:
-                self.cursor = (slot.index + 1) % n
-                _tick()
-                try:
-                    self.binder.bind(group.store, slot)  # the slot's memory goes under the group's storage
-                except BindError:
-                    self.bind_failures += 1
-                    raise
-                slot.owner = group
-                self.hits += 1
-                self.used.add(slot.index)
-                self.held += 1
-                self.peak_held = max(self.peak_held, self.held)
-                return slot
-        self.fallbacks += 1
-        return None
+            s = self.slots[(self.cursor + k) % n]
+            if s.live and s.owner is None:
+                slot = s
+                break
+        if slot is None and self.trim:
+            vacant = next((s.index for s in self.slots if not s.live), None)
+            if vacant is not None:
+                slot = self._regrow(vacant)
+        if slot is None:
+            self.fallbacks += 1
+            return None
+        self.cursor = (slot.index + 1) % n
+        _tick()
+        try:
+            self.binder.bind(group.store, slot)  # the slot's memory goes under the group's storage
+        except BindError:
+            self.bind_failures += 1
+            raise
+        slot.owner = group
+        self.hits += 1
+        self.used.add(slot.index)
+        self.held += 1
+        self.peak_held = max(self.peak_held, self.held)
+        return slot
 
-    def release(self, slot: Slot, event) -> None:
+    def release(self, slot: Slot, event, phase: Optional[str] = None) -> None:
         """The owner resharded: its parameters' last readers end at `event` (compute stream)."""
+        owner = slot.owner
         if self.shared:
             _tick()
-            self.binder.unbind(slot.owner.store, slot)  # the group's storage is empty again
+            self.binder.unbind(owner.store, slot)  # the group's storage is empty again
             self.held -= 1
         slot.owner = None
         if event is not None:
             slot.events.append(event)
+        if self.trim and self.held == 0 and phase is not None and owner is not None:
+            self._idle = (id(owner), phase)
+            if self._idle in self.trim_points:
+                if phase == "B":  # post_backward: the group's RS follows and may stage in the vacated slot
+                    self._trim_after_rs = id(owner)
+                else:
+                    self.trim_idle()
+
+    def after_reduce(self, group) -> None:
+        """The group's post-backward RS was issued (TIDE's or stock's): a trim waiting for it runs now."""
+        if self._trim_after_rs is not None and self._trim_after_rs == id(group):
+            self._trim_after_rs = None
+            if self.held == 0:
+                self.trim_idle()
+
+    def _learn(self, phase: Optional[str]) -> None:
+        """At an acquire: the idle point left by the last release (if nothing was held since) is a trim point
+        when this acquire belongs to the other phase, and stops being one when it does not (schedule changed)."""
+        idle, self._idle = self._idle, None
+        self._trim_after_rs = None  # the idle gap is over: nothing left to give back
+        if idle is None or phase is None or self.held != 0:
+            return
+        if idle[1] != phase:
+            self.trim_points.add(idle)
+        else:
+            self.trim_points.discard(idle)
+
+    def trim_idle(self) -> int:
+        """Frees every live slot no group holds (collective, index order); returns how many."""
+        victims = [s for s in self.slots if s.live and s.owner is None]
+        if not victims:
+            return 0
+        _tick()
+        for s in victims:
+            self.binder.close(s)
+        self.binder.closed()  # alloc binder: torch releases the slots' segments (their MemPools are gone)
+        freed = 0
+        for s in victims:
+            if s.in_torch:  # torch still holds the segment: freeing it would leave torch a dangling block
+                self.trim_blocked += 1
+                self.binder.prepare(s)
+                continue
+            self.executor.free_slot(s.base)
+            s.live, s.base, s.events, s.mempool = False, None, [], None
+            freed += 1
+        if freed:
+            self.trims += 1
+            self.trimmed += freed
+            _resident_changed()
+        return freed
+
+    def _regrow(self, index: int) -> Slot:
+        """A new slot at a vacant index (tideSlotAlloc, collective; inside forward/backward: the
+        decision is rank-consistent, see the module docstring). Raises BindError if refused."""
+        _tick()
+        try:
+            base = self.executor.alloc_slot(self.capacity)
+        except Exception as first:
+            dev = getattr(self.executor, "device", None)
+            if dev is None or torch.device(dev).type != "cuda":
+                self.bind_failures += 1
+                raise BindError(f"tideSlotAlloc of {self.capacity} B refused: {first}") from first
+            torch.cuda.empty_cache()  # torch's cache may hold the memory the trim gave back
+            try:
+                base = self.executor.alloc_slot(self.capacity)
+            except Exception as e:
+                self.bind_failures += 1
+                raise BindError(f"tideSlotAlloc of {self.capacity} B refused: {e}") from e
+        slot = Slot(self, index, base, self.nbytes)
+        self.binder.prepare(slot)
+        self.slots[index] = slot
+        self.regrows += 1
+        self.peak_resident = max(self.peak_resident, self.resident())
+        _resident_changed()
+        return slot
 
     def staging_slot(self, group, need: int) -> Optional[Slot]:
         """A free slot of at least `need` bytes for RS staging: the group's last slot if free,
@@ -461,31 +620,36 @@ class SlotPool:
         if need > self.capacity:
             return None
         last = group.last_slot
-        if last is not None and last.pool is self and last.owner is None:
+        if last is not None and last.pool is self and last.live and last.owner is None:
             return last
-        return next((s for s in self.slots if s.owner is None), None)
+        return next((s for s in self.slots if s.live and s.owner is None), None)
 
     # -- life ----------------------------------------------------------------------------------
     def free(self) -> None:
-        """tideSlotFree for every slot (collective, in index order). Owners give their memory
+        """tideSlotFree for every live slot (collective, in index order). Owners give their memory
         back first (disable() runs between steps, so normally every slot is free already)."""
-        for slot in self.slots:
+        live = [s for s in self.slots if s.live]
+        for slot in live:
             if slot.owner is not None:
                 slot.owner.held = None
                 self.release(slot, None)
             if self.binder is not None:
                 self.binder.close(slot)
-        if self.binder is not None and self.slots:
+        if self.binder is not None and live:
             self.binder.closed()
-        for slot in self.slots:
+        for slot in live:
             self.executor.free_slot(slot.base)
+            slot.live = False
         self.slots = []
         _live_pools.discard(self)
+        if live:
+            _resident_changed()
 
     def stats(self) -> dict:
         return {
             "name": self.name,
             "shared": self.shared,
+            "solo": self.solo,
             "binder": self.binder.name if self.binder else None,
             "slots": len(self.slots),
             "slot_bytes": self.nbytes,
@@ -497,8 +661,16 @@ class SlotPool:
             "rs_staging": self.staging,
             "held": self.held,
             "peak_held": self.peak_held if self.shared else len(self.slots),
+            "resident": self.resident(),
+            "peak_resident": self.peak_resident,
+            "trim": self.trim,
+            "trim_points": len(self.trim_points),
+            "trims": self.trims,
+            "trimmed": self.trimmed,
+            "regrows": self.regrows,
+            "trim_blocked": self.trim_blocked,
             # alloc binder: segments torch asked the slot allocator for (one per slot at enable(): the
-            # slot's MemPool keeps it cached; more means torch released and re-created a segment)
+            # slot's MemPool keeps it cached; more means torch released and re-created a segment, or regrows)
             "segment_allocs": sum(s.segment_allocs for s in self.slots) if self.binder else None,
             "refused": [r for r in getattr(getattr(self.binder, "allocator", None), "refused", [])][-4:],
         }
@@ -527,7 +699,23 @@ def reshards_after_forward(pg, state, top_level: bool) -> bool:
     return True
 
 
-def build_pools(groups, slot_pool: Optional[int]) -> tuple:
+def _own_pool(g, binder) -> Optional["SlotPool"]:
+    """A trimming one-slot pool of the group's own size (None: no binder works here, or it could not be built:
+    the caller gives the group a dedicated slot)."""
+    if binder is None:
+        binder, _why = make_binder(g.pg.device)
+        if binder is None:
+            return None
+    try:
+        pool = SlotPool(g.executor, g.layout.slot_bytes, 1, f"own[{g.label}]", shared=True, binder=binder, trim=True)
+    except Exception as e:
+        warn_once(f"nccl_tide.fsdp: {g.label}: trimming slot not built ({type(e).__name__}: {e}): a dedicated slot")
+        return None
+    pool.solo = True
+    return pool
+
+
+def build_pools(groups, slot_pool: Optional[int], trim: bool = False, own: bool = False) -> tuple:
     """Assigns every native GroupState a SlotPool (allocating, collectively, in this order: per
     tideComm in group order, first the shared pool's slots, then each dedicated slot in group
     order). Returns (pools, failures) where failures maps a group to why its slot was refused.
@@ -536,7 +724,12 @@ def build_pools(groups, slot_pool: Optional[int]) -> tuple:
     when the pool is on (slot_pool > 0), a binder works on this torch (make_binder), and they
     outnumber the pool (else a dedicated slot each costs no more). Everything else gets a
     dedicated slot; a pool that cannot be built (binder check failed, slots refused) warns once
-    and its groups get dedicated slots.
+    and its groups get dedicated slots. With `trim` (SlotPool(trim=True)) the pool gives its slots
+    back at the idle points of the schedule, so it is built even for K or fewer groups (K is then
+    capped at their number) and whatever the segment rounding: a dedicated slot never goes back. With
+    `own` (and `trim`), the other groups (not pinned) get a trimming one-slot pool each instead of a dedicated
+    slot (SlotPool.solo): it goes back between backward and the next forward, but costs the binder's segment
+    rounding while the group is held (docs/fsdp.md, "Trimming").
     """
     pools: List[SlotPool] = []
     failures = {}
@@ -555,7 +748,7 @@ def build_pools(groups, slot_pool: Optional[int]) -> tuple:
                     "a dedicated slot each, not pooled"
                 )
             pooled = [g for g in members if g.reshards_after_forward and g not in pins]
-            if len(pooled) <= k:
+            if len(pooled) <= k and not trim:
                 pooled = []
         binder = None
         if pooled:
@@ -566,7 +759,7 @@ def build_pools(groups, slot_pool: Optional[int]) -> tuple:
         if pooled:
             nbytes = max(g.layout.slot_bytes for g in pooled)
             cap = binder.capacity(nbytes)
-            if k * cap >= sum(g.layout.slot_bytes for g in pooled) and not POOL_SMALL_GROUPS:
+            if k * cap >= sum(g.layout.slot_bytes for g in pooled) and not POOL_SMALL_GROUPS and not trim:
                 # small groups: the allocator's segment rounding makes K slots cost more than a slot each
                 warn_once(
                     f"nccl_tide.fsdp: slot_pool={k}: {k} slots of {cap} B ({binder.name} binder: the allocator's "
@@ -575,7 +768,11 @@ def build_pools(groups, slot_pool: Optional[int]) -> tuple:
                 pooled = []
         if pooled:
             try:
-                pool = SlotPool(pooled[0].executor, nbytes, k, f"pool[{pooled[0].label}..]", shared=True, binder=binder)
+                count = min(k, len(pooled)) if trim else k
+                pool = SlotPool(
+                    pooled[0].executor, nbytes, count, f"pool[{pooled[0].label}..]", shared=True, binder=binder,
+                    trim=trim,
+                )
             except Exception as e:
                 warn_once(
                     f"nccl_tide.fsdp: slot pool of {k} x {nbytes} B ({binder.name} binder) not built "
@@ -589,6 +786,16 @@ def build_pools(groups, slot_pool: Optional[int]) -> tuple:
         for g in members:
             if g in failures or g.pool is not None:
                 continue
+            if trim and own and not pinned(g.pg):
+                # the groups FSDP2 keeps unsharded from forward to backward (the root, reshard_after_forward=False
+                # blocks) are idle between backward and the next forward (the optimizer step), where stock FSDP2 has
+                # resharded them: a trimming pool of their own (one slot of their size) gives the slot back there
+                own = _own_pool(g, binder)
+                if own is not None:
+                    binder = own.binder
+                    pools.append(own)
+                    g.pool = own
+                    continue
             try:
                 pools.append(SlotPool(g.executor, g.layout.slot_bytes, 1, g.label, shared=False))
             except Exception as e:

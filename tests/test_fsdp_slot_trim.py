@@ -1,0 +1,406 @@
+"""Slot-pool trimming and the slots of dropped models (issue 17: FSDP2 peak memory at or below stock).
+
+The device peak of a step (H200, world size 1, 4 Llama layers, slot_pool=2) fell in backward before the
+first block's all-gather: stock FSDP2 holds no block there, TIDE held its two pool slots, unbound. A
+trimming pool (SlotPool(trim=True), enable(slot_trim=...)) frees its unbound slots at the idle points it
+learns from FSDP2's schedule (the last reshard before a forward/backward switch) and allocates them again
+at the next all-gather that needs one. Checked here on CPU/gloo through the simulated tideComm
+(nccl_tide.bench.sim_comm: every slot poisoned with NaN before an AG writes it, RS staging poisoned):
+
+* host-only: the pool's learning and accounting on a scripted schedule (no FSDP2, no processes);
+* world sizes 1 (trim by default: the root, not resharded after forward, keeps its dedicated slot) and 2
+  (slot_trim="all": the root gets a trimming slot of its own), 5 blocks that reshard after forward, K = 2:
+  at the end of every forward after the first (a forward hook on the final norm, where the
+  loss/head/backward-start peak lies) the comm holds only the root's slot, and before every optimizer
+  step after the first only the root's dedicated slot (world 1) or no slot at all (world 2, "all": stock
+  FSDP2 has resharded the root there too); without trimming the K slots and the root's stay; the pool
+  never holds more slots than groups are held at once (its peak_held), exactly 2 * (steps - 1) trims
+  and 3 * (steps - 1) - 1 regrows (the root's: steps - 1 and steps - 2);
+  Slot-Reuse on every RS (the end-of-backward trim waits for the last RS); no slot freed while a
+  group's storage holds it; losses, sharded gradients and parameters bit-identical to stock and to
+  the same pool without trimming;
+* a native-enabled model dropped without disable(): its slots are freed (world 1: when it is
+  collected; world 2: at the next free_dropped()/enable()/disable(), collective), its GroupStates
+  leave NATIVE_SLOTS, and the patches are removed.
+
+Run by hand: python tests/test_fsdp_slot_trim.py worker <rank> <world> <port>
+"""
+
+import gc
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fsdp_llama import batch, build_model, init_worker, launch  # noqa: E402
+from test_fsdp_training import _bitexact, _compare  # noqa: E402
+
+pytest.importorskip("torch")
+
+SCRIPT = Path(__file__).resolve()
+STEPS = 5
+BLOCKS = 5
+K = 2
+
+
+# ------------------------------------------------------------------------------------------
+# host-only: the pool on a scripted schedule
+# ------------------------------------------------------------------------------------------
+class _Exec:
+    def __init__(self):
+        import torch
+
+        self.torch = torch
+        self.live = {}
+        self.log = []
+
+    def alloc_slot(self, n):
+        t = self.torch.randint(0, 255, (n,), dtype=self.torch.uint8)
+        self.live[t.data_ptr()] = n
+        self.log.append(("alloc", t.data_ptr()))
+        return t
+
+    def free_slot(self, t):
+        assert self.live.pop(t.data_ptr(), None) is not None, "freed twice or never allocated"
+        self.log.append(("free", t.data_ptr()))
+
+
+class _Group:
+    def __init__(self, name):
+        self.label = name
+        self.store = None
+
+
+def _scripted(trim, steps, eval_steps=0):
+    """Forward A, B (one held at a time), backward B + prefetch A (two held), RS after each release;
+    then `eval_steps` forward-only steps. Returns the pool and its residency after every event."""
+    from nccl_tide.fsdp._slot_pool import SlotPool, _Binder
+
+    class _NoBind(_Binder):
+        name = "test"
+
+        def bind(self, store, slot):
+            assert slot.live, "bound a trimmed slot"
+            store["ptr"] = slot.ptr
+
+        def unbind(self, store, slot):
+            store["ptr"] = None
+
+        def check(self, slot):
+            pass
+
+    ex = _Exec()
+    pool = SlotPool(ex, 1000, 2, "t", shared=True, binder=_NoBind(), trim=trim)
+    a, b = _Group("a"), _Group("b")
+    a.store, b.store = {}, {}
+    trace = []
+    held = {}
+
+    def acq(g, ph):
+        held[g.label] = pool.acquire(g, ph)
+        assert held[g.label] is not None
+        trace.append((f"acq {g.label}{ph}", pool.resident(), pool.held))
+
+    def rel(g, ph, rs=True):
+        pool.release(held.pop(g.label), None, ph)
+        if rs:
+            pool.after_reduce(g)
+        trace.append((f"rel {g.label}{ph}", pool.resident(), pool.held))
+
+    for _ in range(steps):
+        for g in (a, b):
+            acq(g, "F")
+            rel(g, "F", rs=False)
+        acq(b, "B")
+        acq(a, "B")
+        rel(b, "B")
+        rel(a, "B")
+    for _ in range(eval_steps):
+        for g in (a, b):
+            acq(g, "F")
+            rel(g, "F", rs=False)
+    return pool, ex, trace, (a, b)
+
+
+def test_trim_learning_scripted():
+    pool, ex, trace, (a, b) = _scripted(True, 4)
+    assert pool.trim_points == {(id(b), "F"), (id(a), "B")}, pool.trim_points  # the last release of each phase
+    st = pool.stats()
+    assert st["trim_points"] == 2 and st["peak_held"] == 2 and st["peak_resident"] == 2, st
+    # step 0 learns (F->B at its first backward acquire, B->F at step 1's first forward acquire); from then on
+    # the last forward release and the last backward release (after its RS) leave nothing resident
+    ends = [r for (ev, r, h) in trace if ev == "rel bF"]
+    bends = [r for (ev, r, h) in trace if ev == "rel aB"]
+    assert ends == [2, 0, 0, 0] and bends == [2, 0, 0, 0], (ends, bends)
+    assert st["trims"] == 6 and st["regrows"] == 2 + 3 + 3, st
+    # never more resident than held at once plus the free slot a forward keeps between its blocks
+    for ev, r, h in trace[8:]:
+        assert r <= 2 and r >= h, (ev, r, h)
+    assert len(ex.live) == 0  # the last trim freed everything
+    pool.free()
+    assert not ex.live
+
+
+def test_trim_unlearns_when_the_schedule_changes():
+    pool, ex, trace, (a, b) = _scripted(True, 3, eval_steps=3)
+    st = pool.stats()
+    # forward-only steps after training: the end-of-forward point trims once more (the first eval forward),
+    # then the next acquire is a forward again, so it is no trim point any more; the end of backward still is
+    assert pool.trim_points == {(id(a), "B")}, pool.trim_points
+    evals = [r for (ev, r, h) in trace[len(trace) - 12:] if ev == "rel bF"]
+    assert evals[-1] == 1, trace[-12:]  # no more trims once unlearned: the forward's slot stays
+    pool.free()
+    assert not ex.live
+
+
+def test_slot_trim_argument():
+    import torch.nn as nn
+
+    import nccl_tide.fsdp as tfsdp
+    from nccl_tide.errors import InvalidArgumentError
+
+    for bad in ("yes", 1, "ALL"):
+        with pytest.raises(InvalidArgumentError, match="slot_trim"):
+            tfsdp.enable(nn.Linear(2, 2), slot_trim=bad)
+
+
+def test_no_trim_keeps_slots():
+    pool, ex, trace, _ = _scripted(False, 3)
+    assert all(r == 2 for _, r, _h in trace), trace
+    st = pool.stats()
+    assert st["trims"] == 0 and st["regrows"] == 0 and st["trim_points"] == 0, st
+    pool.free()
+    assert not ex.live
+
+
+# ------------------------------------------------------------------------------------------
+# FSDP2 worker
+# ------------------------------------------------------------------------------------------
+def _shard(model):
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model.layers:
+        fully_shard(layer, mp_policy=mp, reshard_after_forward=True)
+    fully_shard(model, mp_policy=mp)
+    return model
+
+
+def _train(model, rank, steps, comm=None, probes=None):
+    import torch
+    import torch.nn.functional as F
+
+    from fsdp_llama import VOCAB
+
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-2, weight_decay=0.01)
+    out = {"losses": [], "grads": []}
+    hook = None
+    if comm is not None:
+        hook = model.norm.register_forward_hook(lambda *_: probes["fwd_end"].append(comm.live_bytes))
+    for step in range(steps):
+        x, y = batch(step, rank)
+        loss = F.cross_entropy(model(x).float().reshape(-1, VOCAB), y.reshape(-1))
+        loss.backward()
+        if comm is not None:
+            probes["bwd_end"].append(comm.live_bytes)
+        out["losses"].append(loss.item())
+        out["grads"].append([p.grad.to_local().detach().clone() for p in model.parameters()])
+        opt.step()
+        opt.zero_grad()
+    if hook is not None:
+        hook.remove()
+    out["params"] = [p.to_local().detach().clone() for p in model.parameters()]
+    return out
+
+
+def _native(comms, rank, trim):
+    import nccl_tide.fsdp as tfsdp
+    from nccl_tide.fsdp import _slot_pool
+
+    model = _shard(build_model(0, layers=BLOCKS))
+    h = tfsdp.enable(model, executor="native", slot_pool=K, slot_trim=trim)
+    (comm,) = comms.values()
+    bad = []
+    orig_free = comm.free_slot
+
+    def checked_free(slot):  # never free a slot a group's storage still holds
+        for g in h.groups:
+            if g.store is not None and g.store.size() and g.store.data_ptr() == slot.data_ptr():
+                bad.append(g.label)
+        return orig_free(slot)
+
+    comm.free_slot = checked_free
+    resident = []
+    _slot_pool.residency_hooks.append(resident.append)
+    probes = {"fwd_end": [], "bwd_end": []}
+    try:
+        out = _train(model, rank, STEPS, comm, probes)
+    finally:
+        _slot_pool.residency_hooks.remove(resident.append)
+    out["stats"] = h.stats()
+    dedicated = sum(p.capacity for p in h.pools if p.solo or not p.shared)  # the root's slot, own or dedicated
+    tfsdp.disable(model)
+    comm.free_slot = orig_free
+    out["sim"] = {
+        "probes": probes,
+        "dedicated_bytes": dedicated,
+        "resident_timeline": resident,
+        "freed_held": bad,
+        "live_after_disable": comm.live_slots,
+        "freed_empty": comm.freed_empty,
+        "staging_used": comm.staging_used,
+    }
+    return out
+
+
+def _dropped(comms, rank, world):
+    """A native-enabled model trained 2 steps and dropped without disable()."""
+    import weakref
+
+    import nccl_tide.fsdp as tfsdp
+    from nccl_tide.fsdp import _group, _patch
+
+    (comm,) = comms.values()
+    before = comm.live_slots
+    model = _shard(build_model(1, layers=BLOCKS))
+    h = tfsdp.enable(model, executor="native", slot_pool=K, slot_trim=False)  # slots stay allocated until dropped
+    n_states = len(h.groups)
+    _train(model, rank, 2)
+    live_enabled = comm.live_slots - before
+    in_native = sum(1 for g in h.groups if g.store is not None and _group.NATIVE_SLOTS.get(g.store._cdata) is g)
+    ref = weakref.ref(model)
+    state_refs = [weakref.ref(g) for g in h.groups]
+    del model, h
+    gc.collect()
+    live_after_gc = comm.live_slots - before  # the finalizer ran in this collection
+    for _ in range(2):  # GroupState <-> its comms: cyclic garbage once the handle went in the first collection
+        gc.collect()
+    res = {
+        "n_states": n_states,
+        "live_enabled": live_enabled,
+        "in_native_slots": in_native,
+        "model_alive": ref() is not None,
+        "states_alive": sum(r() is not None for r in state_refs),
+        "native_slots_left": len(_group.NATIVE_SLOTS),
+        "live_after_gc": live_after_gc,
+        "patched_after_gc": _patch.installed(),
+    }
+    res["freed_by_free_dropped"] = tfsdp.free_dropped()
+    res["live_after_free_dropped"] = comm.live_slots - before
+    return res
+
+
+def worker(rank, world, port):
+    init_worker(rank, world, port)
+    from nccl_tide.bench.sim_comm import use_sim_native
+
+    comms = use_sim_native()
+    res = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        stock = _train(_shard(build_model(0, layers=BLOCKS)), rank, STEPS)
+        trimmed = _native(comms, rank, None if world == 1 else "all")
+        kept = _native(comms, rank, False)
+        res["dropped"] = _dropped(comms, rank, world)
+    res["vs_stock"] = _compare(stock, trimmed)
+    res["vs_kept"] = _compare(kept, trimmed)
+    res["trimmed"] = {"stats": trimmed["stats"], "sim": trimmed["sim"]}
+    res["kept"] = {"stats": kept["stats"], "sim": kept["sim"]}
+    res["warnings"] = [str(w.message) for w in caught if w.category.__name__ == "TideFSDPWarning"]
+    print(json.dumps(res))
+
+
+# ------------------------------------------------------------------------------------------
+# pytest side
+# ------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def w1():
+    return launch(SCRIPT, 1, [], timeout=240)
+
+
+@pytest.fixture(scope="module")
+def w2():
+    return launch(SCRIPT, 2, [], timeout=240)
+
+
+def _pool_stats(st):
+    (p,) = [p for p in st["slot_pools"] if p["shared"] and not p["solo"]]
+    return p
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world", [1, 2])
+def test_trim_frees_idle_slots(world, request):
+    for rank, res in enumerate(request.getfixturevalue(f"w{world}")):
+        st, sim = res["trimmed"]["stats"], res["trimmed"]["sim"]
+        pool, top = _pool_stats(st), st["slot_pool"]
+        kst = res["kept"]["stats"]
+        assert top["trim"] is True and kst["slot_pool"]["trim"] is False, (top, kst["slot_pool"])
+        solo = world == 2  # slot_trim="all": the root in a trimming slot of its own; world 1: dedicated
+        assert top["pooled_groups"] == BLOCKS and top["own_slots"] == int(solo), top
+        assert top["dedicated_slots"] == int(not solo), top
+        assert kst["slot_pool"]["dedicated_slots"] == 1 and kst["slot_pool"]["own_slots"] == 0, kst["slot_pool"]
+        cap, ded = pool["slot_capacity"], sim["dedicated_bytes"]
+        owns = [p for p in st["slot_pools"] if p["solo"]]
+        assert len(owns) == int(solo), owns
+        # the learned idle points: end of forward (before the head/loss/backward start) holds only the root's slot
+        # (FSDP2 keeps the root unsharded into backward), end of backward (before the optimizer step) nothing
+        fwd, bwd = sim["probes"]["fwd_end"], sim["probes"]["bwd_end"]
+        assert len(fwd) == len(bwd) == STEPS, sim["probes"]
+        assert fwd[0] == bwd[0] == ded + K * cap, (fwd, bwd, ded, cap)  # step 0 learns
+        assert fwd[1:] == [ded] * (STEPS - 1) and bwd[1:] == [0 if solo else ded] * (STEPS - 1), (fwd, bwd, ded)
+        for own in owns:
+            assert own["slots"] == 1 and own["trim"] and own["slot_capacity"] == ded, own
+            assert own["trims"] == STEPS - 1 and own["regrows"] == STEPS - 2 and own["trim_points"] == 1, own
+        # without trimming the K slots stay resident at both points
+        kf, kb = res["kept"]["sim"]["probes"]["fwd_end"], res["kept"]["sim"]["probes"]["bwd_end"]
+        assert set(kf) == set(kb) == {res["kept"]["sim"]["dedicated_bytes"] + K * cap}, (kf, kb)
+        # accounting: never more pool slots resident than held at once (peak_held = K here), trims and
+        # regrows exactly where the schedule has its idle points
+        assert pool["peak_held"] == K and pool["peak_resident"] == K, pool
+        assert all(0 <= r <= ded + pool["peak_held"] * cap for r in sim["resident_timeline"]), sim
+        assert min(sim["resident_timeline"]) == (0 if solo else ded), sim
+        assert max(sim["resident_timeline"]) == ded + K * cap, sim
+        assert pool["trims"] == 2 * (STEPS - 1) and pool["regrows"] == 3 * (STEPS - 1) - 1, pool
+        assert pool["trim_points"] == 2 and pool["trim_blocked"] == 0, pool
+        assert top["peak_resident_slot_bytes"] == ded + K * cap, top
+        assert sim["freed_held"] == [] and sim["freed_empty"] == 0 and sim["live_after_disable"] == 0, sim
+        # no fallback, Slot-Reuse on every RS of every pooled group (the end-of-backward trim waits for the RS)
+        assert pool["fallbacks"] == 0 and pool["bind_failures"] == 0 and st["total"]["fallbacks"] == 0, pool
+        for g in st["tide_groups"]:
+            assert g["ag_pool_fallbacks"] == 0 and g["rs_calls"] == STEPS, g
+            if g["group"] == "<root>":  # its own slot ("all"): staging there when the RS plan fits the root's slot
+                assert g["pool"] == ("own" if solo else "dedicated"), g
+                if solo:
+                    assert g["rs_staging_in_slot"] == (STEPS if g["slot_reuse_fits"] else 0), g
+            else:
+                assert g["rs_staging_in_slot"] == STEPS, g
+        # numbers: bit-identical to the same pool without trimming and to stock (1 and 2 ranks)
+        assert res["vs_kept"]["losses_stock"] == res["vs_kept"]["losses_tide"], res["vs_kept"]
+        assert res["vs_kept"]["grads_bitequal"] and res["vs_kept"]["params_bitequal"], res["vs_kept"]
+        _bitexact(res["vs_stock"])
+        assert not [w for w in res["warnings"] if "no free slot" in w], res["warnings"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world", [1, 2])
+def test_dropped_model_slots_released(world, request):
+    for rank, res in enumerate(request.getfixturevalue(f"w{world}")):
+        d = res["dropped"]
+        assert d["n_states"] == BLOCKS + 1 and d["in_native_slots"] == BLOCKS + 1, d
+        assert d["live_enabled"] == K + 1, d  # slot_trim=False: the pool and the root's dedicated slot
+        assert not d["model_alive"] and d["states_alive"] == 0 and d["native_slots_left"] == 0, d
+        assert d["patched_after_gc"] is False, d
+        if world == 1:  # nobody maps the slots: freed when the model is collected
+            assert d["live_after_gc"] == 0 and d["freed_by_free_dropped"] == 0, d
+        else:  # collective: held until the next free_dropped() (or enable()/disable()) on every rank
+            assert d["live_after_gc"] == d["live_enabled"] and d["freed_by_free_dropped"] >= 1, d
+        assert d["live_after_free_dropped"] == 0, d
+
+
+if __name__ == "__main__" and len(sys.argv) >= 5 and sys.argv[1] == "worker":
+    worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
