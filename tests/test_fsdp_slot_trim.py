@@ -8,7 +8,7 @@ at the next all-gather that needs one. Checked here on CPU/gloo through the simu
 (nccl_tide.bench.sim_comm: every slot poisoned with NaN before an AG writes it, RS staging poisoned):
 
 * host-only: the pool's learning and accounting on a scripted schedule (no FSDP2, no processes);
-* world sizes 1 (trim by default: the root, not resharded after forward, keeps its dedicated slot) and 2
+* world sizes 1 (slot_trim=None, i.e. on: the root, not resharded after forward, keeps its dedicated slot) and 2
   (slot_trim="all": the root gets a trimming slot of its own), 5 blocks that reshard after forward, K = 2:
   at the end of every forward after the first (a forward hook on the final norm, where the
   loss/head/backward-start peak lies) the comm holds only the root's slot, and before every optimizer

@@ -312,10 +312,10 @@ def test_native_executor_glue_simulated(world, case, request):
             elif g["slot_reuse_fits"]:
                 assert g["rs_staging_in_slot"] == STEPS, g
         assert res["sim"]["staging_used"] == sum(g["rs_staging_in_slot"] for g in st["tide_groups"]), res
-        # world size 1 trims by default (enable(slot_trim=None)): all 3 groups reshard after forward and share the
-        # pool, which gives every slot back after the last backward; elsewhere 3 groups <= K = 3: a slot each
+        # No trimming by default (enable(slot_trim=False); tests/test_fsdp_slot_trim.py trims): 3 groups <= K = 3,
+        # a slot each, all allocated while enabled
         trim = st["slot_pool"]["trim"]
-        assert trim == (world == 1) and st["slot_pool"]["pooled_groups"] == (3 if trim else 0), st["slot_pool"]
+        assert trim is False and st["slot_pool"]["pooled_groups"] == 0, st["slot_pool"]
         assert res["sim"]["live_slots_enabled"] == (0 if trim else 3), res["sim"]
         assert res["sim"]["live_slots_after_disable"] == 0, res
         assert res["sim"]["finite_after_disable"], res

@@ -19,7 +19,7 @@ fp32 reduce, AdamW, STEPS steps. Runs, each from the same seed:
             find both held and falls back to stock FSDP2 for that AG; the tiny model's groups are
             far below one allocator segment, so the test turns off build_pools' size rule;
             (slot_trim=False: the slots stay allocated, as before trimming);
-  pooltrim  the same pool with slot_trim=True (the default at world size 1): the slots are freed at the
+  pooltrim  the same pool with slot_trim=True (what slot_trim=None picks at world size 1): the slots are freed at the
             learned idle points (end of forward, end of backward) and allocated again at the next AG
             (tideSlotFree / tideSlotAlloc inside the step, the slot's MemPool dropped and torch's cache
             emptied first): no bind failure, no trim blocked by a segment torch still holds, same

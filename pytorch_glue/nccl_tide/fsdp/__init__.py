@@ -183,7 +183,7 @@ def enable(
     ranks_per_node: Optional[int] = None,
     slot_pool: Optional[int] = 3,
     module_filter: Optional[Callable[[str, nn.Module], bool]] = None,
-    slot_trim=None,
+    slot_trim=False,
 ) -> TideFSDPHandle:
     """Route the FSDP2 collectives of `model` (after fully_shard) through TIDE.
 
@@ -209,9 +209,9 @@ def enable(
       slots are not resident at that peak (stock FSDP2 holds no block there either). Every
       reshard-after-forward group is then pooled. "all": also every other group (the root, blocks
       with reshard_after_forward=False) gets a trimming slot of its own, freed after backward (it then
-      costs the allocator's segment rounding, up to 2 MiB per large group, while held). None
-      (default): on where every native group's shard world size is 1 (no peer maps a slot), off
-      otherwise; True at world size > 1 makes
+      costs the allocator's segment rounding, up to 2 MiB per large group, while held). False
+      (default until trimming has run on a GPU): the slots stay allocated. None: on where every
+      native group's shard world size is 1 (no peer maps a slot), off otherwise; True at world size > 1 makes
       every trim and regrow a collective IPC exchange inside the step (docs/fsdp.md, "Trimming").
     module_filter: None (every FSDP module), or a callable (qualified_name, module) -> bool called
       once for every FSDP module of `model` (those fully_shard was applied to, "" for `model`
