@@ -19,8 +19,8 @@ at the next all-gather that needs one. Checked here on CPU/gloo through the simu
   Slot-Reuse on every RS (the end-of-backward trim waits for the last RS); no slot freed while a
   group's storage holds it; losses, sharded gradients and parameters bit-identical to stock and to
   the same pool without trimming;
-* a native-enabled model dropped without disable(): its slots are freed (world 1: when it is
-  collected; world 2: at the next free_dropped()/enable()/disable(), collective), its GroupStates
+* a native-enabled model dropped without disable(): its slots are freed at the next
+  free_dropped()/enable()/disable() (never inside garbage collection; collective at world 2), its GroupStates
   leave NATIVE_SLOTS, and the patches are removed.
 
 Run by hand: python tests/test_fsdp_slot_trim.py worker <rank> <world> <port>
@@ -291,6 +291,34 @@ def _dropped(comms, rank, world):
     }
     res["freed_by_free_dropped"] = tfsdp.free_dropped()
     res["live_after_free_dropped"] = comm.live_slots - before
+    res["patched_after_free_dropped"] = _patch.installed()
+    return res
+
+
+def _dropped_root_kept_block(comms, rank):
+    """The model collected while one of its pooled groups' GroupState is still alive (held here directly; a
+    submodule kept on its own keeps the root alive through FSDP2's state, so the finalizer does not even run
+    then): free_dropped() must not free slots a live group still uses, and frees them once it goes too."""
+    import nccl_tide.fsdp as tfsdp
+
+    (comm,) = comms.values()
+    before = comm.live_slots
+    model = _shard(build_model(2, layers=BLOCKS))
+    h = tfsdp.enable(model, executor="native", slot_pool=K, slot_trim=False)
+    _train(model, rank, 1)
+    enabled = comm.live_slots - before
+    keep = next(g for g in h.groups if g.pool is not None and g.pool.shared)
+    ref = __import__("weakref").ref(model)
+    del model, h
+    for _ in range(3):
+        gc.collect()
+    res = {"enabled": enabled, "model_alive": ref() is not None, "freed_while_kept": tfsdp.free_dropped(),
+           "live_while_kept": comm.live_slots - before}
+    del keep
+    for _ in range(3):
+        gc.collect()
+    res["freed_after"] = tfsdp.free_dropped()
+    res["live_after"] = comm.live_slots - before
     return res
 
 
@@ -306,6 +334,7 @@ def worker(rank, world, port):
         trimmed = _native(comms, rank, None if world == 1 else "all")
         kept = _native(comms, rank, False)
         res["dropped"] = _dropped(comms, rank, world)
+        res["dropped_kept_block"] = _dropped_root_kept_block(comms, rank)
     res["vs_stock"] = _compare(stock, trimmed)
     res["vs_kept"] = _compare(kept, trimmed)
     res["trimmed"] = {"stats": trimmed["stats"], "sim": trimmed["sim"]}
@@ -394,12 +423,15 @@ def test_dropped_model_slots_released(world, request):
         assert d["n_states"] == BLOCKS + 1 and d["in_native_slots"] == BLOCKS + 1, d
         assert d["live_enabled"] == K + 1, d  # slot_trim=False: the pool and the root's dedicated slot
         assert not d["model_alive"] and d["states_alive"] == 0 and d["native_slots_left"] == 0, d
-        assert d["patched_after_gc"] is False, d
-        if world == 1:  # nobody maps the slots: freed when the model is collected
-            assert d["live_after_gc"] == 0 and d["freed_by_free_dropped"] == 0, d
-        else:  # collective: held until the next free_dropped() (or enable()/disable()) on every rank
-            assert d["live_after_gc"] == d["live_enabled"] and d["freed_by_free_dropped"] >= 1, d
-        assert d["live_after_free_dropped"] == 0, d
+        # Never freed inside garbage collection (it may run inside a CUDA graph capture or on another thread;
+        # at world size > 1 the free is collective): held until the next free_dropped() (or enable()/disable()).
+        assert d["patched_after_gc"] is True, d
+        assert d["live_after_gc"] == d["live_enabled"] and d["freed_by_free_dropped"] >= 1, d
+        assert d["live_after_free_dropped"] == 0 and d["patched_after_free_dropped"] is False, d
+        k = res["dropped_kept_block"]
+        assert not k["model_alive"], k  # the finalizer ran: the pools are queued
+        assert k["enabled"] == K + 1 and k["freed_while_kept"] == 0 and k["live_while_kept"] == K + 1, k
+        assert k["freed_after"] >= 1 and k["live_after"] == 0, k
 
 
 if __name__ == "__main__" and len(sys.argv) >= 5 and sys.argv[1] == "worker":

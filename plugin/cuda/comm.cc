@@ -155,8 +155,9 @@ tideResult_t layoutEntry(tideComm* comm, tideLayout_t layout, bool capturing, ti
     if (p.dtype != v->params[0].dtype) v->uniformDtype = false;
   }
   // The switch of the eager graph route picks the wire protocol of eager calls, so ranks must agree on it with the
-  // layout: when it is off the agreed key differs from the hash (on, the default, it is the hash itself).
-  const uint64_t agreeKey = comm->eagerGraphs ? v->info.hash : v->info.hash ^ 0x7e1de0ff6a9f3c5bull;
+  // layout: when it is on the agreed key differs from the hash. Off (the default) it is the hash itself, so the
+  // mismatch report shows the layouts' real hashes (tests/gpu/test_faults_multiprocess.py checks them).
+  const uint64_t agreeKey = comm->eagerGraphs ? v->info.hash ^ 0x7e1de0ff6a9f3c5bull : v->info.hash;
   if (comm->agreedLayouts.count(agreeKey) == 0) {
     if (capturing && comm->policy->agreementExchanges()) {
       return fail(tideUnsupported, "Cuda",

@@ -509,6 +509,10 @@ tideResult_t IpcProvider::peerPtr(const void* local, size_t bytes, int peer, con
                   "%s: region of %zu bytes at offset %zu runs past the end of rank %d's slot (%zu bytes)", what, bytes,
                   off, rank_, s.bytes);
     }
+    if (s.peers[peer] == nullptr) {  // a free that failed half-way (its mappings closed, the entry still live)
+      return fail(tideInternalError, kComponent, "%s: rank %d's slot at %p has no mapping of peer %d (a failed "
+                  "tideSlotFree?)", what, rank_, static_cast<const void*>(s.base), peer);
+    }
     *out = s.peers[peer] + off;
     return tideSuccess;
   }

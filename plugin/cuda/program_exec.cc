@@ -170,11 +170,15 @@ tideResult_t BoundProgram::issueStep(const StepItems& s, const CallValues& v, cu
         a.scale = v.scale;
         a.divisor = v.divisor;
         if (br.next < 0) {
-          a.followingBytes = 0;
+          a.followingBytes = 0;  // the last reduce: the drain
         } else {
+          // What arrives before the next reduce can start. A next reduce with no other input (one fp32 input, no
+          // prev: a multi-node finish) counts its input as arriving, as reduceMaxCtas does; never 0 (the drain).
           const BoundReduce& nx = reduces_[br.next];
-          a.followingBytes = static_cast<int64_t>(reduceIncomingBytes(
-              nx.args.nSrc, nx.args.n, nx.op.inputsFp32 ? 4 : (v.inType == tideFloat32 ? 4 : 2), nx.op.hasPrev));
+          const size_t inSize = nx.op.inputsFp32 ? 4 : (v.inType == tideFloat32 ? 4 : 2);
+          uint64_t f = reduceIncomingBytes(nx.args.nSrc, nx.args.n, inSize, nx.op.hasPrev);
+          if (f == 0) f = nx.args.n * static_cast<uint64_t>(nx.args.nSrc > 0 ? nx.args.nSrc : 1) * inSize;
+          a.followingBytes = static_cast<int64_t>(f > 0 ? f : 1);
         }
         if (!br.asCopy.dst.empty() && a.outType == tideFloat32 && op == tideSum) {
           TIDE_CHECK(enqueueCopyBatch(stream, comm->device, br.asCopy, v.batchApi));

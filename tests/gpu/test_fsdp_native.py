@@ -25,8 +25,8 @@ fp32 reduce, AdamW, STEPS steps. Runs, each from the same seed:
             emptied first): no bind failure, no trim blocked by a segment torch still holds, same
             numbers, and the memory meter's peak no higher than the untrimmed pool's;
   poolswap  the same with the "swap" binder where this torch has _swap_data_ptr_ (>= 2.12);
-  dropped   a native-enabled model dropped without disable(): its slots leave the comm when it is
-            collected (world size 1: the finalizer frees them);
+  dropped   a native-enabled model dropped without disable(): its slots leave the comm at free_dropped() after it is
+            collected (the finalizer only queues them);
   auto      executor="auto" must pick native on NCCL/CUDA.
 
 Tolerances. At world size 1 the AG is a byte copy of the bf16-cast shards and TIDE-RS of one
@@ -214,7 +214,7 @@ def worker(port: int, out_path: str, mode: str) -> None:
                 mem[name] = {"peak_bytes": m.read(), "events": m.events, "resident": r["stats"]["slot_pool"]}
             report["native_pool_memory"] = mem
 
-            # a native-enabled model dropped without disable(): the finalizer frees its slots (world size 1)
+            # a native-enabled model dropped without disable(): its slots are freed at the next free_dropped()
             import gc
 
             from nccl_tide import native_executor
@@ -231,7 +231,10 @@ def worker(port: int, out_path: str, mode: str) -> None:
             during = comm_slots()
             del model, h
             gc.collect()
-            report["dropped_slots"] = {"before": before, "enabled": during, "after_gc": comm_slots()}
+            after_gc = comm_slots()
+            freed = tfsdp.free_dropped()
+            report["dropped_slots"] = {"before": before, "enabled": during, "after_gc": after_gc, "freed": freed,
+                                       "after_free_dropped": comm_slots()}
         auto = build(True)
         with warnings.catch_warnings(record=True):
             warnings.simplefilter("always")
@@ -384,7 +387,8 @@ def check(rep: dict, gpu: bool) -> None:
             assert g["ag_calls"] + g["ag_pool_fallbacks"] == 2 * STEPS and g["rs_calls"] == STEPS, g
         close(rep["native_pooltrim_vs_native"])
         d = rep["dropped_slots"]
-        assert d["enabled"] == d["before"] + 2 and d["after_gc"] == d["before"], d  # 2 pool slots (all 3 pooled)
+        assert d["enabled"] == d["before"] + 2 and d["after_gc"] == d["enabled"], d  # 2 pool slots (all 3 pooled)
+        assert d["freed"] >= 1 and d["after_free_dropped"] == d["before"], d
     else:
         assert pst["slot_pool"] is None, pst["slot_pool"]
         for g in pst["tide_groups"]:

@@ -330,9 +330,12 @@ def enable(
     return handle
 
 
-# Slot pools of models dropped while enabled whose slots must be freed collectively (world size > 1):
-# freed at the next enable() / disable() / free_dropped() call, which every rank makes at the same point.
-_dropped_pools: list = []
+# Models dropped while enabled: (their slot pools, whether they installed the patches), queued by the finalizer and
+# freed at the next enable() / disable() / free_dropped() call. Never from the finalizer itself: garbage collection
+# runs at arbitrary points (inside a user's CUDA graph capture, on another thread), where tideSlotFree's device
+# synchronize and cudaFree must not run; and at world size > 1 the free is collective, so every rank must reach it
+# at the same call.
+_dropped: list = []
 
 
 def _world(pool) -> int:
@@ -341,38 +344,43 @@ def _world(pool) -> int:
 
 
 def _model_dropped(pools: list, patched: bool) -> None:
-    """weakref.finalize of an enabled model, run when it is garbage-collected without disable(): nothing
-    holds its GroupStates any more (NATIVE_SLOTS holds them weakly, the handle registry is keyed by the
-    model), but its tideSlotAlloc slots are still allocated in the comm. World size 1: no peer maps them,
-    so they are freed now (tideSlotFree synchronizes the device first: nothing still writes them). World
-    size > 1: tideSlotFree is collective and a garbage collection runs at a different moment on every
-    rank, so they wait for the next enable()/disable()/free_dropped(), which every rank reaches in the
-    same order (after a gc.collect(), so every rank has seen the same models go)."""
-    local = [p for p in pools if _world(p) == 1]
-    _dropped_pools.extend(p for p in pools if _world(p) != 1)
-    for p in local:
-        try:
-            p.free()
-        except Exception as e:  # a finalizer must not raise; the slots stay allocated (the comm frees them)
-            warn_once(f"nccl_tide.fsdp: freeing the slots of a dropped model failed: {type(e).__name__}: {e}")
+    """weakref.finalize of an enabled model, run when it is garbage-collected without disable(): its
+    tideSlotAlloc slots are still allocated in the comm. Only queued here (see _dropped); free_dropped()
+    frees them once no live group uses them."""
+    _dropped.append((list(pools), patched))
     pools.clear()
-    if patched:
-        _patch.uninstall()
 
 
 def free_dropped() -> int:
-    """Frees the slots of TIDE-enabled models dropped without disable() at shard world size > 1
-    (collective: call it on every rank at the same point, between steps, as enable()/disable(), which
-    call it themselves). Runs gc.collect() first. Returns the number of slot pools freed."""
-    if _dropped_pools or any(_world(p) != 1 for h in list(_handles.values()) for p in h.pools):
-        gc.collect()
+    """Frees the slots of TIDE-enabled models dropped without disable() (at shard world size > 1 collective:
+    call it on every rank at the same point, between steps, as enable()/disable(), which call it themselves).
+    Runs gc.collect() first. A dropped model whose groups are still alive (a submodule kept and used after
+    the root was dropped) keeps its slots until they are gone too. Returns the number of slot pools freed."""
+    if not _dropped and not any(_world(p) != 1 for h in list(_handles.values()) for p in h.pools):
+        return 0
+    gc.collect()
+    # A pool is still in use while a live GroupState draws from it (NATIVE_SLOTS holds them weakly: only the
+    # groups' own comms and FSDP2 param groups keep them alive).
+    from ._group import NATIVE_SLOTS
+
+    in_use = {id(g.pool) for g in list(NATIVE_SLOTS.values()) if getattr(g, "pool", None) is not None}
+    ready, kept = [], []
+    for pools, patched in _dropped:
+        (kept if any(id(p) in in_use for p in pools) else ready).append((pools, patched))
+    _dropped[:] = kept
     # tideSlotFree is collective per slot: every rank frees the same pools in the same order, creation order
     # (garbage collection may have run the finalizers in another order on another rank)
-    _dropped_pools.sort(key=lambda p: p.serial)
+    ready.sort(key=lambda e: min((p.serial for p in e[0]), default=0))
     n = 0
-    while _dropped_pools:
-        _dropped_pools.pop(0).free()
-        n += 1
+    for pools, patched in ready:
+        for p in sorted(pools, key=lambda p: p.serial):
+            try:
+                p.free()
+                n += 1
+            except Exception as e:  # the slots stay allocated until the comm is destroyed
+                warn_once(f"nccl_tide.fsdp: freeing the slots of a dropped model failed: {type(e).__name__}: {e}")
+        if patched:
+            _patch.uninstall()
     return n
 
 

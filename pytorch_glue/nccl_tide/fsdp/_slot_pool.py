@@ -790,11 +790,11 @@ def build_pools(groups, slot_pool: Optional[int], trim: bool = False, own: bool 
                 # the groups FSDP2 keeps unsharded from forward to backward (the root, reshard_after_forward=False
                 # blocks) are idle between backward and the next forward (the optimizer step), where stock FSDP2 has
                 # resharded them: a trimming pool of their own (one slot of their size) gives the slot back there
-                own = _own_pool(g, binder)
-                if own is not None:
-                    binder = own.binder
-                    pools.append(own)
-                    g.pool = own
+                own_pool = _own_pool(g, binder)  # not `own`: that is the caller's choice, for every group
+                if own_pool is not None:
+                    binder = own_pool.binder
+                    pools.append(own_pool)
+                    g.pool = own_pool
                     continue
             try:
                 pools.append(SlotPool(g.executor, g.layout.slot_bytes, 1, g.label, shared=False))
