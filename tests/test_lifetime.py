@@ -90,3 +90,34 @@ def test_others_in_flight_sees_only_other_threads():
     release.set()
     t.join(10)
     assert not life.others_in_flight()
+
+
+def test_wait_others_waits_for_other_threads_calls_only():
+    """close(wait=False) then wait_others(): the two halves of close(), for an owner that marks the object closed under
+    a lock of its own and waits outside it (LoopbackWorld.close, so that an abort() can still run meanwhile)."""
+    life = Lifetime("w")
+    inside, release, waited = threading.Event(), threading.Event(), threading.Event()
+
+    def call():
+        with life.use():
+            inside.set()
+            release.wait(10)
+
+    def closer():  # from inside a call of its own, which it must not wait for
+        with life.use():
+            assert life.close(wait=False)
+            life.wait_others()
+            waited.set()
+
+    t = threading.Thread(target=call)
+    t.start()
+    assert inside.wait(10)
+    c = threading.Thread(target=closer)
+    c.start()
+    time.sleep(0.05)
+    assert life.closed and not waited.is_set(), "wait_others() returned while another thread's call was in flight"
+    release.set()
+    t.join(10)
+    c.join(10)
+    assert waited.is_set()
+    life.wait_others()  # nothing in flight: returns at once

@@ -1,25 +1,36 @@
-"""LoopbackWorld's Python side without a GPU (the library calls replaced by a recorder): a world-wide collective
-checks every rank's arguments before it issues the first rank's call, so a bad argument of rank k never leaves
-ranks < k queued (their streams would wait forever for the others)."""
+"""LoopbackWorld's Python side without a GPU (the library calls replaced by a recorder, CUDA events and the world's
+streams by fakes): a world-wide collective checks every rank's arguments before it issues the first rank's call, so a
+bad argument of rank k never leaves ranks < k queued (their streams would wait forever for the others); close() waits
+for the work queued on the callers' streams (streams= / stream=) before it destroys anything; close() and abort()
+racing on two threads destroy (or abort) each comm and stream exactly once."""
 
 import threading
+import time
 
 import pytest
 
 import nccl_tide
 from nccl_tide import _native as N
 from nccl_tide import cuda as C
+from nccl_tide._fences import CallerStreamFences
 from nccl_tide._lifetime import Lifetime
 from nccl_tide.errors import InvalidArgumentError
 
 W = 3
+OWN = [201, 202, 203]  # the world's own streams (raw addresses)
+CALLER = [501, 502, 503]  # streams of the caller
 
 
 class _Recorder:
-    """tideAllGather / tideReduceScatter recorded; every other entry point is the real library's (layouts)."""
+    """tideAllGather / tideReduceScatter recorded, the teardown calls and the world's stream destroys counted (each
+    optionally slowed down, to widen the windows of a race); every other entry point is the real library's
+    (layouts)."""
 
     def __init__(self, real):
         self.calls = []
+        self.log = []  # ("destroy" | "abort" | "free" | "stream", handle), in order
+        self.delay = 0.0
+        self._lock = threading.Lock()
         self._real = real
 
     def __getattr__(self, name):
@@ -33,21 +44,117 @@ class _Recorder:
         self.calls.append(("rs", comm, stream))
         return 0
 
+    def _note(self, kind, h):
+        if self.delay:
+            time.sleep(self.delay)  # lets the other thread run in between
+        with self._lock:
+            self.log.append((kind, h))
+        return 0
 
-@pytest.fixture
-def world(monkeypatch):
-    rec = _Recorder(N.lib())
-    monkeypatch.setattr(N, "lib", lambda: rec)
-    w = object.__new__(C.LoopbackWorld)  # no tideLoopbackCreate: the Python logic only
+    def tideCommDestroy(self, comm):
+        return self._note("destroy", comm)
+
+    def tideCommAbort(self, comm):
+        return self._note("abort", comm)
+
+    def tideSlotFree(self, comm, ptr):
+        return self._note("free", comm)
+
+    def destroy_streams(self, raw):
+        for h in raw:
+            self._note("stream", h)
+
+    def count(self, kind, h=None):
+        with self._lock:
+            return sum(1 for k, x in self.log if k == kind and (h is None or x == h))
+
+
+class _FakeEvent:
+    __slots__ = ("stream", "pending")
+
+    def __init__(self):
+        self.stream, self.pending = None, False
+
+
+class _FakeEvents:
+    """nccl_tide.cuda._Events over fake streams (raw addresses): an event recorded on a stream in `busy` stays
+    pending until the test calls finish(stream) (from its own thread: the stream's work completed)."""
+
+    def __init__(self):
+        self.busy = set()
+        self.capturing_streams = set()
+        self.made = []
+        self.records = []  # the stream of every record
+        self._lock = threading.Lock()
+
+    def new(self):
+        e = _FakeEvent()
+        with self._lock:
+            self.made.append(e)
+        return e
+
+    def on(self, stream, handle, device):
+        return handle
+
+    def record(self, event, stream):
+        with self._lock:
+            self.records.append(stream)
+            event.stream, event.pending = stream, stream in self.busy
+
+    def done(self, event):
+        return not event.pending
+
+    def capturing(self, handle):
+        return handle in self.capturing_streams
+
+    def finish(self, stream):
+        with self._lock:
+            self.busy.discard(stream)
+            for e in self.made:
+                if e.stream == stream:
+                    e.pending = False
+
+
+def _bare_world(events, prune_at=64):
+    """A LoopbackWorld without tideLoopbackCreate: the Python logic only."""
+    w = object.__new__(C.LoopbackWorld)
+    w._teardown = threading.Lock()
+    w._closing = False
     w._life = Lifetime("LoopbackWorld")
     w._aborted = set()
     w._comms = [101, 102, 103]
-    w._streams = [201, 202, 203]  # raw stream addresses
+    w._streams = list(OWN)
+    w._raw_streams = list(OWN)
+    w._own_handles = frozenset(OWN)
     w._slots = []
     w.n_ranks = W
-    monkeypatch.setattr(C.LoopbackWorld, "_rank_streams", lambda self, streams: list(self._streams))
+    w._events = events
+    w._fences = CallerStreamFences(events, None, prune_at)
+    return w
+
+
+def _disarm(w):
+    w._comms, w._raw_streams = [], []  # nothing left for __del__ to destroy with the real library
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    rec = _Recorder(N.lib())
+    monkeypatch.setattr(N, "lib", lambda: rec)
+    monkeypatch.setattr(C._DriverStreams, "destroy", classmethod(lambda cls, raw: rec.destroy_streams(raw)))
+    real = C.LoopbackWorld._rank_streams  # with streams given it only checks them (no torch.cuda call)
+    monkeypatch.setattr(
+        C.LoopbackWorld, "_rank_streams", lambda self, s: list(self._streams) if s is None else real(self, s)
+    )
+    return rec, _FakeEvents()
+
+
+@pytest.fixture
+def world(fakes):
+    rec, ev = fakes
+    w = _bare_world(ev)
     yield w, rec
-    w._comms = []  # nothing to destroy
+    _disarm(w)
 
 
 @pytest.fixture
@@ -107,3 +214,220 @@ def test_a_collective_in_flight_reaches_every_rank_when_close_begins(world, layo
     assert [c[1] for c in rec.calls] == [101, 102, 103]
     with pytest.raises(InvalidArgumentError, match="LoopbackWorld is closed"):
         w.all_gather(layouts, good, sendbufs=good)
+
+
+# -- close() and the callers' streams ------------------------------------------------------------------------------
+def _ag_on(w, layouts, form):
+    """One all-gather of every rank; form: 'world' (streams=CALLER), 'rank' (rank calls, stream=CALLER[r]) or
+    'mixed' (ranks 0 and 1 on the world's own streams, rank 2 on CALLER[2])."""
+    good = [0x10000 * (r + 1) for r in range(W)]
+    if form == "world":
+        w.all_gather(layouts, good, sendbufs=good, streams=CALLER)
+    else:
+        for r in range(W):
+            stream = CALLER[r] if form == "rank" or r == 2 else None
+            w.rank_all_gather(r, layouts[r], good[r], sendbuf=good[r], stream=stream)
+
+
+def _gone(rec):
+    return [x for x in rec.log if x[0] in ("destroy", "free", "stream")]
+
+
+@pytest.mark.parametrize("form", ["world", "rank", "mixed"])
+def test_close_waits_for_the_callers_streams_before_destroying(fakes, layouts, form):
+    rec, ev = fakes
+    w = _bare_world(ev)
+    busy = CALLER if form != "mixed" else CALLER[2:]
+    ev.busy.update(busy)
+    w._slots = [[0x1, 0x2, 0x3]]
+    _ag_on(w, layouts, form)
+    _ag_on(w, layouts, form)  # a second call re-records the same events
+    assert len(ev.made) == len(busy) and len(ev.records) == 2 * len(busy)
+    closer = threading.Thread(target=w.close, daemon=True)
+    closer.start()
+    for s in busy:
+        time.sleep(0.15)
+        assert closer.is_alive() and not _gone(rec), f"close() destroyed {_gone(rec)} before {s}'s work was done"
+        with pytest.raises(InvalidArgumentError, match="LoopbackWorld is closed"):  # closed while it waits
+            _ag_on(w, layouts, form)
+        ev.finish(s)
+    closer.join(10)
+    assert not closer.is_alive()
+    for c in (101, 102, 103):
+        assert rec.count("destroy", c) == 1 and rec.count("free", c) == 1 and rec.count("abort", c) == 0
+    assert [rec.count("stream", s) for s in OWN] == [1, 1, 1]
+    assert len(w._fences) == 0 and w._comms == []
+    w.close()  # idempotent
+    assert len(rec.log) == 9
+
+
+def test_caller_stream_events_are_one_per_stream_and_dropped_once_done(fakes, layouts):
+    rec, ev = fakes
+    w = _bare_world(ev, prune_at=4)
+    for _ in range(200):  # the same streams, call after call: one event each, re-recorded
+        _ag_on(w, layouts, "world")
+    assert len(ev.made) == W and len(ev.records) == 200 * W and len(w._fences) == W
+    for i in range(40):  # a new stream every call, its work done at once: completed entries are dropped and reused
+        w.rank_all_gather(0, layouts[0], 0x10000, sendbuf=0x10000, stream=1000 + i)
+        assert len(w._fences) <= 4
+    assert len(ev.made) <= 4, "completed events were not reused"
+    pending = [2000 + i for i in range(10)]  # never dropped while pending, however many
+    ev.busy.update(pending)
+    for s in pending:
+        w.rank_all_gather(0, layouts[0], 0x10000, sendbuf=0x10000, stream=s)
+    assert set(pending) <= set(w._fences._by_handle)
+    for s in pending[:7]:
+        ev.finish(s)
+    assert len(w._fences.pending()) == 3 and set(w._fences._by_handle) == set(pending[7:])
+    closer = threading.Thread(target=w.close, daemon=True)
+    closer.start()
+    time.sleep(0.1)
+    assert closer.is_alive() and not _gone(rec)
+    for s in pending[7:]:
+        ev.finish(s)
+    closer.join(10)
+    assert not closer.is_alive() and rec.count("destroy") == W and len(w._fences) == 0
+
+
+def test_own_and_capturing_streams_get_no_event(world, layouts):
+    w, rec = world
+    ev = w._events
+    good = [0x10000 * (r + 1) for r in range(W)]
+    w.all_gather(layouts, good, sendbufs=good, streams=OWN)  # the world's own, passed explicitly
+    w.all_gather(layouts, good, sendbufs=good)
+    ev.capturing_streams.add(777)  # a stream being captured into a graph: its work runs at replay
+    w.rank_all_gather(0, layouts[0], good[0], sendbuf=good[0], stream=777)
+    assert ev.records == [] and len(w._fences) == 0 and len(rec.calls) == 2 * W + 1
+
+
+def test_a_failed_rank_issue_still_records_the_streams_of_the_world_wide_call(world, layouts):
+    w, rec = world
+    ev = w._events
+    orig = rec.tideAllGather
+    rec.tideAllGather = lambda comm, *a: 5 if comm == 103 else orig(comm, *a)  # rank 2's call fails
+    good = [0x10000 * (r + 1) for r in range(W)]
+    with pytest.raises(Exception, match="rank 2"):
+        w.all_gather(layouts, good, sendbufs=good, streams=CALLER)
+    assert ev.records == CALLER, "ranks 0 and 1 queued work that close() would not wait for"
+
+
+# -- abort() and close() on two threads -------------------------------------------------------------------------
+def test_abort_racing_close_destroys_each_comm_and_stream_once(fakes):
+    rec, ev = fakes
+    rec.delay = 0.0002
+    for rnd in range(150):
+        rec.log.clear()
+        w = _bare_world(ev)
+        w._slots = [[0x1, 0x2, 0x3]]
+        if rnd % 3 == 1:  # a caller stream still busy: close() waits, and only abort() can end that
+            busy = 900 + rnd
+            ev.busy.add(busy)
+            w._fences.record([busy], [busy], w._own_handles)
+        ops = [w.close, w.abort] + ([w.abort, w.close][rnd % 2 :] if rnd % 4 == 0 else [])
+        if rnd % 2:
+            ops.reverse()
+        barrier, errors = threading.Barrier(len(ops)), []
+
+        def run(op, barrier=barrier, errors=errors):
+            barrier.wait()
+            try:
+                op()
+            except BaseException as e:  # noqa: BLE001
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=run, args=(op,)) for op in ops]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert not any(t.is_alive() for t in threads), f"round {rnd}: close()/abort() hung"
+        assert not errors, f"round {rnd}: {errors}"
+        for c in (101, 102, 103):
+            destroyed, aborted = rec.count("destroy", c), rec.count("abort", c)
+            assert destroyed + aborted == 1, f"round {rnd}: comm {c} destroyed {destroyed}x, aborted {aborted}x"
+            assert rec.count("free", c) == destroyed, f"round {rnd}: slot of comm {c} freed after its abort"
+        assert [rec.count("stream", s) for s in OWN] == [1, 1, 1], f"round {rnd}: {rec.log}"
+        assert w._comms == [] and not w._closing
+        _disarm(w)
+
+
+def test_abort_during_close_ends_its_wait_and_nothing_is_destroyed_twice(world, layouts):
+    w, rec = world
+    ev = w._events
+    ev.busy.update(CALLER)  # never finished: the work is stuck
+    w._slots = [[0x1, 0x2, 0x3]]
+    _ag_on(w, layouts, "world")
+    closer = threading.Thread(target=w.close, daemon=True)
+    closer.start()
+    time.sleep(0.15)
+    assert closer.is_alive() and not rec.log
+    w.abort()
+    assert [x[0] for x in rec.log] == ["abort"] * W, "abort() released the streams close() waits on"
+    closer.join(5)
+    assert not closer.is_alive(), "close() kept waiting after every rank was aborted"
+    assert sorted(rec.log) == sorted([("abort", c) for c in (101, 102, 103)] + [("stream", s) for s in OWN])
+    w.abort()
+    w.close()
+    assert len(rec.log) == 2 * W
+
+
+def test_abort_with_a_call_in_flight_keeps_handles_and_streams_until_it_leaves(world, layouts):
+    w, rec = world
+    started, go = threading.Event(), threading.Event()
+    orig = rec.tideAllGather
+
+    def slow(*a):
+        if not rec.calls:
+            started.set()
+            go.wait(10)
+        return orig(*a)
+
+    rec.tideAllGather = slow
+    good = [0x10000 * (r + 1) for r in range(W)]
+    t = threading.Thread(target=lambda: w.all_gather(layouts, good, sendbufs=good))
+    t.start()
+    assert started.wait(10)
+    w.abort()
+    assert rec.count("abort") == W and rec.count("stream") == 0 and w._comms == [101, 102, 103]
+    w.close()  # after abort(): nothing for close() to do
+    assert rec.count("destroy") == 0 and rec.count("stream") == 0
+    go.set()
+    t.join(10)
+    assert [c[1] for c in rec.calls] == [101, 102, 103]  # the call in flight reached every rank
+    w.abort()  # no call left: the Python side goes now
+    assert [rec.count("stream", s) for s in OWN] == [1, 1, 1] and w._comms == [] and rec.count("abort") == W
+
+
+def test_close_waits_for_the_event_of_a_call_that_was_in_flight_when_it_began(world, layouts):
+    """The call records its caller-stream events after close() began (inside its span): close() waits for the call
+    to leave, then for those events."""
+    w, rec = world
+    ev = w._events
+    ev.busy.update(CALLER)
+    started, go = threading.Event(), threading.Event()
+    orig = rec.tideAllGather
+
+    def slow(*a):
+        if not rec.calls:
+            started.set()
+            go.wait(10)
+        return orig(*a)
+
+    rec.tideAllGather = slow
+    good = [0x10000 * (r + 1) for r in range(W)]
+    t = threading.Thread(target=lambda: w.all_gather(layouts, good, sendbufs=good, streams=CALLER))
+    t.start()
+    assert started.wait(10)
+    closer = threading.Thread(target=w.close, daemon=True)
+    closer.start()
+    time.sleep(0.1)
+    assert closer.is_alive() and not _gone(rec) and ev.records == []
+    go.set()
+    t.join(10)
+    assert [c[1] for c in rec.calls] == [101, 102, 103] and [s for s in ev.records if s not in OWN] == CALLER
+    time.sleep(0.1)
+    assert closer.is_alive() and not _gone(rec), "close() did not wait for the events the call recorded"
+    for s in CALLER:
+        ev.finish(s)
+    closer.join(10)
+    assert not closer.is_alive() and rec.count("destroy") == W

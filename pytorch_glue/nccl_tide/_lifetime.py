@@ -59,6 +59,13 @@ class Lifetime:
                 self._cv.wait_for(lambda: not any(n for t, n in self._inflight.items() if t != me))
         return True
 
+    def wait_others(self) -> None:
+        """Returns once no thread other than the caller has a call in flight (after close(wait=False): the waiting
+        half of close(), for an owner that marks the object closed under a lock of its own and waits outside it)."""
+        me = threading.get_ident()
+        with self._cv:
+            self._cv.wait_for(lambda: not any(n for t, n in self._inflight.items() if t != me))
+
     def others_in_flight(self) -> bool:
         """Whether a thread other than the caller has a call in flight (close(wait=False) does not wait for them)."""
         me = threading.get_ident()

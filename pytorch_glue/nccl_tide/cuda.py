@@ -11,6 +11,7 @@
 torch is imported lazily (importing nccl_tide never needs it). Ordering: with the world's own streams
 (streams=None), each rank's stream first waits for the current torch stream, so inputs written there are
 visible; nothing waits for the collective afterwards: call synchronize() (host) or join() (current stream).
+close() waits for the work of the world's calls on its own streams and on the caller streams they used (_fences).
 Every virtual rank needs a stream of its own (a shared stream deadlocks on the cross-rank flags; the library
 rejects it). With 5 or more ranks, CUDA_DEVICE_MAX_CONNECTIONS should be 32 before CUDA initializes (more busy
 streams than hardware queues can alias two ranks onto one queue and deadlock): constructing the first
@@ -19,14 +20,16 @@ LoopbackWorld before torch initializes CUDA sets it when unset.
 
 import ctypes
 import os
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any, List, Optional
 
 from . import _native as N
+from ._fences import CallerStreamFences
+from ._lifetime import Lifetime
 from .dtypes import dtype as to_dtype
 from .dtypes import op_code
-from ._lifetime import Lifetime
 from .errors import InvalidArgumentError, TideTimeoutError, describe_pending, first_pending_wait
 
 _TORCH_RS_TYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -67,6 +70,8 @@ class _DriverStreams:
             lib.cuStreamDestroy_v2.restype = ctypes.c_int
             lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
             lib.cuCtxGetCurrent.restype = ctypes.c_int
+            lib.cuStreamIsCapturing.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+            lib.cuStreamIsCapturing.restype = ctypes.c_int
             cls._lib = lib
         return cls._lib
 
@@ -99,6 +104,43 @@ class _DriverStreams:
             lib = cls.lib()
             for h in raw:
                 lib.cuStreamDestroy_v2(h)
+
+    @classmethod
+    def capturing(cls, handle: int) -> bool:
+        """Whether the stream is being captured into a CUDA graph, or the driver answers with a capture error (900-908:
+        e.g. the legacy stream while another stream is captured, where recording an event would break the capture).
+        False when the driver cannot be loaded."""
+        try:
+            lib = cls.lib()
+        except OSError:
+            return False
+        status = ctypes.c_int(0)
+        rc = lib.cuStreamIsCapturing(handle, ctypes.byref(status))
+        return status.value != 0 if rc == 0 else 900 <= rc <= 908
+
+
+class _Events:
+    """The CUDA event calls of a LoopbackWorld, in one place (the CPU tests replace them with fakes): torch events,
+    which take care of the device and context of the stream they are recorded on."""
+
+    @staticmethod
+    def new():
+        return _torch().cuda.Event()
+
+    @staticmethod
+    def on(stream, handle: int, device):
+        """What record() takes for a caller's stream: the torch stream itself, or one wrapping a raw address."""
+        return stream if hasattr(stream, "cuda_stream") else _torch().cuda.ExternalStream(handle, device=device)
+
+    @staticmethod
+    def record(event, stream) -> None:
+        event.record(stream)
+
+    @staticmethod
+    def done(event) -> bool:
+        return event.query()
+
+    capturing = staticmethod(_DriverStreams.capturing)
 
 
 def new_streams(n: int, device: int = 0):
@@ -147,13 +189,20 @@ class LoopbackWorld:
     """n_ranks (2..8) virtual ranks of one process on one CUDA device (tideLoopbackCreate)."""
 
     def __init__(self, n_ranks: int, device: int = 0):
-        _set_connections_early()
-        torch = _torch()
+        # close() and abort() take _teardown, so that one of them (not both) destroys each comm and stream; close()
+        # releases it while it waits (_closing), so that an abort() on another thread can unblock that wait.
+        self._teardown = threading.Lock()
+        self._closing = False
         self._life = Lifetime("LoopbackWorld")
         self._aborted = set()  # ranks whose tideCommAbort succeeded (abort() retries the others)
         self._comms: List[int] = []
         self._slots: List[List[int]] = []  # per allocation: one pointer per rank
+        self._streams, self._raw_streams, self._own_handles = [], [], frozenset()
+        self._events = _Events
+        _set_connections_early()
+        torch = _torch()
         n_ranks, device = N.int_arg(n_ranks, "n_ranks"), N.int_arg(device, "device")
+        self._fences = CallerStreamFences(_Events, device)  # what close() waits for on the callers' streams
         lib = N.lib()
         arr = (N.tideComm_t * max(n_ranks, 1))()
         N.check(lib.tideLoopbackCreate(n_ranks, device, arr), "tideLoopbackCreate")
@@ -162,12 +211,12 @@ class LoopbackWorld:
         self.device = device
         self._torch_device = torch.device("cuda", device)
         # Created right after the library's internal streams (see _DriverStreams); torch's pool as a fallback.
-        self._raw_streams = []
         made = _DriverStreams.create(torch, n_ranks, device)
         if made is not None:
             self._streams, self._raw_streams = made
         else:
             self._streams = [torch.cuda.Stream(device=self._torch_device) for _ in range(n_ranks)]
+        self._own_handles = frozenset(self._stream_handle(s) for s in self._streams)
 
     # -- handles -----------------------------------------------------------------------------
     @property
@@ -248,9 +297,9 @@ class LoopbackWorld:
         # and never destroys the world's streams while this call orders them after the current stream.
         with self._life.use():
             rank_streams = self._rank_streams(streams)
-            self._all_gather_ranks(layouts, slots, sendbufs, shards, rank_streams)
+            self._all_gather_ranks(layouts, slots, sendbufs, shards, rank_streams, caller=streams is not None)
 
-    def _all_gather_ranks(self, layouts, slots, sendbufs, shards, rank_streams) -> None:
+    def _all_gather_ranks(self, layouts, slots, sendbufs, shards, rank_streams, caller=False) -> None:
         # Every rank's arguments are checked before the first rank's call is issued: a bad argument of rank k found
         # after ranks < k had queued their part would leave those streams waiting forever.
         calls = [
@@ -264,13 +313,25 @@ class LoopbackWorld:
             )
             for r in range(self.n_ranks)
         ]
-        for issue in calls:
-            issue()
+        self._issue(calls, rank_streams if caller else None)
+
+    def _issue(self, calls, caller_streams) -> None:
+        """Issues the checked calls in order; then, still inside the call's in-flight span, records on every caller
+        stream (caller_streams, or None) the event close() waits for, also when an issue raised (the ranks before it
+        queued their work). The world's own streams are skipped: close() synchronizes them."""
+        try:
+            for issue in calls:
+                issue()
+        finally:
+            if caller_streams is not None:
+                handles = [self._stream_handle(s) for s in caller_streams]
+                self._fences.record(caller_streams, handles, self._own_handles)
 
     def rank_all_gather(self, rank, layout, slot, sendbuf=None, shards=None, stream=None) -> None:
         """tideAllGather for one virtual rank (every rank must make its matching call)."""
         with self._life.use():
-            self._all_gather_call(rank, layout, slot, sendbuf=sendbuf, shards=shards, stream=stream)()
+            call = self._all_gather_call(rank, layout, slot, sendbuf=sendbuf, shards=shards, stream=stream)
+            self._issue((call,), None if stream is None else (stream,))
 
     def _all_gather_call(self, rank, layout, slot, sendbuf=None, shards=None, stream=None):
         """Checks rank `rank`'s arguments and returns its tideAllGather as a call without arguments (issued by the
@@ -313,9 +374,13 @@ class LoopbackWorld:
         self._check_layouts(layouts)
         with self._life.use():  # as all_gather: never split by a close() on another thread
             rank_streams = self._rank_streams(streams)
-            self._reduce_scatter_ranks(layouts, grads, outs, op, scale, staging, rank_streams, out_dtype)
+            self._reduce_scatter_ranks(
+                layouts, grads, outs, op, scale, staging, rank_streams, out_dtype, caller=streams is not None
+            )
 
-    def _reduce_scatter_ranks(self, layouts, grads, outs, op, scale, staging, rank_streams, out_dtype) -> None:
+    def _reduce_scatter_ranks(
+        self, layouts, grads, outs, op, scale, staging, rank_streams, out_dtype, caller=False
+    ) -> None:
         # As _all_gather_ranks: every rank's arguments checked before any rank's call is issued.
         calls = [
             self._reduce_scatter_call(
@@ -331,16 +396,17 @@ class LoopbackWorld:
             )
             for r in range(self.n_ranks)
         ]
-        for issue in calls:
-            issue()
+        self._issue(calls, rank_streams if caller else None)
 
     def rank_reduce_scatter(
         self, rank, layout, grads, out, op="sum", scale: float = 1.0, staging=None, stream=None, out_dtype=None
     ) -> None:
         """tideReduceScatter for one virtual rank (every rank must make its matching call)."""
         with self._life.use():
-            self._reduce_scatter_call(rank, layout, grads, out, op=op, scale=scale, staging=staging, stream=stream,
-                                      out_dtype=out_dtype)()
+            call = self._reduce_scatter_call(
+                rank, layout, grads, out, op=op, scale=scale, staging=staging, stream=stream, out_dtype=out_dtype
+            )
+            self._issue((call,), None if stream is None else (stream,))
 
     def _reduce_scatter_call(
         self, rank, layout, grads, out, op="sum", scale: float = 1.0, staging=None, stream=None, out_dtype=None
@@ -398,20 +464,25 @@ class LoopbackWorld:
         with self._life.use():  # the streams are destroyed by close(): never wait on them after that
             return self._synchronize(streams, timeout)
 
-    def _synchronize(self, streams=None, timeout: Optional[float] = None) -> None:
-        torch = _torch()
+    def _synchronize(self, streams=None, timeout: Optional[float] = None, also=(), stop=None) -> None:
+        """Waits for the streams (default: the world's own) and for the events `also`; returns early once stop()
+        is true (close(): every rank aborted on another thread)."""
         if timeout is None:
             timeout = N.timeout_seconds(120.0)
+        ev = self._events
         waited = list(streams) if streams is not None else list(self._streams)
         events = []
         for s in waited:
-            ev = torch.cuda.Event()
-            ev.record(s)
-            events.append(ev)
+            e = ev.new()
+            ev.record(e, s)
+            events.append(e)
+        events.extend(also)
         deadline = time.monotonic() + timeout
-        while not all(ev.query() for ev in events):
+        while not all(ev.done(e) for e in events):
+            if stop is not None and stop():
+                return
             if time.monotonic() > deadline:
-                raise self._timeout_error(timeout, [r for r, ev in enumerate(events) if not ev.query()], len(waited))
+                raise self._timeout_error(timeout, [r for r, e in enumerate(events) if not ev.done(e)], len(events))
             time.sleep(0.0005)
 
     def _timeout_error(self, timeout: float, stuck: List[int], n_waited: int) -> TideTimeoutError:
@@ -451,48 +522,71 @@ class LoopbackWorld:
         return err
 
     def close(self) -> None:
-        """Frees every slot and destroys the comms (synchronizes the world's streams first). Waits for calls of other
-        threads on this world to return; calls made afterwards fail with "LoopbackWorld is closed"."""
-        if not self._comms or not self._life.close():
-            return
+        """Frees every slot and destroys the comms, after the work of this world's calls is done: the world's
+        streams and every caller stream a call used (streams= / stream=). Waits for calls of other threads on this
+        world to return; calls made afterwards fail with "LoopbackWorld is closed". A no-op once close() or abort()
+        began (on any thread); an abort() on another thread while close() waits ends the wait, and the comms are
+        then released by the abort, not destroyed a second time."""
+        with self._teardown:
+            if not self._comms or self._life.closed:
+                return
+            self._life.close(wait=False)  # new calls fail from here
+            self._closing = True  # abort() meanwhile leaves the streams (waited on here) to this close()
+        waited = False
         try:
-            self._synchronize(timeout=60.0)
+            self._life.wait_others()  # no call records a caller-stream event after this
+            waited = True
+            every_rank = len(self._comms)
+            self._synchronize(timeout=60.0, also=self._fences.pending(), stop=lambda: len(self._aborted) == every_rank)
         finally:
-            lib = N.lib()
-            for entry in self._slots:
-                for c, p in zip(self._comms, entry):
-                    lib.tideSlotFree(c, p)
-            self._slots = []
-            for c in self._comms:
-                lib.tideCommDestroy(c)
-            self._comms = []
-            _DriverStreams.destroy(self._raw_streams)
-            self._raw_streams = []
+            with self._teardown:
+                self._closing = False
+                if not self._aborted:
+                    if waited:  # (interrupted while calls were in flight: left, as before, to process exit)
+                        lib = N.lib()
+                        for entry in self._slots:
+                            for c, p in zip(self._comms, entry):
+                                lib.tideSlotFree(c, p)
+                        for c in self._comms:
+                            lib.tideCommDestroy(c)
+                        self._release()
+                elif len(self._aborted) == len(self._comms):
+                    self._release()  # abort() released the handles and left the streams to this close()
+                # else: an abort() that failed on some rank; abort() again retries those and releases the rest
 
     def abort(self) -> None:
         """tideCommAbort on every virtual rank: no stream synchronize, each wait bounded by NCCL_TIDE_TIMEOUT_MS (2 s
         when 0). Slots go with the world (freed if the device went idle, else left to process exit); the slot
-        tensors must not be used afterwards. Idempotent."""
-        if not self._comms:
-            return
-        self._life.close(wait=False)
-        lib = N.lib()
-        aborted = self._aborted
-        try:
-            for i, c in enumerate(self._comms):
-                if i not in aborted:
-                    N.check(lib.tideCommAbort(c), f"tideCommAbort(virtual rank {i})")
-                    aborted.add(i)
-        finally:
-            # A call of another thread may still be inside this world (abort does not wait for it): it must find the
-            # handles where they were (the library refuses aborted ones by name) and the streams alive, so the
-            # teardown of the Python side happens only when no such call is left; else the streams go with the
-            # process. The handle list keeps its positions until every rank is aborted (abort() again retries).
-            if len(aborted) == len(self._comms) and not self._life.others_in_flight():
-                self._comms = []
-                self._slots = []
-                _DriverStreams.destroy(self._raw_streams)
-                self._raw_streams = []
+        tensors must not be used afterwards. Idempotent; a no-op after close() finished (on any thread); while a
+        close() of another thread waits, aborts the comms (that close() then ends its wait and destroys nothing)."""
+        with self._teardown:
+            if not self._comms:
+                return
+            self._life.close(wait=False)
+            lib = N.lib()
+            aborted = self._aborted
+            try:
+                for i, c in enumerate(self._comms):
+                    if i not in aborted:
+                        N.check(lib.tideCommAbort(c), f"tideCommAbort(virtual rank {i})")
+                        aborted.add(i)
+            finally:
+                # A call of another thread may still be inside this world (abort does not wait for it): it must find
+                # the handles where they were (the library refuses aborted ones by name) and the streams alive, so the
+                # teardown of the Python side happens only when no such call is left; else the streams go with the
+                # process. The handle list keeps its positions until every rank is aborted (abort() again retries).
+                # A close() waiting on another thread does that teardown itself when its wait ends.
+                if len(aborted) == len(self._comms) and not self._closing and not self._life.others_in_flight():
+                    self._release()
+
+    def _release(self) -> None:
+        """The Python side's teardown, once (under _teardown; the comms are destroyed or aborted): the handle lists,
+        the world's own streams and the caller-stream events."""
+        self._comms = []
+        self._slots = []
+        _DriverStreams.destroy(self._raw_streams)
+        self._raw_streams = []
+        self._fences.clear()
 
     def __enter__(self):
         return self

@@ -151,6 +151,89 @@ def test_world_closed_while_another_thread_runs_collectives(torch_cuda, cuda_lib
             lay.close()
 
 
+@pytest.mark.parametrize("form", ["world", "rank"])
+def test_close_waits_for_the_work_on_caller_streams(torch_cuda, cuda_lib, monkeypatch, form):
+    """Collectives on caller streams (streams= / stream=, from new_streams) queued behind a ~0.25 s kernel, close() at
+    once: at close()'s first tideSlotFree / tideCommDestroy every caller stream must be idle (close() waits for the
+    events the calls recorded there; before, it synchronized only the world's own, idle, streams)."""
+    torch = torch_cuda
+    from nccl_tide.cuda import LoopbackWorld, new_streams
+
+    W = 4
+    world = LoopbackWorld(W)
+    streams, release = new_streams(W)
+    layouts = make_layouts([1 << 20, 999], [1, 1], ["bf16", "bf16"], W)
+    L = layouts[0]
+    slots = world.alloc_slot(L.slot_bytes)
+    sends = [torch.randint(0, 255, (L.send_bytes,), dtype=torch.uint8, device="cuda") for _ in range(W)]
+    torch.cuda.synchronize()
+    for s in streams:
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(500_000_000)  # about 0.25 s at H200 clocks
+    if form == "world":
+        world.all_gather(layouts, slots, sendbufs=sends, streams=streams)
+    else:
+        for r in range(W):
+            world.rank_all_gather(r, layouts[r], slots[r], sendbuf=sends[r], stream=streams[r])
+    real = N.lib()
+    busy = []  # per teardown call: which caller streams still had work
+
+    class Watch:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def tideSlotFree(self, c, p):
+            busy.append([not s.query() for s in streams])
+            return real.tideSlotFree(c, p)
+
+        def tideCommDestroy(self, c):
+            busy.append([not s.query() for s in streams])
+            return real.tideCommDestroy(c)
+
+    assert not all(s.query() for s in streams), "the caller streams were idle before close(): the case shows nothing"
+    monkeypatch.setattr(N, "lib", lambda: Watch())
+    world.close()
+    monkeypatch.undo()
+    torch.cuda.synchronize()
+    release()
+    assert len(busy) == 2 * W, busy  # one slot freed and one comm destroyed per rank
+    assert not any(any(b) for b in busy), f"close() freed / destroyed while caller streams had work: {busy}"
+    for lay in layouts:
+        lay.close()
+
+
+def test_abort_and_close_racing_on_two_threads(torch_cuda, cuda_lib):
+    """close() and abort() started together (a barrier) on two threads: neither raises, the world ends released
+    (each comm destroyed or aborted once, the world's streams destroyed once: a second cuStreamDestroy of a freed
+    stream is undefined), and the device still works."""
+    torch = torch_cuda
+    from nccl_tide.cuda import LoopbackWorld
+
+    for rnd in range(8):
+        world = LoopbackWorld(2)
+        world.alloc_slot(1 << 16)
+        torch.cuda.synchronize()
+        barrier, errors = threading.Barrier(2), []
+
+        def run(op, barrier=barrier, errors=errors):
+            barrier.wait()
+            try:
+                op()
+            except BaseException as e:  # noqa: BLE001
+                errors.append(repr(e))
+
+        ops = [world.close, world.abort] if rnd % 2 else [world.abort, world.close]
+        threads = [threading.Thread(target=run, args=(op,)) for op in ops]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in threads) and not errors, errors
+        assert world._comms == [] and world._raw_streams == []
+    x = torch.arange(1024, device="cuda", dtype=torch.float32)
+    assert float(x.sum()) == 1023 * 1024 / 2
+
+
 def test_c_comm_destroy_while_another_thread_calls(torch_cuda, cuda_lib):
     """Straight at the C API: tideCommDestroy of a loopback comm while another thread loops tideCommGetRank /
     tideSlotAlloc on it: each call succeeds or fails with tideInvalidArgument; nothing crashes."""
