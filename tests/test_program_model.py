@@ -62,3 +62,38 @@ def test_model_detects_a_missing_wait(model_exe, word):
     r = subprocess.run([str(model_exe), "--drop-wait", str(word), "8"], capture_output=True, text=True, timeout=600)
     assert r.returncode != 0, f"dropping the waits on word {word} went unnoticed:\n" + r.stdout[-1500:]
     assert "FAIL:" in r.stderr, r.stderr[-1500:]
+
+
+def _queue(model_exe, cap, entries, issue, protocol, seeds=3):
+    return subprocess.run([str(model_exe), "--copy-queue", str(cap), entries, issue, protocol, str(seeds)],
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_copy_queue_model_reproduces_the_eager_graph_hang(model_exe):
+    """The loopback issue model (program_model --copy-queue; docs/notes/levers-after-session16.md): with the
+    token protocol issued rank by rank and one queue entry per copy (a captured graph's memcpy nodes), a shared
+    copy queue of 600 entries lets the 9-parameter W=8 all-gather through (576 entries in all) and hangs the
+    64-parameter one (512 per rank), as the eager graph route did on the H200 in session 16."""
+    r = _queue(model_exe, 600, "graph", "call", "token")
+    assert r.returncode != 0, r.stdout[-2000:]
+    assert "the host is blocked on a full copy queue" in r.stderr, r.stderr[-2000:]
+    assert "queue case 2 W=8 P=9 cap 600 graph call token seed 2: ok" in r.stdout, r.stdout[-2000:]
+    assert "W=8 P=64" not in r.stdout, r.stdout[-2000:]
+
+
+def test_copy_queue_model_batched_copies_are_why_the_epoch_protocol_does_not_hang(model_exe):
+    """The epoch protocol also waits for every rank's arrival before its copies; it passes with one entry per copy
+    batch (cudaMemcpyBatchAsync) and a queue as small as the world, and hangs with one entry per copy."""
+    ok = _queue(model_exe, 8, "batch", "call", "epoch")
+    assert ok.returncode == 0 and "all cases passed" in ok.stdout, ok.stdout[-2000:] + ok.stderr[-2000:]
+    bad = _queue(model_exe, 64, "graph", "call", "epoch")
+    assert bad.returncode != 0 and "the host is blocked on a full copy queue" in bad.stderr, bad.stderr[-2000:]
+
+
+@pytest.mark.parametrize("cap", [1, 64, 600])
+def test_copy_queue_model_announce_first_never_hangs(model_exe, cap):
+    """The proposed loopback fix: every rank's announce (its first writes) at its call, the rest of every rank after
+    the last call. No hang whatever the queue's size, bit-exact and hazard-free as every model run."""
+    r = _queue(model_exe, cap, "graph", "announce", "token")
+    assert r.returncode == 0 and "all cases passed" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "W=8 P=64" in r.stdout

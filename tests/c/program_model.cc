@@ -15,10 +15,22 @@
 //        program_model --drop-wait WORD   the same cases with every wait on flag word WORD removed from every
 //                                         program: must fail (a hazard, a wrong result or a deadlock), which shows
 //                                         that the model sees what that wait protects (tests/test_program_model.py)
+//        program_model --copy-queue C ENTRIES ISSUE PROTOCOL [seeds]
+//                                         the loopback issue model (docs/notes/levers-after-session16.md): the
+//                                         host issues each virtual rank's call in turn, every copy also enters ONE
+//                                         copy queue shared by all ranks (first in, first out: a copy runs only at
+//                                         its head) that holds C entries; a copy batch costs 1 entry (ENTRIES
+//                                         "batch", cudaMemcpyBatchAsync) or one per copy ("graph", a captured
+//                                         graph's memcpy nodes); the host blocks while the queue is full. ISSUE
+//                                         "call" issues a rank's whole program at its call; "announce" issues only
+//                                         its first writes (up to its first wait) then, and the rest of every rank
+//                                         after the last rank's call. PROTOCOL "epoch" or "token" (single-node
+//                                         all-gathers). Exit 0, or FAIL with "deadlock" if it can hang.
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <random>
 #include <string>
@@ -81,6 +93,7 @@ struct LaneItem {
   const Program* prog;
   int op;              // op index, or -1: consume (check) pseudo-op, -2: produce (rewrite inputs) pseudo-op
   uint32_t sub = 0;    // position inside a flag run
+  uint32_t subEnd = 0; // end of the part of the flag run this item runs (0: the run's end)
 };
 
 struct World {
@@ -96,6 +109,15 @@ struct World {
   std::vector<uint64_t> epochOf, taskOf;  // per call: its epoch and RS task base
   std::mt19937_64 rng;
   uint64_t executed = 0;
+  // --copy-queue: one first-in-first-out copy queue shared by every rank's copies, of queueCap entries (0: none).
+  struct Queued {
+    int lane;
+    size_t pos;
+    uint32_t entries;
+  };
+  uint32_t queueCap = 0;
+  uint32_t queueUsed = 0;
+  std::deque<Queued> queue;
 
   explicit World(const std::vector<std::unique_ptr<Layout>>& ls) : layouts(ls), W(ls[0]->worldSize) {}
   const Layout& L(int r) const { return *layouts[r]; }
@@ -183,10 +205,15 @@ struct World {
       } else {
         *w = v;
       }
-      if (++it.sub == op.end - op.begin) ++head[x];
+      if (++it.sub == (it.subEnd ? it.subEnd : op.end - op.begin)) ++head[x];
       return true;
     }
     if (op.kind == Op::kCopies) {
+      if (queueCap > 0) {  // the shared copy queue: only its head may run
+        if (queue.empty() || queue.front().lane != x || queue.front().pos != head[x]) return false;
+        queueUsed -= queue.front().entries;
+        queue.pop_front();
+      }
       // A copy batch lands as a whole (copies in one batch may run in any order; none of ours overlap).
       for (uint32_t c = op.begin; c < op.end; ++c) {
         const CopySeg& s = p.copies[c];
@@ -365,11 +392,14 @@ std::vector<std::unique_ptr<Layout>> makeLayouts(const Case& c) {
   return ls;
 }
 
-// Runs `seq` over the layouts with programs of `mode`, seeds the scheduler with `seed`. Returns ops executed.
-uint64_t runCase(const Case& cs, Mode mode, uint64_t seed, uint32_t start, std::vector<Call> seq) {
-  auto layouts = makeLayouts(cs);
-  World w(layouts);
-  const int W = cs.W;
+struct Programs {
+  std::vector<Program> ag, rs, agT, rsT;  // per rank: epoch-protocol and token (kCaptured) programs
+};
+
+// Buffers, flags, counters and every rank's programs for `seq` over the layouts, programs of `mode`.
+void prepare(World& w, const std::vector<std::unique_ptr<Layout>>& layouts, Mode mode, uint64_t seed, uint32_t start,
+             const std::vector<Call>& seq, Programs* P) {
+  const int W = w.W;
   const Layout& l0 = *layouts[0];
   w.rng.seed(seed);
   w.seq = seq;
@@ -395,29 +425,34 @@ uint64_t runCase(const Case& cs, Mode mode, uint64_t seed, uint32_t start, std::
   Options opt;
   opt.mode = mode;
   opt.zeroBytes = 64;  // small, so padding takes several zero copies
-  std::vector<Program> ag(W), rs(W), agT(W), rsT(W);
-  bool slotFits = l0.rs.slotReuseFits;
+  P->ag.resize(W);
+  P->rs.resize(W);
+  P->agT.resize(W);
+  P->rsT.resize(W);
   bool agTokens = false, rsTokens = false;
   for (const Call& c : seq) (c.kind == Kind::kAg ? agTokens : rsTokens) |= c.token;
   Options tok = opt;
   tok.mode = Mode::kCaptured;
   for (int r = 0; r < W; ++r) {
-    if (compileAllGather(*layouts[r], opt, &ag[r]) != tideSuccess) die("compileAllGather failed");
-    if (compileReduceScatter(*layouts[r], opt, &rs[r]) != tideSuccess) die("compileReduceScatter failed");
-    if (agTokens && compileAllGather(*layouts[r], tok, &agT[r]) != tideSuccess) die("compileAllGather (tokens) failed");
-    if (rsTokens && compileReduceScatter(*layouts[r], tok, &rsT[r]) != tideSuccess) {
+    if (compileAllGather(*layouts[r], opt, &P->ag[r]) != tideSuccess) die("compileAllGather failed");
+    if (compileReduceScatter(*layouts[r], opt, &P->rs[r]) != tideSuccess) die("compileReduceScatter failed");
+    if (agTokens && compileAllGather(*layouts[r], tok, &P->agT[r]) != tideSuccess) {
+      die("compileAllGather (tokens) failed");
+    }
+    if (rsTokens && compileReduceScatter(*layouts[r], tok, &P->rsT[r]) != tideSuccess) {
       die("compileReduceScatter (tokens) failed");
     }
-    mutate(&ag[r]);
-    mutate(&rs[r]);
-    mutate(&agT[r]);
-    mutate(&rsT[r]);
+    mutate(&P->ag[r]);
+    mutate(&P->rs[r]);
+    mutate(&P->agT[r]);
+    mutate(&P->rsT[r]);
   }
   // Counters as the comm keeps them: AG and RS epochs, the RS task counter (all equal on every rank).
   uint64_t agE = start, rsE = start, task = start;
   w.lanes.assign(2 * W, {});
+  w.head.assign(2 * W, 0);
   for (size_t c = 0; c < seq.size(); ++c) {
-    if (seq[c].kind == Kind::kRs && seq[c].slotStaging && !slotFits) w.seq[c].slotStaging = false;
+    if (seq[c].kind == Kind::kRs && seq[c].slotStaging && !l0.rs.slotReuseFits) w.seq[c].slotStaging = false;
     if (seq[c].kind == Kind::kAg) {
       w.epochOf.push_back(++agE);
       w.taskOf.push_back(0);
@@ -425,77 +460,204 @@ uint64_t runCase(const Case& cs, Mode mode, uint64_t seed, uint32_t start, std::
       // Token calls move the epoch as the executor does (it is the eager call's sequence number), not the tasks.
       w.epochOf.push_back(++rsE);
       w.taskOf.push_back(task);
-      task += seq[c].token ? 0 : rs[0].numTasks;
-    }
-    for (int r = 0; r < W; ++r) {
-      const bool t = seq[c].token;
-      const Program& p = seq[c].kind == Kind::kAg ? (t ? agT[r] : ag[r]) : (t ? rsT[r] : rs[r]);
-      w.lanes[2 * r].push_back(LaneItem{static_cast<int>(c), nullptr, -2});
-      // Call-time steps in program order; deferred groups follow on the internal lane (the provider issues group
-      // g of every rank before g + 1 of any; per lane that is program order again).
-      for (const Step& s : p.steps) {
-        const int lane = static_cast<int>(s.lane);
-        for (uint32_t o = s.begin; o < s.end; ++o) w.lanes[2 * r + lane].push_back(LaneItem{static_cast<int>(c), &p, static_cast<int>(o)});
-      }
-      w.lanes[2 * r].push_back(LaneItem{static_cast<int>(c), nullptr, -1});
+      task += seq[c].token ? 0 : P->rs[0].numTasks;
     }
   }
-  w.head.assign(2 * W, 0);
+}
+
+const Program& programOf(const World& w, const Programs& P, int c, int r) {
+  const bool t = w.seq[c].token;
+  return w.seq[c].kind == Kind::kAg ? (t ? P.agT[r] : P.ag[r]) : (t ? P.rsT[r] : P.rs[r]);
+}
+
+// What rank r enqueues for call c, as (lane, item), in program order: its inputs rewritten, every step's ops on their
+// lanes (deferred groups included: the provider issues group g of every rank before g + 1 of any, which per lane is
+// program order again), the end-of-call check.
+std::vector<std::pair<int, LaneItem>> itemsOf(const World& w, const Programs& P, int c, int r) {
+  const Program& p = programOf(w, P, c, r);
+  std::vector<std::pair<int, LaneItem>> out;
+  out.push_back({2 * r, LaneItem{c, nullptr, -2}});
+  for (const Step& s : p.steps) {
+    const int lane = static_cast<int>(s.lane);
+    for (uint32_t o = s.begin; o < s.end; ++o) out.push_back({2 * r + lane, LaneItem{c, &p, static_cast<int>(o)}});
+  }
+  out.push_back({2 * r, LaneItem{c, nullptr, -1}});
+  return out;
+}
+
+// One scheduler step: the head of a random lane that can run (sticky seeds keep running the last lane, so one rank
+// races ahead). False if no lane can run.
+bool deviceStep(World& w, bool sticky, int* lastLane) {
   std::vector<int> ready;
+  for (int x = 0; x < 2 * w.W; ++x) {
+    if (w.head[x] < w.lanes[x].size()) ready.push_back(x);
+  }
+  if (sticky && *lastLane >= 0 && w.head[*lastLane] < w.lanes[*lastLane].size() && (w.rng() % 16) != 0) {
+    ++w.executed;
+    if (w.step(*lastLane)) return true;
+  }
+  for (size_t k = ready.size(); k > 0; --k) {
+    std::uniform_int_distribution<size_t> pick(0, k - 1);
+    size_t j = pick(w.rng);
+    std::swap(ready[j], ready[k - 1]);
+    ++w.executed;
+    if (w.step(ready[k - 1])) {
+      *lastLane = ready[k - 1];
+      return true;
+    }
+  }
+  return false;
+}
+
+bool lanesLeft(const World& w) {
+  for (int x = 0; x < 2 * w.W; ++x) {
+    if (w.head[x] < w.lanes[x].size()) return true;
+  }
+  return false;
+}
+
+[[noreturn]] void dieDeadlock(const World& w, const char* what) {
+  std::string m = std::string("deadlock: ") + what + "; heads:";
+  for (int x = 0; x < 2 * w.W; ++x) {
+    if (w.head[x] >= w.lanes[x].size()) continue;
+    const LaneItem& it = w.lanes[x][w.head[x]];
+    char b[160];
+    if (it.op >= 0 && it.prog->ops[it.op].kind == Op::kFlags) {
+      const FlagOp& f = it.prog->flags[it.prog->ops[it.op].begin + it.sub];
+      char name[64];
+      wordName(f.word, name, sizeof(name));
+      snprintf(b, sizeof(b), " [rank %d lane %d call %d: wait rank %d word %d (%s) >= %u, has %u]", x / 2, x % 2,
+               it.call, f.owner, f.word, name, f.value(w.epochOf[it.call], w.taskOf[it.call]),
+               w.flags[f.owner][f.word]);
+    } else {
+      snprintf(b, sizeof(b), " [rank %d lane %d: op %d]", x / 2, x % 2, it.op);
+    }
+    m += b;
+  }
+  die(m);
+}
+
+// Runs `seq` over the layouts with programs of `mode`, seeds the scheduler with `seed`. Returns ops executed.
+uint64_t runCase(const Case& cs, Mode mode, uint64_t seed, uint32_t start, std::vector<Call> seq) {
+  auto layouts = makeLayouts(cs);
+  World w(layouts);
+  Programs P;
+  prepare(w, layouts, mode, seed, start, seq, &P);
+  for (size_t c = 0; c < seq.size(); ++c) {
+    for (int r = 0; r < cs.W; ++r) {
+      for (auto& [lane, it] : itemsOf(w, P, static_cast<int>(c), r)) w.lanes[lane].push_back(it);
+    }
+  }
   const bool sticky = (seed / 2) % 2 == 1;
   int lastLane = -1;
-  for (;;) {
-    ready.clear();
-    bool any = false;
-    for (int x = 0; x < 2 * W; ++x) {
-      if (w.head[x] < w.lanes[x].size()) {
-        any = true;
-        ready.push_back(x);
+  while (lanesLeft(w)) {
+    if (!deviceStep(w, sticky, &lastLane)) dieDeadlock(w, "no lane can run");
+  }
+  return w.executed;
+}
+
+// The loopback issue model (--copy-queue; see the header). Single-node all-gathers on the epoch (kInOrder) or token
+// (kCaptured) protocol. The host issues item by item, rank after rank, and may stop at any point to let the device
+// run; it blocks (and only the device runs) while a copy does not fit in the shared queue. A host blocked while the
+// device cannot move is the hang.
+uint64_t runQueueCase(const Case& cs, uint32_t cap, bool graphEntries, bool announceFirst, bool tokens, uint64_t seed,
+                      int calls) {
+  auto layouts = makeLayouts(cs);
+  World w(layouts);
+  std::vector<Call> seq(calls, Call{Kind::kAg, false, tideSum, tideFloat32, tokens});
+  Programs P;
+  prepare(w, layouts, Mode::kInOrder, seed, 0, seq, &P);
+  w.queueCap = cap;
+  // The host's issue order.
+  std::vector<std::pair<int, LaneItem>> order;
+  for (int c = 0; c < calls; ++c) {
+    std::vector<std::vector<std::pair<int, LaneItem>>> rest(cs.W);
+    for (int r = 0; r < cs.W; ++r) {
+      auto items = itemsOf(w, P, c, r);
+      if (!announceFirst) {
+        order.insert(order.end(), items.begin(), items.end());
+        continue;
       }
+      // The announce: the inputs, then the first flag run's writes up to its first wait; the rest later.
+      size_t k = 0;
+      order.push_back(items[k++]);  // produce
+      const LaneItem& first = items[k].second;
+      const Op& op = first.prog->ops[first.op];
+      if (op.kind != Op::kFlags) die("announce-first: the program does not begin with flag operations");
+      uint32_t split = 0;
+      while (op.begin + split < op.end && first.prog->flags[op.begin + split].kind != FlagOp::kWait) ++split;
+      if (split == 0) die("announce-first: the program's first flag operation is a wait");
+      LaneItem head = first, tail = first;
+      head.subEnd = split;
+      tail.sub = split;
+      order.push_back({items[k].first, head});
+      if (split < op.end - op.begin) rest[r].push_back({items[k].first, tail});
+      rest[r].insert(rest[r].end(), items.begin() + static_cast<long>(k) + 1, items.end());
     }
-    if (!any) break;
-    // Sticky runs (every other seed): keep running the last lane while it can, so one rank races far ahead of the
-    // others (the interleavings that expose a missing wait); otherwise try lanes in random order until one runs.
-    bool progressed = false;
-    if (sticky && lastLane >= 0 && w.head[lastLane] < w.lanes[lastLane].size() && (w.rng() % 16) != 0) {
-      progressed = w.step(lastLane);
-      ++w.executed;
+    for (int r = 0; r < cs.W; ++r) order.insert(order.end(), rest[r].begin(), rest[r].end());
+  }
+  const bool sticky = (seed / 2) % 2 == 1;
+  int lastLane = -1;
+  size_t i = 0;
+  while (i < order.size()) {
+    auto& [lane, it] = order[i];
+    uint32_t entries = 0;
+    if (it.op >= 0 && it.prog->ops[it.op].kind == Op::kCopies) {
+      const Op& op = it.prog->ops[it.op];
+      entries = graphEntries ? op.end - op.begin : 1;
     }
-    for (size_t k = ready.size(); k > 0 && !progressed; --k) {
-      std::uniform_int_distribution<size_t> pick(0, k - 1);
-      size_t j = pick(w.rng);
-      std::swap(ready[j], ready[k - 1]);
-      progressed = w.step(ready[k - 1]);
-      ++w.executed;
-      if (progressed) lastLane = ready[k - 1];
+    // A batch larger than the whole queue is let in alone (the model would otherwise block on it forever).
+    if (entries > 0 && w.queueUsed > 0 && w.queueUsed + entries > w.queueCap) {
+      if (!deviceStep(w, sticky, &lastLane)) dieDeadlock(w, "the host is blocked on a full copy queue");
+      continue;
     }
-    if (!progressed) {
-      std::string m = "deadlock: no lane can run; heads:";
-      for (int x = 0; x < 2 * W; ++x) {
-        if (w.head[x] >= w.lanes[x].size()) continue;
-        const LaneItem& it = w.lanes[x][w.head[x]];
-        char b[160];
-        if (it.op >= 0 && it.prog->ops[it.op].kind == Op::kFlags) {
-          const FlagOp& f = it.prog->flags[it.prog->ops[it.op].begin + it.sub];
-          char name[64];
-          wordName(f.word, name, sizeof(name));
-          snprintf(b, sizeof(b), " [rank %d lane %d call %d: wait rank %d word %d (%s) >= %u, has %u]", x / 2, x % 2,
-                   it.call, f.owner, f.word, name, f.value(w.epochOf[it.call], w.taskOf[it.call]),
-                   w.flags[f.owner][f.word]);
-        } else {
-          snprintf(b, sizeof(b), " [rank %d lane %d: op %d]", x / 2, x % 2, it.op);
-        }
-        m += b;
-      }
-      die(m);
+    w.lanes[lane].push_back(it);
+    if (entries > 0) {
+      w.queue.push_back(World::Queued{lane, w.lanes[lane].size() - 1, entries});
+      w.queueUsed += entries;
     }
+    ++i;
+    if (w.rng() % 4 == 0) (void)deviceStep(w, sticky, &lastLane);  // the device runs now and then meanwhile
+  }
+  while (lanesLeft(w)) {
+    if (!deviceStep(w, sticky, &lastLane)) dieDeadlock(w, "no lane can run");
   }
   return w.executed;
 }
 
 }  // namespace
 
+// --copy-queue C ENTRIES ISSUE PROTOCOL [seeds] (see the header).
+int queueMain(int argc, char** argv) {
+  if (argc < 6) die("usage: program_model --copy-queue C batch|graph call|announce epoch|token [seeds]");
+  const uint32_t cap = static_cast<uint32_t>(atoi(argv[2]));
+  const bool graph = strcmp(argv[3], "graph") == 0;
+  const bool announce = strcmp(argv[4], "announce") == 0;
+  const bool tokens = strcmp(argv[5], "token") == 0;
+  if (cap < 1 || (!graph && strcmp(argv[3], "batch") != 0) || (!announce && strcmp(argv[4], "call") != 0) ||
+      (!tokens && strcmp(argv[5], "epoch") != 0)) {
+    die("--copy-queue: C >= 1, batch|graph, call|announce, epoch|token");
+  }
+  const int seeds = argc > 6 ? atoi(argv[6]) : 4;
+  // Single-node all-gathers like the H200 runs of session 16: 64 parameters at W = 2 and 8, 9 at W = 8, 16 at W = 4.
+  const std::vector<uint64_t> p64(64, 300), p9(9, 1000), p16(16, 500);
+  const std::vector<Case> cases = {{p64, tideBfloat16, 2, 2, 1 << 20, 0},
+                                   {p16, tideBfloat16, 4, 4, 1 << 20, 0},
+                                   {p9, tideBfloat16, 8, 8, 1 << 20, 0},
+                                   {p64, tideBfloat16, 8, 8, 1 << 20, 0}};
+  for (size_t ci = 0; ci < cases.size(); ++ci) {
+    for (int s = 0; s < seeds; ++s) {
+      const uint64_t n = runQueueCase(cases[ci], cap, graph, announce, tokens, 9000 + 13 * ci + s, 3);
+      printf("queue case %zu W=%d P=%zu cap %u %s %s %s seed %d: ok (%" PRIu64 " scheduler steps)\n", ci,
+             cases[ci].W, cases[ci].numels.size(), cap, argv[3], argv[4], argv[5], s, n);
+    }
+  }
+  printf("all cases passed\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc > 1 && strcmp(argv[1], "--copy-queue") == 0) return queueMain(argc, argv);
   int seeds = 4;
   if (argc > 2 && strcmp(argv[1], "--drop-wait") == 0) {
     g_dropWord = atoi(argv[2]);
