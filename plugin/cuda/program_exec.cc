@@ -108,6 +108,31 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
     }
     bp->steps_.push_back(std::move(si));
   }
+  // Token programs: the announce and the rest, for providers whose ranks share copy-engine queues (issueTokens).
+  if (p.mode == prog::Mode::kCaptured && !bp->steps_.empty() && !bp->steps_[0].items.empty() &&
+      bp->steps_[0].items[0].kind == prog::Op::kFlags && bp->steps_[0].items[0].peer < 0) {
+    const prog::Op& op = p.ops[p.steps[0].begin];
+    uint32_t split = 0;
+    while (op.begin + split < op.end && p.flags[op.begin + split].kind != prog::FlagOp::kWait) ++split;
+    if (op.kind == prog::Op::kFlags && split > 0) {
+      MemOpBatch head, tail;
+      for (uint32_t f = op.begin; f < op.end; ++f) {
+        (f < op.begin + split ? head : tail).add(p.flags[f], mem->flags(p.flags[f].owner) + p.flags[f].word);
+      }
+      bp->hasAnnounce_ = true;
+      bp->announce_ = StepItems{bp->steps_[0].lane, bp->steps_[0].group, {}};
+      bp->announce_.items.push_back(Item{prog::Op::kFlags, -1, static_cast<int>(bp->memops_.size())});
+      bp->memops_.push_back(std::move(head));
+      bp->restSteps_ = bp->steps_;
+      auto& first = bp->restSteps_[0].items;
+      if (tail.ops.empty()) {
+        first.erase(first.begin());
+      } else {
+        first[0].index = static_cast<int>(bp->memops_.size());
+        bp->memops_.push_back(std::move(tail));
+      }
+    }
+  }
   // Each reduce's deadline is the next one's arrival (reduce_kernel.h, followingBytes); the last has none.
   for (size_t i = 0; i + 1 < bp->reduces_.size(); ++i) bp->reduces_[i].next = static_cast<int>(i + 1);
   // Deferred groups: each group's steps are contiguous in program order (program_*.cc emit them group by group).
@@ -205,7 +230,35 @@ tideResult_t BoundProgram::issueTokens(const std::shared_ptr<BoundProgram>& self
   if (bp.prog_->mode != prog::Mode::kCaptured || bp.prog_->usesInternalLane) {
     return fail(tideInternalError, "Cuda", "issueTokens: not a token program on the caller's stream");
   }
-  std::lock_guard<std::mutex> lock(bp.issueMu_);
+  IssuePolicy* pol = bp.comm_->policy.get();
+  if (!pol->defersPushes() || !bp.hasAnnounce_) {
+    std::lock_guard<std::mutex> lock(bp.issueMu_);
+    return bp.issueTokenSteps(bp.steps_, v, stream);
+  }
+  // Shared copy-engine queues (loopback): this rank's announce now, its rest once every rank has announced (the
+  // provider calls back, possibly from another rank's call, step-major over the ranks). The lock is not held while
+  // the provider may call back into this binding.
+  const CollKind kind = kindOf(bp.prog_->coll);
+  TIDE_CHECK(pol->precheckSteps(kind, v.epoch, 0));
+  {
+    std::lock_guard<std::mutex> lock(bp.issueMu_);
+    TIDE_CHECK(bp.issueStep(bp.announce_, v, stream));
+  }
+  IssuePolicy::IssueFn fn = [self, v, stream](int) -> tideResult_t {
+    BoundProgram& b = *self;
+    std::lock_guard<std::mutex> lock(b.issueMu_);
+    return b.issueTokenSteps(b.restSteps_, v, stream);
+  };
+  return pol->scheduleSteps(kind, v.epoch, 0, std::move(fn));
+}
+
+tideResult_t BoundProgram::issueTokenSteps(const std::vector<StepItems>& steps, const CallValues& v,
+                                           cudaStream_t stream) {
+  BoundProgram& bp = *this;
+  auto issueSteps = [&](const CallValues& cv, cudaStream_t s) -> tideResult_t {
+    for (const StepItems& st : steps) TIDE_CHECK(bp.issueStep(st, cv, s));
+    return tideSuccess;
+  };
   using Issue = prog::GraphAmortizer::Issue;
   Issue how = bp.amort_.next(valuesKey(v));
   std::string why;
@@ -225,7 +278,7 @@ tideResult_t BoundProgram::issueTokens(const std::shared_ptr<BoundProgram>& self
     // TRACE lines around each driver call that could block: the last one logged names the call of a hang.
     TIDE_TRACE("Cuda", "rank %d: capturing a %s token program (%zu copy batches, %zu reduces)", bp.comm_->rank,
                bp.prog_->coll == prog::Coll::kAllGather ? "AG" : "RS", bp.copies_.size(), bp.reduces_.size());
-    if (captureGraph(capStream, [&](cudaStream_t s) { return bp.issueAll(cv, s) == tideSuccess; }, &g, &why)) {
+    if (captureGraph(capStream, [&](cudaStream_t s) { return issueSteps(cv, s) == tideSuccess; }, &g, &why)) {
       TIDE_TRACE("Cuda", "rank %d: captured and instantiated", bp.comm_->rank);
       bp.graph_ = g;
       justCaptured = true;
@@ -250,7 +303,7 @@ tideResult_t BoundProgram::issueTokens(const std::shared_ptr<BoundProgram>& self
     noteGraphFallback("launching a captured bound program", why);
   }
   bp.lastIssue_ = "issued directly";
-  return bp.issueAll(v, stream);
+  return issueSteps(v, stream);
 }
 
 tideResult_t BoundProgram::issue(const std::shared_ptr<BoundProgram>& self, const CallValues& v, cudaStream_t stream,

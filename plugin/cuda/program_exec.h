@@ -70,6 +70,11 @@ class BoundProgram {
   // An eager call of a token (kCaptured) program: replays this binding's graph, or captures it first, or issues the
   // steps directly (prog::GraphAmortizer decides; a capture or launch failure falls back to direct issue, logged
   // once). Each is the same operations in the same order on `stream`, so the choice is this rank's alone.
+  // On a provider whose ranks share copy-engine queues (defersPushes: loopback) the program is split: its announce
+  // (the writes before its first wait) is issued now, and the rest (from a graph or directly) through scheduleSteps,
+  // i.e. after every rank's announce: a graph's copies, one queue entry each, could otherwise fill the shared queue
+  // while they wait for a rank that has not announced yet, and block the host that would issue it
+  // (docs/notes/levers-after-session16.md; the CPU model: tests/c/program_model.cc --copy-queue).
   static tideResult_t issueTokens(const std::shared_ptr<BoundProgram>& self, const CallValues& v, cudaStream_t stream);
   bool hasGraph() const { return graph_ != nullptr; }
   // How the last issueTokens call went, for the debug dump and traces: "issued directly", "captured into a graph
@@ -97,6 +102,8 @@ class BoundProgram {
   tideResult_t issueStep(const StepItems& s, const CallValues& v, cudaStream_t caller);
   // Every step in program order; the caller holds issueMu_.
   tideResult_t issueAll(const CallValues& v, cudaStream_t caller);
+  // steps (steps_ or restSteps_) of a token program from this binding's graph of them, or directly (issueTokens).
+  tideResult_t issueTokenSteps(const std::vector<StepItems>& steps, const CallValues& v, cudaStream_t stream);
 
   tideComm* comm_ = nullptr;
   std::shared_ptr<const prog::Program> prog_;
@@ -105,6 +112,10 @@ class BoundProgram {
   std::vector<CopyBatch> copies_;
   std::vector<BoundReduce> reduces_;
   std::vector<std::pair<int, int>> groupRange_;  // deferred: steps [first, second) of each group
+  // Token programs: the announce (the first flag run's writes before its first wait) and the steps without it.
+  bool hasAnnounce_ = false;
+  StepItems announce_{};
+  std::vector<StepItems> restSteps_;
   std::mutex issueMu_;  // deferred groups of two epochs may be issued from two threads
   // Eager token route, under issueMu_: when to capture, and the graph (captured with amort_'s current values).
   prog::GraphAmortizer amort_;
