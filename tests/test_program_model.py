@@ -90,10 +90,13 @@ def test_copy_queue_model_batched_copies_are_why_the_epoch_protocol_does_not_han
     assert bad.returncode != 0 and "the host is blocked on a full copy queue" in bad.stderr, bad.stderr[-2000:]
 
 
+@pytest.mark.parametrize("protocol", ["token", "token-mixed"])
 @pytest.mark.parametrize("cap", [1, 64, 600])
-def test_copy_queue_model_announce_first_never_hangs(model_exe, cap):
-    """The proposed loopback fix: every rank's announce (its first writes) at its call, the rest of every rank after
-    the last call. No hang whatever the queue's size, bit-exact and hazard-free as every model run."""
-    r = _queue(model_exe, cap, "graph", "announce", "token")
+def test_copy_queue_model_announce_first_never_hangs(model_exe, cap, protocol):
+    """The loopback fix (BoundProgram::issueTokens on a deferring provider): every rank's announce (its first
+    writes) at its call, the rest of every rank after the last call. No hang whatever the queue's size, for token
+    all-gathers alone and mixed with token reduce-scatters (Slot-Reuse and own staging), bit-exact and hazard-free
+    as every model run."""
+    r = _queue(model_exe, cap, "graph", "announce", protocol)
     assert r.returncode == 0 and "all cases passed" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
     assert "W=8 P=64" in r.stdout

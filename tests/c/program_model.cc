@@ -25,7 +25,8 @@
 //                                         "call" issues a rank's whole program at its call; "announce" issues only
 //                                         its first writes (up to its first wait) then, and the rest of every rank
 //                                         after the last rank's call. PROTOCOL "epoch" or "token" (single-node
-//                                         all-gathers). Exit 0, or FAIL with "deadlock" if it can hang.
+//                                         all-gathers), "token-mixed" (token all-gathers and reduce-scatters
+//                                         alternating). Exit 0, or FAIL with "deadlock" if it can hang.
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -560,11 +561,18 @@ uint64_t runCase(const Case& cs, Mode mode, uint64_t seed, uint32_t start, std::
 // (kCaptured) protocol. The host issues item by item, rank after rank, and may stop at any point to let the device
 // run; it blocks (and only the device runs) while a copy does not fit in the shared queue. A host blocked while the
 // device cannot move is the hang.
-uint64_t runQueueCase(const Case& cs, uint32_t cap, bool graphEntries, bool announceFirst, bool tokens, uint64_t seed,
-                      int calls) {
+uint64_t runQueueCase(const Case& cs, uint32_t cap, bool graphEntries, bool announceFirst, bool tokens, bool withRs,
+                      uint64_t seed, int calls) {
   auto layouts = makeLayouts(cs);
   World w(layouts);
   std::vector<Call> seq(calls, Call{Kind::kAg, false, tideSum, tideFloat32, tokens});
+  if (withRs) {  // token RS between the all-gathers (<= 2 chunks: the route's limit), Slot-Reuse and own staging
+    if (layouts[0]->rs.numChunks > 2) die("--copy-queue token-mixed: the layout has more than 2 RS chunks");
+    for (int c = 1; c < calls; c += 2) {
+      seq[c] = Call{Kind::kRs, (c / 2) % 2 == 0, c % 4 == 1 ? tideSum : tideAvg, c % 4 == 1 ? tideFloat32 : tideBfloat16,
+                    true};
+    }
+  }
   Programs P;
   prepare(w, layouts, Mode::kInOrder, seed, 0, seq, &P);
   w.queueCap = cap;
@@ -633,10 +641,11 @@ int queueMain(int argc, char** argv) {
   const uint32_t cap = static_cast<uint32_t>(atoi(argv[2]));
   const bool graph = strcmp(argv[3], "graph") == 0;
   const bool announce = strcmp(argv[4], "announce") == 0;
-  const bool tokens = strcmp(argv[5], "token") == 0;
+  const bool mixed = strcmp(argv[5], "token-mixed") == 0;  // token AGs and RSs alternating
+  const bool tokens = mixed || strcmp(argv[5], "token") == 0;
   if (cap < 1 || (!graph && strcmp(argv[3], "batch") != 0) || (!announce && strcmp(argv[4], "call") != 0) ||
       (!tokens && strcmp(argv[5], "epoch") != 0)) {
-    die("--copy-queue: C >= 1, batch|graph, call|announce, epoch|token");
+    die("--copy-queue: C >= 1, batch|graph, call|announce, epoch|token|token-mixed");
   }
   const int seeds = argc > 6 ? atoi(argv[6]) : 4;
   // Single-node all-gathers like the H200 runs of session 16: 64 parameters at W = 2 and 8, 9 at W = 8, 16 at W = 4.
@@ -647,7 +656,7 @@ int queueMain(int argc, char** argv) {
                                    {p64, tideBfloat16, 8, 8, 1 << 20, 0}};
   for (size_t ci = 0; ci < cases.size(); ++ci) {
     for (int s = 0; s < seeds; ++s) {
-      const uint64_t n = runQueueCase(cases[ci], cap, graph, announce, tokens, 9000 + 13 * ci + s, 3);
+      const uint64_t n = runQueueCase(cases[ci], cap, graph, announce, tokens, mixed, 9000 + 13 * ci + s, mixed ? 5 : 3);
       printf("queue case %zu W=%d P=%zu cap %u %s %s %s seed %d: ok (%" PRIu64 " scheduler steps)\n", ci,
              cases[ci].W, cases[ci].numels.size(), cap, argv[3], argv[4], argv[5], s, n);
     }
