@@ -109,9 +109,16 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
     bp->steps_.push_back(std::move(si));
   }
   // Token programs: the announce and the rest, for providers whose ranks share copy-engine queues (issueTokens).
+  // items[0] of step 0 is its first op that is not an empty flag run (those bind to no item).
+  uint32_t firstOp = p.steps.empty() ? 0 : p.steps[0].begin;
+  while (!p.steps.empty() && firstOp < p.steps[0].end && p.ops[firstOp].kind == prog::Op::kFlags &&
+         p.ops[firstOp].begin == p.ops[firstOp].end) {
+    ++firstOp;
+  }
   if (p.mode == prog::Mode::kCaptured && !bp->steps_.empty() && !bp->steps_[0].items.empty() &&
+      firstOp < p.steps[0].end && p.ops[firstOp].kind == prog::Op::kFlags &&
       bp->steps_[0].items[0].kind == prog::Op::kFlags && bp->steps_[0].items[0].peer < 0) {
-    const prog::Op& op = p.ops[p.steps[0].begin];
+    const prog::Op& op = p.ops[firstOp];
     uint32_t split = 0;
     while (op.begin + split < op.end && p.flags[op.begin + split].kind != prog::FlagOp::kWait) ++split;
     if (op.kind == prog::Op::kFlags && split > 0) {
