@@ -81,6 +81,17 @@ void LoopbackWorld::markBroken(const char* reason) {
   pending_.clear();  // deferred work that will never be issued: drop it (its issue functions hold plans)
 }
 
+void LoopbackWorld::rankDestroyed(int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (pending_.empty()) return;
+  char why[160];
+  snprintf(why, sizeof(why),
+           "virtual rank %d's comm was destroyed while a deferred collective of this world was pending (submitted by "
+           "some ranks, not all)",
+           rank);
+  markBroken(why);
+}
+
 bool LoopbackWorld::abort(int rank, uint64_t boundMs) {
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -72,6 +72,10 @@ class LoopbackWorld {
   // at most boundMs. If it does not go idle, the world's memory is never freed (left to process exit). Returns true
   // if the device went idle.
   bool abort(int rank, uint64_t boundMs);
+  // Virtual rank `rank`'s comm was destroyed. If a deferred collective is pending (some ranks submitted, not all),
+  // its issue functions hold bound programs whose comm may be the destroyed one: issuing them later would use freed
+  // memory, and the collective can never complete anyway. The world is marked unusable and they are dropped.
+  void rankDestroyed(int rank);
 
  private:
   LoopbackWorld(int nRanks, int device) : nRanks_(nRanks), device_(device) {}
@@ -126,6 +130,9 @@ class LoopbackWorld {
 class LoopbackRank final : public PeerMemory, public IssuePolicy {
  public:
   LoopbackRank(std::shared_ptr<LoopbackWorld> world, int rank) : world_(std::move(world)), rank_(rank) {}
+  // The rank's comm is gone: deferred work of the world that a later call would issue may hold this rank's
+  // programs (and through them its destroyed comm), so the world drops it and becomes unusable.
+  ~LoopbackRank() override { world_->rankDestroyed(rank_); }
 
   const char* name() const override { return "loopback"; }
 
