@@ -190,10 +190,9 @@ def test_reduce_scatter_checks_every_rank_before_issuing(world, layouts):
     assert [c[:2] for c in rec.calls] == [("rs", 101), ("rs", 102), ("rs", 103)]
 
 
-def test_a_collective_in_flight_reaches_every_rank_when_close_begins(world, layouts, monkeypatch):
-    """close() on another thread while the collective is being issued: the remaining ranks are still issued (the
-    in-flight span), and calls after close() are refused."""
-    w, rec = world
+def _held_all_gather(w, rec, layouts, **kw):
+    """A world-wide all-gather on another thread, held inside its first rank's library call until `go` is set.
+    Returns (thread, go) once the call is held there."""
     started, go = threading.Event(), threading.Event()
     orig = rec.tideAllGather
 
@@ -205,13 +204,22 @@ def test_a_collective_in_flight_reaches_every_rank_when_close_begins(world, layo
 
     rec.tideAllGather = slow
     good = [0x10000 * (r + 1) for r in range(W)]
-    t = threading.Thread(target=lambda: w.all_gather(layouts, good, sendbufs=good))
+    t = threading.Thread(target=lambda: w.all_gather(layouts, good, sendbufs=good, **kw))
     t.start()
     assert started.wait(10)
+    return t, go
+
+
+def test_a_collective_in_flight_reaches_every_rank_when_close_begins(world, layouts, monkeypatch):
+    """close() on another thread while the collective is being issued: the remaining ranks are still issued (the
+    in-flight span), and calls after close() are refused."""
+    w, rec = world
+    t, go = _held_all_gather(w, rec, layouts)
     assert w._life.close(wait=False) and w._life.others_in_flight()
     go.set()
     t.join(10)
     assert [c[1] for c in rec.calls] == [101, 102, 103]
+    good = [0x10000 * (r + 1) for r in range(W)]
     with pytest.raises(InvalidArgumentError, match="LoopbackWorld is closed"):
         w.all_gather(layouts, good, sendbufs=good)
 
@@ -373,20 +381,7 @@ def test_abort_during_close_ends_its_wait_and_nothing_is_destroyed_twice(world, 
 
 def test_abort_with_a_call_in_flight_keeps_handles_and_streams_until_it_leaves(world, layouts):
     w, rec = world
-    started, go = threading.Event(), threading.Event()
-    orig = rec.tideAllGather
-
-    def slow(*a):
-        if not rec.calls:
-            started.set()
-            go.wait(10)
-        return orig(*a)
-
-    rec.tideAllGather = slow
-    good = [0x10000 * (r + 1) for r in range(W)]
-    t = threading.Thread(target=lambda: w.all_gather(layouts, good, sendbufs=good))
-    t.start()
-    assert started.wait(10)
+    t, go = _held_all_gather(w, rec, layouts)
     w.abort()
     assert rec.count("abort") == W and rec.count("stream") == 0 and w._comms == [101, 102, 103]
     w.close()  # after abort(): nothing for close() to do
@@ -404,20 +399,7 @@ def test_close_waits_for_the_event_of_a_call_that_was_in_flight_when_it_began(wo
     w, rec = world
     ev = w._events
     ev.busy.update(CALLER)
-    started, go = threading.Event(), threading.Event()
-    orig = rec.tideAllGather
-
-    def slow(*a):
-        if not rec.calls:
-            started.set()
-            go.wait(10)
-        return orig(*a)
-
-    rec.tideAllGather = slow
-    good = [0x10000 * (r + 1) for r in range(W)]
-    t = threading.Thread(target=lambda: w.all_gather(layouts, good, sendbufs=good, streams=CALLER))
-    t.start()
-    assert started.wait(10)
+    t, go = _held_all_gather(w, rec, layouts, streams=CALLER)
     closer = threading.Thread(target=w.close, daemon=True)
     closer.start()
     time.sleep(0.1)

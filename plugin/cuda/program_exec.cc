@@ -121,7 +121,7 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
     const prog::Op& op = p.ops[firstOp];
     uint32_t split = 0;
     while (op.begin + split < op.end && p.flags[op.begin + split].kind != prog::FlagOp::kWait) ++split;
-    if (op.kind == prog::Op::kFlags && split > 0) {
+    if (split > 0) {
       MemOpBatch head, tail;
       for (uint32_t f = op.begin; f < op.end; ++f) {
         (f < op.begin + split ? head : tail).add(p.flags[f], mem->flags(p.flags[f].owner) + p.flags[f].word);
@@ -204,12 +204,10 @@ tideResult_t BoundProgram::issueStep(const StepItems& s, const CallValues& v, cu
         if (br.next < 0) {
           a.followingBytes = 0;  // the last reduce: the drain
         } else {
-          // What arrives before the next reduce can start. A next reduce with no other input (one fp32 input, no
-          // prev: a multi-node finish) counts its input as arriving, as reduceMaxCtas does; never 0 (the drain).
+          // What arrives before the next reduce can start; never 0 (the drain) for an empty one.
           const BoundReduce& nx = reduces_[br.next];
-          const size_t inSize = nx.op.inputsFp32 ? 4 : (v.inType == tideFloat32 ? 4 : 2);
-          uint64_t f = reduceIncomingBytes(nx.args.nSrc, nx.args.n, inSize, nx.op.hasPrev);
-          if (f == 0) f = nx.args.n * static_cast<uint64_t>(nx.args.nSrc > 0 ? nx.args.nSrc : 1) * inSize;
+          const uint64_t f = reduceArrivingBytes(nx.args.nSrc, nx.args.n, nx.op.inputsFp32 ? tideFloat32 : v.inType,
+                                                 nx.op.hasPrev);
           a.followingBytes = static_cast<int64_t>(f > 0 ? f : 1);
         }
         if (!br.asCopy.dst.empty() && a.outType == tideFloat32 && op == tideSum) {
@@ -226,8 +224,8 @@ tideResult_t BoundProgram::issueStep(const StepItems& s, const CallValues& v, cu
 
 BoundProgram::~BoundProgram() { destroyGraph(graph_); }
 
-tideResult_t BoundProgram::issueAll(const CallValues& v, cudaStream_t caller) {
-  for (const StepItems& s : steps_) TIDE_CHECK(issueStep(s, v, caller));
+tideResult_t BoundProgram::issueAll(const std::vector<StepItems>& steps, const CallValues& v, cudaStream_t caller) {
+  for (const StepItems& s : steps) TIDE_CHECK(issueStep(s, v, caller));
   return tideSuccess;
 }
 
@@ -262,10 +260,6 @@ tideResult_t BoundProgram::issueTokens(const std::shared_ptr<BoundProgram>& self
 tideResult_t BoundProgram::issueTokenSteps(const std::vector<StepItems>& steps, const CallValues& v,
                                            cudaStream_t stream) {
   BoundProgram& bp = *this;
-  auto issueSteps = [&](const CallValues& cv, cudaStream_t s) -> tideResult_t {
-    for (const StepItems& st : steps) TIDE_CHECK(bp.issueStep(st, cv, s));
-    return tideSuccess;
-  };
   using Issue = prog::GraphAmortizer::Issue;
   Issue how = bp.amort_.next(valuesKey(v));
   std::string why;
@@ -285,7 +279,7 @@ tideResult_t BoundProgram::issueTokenSteps(const std::vector<StepItems>& steps, 
     // TRACE lines around each driver call that could block: the last one logged names the call of a hang.
     TIDE_TRACE("Cuda", "rank %d: capturing a %s token program (%zu copy batches, %zu reduces)", bp.comm_->rank,
                bp.prog_->coll == prog::Coll::kAllGather ? "AG" : "RS", bp.copies_.size(), bp.reduces_.size());
-    if (captureGraph(capStream, [&](cudaStream_t s) { return issueSteps(cv, s) == tideSuccess; }, &g, &why)) {
+    if (captureGraph(capStream, [&](cudaStream_t s) { return bp.issueAll(steps, cv, s) == tideSuccess; }, &g, &why)) {
       TIDE_TRACE("Cuda", "rank %d: captured and instantiated", bp.comm_->rank);
       bp.graph_ = g;
       justCaptured = true;
@@ -310,7 +304,7 @@ tideResult_t BoundProgram::issueTokenSteps(const std::vector<StepItems>& steps, 
     noteGraphFallback("launching a captured bound program", why);
   }
   bp.lastIssue_ = "issued directly";
-  return issueSteps(v, stream);
+  return bp.issueAll(steps, v, stream);
 }
 
 tideResult_t BoundProgram::issue(const std::shared_ptr<BoundProgram>& self, const CallValues& v, cudaStream_t stream,
@@ -320,7 +314,7 @@ tideResult_t BoundProgram::issue(const std::shared_ptr<BoundProgram>& self, cons
   IssuePolicy* pol = bp.comm_->policy.get();
   if (p.mode != prog::Mode::kDeferred) {
     std::lock_guard<std::mutex> lock(bp.issueMu_);
-    return bp.issueAll(v, stream);
+    return bp.issueAll(bp.steps_, v, stream);
   }
   // Deferred: the provider first checks that the groups can be issued (so that no caller-stream wait is enqueued
   // for work that will never come), then the call-time steps, then the groups through the provider.

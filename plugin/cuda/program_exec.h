@@ -100,9 +100,9 @@ class BoundProgram {
   };
 
   tideResult_t issueStep(const StepItems& s, const CallValues& v, cudaStream_t caller);
-  // Every step in program order; the caller holds issueMu_.
-  tideResult_t issueAll(const CallValues& v, cudaStream_t caller);
-  // steps (steps_ or restSteps_) of a token program from this binding's graph of them, or directly (issueTokens).
+  // steps (steps_, or a token program's restSteps_) in program order; the caller holds issueMu_.
+  tideResult_t issueAll(const std::vector<StepItems>& steps, const CallValues& v, cudaStream_t caller);
+  // steps of a token program from this binding's graph of them, or directly (issueTokens).
   tideResult_t issueTokenSteps(const std::vector<StepItems>& steps, const CallValues& v, cudaStream_t stream);
 
   tideComm* comm_ = nullptr;

@@ -269,7 +269,9 @@ tideResult_t preloadReduceKernels() {
   return preloadIn<Fp16>();
 }
 
-uint64_t reduceIncomingBytes(int nSrc, uint64_t n, size_t inSize, bool prev) {
+uint64_t reduceArrivingBytes(int nSrc, uint64_t n, tideDataType_t inType, bool prev) {
+  const uint64_t inSize = typeSize(inType);
+  if (nSrc <= 1 && !prev) return n * inSize;
   const uint64_t others = nSrc > 1 ? static_cast<uint64_t>(nSrc - 1) : 0;
   return n * (others * inSize + (prev ? 4 : 0));
 }
@@ -278,11 +280,11 @@ int reduceMaxCtas(const ReduceArgs& a, const ReducePace& pace) {
   const uint64_t inSize = typeSize(a.inType);
   const uint64_t nSrc = static_cast<uint64_t>(a.nSrc > 0 ? a.nSrc : 0);
   const uint64_t traffic = a.n * (nSrc * inSize + typeSize(a.outType) + (a.prev != nullptr ? 4 : 0));
-  uint64_t incoming = reduceIncomingBytes(a.nSrc, a.n, inSize, a.prev != nullptr);
   const int sms = pace.smCount > 0 ? pace.smCount : 1;
-  if (incoming == 0 && pace.singleRank) return sms;  // a single-rank world: nothing to keep pace with
-  if (incoming == 0) incoming = a.n * nSrc * inSize;  // its input came over a link
-  if (!(pace.linkGBps > 0)) return sms;
+  // A single-rank world: one input, no prev, nothing to keep pace with.
+  if (pace.singleRank && a.nSrc <= 1 && a.prev == nullptr) return sms;
+  const uint64_t incoming = reduceArrivingBytes(a.nSrc, a.n, a.inType, a.prev != nullptr);
+  if (incoming == 0 || !(pace.linkGBps > 0)) return sms;
   if (a.followingBytes == 0) return kReduceMaxPacedCtas < sms ? kReduceMaxPacedCtas : sms;  // the drain
   const uint64_t deadline = a.followingBytes > 0 ? static_cast<uint64_t>(a.followingBytes) : incoming;
   const double rate =

@@ -34,9 +34,10 @@ struct ReduceArgs {
   int64_t followingBytes = -1;
 };
 
-// Bytes of a reduce of n elements of nSrc inputs of inSize bytes (and prev) that arrive over links: every input
-// but the rank's own, and prev.
-uint64_t reduceIncomingBytes(int nSrc, uint64_t n, size_t inSize, bool prev);
+// Bytes of a reduce of n elements of nSrc inputs of inType (and prev) that arrive over links: every input but the
+// rank's own, and prev; a reduce with neither (one input, no prev: a final narrowing, a one-rank node's fold)
+// counts its input as arriving (in a world of one rank nothing arrives, which reduceMaxCtas checks first).
+uint64_t reduceArrivingBytes(int nSrc, uint64_t n, tideDataType_t inType, bool prev);
 
 // How one reduce is launched: `launches` kernels in a row on the stream, each of `ctas` CTAs of `threads` threads;
 // CTA b of launch l handles the contiguous units [(l * ctas + b) * perCta, ... + perCta) (units: 8-element vectors

@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 from gpu_util import POISON, as_bits, int_dtype, make_layouts, random_bytes, random_float
 from nccl_tide import _native as N
-from test_graph_capture import AgCase, RsCase, capture_each_rank, destroy, launch_all, rs_layouts
+from test_graph_capture import (  # noqa: F401 (world_of: the fixture, shared)
+    AgCase, RsCase, capture_each_rank, destroy, launch_all, rs_layouts, world_of)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 
@@ -39,22 +40,6 @@ def seeded(*key):
 
 def route_on() -> bool:
     return os.environ.get("NCCL_TIDE_EAGER_GRAPHS", "0") == "1"  # off by default (docs/env.md)
-
-
-@pytest.fixture
-def world_of(torch_cuda, cuda_lib):
-    from nccl_tide.cuda import LoopbackWorld
-
-    made = []
-
-    def get(n):
-        made.append(LoopbackWorld(n))
-        return made[-1]
-
-    yield get
-    for w in made:
-        w.synchronize()
-        w.close()
 
 
 def last_program(world, r, coll):
