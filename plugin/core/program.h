@@ -131,7 +131,9 @@ struct Op {
 
 struct Step {
   Lane lane = Lane::kCaller;
-  int32_t group = -1;  // kDeferred: issue group (-1: at call time)
+  // kDeferred: issue group (-1: at call time). kCaptured: issue round (-1: the announce, 0 and 1: rounds 1 and 2),
+  // used by providers whose ranks share hardware queues (docs/architecture.md "Issue rounds"); others ignore it.
+  int32_t group = -1;
   uint32_t begin = 0, end = 0;  // ops
 };
 
@@ -139,7 +141,7 @@ struct Program {
   Coll coll = Coll::kAllGather;
   Mode mode = Mode::kInOrder;
   int rank = 0, worldSize = 0, ranksPerNode = 0, nNodes = 0;
-  int numGroups = 0;        // kDeferred: groups 0 .. numGroups - 1
+  int numGroups = 0;        // kDeferred: groups 0 .. numGroups - 1; kCaptured: issue rounds after the announce
   uint64_t numTasks = 0;    // RS: how far the call advances the comm's task counter
   int numChunks = 0;        // RS: pipeline chunks of the layout
   int numBuffers = 0;       // RS: staging buffers

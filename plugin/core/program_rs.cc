@@ -129,7 +129,8 @@ void singleNode(const Layout& l, const Geometry& g, Mode mode, Builder& b) {
   b.wait(me, word::kRsPushDone, Val::kEpoch, 0);
 }
 
-// Replay-safe constant tokens, one staging buffer per chunk (docs/architecture.md "CUDA graphs").
+// Replay-safe constant tokens, one staging buffer per chunk (docs/architecture.md "CUDA graphs"), in issue rounds
+// (groups -1, 0, 1: docs/architecture.md "Issue rounds").
 void captured(const Layout& l, const Geometry& g, Builder& b) {
   const int W = g.W, me = g.me;
   b.at(Lane::kCaller, -1);
@@ -137,6 +138,7 @@ void captured(const Layout& l, const Geometry& g, Builder& b) {
   for (int d = 0; d < W; ++d) {
     if (d != me) b.write(d, word::kCapRsEnter + me, Val::kConst, 1);
   }
+  b.at(Lane::kCaller, 0);  // round 1: waits only for the announces (round 0) of every rank
   for (int d = 0; d < W; ++d) {
     if (d != me) b.wait(me, word::kCapRsEnter + d, Val::kConst, 1);
   }
@@ -157,6 +159,7 @@ void captured(const Layout& l, const Geometry& g, Builder& b) {
       if (d != me) b.write(d, word::kCapRsFull + me, Val::kConst, k + 1);
     }
   }
+  b.at(Lane::kCaller, 1);  // round 2: waits only for round 1's full writes (every chunk's)
   for (int k = 0; k < g.numChunks; ++k) {
     const uint64_t c0 = static_cast<uint64_t>(k) * g.chunk, c1 = std::min(c0 + g.chunk, g.outNumel);
     for (int s = 0; s < W; ++s) {
@@ -313,6 +316,7 @@ tideResult_t compileReduceScatter(const Layout& l, const Options& opt, Program* 
     }
     p.numTasks = 0;  // captured calls never touch the eager counters
     captured(l, g, b);
+    p.numGroups = 2;  // issue rounds 1 and 2 (round 0, the announce, is group -1)
   } else if (g.N == 1) {
     singleNode(l, g, opt.mode, b);
     if (opt.mode == Mode::kDeferred) p.numGroups = g.numChunks + 1;

@@ -108,42 +108,11 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
     }
     bp->steps_.push_back(std::move(si));
   }
-  // Token programs: the announce and the rest, for providers whose ranks share copy-engine queues (issueTokens).
-  // items[0] of step 0 is its first op that is not an empty flag run (those bind to no item).
-  uint32_t firstOp = p.steps.empty() ? 0 : p.steps[0].begin;
-  while (!p.steps.empty() && firstOp < p.steps[0].end && p.ops[firstOp].kind == prog::Op::kFlags &&
-         p.ops[firstOp].begin == p.ops[firstOp].end) {
-    ++firstOp;
-  }
-  if (p.mode == prog::Mode::kCaptured && !bp->steps_.empty() && !bp->steps_[0].items.empty() &&
-      firstOp < p.steps[0].end && p.ops[firstOp].kind == prog::Op::kFlags &&
-      bp->steps_[0].items[0].kind == prog::Op::kFlags && bp->steps_[0].items[0].peer < 0) {
-    const prog::Op& op = p.ops[firstOp];
-    uint32_t split = 0;
-    while (op.begin + split < op.end && p.flags[op.begin + split].kind != prog::FlagOp::kWait) ++split;
-    if (split > 0) {
-      MemOpBatch head, tail;
-      for (uint32_t f = op.begin; f < op.end; ++f) {
-        (f < op.begin + split ? head : tail).add(p.flags[f], mem->flags(p.flags[f].owner) + p.flags[f].word);
-      }
-      bp->hasAnnounce_ = true;
-      bp->announce_ = StepItems{bp->steps_[0].lane, bp->steps_[0].group, {}};
-      bp->announce_.items.push_back(Item{prog::Op::kFlags, -1, static_cast<int>(bp->memops_.size())});
-      bp->memops_.push_back(std::move(head));
-      bp->restSteps_ = bp->steps_;
-      auto& first = bp->restSteps_[0].items;
-      if (tail.ops.empty()) {
-        first.erase(first.begin());
-      } else {
-        first[0].index = static_cast<int>(bp->memops_.size());
-        bp->memops_.push_back(std::move(tail));
-      }
-    }
-  }
   // Each reduce's deadline is the next one's arrival (reduce_kernel.h, followingBytes); the last has none.
   for (size_t i = 0; i + 1 < bp->reduces_.size(); ++i) bp->reduces_[i].next = static_cast<int>(i + 1);
-  // Deferred groups: each group's steps are contiguous in program order (program_*.cc emit them group by group).
-  if (p.mode == prog::Mode::kDeferred) {
+  // Deferred groups and token rounds: each group's steps are contiguous in program order (program_*.cc emit them
+  // group by group).
+  if (p.mode == prog::Mode::kDeferred || (p.mode == prog::Mode::kCaptured && p.numGroups > 0)) {
     bp->groupRange_.assign(p.numGroups, {0, 0});
     std::vector<bool> seen(p.numGroups, false);
     for (size_t i = 0; i < bp->steps_.size(); ++i) {
@@ -229,32 +198,122 @@ tideResult_t BoundProgram::issueAll(const std::vector<StepItems>& steps, const C
   return tideSuccess;
 }
 
+bool BoundProgram::RoundGraphs::any() const {
+  for (cudaGraphExec_t g : graphs) {
+    if (g) return true;
+  }
+  return false;
+}
+
+BoundProgram::RoundGraphs::~RoundGraphs() {
+  for (cudaGraphExec_t g : graphs) destroyGraph(g);
+}
+
+bool BoundProgram::roundNeedsGraph(int g) const {
+  const auto& r = groupRange_[g];
+  for (int i = r.first; i < r.second; ++i) {
+    for (const Item& it : steps_[i].items) {
+      if (it.kind != prog::Op::kFlags) return true;
+    }
+  }
+  return false;  // flag batches only: one cuStreamBatchMemOp each, cheaper to issue than a graph launch
+}
+
+tideResult_t BoundProgram::issueRound(int g, const CallValues& v, cudaStream_t stream,
+                                      const std::shared_ptr<RoundGraphs>& graphs) {
+  if (graphs && graphs->graphs[g]) {
+    std::string why;
+    TIDE_TRACE("Cuda", "rank %d: launching the graph of round %d", comm_->rank, g + 1);
+    if (launchGraph(graphs->graphs[g], stream, &why)) {
+      TIDE_TRACE("Cuda", "rank %d: round %d launched", comm_->rank, g + 1);
+      return tideSuccess;
+    }
+    // A refused launch enqueued nothing: this round directly, and no graphs from now on.
+    amort_.captureFailed();
+    roundGraphs_.reset();
+    lastIssue_ = "issued directly";
+    noteGraphFallback("launching a captured round of a bound program", why);
+  }
+  const auto& r = groupRange_[g];
+  for (int i = r.first; i < r.second; ++i) TIDE_CHECK(issueStep(steps_[i], v, stream));
+  return tideSuccess;
+}
+
 tideResult_t BoundProgram::issueTokens(const std::shared_ptr<BoundProgram>& self, const CallValues& v,
                                        cudaStream_t stream) {
   BoundProgram& bp = *self;
-  if (bp.prog_->mode != prog::Mode::kCaptured || bp.prog_->usesInternalLane) {
+  const prog::Program& p = *bp.prog_;
+  if (p.mode != prog::Mode::kCaptured || p.usesInternalLane) {
     return fail(tideInternalError, "Cuda", "issueTokens: not a token program on the caller's stream");
   }
   IssuePolicy* pol = bp.comm_->policy.get();
-  if (!pol->defersPushes() || !bp.hasAnnounce_) {
+  if (!pol->defersPushes() || p.numGroups == 0) {
     std::lock_guard<std::mutex> lock(bp.issueMu_);
     return bp.issueTokenSteps(bp.steps_, v, stream);
   }
-  // Shared copy-engine queues (loopback): this rank's announce now, its rest once every rank has announced (the
-  // provider calls back, possibly from another rank's call, step-major over the ranks). The lock is not held while
-  // the provider may call back into this binding.
-  const CollKind kind = kindOf(bp.prog_->coll);
-  TIDE_CHECK(pol->precheckSteps(kind, v.epoch, 0));
+  // Shared hardware queues (loopback): the announce now, rounds 1..numGroups once every rank has announced (the
+  // provider calls back, possibly from another rank's call, round-major over the ranks). How this call is issued
+  // (graphs or directly) is decided, and any capture made, now; the lock is not held while the provider may call
+  // back into this binding.
+  const CollKind kind = kindOf(p.coll);
+  const int last = p.numGroups - 1;
+  TIDE_CHECK(pol->precheckSteps(kind, v.epoch, last));
+  std::shared_ptr<RoundGraphs> graphs;
   {
     std::lock_guard<std::mutex> lock(bp.issueMu_);
-    TIDE_CHECK(bp.issueStep(bp.announce_, v, stream));
+    using Issue = prog::GraphAmortizer::Issue;
+    Issue how = bp.amort_.next(valuesKey(v));
+    std::string why;
+    cudaStream_t capStream = nullptr;
+    if (how == Issue::kCapture && !captureStreamOf(bp.comm_, &capStream, &why)) {
+      bp.amort_.captureFailed();
+      noteGraphFallback("creating the private capture stream", why);
+      how = Issue::kDirect;
+    }
+    if (how == Issue::kCapture) {
+      bp.roundGraphs_.reset();  // captured with other values (or none yet); a pending round keeps its own
+      auto fresh = std::make_shared<RoundGraphs>();
+      fresh->graphs.assign(p.numGroups, nullptr);
+      CallValues cv = v;
+      cv.batchApi = false;  // the batch API is not capturable: one memcpy node per copy
+      bool ok = true;
+      for (int g = 0; g <= last && ok; ++g) {
+        if (!bp.roundNeedsGraph(g)) continue;
+        TIDE_TRACE("Cuda", "rank %d: capturing round %d of a %s token program", bp.comm_->rank, g + 1,
+                   p.coll == prog::Coll::kAllGather ? "AG" : "RS");
+        const auto& r = bp.groupRange_[g];
+        ok = captureGraph(capStream, [&](cudaStream_t s) {
+          for (int i = r.first; i < r.second; ++i) {
+            if (bp.issueStep(bp.steps_[i], cv, s) != tideSuccess) return false;
+          }
+          return true;
+        }, &fresh->graphs[g], &why);
+      }
+      if (ok) {
+        bp.roundGraphs_ = std::move(fresh);
+        bp.lastIssue_ = "captured into a graph and replayed from it";
+      } else {
+        bp.amort_.captureFailed();
+        noteGraphFallback("capturing a round of a bound program", why);
+        how = Issue::kDirect;
+      }
+    } else if (how == Issue::kReplay && bp.roundGraphs_) {
+      bp.lastIssue_ = "replayed from a graph";
+    } else {
+      how = Issue::kDirect;
+    }
+    if (how == Issue::kDirect) bp.lastIssue_ = "issued directly";
+    else graphs = bp.roundGraphs_;
+    for (const StepItems& s : bp.steps_) {
+      if (s.group < 0) TIDE_CHECK(bp.issueStep(s, v, stream));  // the announce
+    }
   }
-  IssuePolicy::IssueFn fn = [self, v, stream](int) -> tideResult_t {
+  IssuePolicy::IssueFn fn = [self, v, stream, graphs](int g) -> tideResult_t {
     BoundProgram& b = *self;
     std::lock_guard<std::mutex> lock(b.issueMu_);
-    return b.issueTokenSteps(b.restSteps_, v, stream);
+    return b.issueRound(g, v, stream, graphs);
   };
-  return pol->scheduleSteps(kind, v.epoch, 0, std::move(fn));
+  return pol->scheduleSteps(kind, v.epoch, last, std::move(fn));
 }
 
 tideResult_t BoundProgram::issueTokenSteps(const std::vector<StepItems>& steps, const CallValues& v,

@@ -70,13 +70,13 @@ class BoundProgram {
   // An eager call of a token (kCaptured) program: replays this binding's graph, or captures it first, or issues the
   // steps directly (prog::GraphAmortizer decides; a capture or launch failure falls back to direct issue, logged
   // once). Each is the same operations in the same order on `stream`, so the choice is this rank's alone.
-  // On a provider whose ranks share copy-engine queues (defersPushes: loopback) the program is split: its announce
-  // (the writes before its first wait) is issued now, and the rest (from a graph or directly) through scheduleSteps,
-  // i.e. after every rank's announce: a graph's copies, one queue entry each, could otherwise fill the shared queue
-  // while they wait for a rank that has not announced yet, and block the host that would issue it
-  // (docs/notes/levers-after-session16.md; the CPU model: tests/c/program_model.cc --copy-queue).
+  // On a provider whose ranks share hardware queues (defersPushes: loopback) the program is issued in its rounds
+  // (the steps' groups; docs/architecture.md "Issue rounds"): the announce (group -1) now, rounds 1 and 2 through
+  // scheduleSteps, round-major over the ranks once every rank has announced, each round that holds copies or
+  // reduces from a graph of that round. Every wait is then enqueued after the writes it waits for, in whatever
+  // queues the device puts them.
   static tideResult_t issueTokens(const std::shared_ptr<BoundProgram>& self, const CallValues& v, cudaStream_t stream);
-  bool hasGraph() const { return graph_ != nullptr; }
+  bool hasGraph() const { return graph_ != nullptr || (roundGraphs_ && roundGraphs_->any()); }
   // How the last issueTokens call went, for the debug dump and traces: "issued directly", "captured into a graph
   // and replayed from it", "replayed from a graph", or "" when issueTokens was never called.
   const char* lastTokenIssue() const { return lastIssue_; }
@@ -100,10 +100,20 @@ class BoundProgram {
   };
 
   tideResult_t issueStep(const StepItems& s, const CallValues& v, cudaStream_t caller);
-  // steps (steps_, or a token program's restSteps_) in program order; the caller holds issueMu_.
+  // steps in program order; the caller holds issueMu_.
   tideResult_t issueAll(const std::vector<StepItems>& steps, const CallValues& v, cudaStream_t caller);
-  // steps of a token program from this binding's graph of them, or directly (issueTokens).
+  // steps of a token program from this binding's graph of them, or directly (issueTokens, one lane of issue).
   tideResult_t issueTokenSteps(const std::vector<StepItems>& steps, const CallValues& v, cudaStream_t stream);
+  // The graphs of a token program's issue rounds (one per group that holds copies or reduces; null for the others),
+  // shared with the closures of calls not yet issued, so that a recapture cannot free a graph a pending round uses.
+  struct RoundGraphs {
+    std::vector<cudaGraphExec_t> graphs;
+    bool any() const;
+    ~RoundGraphs();
+  };
+  // Round g of a token program (issueTokens, rounds): from `graphs` if given and it has one, else directly.
+  tideResult_t issueRound(int g, const CallValues& v, cudaStream_t stream, const std::shared_ptr<RoundGraphs>& graphs);
+  bool roundNeedsGraph(int g) const;
 
   tideComm* comm_ = nullptr;
   std::shared_ptr<const prog::Program> prog_;
@@ -111,15 +121,12 @@ class BoundProgram {
   std::vector<MemOpBatch> memops_;
   std::vector<CopyBatch> copies_;
   std::vector<BoundReduce> reduces_;
-  std::vector<std::pair<int, int>> groupRange_;  // deferred: steps [first, second) of each group
-  // Token programs: the announce (the first flag run's writes before its first wait) and the steps without it.
-  bool hasAnnounce_ = false;
-  StepItems announce_{};
-  std::vector<StepItems> restSteps_;
+  std::vector<std::pair<int, int>> groupRange_;  // deferred groups and token rounds: steps [first, second) of each
   std::mutex issueMu_;  // deferred groups of two epochs may be issued from two threads
   // Eager token route, under issueMu_: when to capture, and the graph (captured with amort_'s current values).
   prog::GraphAmortizer amort_;
-  cudaGraphExec_t graph_ = nullptr;
+  cudaGraphExec_t graph_ = nullptr;               // the whole program (providers that do not defer)
+  std::shared_ptr<RoundGraphs> roundGraphs_;      // its rounds (providers that defer)
   const char* lastIssue_ = "";  // a static string (read by tideCommDebugDump between calls)
 };
 
