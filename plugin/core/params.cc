@@ -88,9 +88,9 @@ const Def kDefs[kNumParams] = {
      1, 100000, nullptr, "an integer number of GB/s from 1 to 100000"},
     {"NCCL_TIDE_EAGER_GRAPHS", Type::kBool, "bool", "0",
      "1 runs eager calls whose program can be captured (one node; RS with at most 2 chunks) with the token protocol, "
-     "replaying a CUDA graph the library captured (docs/architecture.md, CUDA graphs); 0 (the default: an 8-rank "
-     "loopback world hung with it on the H200, cause not yet found) keeps the epoch protocol. Must match on all "
-     "ranks.",
+     "replaying a CUDA graph the library captured (docs/architecture.md, CUDA graphs); 0 (the default, until the rest "
+     "of tests/gpu has run with it on and loopback fault reports cover it: docs/architecture.md, Status) keeps the "
+     "epoch protocol. Must match on all ranks.",
      0, 1, nullptr, "0 or 1"},
 };
 
