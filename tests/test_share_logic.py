@@ -84,6 +84,10 @@ def test_validation_and_cli_hook(capsys):
     assert "--piece-bytes" in share.validate(_args(piece_bytes=1000))
     assert "--runs" in share.validate(_args(runs=0))
     assert "unknown --sides" in share.validate(_args(sides=["rs-share", "bogus"]))
+    # the drain-cap sides: a positive CTA count, written plainly
+    assert share.validate(_args(sides=["rs-share", "rs-share-drain64", "rs-share-drain1"])) is None
+    for bad in ("rs-share-drain", "rs-share-drain0", "rs-share-drain064", "rs-share-drain2000", "rs-share-drainx"):
+        assert "unknown --sides" in share.validate(_args(sides=[bad])), bad
     assert "collective" in share.validate(_args(collective="all_reduce"))
     a = share.parser().parse_args(["reduce_scatter", "--link-gbps", "200", "--piece-bytes", "2MiB", "--sides",
                                    "rs-share,nccl-like-32"])

@@ -184,12 +184,20 @@ def validate(a) -> Optional[str]:
         return f"--piece-bytes must be 64K..1G, got {a.piece_bytes}"
     if a.runs < 1:
         return f"--runs must be >= 1 (the method asks for >= {MIN_RUNS}), got {a.runs}"
-    bad = [s for s in a.sides if s not in SIDES]
+    bad = [s for s in a.sides if not _known_side(s)]
     if bad:
-        return f"unknown --sides {', '.join(bad)}; choose from {', '.join(SIDES)}"
+        return f"unknown --sides {', '.join(bad)}; choose from {', '.join(SIDES)}, rs-share-drainN (N = 1..1024)"
     if a.collective not in ("all_gather", "reduce_scatter", "both"):
         return f"collective must be all_gather, reduce_scatter or both, got {a.collective}"
     return None
+
+
+def _known_side(name: str) -> bool:
+    """A side of SIDES, or rs-share-drainN: the RS share with its last reduce on N CTAs (1..1024)."""
+    if name in SIDES:
+        return True
+    n = name[len("rs-share-drain"):] if name.startswith("rs-share-drain") else ""
+    return n.isdigit() and 1 <= int(n) <= 1024 and str(int(n)) == n
 
 
 def parser() -> argparse.ArgumentParser:
@@ -320,12 +328,15 @@ class AgShare(Side):
 
 
 class RsShare(Side):
-    def __init__(self, g: _Gpu, lay, world, pacer, seed, shapes, max_ctas=0, cta_bytes=0):
+    """drain_ctas > 0: the last reduce (the drain) on that many CTAs instead of the rule's cap (the `rs-share-drainN`
+    sides: what a different drain cap in the library would do, measured beside the rule in the same run)."""
+
+    def __init__(self, g: _Gpu, lay, world, pacer, seed, shapes, max_ctas=0, cta_bytes=0, drain_ctas=0):
         from .. import _bench as B
 
         t = g.torch
         self.B, self.g, self.pacer, self.lay, self.world = B, g, pacer, lay, world
-        self.name = "TIDE-RS share" + ("" if pacer else " (unpaced)")
+        self.name = "TIDE-RS share" + ("" if pacer else " (unpaced)") + (f", drain {drain_ctas} CTAs" if drain_ctas else "")
         self.tide = True
         M = lay.rs_out_numel
         self.grads = [g.rand(math.prod(s), t.bfloat16, seed + 100 + i) for i, s in enumerate(shapes)]
@@ -347,6 +358,10 @@ class RsShare(Side):
         self.args = [B.reduce_args(buf, chunk * 2, world, n, self.out.data_ptr() + c0 * 4, "bf16", "fp32", "sum",
                                    1.0, float(world), None, max_ctas, cta_bytes, following_bytes=f)
                      for (_, _, (buf, n, c0)), f in zip(self.plans, following)]
+        if drain_ctas:
+            buf, n, c0 = self.plans[-1][2]
+            self.args[-1] = B.reduce_args(buf, chunk * 2, world, n, self.out.data_ptr() + c0 * 4, "bf16", "fp32",
+                                          "sum", 1.0, float(world), None, drain_ctas, cta_bytes, following_bytes=0)
         self.shapes = [B.reduce_shape(a) for a in self.args]
         self.s_in, self.s_own, self.s_red = g.stream(), g.stream(), g.stream()
         self.streams = [self.s_in, self.s_own, self.s_red]
@@ -639,6 +654,9 @@ def _make_side(name, g, a, lay, shapes, numels, rows, pacer):
         return RsShare(g, lay, W, pacer, a.seed, shapes, a.reduce_max_ctas, a.reduce_cta_bytes)
     if name == "rs-share-unpaced":
         return RsShare(g, lay, W, None, a.seed, shapes, a.reduce_max_ctas, a.reduce_cta_bytes)
+    if name.startswith("rs-share-drain"):
+        return RsShare(g, lay, W, pacer, a.seed, shapes, a.reduce_max_ctas, a.reduce_cta_bytes,
+                       drain_ctas=int(name[len("rs-share-drain"):]))
     if name.startswith("nccl-like-"):
         return NcclLike(g, lay, W, int(name.rsplit("-", 1)[1]), a.link_gbps, a.seed)
     if name == "ag-loopback":
