@@ -90,13 +90,111 @@ def test_copy_queue_model_batched_copies_are_why_the_epoch_protocol_does_not_han
     assert bad.returncode != 0 and "the host is blocked on a full copy queue" in bad.stderr, bad.stderr[-2000:]
 
 
+@pytest.mark.parametrize("issue", ["announce", "rounds"])
 @pytest.mark.parametrize("protocol", ["token", "token-mixed"])
 @pytest.mark.parametrize("cap", [1, 64, 600])
-def test_copy_queue_model_announce_first_never_hangs(model_exe, cap, protocol):
+def test_copy_queue_model_announce_first_never_hangs(model_exe, cap, protocol, issue):
     """The loopback fix (BoundProgram::issueTokens on a deferring provider): every rank's announce (its first
     writes) at its call, the rest of every rank after the last call. No hang whatever the queue's size, for token
     all-gathers alone and mixed with token reduce-scatters (Slot-Reuse and own staging), bit-exact and hazard-free
-    as every model run."""
-    r = _queue(model_exe, cap, "graph", "announce", protocol)
+    as every model run. The rounds order (below) passes the copy-queue model as well."""
+    r = _queue(model_exe, cap, "graph", issue, protocol)
     assert r.returncode == 0 and "all cases passed" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
     assert "W=8 P=64" in r.stdout
+
+
+# The shared-channel model (program_model --channels K MAP C ISSUE PROTOCOL [seeds]; docs/notes/
+# levers-after-session16.md, "Session 17"): every operation, waits included, enters one of K FIFO channels, so a wait
+# at a channel's head blocks whatever is queued behind it. A hypothesis (H2) about the H200, not a measurement.
+# Exit 3 when some run hung (every run is reported), 1 on any other failure (a hazard, a wrong result).
+# (W, parameters, RS chunks): the --copy-queue layouts, session 17's 5 parameters at W = 8, RSs of 2 chunks.
+CHANNEL_CASES = {(2, 64, 1), (4, 16, 1), (8, 9, 1), (8, 64, 1), (8, 5, 1),
+                 (2, 64, 2), (4, 16, 2), (8, 64, 2), (8, 5, 2)}
+
+
+def _channels(model_exe, k, mapping, cap, issue, protocol, seeds=2):
+    r = subprocess.run([str(model_exe), "--channels", str(k), mapping, str(cap), issue, protocol, str(seeds)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode in (0, 3), r.stdout[-2000:] + r.stderr[-2000:]  # no hazard, no wrong result
+    runs = {}
+    for line in r.stdout.splitlines():
+        if not line.startswith("channel case "):
+            continue
+        f = line.split()
+        key = (int(f[3][2:]), int(f[4][2:]), int(f[5][7:]))  # W=.., P=.., chunks=..
+        runs.setdefault(key, []).append(line)
+    assert set(runs) == CHANNEL_CASES and all(len(v) == seeds for v in runs.values()), r.stdout[-2000:]
+    assert (r.returncode == 3) == any("HANG" in x for v in runs.values() for x in v), r.stdout[-2000:]
+    return r, runs
+
+
+def _hangs(lines):
+    assert all(": ok (" in x or ": HANG (" in x for x in lines), lines
+    return [": HANG (" in x for x in lines]
+
+
+@pytest.mark.parametrize("protocol", ["token", "token-mixed"])
+@pytest.mark.parametrize("issue", ["call", "announce"])
+def test_channel_model_one_channel_hangs_call_and_announce_at_every_world_size(model_exe, issue, protocol):
+    """K = 1 (every operation of every rank in one FIFO): both the whole program at each call and announce-first
+    hang at W = 2, 4 and 8. Announce-first's hang is the one H2 describes: rank 0's rest waits for rank 1's AG done
+    token, which is in rank 1's rest, queued behind that wait; the whole-program order already stops at the ready
+    wait (rank 1's announce is behind it)."""
+    r, runs = _channels(model_exe, 1, "rank", 0, issue, protocol)
+    assert r.returncode == 3
+    for key, lines in runs.items():
+        assert all(_hangs(lines)), (key, lines)
+        assert all("no lane can run" in x for x in lines), lines
+    blocked = "captured AG done from rank 1" if issue == "announce" else "captured AG ready of rank 1"
+    head = "ch0 [rank 0 lane 0 call 0: wait rank 0 word"
+    assert all(head in x and blocked in x for x in runs[(2, 64, 1)]), runs[(2, 64, 1)]
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+@pytest.mark.parametrize("issue", ["call", "announce"])
+def test_channel_model_rank_channels_hang_exactly_when_two_ranks_share_one(model_exe, issue, k):
+    """Rank r's operations in channel r % K, channels unbounded: a run hangs if and only if K < W, the same for the
+    whole program at each call and for announce-first. So if H2 held with this mapping, the H200's passes at W = 2
+    and 4 and its announce-first hang at W = 8 would need 4 <= K <= 7, and then the whole-program order, which
+    passed small layouts at W = 8 in session 16, would have hung there too: this mapping cannot explain both."""
+    r, runs = _channels(model_exe, k, "rank", 0, issue, "token")
+    for key, lines in runs.items():
+        assert _hangs(lines) == [k < key[0]] * len(lines), (key, lines)
+
+
+def test_channel_model_random_channels_hang_announce_first(model_exe):
+    """Each operation in a seeded random one of 8 channels (stream order kept): announce-first hangs, at every
+    world size, even with as many channels as ranks."""
+    r, runs = _channels(model_exe, 8, "random", 0, "announce", "token")
+    assert r.returncode == 3
+    for key, lines in runs.items():
+        assert any(_hangs(lines)), (key, lines)
+
+
+def test_channel_model_bounded_channel_per_rank_hangs_announce_first(model_exe):
+    """A channel per rank (no sharing) of 16 entries, the host blocking while one is full: announce-first hangs the
+    8-rank token reduce-scatters (what queues behind a rank's first blocked RS full wait exceeds 16 entries) and
+    passes at W = 2 and 4; the same channels pass the 8-rank all-gathers alone."""
+    r, runs = _channels(model_exe, 8, "rank", 16, "announce", "token-mixed")
+    for key, lines in runs.items():
+        assert _hangs(lines) == [key[0] == 8] * len(lines), (key, lines)
+        if key[0] == 8:
+            assert all("the host is blocked on a full channel" in x and "captured RS full" in x for x in lines), lines
+    r, runs = _channels(model_exe, 8, "rank", 16, "announce", "token")
+    assert r.returncode == 0 and "all cases passed" in r.stdout, r.stdout[-2000:]
+
+
+@pytest.mark.parametrize("protocol", ["token", "token-mixed"])
+@pytest.mark.parametrize("k,mapping,cap", [(1, "rank", 0), (1, "rank", 1), (3, "rank", 16), (4, "rank", 0),
+                                           (8, "rank", 16), (2, "random", 0), (8, "random", 1), (3, "random", 16)])
+def test_channel_model_rounds_never_hang(model_exe, k, mapping, cap, protocol):
+    """The rounds order: each rank's token program split at every wait that follows a non-wait; round 0 (the
+    announce) of each rank at its call, then round 1 of every rank, round 2 of every rank, ... after the last call.
+    Every wait's producers are issued before it, so no assignment of operations to FIFO channels and no channel
+    capacity can hang it: no hang at W = 2, 4, 8, for token all-gathers alone and mixed with token reduce-scatters,
+    with one channel for everything, channels per rank modulo K, random channels, bounded or not, each run bit-exact
+    with the host executor and hazard-free."""
+    r, runs = _channels(model_exe, k, mapping, cap, "rounds", protocol, seeds=3)
+    assert r.returncode == 0 and "all cases passed" in r.stdout, r.stdout[-2000:]
+    for key, lines in runs.items():
+        assert not any(_hangs(lines)), (key, lines)

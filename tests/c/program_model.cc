@@ -24,9 +24,33 @@
 //                                         graph's memcpy nodes); the host blocks while the queue is full. ISSUE
 //                                         "call" issues a rank's whole program at its call; "announce" issues only
 //                                         its first writes (up to its first wait) then, and the rest of every rank
-//                                         after the last rank's call. PROTOCOL "epoch" or "token" (single-node
-//                                         all-gathers), "token-mixed" (token all-gathers and reduce-scatters
-//                                         alternating). Exit 0, or FAIL with "deadlock" if it can hang.
+//                                         after the last rank's call; "rounds" (token protocols only) splits each
+//                                         rank's program into rounds at every wait that follows a non-wait (a round
+//                                         is "waits*, then non-waits*", round 0 the announce), issues round 0 at
+//                                         each rank's call and, after the last rank's call, round 1 of every rank
+//                                         (rank 0 .. W-1), then round 2 of every rank, ... PROTOCOL "epoch" or
+//                                         "token" (single-node all-gathers), "token-mixed" (token all-gathers and
+//                                         reduce-scatters alternating, <= 2 RS chunks). Exit 0, or FAIL with
+//                                         "deadlock" if it can hang.
+//        program_model --channels K MAP C ISSUE PROTOCOL [seeds]
+//                                         the shared-channel model (hypothesis H2 of session 17, about the H200:
+//                                         docs/notes/levers-after-session16.md): the same loopback issue orders and
+//                                         protocols, but EVERY issued operation (each memop, waits included; each
+//                                         copy batch, costing one entry per copy; each reduce; the model's input
+//                                         and check pseudo-operations) enters one of K first-in-first-out channels
+//                                         and runs only at the head of its channel (and of its lane), so a wait at
+//                                         a channel's head blocks everything behind it, other ranks' work included.
+//                                         MAP "rank": rank r's operations in channel r % K (K = 1: one FIFO for
+//                                         everything, the worst case); "random": each operation in a seeded random
+//                                         channel. C: each channel's capacity in entries, the host blocking while
+//                                         an operation does not fit (0: unbounded). Every run is reported ("ok" or
+//                                         "HANG" with the channel heads); exit 0 if none hung, 3 if some did, 1 on
+//                                         any other failure (hazard, result differing from the host executor).
+//                                         Why the rounds order should not hang under any MAP, K or C: every wait's
+//                                         producers (peer writes of earlier rounds) are issued before it, so by
+//                                         induction on issue order everything issued completes (an argument; the
+//                                         model checks the MAPs, K and C that tests/test_program_model.py runs).
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -95,6 +119,8 @@ struct LaneItem {
   int op;              // op index, or -1: consume (check) pseudo-op, -2: produce (rewrite inputs) pseudo-op
   uint32_t sub = 0;    // position inside a flag run
   uint32_t subEnd = 0; // end of the part of the flag run this item runs (0: the run's end)
+  int chan = -1;       // --channels: the FIFO channel the item was issued into
+  uint32_t cost = 0;   // --channels: the entries it holds there until it completes
 };
 
 struct World {
@@ -119,6 +145,11 @@ struct World {
   uint32_t queueCap = 0;
   uint32_t queueUsed = 0;
   std::deque<Queued> queue;
+  // --channels: K first-in-first-out channels every issued operation enters (waits included); an operation runs only
+  // at the head of its channel (and of its lane); each channel holds chanCap entries (0: unbounded).
+  std::vector<std::deque<std::pair<int, size_t>>> chan;  // (lane, position in the lane)
+  std::vector<uint32_t> chanUsed;
+  uint32_t chanCap = 0;
 
   explicit World(const std::vector<std::unique_ptr<Layout>>& ls) : layouts(ls), W(ls[0]->worldSize) {}
   const Layout& L(int r) const { return *layouts[r]; }
@@ -175,8 +206,24 @@ struct World {
   }
   bool tracked(const Addr& a) const { return a.mem == Mem::kSlot || a.mem == Mem::kStaging; }
 
-  // Executes the head of lane x if it can run. Returns false if it must wait.
+  // Executes the head of lane x if it can run. Returns false if it must wait. With channels, only an item at the
+  // head of its channel runs (a wait there blocks everything behind it).
   bool step(int x) {
+    if (chan.empty()) return stepLane(x);
+    const size_t pos = head[x];
+    const LaneItem& it = lanes[x][pos];
+    const int c = it.chan;
+    const uint32_t cost = it.cost;
+    if (chan[c].empty() || chan[c].front().first != x || chan[c].front().second != pos) return false;
+    if (!stepLane(x)) return false;
+    if (head[x] != pos) {  // the item completed: it leaves its channel
+      chan[c].pop_front();
+      chanUsed[c] -= cost;
+    }
+    return true;
+  }
+
+  bool stepLane(int x) {
     LaneItem& it = lanes[x][head[x]];
     const int r = x / 2;
     const int call = it.call;
@@ -517,24 +564,49 @@ bool lanesLeft(const World& w) {
   return false;
 }
 
-[[noreturn]] void dieDeadlock(const World& w, const char* what) {
-  std::string m = std::string("deadlock: ") + what + "; heads:";
-  for (int x = 0; x < 2 * w.W; ++x) {
-    if (w.head[x] >= w.lanes[x].size()) continue;
-    const LaneItem& it = w.lanes[x][w.head[x]];
-    char b[160];
-    if (it.op >= 0 && it.prog->ops[it.op].kind == Op::kFlags) {
-      const FlagOp& f = it.prog->flags[it.prog->ops[it.op].begin + it.sub];
-      char name[64];
-      wordName(f.word, name, sizeof(name));
+// One item, for a deadlock report.
+std::string describeItem(const World& w, int x, const LaneItem& it) {
+  char b[200];
+  if (it.op >= 0 && it.prog->ops[it.op].kind == Op::kFlags && it.prog->ops[it.op].begin < it.prog->ops[it.op].end) {
+    const FlagOp& f = it.prog->flags[it.prog->ops[it.op].begin + it.sub];
+    char name[64];
+    wordName(f.word, name, sizeof(name));
+    if (f.kind == FlagOp::kWait) {
       snprintf(b, sizeof(b), " [rank %d lane %d call %d: wait rank %d word %d (%s) >= %u, has %u]", x / 2, x % 2,
                it.call, f.owner, f.word, name, f.value(w.epochOf[it.call], w.taskOf[it.call]),
                w.flags[f.owner][f.word]);
     } else {
-      snprintf(b, sizeof(b), " [rank %d lane %d: op %d]", x / 2, x % 2, it.op);
+      snprintf(b, sizeof(b), " [rank %d lane %d call %d: write rank %d word %d (%s)]", x / 2, x % 2, it.call, f.owner,
+               f.word, name);
     }
-    m += b;
+  } else {
+    snprintf(b, sizeof(b), " [rank %d lane %d call %d: op %d]", x / 2, x % 2, it.call, it.op);
   }
+  return b;
+}
+
+// --channels reports a hang and goes on with the next run (every other failure still exits).
+bool g_throwDeadlock = false;
+struct Deadlock {
+  std::string what;
+};
+
+[[noreturn]] void dieDeadlock(const World& w, const char* what) {
+  std::string m = std::string("deadlock: ") + what;
+  if (!w.chan.empty()) {
+    m += "; channel heads:";
+    for (size_t c = 0; c < w.chan.size(); ++c) {
+      if (w.chan[c].empty()) continue;
+      const auto [x, pos] = w.chan[c].front();
+      m += " ch" + std::to_string(c) + describeItem(w, x, w.lanes[x][pos]);
+    }
+  } else {
+    m += "; heads:";
+    for (int x = 0; x < 2 * w.W; ++x) {
+      if (w.head[x] < w.lanes[x].size()) m += describeItem(w, x, w.lanes[x][w.head[x]]);
+    }
+  }
+  if (g_throwDeadlock) throw Deadlock{m};
   die(m);
 }
 
@@ -557,32 +629,87 @@ uint64_t runCase(const Case& cs, Mode mode, uint64_t seed, uint32_t start, std::
   return w.executed;
 }
 
-// The loopback issue model (--copy-queue; see the header). Single-node all-gathers on the epoch (kInOrder) or token
-// (kCaptured) protocol. The host issues item by item, rank after rank, and may stop at any point to let the device
-// run; it blocks (and only the device runs) while a copy does not fit in the shared queue. A host blocked while the
-// device cannot move is the hang.
-uint64_t runQueueCase(const Case& cs, uint32_t cap, bool graphEntries, bool announceFirst, bool tokens, bool withRs,
-                      uint64_t seed, int calls) {
-  auto layouts = makeLayouts(cs);
-  World w(layouts);
+enum class Issue { kCall, kAnnounce, kRounds };
+
+// The sequence of the loopback models: `calls` single-node all-gathers, with token RSs between them (token-mixed).
+std::vector<Call> queueSeq(const Layout& l0, bool tokens, bool withRs, int calls) {
   std::vector<Call> seq(calls, Call{Kind::kAg, false, tideSum, tideFloat32, tokens});
   if (withRs) {  // token RS between the all-gathers (<= 2 chunks: the route's limit), Slot-Reuse and own staging
-    if (layouts[0]->rs.numChunks > 2) die("--copy-queue token-mixed: the layout has more than 2 RS chunks");
+    if (l0.rs.numChunks > 2) die("token-mixed: the layout has more than 2 RS chunks");
     for (int c = 1; c < calls; c += 2) {
-      seq[c] = Call{Kind::kRs, (c / 2) % 2 == 0, c % 4 == 1 ? tideSum : tideAvg, c % 4 == 1 ? tideFloat32 : tideBfloat16,
-                    true};
+      seq[c] = Call{Kind::kRs, (c / 2) % 2 == 0, c % 4 == 1 ? tideSum : tideAvg,
+                    c % 4 == 1 ? tideFloat32 : tideBfloat16, true};
     }
   }
-  Programs P;
-  prepare(w, layouts, Mode::kInOrder, seed, 0, seq, &P);
-  w.queueCap = cap;
-  // The host's issue order.
+  return seq;
+}
+
+// A rank's items of one call split into rounds: a new round begins at every wait that follows a non-wait (a round is
+// "waits*, then non-waits*"; round 0, the announce, is everything before the first wait). Flag runs are split where a
+// round boundary falls inside them; each lane keeps its program order.
+std::vector<std::vector<std::pair<int, LaneItem>>> roundsOf(const std::vector<std::pair<int, LaneItem>>& items) {
+  std::vector<std::vector<std::pair<int, LaneItem>>> rounds(1);
+  bool prevWait = false, any = false;
+  for (const auto& [lane, it] : items) {
+    const bool flags = it.op >= 0 && it.prog->ops[it.op].kind == Op::kFlags;
+    const uint32_t n = flags ? it.prog->ops[it.op].end - it.prog->ops[it.op].begin : 0;
+    if (!flags || n == 0) {
+      rounds.back().push_back({lane, it});
+      prevWait = false;
+      any = true;
+      continue;
+    }
+    uint32_t from = 0;
+    for (uint32_t f = 0; f < n; ++f) {
+      const bool wait = it.prog->flags[it.prog->ops[it.op].begin + f].kind == FlagOp::kWait;
+      if (wait && any && !prevWait) {  // a round boundary: close this run's part before it
+        if (f > from) {
+          LaneItem part = it;
+          part.sub = from;
+          part.subEnd = f;
+          rounds.back().push_back({lane, part});
+        }
+        rounds.emplace_back();
+        from = f;
+      }
+      prevWait = wait;
+      any = true;
+    }
+    LaneItem part = it;
+    part.sub = from;
+    part.subEnd = n;
+    rounds.back().push_back({lane, part});
+  }
+  return rounds;
+}
+
+// The host's issue order over `calls` calls of every rank (the loopback: the host issues rank after rank).
+//   kCall:     each rank's whole program at its call;
+//   kAnnounce: each rank's announce (its inputs and the first flag run's writes up to its first wait) at its call,
+//              the rest of every rank, rank after rank, after the last rank's call (BoundProgram::issueTokens);
+//   kRounds:   round 0 (the announce) of each rank at its call; after the last rank's call round 1 of every rank
+//              (rank 0 .. W - 1), then round 2 of every rank, and so on (roundsOf).
+std::vector<std::pair<int, LaneItem>> issueOrder(const World& w, const Programs& P, int calls, Issue issue) {
   std::vector<std::pair<int, LaneItem>> order;
   for (int c = 0; c < calls; ++c) {
-    std::vector<std::vector<std::pair<int, LaneItem>>> rest(cs.W);
-    for (int r = 0; r < cs.W; ++r) {
+    if (issue == Issue::kRounds) {
+      std::vector<std::vector<std::vector<std::pair<int, LaneItem>>>> rounds(w.W);
+      size_t most = 0;
+      for (int r = 0; r < w.W; ++r) {
+        rounds[r] = roundsOf(itemsOf(w, P, c, r));
+        most = std::max(most, rounds[r].size());
+      }
+      for (size_t k = 0; k < most; ++k) {
+        for (int r = 0; r < w.W; ++r) {
+          if (k < rounds[r].size()) order.insert(order.end(), rounds[r][k].begin(), rounds[r][k].end());
+        }
+      }
+      continue;
+    }
+    std::vector<std::vector<std::pair<int, LaneItem>>> rest(w.W);
+    for (int r = 0; r < w.W; ++r) {
       auto items = itemsOf(w, P, c, r);
-      if (!announceFirst) {
+      if (issue == Issue::kCall) {
         order.insert(order.end(), items.begin(), items.end());
         continue;
       }
@@ -602,8 +729,24 @@ uint64_t runQueueCase(const Case& cs, uint32_t cap, bool graphEntries, bool anno
       if (split < op.end - op.begin) rest[r].push_back({items[k].first, tail});
       rest[r].insert(rest[r].end(), items.begin() + static_cast<long>(k) + 1, items.end());
     }
-    for (int r = 0; r < cs.W; ++r) order.insert(order.end(), rest[r].begin(), rest[r].end());
+    for (int r = 0; r < w.W; ++r) order.insert(order.end(), rest[r].begin(), rest[r].end());
   }
+  return order;
+}
+
+// The loopback issue model (--copy-queue; see the header). Single-node all-gathers on the epoch (kInOrder) or token
+// (kCaptured) protocol. The host issues item by item, rank after rank, and may stop at any point to let the device
+// run; it blocks (and only the device runs) while a copy does not fit in the shared queue. A host blocked while the
+// device cannot move is the hang.
+uint64_t runQueueCase(const Case& cs, uint32_t cap, bool graphEntries, Issue issue, bool tokens, bool withRs,
+                      uint64_t seed, int calls) {
+  auto layouts = makeLayouts(cs);
+  World w(layouts);
+  const std::vector<Call> seq = queueSeq(*layouts[0], tokens, withRs, calls);
+  Programs P;
+  prepare(w, layouts, Mode::kInOrder, seed, 0, seq, &P);
+  w.queueCap = cap;
+  const std::vector<std::pair<int, LaneItem>> order = issueOrder(w, P, calls, issue);
   const bool sticky = (seed / 2) % 2 == 1;
   int lastLane = -1;
   size_t i = 0;
@@ -633,20 +776,95 @@ uint64_t runQueueCase(const Case& cs, uint32_t cap, bool graphEntries, bool anno
   return w.executed;
 }
 
+// The shared-channel model (--channels; see the header): every issued operation, waits included, enters one of K
+// FIFO channels (rank r's: r % K, or a seeded random one per operation); an operation runs only at the head of its
+// channel and of its lane, so a wait at a channel's head blocks everything queued behind it. Each memop is one
+// operation; a copy batch one that costs one entry per copy (a graph's memcpy nodes); a reduce and the model's
+// input / check pseudo-operations one each. Empty flag runs bind to nothing and are not issued. The host blocks
+// while an operation does not fit in its channel (cap entries; 0: unbounded).
+uint64_t runChannelCase(const Case& cs, int K, bool randomMap, uint32_t cap, Issue issue, bool tokens, bool withRs,
+                        uint64_t seed, int calls) {
+  auto layouts = makeLayouts(cs);
+  World w(layouts);
+  const std::vector<Call> seq = queueSeq(*layouts[0], tokens, withRs, calls);
+  Programs P;
+  prepare(w, layouts, Mode::kInOrder, seed, 0, seq, &P);
+  w.chan.assign(K, {});
+  w.chanUsed.assign(K, 0);
+  w.chanCap = cap;
+  // One item per memop, so that each may land in a channel of its own.
+  std::vector<std::pair<int, LaneItem>> order;
+  for (const auto& [lane, it] : issueOrder(w, P, calls, issue)) {
+    const bool flags = it.op >= 0 && it.prog->ops[it.op].kind == Op::kFlags;
+    if (!flags) {
+      order.push_back({lane, it});
+      order.back().second.cost = it.op >= 0 && it.prog->ops[it.op].kind == Op::kCopies
+                                     ? it.prog->ops[it.op].end - it.prog->ops[it.op].begin
+                                     : 1;
+      continue;
+    }
+    const uint32_t end = it.subEnd ? it.subEnd : it.prog->ops[it.op].end - it.prog->ops[it.op].begin;
+    for (uint32_t f = it.sub; f < end; ++f) {
+      LaneItem one = it;
+      one.sub = f;
+      one.subEnd = f + 1;
+      one.cost = 1;
+      order.push_back({lane, one});
+    }
+  }
+  const bool sticky = (seed / 2) % 2 == 1;
+  int lastLane = -1;
+  size_t i = 0;
+  while (i < order.size()) {
+    auto& [lane, it] = order[i];
+    if (it.chan < 0) it.chan = randomMap ? static_cast<int>(w.rng() % K) : (lane / 2) % K;
+    if (cap > 0 && w.chanUsed[it.chan] > 0 && w.chanUsed[it.chan] + it.cost > cap) {
+      if (!deviceStep(w, sticky, &lastLane)) dieDeadlock(w, "the host is blocked on a full channel");
+      continue;
+    }
+    w.lanes[lane].push_back(it);
+    w.chan[it.chan].push_back({lane, w.lanes[lane].size() - 1});
+    w.chanUsed[it.chan] += it.cost;
+    ++i;
+    if (w.rng() % 4 == 0) (void)deviceStep(w, sticky, &lastLane);  // the device runs now and then meanwhile
+  }
+  while (lanesLeft(w)) {
+    if (!deviceStep(w, sticky, &lastLane)) dieDeadlock(w, "no lane can run");
+  }
+  return w.executed;
+}
+
+bool parseIssue(const char* s, Issue* out) {
+  if (strcmp(s, "call") == 0) *out = Issue::kCall;
+  else if (strcmp(s, "announce") == 0) *out = Issue::kAnnounce;
+  else if (strcmp(s, "rounds") == 0) *out = Issue::kRounds;
+  else return false;
+  return true;
+}
+
+// PROTOCOL: epoch (kInOrder AGs), token (kCaptured AGs), token-mixed (token AGs and RSs alternating).
+bool parseProtocol(const char* s, bool* tokens, bool* mixed) {
+  *mixed = strcmp(s, "token-mixed") == 0;
+  *tokens = *mixed || strcmp(s, "token") == 0;
+  return *tokens || strcmp(s, "epoch") == 0;
+}
+
 }  // namespace
 
 // --copy-queue C ENTRIES ISSUE PROTOCOL [seeds] (see the header).
 int queueMain(int argc, char** argv) {
-  if (argc < 6) die("usage: program_model --copy-queue C batch|graph call|announce epoch|token [seeds]");
+  if (argc < 6) {
+    die("usage: program_model --copy-queue C batch|graph call|announce|rounds epoch|token|token-mixed [seeds]");
+  }
   const uint32_t cap = static_cast<uint32_t>(atoi(argv[2]));
   const bool graph = strcmp(argv[3], "graph") == 0;
-  const bool announce = strcmp(argv[4], "announce") == 0;
-  const bool mixed = strcmp(argv[5], "token-mixed") == 0;  // token AGs and RSs alternating
-  const bool tokens = mixed || strcmp(argv[5], "token") == 0;
-  if (cap < 1 || (!graph && strcmp(argv[3], "batch") != 0) || (!announce && strcmp(argv[4], "call") != 0) ||
-      (!tokens && strcmp(argv[5], "epoch") != 0)) {
-    die("--copy-queue: C >= 1, batch|graph, call|announce, epoch|token|token-mixed");
+  Issue issue = Issue::kCall;
+  bool tokens = false, mixed = false;
+  if (cap < 1 || (!graph && strcmp(argv[3], "batch") != 0) || !parseIssue(argv[4], &issue) ||
+      !parseProtocol(argv[5], &tokens, &mixed)) {
+    die("--copy-queue: C >= 1, batch|graph, call|announce|rounds, epoch|token|token-mixed");
   }
+  if (issue == Issue::kRounds && !tokens) die("--copy-queue: rounds takes token programs (token, token-mixed)");
   const int seeds = argc > 6 ? atoi(argv[6]) : 4;
   // Single-node all-gathers like the H200 runs of session 16: 64 parameters at W = 2 and 8, 9 at W = 8, 16 at W = 4.
   const std::vector<uint64_t> p64(64, 300), p9(9, 1000), p16(16, 500);
@@ -656,7 +874,7 @@ int queueMain(int argc, char** argv) {
                                    {p64, tideBfloat16, 8, 8, 1 << 20, 0}};
   for (size_t ci = 0; ci < cases.size(); ++ci) {
     for (int s = 0; s < seeds; ++s) {
-      const uint64_t n = runQueueCase(cases[ci], cap, graph, announce, tokens, mixed, 9000 + 13 * ci + s, mixed ? 5 : 3);
+      const uint64_t n = runQueueCase(cases[ci], cap, graph, issue, tokens, mixed, 9000 + 13 * ci + s, mixed ? 5 : 3);
       printf("queue case %zu W=%d P=%zu cap %u %s %s %s seed %d: ok (%" PRIu64 " scheduler steps)\n", ci,
              cases[ci].W, cases[ci].numels.size(), cap, argv[3], argv[4], argv[5], s, n);
     }
@@ -665,8 +883,65 @@ int queueMain(int argc, char** argv) {
   return 0;
 }
 
+// --channels K MAP C ISSUE PROTOCOL [seeds] (see the header). Every run is reported; a hang does not stop the others.
+int channelMain(int argc, char** argv) {
+  if (argc < 7) {
+    die("usage: program_model --channels K rank|random C call|announce|rounds epoch|token|token-mixed [seeds]");
+  }
+  const int K = atoi(argv[2]);
+  const bool randomMap = strcmp(argv[3], "random") == 0;
+  const uint32_t cap = static_cast<uint32_t>(atoi(argv[4]));
+  Issue issue = Issue::kCall;
+  bool tokens = false, mixed = false;
+  if (K < 1 || (!randomMap && strcmp(argv[3], "rank") != 0) || !parseIssue(argv[5], &issue) ||
+      !parseProtocol(argv[6], &tokens, &mixed)) {
+    die("--channels: K >= 1, rank|random, C >= 0 (0: unbounded), call|announce|rounds, epoch|token|token-mixed");
+  }
+  if (issue == Issue::kRounds && !tokens) die("--channels: rounds takes token programs (token, token-mixed)");
+  const int seeds = argc > 7 ? atoi(argv[7]) : 4;
+  // The --copy-queue layouts (RS of 1 chunk), 5 parameters at W = 8 (session 17's hang on the H200 with
+  // announce-first), and layouts whose RS takes 2 chunks (the token route's limit).
+  const std::vector<uint64_t> p64(64, 300), p9(9, 1000), p16(16, 500), p5(5, 1000);
+  const std::vector<Case> cases = {{p64, tideBfloat16, 2, 2, 1 << 20, 0},
+                                   {p16, tideBfloat16, 4, 4, 1 << 20, 0},
+                                   {p9, tideBfloat16, 8, 8, 1 << 20, 0},
+                                   {p64, tideBfloat16, 8, 8, 1 << 20, 0},
+                                   {p5, tideBfloat16, 8, 8, 1 << 20, 0},
+                                   {p64, tideBfloat16, 2, 2, 4 * 4800, 0},
+                                   {p16, tideBfloat16, 4, 4, 4 * 1000, 0},
+                                   {p64, tideBfloat16, 8, 8, 4 * 1280, 0},
+                                   {p5, tideBfloat16, 8, 8, 4 * 400, 0}};
+  g_throwDeadlock = true;
+  int runs = 0, hung = 0;
+  for (size_t ci = 0; ci < cases.size(); ++ci) {
+    const auto ls = makeLayouts(cases[ci]);
+    for (int s = 0; s < seeds; ++s) {
+      printf("channel case %zu W=%d P=%zu chunks=%d K=%d %s cap %u %s %s seed %d%s: ", ci, cases[ci].W,
+             cases[ci].numels.size(), ls[0]->rs.numChunks, K, argv[3], cap, argv[5], argv[6], s,
+             ls[0]->rs.slotReuseFits ? "" : " (RS own staging only)");
+      ++runs;
+      try {
+        const uint64_t n =
+            runChannelCase(cases[ci], K, randomMap, cap, issue, tokens, mixed, 9000 + 13 * ci + s, mixed ? 5 : 3);
+        printf("ok (%" PRIu64 " scheduler steps)\n", n);
+      } catch (const Deadlock& d) {
+        ++hung;
+        printf("HANG (%.400s%s)\n", d.what.c_str(), d.what.size() > 400 ? " ..." : "");
+      }
+      fflush(stdout);
+    }
+  }
+  if (hung) {
+    printf("%d of %d runs hung\n", hung, runs);
+    return 3;
+  }
+  printf("all cases passed\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && strcmp(argv[1], "--copy-queue") == 0) return queueMain(argc, argv);
+  if (argc > 1 && strcmp(argv[1], "--channels") == 0) return channelMain(argc, argv);
   int seeds = 4;
   if (argc > 2 && strcmp(argv[1], "--drop-wait") == 0) {
     g_dropWord = atoi(argv[2]);
