@@ -14,7 +14,7 @@ from nccl_tide import _native as N
 from nccl_tide import cuda as C
 from nccl_tide._fences import CallerStreamFences
 from nccl_tide._lifetime import Lifetime
-from nccl_tide.errors import InvalidArgumentError
+from nccl_tide.errors import InvalidArgumentError, TideTimeoutError
 
 W = 3
 OWN = [201, 202, 203]  # the world's own streams (raw addresses)
@@ -56,6 +56,10 @@ class _Recorder:
 
     def tideCommAbort(self, comm):
         return self._note("abort", comm)
+
+    def tideCommDebugDump(self, comm, buf, size):
+        buf.value = f"fake dump of comm {comm}\n".encode()
+        return 0
 
     def tideSlotFree(self, comm, ptr):
         return self._note("free", comm)
@@ -130,6 +134,7 @@ def _bare_world(events, prune_at=64):
     w.n_ranks = W
     w._events = events
     w._fences = CallerStreamFences(events, None, prune_at)
+    w._held_calls = False
     return w
 
 
@@ -413,3 +418,42 @@ def test_close_waits_for_the_event_of_a_call_that_was_in_flight_when_it_began(wo
         ev.finish(s)
     closer.join(10)
     assert not closer.is_alive() and rec.count("destroy") == W
+
+
+def test_synchronize_waits_for_a_collective_held_on_the_host(world, monkeypatch):
+    """Eager graph route: rank 0's token call is held until rank 1 calls, so its stream is idle with a pending wait
+    (docs/architecture.md "Issue rounds"). synchronize() must not return then: it times out naming the held rank and
+    the peer it waits for, and returns once the pending waits clear; with the route off it never asks."""
+    w, rec = world
+    held = {101: [{"step": "capAgReady[1]", "owner": 0, "peer": 1, "want": 1, "have": 0, "word": 257,
+                   "collective": "AG", "stream": 0, "where": "the caller's stream"}]}
+    asked = []
+
+    def fake_pending(comm, capacity=8):
+        asked.append(comm)
+        return list(held.get(comm, []))
+
+    monkeypatch.setattr(N, "pending_waits", fake_pending)
+    w.synchronize(timeout=0.05)  # route off: idle streams are enough, nobody asked
+    assert asked == []
+    w._held_calls = True
+    t0 = time.monotonic()
+    with pytest.raises(TideTimeoutError) as info:
+        w.synchronize(timeout=0.2)
+    assert 0.2 <= time.monotonic() - t0 < 5
+    msg = str(info.value)
+    assert "collectives of ranks [0]" in msg and "held on the host" in msg, msg
+    assert "rank 0 waits for peer rank 1" in msg and "capAgReady[1]" in msg, msg
+    assert info.value.pending["rank"] == 0 and info.value.pending["peer"] == 1
+    # rank 1 calls (the held rounds are issued and done): the pending wait clears and synchronize returns
+    threading.Timer(0.1, lambda: held.pop(101)).start()
+    t0 = time.monotonic()
+    w.synchronize(timeout=5)
+    assert 0.05 <= time.monotonic() - t0 < 4
+    # busy streams are waited for first: no pending query while a stream still runs
+    ev = w._events
+    ev.busy.add(OWN[1])
+    asked.clear()
+    threading.Timer(0.1, lambda: ev.finish(OWN[1])).start()
+    w.synchronize(timeout=5)
+    assert asked == [101, 102, 103], asked  # asked once, after the streams went idle

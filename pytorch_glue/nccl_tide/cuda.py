@@ -217,6 +217,13 @@ class LoopbackWorld:
         else:
             self._streams = [torch.cuda.Stream(device=self._torch_device) for _ in range(n_ranks)]
         self._own_handles = frozenset(self._stream_handle(s) for s in self._streams)
+        # With the eager graph route a virtual rank's token call is held on the host until every rank has called
+        # (docs/architecture.md "Issue rounds"): its stream goes idle with the collective not done, so synchronize()
+        # also asks the ranks for pending waits once their streams are idle (read once, as the library does).
+        try:
+            self._held_calls = N.param_value("NCCL_TIDE_EAGER_GRAPHS") == "1"
+        except Exception:
+            self._held_calls = False
 
     # -- handles -----------------------------------------------------------------------------
     @property
@@ -478,15 +485,33 @@ class LoopbackWorld:
             events.append(e)
         events.extend(also)
         deadline = time.monotonic() + timeout
-        while not all(ev.done(e) for e in events):
+        per_rank = streams is None or len(waited) == self.n_ranks
+        while True:
+            busy = [r for r, e in enumerate(events) if not ev.done(e)]
+            held = self._held_ranks() if not busy and self._held_calls and per_rank else []
+            if not busy and not held:
+                return
             if stop is not None and stop():
                 return
             if time.monotonic() > deadline:
-                raise self._timeout_error(timeout, [r for r, e in enumerate(events) if not ev.done(e)], len(events))
-            time.sleep(0.0005)
+                raise self._timeout_error(timeout, busy or held, len(events), held=bool(held))
+            time.sleep(0.0005 if busy else 0.005)
 
-    def _timeout_error(self, timeout: float, stuck: List[int], n_waited: int) -> TideTimeoutError:
-        """TideTimeoutError for synchronize: stream index r is rank r's when one stream per rank was waited for."""
+    def _held_ranks(self) -> List[int]:
+        """Ranks whose last collective has a pending wait although their stream is idle: a token call held on the
+        host for a rank that has not called yet (the eager graph route on loopback)."""
+        held = []
+        for r, c in enumerate(self._comms):
+            try:
+                if N.pending_waits(c):
+                    held.append(r)
+            except Exception:  # a readback that did not finish, a call in progress: not evidence of a held call
+                pass
+        return held
+
+    def _timeout_error(self, timeout: float, stuck: List[int], n_waited: int, held: bool = False) -> TideTimeoutError:
+        """TideTimeoutError for synchronize: stream index r is rank r's when one stream per rank was waited for.
+        held: the streams are idle, but ranks `stuck` hold a collective on the host for a rank that has not called."""
         per_rank = n_waited == self.n_ranks
         first = None
         dumps = []
@@ -514,6 +539,8 @@ class LoopbackWorld:
         else:
             head = "no pending TIDE wait was found in the debug dumps"
         where = f"the streams of ranks {stuck}" if per_rank else f"{len(stuck)} of {n_waited} streams"
+        if held:
+            where = f"the collectives of ranks {stuck} (held on the host until every rank has called)"
         err = TideTimeoutError(
             f"loopback world: {where} not done after {timeout:g} s; {head} (a rank that has not made its matching "
             "call? every virtual rank needs its own stream and CUDA_DEVICE_MAX_CONNECTIONS=32)\n" + "".join(dumps)

@@ -169,7 +169,10 @@ def _loopback_worker(index, out_dir):
         torch.cuda.synchronize()
         world.rank_all_gather(0, Ls[0], slots[0], sendbuf=sends[0], stream=world.streams[0])
         time.sleep(0.3)
-        report["steps"]["stuck"] = not world.streams[0].query()
+        # Stuck: rank 0's stream waits for rank 1 (epoch protocol), or, with the eager graph route, rank 0's call is
+        # held on the host until rank 1 calls (docs/architecture.md "Issue rounds"): its stream is idle, its pending
+        # waits name rank 1's ready token.
+        report["steps"]["stuck"] = not world.streams[0].query() or bool(N.pending_waits(world._comms[0]))
         t0 = time.monotonic()
         world.abort()
         report["steps"]["abort_stuck_s"] = time.monotonic() - t0
