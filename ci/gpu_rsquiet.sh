@@ -121,7 +121,12 @@ print(f"--- one SM: LDG read {b.get('GBps', 0):.1f} GB/s ({b.get('threads')} thr
 for d in r["reduce"]:
     print(f"  reduce {'rule' if d['rule'] else 'G=' + str(d['max_ctas']):>6}: {d['GBps']:.0f} GB/s, "
           f"{d['GBps_per_cta']:.1f}/CTA, {d['ms'] * 1e3:.0f} us, exact {d['bit_exact']}")
-print(f"  rule: {r.get('rule')}; errors {r['errors']}")
+for v in r.get("reduce_variants", []):
+    cells = " ".join(f"{d['ctas']}:{d['GBps_per_cta']:.1f}" if "GBps_per_cta" in d else f"{d['ctas']}:failed"
+                     for d in v["runs"])
+    print(f"  variant {v['variant']:22s} {v['threads']:4d} thr {v['regs']} regs {v['local_bytes']} lmem, "
+          f"GB/s per CTA {cells}, exact {v['bit_exact']}")
+print(f"  rule: {r.get('rule')}; best variant at 1 CTA: {r.get('reduce_variant_best_1cta')}; errors {r['errors']}")
 PY
   fi
 } 2>&1 | tee "$OUT/summary.txt"
