@@ -477,8 +477,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="fsdp_memory_probe.json", help="JSON result (children's logs: <out>.<variant>.log)")
     p.add_argument("--slot-pool", type=int, default=2, help="tide: nccl_tide.fsdp.enable(slot_pool=N) (issue 17: 2)")
     p.add_argument("--slot-trim", choices=["auto", "on", "off", "all"], default="auto",
-                   help="tide: enable(slot_trim=None|True|False|'all') (auto: on at world size 1; off: the slots stay "
-                   "allocated, as measured in issue 17; all: the root's slot too, freed after backward)")
+                   help="tide: enable(slot_trim=None|True|False|'all') (auto: on at world size 1, the pool's slots "
+                   "freed at the end of forward; off: the slots stay allocated, as measured in issue 17; all: also at "
+                   "the end of backward, the root's slot too)")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--heads", type=int, default=32)

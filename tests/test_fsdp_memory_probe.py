@@ -360,16 +360,21 @@ def test_child_plumbing_on_cpu(tmp_path):
         assert m["torch_peak_phase"] == "step2:backward"
         assert d["torch_max_memory_allocated"] == 456 and d["allocated_at_measure"] == 123
     t = docs["tide"]
-    # --slot-pool 2 by default; at the end of the last backward the pool holds nothing, the root its dedicated slot
-    assert 0 < t["resident_slot_bytes"] < t["max_resident_slot_bytes"] and t["tide"]["slot_pool"]["size"] == 2
+    # --slot-pool 2 by default; the default trimming frees the pool's slots at the end of forward only, so at the end
+    # of the last backward both slots the backward regrew are still allocated, with the root's dedicated slot
+    assert 0 < t["resident_slot_bytes"] == t["max_resident_slot_bytes"] and t["tide"]["slot_pool"]["size"] == 2
     assert t["tide"]["total"]["ag_calls"] > 0 and t["tide"]["total"]["fallbacks"] == 0
     assert docs["stock"]["resident_slot_bytes"] == 0
     tm, sm = t["analysis"]["windows"]["measured"], docs["stock"]["analysis"]["windows"]["measured"]
-    # world size 1: the pool trims. Its markers: only the root's dedicated slot is resident when backward starts and
-    # when the optimizer step starts (steps 1 and 2), both pool slots again during backward (regrown)
+    # world size 1: the pool trims, at the end of forward only (slot_trim=None: ["end of forward"]). Its markers: only
+    # the root's dedicated slot is resident when backward starts (steps 1 and 2), both pool slots again during
+    # backward (regrown) and still when the optimizer step starts (no end-of-backward trim)
     pool = t["tide"]["slot_pool"]
     ded = sum(p["slot_capacity"] for p in t["tide"]["slot_pools"] if p["solo"] or not p["shared"])
     assert pool["trim"] and pool["trims"] > 0 and pool["regrows"] > 0 and tm["slot_bytes_timed"], pool
+    assert pool["trim_at"] == ["end of forward"], pool
+    # 3 layers pooled, 3 steps: a trim at the end of forward of steps 1 and 2, both slots regrown in their backward
+    assert pool["trims"] == 2 and pool["regrows"] == 2 * 2, pool
     resident, at, during, phase = 0, {}, {}, None
     for lab in t["labels"]:
         if lab.startswith(probe.SLOT_MARK):
@@ -381,7 +386,8 @@ def test_child_plumbing_on_cpu(tmp_path):
     full = ded + 2 * pool["slot_capacity"]
     assert at["step0:backward"] == full and ded > 0, at
     for k in (1, 2):
-        assert at[f"step{k}:backward"] == ded and at[f"step{k}:optimizer"] == ded, at
+        assert at[f"step{k}:backward"] == ded and at[f"step{k}:optimizer"] == full, at
+    assert at["step0:optimizer"] == full, at
     assert t["max_resident_slot_bytes"] == full, t
     # the fake trace's backward allocation spans the whole phase, so its device peak is where backward regrew both
     # slots: 3 MiB + the dedicated slot + 2 pool slots, the replay adding the bytes the markers gave at each event

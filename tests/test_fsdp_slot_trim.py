@@ -4,18 +4,23 @@ The device peak of a step (H200, world size 1, 4 Llama layers, slot_pool=2) fell
 first block's all-gather: stock FSDP2 holds no block there, TIDE held its two pool slots, unbound. A
 trimming pool (SlotPool(trim=True), enable(slot_trim=...)) frees its unbound slots at the idle points it
 learns from FSDP2's schedule (the last reshard before a forward/backward switch) and allocates them again
-at the next all-gather that needs one. Checked here on CPU/gloo through the simulated tideComm
+at the next all-gather that needs one: by default (slot_trim=True / None, SlotPool.trim_phases =
+TRIM_DEFAULT) only at the end of forward, where that peak lies; with slot_trim="all" (TRIM_ALL) also at the
+end of backward (the optimizer step). Checked here on CPU/gloo through the simulated tideComm
 (nccl_tide.bench.sim_comm: every slot poisoned with NaN before an AG writes it, RS staging poisoned):
 
-* host-only: the pool's learning and accounting on a scripted schedule (no FSDP2, no processes);
-* world sizes 1 (slot_trim=None, i.e. on: the root, not resharded after forward, keeps its dedicated slot) and 2
-  (slot_trim="all": the root gets a trimming slot of its own), 5 blocks that reshard after forward, K = 2:
-  at the end of every forward after the first (a forward hook on the final norm, where the
-  loss/head/backward-start peak lies) the comm holds only the root's slot, and before every optimizer
-  step after the first only the root's dedicated slot (world 1) or no slot at all (world 2, "all": stock
-  FSDP2 has resharded the root there too); without trimming the K slots and the root's stay; the pool
-  never holds more slots than groups are held at once (its peak_held), exactly 2 * (steps - 1) trims
-  and 3 * (steps - 1) - 1 regrows (the root's: steps - 1 and steps - 2);
+* host-only: the pool's learning and accounting on a scripted schedule (no FSDP2, no processes), for the
+  default and for "all";
+* world sizes 1 and 2, 5 blocks that reshard after forward, K = 2, three native runs each: the default
+  (slot_trim=None at world 1, True at world 2; the root, not resharded after forward, keeps its dedicated
+  slot), slot_trim="all" (the root gets a trimming slot of its own) and slot_trim=False. At the end of every
+  forward after the first (a forward hook on the final norm, where the loss/head/backward-start peak lies)
+  the comm holds only the root's slot with either trimming setting. Before every optimizer step the default
+  keeps the K slots its backward regrew (and the root's dedicated one: no end-of-backward trim), "all" holds
+  no slot at all after the first step (stock FSDP2 has resharded the root there too); without trimming the K
+  slots and the root's stay at both points. The pool never holds more slots than groups are held at once (its
+  peak_held); default: exactly steps - 1 trims and K * (steps - 1) regrows (one trim point), "all": 2 * (steps
+  - 1) trims and 3 * (steps - 1) - 1 regrows (two points; the root's own pool: steps - 1 and steps - 2);
   Slot-Reuse on every RS (the end-of-backward trim waits for the last RS); no slot freed while a
   group's storage holds it; losses, sharded gradients and parameters bit-identical to stock and to
   the same pool without trimming;
@@ -76,8 +81,9 @@ class _Group:
 
 def _scripted(trim, steps, eval_steps=0):
     """Forward A, B (one held at a time), backward B + prefetch A (two held), RS after each release;
-    then `eval_steps` forward-only steps. Returns the pool and its residency after every event."""
-    from nccl_tide.fsdp._slot_pool import SlotPool, _Binder
+    then `eval_steps` forward-only steps. `trim`: False, True (the default points: end of forward) or "all"
+    (end of forward and end of backward). Returns the pool and its residency after every event."""
+    from nccl_tide.fsdp._slot_pool import TRIM_ALL, TRIM_DEFAULT, SlotPool, _Binder
 
     class _NoBind(_Binder):
         name = "test"
@@ -93,7 +99,8 @@ def _scripted(trim, steps, eval_steps=0):
             pass
 
     ex = _Exec()
-    pool = SlotPool(ex, 1000, 2, "t", shared=True, binder=_NoBind(), trim=trim)
+    phases = TRIM_ALL if trim == "all" else TRIM_DEFAULT
+    pool = SlotPool(ex, 1000, 2, "t", shared=True, binder=_NoBind(), trim=bool(trim), trim_phases=phases)
     a, b = _Group("a"), _Group("b")
     a.store, b.store = {}, {}
     trace = []
@@ -126,15 +133,39 @@ def _scripted(trim, steps, eval_steps=0):
 
 
 def test_trim_learning_scripted():
+    """The default trims at the end of forward only: the end of backward keeps the slots for the next forward."""
     pool, ex, trace, (a, b) = _scripted(True, 4)
+    assert pool.trim_points == {(id(b), "F")}, pool.trim_points  # the last forward release; no backward point
+    st = pool.stats()
+    assert st["trim_at"] == ["end of forward"], st
+    assert st["trim_points"] == 1 and st["peak_held"] == 2 and st["peak_resident"] == 2, st
+    # step 0 learns the point (F->B at its first backward acquire); from step 1 on the last forward release leaves
+    # nothing resident, the backward regrows both slots (B and its prefetch A) and keeps them past its last release
+    ends = [r for (ev, r, h) in trace if ev == "rel bF"]
+    bends = [r for (ev, r, h) in trace if ev == "rel aB"]
+    assert ends == [2, 0, 0, 0] and bends == [2, 2, 2, 2], (ends, bends)
+    # per step after the first: one trim (2 slots), 2 regrows in backward, none in forward (both slots live)
+    assert st["trims"] == 3 and st["trimmed"] == 2 * 3 and st["regrows"] == 2 * 3, st
+    for ev, r, h in trace[8:]:
+        assert r <= 2 and r >= h, (ev, r, h)
+    assert len(ex.live) == 2  # no trim after the last backward: its slots are still allocated
+    pool.free()
+    assert not ex.live
+
+
+def test_trim_all_scripted():
+    """slot_trim="all": both idle points trim (the end of backward after its RS)."""
+    pool, ex, trace, (a, b) = _scripted("all", 4)
     assert pool.trim_points == {(id(b), "F"), (id(a), "B")}, pool.trim_points  # the last release of each phase
     st = pool.stats()
+    assert st["trim_at"] == ["end of forward", "end of backward"], st
     assert st["trim_points"] == 2 and st["peak_held"] == 2 and st["peak_resident"] == 2, st
     # step 0 learns (F->B at its first backward acquire, B->F at step 1's first forward acquire); from then on
     # the last forward release and the last backward release (after its RS) leave nothing resident
     ends = [r for (ev, r, h) in trace if ev == "rel bF"]
     bends = [r for (ev, r, h) in trace if ev == "rel aB"]
     assert ends == [2, 0, 0, 0] and bends == [2, 0, 0, 0], (ends, bends)
+    # step 1: trims at both ends, regrows 2 in backward; steps 2, 3: also 1 regrow in forward (A; B reuses it)
     assert st["trims"] == 6 and st["regrows"] == 2 + 3 + 3, st
     # never more resident than held at once plus the free slot a forward keeps between its blocks
     for ev, r, h in trace[8:]:
@@ -144,12 +175,20 @@ def test_trim_learning_scripted():
     assert not ex.live
 
 
-def test_trim_unlearns_when_the_schedule_changes():
-    pool, ex, trace, (a, b) = _scripted(True, 3, eval_steps=3)
-    st = pool.stats()
+def test_trim_phases_checked():
+    from nccl_tide.fsdp._slot_pool import SlotPool, _Binder
+
+    with pytest.raises(ValueError, match="trim_phases"):
+        SlotPool(_Exec(), 1000, 1, "t", shared=True, binder=_Binder(), trim=True, trim_phases={"F", "X"})
+
+
+@pytest.mark.parametrize("mode", [True, "all"])
+def test_trim_unlearns_when_the_schedule_changes(mode):
+    pool, ex, trace, (a, b) = _scripted(mode, 3, eval_steps=3)
     # forward-only steps after training: the end-of-forward point trims once more (the first eval forward),
     # then the next acquire is a forward again, so it is no trim point any more; the end of backward still is
-    assert pool.trim_points == {(id(a), "B")}, pool.trim_points
+    # one with "all" (the default never learns it)
+    assert pool.trim_points == ({(id(a), "B")} if mode == "all" else set()), pool.trim_points
     evals = [r for (ev, r, h) in trace[len(trace) - 12:] if ev == "rel bF"]
     assert evals[-1] == 1, trace[-12:]  # no more trims once unlearned: the forward's slot stays
     pool.free()
@@ -331,13 +370,14 @@ def worker(rank, world, port):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         stock = _train(_shard(build_model(0, layers=BLOCKS)), rank, STEPS)
-        trimmed = _native(comms, rank, None if world == 1 else "all")
+        # the default trimming: slot_trim=None resolves to on at world size 1; at world 2 it is asked for
+        runs = {"default": _native(comms, rank, None if world == 1 else True), "all": _native(comms, rank, "all")}
         kept = _native(comms, rank, False)
         res["dropped"] = _dropped(comms, rank, world)
         res["dropped_kept_block"] = _dropped_root_kept_block(comms, rank)
-    res["vs_stock"] = _compare(stock, trimmed)
-    res["vs_kept"] = _compare(kept, trimmed)
-    res["trimmed"] = {"stats": trimmed["stats"], "sim": trimmed["sim"]}
+    for mode, run in runs.items():
+        res[mode] = {"stats": run["stats"], "sim": run["sim"], "vs_stock": _compare(stock, run),
+                     "vs_kept": _compare(kept, run)}
     res["kept"] = {"stats": kept["stats"], "sim": kept["sim"]}
     res["warnings"] = [str(w.message) for w in caught if w.category.__name__ == "TideFSDPWarning"]
     print(json.dumps(res))
@@ -362,26 +402,35 @@ def _pool_stats(st):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["default", "all"])
 @pytest.mark.parametrize("world", [1, 2])
-def test_trim_frees_idle_slots(world, request):
+def test_trim_frees_idle_slots(world, mode, request):
+    """Both settings free the pool's slots at the end of forward; only "all" frees slots at the end of backward."""
+    every = mode == "all"  # slot_trim="all": both idle points, the root in a trimming slot of its own
     for rank, res in enumerate(request.getfixturevalue(f"w{world}")):
-        st, sim = res["trimmed"]["stats"], res["trimmed"]["sim"]
+        st, sim = res[mode]["stats"], res[mode]["sim"]
         pool, top = _pool_stats(st), st["slot_pool"]
         kst = res["kept"]["stats"]
         assert top["trim"] is True and kst["slot_pool"]["trim"] is False, (top, kst["slot_pool"])
-        solo = world == 2  # slot_trim="all": the root in a trimming slot of its own; world 1: dedicated
-        assert top["pooled_groups"] == BLOCKS and top["own_slots"] == int(solo), top
-        assert top["dedicated_slots"] == int(not solo), top
+        want_at = ["end of forward", "end of backward"] if every else ["end of forward"]
+        assert top["trim_at"] == pool["trim_at"] == want_at and kst["slot_pool"]["trim_at"] == [], (top, pool)
+        assert top["pooled_groups"] == BLOCKS and top["own_slots"] == int(every), top
+        assert top["dedicated_slots"] == int(not every), top
         assert kst["slot_pool"]["dedicated_slots"] == 1 and kst["slot_pool"]["own_slots"] == 0, kst["slot_pool"]
         cap, ded = pool["slot_capacity"], sim["dedicated_bytes"]
+        full = ded + K * cap
         owns = [p for p in st["slot_pools"] if p["solo"]]
-        assert len(owns) == int(solo), owns
+        assert len(owns) == int(every), owns
         # the learned idle points: end of forward (before the head/loss/backward start) holds only the root's slot
-        # (FSDP2 keeps the root unsharded into backward), end of backward (before the optimizer step) nothing
+        # (FSDP2 keeps the root unsharded into backward) in both settings
         fwd, bwd = sim["probes"]["fwd_end"], sim["probes"]["bwd_end"]
         assert len(fwd) == len(bwd) == STEPS, sim["probes"]
-        assert fwd[0] == bwd[0] == ded + K * cap, (fwd, bwd, ded, cap)  # step 0 learns
-        assert fwd[1:] == [ded] * (STEPS - 1) and bwd[1:] == [0 if solo else ded] * (STEPS - 1), (fwd, bwd, ded)
+        assert fwd[0] == bwd[0] == full, (fwd, bwd, ded, cap)  # step 0 learns
+        assert fwd[1:] == [ded] * (STEPS - 1), (fwd, ded)
+        if every:  # end of backward (before the optimizer step): nothing, stock FSDP2 has resharded the root too
+            assert bwd[1:] == [0] * (STEPS - 1), (bwd, ded)
+        else:  # the default does not trim there: the K slots backward regrew and the root's dedicated slot stay
+            assert bwd == [full] * STEPS and bwd[-1] > 0, (bwd, full)
         for own in owns:
             assert own["slots"] == 1 and own["trim"] and own["slot_capacity"] == ded, own
             assert own["trims"] == STEPS - 1 and own["regrows"] == STEPS - 2 and own["trim_points"] == 1, own
@@ -392,26 +441,37 @@ def test_trim_frees_idle_slots(world, request):
         # regrows exactly where the schedule has its idle points
         assert pool["peak_held"] == K and pool["peak_resident"] == K, pool
         assert all(0 <= r <= ded + pool["peak_held"] * cap for r in sim["resident_timeline"]), sim
-        assert min(sim["resident_timeline"]) == (0 if solo else ded), sim
-        assert max(sim["resident_timeline"]) == ded + K * cap, sim
-        assert pool["trims"] == 2 * (STEPS - 1) and pool["regrows"] == 3 * (STEPS - 1) - 1, pool
-        assert pool["trim_points"] == 2 and pool["trim_blocked"] == 0, pool
-        assert top["peak_resident_slot_bytes"] == ded + K * cap, top
+        assert min(sim["resident_timeline"]) == (0 if every else ded), sim
+        assert max(sim["resident_timeline"]) == full, sim
+        if every:
+            # steps 1..4: a trim at each end; regrows: 2 in step 1's backward, then 1 in each forward (block 0; the
+            # next block reuses its slot) + 2 in each backward (the last block and its prefetch)
+            assert pool["trims"] == 2 * (STEPS - 1) and pool["regrows"] == 3 * (STEPS - 1) - 1, pool
+            assert pool["trim_points"] == 2, pool
+        else:
+            # steps 1..4: one trim at the end of forward (both slots), 2 regrows in backward (the last block and its
+            # prefetch); the forward binds the slots backward left live: no regrow there
+            assert pool["trims"] == STEPS - 1 and pool["trimmed"] == K * (STEPS - 1), pool
+            assert pool["regrows"] == K * (STEPS - 1) and pool["trim_points"] == 1, pool
+        assert pool["trim_blocked"] == 0, pool
+        assert top["trims"] == pool["trims"] + sum(o["trims"] for o in owns), top
+        assert top["peak_resident_slot_bytes"] == full, top
         assert sim["freed_held"] == [] and sim["freed_empty"] == 0 and sim["live_after_disable"] == 0, sim
         # no fallback, Slot-Reuse on every RS of every pooled group (the end-of-backward trim waits for the RS)
         assert pool["fallbacks"] == 0 and pool["bind_failures"] == 0 and st["total"]["fallbacks"] == 0, pool
         for g in st["tide_groups"]:
             assert g["ag_pool_fallbacks"] == 0 and g["rs_calls"] == STEPS, g
             if g["group"] == "<root>":  # its own slot ("all"): staging there when the RS plan fits the root's slot
-                assert g["pool"] == ("own" if solo else "dedicated"), g
-                if solo:
+                assert g["pool"] == ("own" if every else "dedicated"), g
+                if every:
                     assert g["rs_staging_in_slot"] == (STEPS if g["slot_reuse_fits"] else 0), g
             else:
                 assert g["rs_staging_in_slot"] == STEPS, g
         # numbers: bit-identical to the same pool without trimming and to stock (1 and 2 ranks)
-        assert res["vs_kept"]["losses_stock"] == res["vs_kept"]["losses_tide"], res["vs_kept"]
-        assert res["vs_kept"]["grads_bitequal"] and res["vs_kept"]["params_bitequal"], res["vs_kept"]
-        _bitexact(res["vs_stock"])
+        vs_kept = res[mode]["vs_kept"]
+        assert vs_kept["losses_stock"] == vs_kept["losses_tide"], vs_kept
+        assert vs_kept["grads_bitequal"] and vs_kept["params_bitequal"], vs_kept
+        _bitexact(res[mode]["vs_stock"])
         assert not [w for w in res["warnings"] if "no free slot" in w], res["warnings"]
 
 

@@ -20,10 +20,12 @@ fp32 reduce, AdamW, STEPS steps. Runs, each from the same seed:
             far below one allocator segment, so the test turns off build_pools' size rule;
             (slot_trim=False: the slots stay allocated, as before trimming);
   pooltrim  the same pool with slot_trim=True (what slot_trim=None picks at world size 1): the slots are freed at the
-            learned idle points (end of forward, end of backward) and allocated again at the next AG
-            (tideSlotFree / tideSlotAlloc inside the step, the slot's MemPool dropped and torch's cache
-            emptied first): no bind failure, no trim blocked by a segment torch still holds, same
-            numbers, and the memory meter's peak no higher than the untrimmed pool's;
+            learned end-of-forward idle point (the default trims there only; slot_trim="all" also at the end
+            of backward) and allocated again at the next AG (tideSlotFree / tideSlotAlloc inside the step,
+            the slot's MemPool dropped and torch's cache emptied first): no bind failure, no trim blocked by
+            a segment torch still holds, same numbers, no more slot bytes resident than the untrimmed pool,
+            and the memory meter's peak no higher than the untrimmed pool's beyond torch's own small
+            allocations (256 KiB);
   poolswap  the same with the "swap" binder where this torch has _swap_data_ptr_ (>= 2.12);
   dropped   a native-enabled model dropped without disable(): its slots leave the comm at free_dropped() after it is
             collected (the finalizer only queues them);
@@ -59,6 +61,9 @@ HERE = Path(__file__).resolve().parent
 TESTS = HERE.parent
 REPO = TESTS.parent
 STEPS = 6
+# native_pool_memory: the trimmed run's meter peak may exceed the untrimmed one's by torch's own small
+# allocations (they differ between two runs in one process; see the assertion)
+TORCH_SMALL_ALLOC_TOLERANCE = 256 << 10
 WORKER_TIMEOUT = 200  # seconds: the worker dumps its stacks and exits after this
 LAUNCH_TIMEOUT = 240
 # NVLink multicast stays off on shared machines (DESIGN.md section 6): every process.
@@ -370,19 +375,29 @@ def check(rep: dict, gpu: bool) -> None:
         assert ded["events"] == 0 and pool["events"] == 2 * pool["resident"]["hits"], mem
         assert ded["peak_bytes"] >= ded["resident"]["resident_slot_bytes"] > 0, mem
         assert pool["peak_bytes"] >= pool["resident"]["resident_slot_bytes"] > 0, mem
-        # trimming: never more slot bytes resident than without it, torch's allocations the same: the peak
-        # (torch's + the slot bytes outside torch, read at every bind, unbind, trim and regrow) is no higher
+        # trimming: never more slot bytes resident than without it (the peak of the slots tideSlotAlloc'd, bound
+        # or not: the memory TIDE adds); the meter's peak (torch's + the slot bytes outside torch, read at every
+        # bind, unbind, trim and regrow) no higher beyond a tolerance for torch's own small allocations, which
+        # differ between two runs in one process (H200: 73,994,240 B trimmed against 73,927,168 untrimmed, +65.5
+        # KiB, with slots of 14 KB: the slots cannot explain it), so 256 KiB, far below one slot of a real model
         trim = mem["pooltrim"]
         assert trim["resident"]["trims"] > 0 and trim["resident"]["regrows"] > 0, trim
-        assert trim["peak_bytes"] <= pool["peak_bytes"], mem
+        assert trim["resident"]["peak_resident_slot_bytes"] <= pool["resident"]["peak_resident_slot_bytes"], mem
+        assert trim["peak_bytes"] <= pool["peak_bytes"] + TORCH_SMALL_ALLOC_TOLERANCE, mem
         # trimming, on the GPU: the slots' MemPools let go of their segments (torch.cuda.empty_cache), so
         # every trim freed them (none blocked) and every regrown slot bound (its new MemPool got its pointer)
         tst = rep["native_pooltrim_stats"]
         tsp = tst["slot_pool"]
         (tpool,) = [p for p in tst["slot_pools"] if p["shared"]]
         assert tsp["trim"] is True and tsp["trims"] > 0 and tsp["regrows"] > 0, tsp
-        assert tpool["trim_blocked"] == 0 and tsp["bind_failures"] == 0 and tpool["trim_points"] == 2, tpool
-        assert tpool["peak_resident"] <= 2 and tpool["resident"] == 0, tpool  # the last trim: end of backward
+        # slot_trim=True trims at the end of forward only (the root's forward reshard, the last of the 3 pooled
+        # groups, then the root's backward AG): one trim point, a trim in each step after the first (step 0
+        # learns it) freeing both slots, and both regrown in backward (the root and the prefetched block; the
+        # next prefetch finds both held and falls back). No end-of-backward trim: they stay for the optimizer step
+        assert tsp["trim_at"] == tpool["trim_at"] == ["end of forward"], tsp
+        assert tpool["trim_blocked"] == 0 and tsp["bind_failures"] == 0 and tpool["trim_points"] == 1, tpool
+        assert tpool["trims"] == STEPS - 1 and tpool["regrows"] == 2 * (STEPS - 1), tpool
+        assert tpool["peak_resident"] <= 2 and tpool["resident"] == 2, tpool  # none freed after the last backward
         for g in tst["tide_groups"]:
             assert g["ag_calls"] + g["ag_pool_fallbacks"] == 2 * STEPS and g["rs_calls"] == STEPS, g
         close(rep["native_pooltrim_vs_native"])

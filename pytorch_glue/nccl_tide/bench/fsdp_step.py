@@ -65,8 +65,8 @@ def parser() -> argparse.ArgumentParser:
         "--slot-trim",
         choices=["auto", "on", "off", "all"],
         default="auto",
-        help="tide variant: enable(slot_trim=None|True|False|'all'): the pool frees its slots at the schedule's idle "
-        "points (auto: on at shard world size 1; all: the root too, after backward)",
+        help="tide variant: enable(slot_trim=None|True|False|'all'): the pool frees its slots at the end of forward "
+        "(auto: on at shard world size 1; all: also at the end of backward, the root's slot too)",
     )
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--hidden", type=int, default=4096)
@@ -191,7 +191,8 @@ def _shard(model, variant: str, slot_pool=None, slot_trim="auto"):
         return None, (
             f"TIDE groups {len(st['tide_groups'])}, stock groups {len(st['stock_groups'])}, "
             f"slot pool size {pool.get('size', 0)} x {pool.get('slot_capacity', 0)} B ({pool.get('binder')} binder), "
-            f"{pool.get('dedicated_slots', 0)} dedicated, trim {'on' if pool.get('trim') else 'off'}"
+            f"{pool.get('dedicated_slots', 0)} dedicated, "
+            f"trim {'at ' + ' and '.join(pool.get('trim_at') or []) if pool.get('trim') else 'off'}"
         )
     return None, ""
 

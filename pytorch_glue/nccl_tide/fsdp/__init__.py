@@ -58,6 +58,7 @@ class TideFSDPHandle:
         self.adapter = adapter
         self.slot_pool = 0  # native: size of the shared slot pool asked for
         self.slot_trim = False  # native: the shared pools give their slots back at the schedule's idle points
+        self.trim_at: List[str] = []  # which idle points trim ("end of forward", "end of backward"), [] when off
         self._finalizer = None  # weakref.finalize on the model: frees the slots of a model dropped while enabled
         self.pools = []  # native: SlotPool objects (shared pools first per comm, then dedicated slots)
         self.groups: List[GroupState] = []
@@ -74,7 +75,8 @@ class TideFSDPHandle:
         slot_bytes, slot_capacity, binder, hits, fallbacks, bind_failures, distinct_slots_used,
         rs_staging, held, peak_held, segment_allocs, refused), slot_pool (the totals: size,
         slot_bytes and slot_capacity of the shared pool, binder, pooled/dedicated groups,
-        resident_slot_bytes, hits, fallbacks, bind_failures, peak_held, outside_torch_bytes),
+        resident_slot_bytes, hits, fallbacks, bind_failures, peak_held, outside_torch_bytes; trimming:
+        trim, trim_at (the idle points it trims at), trims, regrows, own_slots),
         per group `pool` (shared pool name or 'dedicated'). docs/fsdp.md."""
         tide = []
         for g in self.groups:
@@ -106,6 +108,9 @@ class TideFSDPHandle:
                 "pooled_groups": sum(1 for g in self.groups if g.pool is not None and g.pool in shared),
                 "dedicated_slots": len(dedicated),
                 "trim": self.slot_trim,
+                # the idle points the pools free their unbound slots at: ["end of forward"] for slot_trim=True/None,
+                # ["end of forward", "end of backward"] for "all" (docs/fsdp.md, "Trimming"), [] when off
+                "trim_at": list(self.trim_at),
                 # slot bytes allocated now (shared pools' live slots + dedicated slots); with trim this changes
                 # during a step: max_resident_slot_bytes is the bound, peak_resident_slot_bytes what was reached
                 "resident_slot_bytes": sum(p.resident_bytes() for p in self.pools),
@@ -202,14 +207,17 @@ def enable(
       call (warned once, counted). Other groups (e.g. the root) keep a dedicated slot. 0 or
       None: a dedicated slot per group (all unsharded parameters resident). Ignored by the
       reference executor (its slots are torch memory, freed at reshard). docs/fsdp.md.
-    slot_trim: native executor with a slot pool: the pool frees its unbound slots at the idle points
-      of FSDP2's schedule (no pooled group unsharded between forward and backward, and between
-      backward and the next forward: the loss/head backward and the optimizer step, where a step
-      usually peaks) and allocates them again at the next all-gather that needs one, so those
-      slots are not resident at that peak (stock FSDP2 holds no block there either). Every
-      reshard-after-forward group is then pooled. "all": also every other group (the root, blocks
-      with reshard_after_forward=False) gets a trimming slot of its own, freed after backward (it then
-      costs the allocator's segment rounding, up to 2 MiB per large group, while held). False
+    slot_trim: native executor with a slot pool: the pool frees its unbound slots at the end of
+      forward (no pooled group unsharded from the last forward reshard to the first backward
+      all-gather: the head, the loss and their backward, where a step usually peaks) and allocates
+      them again at the next all-gather that needs one, so those slots are not resident at that
+      peak (stock FSDP2 holds no block there either). Every reshard-after-forward group is then
+      pooled. The end of backward (the optimizer step, normally below that peak) is not trimmed:
+      there a trim would only cost a device synchronize, cudaFree and cudaMalloc per slot per step.
+      "all": both points, and every other group (the root, blocks with reshard_after_forward=False)
+      gets a trimming slot of its own, freed after backward (it then costs the allocator's segment
+      rounding, up to 2 MiB per large group, while held): for runs whose peak is the optimizer
+      step. stats()["slot_pool"]["trim_at"] names the points. False
       (default until trimming has run on a GPU): the slots stay allocated. None: on where every
       native group's shard world size is 1 (no peer maps a slot), off otherwise; True at world size > 1 makes
       every trim and regrow a collective IPC exchange inside the step (docs/fsdp.md, "Trimming").
@@ -306,7 +314,14 @@ def enable(
         trim = slot_trim if slot_trim is not None else all(g.world == 1 for g in native)
         handle.slot_trim = bool(trim) and handle.slot_pool > 0
         own = handle.slot_trim and slot_trim == "all"
-        handle.pools, failures = build_pools(native, handle.slot_pool, trim=handle.slot_trim, own=own)
+        # True / None: the end of forward only (the peak lies there; a trim at the end of backward would free slots
+        # for the optimizer step, below that peak, and cost a sync + cudaFree + cudaMalloc per slot per step);
+        # "all": both idle points, plus the own slots of the unpooled groups (runs whose peak is the optimizer step)
+        phases = _slot_pool.TRIM_ALL if own else _slot_pool.TRIM_DEFAULT
+        handle.trim_at = _slot_pool.trim_at(phases) if handle.slot_trim else []
+        handle.pools, failures = build_pools(
+            native, handle.slot_pool, trim=handle.slot_trim, own=own, trim_phases=phases
+        )
         for g in native:
             if g in failures:
                 g.uninstall()

@@ -30,20 +30,29 @@ free and falls back to stock FSDP2 for that all-gather (docs/fsdp.md, "Slot pool
 Trimming (SlotPool(trim=True); enable(slot_trim=...), default on where the shard world size is 1): resident
 slots are given back between the phases of a step. FSDP2 holds no pooled group from the last reshard of forward to
 the first all-gather of backward (the loss, the head and its backward run there: the usual peak of a step) and from
-the last reshard of backward to the next forward (the optimizer step); a pool that keeps its K slots allocated
-there costs K slots at that peak, which stock FSDP2 does not pay (issue 17). The pool learns these idle points from
-the schedule itself: a release that leaves no slot held, followed by an acquire of the other phase (forward vs
-backward, FSDP2's TrainingState of the groups), is a trim point; from then on, reaching it frees every unbound slot
-(tideSlotFree, after the releasing group's RS at the end of backward, so Slot-Reuse keeps its staging slot), and an
-acquire that finds no live free slot allocates one again (tideSlotAlloc) at its index (groups FSDP2 does not pool,
-e.g. the root, get such a pool of one slot of their own: SlotPool.solo). Slots are never freed while
-held, while torch still holds their segment (alloc binder: the slot's MemPool is dropped and torch's cache emptied
-first), and tideSlotFree synchronizes the device first (no queued AG, RS or copy still touches them). Both calls
-are collective: the decisions read only state that changes at AG, reshard and RS calls, the same on every rank as
-the acquire rule (below), so every rank frees and allocates the same indices in the same order. At world size 1
-nothing else maps a slot; at world > 1 each trim and regrow is an IPC exchange (handles opened and closed by every
-peer, barriers), correct under the same rank-consistency rule but milliseconds per slot per step, and a
-rank-local allocation failure there breaks the collective: opt-in only (docs/fsdp.md, "Trimming").
+the last reshard of backward to the next forward (the optimizer step); a pool that keeps its K slots allocated in
+the first gap costs K slots at that peak, which stock FSDP2 does not pay (issue 17). The pool learns these idle
+points from the schedule itself: a release that leaves no slot held, followed by an acquire of the other phase
+(forward vs backward, FSDP2's TrainingState of the groups), is a trim point; from then on, reaching it frees every
+unbound slot (tideSlotFree, after the releasing group's RS at the end of backward, so Slot-Reuse keeps its staging
+slot), and an acquire that finds no live free slot allocates one again (tideSlotAlloc) at its index.
+
+Which idle points trim is SlotPool.trim_phases (by the phase of the release that opens the gap; one code path for
+both settings). TRIM_DEFAULT (enable's slot_trim=True, and None where it resolves to on): the end of forward only,
+where the peak lies. The end-of-backward gap holds only the optimizer step, below that peak in the usual
+configuration, so trimming there lowers no peak and costs a device synchronize and a cudaFree per slot, and a
+cudaMalloc per slot when the next forward regrows it, every step. TRIM_ALL (slot_trim="all", for runs whose peak
+is the optimizer step): both points; the groups FSDP2 does not pool (e.g. the root) then also get a trimming pool
+of one slot of their own (SlotPool.solo), whose only idle point is the end of backward.
+
+Slots are never freed while held, while torch still holds their segment (alloc binder: the slot's MemPool is
+dropped and torch's cache emptied first), and tideSlotFree synchronizes the device first (no queued AG, RS or copy
+still touches them). Both calls are collective: the decisions read only state that changes at AG, reshard and RS
+calls, the same on every rank as the acquire rule (below), so every rank frees and allocates the same indices in
+the same order. At world size 1 nothing else maps a slot; at world > 1 each trim and regrow is an IPC exchange
+(handles opened and closed by every peer, barriers), correct under the same rank-consistency rule but milliseconds
+per slot per step, and a rank-local allocation failure there breaks the collective: opt-in only (docs/fsdp.md,
+"Trimming").
 
 GPU ordering: each slot keeps the events its next writer must wait for (the last AG into it, the
 release event recorded on the compute stream at reshard, the RS that used it as staging); a writer
@@ -378,6 +387,26 @@ def _resident_changed() -> None:
             h(now)
 
 
+# The idle points a trimming pool may free its slots at, named by the phase of the release that opens the idle gap
+# (the acquire that closes it belongs to the other phase).
+END_OF_FORWARD = "F"  # last forward reshard -> first backward AG: the head, the loss, their backward (the usual peak)
+END_OF_BACKWARD = "B"  # last backward reshard (after its RS) -> the next forward AG: the optimizer step
+TRIM_AT_NAMES = {END_OF_FORWARD: "end of forward", END_OF_BACKWARD: "end of backward"}
+# slot_trim=True / None: the end of forward only. The end-of-backward gap spans only the optimizer step, below the
+# backward-start peak in the usual configuration, so freeing the slots there lowers no peak and costs, per step, a
+# device synchronize + cudaFree per slot and a cudaMalloc per slot when the next forward regrows them (H200, world
+# size 1, 4 Llama layers, slot_pool=2, both points trimmed: 140.63 ms/step against stock's 129.42).
+TRIM_DEFAULT = frozenset({END_OF_FORWARD})
+# slot_trim="all": both points (runs whose peak is the optimizer step; the own one-slot pools of the root and the
+# reshard_after_forward=False blocks have only the end-of-backward point).
+TRIM_ALL = frozenset({END_OF_FORWARD, END_OF_BACKWARD})
+
+
+def trim_at(phases) -> List[str]:
+    """The idle points `phases` trims at, in schedule order, by name (stats()["trim_at"])."""
+    return [TRIM_AT_NAMES[p] for p in (END_OF_FORWARD, END_OF_BACKWARD) if p in phases]
+
+
 def _tick() -> None:
     if _meter is not None:
         _meter.event()
@@ -424,7 +453,9 @@ class SlotPool:
     dedicated slot is a pool of one slot with one group, never bound: the group's storage is
     the slot's own). With `trim`, slots are freed at the learned idle points of the schedule and
     allocated again on demand (module docstring, "Trimming"): `count` is then the most slots
-    the pool may hold, and the slots live now are those with Slot.live."""
+    the pool may hold, and the slots live now are those with Slot.live. `trim_phases` (with `trim`): the idle
+    points it trims at, by the phase of the release that opens them (TRIM_DEFAULT: end of forward only;
+    TRIM_ALL: also end of backward)."""
 
     def __init__(
         self,
@@ -435,6 +466,7 @@ class SlotPool:
         shared: bool,
         binder: Optional[_Binder] = None,
         trim: bool = False,
+        trim_phases=TRIM_DEFAULT,
     ):
         if shared and binder is None:
             raise ValueError("a shared pool needs a binder")
@@ -455,7 +487,11 @@ class SlotPool:
         self.peak_held = 0  # most slots owned at once
         # trimming (shared pools only)
         self.trim = bool(trim) and shared
-        self.trim_points = set()  # (id(group), phase) of releases that precede a phase switch with nothing held
+        # the phases whose last release (nothing held after it, the next acquire of the other phase) trims
+        self.trim_phases = frozenset(trim_phases) if self.trim else frozenset()
+        if not self.trim_phases <= TRIM_ALL:
+            raise ValueError(f"trim_phases={sorted(trim_phases)}: use phases of {sorted(TRIM_ALL)}")
+        self.trim_points = set()  # (id(group), phase) of such releases, phase in trim_phases: where this pool trims
         self._idle = None  # (id(group), phase) of the last release that left nothing held, until the next acquire
         self._trim_after_rs = None  # id(group): trim once this group's RS (same post_backward) has been issued
         self.trims = 0  # trim points reached that freed at least one slot
@@ -538,7 +574,9 @@ class SlotPool:
         slot.owner = None
         if event is not None:
             slot.events.append(event)
-        if self.trim and self.held == 0 and phase is not None and owner is not None:
+        # only releases of a phase this pool trims at open a candidate idle point (trim_phases: the default leaves
+        # the end of backward alone, so the optimizer step runs with the slots the next forward will bind)
+        if self.trim and self.held == 0 and phase in self.trim_phases and owner is not None:
             self._idle = (id(owner), phase)
             if self._idle in self.trim_points:
                 if phase == "B":  # post_backward: the group's RS follows and may stage in the vacated slot
@@ -664,6 +702,7 @@ class SlotPool:
             "resident": self.resident(),
             "peak_resident": self.peak_resident,
             "trim": self.trim,
+            "trim_at": trim_at(self.trim_phases),  # the idle points this pool trims at ([] without trim)
             "trim_points": len(self.trim_points),
             "trims": self.trims,
             "trimmed": self.trimmed,
@@ -701,13 +740,18 @@ def reshards_after_forward(pg, state, top_level: bool) -> bool:
 
 def _own_pool(g, binder) -> Optional["SlotPool"]:
     """A trimming one-slot pool of the group's own size (None: no binder works here, or it could not be built:
-    the caller gives the group a dedicated slot)."""
+    the caller gives the group a dedicated slot). Such a group (the root, a reshard_after_forward=False block) is
+    held from its forward AG to its backward reshard: its only idle point is the end of backward, so the pool
+    trims there (TRIM_ALL; slot_trim="all" is the only way such pools are built)."""
     if binder is None:
         binder, _why = make_binder(g.pg.device)
         if binder is None:
             return None
     try:
-        pool = SlotPool(g.executor, g.layout.slot_bytes, 1, f"own[{g.label}]", shared=True, binder=binder, trim=True)
+        pool = SlotPool(
+            g.executor, g.layout.slot_bytes, 1, f"own[{g.label}]", shared=True, binder=binder, trim=True,
+            trim_phases=TRIM_ALL,
+        )
     except Exception as e:
         warn_once(f"nccl_tide.fsdp: {g.label}: trimming slot not built ({type(e).__name__}: {e}): a dedicated slot")
         return None
@@ -715,7 +759,9 @@ def _own_pool(g, binder) -> Optional["SlotPool"]:
     return pool
 
 
-def build_pools(groups, slot_pool: Optional[int], trim: bool = False, own: bool = False) -> tuple:
+def build_pools(
+    groups, slot_pool: Optional[int], trim: bool = False, own: bool = False, trim_phases=TRIM_DEFAULT
+) -> tuple:
     """Assigns every native GroupState a SlotPool (allocating, collectively, in this order: per
     tideComm in group order, first the shared pool's slots, then each dedicated slot in group
     order). Returns (pools, failures) where failures maps a group to why its slot was refused.
@@ -729,7 +775,8 @@ def build_pools(groups, slot_pool: Optional[int], trim: bool = False, own: bool 
     capped at their number) and whatever the segment rounding: a dedicated slot never goes back. With
     `own` (and `trim`), the other groups (not pinned) get a trimming one-slot pool each instead of a dedicated
     slot (SlotPool.solo): it goes back between backward and the next forward, but costs the binder's segment
-    rounding while the group is held (docs/fsdp.md, "Trimming").
+    rounding while the group is held (docs/fsdp.md, "Trimming"). `trim_phases`: the idle points the shared
+    pools trim at (TRIM_DEFAULT: end of forward; enable(slot_trim="all") passes TRIM_ALL with `own`).
     """
     pools: List[SlotPool] = []
     failures = {}
@@ -771,7 +818,7 @@ def build_pools(groups, slot_pool: Optional[int], trim: bool = False, own: bool 
                 count = min(k, len(pooled)) if trim else k
                 pool = SlotPool(
                     pooled[0].executor, nbytes, count, f"pool[{pooled[0].label}..]", shared=True, binder=binder,
-                    trim=trim,
+                    trim=trim, trim_phases=trim_phases,
                 )
             except Exception as e:
                 warn_once(
