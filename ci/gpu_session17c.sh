@@ -36,10 +36,12 @@ for trim in on off; do
   TAIL=4 run "fsdp_step_$trim" 70 python3 -m nccl_tide.bench.fsdp_step --layers 4 --variants stock,tide --slot-pool 2 \
     --slot-trim $trim --warmup 3 --steps 10 --variant-timeout 30 -J "$O/fsdp_step_trim_$trim.json"
 done
-TAIL=8 run probe_trim 70 python3 benchmarks/fsdp_memory_probe.py --variants stock,tide --slot-pool 2 --slot-trim on \
+TAIL=30 run probe_trim 70 python3 benchmarks/fsdp_memory_probe.py --variants stock,tide --slot-pool 2 --slot-trim on \
   --timeout 60 --out "$O/probe_trim_fwd.json"
 for spec in test_hardening_gpu:200 test_perf_gpu:200; do
   f=${spec%%:*}; lim=${spec##*:}
   run "on_$f" "$lim" env NCCL_TIDE_EAGER_GRAPHS=1 $PT -o faulthandler_timeout=$((lim - 10)) tests/gpu/$f.py
 done
 echo "=== end $(( $(date +%s) - START )) s"
+# the device returns few files: everything in one archive
+( cd "$O" && tar czf /tmp/all.tgz --exclude=all.tgz . && find . -mindepth 1 -delete && mv /tmp/all.tgz all.tgz )
