@@ -154,9 +154,9 @@ tideResult_t layoutEntry(tideComm* comm, tideLayout_t layout, bool capturing, ti
     if (p.elemSize > v->maxElemSize) v->maxElemSize = p.elemSize;
     if (p.dtype != v->params[0].dtype) v->uniformDtype = false;
   }
-  // The switch of the eager graph route picks the wire protocol of eager calls, so ranks must agree on it with the
-  // layout: when it is on the agreed key differs from the hash. Off (the default) it is the hash itself, so the
-  // mismatch report shows the layouts' real hashes (tests/gpu/test_faults_multiprocess.py checks them).
+  // The switch of the eager graph route picks the wire protocol of eager calls, so ranks agree on it with the layout
+  // (both are exchanged; the mismatch report shows the layouts' real hashes and each rank's switch). Agreed pairs
+  // are remembered by one key.
   const uint64_t agreeKey = comm->eagerGraphs ? v->info.hash ^ 0x7e1de0ff6a9f3c5bull : v->info.hash;
   if (comm->agreedLayouts.count(agreeKey) == 0) {
     if (capturing && comm->policy->agreementExchanges()) {
@@ -167,7 +167,7 @@ tideResult_t layoutEntry(tideComm* comm, tideLayout_t layout, bool capturing, ti
                   "capturing (nothing was enqueued; the capture is still valid)",
                   static_cast<unsigned long long>(v->info.hash));
     }
-    TIDE_CHECK(comm->policy->agreeOnLayout(agreeKey));
+    TIDE_CHECK(comm->policy->agreeOnLayout(v->info.hash, comm->eagerGraphs));
     comm->agreedLayouts.insert(agreeKey);
   }
   if (comm->layoutCache.size() > 256) comm->layoutCache.clear();  // bound programs in flight are kept by their users

@@ -326,12 +326,18 @@ tideResult_t IpcProvider::barrier() {
   return exchange(&mine, all.data(), sizeof(mine));
 }
 
-tideResult_t IpcProvider::agreeOnLayout(uint64_t layoutHash) {
+tideResult_t IpcProvider::agreeOnLayout(uint64_t layoutHash, bool eagerGraphs) {
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<uint64_t> all(world_);
-  TIDE_CHECK(exchange(&layoutHash, all.data(), sizeof(layoutHash)));
+  struct Agreed {
+    uint64_t hash;
+    uint64_t eagerGraphs;
+  };
+  const Agreed mine{layoutHash, eagerGraphs ? 1ull : 0ull};
+  std::vector<Agreed> all(world_);
+  TIDE_CHECK(exchange(&mine, all.data(), sizeof(mine)));
+  auto same = [&](int r) { return all[r].hash == all[0].hash && all[r].eagerGraphs == all[0].eagerGraphs; };
   int differ = 0;
-  for (int r = 0; r < world_; ++r) differ += all[r] != all[0];
+  for (int r = 0; r < world_; ++r) differ += !same(r);
   if (differ == 0) return tideSuccess;
   // One message that every rank builds from the same gathered bytes: rank 0's hash, then up to 8 ranks that differ
   // from it (the error buffer holds about 1 KiB).
@@ -339,20 +345,24 @@ tideResult_t IpcProvider::agreeOnLayout(uint64_t layoutHash) {
   size_t used = 0;
   int shown = 0;
   for (int r = 1; r < world_ && shown < 8; ++r) {
-    if (all[r] == all[0]) continue;
-    int n = snprintf(list + used, sizeof(list) - used, "%srank %d has %016llx", shown ? ", " : "", r,
-                     static_cast<unsigned long long>(all[r]));
+    if (same(r)) continue;
+    int n = snprintf(list + used, sizeof(list) - used, "%srank %d has %016llx%s", shown ? ", " : "", r,
+                     static_cast<unsigned long long>(all[r].hash),
+                     all[r].eagerGraphs != all[0].eagerGraphs
+                         ? (all[r].eagerGraphs ? " with NCCL_TIDE_EAGER_GRAPHS=1" : " with NCCL_TIDE_EAGER_GRAPHS=0")
+                         : "");
     if (n < 0 || static_cast<size_t>(n) >= sizeof(list) - used) break;
     used += static_cast<size_t>(n);
     ++shown;
   }
   if (differ > shown) snprintf(list + used, sizeof(list) - used, " and %d more", differ - shown);
   return fail(tideMismatch, kComponent,
-              "layout mismatch across ranks: rank 0 has layout hash %016llx (%d of %d ranks agree with it), but %s "
+              "layout mismatch across ranks: rank 0 has layout hash %016llx%s (%d of %d ranks agree with it), but %s "
               "(this is rank %d). Every rank must build the layout from the same parameter numels, dtypes, row "
               "numels, world size, ranks per node and NCCL_TIDE_* plan parameters, and set NCCL_TIDE_EAGER_GRAPHS "
-              "alike (it is part of the agreed value)",
-              static_cast<unsigned long long>(all[0]), world_ - differ, world_, list, rank_);
+              "alike",
+              static_cast<unsigned long long>(all[0].hash),
+              all[0].eagerGraphs ? " with NCCL_TIDE_EAGER_GRAPHS=1" : "", world_ - differ, world_, list, rank_);
 }
 
 tideResult_t IpcProvider::share(size_t bytes, const char* what, Shared* out) {
