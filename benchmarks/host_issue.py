@@ -50,7 +50,7 @@ def main() -> int:
     ap.add_argument("--route", choices=("both", "on", "off"), default="both",
                     help="eager graph route: off and on in one run (default), or only the current process's setting")
     args = ap.parse_args()
-    env_route = os.environ.get("NCCL_TIDE_EAGER_GRAPHS", "0")
+    env_route = os.environ.get("NCCL_TIDE_EAGER_GRAPHS", "1")  # the default is on
     if args.route != "both":
         if env_route != ("1" if args.route == "on" else "0"):
             print(f"--route {args.route} needs NCCL_TIDE_EAGER_GRAPHS={'1' if args.route == 'on' else '0'} "

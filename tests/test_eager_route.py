@@ -1,7 +1,7 @@
 """The eager graph route's host-side logic (issue 15; docs/architecture.md "Eager calls as graph replays"): which
 eager calls take the token protocol (a pure function of what every rank agrees on) and when a rank captures its
 graph (second call with the same binding and values), through tests/c/eager_route_test.cc; and the switch
-NCCL_TIDE_EAGER_GRAPHS in the parameter registry (default 0 since an 8-rank hang on the H200, strict: an invalid value is an error, never silently
+NCCL_TIDE_EAGER_GRAPHS in the parameter registry (default 1 since session 18, strict: an invalid value is an error, never silently
 the default, because it picks the wire protocol)."""
 
 import os
@@ -49,10 +49,10 @@ def _describe(env_value):
     return r.stdout.split()
 
 
-@pytest.mark.parametrize("value,expected", [(None, "0"), ("1", "1"), ("0", "0")])
+@pytest.mark.parametrize("value,expected", [(None, "1"), ("1", "1"), ("0", "0")])
 def test_switch_parses(native, value, expected):
     out = _describe(value)
-    assert out[:3] == ["ok", "0", expected], out  # default 0, then the value in force
+    assert out[:3] == ["ok", "1", expected], out  # default 1, then the value in force
 
 
 @pytest.mark.parametrize("value", ["yes", "2", " 1", "01x", ""])

@@ -452,6 +452,23 @@ def test_parse_kernel_time():
     ]
     r = parse_kernel_time(ev, iters=2)
     assert r["n_kernels"] == 1.0 and r["kernel_us"] == 8.0 and r["memcpy_us"] == 4.0 and r["n_memcpy"] == 0.5
+    # the same-device copy ran on SMs (perf/gpu.py): it is SM time, and counted once
+    assert r["local_copy_us"] == 4.0 and r["sm_us"] == 12.0
+
+
+def test_sm_time_counts_same_device_copies_and_memsets_not_peer_or_host_copies():
+    from nccl_tide.perf.gpu import parse_kernel_time, runs_on_sms
+
+    ev = [
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoD (Device -> Device)", "dur": 3.0},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy PtoP (Device -> Device)", "dur": 50.0},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)", "dur": 70.0},
+        {"ph": "X", "cat": "gpu_memset", "name": "Memset (Device)", "dur": 2.0},
+        {"ph": "X", "cat": "kernel", "name": "memcpy32_post", "dur": 5.0},  # a graph memcpy node run as a kernel
+    ]
+    r = parse_kernel_time(ev, iters=1)
+    assert r["memcpy_us"] == 125.0 and r["local_copy_us"] == 5.0 and r["kernel_us"] == 5.0 and r["sm_us"] == 10.0
+    assert runs_on_sms("gpu_memset", "Memset (Device)") and not runs_on_sms("gpu_memcpy", "Memcpy PtoP (x)")
 
 
 def test_side_ops_rule():

@@ -477,7 +477,7 @@ def test_share_run_end_to_end_with_host_stand_ins(monkeypatch, tmp_path, native)
         _fold_into(args)
 
     monkeypatch.setattr(share, "_Gpu", FakeGpu)
-    monkeypatch.setattr(share, "_profile", lambda g, fn, iters=3: (fn(), [("reduce", 5.0, 4, {})], [1.0])[1:])
+    monkeypatch.setattr(share, "_profile", lambda g, fn, iters=3: (fn(), [("reduce", 5.0, 4, {})], [(1.0, True)])[1:])
     monkeypatch.setattr(B, "copy", fake_copy)
     monkeypatch.setattr(B, "Pacer", FakePacer)
     monkeypatch.setattr(B, "reduce", fake_reduce)
@@ -520,3 +520,16 @@ def test_pacer_arguments_are_checked_before_the_library(gbps, piece):
 
     with pytest.raises(ValueError, match="link rate|piece_bytes"):
         B.Pacer(gbps, piece)
+
+
+def test_sm_summary_reports_same_device_copies_apart_from_weighted_kernel_time():
+    from types import SimpleNamespace
+
+    from nccl_tide.perf.share import _sm_summary
+
+    g = SimpleNamespace(n_sm=132)
+    kernels = [("tide_reduce", 10.0, 66, {}), ("sleep_kernel", 100.0, 1, {})]
+    mem = [(4.0, True), (30.0, False), (2.0, True)]  # two same-device copies (on SMs), one peer copy
+    s = _sm_summary(g, kernels, mem, iters=2)
+    assert s["kernel_us"] == 5.0 and s["sm_weighted_us"] == 2.5  # the sleep gate is excluded; 66/132 of 10 us / 2
+    assert s["memcpy_us"] == 18.0 and s["local_copy_us"] == 3.0 and s["memcpy_per_unit"] == 1.5

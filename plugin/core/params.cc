@@ -86,11 +86,10 @@ const Def kDefs[kNumParams] = {
      "Reduce-scatter: the rate (GB/s) at which other ranks' inputs reach this GPU; the reduce kernel takes only as "
      "many SMs as keep pace with it (docs/architecture.md, Reduce kernel shape).",
      1, 100000, nullptr, "an integer number of GB/s from 1 to 100000"},
-    {"NCCL_TIDE_EAGER_GRAPHS", Type::kBool, "bool", "0",
-     "1 runs eager calls whose program can be captured (one node; RS with at most 2 chunks) with the token protocol, "
-     "replaying a CUDA graph the library captured (docs/architecture.md, CUDA graphs); 0 (the default, until the rest "
-     "of tests/gpu has run with it on and loopback fault reports cover it: docs/architecture.md, Status) keeps the "
-     "epoch protocol. Must match on all ranks.",
+    {"NCCL_TIDE_EAGER_GRAPHS", Type::kBool, "bool", "1",
+     "1 (the default) runs eager calls whose program can be captured (one node; RS with at most 2 chunks) with the "
+     "token protocol, replaying a CUDA graph the library captured (docs/architecture.md, Eager calls as graph "
+     "replays); 0 keeps the epoch protocol for every eager call. Must match on all ranks.",
      0, 1, nullptr, "0 or 1"},
 };
 

@@ -1,7 +1,7 @@
 """Eager TIDE-AG / TIDE-RS as replays of graphs the library captured itself (issue 15; docs/architecture.md "Eager
 calls as graph replays"), on loopback worlds.
 
-With NCCL_TIDE_EAGER_GRAPHS=1 (opt-in; these tests skip without it) an eager single-node AG, or RS of at most 2 chunks, runs the token
+With NCCL_TIDE_EAGER_GRAPHS=1 (the default; these tests skip with NCCL_TIDE_EAGER_GRAPHS=0) an eager single-node AG, or RS of at most 2 chunks, runs the token
 protocol: the first call with a binding is issued directly, the second is captured into a graph on the comm's
 private stream and launched, later ones replay that graph. Every call here gets fresh random inputs (never zeros)
 and poisoned outputs, and is compared bit for bit with the host executor; the debug dump says how each rank issued
@@ -39,7 +39,7 @@ def seeded(*key):
 
 
 def route_on() -> bool:
-    return os.environ.get("NCCL_TIDE_EAGER_GRAPHS", "0") == "1"  # off by default (docs/env.md)
+    return os.environ.get("NCCL_TIDE_EAGER_GRAPHS", "1") == "1"  # on by default (docs/env.md)
 
 
 def last_program(world, r, coll):

@@ -102,11 +102,13 @@ def test_loopback_all_impls(coll, tmp_path):
     assert all(float(x["host"]) > 0 and float(x["gpu"]) > 0 for x in tide), tide
     assert all(x["host"] == "N/A" for x in got if x["impl"] != "tide")
     if coll == "all_gather":
-        # copy engines only: no kernel (with NCCL_TIDE_EAGER_GRAPHS=1 this failed on the H200 in session 17: the
-        # kernel names in the JSON say which kernels ran, e.g. a replayed graph's memcpy nodes run as kernels)
-        names = [d.get("profile", {}).get("kernel_names") for d in
+        # No kernel of the library's own: the only kernels allowed are copies (a replayed graph's memcpy nodes
+        # appear as "memcpy32_post" kernels). The SM column is not 0 on loopback: same-device copies run on SMs
+        # on the H200, eager or graphed (benchmarks/copy_engine_probe.cu, tests/gpu/RUNS.md session 18), and the
+        # column counts them (perf/gpu.py); a node's peer copies are copy-engine work.
+        names = [d.get("profile", {}).get("kernel_names") or {} for d in
                  json.loads(js.read_text()).get("extras", {}).get("detail", []) if d.get("impl") == "tide"]
-        assert all(float(x["sm"]) == 0.0 for x in tide), (tide, names)
+        assert names and all("memcpy" in n.lower() or "memset" in n.lower() for ns in names for n in ns), names
     else:
         assert all(float(x["sm"]) > 0.0 for x in tide)  # the phase-2 reduce kernel
     doc = json.loads(js.read_text())

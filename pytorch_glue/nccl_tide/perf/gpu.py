@@ -2,8 +2,12 @@
 
 * time per call: CUDA events around `iters` back-to-back calls on the current stream, after the warm-up and after a
   ~1 ms sleep kernel so the CPU gets ahead of the GPU (launch overhead is not timed at large sizes);
-* SM time per call: sum of kernel durations from torch.profiler (ProfilerActivity.CUDA, chrome trace cat=kernel);
-  copy-engine transfers (memcpy) are not SM time;
+* SM time per call: sum of kernel durations from torch.profiler (ProfilerActivity.CUDA, chrome trace cat=kernel)
+  plus the durations of same-device copies and memsets (trace names "Memcpy DtoD ..." and "Memset ..."): on the H200
+  (driver 580, CUDA 13) every same-device device-to-device copy form, the hinted cudaMemcpyBatchAsync included, and
+  every memset runs on SMs: none of them runs beside a kernel that holds every SM (benchmarks/copy_engine_probe.cu,
+  tests/gpu/RUNS.md session 18), although the trace files them as copies. Peer copies ("Memcpy PtoP") and
+  host<->device copies are copy-engine work and are not SM time;
 * --interfere gemm: DESIGN.md section 9 / benchmarks/interference.py. A single-wave bf16 GEMM (1024x4096x16384) is
   timed alone, then beside K calls of the measured collective on a side stream: the GEMM stream waits for an event
   recorded after the first call, so the side work is running when the GEMM starts and K is chosen so it lasts well
@@ -84,11 +88,19 @@ def time_call_us(call: Callable[[], None], iters: int, warmup: int) -> float:
     return a.elapsed_time(b) * 1e3 / max(iters, 1)
 
 
+def runs_on_sms(cat: str, name: str) -> bool:
+    """Whether a copy/memset trace event (Kineto names: "Memcpy DtoD (Device -> Device)", "Memcpy PtoP (...)",
+    "Memcpy HtoD (...)", "Memset (Device)") ran on SMs on this GPU: same-device copies and memsets do (module
+    docstring); peer and host copies run on copy engines."""
+    return cat.lower() == "gpu_memset" or name.startswith("Memcpy DtoD")
+
+
 def parse_kernel_time(events, iters: int) -> dict:
-    """Per-call kernel figures from chrome-trace events: n_kernels, kernel_us (sum of durations = SM time),
-    n_memcpy, memcpy_us, top kernel names."""
+    """Per-call kernel figures from chrome-trace events: n_kernels, kernel_us (sum of kernel durations), n_memcpy,
+    memcpy_us (every copy and memset), local_copy_us (the same-device copies and memsets among them, which run on
+    SMs: module docstring), sm_us (kernel_us + local_copy_us: the SM time), top kernel names."""
     n_k = n_m = 0
-    k_us = m_us = 0.0
+    k_us = m_us = local_us = 0.0
     names = {}
     for e in events:
         if e.get("ph") != "X":
@@ -103,6 +115,8 @@ def parse_kernel_time(events, iters: int) -> dict:
         elif cat in ("gpu_memcpy", "gpu_memset"):
             n_m += 1
             m_us += dur
+            if runs_on_sms(cat, str(e.get("name", ""))):
+                local_us += dur
     it = max(iters, 1)
     top = dict(sorted(names.items(), key=lambda kv: -kv[1])[:4])
     return {
@@ -110,6 +124,8 @@ def parse_kernel_time(events, iters: int) -> dict:
         "kernel_us": k_us / it,
         "n_memcpy": n_m / it,
         "memcpy_us": m_us / it,
+        "local_copy_us": local_us / it,
+        "sm_us": (k_us + local_us) / it,
         "kernel_names": top,
     }
 

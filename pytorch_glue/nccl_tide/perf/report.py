@@ -2,8 +2,8 @@
 
 The row keeps nccl-tests' columns in their places (size count type redop root, then time algbw busbw #wrong
 out-of-place and in-place), so a parser that reads nccl-tests by field position reads tide-perf too. tide-perf's
-own columns follow them: the implementation measured (`impl`), SM time per call (sum of kernel durations from
-torch.profiler, us), the slowdown of a concurrent single-wave GEMM (`--interfere gemm`) and a free-text note (the
+own columns follow them: the implementation measured (`impl`), SM time per call (kernel durations plus same-device
+copies and memsets, which run on SMs, from torch.profiler, us: perf/gpu.py), the slowdown of a concurrent single-wave GEMM (`--interfere gemm`) and a free-text note (the
 stand-in measured, or why the row could not run). One table holds every implementation side by side.
 
 The JSON has nccl-tests' keys (file version 2: version, start_time, args, env, nccl_version, config with devices,
@@ -37,7 +37,7 @@ class Row(NamedTuple):
     oop: Variant
     ip: Variant
     impl: str = "tide"
-    sm_us: Optional[float] = None  # SM time per call (sum of kernel durations), out-of-place
+    sm_us: Optional[float] = None  # SM time per call (kernels + same-device copies: perf/gpu.py), out-of-place
     gemm_x: Optional[float] = None  # concurrent single-wave GEMM time / GEMM alone (--interfere gemm)
     note: str = ""  # the stand-in measured, or why the row did not run
     ok: bool = True  # False: the impl could not run (all figures N/A, note says why)

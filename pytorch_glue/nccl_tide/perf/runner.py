@@ -89,7 +89,7 @@ def measure(
         detail = {}
         if o.sm_time:
             prof = _sm(bench.call)
-            sm = o.reduce_time(prof["kernel_us"])
+            sm = o.reduce_time(prof["sm_us"])  # kernels + same-device copies (they run on SMs: perf/gpu.py)
             detail["profile"] = prof
         gx = None
         if o.gemm is not None:

@@ -500,10 +500,13 @@ class Loopback(Side):
 
 
 def _profile(g: _Gpu, fn, iters=3):
-    """Kernels and copies of `iters` calls of fn: [(name, dur_us, ctas, args)], memcpy count and us."""
+    """Kernels and copies of `iters` calls of fn: [(name, dur_us, ctas, args)], [(dur_us, on_sms)] of the copies and
+    memsets (on_sms: a same-device copy or a memset, which run on SMs on the H200: perf/gpu.py runs_on_sms)."""
     import tempfile
 
     from torch.profiler import ProfilerActivity, profile
+
+    from nccl_tide.perf.gpu import runs_on_sms
 
     t = g.torch
     t.cuda.synchronize()
@@ -528,7 +531,7 @@ def _profile(g: _Gpu, fn, iters=3):
             ctas = math.prod(int(x) for x in grid) if isinstance(grid, list) else 0
             kernels.append((str(e.get("name", "?")), float(e.get("dur", 0.0)), ctas, args))
         elif cat in ("gpu_memcpy", "gpu_memset"):
-            mem.append(float(e.get("dur", 0.0)))
+            mem.append((float(e.get("dur", 0.0)), runs_on_sms(cat, str(e.get("name", "")))))
     return kernels, mem
 
 
@@ -543,7 +546,11 @@ def _sm_summary(g: _Gpu, kernels, mem, iters, exclude=("sleep",)):
         "sm_weighted_us": occupancy_weighted_us([(k[1], k[2]) for k in ks], g.n_sm) / iters,
         "max_ctas": max((k[2] for k in ks), default=0),
         "memcpy_per_unit": len(mem) / iters,
-        "memcpy_us": sum(mem) / iters,
+        "memcpy_us": sum(m[0] for m in mem) / iters,
+        # copies the trace files as copies although they ran on SMs (their CTA count is not in the trace, so they
+        # are not in sm_weighted_us; on one GPU the share's incoming copies are such copies, on a node they are
+        # peer copies on copy engines: docs/architecture.md "Copy engines on one GPU")
+        "local_copy_us": sum(m[0] for m in mem if m[1]) / iters,
         "kernel_names": dict(sorted(names.items(), key=lambda kv: -kv[1])[:4]),
     }
 
@@ -766,7 +773,8 @@ def _line(d) -> str:
     return (f"[share] {d['name']}: GEMM x{d['slowdown']:.3f} (IQR {d['slowdown_p25']:.3f}-{d['slowdown_p75']:.3f}, "
             f"covered {d['covered_runs']}/{d['with_ms']['n']}), unit {d['unit_ms']['median']:.3f} ms{fl}, "
             f"HBM {d['hbm_GBps'] or 0:.0f} GB/s, SM-weighted {sm.get('sm_weighted_us', 0):.1f} us "
-            f"(kernels {sm.get('kernel_us', 0):.1f} us, max {sm.get('max_ctas', 0)} CTAs), check {d.get('check')}")
+            f"(kernels {sm.get('kernel_us', 0):.1f} us, max {sm.get('max_ctas', 0)} CTAs; same-device copies on SMs "
+            f"{sm.get('local_copy_us', 0):.1f} us), check {d.get('check')}")
 
 
 def summarize(res) -> List[dict]:
