@@ -479,6 +479,67 @@ def test_side_ops_rule():
     assert side_ops_for(unit_ms=1e-6, gemm_ms=0.17) == 200
 
 
+def test_gemm_slowdown_holds_the_gpu_until_everything_is_enqueued(monkeypatch):
+    """Gemm.slowdown's hold: untimed first runs measure the host's enqueue time (sizing the sleep) and the side
+    work's GPU time per call (re-deriving K, without a barrier only); a timed run whose hold ended before the GEMM
+    was enqueued counts as late and doubles the hold; no run is repeated. A fake torch.cuda records the calls."""
+    import contextlib
+    import types
+
+    from nccl_tide.perf import gpu
+
+    log = {"sleeps": [], "queries": 0}
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self):
+            pass
+
+        def query(self):
+            log["queries"] += 1
+            return log["queries"] - 1 in log["late"]
+
+        def elapsed_time(self, other):
+            return 0.5  # a->b (the GEMM): 0.5 ms; start->last (the side work): 0.5 ms; b->last > 0: covered
+
+    cuda = types.SimpleNamespace(
+        synchronize=lambda: None,
+        stream=lambda s: contextlib.nullcontext(),
+        Event=Event,
+        _sleep=lambda cycles: log["sleeps"].append(cycles / gpu.SLEEP_CYCLES),
+    )
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(gpu.Gemm, "__call__", lambda self: None)
+
+    def gemm():
+        g = object.__new__(gpu.Gemm)
+        g.runs, g.alone = 5, {"median_ms": 0.25}
+        g.head = g.side = g.stream = types.SimpleNamespace(wait_stream=lambda s: None, wait_event=lambda e: None)
+        return g
+
+    # one process: runs 0-1 untimed (K re-derived from 0.5 ms of side work over K calls), queries 3 and 4 late
+    log.update(sleeps=[], queries=0, late={3, 4})
+    calls = []
+    r = gemm().slowdown(lambda: calls.append(1), unit_ms=0.5)
+    k0 = gpu.side_ops_for(0.5, 0.25)
+    k = gpu.side_ops_for(0.5 / k0, 0.25)
+    assert k > k0 and r["side_calls"] == k and r["side_call_gpu_ms"] == pytest.approx(0.5 / k0)
+    assert len(calls) == 2 * k0 + 5 * k  # two untimed runs + 5 timed runs, none repeated
+    assert r["runs"] == 5 and r["covered_runs"] == 5 and r["late_runs"] == 2 and r["slowdown"] == 2.0
+    hold = log["sleeps"]
+    assert hold[0] == 1.0 and hold[1] >= 1.0 and hold[2] >= hold[1]  # 1 ms, then 1 ms + 1.5x the enqueue time
+    h = hold[3]
+    assert hold[3:] == [pytest.approx(x, rel=1e-6) for x in (h, 2 * h, 4 * h, 4 * h)]
+    assert r["hold_ms"] == pytest.approx(4 * h, rel=1e-6)
+    # with a barrier (several processes): K stays as the caller's time gives it, one untimed run
+    log.update(sleeps=[], queries=0, late=set())
+    calls = []
+    r = gemm().slowdown(lambda: calls.append(1), unit_ms=0.5, barrier=lambda: None)
+    assert r["side_calls"] == k0 and len(calls) == 6 * k0 and r["late_runs"] == 0 and r["side_call_gpu_ms"] is None
+
+
 def test_fsdp_step_kernel_classes():
     from nccl_tide.bench.fsdp_step import classify_kernel, summarize_trace
 

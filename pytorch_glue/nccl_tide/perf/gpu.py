@@ -11,7 +11,10 @@
 * --interfere gemm: DESIGN.md section 9 / benchmarks/interference.py. A single-wave bf16 GEMM (1024x4096x16384) is
   timed alone, then beside K calls of the measured collective on a side stream: the GEMM stream waits for an event
   recorded after the first call, so the side work is running when the GEMM starts and K is chosen so it lasts well
-  past the GEMM's end. Slowdown = median(with) / median(alone), alone measured in the same run.
+  past the GEMM's end; everything is enqueued behind a GPU sleep sized to the host's enqueue time, so host-bound
+  calls run as densely as the GPU allows (Gemm.slowdown). Slowdown = median(with) / median(alone), alone measured in
+  the same run; the JSON gives covered_runs (side work still running when the GEMM ended) and late_runs, and a row
+  whose runs were not all covered says so in its note.
 
 Every call passed in here enqueues its work so that the current stream waits for it (it may use other streams).
 torch is imported inside the functions: importing this module needs no torch.
@@ -22,6 +25,7 @@ import math
 import os
 import statistics
 import tempfile
+import time
 from typing import Callable, List, Optional
 
 SLEEP_CYCLES = 2_000_000  # ~1 ms at H200 clocks
@@ -65,10 +69,11 @@ def copy_dtype(name: str, size: int):
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}.get(name) or bits_dtype(size)
 
 
-def sleep() -> None:
+def sleep(ms: float = 1.0) -> None:
+    """A GPU sleep of about `ms` milliseconds on the current stream (holds the work queued behind it)."""
     import torch
 
-    torch.cuda._sleep(SLEEP_CYCLES)
+    torch.cuda._sleep(int(SLEEP_CYCLES * max(ms, 0.05)))
 
 
 def time_call_us(call: Callable[[], None], iters: int, warmup: int) -> float:
@@ -202,20 +207,37 @@ class Gemm:
         return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times)}
 
     def slowdown(self, call: Callable[[], None], unit_ms: float, barrier: Optional[Callable[[], None]] = None) -> dict:
-        """GEMM beside K calls of `call` (on the side stream) / GEMM alone; median over self.runs runs."""
+        """GEMM beside K calls of `call` (on the side stream) / GEMM alone; median over self.runs runs.
+
+        All K side calls and the GEMM are enqueued behind a GPU sleep (the hold) before anything runs, so the side
+        work is as dense as the GPU makes it, not as the host issues it: a host-bound call (loopback issues every
+        virtual rank's work from one thread) would otherwise leave the GPU idle between calls and start the GEMM
+        late, after its start event (session 19: no loopback run was covered and the GEMM figure was its own launch
+        gap). Untimed first runs size it: run 0 measures the host's enqueue time (hold = 1 ms + 1.5x it); run 1,
+        without a barrier (one process: nothing else must issue the same calls), measures the side work's GPU time
+        per call and re-derives K from it (unit_ms, the caller's time per call, is host-bound for such calls). A
+        timed run whose hold had ended before the GEMM was enqueued counts as late (reported; the hold doubles for
+        the next run). No run is repeated, so the ranks of a multi-process run issue the same calls."""
         import torch
 
         k = side_ops_for(unit_ms, self.alone["median_ms"])
         times: List[float] = []
-        covered = 0
-        for _ in range(self.runs):
+        covered = late = 0
+        hold_ms, side_ms = 1.0, None
+        untimed = 1 if barrier is not None else 2
+        for run in range(untimed + self.runs):
             torch.cuda.synchronize()
             if barrier is not None:
                 barrier()
             with torch.cuda.stream(self.head):
-                sleep()  # the CPU enqueues everything below while this runs
+                sleep(hold_ms)
+                held = torch.cuda.Event()
+                held.record()
             self.side.wait_stream(self.head)
+            h0 = time.perf_counter()
             with torch.cuda.stream(self.side):
+                start = torch.cuda.Event(enable_timing=True)
+                start.record()
                 call()
                 first = torch.cuda.Event()
                 first.record()
@@ -229,7 +251,24 @@ class Gemm:
                 a.record()
                 self()
                 b.record()
+            enqueue_ms = (time.perf_counter() - h0) * 1e3
+            was_late = held.query()  # the hold had ended: the GPU ran the side work as the host issued it
             torch.cuda.synchronize()
+            if run == 0:
+                hold_ms = max(hold_ms, 1.0 + 1.5 * enqueue_ms)
+                continue
+            if run < untimed:
+                if not was_late:
+                    side_ms = start.elapsed_time(last) / k
+                    k_gpu = side_ops_for(side_ms, self.alone["median_ms"])
+                    hold_ms = max(hold_ms, 1.0 + 1.5 * enqueue_ms * k_gpu / k)
+                    k = k_gpu
+                else:
+                    hold_ms *= 2
+                continue
+            if was_late:
+                late += 1
+                hold_ms *= 2
             times.append(a.elapsed_time(b))
             covered += int(b.elapsed_time(last) > 0)  # side work still running when the GEMM ended
         med = statistics.median(times)
@@ -238,8 +277,11 @@ class Gemm:
             "with_median_ms": med,
             "alone_median_ms": self.alone["median_ms"],
             "side_calls": k,
+            "side_call_gpu_ms": side_ms,
             "runs": self.runs,
             "covered_runs": covered,
+            "late_runs": late,
+            "hold_ms": hold_ms,
         }
 
 
