@@ -549,7 +549,7 @@ def _sm_summary(g: _Gpu, kernels, mem, iters, exclude=("sleep",)):
         "memcpy_us": sum(m[0] for m in mem) / iters,
         # copies the trace files as copies although they ran on SMs (their CTA count is not in the trace, so they
         # are not in sm_weighted_us; on one GPU the share's incoming copies are such copies, on a node they are
-        # peer copies on copy engines: docs/architecture.md "Copy engines on one GPU")
+        # peer copies on copy engines: docs/architecture.md "Copies run on SMs on one GPU")
         "local_copy_us": sum(m[0] for m in mem if m[1]) / iters,
         "kernel_names": dict(sorted(names.items(), key=lambda kv: -kv[1])[:4]),
     }
