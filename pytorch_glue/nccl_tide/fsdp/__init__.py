@@ -114,6 +114,9 @@ class TideFSDPHandle:
                 # slot bytes allocated now (shared pools' live slots + dedicated slots); with trim this changes
                 # during a step: max_resident_slot_bytes is the bound, peak_resident_slot_bytes what was reached
                 "resident_slot_bytes": sum(p.resident_bytes() for p in self.pools),
+                # the part of it TIDE allocated (tideSlotAlloc); the rest is torch memory (binder "torch": trimming at
+                # shard world size 1), in torch's own counters
+                "tide_resident_slot_bytes": sum(p.resident_bytes() for p in self.pools if not p.torch_memory),
                 "peak_resident_slot_bytes": sum(p.capacity * p.peak_resident for p in self.pools),
                 "max_resident_slot_bytes": sum(p.capacity * len(p.slots) for p in self.pools),
                 "own_slots": len(own),
