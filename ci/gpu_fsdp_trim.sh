@@ -2,8 +2,8 @@
 # Issue 17 on one H200: the trimming slot pool. The memory probe (stock vs tide, with trimming and without) and the
 # step benchmark's time (tide trimmed vs untrimmed vs stock), world size 1, 4 Llama layers, slot_pool=2. At world
 # size 1 "trimmed" is the torch-memory pool (binder "torch": trims and regrows are stream-ordered frees and
-# allocations in torch's cache, no tideSlotFree / device synchronize); the probe's table and fsdp_step's stats line
-# name the binder. About 6 minutes plus the build (probe: about 1 minute per variant; --slot-trim on and off).
+# allocations in torch's cache, no tideSlotFree / device synchronize); fsdp_step's stats line and the probe JSON's
+# tide.slot_pool.binder name it. About 6 minutes plus the build (probe: about 1 minute per variant; --slot-trim on and off).
 # Usage, from the repo root:  bash ci/gpu_fsdp_trim.sh   (TIDE_GPU_REBUILD=1 rebuilds build/gpu)
 # Writes $OUT (default ./gpu-out): probe_trim_{on,off}.{json,log} (+ the children's logs),
 # fsdp_step_trim_{on,off}.{json,log}.
