@@ -116,10 +116,14 @@ def is_mark(e: dict) -> bool:
 
 def is_slot_bind(e: dict) -> bool:
     """A TIDE pool slot bound under a group's storage (alloc binder: _CudaAllocBinder.bind's resize_ inside the
-    slot's MemPool): torch counts it, but its memory is a resident tideSlotAlloc slot."""
+    slot's MemPool): torch counts it, but its memory is a resident tideSlotAlloc slot. Not the torch binder's moves
+    (_TorchBinder._torch_slot_memory, shard world size 1 with trimming): those slots are torch memory, counted here
+    once, and the "slots:" markers leave them out (_slot_pool.tide_resident_bytes)."""
+    frames = e.get("frames") or ()
+    if any(f.get("name") == "_torch_slot_memory" for f in frames):
+        return False
     return any(
-        str(f.get("filename", "")).endswith("nccl_tide/fsdp/_slot_pool.py") and f.get("name") == "bind"
-        for f in e.get("frames") or ()
+        str(f.get("filename", "")).endswith("nccl_tide/fsdp/_slot_pool.py") and f.get("name") == "bind" for f in frames
     )
 
 
@@ -416,7 +420,7 @@ def _child(a) -> dict:
         step(k)
     torch.cuda.synchronize()
     out["allocated_at_measure"] = torch.cuda.memory_allocated(device)
-    out["slot_bytes_at_measure"] = _slot_pool.resident_bytes()
+    out["slot_bytes_at_measure"] = _slot_pool.tide_resident_bytes()  # torch binder slots: in the trace
     _probe_mark("measure", device)
     torch.cuda.reset_peak_memory_stats(device)
     for k in range(a.warmup, a.warmup + a.steps):
@@ -432,7 +436,8 @@ def _child(a) -> dict:
         st = v.tide_stats()
         pool = st.get("slot_pool") or {}
         out["tide"] = {"total": st.get("total"), "slot_pool": pool, "slot_pools": st.get("slot_pools")}
-        resident = int(pool.get("resident_slot_bytes") or 0)
+        # slot bytes outside torch (binder "torch" slots are torch memory, in the trace)
+        resident = int(pool.get("tide_resident_slot_bytes", pool.get("resident_slot_bytes")) or 0)
         out["max_resident_slot_bytes"] = int(pool.get("max_resident_slot_bytes") or resident)
     else:
         resident = 0

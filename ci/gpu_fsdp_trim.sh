@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Issue 17 on one H200: the trimming slot pool. The memory probe (stock vs tide, with trimming and without) and the
-# step benchmark's time (tide trimmed vs untrimmed vs stock), world size 1, 4 Llama layers, slot_pool=2.
-# About 8 minutes
-# (probe: about 1 minute per variant; --slot-trim on, off and all). Usage, from the repo root:  bash ci/gpu_fsdp_trim.sh
-# Writes $OUT (default ./gpu-out): probe_trim_{on,off,all}.{json,log} (+ the children's logs),
+# step benchmark's time (tide trimmed vs untrimmed vs stock), world size 1, 4 Llama layers, slot_pool=2. At world
+# size 1 "trimmed" is the torch-memory pool (binder "torch": trims and regrows are stream-ordered frees and
+# allocations in torch's cache, no tideSlotFree / device synchronize); fsdp_step's stats line and the probe JSON's
+# tide.slot_pool.binder name it. About 6 minutes plus the build (probe: about 1 minute per variant; --slot-trim on and off).
+# Usage, from the repo root:  bash ci/gpu_fsdp_trim.sh   (TIDE_GPU_REBUILD=1 rebuilds build/gpu)
+# Writes $OUT (default ./gpu-out): probe_trim_{on,off}.{json,log} (+ the children's logs),
 # fsdp_step_trim_{on,off}.{json,log}.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +25,7 @@ fi
 export NCCL_TIDE_LIBRARY_PATH="$PWD/$BUILD/libnccl-tide.so"
 export PYTHONPATH="$PWD/pytorch_glue${PYTHONPATH:+:$PYTHONPATH}"
 status=0
-for trim in on off all; do
+for trim in on off; do
   echo "=== fsdp_memory_probe stock,tide --slot-trim $trim ($(date +%T))"
   timeout -k 5 300 python3 benchmarks/fsdp_memory_probe.py --variants stock,tide --slot-pool 2 --slot-trim "$trim" \
     --timeout 140 --out "$OUT/probe_trim_$trim.json" >"$OUT/probe_trim_$trim.log" 2>&1 || status=1

@@ -376,7 +376,9 @@ tideResult_t tideSlotFree(tideComm_t comm, void* ptr);
  *   sendbuff: this rank's packed send buffer (sendBytes), or NULL to use shardPtrs;
  *   shardPtrs: [nParams] this rank's shard of each parameter (when sendbuff is NULL);
  *   slot: start of a slot region of at least slotBytes (inside a tideSlotAlloc allocation,
- *     at the same offset on every rank); parameter i is written at slot + slotOffset_i.
+ *     at the same offset on every rank); parameter i is written at slot + slotOffset_i. On a comm
+ *     of world size 1 (nothing is peer-mapped) any device memory of the comm's device serves
+ *     (since 0.1, issue 17): the caller owns it and orders its reuse after this call's stream.
  * Every rank of the comm must make the matching call. No kernel is launched. Layouts may span
  * several nodes (ranksPerNode < worldSize: the inter-node rail schedule runs over peer-mapped
  * memory, e.g. virtual nodes on one host). The first call with a layout hash new to the comm
@@ -405,7 +407,8 @@ tideResult_t tideAllGather(tideComm_t comm, tideLayout_t layout, const void* sen
  * (numel_i elements, bf16/fp16/fp32, need not be registered). out: this rank's packed
  * output (rsOutNumel elements of outType). staging: a slot region of at least
  * rsStagingBytes at the same offset on every rank (Slot-Reuse: the group's vacated AG
- * slot), or NULL to use the comm's own staging buffer. Same error rules as tideAllGather.
+ * slot; at world size 1 any device memory, as tideAllGather's slot), or NULL to use the comm's
+ * own staging buffer. Same error rules as tideAllGather.
  * CUDA graphs: captured (replay-safe, as tideAllGather) for a single-node layout with Slot-Reuse
  * staging and at most 2 pipeline chunks (rsNumChunks; raise rsChunkBytes otherwise), all on the
  * caller's stream. Refused at capture time with tideUnsupported: staging NULL (own staging may

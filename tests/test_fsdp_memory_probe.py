@@ -284,6 +284,12 @@ def _fake_child(variant, out_path, port):
     import torch.distributed as dist
 
     from nccl_tide.bench import fsdp_step
+    from nccl_tide.fsdp import _slot_pool
+
+    # The markers' plumbing is about slots TIDE allocates (tideSlotAlloc, outside torch's trace): keep the trimming
+    # pool on them. The default at world size 1 (binder "torch") puts the slots in torch's own trace, which this fake
+    # trace does not have; tests/test_fsdp_slot_trim.py covers that path (and outside_torch_bytes / the hook's bytes).
+    _slot_pool.force_binder("alloc")
     from nccl_tide.bench.sim_comm import use_sim_native
 
     use_sim_native()

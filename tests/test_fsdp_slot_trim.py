@@ -239,13 +239,19 @@ def _train(model, rank, steps, comm=None, probes=None):
     out = {"losses": [], "grads": []}
     hook = None
     if comm is not None:
-        hook = model.norm.register_forward_hook(lambda *_: probes["fwd_end"].append(comm.live_bytes))
+        from nccl_tide.fsdp._slot_pool import resident_bytes
+
+        def probe(where):  # every slot byte resident now (tideSlotAlloc'd or, binder "torch", torch's), and TIDE's
+            probes[where].append(resident_bytes())
+            probes[where + "_tide"].append(comm.live_bytes)
+
+        hook = model.norm.register_forward_hook(lambda *_: probe("fwd_end"))
     for step in range(steps):
         x, y = batch(step, rank)
         loss = F.cross_entropy(model(x).float().reshape(-1, VOCAB), y.reshape(-1))
         loss.backward()
         if comm is not None:
-            probes["bwd_end"].append(comm.live_bytes)
+            probe("bwd_end")
         out["losses"].append(loss.item())
         out["grads"].append([p.grad.to_local().detach().clone() for p in model.parameters()])
         opt.step()
@@ -273,21 +279,51 @@ def _native(comms, rank, trim):
         return orig_free(slot)
 
     comm.free_slot = checked_free
-    resident = []
-    _slot_pool.residency_hooks.append(resident.append)
-    probes = {"fwd_end": [], "bwd_end": []}
+    torch_binders = {id(p.binder): p.binder for p in h.pools if p.torch_memory}
+    for b in torch_binders.values():  # binder "torch": a block goes back to torch only from an unowned slot
+        orig_release = b.release_memory
+
+        def checked_release(slot, orig_release=orig_release):
+            if slot.owner is not None or slot.base.untyped_storage().nbytes() != slot.capacity:
+                bad.append(f"torch slot {slot.index}")
+            for g in h.groups:
+                if g.store is not None and g.store.size() and g.store.data_ptr() == slot.base.data_ptr():
+                    bad.append(g.label)
+            return orig_release(slot)
+
+        b.release_memory = checked_release
+    resident, resident_all = [], []
+
+    def on_resident(nbytes):  # the hook's bytes are TIDE's (tideSlotAlloc); every slot byte alongside
+        resident.append(nbytes)
+        resident_all.append(_slot_pool.resident_bytes())
+
+    _slot_pool.residency_hooks.append(on_resident)
+    probes = {"fwd_end": [], "bwd_end": [], "fwd_end_tide": [], "bwd_end_tide": []}
+    calls0 = (comm.slot_allocs, comm.slot_frees, comm.foreign_ag, comm.foreign_staging)
     try:
         out = _train(model, rank, STEPS, comm, probes)
     finally:
-        _slot_pool.residency_hooks.remove(resident.append)
+        _slot_pool.residency_hooks.remove(on_resident)
+    calls = [now - was for now, was in zip((comm.slot_allocs, comm.slot_frees, comm.foreign_ag, comm.foreign_staging),
+                                           calls0)]
     out["stats"] = h.stats()
+    outside_after = _slot_pool.outside_torch_bytes()
     dedicated = sum(p.capacity for p in h.pools if p.solo or not p.shared)  # the root's slot, own or dedicated
     tfsdp.disable(model)
     comm.free_slot = orig_free
     out["sim"] = {
         "probes": probes,
         "dedicated_bytes": dedicated,
-        "resident_timeline": resident,
+        "resident_timeline": resident_all,
+        "tide_resident_timeline": resident,
+        # tideSlotAlloc / tideSlotFree calls inside the steps (each free: a device synchronize on a GPU), AGs into and
+        # RS staging in memory that is no TIDE slot (world size 1, binder "torch")
+        "step_slot_allocs": calls[0],
+        "step_slot_frees": calls[1],
+        "foreign_ag": calls[2],
+        "foreign_staging": calls[3],
+        "outside_torch_after": outside_after,
         "freed_held": bad,
         "live_after_disable": comm.live_slots,
         "freed_empty": comm.freed_empty,
@@ -434,6 +470,30 @@ def test_trim_frees_idle_slots(world, mode, request):
         for own in owns:
             assert own["slots"] == 1 and own["trim"] and own["slot_capacity"] == ded, own
             assert own["trims"] == STEPS - 1 and own["regrows"] == STEPS - 2 and own["trim_points"] == 1, own
+        # where the slots come from: at world size 1 torch's cache (binder "torch"; trims and regrows are no
+        # tideSlotFree / tideSlotAlloc, so no device synchronize and no driver allocation inside a step; the AGs
+        # write into torch memory, RS stages there); at world 2 tideSlotAlloc (peers map them), one call per slot
+        if world == 1:
+            assert pool["binder"] == top["binder"] == "torch" and pool["torch_memory"], pool
+            assert sim["step_slot_allocs"] == 0 and sim["step_slot_frees"] == 0, sim
+            # every pooled AG (forward and backward) and with "all" the root's (its own slot is torch memory too)
+            root = next(g for g in st["tide_groups"] if g["group"] == "<root>")
+            assert sim["foreign_ag"] == STEPS * 2 * BLOCKS + (STEPS if every else 0), sim
+            # Slot-Reuse of every pooled group's RS (and of the root's, "all", where its RS plan fits its slot)
+            assert sim["foreign_staging"] == STEPS * BLOCKS + (root["rs_staging_in_slot"] if every else 0), sim
+            # TIDE's own bytes: the root's dedicated slot only, at every point ("all": the root is torch memory too)
+            assert set(sim["probes"]["fwd_end_tide"]) == set(sim["probes"]["bwd_end_tide"]) == {0 if every else ded}
+            assert top["tide_resident_slot_bytes"] == (0 if every else ded), top
+            assert set(sim["tide_resident_timeline"]) <= {0, ded}, sim
+            assert sim["outside_torch_after"] == (0 if every else ded), sim  # torch slots: in torch's counters only
+            # moves between the slots' holders and the groups' storages: at every bind and every unbind
+            assert pool["moves"] >= 2 * pool["hits"], pool
+        else:
+            assert pool["binder"] != "torch" and not pool["torch_memory"], pool
+            own_trims = sum(o["trims"] for o in owns)
+            assert sim["step_slot_frees"] == pool["trimmed"] + own_trims, (sim, pool)
+            assert sim["step_slot_allocs"] == pool["regrows"] + sum(o["regrows"] for o in owns), (sim, pool)
+            assert sim["foreign_ag"] == 0 and sim["foreign_staging"] == 0, sim
         # without trimming the K slots stay resident at both points
         kf, kb = res["kept"]["sim"]["probes"]["fwd_end"], res["kept"]["sim"]["probes"]["bwd_end"]
         assert set(kf) == set(kb) == {res["kept"]["sim"]["dedicated_bytes"] + K * cap}, (kf, kb)

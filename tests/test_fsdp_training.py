@@ -312,10 +312,13 @@ def test_native_executor_glue_simulated(world, case, request):
             elif g["slot_reuse_fits"]:
                 assert g["rs_staging_in_slot"] == STEPS, g
         assert res["sim"]["staging_used"] == sum(g["rs_staging_in_slot"] for g in st["tide_groups"]), res
-        # No trimming by default (enable(slot_trim=False); tests/test_fsdp_slot_trim.py trims): 3 groups <= K = 3,
-        # a slot each, all allocated while enabled
+        # The default (slot_trim=None) trims where the shard world size is 1: there the 3 groups are pooled in torch
+        # memory (binder "torch", no tideSlotAlloc: the comm holds no slot); elsewhere no trimming, 3 groups <= K = 3,
+        # a dedicated slot each, all allocated while enabled (tests/test_fsdp_slot_trim.py covers trimming)
         trim = st["slot_pool"]["trim"]
-        assert trim is False and st["slot_pool"]["pooled_groups"] == 0, st["slot_pool"]
+        assert trim is (world == 1), st["slot_pool"]
+        assert st["slot_pool"]["binder"] == ("torch" if trim else None), st["slot_pool"]
+        assert st["slot_pool"]["pooled_groups"] == (3 if trim else 0), st["slot_pool"]
         assert res["sim"]["live_slots_enabled"] == (0 if trim else 3), res["sim"]
         assert res["sim"]["live_slots_after_disable"] == 0, res
         assert res["sim"]["finite_after_disable"], res

@@ -40,7 +40,7 @@ tideResult_t bindAllGather(tideComm* comm, const LayoutView& v, std::shared_ptr<
   b.slotOf.resize(W);
   for (int r = 0; r < W; ++r) {
     void* p = nullptr;
-    TIDE_CHECK(comm->memory->peerPtr(slot, v.info.slotBytes, r, "tideAllGather: slot", &p));
+    TIDE_CHECK(slotRegion(comm, slot, v.info.slotBytes, r, "tideAllGather: slot", &p));
     b.slotOf[r] = static_cast<char*>(p);
   }
   // The sources must not overlap the region every rank writes (except this rank's own shard, in place).

@@ -268,6 +268,17 @@ tideResult_t checkDevicePointer(const tideComm* comm, const void* p, size_t alig
               attr.type == cudaMemoryTypeHost ? "pinned host memory" : "unregistered host memory");
 }
 
+tideResult_t slotRegion(tideComm* comm, const void* local, size_t bytes, int peer, const char* what, void** out) {
+  if (comm->worldSize == 1 && peer == comm->rank) {
+    // A live slot resolves to itself; so does any other device memory of this device: no peer maps it, no other rank
+    // writes it, so there is nothing to translate and no mapping whose lifetime TIDE would have to manage.
+    TIDE_CHECK(checkDevicePointer(comm, local, 1, what));
+    *out = const_cast<void*>(local);
+    return tideSuccess;
+  }
+  return comm->memory->peerPtr(local, bytes, peer, what, out);
+}
+
 }  // namespace cuda
 }  // namespace tide
 

@@ -157,6 +157,13 @@ bool captureStreamOf(tideComm* comm, cudaStream_t* out, std::string* why);
 // `align` bytes.
 tideResult_t checkDevicePointer(const tideComm* comm, const void* p, size_t align, const char* what);
 
+// Address, as seen by this rank, of rank `peer`'s copy of the slot region [local, local + bytes) (AG destination, RS
+// staging): the provider's peerPtr, except on a comm of world size 1, where nothing is peer-mapped and any device
+// memory of the comm's device is a slot region (checkDevicePointer only; tideSlotAlloc is not required, so a caller
+// may hand memory of its own allocator, e.g. torch's caching allocator: nccl_tide.fsdp's trimming pool at shard
+// world size 1). Such memory is the caller's: it orders its reuse after the TIDE work on its streams.
+tideResult_t slotRegion(tideComm* comm, const void* local, size_t bytes, int peer, const char* what, void** out);
+
 }  // namespace cuda
 }  // namespace tide
 

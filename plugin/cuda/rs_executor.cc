@@ -158,7 +158,7 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
     if (staging != nullptr) {
       for (int d = 0; d < W; ++d) {
         void* p = nullptr;
-        TIDE_CHECK(mem->peerPtr(staging, v.info.rsStagingBytes, d, "tideReduceScatter: staging", &p));
+        TIDE_CHECK(slotRegion(comm, staging, v.info.rsStagingBytes, d, "tideReduceScatter: staging", &p));
         b.stagingOf[d] = static_cast<char*>(p);
       }
       const char* o = static_cast<const char*>(out);

@@ -19,7 +19,8 @@ fp32 reduce, AdamW, STEPS steps. Runs, each from the same seed:
             find both held and falls back to stock FSDP2 for that AG; the tiny model's groups are
             far below one allocator segment, so the test turns off build_pools' size rule;
             (slot_trim=False: the slots stay allocated, as before trimming);
-  pooltrim  the same pool with slot_trim=True (what slot_trim=None picks at world size 1): the slots are freed at the
+  pooltrim  the same pool with slot_trim=True (what slot_trim=None picks at world size 1; binder "torch": the slots
+            are torch caching-allocator memory, issue 17): the slots are freed at the
             learned end-of-forward idle point (the default trims there only; slot_trim="all" also at the end
             of backward) and allocated again at the next AG (tideSlotFree / tideSlotAlloc inside the step,
             the slot's MemPool dropped and torch's cache emptied first): no bind failure, no trim blocked by
@@ -384,11 +385,14 @@ def check(rep: dict, gpu: bool) -> None:
         assert trim["resident"]["trims"] > 0 and trim["resident"]["regrows"] > 0, trim
         assert trim["resident"]["peak_resident_slot_bytes"] <= pool["resident"]["peak_resident_slot_bytes"], mem
         assert trim["peak_bytes"] <= pool["peak_bytes"] + TORCH_SMALL_ALLOC_TOLERANCE, mem
-        # trimming, on the GPU: the slots' MemPools let go of their segments (torch.cuda.empty_cache), so
-        # every trim freed them (none blocked) and every regrown slot bound (its new MemPool got its pointer)
+        # trimming, on the GPU, world size 1: the slots are torch memory (binder "torch", issue 17): every trim gave
+        # its blocks back to torch's cache (none blocked) and every regrown slot bound, with no tideSlotAlloc region
+        # among the pool's bytes (tide_resident_slot_bytes: the dedicated slots only, none here)
         tst = rep["native_pooltrim_stats"]
         tsp = tst["slot_pool"]
         (tpool,) = [p for p in tst["slot_pools"] if p["shared"]]
+        assert tsp["binder"] == "torch" and tpool["torch_memory"] and tpool["moves"] > 0, tpool
+        assert tsp["tide_resident_slot_bytes"] == tsp["resident_slot_bytes"] - tpool["resident"] * tpool["slot_capacity"]
         assert tsp["trim"] is True and tsp["trims"] > 0 and tsp["regrows"] > 0, tsp
         # slot_trim=True trims at the end of forward only (the root's forward reshard, the last of the 3 pooled
         # groups, then the root's backward AG): one trim point, a trim in each step after the first (step 0

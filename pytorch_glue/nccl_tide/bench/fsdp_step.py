@@ -178,7 +178,7 @@ def _shard(model, variant: str, slot_pool=None, slot_trim="auto"):
         return None, f"set_symm_mem_for_comm on {len(mods)} modules; NCCL_CTA_POLICY={pol or 'unset'}"
     if variant in ("tide", "tide-dedicated"):
         kw = {"slot_pool": 0} if variant == "tide-dedicated" else ({} if slot_pool is None else {"slot_pool": slot_pool})
-        if variant == "tide":  # auto: enable(slot_trim=None), on at world size 1 (the default is False)
+        if variant == "tide":  # auto: enable(slot_trim=None), on at world size 1 (the default)
             kw["slot_trim"] = None if slot_trim == "auto" else "all" if slot_trim == "all" else slot_trim == "on"
         try:
             import nccl_tide.fsdp

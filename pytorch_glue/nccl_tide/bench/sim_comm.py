@@ -31,6 +31,8 @@ class SimComm:
         self.ag_ptrs = set()  # slot addresses TIDE-AG wrote into
         self.staging_ptrs = set()
         self.freed_empty = 0  # free_slot on a slot whose memory was not back in its tensor
+        self.slot_allocs = self.slot_frees = 0  # tideSlotAlloc / tideSlotFree calls (each free: a device synchronize)
+        self.foreign_ag = self.foreign_staging = 0  # world size 1: AGs into / RS staging in memory that is no slot
 
     @staticmethod
     def _alias(u8, dtype):
@@ -43,6 +45,7 @@ class SimComm:
         import torch
 
         self.live_slots += 1
+        self.slot_allocs += 1
         t = torch.frombuffer(bytearray(nbytes), dtype=torch.uint8)
         self.slots[t.data_ptr()] = nbytes
         self.live_bytes += nbytes
@@ -51,6 +54,7 @@ class SimComm:
 
     def free_slot(self, slot):
         self.live_slots -= 1
+        self.slot_frees += 1
         self.freed_empty += slot.untyped_storage().nbytes() != slot.numel()
         self.live_bytes -= self.slots.pop(slot.data_ptr(), 0)
 
@@ -60,7 +64,11 @@ class SimComm:
 
         dt = _uniform_dtype(layout)
         ptr = slot.data_ptr()
-        assert self.slots.get(ptr, 0) >= layout.slot_bytes, "TIDE-AG into memory that is not a live slot"
+        if self.slots.get(ptr, 0) < layout.slot_bytes:
+            # the library's rule (slotRegion): at world size 1 any device memory is a slot region, else a live slot
+            assert self.world_size == 1, "TIDE-AG into memory that is not a live slot"
+            assert slot.untyped_storage().nbytes() >= layout.slot_bytes, "TIDE-AG into memory smaller than the slot"
+            self.foreign_ag += 1
         self.ag_ptrs.add(ptr)
         self._alias(slot, torch.uint8).narrow(0, 0, layout.slot_bytes).fill_(0xFF)  # poison: bf16/fp32 NaN
         send = sendbuf if sendbuf is not None else self.ref.pack(layout, shards)
@@ -75,7 +83,10 @@ class SimComm:
 
         if staging is not None:
             assert staging.numel() >= layout.rs_staging_bytes
-            assert self.slots.get(staging.data_ptr(), 0) >= layout.rs_staging_bytes, "staging outside a live slot"
+            if self.slots.get(staging.data_ptr(), 0) < layout.rs_staging_bytes:
+                assert self.world_size == 1, "staging outside a live slot"
+                assert staging.untyped_storage().nbytes() >= layout.rs_staging_bytes, "staging smaller than needed"
+                self.foreign_staging += 1
             self.staging_ptrs.add(staging.data_ptr())
             self._alias(staging, torch.uint8).narrow(0, 0, layout.rs_staging_bytes).fill_(0xFF)  # bf16/fp32 NaN
             self.staging_used += 1

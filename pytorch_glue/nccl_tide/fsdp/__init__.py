@@ -114,6 +114,9 @@ class TideFSDPHandle:
                 # slot bytes allocated now (shared pools' live slots + dedicated slots); with trim this changes
                 # during a step: max_resident_slot_bytes is the bound, peak_resident_slot_bytes what was reached
                 "resident_slot_bytes": sum(p.resident_bytes() for p in self.pools),
+                # the part of it TIDE allocated (tideSlotAlloc); the rest is torch memory (binder "torch": trimming at
+                # shard world size 1), in torch's own counters
+                "tide_resident_slot_bytes": sum(p.resident_bytes() for p in self.pools if not p.torch_memory),
                 "peak_resident_slot_bytes": sum(p.capacity * p.peak_resident for p in self.pools),
                 "max_resident_slot_bytes": sum(p.capacity * len(p.slots) for p in self.pools),
                 "own_slots": len(own),
@@ -188,7 +191,7 @@ def enable(
     ranks_per_node: Optional[int] = None,
     slot_pool: Optional[int] = 3,
     module_filter: Optional[Callable[[str, nn.Module], bool]] = None,
-    slot_trim=False,
+    slot_trim=None,
 ) -> TideFSDPHandle:
     """Route the FSDP2 collectives of `model` (after fully_shard) through TIDE.
 
@@ -217,10 +220,12 @@ def enable(
       "all": both points, and every other group (the root, blocks with reshard_after_forward=False)
       gets a trimming slot of its own, freed after backward (it then costs the allocator's segment
       rounding, up to 2 MiB per large group, while held): for runs whose peak is the optimizer
-      step. stats()["slot_pool"]["trim_at"] names the points. False
-      (default: on the H200 trimming gave stock's peak at about 3% more step time): the slots stay allocated. None: on where every
-      native group's shard world size is 1 (no peer maps a slot), off otherwise; True at world size > 1 makes
-      every trim and regrow a collective IPC exchange inside the step (docs/fsdp.md, "Trimming").
+      step. stats()["slot_pool"]["trim_at"] names the points. None (default): on where every
+      native group's shard world size is 1, off otherwise; there the pool's slots are torch memory (binder
+      "torch": a trim is a stream-ordered free into torch's caching allocator, a regrow an allocation from it, no
+      device synchronize, no driver call; issue 17, docs/fsdp.md "Trimming"). False: the slots stay allocated.
+      True at world size > 1 makes every trim and regrow a collective tideSlotFree / tideSlotAlloc (a device
+      synchronize and an IPC exchange) inside the step.
     module_filter: None (every FSDP module), or a callable (qualified_name, module) -> bool called
       once for every FSDP module of `model` (those fully_shard was applied to, "" for `model`
       itself) before anything is changed: False keeps stock FSDP2 for all of that module's

@@ -45,9 +45,16 @@ cudaMalloc per slot when the next forward regrows it, every step. TRIM_ALL (slot
 is the optimizer step): both points; the groups FSDP2 does not pool (e.g. the root) then also get a trimming pool
 of one slot of their own (SlotPool.solo), whose only idle point is the end of backward.
 
+At shard world size 1 a trimming pool's slots are torch memory (_TorchBinder, binder "torch"; the library takes any
+device memory as a slot there): a trim drops the slot's block into torch's caching allocator on the home stream
+(the one the step computes on), where the head, the loss and their backward reuse the bytes as stock FSDP2 reuses
+its resharded parameters; a regrow allocates from that cache again. Stream-ordered both ways (the ordering argument
+is _TorchBinder's docstring): no device synchronize, no tideSlotFree / tideSlotAlloc, no cudaFree / cudaMalloc in
+the steady state, and torch counts each slot exactly once (outside_torch_bytes() leaves them out).
+
 Slots are never freed while held, while torch still holds their segment (alloc binder: the slot's MemPool is
 dropped and torch's cache emptied first), and tideSlotFree synchronizes the device first (no queued AG, RS or copy
-still touches them). Both calls are collective: the decisions read only state that changes at AG, reshard and RS
+still touches them); a torch-memory slot goes back to torch only after the home stream waited for its events. Both calls are collective: the decisions read only state that changes at AG, reshard and RS
 calls, the same on every rank as the acquire rule (below), so every rank frees and allocates the same indices in
 the same order. At world size 1 nothing else maps a slot; at world > 1 each trim and regrow is an IPC exchange
 (handles opened and closed by every peer, barriers), correct under the same rank-consistency rule but milliseconds
@@ -70,7 +77,7 @@ from ._warn import warn_once
 
 SWAP_SUPPORTED = hasattr(torch.UntypedStorage, "_swap_data_ptr_")
 MEMPOOL_SUPPORTED = hasattr(torch.cuda, "MemPool") and hasattr(torch._C, "_cuda_customAllocator")
-BINDERS = ("alloc", "swap")
+BINDERS = ("alloc", "swap", "torch")
 _forced: Optional[str] = None  # tests: force a binder (force_binder)
 # tests on tiny models: pool even where K slots of the allocator's segment size cost more than a
 # dedicated slot per group (build_pools refuses that otherwise)
@@ -78,8 +85,8 @@ POOL_SMALL_GROUPS = False
 
 
 def force_binder(name: Optional[str]) -> None:
-    """Tests and benchmarks: use binder `name` ('alloc' or 'swap') for pools built from now on;
-    None: the default (alloc where it works, else swap)."""
+    """Tests and benchmarks: use binder `name` ('alloc', 'swap' or 'torch') for pools built from now on;
+    None: the default (torch for trimming pools at shard world size 1; else alloc where it works, else swap)."""
     global _forced
     if name is not None and name not in BINDERS:
         raise ValueError(f"binder {name!r}: use one of {BINDERS} or None")
@@ -155,6 +162,7 @@ class _Binder:
     name = ""
     counts_in_torch = False  # a bound slot shows in torch.cuda.memory_allocated()
     base_while_owned = False  # Slot.base still holds the memory while a group owns the slot
+    owns_memory = False  # the binder allocates and frees the slots' memory itself (torch's), not tideSlotAlloc
 
     def capacity(self, nbytes: int) -> int:
         return int(nbytes)
@@ -195,6 +203,123 @@ class _SwapBinder(_Binder):
 
     def unbind(self, store, slot):
         store._swap_data_ptr_(slot.base.untyped_storage())
+
+
+class _TorchBinder(_Binder):
+    """Shard world size 1 with trimming (issue 17): the slots are torch caching-allocator memory on the pool's home
+    stream (the current stream at enable(): the one FSDP2 computes on and allocates its unsharded parameters and the
+    step's activations on), not tideSlotAlloc regions. Nothing maps a slot at world size 1, so TIDE takes any device
+    memory as a slot there (include/tide.h; the library's slotRegion). A trim is then dropping the memory: the
+    caching allocator hands the bytes to the next allocations on the home stream (the loss, the head and their
+    backward: the step's peak), exactly as stock FSDP2's resharded parameters; a regrow is a torch allocation from
+    the same cache. No device synchronize, no cudaFree/cudaMalloc in the steady state, nothing outside torch's
+    counters (counts_in_torch: torch counts each slot once, bound or not; outside_torch_bytes() leaves them out).
+
+    Memory. Every slot's block has exactly one torch owner at a time: Slot.base's storage (the slot's holder) while
+    no group holds the slot (RS staging then uses it), the group's `store` while a group holds it. torch < 2.12 has
+    no way to move a block between two storages, so a move is a free followed at once by an allocation of the same
+    size on the same stream (`_torch_slot_memory`): the allocator's best fit returns the block just freed (the pool's
+    sizes are the allocator's own segment sizes, so no split or merge changes it), and torch never counts it twice.
+
+    Stream ordering (why no device synchronize is needed). The caching allocator reuses a block freed on stream H
+    for later allocations on H without any wait: safe for H's own work (stream order), not for work other streams
+    still have queued on it. A slot's block is used on three streams: FSDP2's all-gather stream (TIDE-AG writes it),
+    H (the parameters are read there, up to the release event of the reshard) and the reduce-scatter stream (RS
+    staging, Slot-Reuse). Slot.events holds what a writer must wait for: the last AG, the release event, the last RS
+    that staged there. Hence:
+      * moves: while the block comes back (same pointer) it never became visible to any other allocation (the free and
+        the allocation follow each other on the thread that runs FSDP2's hooks), and the slot's events keep ordering
+        its next writer exactly as for a tideSlotAlloc slot. When the allocator returns another block, H first waits
+        for every event of the slot (`_moved`): whatever later allocation on H gets the old block is ordered after the
+        AG, the reads and the RS that used it; the new block was last used by H work queued before the allocation, so
+        the slot's events become one event recorded on H after that wait.
+      * trim and free (release_memory): H waits for the slot's events (at the end of forward they are the AG, which H
+        already waited for before reading, and the release event, recorded on H: nothing to wait for in practice; at
+        the end of backward the last RS, which FSDP2's finalize waits for on H anyway), then the block is dropped.
+      * regrow and creation (new_memory): the block may be bytes H's work used a moment ago (the activations of the
+        head): the slot's events are one event recorded on H after the allocation, so the AG waits for that work on
+        the GPU (the host never waits). This is the one cost of sharing the bytes: the first backward AG after a trim
+        starts when the work queued on H before it has run.
+    A block a move (or a trim) returns to torch is reused only by allocations made after these waits were enqueued
+    on H; only another thread allocating on H in the instant between a free and the allocation that follows could
+    take it earlier (FSDP2 issues unshard and reshard from the one thread that runs forward or backward).
+    """
+
+    name = "torch"
+    counts_in_torch = True
+    owns_memory = True
+
+    def __init__(self, device: torch.device):
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.home = torch.cuda.current_stream(self.device) if self.cuda else None
+        self.moves = 0  # blocks moved between a slot's holder and a group's storage
+        self.moved = 0  # moves whose allocation returned another block than the one just freed (home waited)
+        self.allocs = 0  # slots' blocks allocated (creation and regrows)
+        self.frees = 0  # slots' blocks dropped (trims and free)
+
+    def capacity(self, nbytes):
+        return alloc_request(nbytes) if self.cuda else block_size(nbytes)
+
+    def _stream(self):
+        import contextlib
+
+        return torch.cuda.stream(self.home) if self.cuda else contextlib.nullcontext()
+
+    def _home_event(self):
+        return self.home.record_event() if self.cuda else None
+
+    def _home_waits(self, events) -> None:
+        if self.cuda:
+            for ev in events:
+                if ev is not None:
+                    self.home.wait_event(ev)
+
+    def new_memory(self, capacity: int) -> torch.Tensor:
+        """A new slot's holder (creation, regrow): `capacity` bytes from torch's cache on the home stream."""
+        with self._stream():
+            base = torch.empty(int(capacity), dtype=torch.uint8, device=self.device)
+        self.allocs += 1
+        return base
+
+    def fresh_events(self) -> list:
+        """What the first writer of a new_memory block waits for: the home stream's work queued so far."""
+        ev = self._home_event()
+        return [ev] if ev is not None else []
+
+    def release_memory(self, slot) -> None:
+        """Trim / free: the block goes back to torch's cache after the home stream waited for its users."""
+        self._home_waits(slot.events)
+        slot.base.untyped_storage().resize_(0)
+        self.frees += 1
+
+    def _torch_slot_memory(self, src: torch.UntypedStorage, dst: torch.UntypedStorage, slot) -> None:
+        """Moves the slot's block from storage `src` to storage `dst` (free, then the same size again)."""
+        old = src.data_ptr()
+        with self._stream():
+            src.resize_(0)
+            dst.resize_(slot.capacity)
+        self.moves += 1
+        new = dst.data_ptr()
+        if new != old:  # the old block is torch's now: order its next user after everything that used it
+            self.moved += 1
+            self._home_waits(slot.events)
+            slot.events = self.fresh_events()
+            slot.ptr = new
+
+    def bind(self, store, slot):
+        self._torch_slot_memory(slot.base.untyped_storage(), store, slot)
+
+    def unbind(self, store, slot):
+        self._torch_slot_memory(store, slot.base.untyped_storage(), slot)
+
+    def check(self, slot) -> None:
+        """A move keeps the slot's capacity wherever the allocator puts it: nothing to check by pointer."""
+        probe = torch.empty(0, dtype=torch.uint8, device=self.device).untyped_storage()
+        self.bind(probe, slot)
+        self.unbind(probe, slot)
+        if slot.base.untyped_storage().nbytes() != slot.capacity:
+            raise BindError(f"torch binder: slot {slot.index} holds {slot.base.untyped_storage().nbytes()} B after a move")
 
 
 _cuda_allocator = None  # (SlotAllocator, torch allocator, ctypes callbacks): one per process, never freed
@@ -304,9 +429,12 @@ class _CpuAllocBinder(_Binder):
         self.allocator.free(slot.ptr)  # the emulated pool caches nothing: the segment goes back at once
 
 
-def make_binder(device: torch.device) -> tuple:
-    """(binder, "") for pools on `device`, or (None, why none works on this torch)."""
+def make_binder(device: torch.device, torch_memory: bool = False) -> tuple:
+    """(binder, "") for pools on `device`, or (None, why none works on this torch). `torch_memory`: the pool trims at
+    shard world size 1, where its slots are torch memory (_TorchBinder) unless another binder is forced."""
     want = _forced
+    if want == "torch" or (want is None and torch_memory):
+        return _TorchBinder(device), ""
     if device.type == "cuda":
         if want in (None, "alloc") and MEMPOOL_SUPPORTED:
             return _CudaAllocBinder(), ""
@@ -364,6 +492,8 @@ def outside_torch_bytes() -> int:
     """Slot bytes allocated by TIDE that torch.cuda.memory_allocated() does not include now."""
     total = 0
     for p in list(_live_pools):
+        if p.binder is not None and p.binder.owns_memory:  # torch's own memory (_TorchBinder): in its counters
+            continue
         for s in p.slots:
             if s.live and not (p.binder is not None and p.binder.counts_in_torch and s.owner is not None):
                 total += s.capacity
@@ -371,18 +501,25 @@ def outside_torch_bytes() -> int:
 
 
 def resident_bytes() -> int:
-    """Slot bytes of every live pool of the process allocated now (tideSlotAlloc'd, bound or not)."""
+    """Slot bytes of every live pool of the process allocated now (bound or not; tideSlotAlloc'd or, _TorchBinder,
+    torch's)."""
     return sum(p.resident_bytes() for p in list(_live_pools))
 
 
-# Called as hook(resident_bytes()) after every tideSlotAlloc / tideSlotFree of a pool (enable(), trims, regrows,
-# disable()); benchmarks/fsdp_memory_probe.py puts a marker into torch's memory trace there.
+def tide_resident_bytes() -> int:
+    """The part of resident_bytes() that TIDE allocated (tideSlotAlloc), outside torch's caching allocator."""
+    return sum(p.resident_bytes() for p in list(_live_pools) if not (p.binder is not None and p.binder.owns_memory))
+
+
+# Called as hook(tide_resident_bytes()) after every slot allocation and free of a pool (enable(), trims, regrows,
+# disable()); benchmarks/fsdp_memory_probe.py puts a marker into torch's memory trace there. Slots of torch memory
+# (_TorchBinder) are in the trace itself: the hook's bytes leave them out.
 residency_hooks: List = []
 
 
 def _resident_changed() -> None:
     if residency_hooks:
-        now = resident_bytes()
+        now = tide_resident_bytes()
         for h in list(residency_hooks):
             h(now)
 
@@ -501,9 +638,13 @@ class SlotPool:
         self.peak_resident = 0  # most slots live at once
         self.solo = False  # a trimming one-slot pool of one group that FSDP2 does not pool (build_pools, trim)
         self.serial = next(_serials)  # creation order: the same on every rank (enable() builds pools in group order)
+        # _TorchBinder: the slots are torch memory (shard world size 1), never tideSlotAlloc / tideSlotFree
+        self.torch_memory = self.binder is not None and self.binder.owns_memory
         try:
             for i in range(count):  # collective, in this order on every rank
-                self.slots.append(Slot(self, i, executor.alloc_slot(self.capacity), self.nbytes))
+                self.slots.append(Slot(self, i, self._alloc_memory(), self.nbytes))
+                if self.torch_memory:
+                    self.slots[-1].events = self.binder.fresh_events()
             for slot in self.slots:
                 if self.binder is not None:
                     self.binder.prepare(slot)
@@ -514,6 +655,20 @@ class SlotPool:
         self.peak_resident = len(self.slots)
         _live_pools.add(self)
         _resident_changed()
+
+    def _alloc_memory(self) -> torch.Tensor:
+        """A slot's memory: tideSlotAlloc (collective), or torch's cache for a _TorchBinder pool."""
+        if self.torch_memory:
+            return self.binder.new_memory(self.capacity)
+        return self.executor.alloc_slot(self.capacity)
+
+    def _free_memory(self, slot: "Slot") -> None:
+        """tideSlotFree (collective; synchronizes the device), or for a _TorchBinder pool the block back to torch's
+        cache, stream-ordered (_TorchBinder.release_memory)."""
+        if self.torch_memory:
+            self.binder.release_memory(slot)
+        else:
+            self.executor.free_slot(slot.base)
 
     def resident(self) -> int:
         """Slots allocated now (bound or not)."""
@@ -609,16 +764,17 @@ class SlotPool:
         if not victims:
             return 0
         _tick()
-        for s in victims:
-            self.binder.close(s)
-        self.binder.closed()  # alloc binder: torch releases the slots' segments (their MemPools are gone)
+        if not self.torch_memory:
+            for s in victims:
+                self.binder.close(s)
+            self.binder.closed()  # alloc binder: torch releases the slots' segments (their MemPools are gone)
         freed = 0
         for s in victims:
             if s.in_torch:  # torch still holds the segment: freeing it would leave torch a dangling block
                 self.trim_blocked += 1
                 self.binder.prepare(s)
                 continue
-            self.executor.free_slot(s.base)
+            self._free_memory(s)  # _TorchBinder: no synchronize, no cudaFree: the bytes go back to torch's cache
             s.live, s.base, s.events, s.mempool = False, None, [], None
             freed += 1
         if freed:
@@ -632,7 +788,7 @@ class SlotPool:
         decision is rank-consistent, see the module docstring). Raises BindError if refused."""
         _tick()
         try:
-            base = self.executor.alloc_slot(self.capacity)
+            base = self._alloc_memory()
         except Exception as first:
             dev = getattr(self.executor, "device", None)
             if dev is None or torch.device(dev).type != "cuda":
@@ -640,11 +796,13 @@ class SlotPool:
                 raise BindError(f"tideSlotAlloc of {self.capacity} B refused: {first}") from first
             torch.cuda.empty_cache()  # torch's cache may hold the memory the trim gave back
             try:
-                base = self.executor.alloc_slot(self.capacity)
+                base = self._alloc_memory()
             except Exception as e:
                 self.bind_failures += 1
                 raise BindError(f"tideSlotAlloc of {self.capacity} B refused: {e}") from e
         slot = Slot(self, index, base, self.nbytes)
+        if self.torch_memory:  # the bytes may be those the home stream's work used a moment ago
+            slot.events = self.binder.fresh_events()
         self.binder.prepare(slot)
         self.slots[index] = slot
         self.regrows += 1
@@ -673,10 +831,10 @@ class SlotPool:
                 self.release(slot, None)
             if self.binder is not None:
                 self.binder.close(slot)
-        if self.binder is not None and live:
+        if self.binder is not None and live and not self.torch_memory:
             self.binder.closed()
         for slot in live:
-            self.executor.free_slot(slot.base)
+            self._free_memory(slot)
             slot.live = False
         self.slots = []
         _live_pools.discard(self)
@@ -711,6 +869,11 @@ class SlotPool:
             # alloc binder: segments torch asked the slot allocator for (one per slot at enable(): the
             # slot's MemPool keeps it cached; more means torch released and re-created a segment, or regrows)
             "segment_allocs": sum(s.segment_allocs for s in self.slots) if self.binder else None,
+            # torch binder (shard world size 1): the slots are torch memory; moves between a slot's holder and a
+            # group's storage, those that got another block (the home stream then waited), blocks allocated / freed
+            "torch_memory": self.torch_memory,
+            "moves": getattr(self.binder, "moves", 0),
+            "moves_relocated": getattr(self.binder, "moved", 0),
             "refused": [r for r in getattr(getattr(self.binder, "allocator", None), "refused", [])][-4:],
         }
 
@@ -744,7 +907,7 @@ def _own_pool(g, binder) -> Optional["SlotPool"]:
     held from its forward AG to its backward reshard: its only idle point is the end of backward, so the pool
     trims there (TRIM_ALL; slot_trim="all" is the only way such pools are built)."""
     if binder is None:
-        binder, _why = make_binder(g.pg.device)
+        binder, _why = make_binder(g.pg.device, torch_memory=g.world == 1)
         if binder is None:
             return None
     try:
@@ -799,7 +962,9 @@ def build_pools(
                 pooled = []
         binder = None
         if pooled:
-            binder, why = make_binder(pooled[0].pg.device)
+            # a trimming pool at shard world size 1 takes its slots from torch's cache (_TorchBinder): its trims and
+            # regrows are then stream-ordered frees and allocations, no tideSlotFree (device synchronize) per step
+            binder, why = make_binder(pooled[0].pg.device, torch_memory=trim and pooled[0].world == 1)
             if binder is None:
                 warn_once(f"nccl_tide.fsdp: slot_pool={k}: {why}: one resident slot per group")
                 pooled = []
