@@ -135,6 +135,7 @@ def _bare_world(events, prune_at=64):
     w._events = events
     w._fences = CallerStreamFences(events, None, prune_at)
     w._held_calls = False
+    w._last_streams = {}
     return w
 
 
@@ -457,3 +458,106 @@ def test_synchronize_waits_for_a_collective_held_on_the_host(world, monkeypatch)
     threading.Timer(0.1, lambda: ev.finish(OWN[1])).start()
     w.synchronize(timeout=5)
     assert asked == [101, 102, 103], asked  # asked once, after the streams went idle
+
+
+def _fake_held(monkeypatch, held):
+    """tideCommGetPendingWaits replaced: comm -> its pending waits (a held token call), from the dict `held`."""
+    asked = []
+
+    def fake_pending(comm, capacity=8):
+        asked.append(comm)
+        return list(held.get(comm, []))
+
+    monkeypatch.setattr(N, "pending_waits", fake_pending)
+    return asked
+
+
+_HELD_AG = {"step": "agReadyTok[1]", "owner": 0, "peer": 1, "want": 1, "have": 0, "word": 257, "collective": "AG",
+            "stream": 0, "where": "the caller's stream"}
+
+
+def test_close_drops_a_collective_held_on_the_host_and_frees_everything(world, layouts, monkeypatch, caplog):
+    """Eager graph route: rank 0 called, ranks 1 and 2 never will (close() refuses new calls), so rank 0's held
+    collective can never complete. close() must not wait for it (it waited its 60 s bound, then raised): it drops it
+    with a warning naming rank 0 and destroys every comm, slot and stream once."""
+    w, rec = world
+    w._held_calls = True
+    held = {101: [_HELD_AG]}  # never cleared: no rank can call any more
+    _fake_held(monkeypatch, held)
+    w._slots = [[0x1, 0x2, 0x3]]
+    w.rank_all_gather(0, layouts[0], 0x10000, sendbuf=0x10000)
+    errors = []
+
+    def run():
+        try:
+            w.close()
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    caplog.set_level("WARNING", logger="nccl_tide")
+    t0 = time.monotonic()
+    closer = threading.Thread(target=run, daemon=True)
+    closer.start()
+    closer.join(5)
+    assert not closer.is_alive(), "close() waits for a held collective that can never complete"
+    assert not errors, errors
+    assert time.monotonic() - t0 < 5
+    for c in (101, 102, 103):
+        assert rec.count("destroy", c) == 1 and rec.count("free", c) == 1
+    assert [rec.count("stream", s) for s in OWN] == [1, 1, 1] and w._comms == []
+    warned = [r.getMessage() for r in caplog.records if "dropping the collectives" in r.getMessage()]
+    assert warned and "ranks [0]" in warned[0], [r.getMessage() for r in caplog.records]
+    with pytest.raises(InvalidArgumentError, match="LoopbackWorld is closed"):
+        w.rank_all_gather(1, layouts[1], 0x20000, sendbuf=0x20000)
+
+
+def test_close_waits_for_busy_streams_but_not_for_held_collectives(world, layouts, monkeypatch):
+    """held=False in close() skips only the held collectives: a busy stream is still waited for."""
+    w, rec = world
+    w._held_calls = True
+    _fake_held(monkeypatch, {101: [_HELD_AG]})
+    ev = w._events
+    ev.busy.add(OWN[2])
+    closer = threading.Thread(target=w.close, daemon=True)
+    closer.start()
+    time.sleep(0.15)
+    assert closer.is_alive() and not _gone(rec), "close() destroyed the world under a busy stream"
+    ev.finish(OWN[2])
+    closer.join(5)
+    assert not closer.is_alive() and rec.count("destroy") == W
+
+
+def test_synchronize_of_some_ranks_waits_for_their_last_streams_and_held_calls(world, layouts, monkeypatch):
+    """synchronize(ranks=) waits for the stream each rank last used (a caller's stream here) and for the rank's
+    collective held on the host; synchronize(streams=) of a subset counts the held collectives of the ranks whose
+    last call ran there (it skipped the held check for any subset and returned with rank 0's call not done);
+    ranks whose calls are done, or ran elsewhere, do not make it wait."""
+    w, rec = world
+    ev = w._events
+    w._held_calls = True
+    held = {101: [_HELD_AG]}
+    asked = _fake_held(monkeypatch, held)
+    w.rank_all_gather(0, layouts[0], 0x10000, sendbuf=0x10000, stream=CALLER[0])  # held: ranks 1, 2 not called
+    with pytest.raises(TideTimeoutError) as info:
+        w.synchronize(streams=[CALLER[0]], timeout=0.2)
+    assert "collectives of ranks [0]" in str(info.value) and info.value.pending["peer"] == 1
+    ev.records.clear()
+    with pytest.raises(TideTimeoutError, match=r"collectives of ranks \[0\]"):
+        w.synchronize(ranks=[0], timeout=0.2)
+    assert ev.records and set(ev.records) == {CALLER[0]}, ev.records  # rank 0's last stream, not its own
+    asked.clear()
+    w.synchronize(ranks=[1, 2], timeout=2)  # their streams idle, nothing held: returns at once
+    assert set(asked) <= {102, 103}, asked
+    w.synchronize(streams=[CALLER[1]], timeout=2)  # no rank's last call ran there
+    w.synchronize(timeout=2)  # the world's own streams: rank 0's last call ran on CALLER[0]
+    # a busy last stream is waited for, and named by rank
+    ev.busy.add(CALLER[0])
+    held.clear()
+    with pytest.raises(TideTimeoutError, match=r"the streams of ranks \[0\]"):
+        w.synchronize(ranks=[0], timeout=0.2)
+    threading.Timer(0.1, lambda: ev.finish(CALLER[0])).start()
+    w.synchronize(ranks=[0], timeout=5)
+    with pytest.raises(InvalidArgumentError, match="streams or ranks"):
+        w.synchronize(streams=[CALLER[0]], ranks=[0])
+    with pytest.raises(Exception, match="ranks"):
+        w.synchronize(ranks=[W])

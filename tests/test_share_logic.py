@@ -86,7 +86,9 @@ def test_validation_and_cli_hook(capsys):
     assert "unknown --sides" in share.validate(_args(sides=["rs-share", "bogus"]))
     # the drain-cap sides: a positive CTA count, written plainly
     assert share.validate(_args(sides=["rs-share", "rs-share-drain64", "rs-share-drain1"])) is None
-    for bad in ("rs-share-drain", "rs-share-drain0", "rs-share-drain064", "rs-share-drain2000", "rs-share-drainx"):
+    # (non-ASCII digits too: "²" passes str.isdigit() but int() refuses it, "١٢" is int 12 written otherwise)
+    for bad in ("rs-share-drain", "rs-share-drain0", "rs-share-drain064", "rs-share-drain2000", "rs-share-drainx",
+                "rs-share-drain\u00b2", "rs-share-drain\u0661\u0662", "rs-share-drain\uff11"):
         assert "unknown --sides" in share.validate(_args(sides=[bad])), bad
     assert "collective" in share.validate(_args(collective="all_reduce"))
     a = share.parser().parse_args(["reduce_scatter", "--link-gbps", "200", "--piece-bytes", "2MiB", "--sides",

@@ -158,6 +158,7 @@ std::string debugDump(tideComm* comm) {
   }
   appendf(&out, "  host: %s%s\n", busy ? "a call is in progress on another thread: " : "", phase ? phase : "?");
   if (!busy) {
+    if (!comm->broken.empty()) appendf(&out, "  unusable: %s\n", comm->broken.c_str());
     appendf(&out, "  last AG epoch %llu; last RS epoch %llu (tasks from %llu)\n",
             static_cast<unsigned long long>(comm->lastAg.epoch), static_cast<unsigned long long>(comm->lastRs.epoch),
             static_cast<unsigned long long>(comm->lastRs.task + 1));

@@ -68,6 +68,7 @@ tideResult_t bindAllGather(tideComm* comm, const LayoutView& v, std::shared_ptr<
 tideResult_t allGather(tideComm* comm, tideLayout_t layout, const void* sendbuff, const void* const* shardPtrs,
                        void* slot, cudaStream_t stream, const CaptureState& cap) {
   static const char* kWhat = "tideAllGather";
+  TIDE_CHECK(checkUsable(comm, kWhat));
   TIDE_CHECK(checkCapturable(comm, cap, kWhat));
   tideComm::CacheEntry* ent = nullptr;
   TIDE_CHECK(layoutEntry(comm, layout, cap.active, &ent));
@@ -157,8 +158,10 @@ tideResult_t allGather(tideComm* comm, tideLayout_t layout, const void* sendbuff
   comm->phase.store("tideAllGather: enqueueing", std::memory_order_relaxed);
   // Token programs carry no epoch; the epoch still counts every eager call alike on every rank (checkStream, the
   // debug dump), and the epoch programs only ever wait for values >= theirs, so skipped values are harmless.
-  TIDE_CHECK(tokens ? BoundProgram::issueTokens(bound, cv, stream)
-                    : BoundProgram::issue(bound, cv, stream, prog::Coll::kAllGather));
+  // From here the epoch has advanced: a failure leaves this rank out of step with its peers (markCallFailed).
+  TIDE_CHECK(markCallFailed(comm, CollKind::kAllGather, epoch,
+                            tokens ? BoundProgram::issueTokens(bound, cv, stream)
+                                   : BoundProgram::issue(bound, cv, stream, prog::Coll::kAllGather)));
   TIDE_TRACE("Cuda", "AG rank %d epoch %" PRIu64 ": program of %zu steps%s%s", me, epoch,
              bound->program().steps.size(), tokens ? ", token protocol " : "", tokens ? bound->lastTokenIssue() : "");
   return tideSuccess;

@@ -65,6 +65,30 @@ tideResult_t queryCapture(cudaStream_t stream, const char* what, CaptureState* o
   return tideSuccess;
 }
 
+tideResult_t checkUsable(const tideComm* comm, const char* what) {
+  if (comm->broken.empty()) return tideSuccess;
+  return fail(tideInvalidUsage, "Cuda",
+              "%s: rank %d's comm is unusable: %s. Destroy (or tideCommAbort) this comm and every peer's", what,
+              comm->rank, comm->broken.c_str());
+}
+
+tideResult_t markCallFailed(tideComm* comm, CollKind kind, uint64_t epoch, tideResult_t res) {
+  if (res == tideSuccess) return res;
+  const char* coll = kind == CollKind::kAllGather ? "all-gather" : "reduce-scatter";
+  if (comm->broken.empty()) {
+    char why[512];
+    snprintf(why, sizeof(why), "its %s epoch %" PRIu64 " failed while it was being enqueued (%s: %s)", coll, epoch,
+             tideGetErrorString(res), tideGetLastError());
+    comm->broken = why;
+  }
+  char cause[320];
+  snprintf(cause, sizeof(cause), "%s: %s", tideGetErrorString(res), tideGetLastError());
+  comm->policy->callFailed(kind, epoch, cause);
+  TIDE_WARN("Cuda", "rank %d: %s epoch %" PRIu64 " failed part-way; this comm refuses every later call", comm->rank,
+            coll, epoch);
+  return res;
+}
+
 tideResult_t checkCapturable(const tideComm* comm, const CaptureState& cap, const char* what) {
   if (!cap.active || comm->policy->capturable()) return tideSuccess;
   return fail(tideUnsupported, "Cuda",

@@ -91,6 +91,10 @@ struct tideComm {
 
   std::mutex mu;  // one call at a time per comm
   bool closed = false;  // under mu: tideCommDestroy/tideCommAbort released it (calls that still hold it fail)
+  // Under mu. Non-empty: why this comm is unusable (an eager call failed after its epoch advanced, with part of it
+  // possibly enqueued: markCallFailed). Every later AG/RS fails with it (checkUsable) instead of pairing with the
+  // peers' calls out of step, or waiting for writes that will never come.
+  std::string broken;
   std::vector<uintptr_t> keyScratch;  // the binding key of the current call (reused: no allocation per call)
   std::vector<char*> stagingScratch;  // RS own staging of every rank, as this rank addresses it
   struct CacheEntry {
@@ -141,6 +145,13 @@ struct CaptureState {
   unsigned long long id = 0;  // cudaStreamGetCaptureInfo's unique id of the capture sequence
 };
 tideResult_t queryCapture(cudaStream_t stream, const char* what, CaptureState* out);
+// tideInvalidUsage naming the reason if an earlier call of this comm failed part-way (tideComm::broken).
+tideResult_t checkUsable(const tideComm* comm, const char* what);
+// An eager call of (kind, epoch) failed with `res` after the comm's epoch advanced: records the comm as unusable
+// (the last error's text is the reason) and tells the provider (IssuePolicy::callFailed: loopback marks the whole
+// world unusable). Returns res.
+tideResult_t markCallFailed(tideComm* comm, CollKind kind, uint64_t epoch, tideResult_t res);
+
 // tideUnsupported if cap is active and the comm's provider cannot capture (IssuePolicy::capturable); called by the
 // executors first, before anything else.
 tideResult_t checkCapturable(const tideComm* comm, const CaptureState& cap, const char* what);

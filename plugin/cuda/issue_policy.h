@@ -53,12 +53,25 @@ class IssuePolicy {
 
   // Called before a deferred program's call-time steps are enqueued: fails (enqueueing nothing) if the groups could
   // not be issued later (loopback: the world is unusable, or an earlier rank of (kind, epoch) has another group
-  // count, which then makes the world unusable). Default: nothing to check.
-  virtual tideResult_t precheckSteps(CollKind kind, uint64_t epoch, int numSteps) {
+  // count, which then makes the world unusable). tokens: the program is a token program issued in rounds
+  // (BoundProgram::issueTokens), whose later rounds must be issued before this rank's next collective enqueues
+  // anything (loopback: checkStream refuses that next call while the rounds are held). Default: nothing to check.
+  virtual tideResult_t precheckSteps(CollKind kind, uint64_t epoch, int numSteps, bool tokens) {
     (void)kind;
     (void)epoch;
     (void)numSteps;
+    (void)tokens;
     return tideSuccess;
+  }
+
+  // An eager call of (kind, epoch) failed after the rank's epoch advanced (while its work was being enqueued, or in
+  // the provider's deferred issue): part of it may be queued, and the peers' matching calls would wait for the rest.
+  // Loopback: the whole world becomes unusable (every later call of any virtual rank fails with the reason). Default:
+  // nothing (the comm itself refuses later calls: tideComm::broken).
+  virtual void callFailed(CollKind kind, uint64_t epoch, const char* why) {
+    (void)kind;
+    (void)epoch;
+    (void)why;
   }
 
   // The transport of cross-node operations (internode_transport.h). Default: the peer-mapped one, valid where
@@ -102,8 +115,9 @@ class IssuePolicy {
     return tideSuccess;
   }
 
-  // Per-call check of the stream this rank uses for an eager collective epoch, before anything is enqueued
-  // (loopback: each virtual rank needs a stream of its own, never the legacy default stream; IPC: the parent NCCL
+  // Per-call check of the stream this rank uses for an eager collective epoch, before anything is enqueued and
+  // before the rank's epoch advances (loopback: each virtual rank needs a stream of its own, never the legacy default
+  // stream, and no token call of this rank may still be held for a peer: checkCallOrder; IPC: the parent NCCL
   // communicator's health). Default: nothing to check.
   virtual tideResult_t checkStream(CollKind kind, uint64_t epoch, cudaStream_t stream) {
     (void)kind;

@@ -79,6 +79,18 @@ tideResult_t LoopbackWorld::brokenError(int rank, const char* what) {
 void LoopbackWorld::markBroken(const char* reason) {
   if (broken_.empty()) broken_ = reason;
   pending_.clear();  // deferred work that will never be issued: drop it (its issue functions hold plans)
+  issuedCv_.notify_all();  // a call waiting in checkCallOrder fails with the reason
+}
+
+void LoopbackWorld::callFailed(int rank, CollKind kind, uint64_t epoch, const char* why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  char reason[400];
+  snprintf(reason, sizeof(reason),
+           "virtual rank %d's %s epoch %llu failed while it was being enqueued (%s); its peers' matching calls may "
+           "wait forever for the part not issued",
+           rank, kind == CollKind::kAllGather ? "all-gather" : "reduce-scatter", static_cast<unsigned long long>(epoch),
+           why ? why : "?");
+  markBroken(reason);
 }
 
 void LoopbackWorld::rankDestroyed(int rank) {
@@ -246,10 +258,11 @@ tideResult_t LoopbackWorld::checkStream(int rank, CollKind kind, uint64_t epoch,
                 "non-default stream of its own (a shared stream deadlocks on the cross-rank flags)",
                 rank);
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   if (!broken_.empty()) {
     return brokenError(rank, kind == CollKind::kAllGather ? "tideAllGather" : "tideReduceScatter");
   }
+  TIDE_CHECK(checkCallOrder(rank, kind, epoch, lock));
   StreamUse* uses = streamUse_[static_cast<int>(kind)];
   for (int q = 0; q < nRanks_; ++q) {
     if (q != rank && uses[q].epoch == epoch && uses[q].stream == stream) {
@@ -262,6 +275,33 @@ tideResult_t LoopbackWorld::checkStream(int rank, CollKind kind, uint64_t epoch,
   }
   uses[rank].epoch = epoch;
   uses[rank].stream = stream;
+  return tideSuccess;
+}
+
+tideResult_t LoopbackWorld::checkCallOrder(int rank, CollKind kind, uint64_t epoch,
+                                           std::unique_lock<std::mutex>& lock) {
+  const char* fn = kind == CollKind::kAllGather ? "tideAllGather" : "tideReduceScatter";
+  for (const auto& kv : pending_) {
+    const PendingPushes& p = kv.second;
+    if (!p.tokens || static_cast<int>(p.issue.size()) <= rank || !p.issue[rank]) continue;
+    char missing[64] = {0};
+    size_t at = 0;
+    for (int q = 0; q < nRanks_ && at + 4 < sizeof(missing); ++q) {
+      if (!p.issue[q]) at += snprintf(missing + at, sizeof(missing) - at, "%s%d", at ? ", " : "", q);
+    }
+    return fail(tideInvalidUsage, "Cuda",
+                "%s (epoch %llu): loopback world: virtual rank %d's %s epoch %llu (token protocol, "
+                "NCCL_TIDE_EAGER_GRAPHS=1) is still held on the host until virtual rank(s) %s make their matching "
+                "call, and rank %d's next collective cannot be enqueued before it (it would run ahead of the held "
+                "call on rank %d's stream). Make every virtual rank's call of one collective before any rank's next "
+                "(nothing was enqueued; the world is still usable)",
+                fn, static_cast<unsigned long long>(epoch), rank,
+                kv.first.first == static_cast<int>(CollKind::kAllGather) ? "all-gather" : "reduce-scatter",
+                static_cast<unsigned long long>(kv.first.second), missing, rank, rank);
+  }
+  // The last rank of this rank's previous token call may be issuing its rounds right now, on another thread.
+  issuedCv_.wait(lock, [&] { return issuing_[rank] == 0 || !broken_.empty(); });
+  if (!broken_.empty()) return brokenError(rank, fn);
   return tideSuccess;
 }
 
@@ -292,7 +332,7 @@ tideResult_t LoopbackWorld::checkCapture(int rank, CollKind kind, unsigned long 
   return tideSuccess;
 }
 
-tideResult_t LoopbackWorld::precheckSteps(int rank, CollKind kind, uint64_t epoch, int numSteps) {
+tideResult_t LoopbackWorld::precheckSteps(int rank, CollKind kind, uint64_t epoch, int numSteps, bool tokens) {
   const char* what = kind == CollKind::kAllGather ? "all-gather" : "reduce-scatter";
   std::lock_guard<std::mutex> lock(mu_);
   if (!broken_.empty()) return brokenError(rank, kind == CollKind::kAllGather ? "tideAllGather" : "tideReduceScatter");
@@ -300,6 +340,7 @@ tideResult_t LoopbackWorld::precheckSteps(int rank, CollKind kind, uint64_t epoc
   if (p.issue.empty()) {
     p.issue.resize(nRanks_);
     p.numChunks = numSteps;
+    p.tokens = tokens;
     return tideSuccess;
   }
   if (p.numChunks != numSteps) {
@@ -318,6 +359,7 @@ tideResult_t LoopbackWorld::scheduleSteps(int rank, CollKind kind, uint64_t epoc
   const std::pair<int, uint64_t> key(static_cast<int>(kind), epoch);
   const char* what = kind == CollKind::kAllGather ? "all-gather" : "reduce-scatter";
   std::vector<IssueFn> ready;
+  bool tokens = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!broken_.empty()) return brokenError(rank, kind == CollKind::kAllGather ? "tideAllGather" : "tideReduceScatter");
@@ -343,8 +385,23 @@ tideResult_t LoopbackWorld::scheduleSteps(int rank, CollKind kind, uint64_t epoc
     p.issue[rank] = std::move(issue);
     if (++p.submitted < nRanks_) return tideSuccess;
     ready = std::move(p.issue);
+    tokens = p.tokens;
     pending_.erase(key);
+    if (tokens) {
+      for (int r = 0; r < nRanks_; ++r) ++issuing_[r];  // checkCallOrder: a next call of rank r waits for the loop
+    }
   }
+  // Ends the issuing state of every rank on every path out of the loop below.
+  struct IssuingGuard {
+    LoopbackWorld* w;
+    bool on;
+    ~IssuingGuard() {
+      if (!on) return;
+      std::lock_guard<std::mutex> lock(w->mu_);
+      for (int r = 0; r < w->nRanks_; ++r) --w->issuing_[r];
+      w->issuedCv_.notify_all();
+    }
+  } issuingGuard{this, tokens};
   // Step-major, rank-minor: a copy never sits in a shared copy-engine queue ahead of a copy it waits for.
   for (int k = 0; k <= numChunks; ++k) {
     for (int r = 0; r < nRanks_; ++r) {

@@ -15,6 +15,7 @@
 #define TIDE_CUDA_LOOPBACK_H_
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -51,6 +52,7 @@ class LoopbackWorld {
   uint32_t* flags(int owner);
   tideResult_t ownStaging(int rank, int owner, uint64_t bytes, uint64_t epoch, void** out);
   const void* zeros(size_t* bytes);
+  // Also checkCallOrder (below), before the stream rule.
   tideResult_t checkStream(int rank, CollKind kind, uint64_t epoch, cudaStream_t stream);
   // Deferred until every virtual rank of the epoch has submitted, then issued chunk-major across ranks (all
   // virtual ranks share the device's copy-engine queues).
@@ -64,8 +66,10 @@ class LoopbackWorld {
   // Called by the program interpreter before it enqueues a deferred program's call-time steps: fails (without
   // enqueueing anything) if this world is unusable, or if an earlier rank of (kind, epoch) submitted a different
   // step count (then the world is marked unusable: that rank's stream already waits for steps that will never be
-  // issued). Records numSteps for the epoch otherwise.
-  tideResult_t precheckSteps(int rank, CollKind kind, uint64_t epoch, int numSteps);
+  // issued). Records numSteps (and whether the program is a token program issued in rounds) for the epoch otherwise.
+  tideResult_t precheckSteps(int rank, CollKind kind, uint64_t epoch, int numSteps, bool tokens);
+  // An eager call of `rank` failed after its epoch advanced (IssuePolicy::callFailed): the world is marked unusable.
+  void callFailed(int rank, CollKind kind, uint64_t epoch, const char* why);
 
   // tideCommAbort of one virtual rank: the whole world becomes unusable (every later call of any of its ranks fails
   // with tideInvalidUsage naming the reason), pending deferred work is dropped, and the device is synchronized for
@@ -109,9 +113,20 @@ class LoopbackWorld {
   struct PendingPushes {
     int submitted = 0;
     int numChunks = 0;
+    bool tokens = false;         // a token program's rounds (BoundProgram::issueTokens): see checkCallOrder
     std::vector<IssueFn> issue;  // per rank
   };
   std::map<std::pair<int, uint64_t>, PendingPushes> pending_;  // by (collective kind, epoch)
+  // Call order of token calls (caller holds mu_, through `lock`; may wait on it). A token call's announce is
+  // enqueued at the call and its rounds only once every rank has announced, so a rank's next collective must not
+  // enqueue anything before those rounds: its writes would precede them on the rank's stream (a second announce
+  // would merge with the first unconsumed token, and the peers' next waits would never be satisfied; its stream
+  // would claim the slot or staging free while the held rounds still use it). So a rank with a token call still held
+  // for a peer is refused (tideInvalidUsage, nothing enqueued, the world stays usable), and one whose held rounds are
+  // being issued by another rank's thread right now waits for that issue to end (host only, no device wait).
+  tideResult_t checkCallOrder(int rank, CollKind kind, uint64_t epoch, std::unique_lock<std::mutex>& lock);
+  int issuing_[kMaxRanks] = {};        // per rank: token rounds being issued outside mu_ (scheduleSteps)
+  std::condition_variable issuedCv_;  // notified when an issue of token rounds ends
   // Non-empty: why this world is unusable (a deferred issue failed partway, a step-count mismatch, an abort). Every
   // later checkStream / scheduleSteps / slotAlloc fails with it: some rank's stream may wait forever for work that
   // was never issued, so the world must be destroyed (or aborted).
@@ -153,8 +168,11 @@ class LoopbackRank final : public PeerMemory, public IssuePolicy {
   tideResult_t scheduleSteps(CollKind kind, uint64_t epoch, int numSteps, IssueFn issue) override {
     return world_->scheduleSteps(rank_, kind, epoch, numSteps, std::move(issue));
   }
-  tideResult_t precheckSteps(CollKind kind, uint64_t epoch, int numSteps) override {
-    return world_->precheckSteps(rank_, kind, epoch, numSteps);
+  tideResult_t precheckSteps(CollKind kind, uint64_t epoch, int numSteps, bool tokens) override {
+    return world_->precheckSteps(rank_, kind, epoch, numSteps, tokens);
+  }
+  void callFailed(CollKind kind, uint64_t epoch, const char* why) override {
+    world_->callFailed(rank_, kind, epoch, why);
   }
   bool capturable() const override { return true; }
   tideResult_t checkCapture(CollKind kind, unsigned long long captureId) override {

@@ -231,7 +231,7 @@ tideResult_t BoundProgram::issueRound(int g, const CallValues& v, cudaStream_t s
     // A refused launch enqueued nothing: this round directly, and no graphs from now on.
     amort_.captureFailed();
     roundGraphs_.reset();
-    lastIssue_ = "issued directly";
+    lastIssue_.store("issued directly", std::memory_order_relaxed);
     noteGraphFallback("launching a captured round of a bound program", why);
   }
   const auto& r = groupRange_[g];
@@ -257,7 +257,7 @@ tideResult_t BoundProgram::issueTokens(const std::shared_ptr<BoundProgram>& self
   // back into this binding.
   const CollKind kind = kindOf(p.coll);
   const int last = p.numGroups - 1;
-  TIDE_CHECK(pol->precheckSteps(kind, v.epoch, last));
+  TIDE_CHECK(pol->precheckSteps(kind, v.epoch, last, true));
   std::shared_ptr<RoundGraphs> graphs;
   {
     std::lock_guard<std::mutex> lock(bp.issueMu_);
@@ -291,18 +291,18 @@ tideResult_t BoundProgram::issueTokens(const std::shared_ptr<BoundProgram>& self
       }
       if (ok) {
         bp.roundGraphs_ = std::move(fresh);
-        bp.lastIssue_ = "captured into a graph and replayed from it";
+        bp.lastIssue_.store("captured into a graph and replayed from it", std::memory_order_relaxed);
       } else {
         bp.amort_.captureFailed();
         noteGraphFallback("capturing a round of a bound program", why);
         how = Issue::kDirect;
       }
     } else if (how == Issue::kReplay && bp.roundGraphs_) {
-      bp.lastIssue_ = "replayed from a graph";
+      bp.lastIssue_.store("replayed from a graph", std::memory_order_relaxed);
     } else {
       how = Issue::kDirect;
     }
-    if (how == Issue::kDirect) bp.lastIssue_ = "issued directly";
+    if (how == Issue::kDirect) bp.lastIssue_.store("issued directly", std::memory_order_relaxed);
     else graphs = bp.roundGraphs_;
     for (const StepItems& s : bp.steps_) {
       if (s.group < 0) TIDE_CHECK(bp.issueStep(s, v, stream));  // the announce
@@ -353,7 +353,8 @@ tideResult_t BoundProgram::issueTokenSteps(const std::vector<StepItems>& steps, 
     TIDE_TRACE("Cuda", "rank %d: launching its graph", bp.comm_->rank);
     if (launchGraph(bp.graph_, stream, &why)) {
       TIDE_TRACE("Cuda", "rank %d: graph launched", bp.comm_->rank);
-      bp.lastIssue_ = justCaptured ? "captured into a graph and replayed from it" : "replayed from a graph";
+      bp.lastIssue_.store(justCaptured ? "captured into a graph and replayed from it" : "replayed from a graph",
+                          std::memory_order_relaxed);
       return tideSuccess;
     }
     // A refused launch enqueued nothing: issue the same program directly, and never again from a graph.
@@ -362,7 +363,7 @@ tideResult_t BoundProgram::issueTokenSteps(const std::vector<StepItems>& steps, 
     bp.graph_ = nullptr;
     noteGraphFallback("launching a captured bound program", why);
   }
-  bp.lastIssue_ = "issued directly";
+  bp.lastIssue_.store("issued directly", std::memory_order_relaxed);
   return bp.issueAll(steps, v, stream);
 }
 
@@ -378,7 +379,7 @@ tideResult_t BoundProgram::issue(const std::shared_ptr<BoundProgram>& self, cons
   // Deferred: the provider first checks that the groups can be issued (so that no caller-stream wait is enqueued
   // for work that will never come), then the call-time steps, then the groups through the provider.
   const int last = p.numGroups - 1;
-  TIDE_CHECK(pol->precheckSteps(kindOf(coll), v.epoch, last));
+  TIDE_CHECK(pol->precheckSteps(kindOf(coll), v.epoch, last, false));
   {
     std::lock_guard<std::mutex> lock(bp.issueMu_);
     for (const StepItems& s : bp.steps_) {

@@ -13,6 +13,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -79,7 +80,7 @@ class BoundProgram {
   bool hasGraph() const { return graph_ != nullptr || (roundGraphs_ && roundGraphs_->any()); }
   // How the last issueTokens call went, for the debug dump and traces: "issued directly", "captured into a graph
   // and replayed from it", "replayed from a graph", or "" when issueTokens was never called.
-  const char* lastTokenIssue() const { return lastIssue_; }
+  const char* lastTokenIssue() const { return lastIssue_.load(std::memory_order_relaxed); }
 
  private:
   struct Item {
@@ -127,7 +128,9 @@ class BoundProgram {
   prog::GraphAmortizer amort_;
   cudaGraphExec_t graph_ = nullptr;               // the whole program (providers that do not defer)
   std::shared_ptr<RoundGraphs> roundGraphs_;      // its rounds (providers that defer)
-  const char* lastIssue_ = "";  // a static string (read by tideCommDebugDump between calls)
+  // A static string. Atomic: written under issueMu_, possibly by another rank's thread (loopback rounds), and read
+  // without it (the executors' trace line, tideCommDebugDump of another thread).
+  std::atomic<const char*> lastIssue_{""};
 };
 
 // Per layout (tideComm::CacheEntry): its compiled programs and its recently bound pointer sets.

@@ -22,6 +22,7 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
                            tideDataType_t outType, tideRedOp_t op, float scale, void* staging, cudaStream_t stream,
                            const CaptureState& cap) {
   static const char* kWhat = "tideReduceScatter";
+  TIDE_CHECK(checkUsable(comm, kWhat));
   TIDE_CHECK(checkCapturable(comm, cap, kWhat));
   tideComm::CacheEntry* ent = nullptr;
   TIDE_CHECK(layoutEntry(comm, layout, cap.active, &ent));
@@ -201,8 +202,10 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
   comm->lastRs = tideComm::LastCall{bound, epoch, cv.task};
   comm->phase.store("tideReduceScatter: enqueueing", std::memory_order_relaxed);
   // A token program has numTasks 0 (the task counter is the eager pipeline's); the epoch counts every eager call.
-  TIDE_CHECK(tokens ? BoundProgram::issueTokens(bound, cv, stream)
-                    : BoundProgram::issue(bound, cv, stream, prog::Coll::kReduceScatter));
+  // From here the epoch has advanced: a failure leaves this rank out of step with its peers (markCallFailed).
+  TIDE_CHECK(markCallFailed(comm, CollKind::kReduceScatter, epoch,
+                            tokens ? BoundProgram::issueTokens(bound, cv, stream)
+                                   : BoundProgram::issue(bound, cv, stream, prog::Coll::kReduceScatter)));
   TIDE_TRACE("Cuda", "RS rank %d epoch %" PRIu64 ": %d chunks, program of %zu steps, staging %s%s%s", me, epoch,
              v.info.rsNumChunks, bound->program().steps.size(), staging ? "slot" : "own",
              tokens ? ", token protocol " : "", tokens ? bound->lastTokenIssue() : "");

@@ -22,15 +22,19 @@ import ctypes
 import os
 import threading
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any, List, Optional
 
 from . import _native as N
 from ._fences import CallerStreamFences
+from ._log import get_logger
 from ._lifetime import Lifetime
 from .dtypes import dtype as to_dtype
 from .dtypes import op_code
 from .errors import InvalidArgumentError, TideTimeoutError, describe_pending, first_pending_wait
+
+_log = get_logger("cuda")
 
 _TORCH_RS_TYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -198,6 +202,7 @@ class LoopbackWorld:
         self._comms: List[int] = []
         self._slots: List[List[int]] = []  # per allocation: one pointer per rank
         self._streams, self._raw_streams, self._own_handles = [], [], frozenset()
+        self._last_streams = {}  # rank -> (stream, address) of its last collective (synchronize(ranks=), held calls)
         self._events = _Events
         _set_connections_early()
         torch = _torch()
@@ -360,9 +365,11 @@ class LoopbackWorld:
                 ]
             )
             send_ptr = None
-        stream_handle = self._stream_handle(self._streams[rank] if stream is None else stream)
+        stream_obj = self._streams[rank] if stream is None else stream
+        stream_handle = self._stream_handle(stream_obj)
 
         def issue():
+            self._last_streams[rank] = (stream_obj, stream_handle)  # before the call: a failed one may have queued
             with layout._use() as lh:  # safe against a concurrent layout.close()
                 N.check(
                     lib.tideAllGather(self._comms[rank], lh, send_ptr, table, slot_ptr, stream_handle),
@@ -440,9 +447,11 @@ class LoopbackWorld:
         out_ptr = _ptr(out, f"outs[{rank}]", layout.rs_out_numel * odt.size)
         stag = None if staging is None else _ptr(staging, f"staging[{rank}]", layout.rs_staging_bytes, at_least=True)
         op_c, scale_f = op_code(op), float(scale)
-        stream_handle = self._stream_handle(self._streams[rank] if stream is None else stream)
+        stream_obj = self._streams[rank] if stream is None else stream
+        stream_handle = self._stream_handle(stream_obj)
 
         def issue():
+            self._last_streams[rank] = (stream_obj, stream_handle)  # before the call: a failed one may have queued
             with layout._use() as lh:  # safe against a concurrent layout.close()
                 N.check(
                     lib.tideReduceScatter(
@@ -462,60 +471,102 @@ class LoopbackWorld:
             for s in self._streams:
                 target.wait_stream(s)
 
-    def synchronize(self, streams=None, timeout: Optional[float] = None) -> None:
+    def synchronize(self, streams=None, timeout: Optional[float] = None, ranks=None) -> None:
         """Waits on the host for every rank's stream, polling so that a cross-rank deadlock becomes a
         TideTimeoutError instead of a hang. timeout (seconds) defaults to NCCL_TIDE_TIMEOUT_MS when that is set
         (nonzero), else 120 s. The error names, for the first rank whose stream is not done, the peer and the step
         (flag) of its first pending wait (from tideCommDebugDump), and carries every such rank's dump; its `pending`
-        attribute is that wait, parsed ({"rank", "peer", "step", "owner", "want", "have", "where"})."""
-        with self._life.use():  # the streams are destroyed by close(): never wait on them after that
-            return self._synchronize(streams, timeout)
+        attribute is that wait, parsed ({"rank", "peer", "step", "owner", "want", "have", "where"}).
 
-    def _synchronize(self, streams=None, timeout: Optional[float] = None, also=(), stop=None) -> None:
+        What is waited for: streams=None: the world's own streams; streams=[...]: those streams (the world's or a
+        caller's); ranks=[...] (not with streams): the stream each of those ranks used for its last collective (its
+        own stream if it has made none). With the eager graph route a rank's collective may be held on the host
+        until every rank has called (its stream idle, the collective not done): that counts as not done for every
+        rank whose last collective ran on a waited stream."""
+        with self._life.use():  # the streams are destroyed by close(): never wait on them after that
+            if ranks is not None:
+                if streams is not None:
+                    raise InvalidArgumentError("synchronize: pass streams or ranks, not both")
+                ranks = sorted({N.int_arg(r, "ranks[i]", 0, max(self.n_ranks - 1, 0)) for r in ranks})
+                streams = []
+                for r in ranks:
+                    s = self._last_stream(r)
+                    if all(self._stream_handle(x) != self._stream_handle(s) for x in streams):
+                        streams.append(s)
+            return self._synchronize(streams, timeout, ranks=ranks)
+
+    def _last_stream(self, rank: int):
+        """The stream of rank `rank`'s last collective (its own stream if it made none)."""
+        last = self._last_streams.get(rank)
+        return last[0] if last is not None else self._streams[rank]
+
+    def _ranks_on(self, handles) -> List[int]:
+        """The ranks whose last collective ran on one of the streams `handles` (a rank that made none: on its own)."""
+        out = []
+        for r in range(self.n_ranks):
+            last = self._last_streams.get(r)
+            h = last[1] if last is not None else self._stream_handle(self._streams[r])
+            if h in handles:
+                out.append(r)
+        return out
+
+    def _synchronize(self, streams=None, timeout: Optional[float] = None, also=(), stop=None, held=True, ranks=None):
         """Waits for the streams (default: the world's own) and for the events `also`; returns early once stop()
-        is true (close(): every rank aborted on another thread)."""
+        is true (close(): every rank aborted on another thread). held: collectives held on the host (eager graph
+        route) of the ranks whose last collective ran on a waited stream (or of `ranks`) count as not done; close()
+        passes False (no rank can call any more, so a held collective never completes: it drops them)."""
         if timeout is None:
             timeout = N.timeout_seconds(120.0)
         ev = self._events
+        device = getattr(self, "device", None)
         waited = list(streams) if streams is not None else list(self._streams)
+        handles = [self._stream_handle(s) for s in waited]
         events = []
-        for s in waited:
+        for s, h in zip(waited, handles):
             e = ev.new()
-            ev.record(e, s)
+            ev.record(e, ev.on(s, h, device))
             events.append(e)
         events.extend(also)
+        # Which rank each waited stream stands for: its index when they are the world's own in rank order.
+        by_index = streams is None or handles == [self._stream_handle(s) for s in self._streams]
+        candidates = list(ranks) if ranks is not None else self._ranks_on(set(handles))
         deadline = time.monotonic() + timeout
-        per_rank = streams is None or len(waited) == self.n_ranks
         while True:
-            busy = [r for r, e in enumerate(events) if not ev.done(e)]
-            held = self._held_ranks() if not busy and self._held_calls and per_rank else []
-            if not busy and not held:
+            busy = [i for i, e in enumerate(events) if not ev.done(e)]
+            pending = self._held_ranks(candidates) if held and not busy and self._held_calls else []
+            if not busy and not pending:
                 return
             if stop is not None and stop():
                 return
             if time.monotonic() > deadline:
-                raise self._timeout_error(timeout, busy or held, len(events), held=bool(held))
+                if pending:
+                    raise self._timeout_error(timeout, pending, held=True)
+                busy_handles = {handles[i] for i in busy if i < len(handles)}
+                stuck = [i for i in busy if i < len(handles)] if by_index else self._ranks_on(busy_handles)
+                raise self._timeout_error(timeout, stuck, n_busy=len(busy), n_waited=len(events))
             time.sleep(0.0005 if busy else 0.005)
 
-    def _held_ranks(self) -> List[int]:
-        """Ranks whose last collective has a pending wait although their stream is idle: a token call held on the
-        host for a rank that has not called yet (the eager graph route on loopback)."""
+    def _held_ranks(self, ranks=None) -> List[int]:
+        """Ranks (of `ranks`, default all) whose last collective has a pending wait although their stream is idle: a
+        token call held on the host for a rank that has not called yet (the eager graph route on loopback)."""
         held = []
-        for r, c in enumerate(self._comms):
+        for r in range(len(self._comms)) if ranks is None else ranks:
             try:
-                if N.pending_waits(c):
+                if N.pending_waits(self._comms[r]):
                     held.append(r)
             except Exception:  # a readback that did not finish, a call in progress: not evidence of a held call
                 pass
         return held
 
-    def _timeout_error(self, timeout: float, stuck: List[int], n_waited: int, held: bool = False) -> TideTimeoutError:
-        """TideTimeoutError for synchronize: stream index r is rank r's when one stream per rank was waited for.
-        held: the streams are idle, but ranks `stuck` hold a collective on the host for a rank that has not called."""
-        per_rank = n_waited == self.n_ranks
+    def _timeout_error(
+        self, timeout: float, stuck: List[int], n_busy: int = 0, n_waited: int = 0, held: bool = False
+    ) -> TideTimeoutError:
+        """TideTimeoutError for synchronize. stuck: the ranks whose streams are not done (empty when the busy streams
+        stand for no known rank: n_busy of the n_waited streams and events; every rank is dumped then). held: the
+        streams are idle, but ranks `stuck` hold a collective on the host for a rank that has not called."""
         first = None
         dumps = []
-        for r in stuck if per_rank else range(self.n_ranks):
+        for r in stuck if stuck else range(self.n_ranks):
             for _attempt in range(2):
                 buf = ctypes.create_string_buffer(64 * 1024)
                 rc = N.lib().tideCommDebugDump(self._comms[r], buf, len(buf))
@@ -538,7 +589,7 @@ class LoopbackWorld:
             head = describe_pending(first["rank"], first)
         else:
             head = "no pending TIDE wait was found in the debug dumps"
-        where = f"the streams of ranks {stuck}" if per_rank else f"{len(stuck)} of {n_waited} streams"
+        where = f"the streams of ranks {stuck}" if stuck else f"{n_busy} of {n_waited} streams"
         if held:
             where = f"the collectives of ranks {stuck} (held on the host until every rank has called)"
         err = TideTimeoutError(
@@ -553,7 +604,11 @@ class LoopbackWorld:
         streams and every caller stream a call used (streams= / stream=). Waits for calls of other threads on this
         world to return; calls made afterwards fail with "LoopbackWorld is closed". A no-op once close() or abort()
         began (on any thread); an abort() on another thread while close() waits ends the wait, and the comms are
-        then released by the abort, not destroyed a second time."""
+        then released by the abort, not destroyed a second time.
+
+        A collective held on the host (eager graph route: some ranks called, the others not) can never complete once
+        close() began (no rank can call any more): close() does not wait for it, drops it with a warning naming the
+        ranks that held it (their outputs were never written) and frees everything as usual."""
         with self._teardown:
             if not self._comms or self._life.closed:
                 return
@@ -564,7 +619,18 @@ class LoopbackWorld:
             self._life.wait_others()  # no call records a caller-stream event after this
             waited = True
             every_rank = len(self._comms)
-            self._synchronize(timeout=60.0, also=self._fences.pending(), stop=lambda: len(self._aborted) == every_rank)
+
+            def stop():
+                return len(self._aborted) == every_rank
+
+            self._synchronize(timeout=60.0, also=self._fences.pending(), stop=stop, held=False)
+            held = self._held_ranks() if self._held_calls and not stop() else []
+            if held:
+                _log.warning(
+                    "LoopbackWorld.close(): dropping the collectives of ranks %s, held on the host for ranks that "
+                    "never made their matching call (eager graph route); their outputs were not written",
+                    held,
+                )
         finally:
             with self._teardown:
                 self._closing = False

@@ -197,7 +197,7 @@ def _known_side(name: str) -> bool:
     if name in SIDES:
         return True
     n = name[len("rs-share-drain"):] if name.startswith("rs-share-drain") else ""
-    return n.isdigit() and 1 <= int(n) <= 1024 and str(int(n)) == n
+    return n.isascii() and n.isdigit() and 1 <= int(n) <= 1024 and str(int(n)) == n  # "²".isdigit(), int() refuses it
 
 
 def parser() -> argparse.ArgumentParser:
