@@ -249,7 +249,8 @@ def fake_gpu_timing(monkeypatch):
     def sm_time(call, iters=3):
         call()
         calls.append("sm")
-        return {"n_kernels": 1.0, "kernel_us": 7.5, "n_memcpy": 0.0, "memcpy_us": 0.0, "kernel_names": {"k": 1}}
+        return {"n_kernels": 1.0, "kernel_us": 7.5, "n_memcpy": 0.0, "memcpy_us": 0.0, "local_copy_us": 0.0,
+                "sm_us": 7.5, "kernel_names": {"k": 1}}
 
     monkeypatch.setattr(gpu, "time_call_us", time_call_us)
     monkeypatch.setattr(gpu, "sm_time", sm_time)
