@@ -10,7 +10,8 @@ block and on the root, AdamW. Per variant: step time (CUDA events per step, medi
 kernels (split_with_sizes_copy copy-out, chunk_cat copy-in; also in us per step), copy-engine memcpy time, comm SM
 time (NCCL and TIDE kernels) from torch.profiler over --profile-steps steps, and memory: torch peak
 (torch.cuda.max_memory_allocated over the timed steps; with the pool's default alloc binder it includes the slots
-bound at that moment), TIDE slots (the tideSlotAlloc bytes TIDE holds, resident), and peak total (one more step
+bound at that moment), TIDE slots (the tideSlotAlloc bytes TIDE holds, resident; the JSON's torch_slot_GiB: pool
+slots in torch's own memory, already in the torch peak), and peak total (one more step
 under fsdp/_slot_pool.MemoryMeter: the maximum over the step of torch's allocated bytes plus the slot bytes torch
 does not count at that moment; stock: its torch peak). Compare peak total across variants: torch peak + TIDE slots
 double-counts the pool slots bound at torch's peak. Each variant starts after gc.collect() (FSDP2 modules are reference
@@ -320,7 +321,10 @@ def run_variant(variant: str, cfg: LlamaConfig, a, rank: int, world: int, device
         finally:
             _slot_pool.stop_meter()
         row["peak_total_GiB"] = meter.read() / 2**30
-        row["slot_GiB"] = _slot_pool.resident_bytes() / 2**30  # allocated now (trimmed slots not)
+        # allocated now (trimmed slots not): TIDE's own (tideSlotAlloc) bytes; a pool on torch memory (the torch
+        # binder at shard world size 1) is in torch's counters and reported apart
+        row["slot_GiB"] = _slot_pool.tide_resident_bytes() / 2**30
+        row["torch_slot_GiB"] = (_slot_pool.resident_bytes() - _slot_pool.tide_resident_bytes()) / 2**30
         if a.profile_steps > 0:
             row["profile"] = _profile(step, a.profile_steps)
             med_us = row["step_ms"]["median"] * 1e3
