@@ -6,6 +6,10 @@ rate, one point per implementation) to --out. Usage:
 
     python benchmarks/share.py --out DIR [--layouts llama3-8b-layer,llama3-70b-layer] [--ranks 8]
         [--link-gbps 370] [--runs 31] [--sides ag-share,rs-share,...] [--reduce-max-ctas N]
+        [--order gemm-after-first|side-first] [--incoming-source device|host] [--tag NAME]
+
+--order and --incoming-source are nccl_tide.perf.share's (its docstring says what each measures); --tag names the
+output files share_<layout>_<tag>.* so that several settings can be written side by side.
 
 Exit status: non-zero if a share produced a wrong result or a side failed (the others still run).
 """
@@ -36,13 +40,17 @@ def main(argv=None):
     ap.add_argument("--sides", default=",".join(share.DEFAULT_SIDES))
     ap.add_argument("--reduce-max-ctas", default="0")
     ap.add_argument("--piece-bytes", default="4M")
+    ap.add_argument("--order", default=share.ORDERS[0], choices=share.ORDERS)
+    ap.add_argument("--incoming-source", default=share.SOURCES[0], choices=share.SOURCES)
+    ap.add_argument("--tag", default="")
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     status = 0
     for layout in [x for x in a.layouts.split(",") if x]:
-        path = os.path.join(a.out, f"share_{layout}")
+        path = os.path.join(a.out, f"share_{layout}" + (f"_{a.tag}" if a.tag else ""))
         args = ["both", "--layout", layout, "--ranks", a.ranks, "--link-gbps", a.link_gbps, "--runs", a.runs,
                 "--sides", a.sides, "--reduce-max-ctas", a.reduce_max_ctas, "--piece-bytes", a.piece_bytes,
+                "--order", a.order, "--incoming-source", a.incoming_source,
                 "-J", path + ".json", "--plot", path + ".png"]
         print(f"=== tide-perf share {' '.join(args)}", flush=True)
         rc = share.main(args)

@@ -59,12 +59,15 @@ tideResult_t tideBenchReduceShape(const tideBenchReduceArgs_t* args, int* ctas, 
  * stream must not be NULL (the batch API rejects the legacy stream; the fallback could use SMs); nor for the pacer. */
 tideResult_t tideBenchCopy(int count, void* const* dst, const void* const* src, const size_t* bytes, void* stream);
 
-/* A link model: copies paced to bytesPerSecond without SMs. Each tideBenchPacedCopy call is one transfer: its
- * copies are cut into pieces of pieceBytes; before piece j the stream waits (cuStreamWaitValue32 on a word in
- * mapped host memory) until a host thread of the pacer releases it, at t0 + (bytes of pieces 0..j) / rate, where
- * t0 = max(when the stream reached the transfer's first piece (a stream write the thread observes), when the
- * previous transfer's last piece was released). So a piece lands only after its bytes could have crossed the link,
- * the link is never faster than the rate, and it idles while the receiver's stream is elsewhere. */
+/* A link model: copies paced to bytesPerSecond (the pacing uses no SM; same-device copies may themselves run on
+ * SMs). Each tideBenchPacedCopy call is one transfer: its copies are cut into pieces of pieceBytes; before piece j
+ * the stream waits (cuStreamWaitValue32 on a word in mapped host memory) until a host thread of the pacer releases
+ * it, at t0 + (bytes of pieces 0..j) / rate, where t0 = max(when the stream reached the transfer's first piece (a
+ * stream write the thread observes), when the previous transfer's last piece was released). So a piece lands only
+ * after its bytes could have crossed the link, the link is never faster than the rate, and it idles while the
+ * receiver's stream is elsewhere. Sources may be device memory or pinned host memory (then host-to-device copies).
+ * Pieces reach the pacer's thread one by one as they are enqueued, so a transfer of more pieces than the driver
+ * queues on one stream does not deadlock. */
 typedef struct tideBenchPacer* tideBenchPacer_t;
 tideResult_t tideBenchPacerCreate(double bytesPerSecond, size_t pieceBytes, tideBenchPacer_t* pacer);
 tideResult_t tideBenchPacedCopy(tideBenchPacer_t pacer, int count, void* const* dst, const void* const* src,

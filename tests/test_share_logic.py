@@ -258,7 +258,7 @@ def _cuda_built(B):
         raise
 
 
-def _rule_ctas(n_src, in_size, out_size, prev, link_gbps=370.0, sms=132, cta_gbps=70.0, max_paced=32, headroom=1.25):
+def _rule_ctas(n_src, in_size, out_size, prev, link_gbps=370.0, sms=132, cta_gbps=94.0, max_paced=32, headroom=1.25):
     """reduce_kernel.h's CTA cap, restated: paced to the link (with headroom) when anything arrives, else the whole
     GPU."""
     per, incoming = n_src * in_size + out_size + (4 if prev else 0), (n_src - 1) * in_size + (4 if prev else 0)
@@ -277,13 +277,14 @@ def test_reduce_shape_rule(native):
     sh = B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096))
     traffic = n * (2 * W + 4)
     assert sh["bytes"] == traffic and sh["vector"] and sh["threads"] == 512
-    # 8 bf16 inputs -> fp32 at 370 GB/s: 529 GB/s of reduce traffic, x 1.25 headroom, 10 CTAs of 70 GB/s.
-    assert sh["ctas"] == _rule_ctas(W, 2, 4, False) == 10
+    # 8 bf16 inputs -> fp32 at 370 GB/s: 529 GB/s of reduce traffic, x 1.25 headroom = 661 GB/s, 8 CTAs of
+    # kReduceCtaGBps = 94 GB/s (session 17's per-CTA figure at 8 CTAs; 10 CTAs with session 15's 70).
+    assert sh["ctas"] == _rule_ctas(W, 2, 4, False) == 8
     units, per_cta = n // 8, (2 << 20) // (8 * 20)  # 8-element vectors; whole vectors in about 2 MiB
-    assert sh["launches"] == math.ceil(math.ceil(units / per_cta) / 10) == 9  # 81 CTAs of <= 2 MiB, 10 at a time
+    assert sh["launches"] == math.ceil(math.ceil(units / per_cta) / 8) == 11  # 81 CTAs of <= 2 MiB, 8 at a time
     # Huge: the launches per chunk are capped at 16 (CTAs then move more than 2 MiB each).
     sh = B.reduce_shape(B.reduce_args(256, (64 << 20) * 2, W, 64 << 20, 4096))
-    assert (sh["ctas"], sh["launches"]) == (10, 16)
+    assert (sh["ctas"], sh["launches"]) == (8, 16)
     # A small chunk: one CTA, one launch.
     sh = B.reduce_shape(B.reduce_args(256, 4096 * 2, W, 4096, 4096))
     assert (sh["ctas"], sh["launches"]) == (1, 1)
@@ -291,11 +292,11 @@ def test_reduce_shape_rule(native):
     n = 200_000
     sh = B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096))
     need = math.ceil(n * 20 / (8 * 20) / ((2 << 20) // (8 * 20)))
-    assert sh["ctas"] == min(10, need) and sh["ctas"] * sh["launches"] >= need
+    assert sh["ctas"] == min(8, need) and sh["ctas"] * sh["launches"] >= need
     # Two inputs: more reduce traffic per incoming byte (fp32 output), so more CTAs; a running sum (prev) arrives too.
     n = 8 << 20
-    assert B.reduce_shape(B.reduce_args(256, n * 2, 2, n, 4096))["ctas"] == _rule_ctas(2, 2, 4, False) == 27
-    assert B.reduce_shape(B.reduce_args(256, n * 2, 2, n, 4096, prev=8192))["ctas"] == _rule_ctas(2, 2, 4, True)
+    assert B.reduce_shape(B.reduce_args(256, n * 2, 2, n, 4096))["ctas"] == _rule_ctas(2, 2, 4, False) == 20
+    assert B.reduce_shape(B.reduce_args(256, n * 2, 2, n, 4096, prev=8192))["ctas"] == _rule_ctas(2, 2, 4, True) == 10
     # One input, no running sum (world size 1): nothing arrives, nothing paces it: the whole GPU.
     n = 64 << 20
     sh = B.reduce_shape(B.reduce_args(256, n * 2, 1, n, 4096))
@@ -323,15 +324,15 @@ def test_reduce_shape_deadline_and_drain(native):
     W, n = 8, 8 << 20
     own_incoming = n * 2 * (W - 1)
     base = B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096))["ctas"]
-    assert B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=own_incoming))["ctas"] == base == 10
-    # A next chunk of a third of the size arrives three times sooner: three times the rate, 29 CTAs.
+    assert B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=own_incoming))["ctas"] == base == 8
+    # A next chunk of a third of the size arrives three times sooner: three times the rate, 22 CTAs.
     short = B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=own_incoming // 3))["ctas"]
-    assert short == math.ceil(1.25 * 370 * n * 20 / (own_incoming // 3) / 70) == 29
+    assert short == math.ceil(1.25 * 370 * n * 20 / (own_incoming // 3) / 94) == 22
     # Tiny next chunk: capped at the paced maximum; nothing after it: the drain, the same cap.
     assert B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=4096))["ctas"] == min(32, _sm_count())
     assert B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=0))["ctas"] == min(32, _sm_count())
     # A larger next chunk leaves more time: fewer CTAs.
-    assert B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=own_incoming * 4))["ctas"] == 3
+    assert B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=own_incoming * 4))["ctas"] == 2
     # A world of one rank stays unpaced whatever follows.
     big = 64 << 20
     assert B.reduce_shape(B.reduce_args(256, big * 2, 1, big, 4096, following_bytes=0))["ctas"] == _sm_count()
@@ -352,7 +353,8 @@ def _sm_count():
 
 
 def test_reduce_shape_follows_nccl_tide_link_gbps(native):
-    """NCCL_TIDE_LINK_GBPS sets the pace: twice the rate, twice the CTAs; an invalid value is refused by name."""
+    """NCCL_TIDE_LINK_GBPS sets the pace: twice the rate, about twice the CTAs (8 -> 15); an invalid value is
+    refused by name."""
     import subprocess
     import sys
 
@@ -369,7 +371,7 @@ def test_reduce_shape_follows_nccl_tide_link_gbps(native):
         env["NCCL_TIDE_LINK_GBPS"] = v
         got[v] = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                                 timeout=120).stdout.strip()
-    assert got["740"] == str(_rule_ctas(8, 2, 4, False, link_gbps=740)) == "19"
+    assert got["740"] == str(_rule_ctas(8, 2, 4, False, link_gbps=740)) == "15"
     assert got["20"] == "1"
     assert got["fast"].startswith("ERR") and "NCCL_TIDE_LINK_GBPS" in got["fast"], got["fast"]
 
@@ -408,6 +410,9 @@ class _FakeEvent:
     def elapsed_time(self, other):
         return (other.t - self.t) * 1e3
 
+    def query(self):
+        return False  # the stand-in "GPU" runs nothing before synchronize: the host is never late
+
 
 def _bf16_at(addr, n):
     import ctypes as C
@@ -426,7 +431,8 @@ def _fold_into(args):
     np.ctypeslib.as_array((C.c_float * n).from_address(args.out))[:] = acc
 
 
-def test_share_run_end_to_end_with_host_stand_ins(monkeypatch, tmp_path, native):
+@pytest.mark.parametrize("order,source", [("gemm-after-first", "device"), ("side-first", "host")])
+def test_share_run_end_to_end_with_host_stand_ins(monkeypatch, tmp_path, native, order, source):
     torch = pytest.importorskip("torch")
     import ctypes as C
     import json
@@ -451,6 +457,9 @@ def test_share_run_end_to_end_with_host_stand_ins(monkeypatch, tmp_path, native)
 
         def sleep_ms(self, ms, stream=None):
             pass
+
+        def images(self, n, seed, source):
+            return self.rand(n, torch.bfloat16, seed)  # no pinned memory without CUDA; the plans are the same
 
     def fake_copy(copies, stream):
         for dst, src, nb in copies:
@@ -495,7 +504,7 @@ def test_share_run_end_to_end_with_host_stand_ins(monkeypatch, tmp_path, native)
     out = tmp_path / "share.json"
     sides = "ag-share,ag-share-unpaced,rs-share,rs-share-unpaced,nccl-like-16,nccl-like-32"
     rc = share.main(["both", "--ranks", "4", "--layout", "tiny-test-layer", "--runs", "3", "--sides", sides,
-                     "--rs-chunk-bytes", "4096", "-J", str(out)])
+                     "--rs-chunk-bytes", "4096", "--order", order, "--incoming-source", source, "-J", str(out)])
     res = json.loads(out.read_text())
     assert not res["errors"], res["errors"]
     assert rc == 0
@@ -505,9 +514,19 @@ def test_share_run_end_to_end_with_host_stand_ins(monkeypatch, tmp_path, native)
     for name, d in by.items():
         assert d["check"]["ok"], (name, d["check"])
         assert d["with_ms"]["n"] == 3 and d["k_units"] >= 3 and d["hbm_GBps"] > 0
+        assert d["valid_runs"] == 3 and d["gemm_late_runs"] == 0 and d["order"] == order
     assert by["rs-share"]["link_floor_ms"] > 0 and "e2e_over_floor" in by["rs-share"]
     assert by["ag-share"]["sm"]["sm_weighted_us"] == pytest.approx(5.0 * 4 / 132 / 3)  # one stand-in kernel per 3 units
     assert released and kernels
+    assert res["order"] == order and res["incoming_source"] == source
+    tag = ", incoming from host" if source == "host" else ""
+    assert by["ag-share"]["name"] == "TIDE-AG share" + tag and by["rs-share"]["name"] == "TIDE-RS share" + tag
+    # HBM model: incoming bytes count twice from device images (read + write), once from host images (write)
+    from nccl_tide import Layout
+
+    numels, rows = models.numels_and_rows(models.model_params("tiny-test-layer"))
+    own = sum(p.shard_numel * p.elem_size for p in Layout(numels, "bf16", 4, rank=0, row_numels=rows).params)
+    assert by["ag-share"]["hbm_bytes_per_unit"] == (2 * own + (2 if source == "device" else 1) * 3 * own)
     assert {r["metric"] for r in res["summary"]} >= {"GEMM slowdown beside TIDE-AG share",
                                                      "RS SM time (occupancy-weighted): 32-CTA baseline / TIDE share"}
 

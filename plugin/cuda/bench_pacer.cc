@@ -37,6 +37,15 @@ double usBetween(Clock::time_point a, Clock::time_point b) {
 
 }  // namespace
 
+void LinkPacer::releaseUpTo(uint32_t id) {
+  // Never backwards: after a failed enqueue has released a whole transfer, the thread still releases that
+  // transfer's earlier pieces one by one, and lowering the word would block a wait it had already let pass.
+  uint32_t cur = __atomic_load_n(host_ + kReleased, __ATOMIC_ACQUIRE);
+  while (!reached(cur, id) &&
+         !__atomic_compare_exchange_n(host_ + kReleased, &cur, id, false, __ATOMIC_RELEASE, __ATOMIC_ACQUIRE)) {
+  }
+}
+
 LinkPacer::~LinkPacer() {
   shutdown();
   if (host_ != nullptr) {
@@ -93,33 +102,41 @@ tideResult_t LinkPacer::pacedCopy(int count, void* const* dst, const void* const
     sizes.push_back(curBytes);
   }
   if (lists.empty()) return tideSuccess;
-  std::vector<Piece> pieces;
+  // One transfer at a time (callers on several threads): the thread's queue must hold the ids in increasing order,
+  // since a release is one monotonic word.
+  std::lock_guard<std::mutex> transferLock(transferMu_);
+  // Each piece is handed to the thread as soon as its wait and copy are on the stream, not after the whole
+  // transfer: an enqueue can block once the stream holds as many operations as the driver queues for it (a few
+  // hundred pieces: a Llama-70B layer's AG share is 354 pieces of 4 MiB), and a stream blocked on a piece that the
+  // thread has not been told about would never drain (the 1 MiB-piece run of session 17 hung so). The ids are
+  // taken under the lock for the whole transfer, so no other transfer's pieces interleave with this one's.
+  uint32_t firstId = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return fail(tideInvalidUsage, "Bench", "pacedCopy: the pacer is shut down");
-    for (size_t j = 0; j < lists.size(); ++j) pieces.push_back(Piece{++nextId_, sizes[j], j == 0});
+    firstId = nextId_ + 1;
+    nextId_ += static_cast<uint32_t>(lists.size());
   }
-  // Enqueue outside the lock; the thread only sees the pieces once they are all on the stream, so it never
-  // releases a piece whose wait is not enqueued yet (harmless anyway: GEQ waits).
   for (size_t j = 0; j < lists.size(); ++j) {
+    const Piece p{firstId + static_cast<uint32_t>(j), sizes[j], j == 0};
     std::vector<FlagOp> ops;
-    if (pieces[j].start) ops.push_back({FlagOp::kWrite, dev_ + kArrived, pieces[j].id});
-    ops.push_back({FlagOp::kWait, dev_ + kReleased, pieces[j].id});
+    if (p.start) ops.push_back({FlagOp::kWrite, dev_ + kArrived, p.id});
+    ops.push_back({FlagOp::kWait, dev_ + kReleased, p.id});
     tideResult_t r = enqueueFlagOps(stream, ops);
     if (r == tideSuccess) r = lists[j].enqueue(stream, device);
     if (r != tideSuccess) {
-      // The stream may hold waits for pieces the thread will never see: release them all now.
+      // The stream may hold waits for pieces the thread will never see: release them all now (GEQ waits).
       std::lock_guard<std::mutex> lock(mu_);
-      __atomic_store_n(host_ + kReleased, pieces.back().id, __ATOMIC_RELEASE);
+      releaseUpTo(firstId + static_cast<uint32_t>(lists.size()) - 1);
       return r;
     }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(p);
+      ++enqueued_;
+    }
+    cv_.notify_all();
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const Piece& p : pieces) queue_.push_back(p);
-    enqueued_ += pieces.size();
-  }
-  cv_.notify_all();
   return tideSuccess;
 }
 
@@ -158,7 +175,7 @@ void LinkPacer::run() {
       if (__atomic_load_n(&stop_, __ATOMIC_RELAXED)) stopping = true;
     }
     const Clock::time_point at = Clock::now();
-    __atomic_store_n(host_ + kReleased, p.id, __ATOMIC_RELEASE);
+    releaseUpTo(p.id);
     linkFree = due;
     lock.lock();
     if (!queue_.empty()) queue_.pop_front();
@@ -167,7 +184,7 @@ void LinkPacer::run() {
     if (stopping || stop_) break;
   }
   // Let every enqueued wait pass, so that no stream stays blocked on a pacer that is gone.
-  __atomic_store_n(host_ + kReleased, nextId_, __ATOMIC_RELEASE);
+  releaseUpTo(nextId_);
 }
 
 void LinkPacer::stats(double* out, int count) {
@@ -181,7 +198,7 @@ void LinkPacer::shutdown() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     __atomic_store_n(&stop_, true, __ATOMIC_RELAXED);
-    if (host_ != nullptr) __atomic_store_n(host_ + kReleased, nextId_, __ATOMIC_RELEASE);
+    if (host_ != nullptr) releaseUpTo(nextId_);
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();

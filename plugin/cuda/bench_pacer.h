@@ -1,6 +1,8 @@
 // The link model of the single-GPU "one rank's share" benchmark (include/tide_bench.h, issue 16): copy-engine copies
-// paced to a byte rate by stream waits on words in mapped host memory that a host thread releases on time. No SM
-// is used: the waits and the arrival write are stream memory operations, the copies the hinted batch API.
+// paced to a byte rate by stream waits on words in mapped host memory that a host thread releases on time. The pacer
+// runs nothing on the SMs (the waits and the arrival write are stream memory operations, the copies the hinted batch
+// API); the copies themselves, when same-device, ran as SM kernels on the H200 (session 19: they wait behind a
+// kernel that holds every SM); from pinned host memory they are copy-engine work (nccl_tide.perf.share docstring).
 #ifndef TIDE_CUDA_BENCH_PACER_H_
 #define TIDE_CUDA_BENCH_PACER_H_
 
@@ -41,12 +43,14 @@ class LinkPacer {
     bool start;  // first piece of a transfer
   };
   void run();
+  void releaseUpTo(uint32_t id);  // raises the release word to id (cyclic order), never lowers it
 
   const double rate_;
   const size_t piece_;
   uint32_t* host_ = nullptr;  // [0] released (host writes), [16] arrived (the stream writes): separate lines
   uint32_t* dev_ = nullptr;   // the same words as device pointers
   std::thread thread_;
+  std::mutex transferMu_;  // held by pacedCopy for a whole transfer
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Piece> queue_;

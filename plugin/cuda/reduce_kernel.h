@@ -74,10 +74,14 @@ struct ReducePace {
 // units are split evenly over ctas * launches CTAs. So at most maxCtas SMs are held at a time, and a CTA moves about
 // ctaBytes (more only for chunks above maxCtas * kReduceMaxLaunches * ctaBytes of traffic) and exits. An explicit
 // maxCtas > 0 replaces the paced/unpaced choice (benchmarks, tests). Example: W = 8 bf16 inputs -> fp32 at 370
-// GB/s: T/I = 20/14, 529 GB/s to keep pace, 661 GB/s with the headroom, 10 CTAs. Bit-exactness does not depend on
+// GB/s: T/I = 20/14, 529 GB/s to keep pace, 661 GB/s with the headroom, 8 CTAs. Bit-exactness does not depend on
 // the shape: each element is folded by one thread in the fixed order.
-constexpr double kReduceCtaGBps = 70.0;  // one 512-thread CTA of the register kernel, bf16 x 8 -> fp32, on an H200:
-                                         // 66-81 GB/s from 1 to 32 CTAs (benchmarks/RESULTS.md, sm_bandwidth)
+// One 512-thread CTA of the kernel (op and few/many sources compiled, 0ecdb54), bf16 x 8 -> fp32 on an H200,
+// session 17 run 4 (benchmarks/RESULTS.md, sm_bandwidth): 102.4 GB/s at 1 CTA, 98.8 at 4, 94.2 at 8, 88.9 at 16,
+// 78.7 at 32. The rule's paced grids are 8 CTAs for 8 inputs at 370 GB/s (7-10 for W = 4..8), so the rate is the
+// 8-CTA figure, rounded down: 8 x 94.2 = 754 GB/s against the 661 asked. Larger grids (a short next chunk, up to
+// the cap of 32) get up to 16% less per CTA than assumed, inside the 1.25 headroom. (Session 15's kernel: 70.)
+constexpr double kReduceCtaGBps = 94.0;
 // The reduce of chunk k must end before chunk k+1 has arrived, or it becomes the pipeline's bottleneck; and the
 // last chunk's reduce is a drain after the last byte arrived. Exactly the arrival rate left one rank's share at
 // 1.49x the link floor (session 15): a quarter more.

@@ -1,7 +1,8 @@
 """One rank's share (issue 16): on one GPU, exactly what ONE GPU of a W-rank node does during TIDE-AG / TIDE-RS.
 
     tide-perf share [all_gather|reduce_scatter|both] [--ranks 8] [--layout llama3-8b-layer] [--link-gbps 370]
-                    [--piece-bytes 4M] [--runs 31] [--sides LIST] [-J FILE.json] [--plot FILE.png]
+                    [--piece-bytes 4M] [--runs 31] [--sides LIST] [--order gemm-after-first|side-first]
+                    [--incoming-source device|host] [-J FILE.json] [--plot FILE.png]
 
 Loopback-8 puts all eight ranks' copies through one GPU's HBM, which overstates what one GPU of a node sees. Here
 the GPU holds rank 0's real buffers plus pre-staged images of the other ranks' data, and runs rank 0's part only:
@@ -10,18 +11,36 @@ the GPU holds rank 0's real buffers plus pre-staged images of the other ranks' d
 * RS: per pipeline chunk, the W-1 incoming chunk pushes into rank 0's staging (paced) and rank 0's own push
   (local, unpaced), then rank 0's reduce with the library's own kernel and shape rule (tideBenchReduce), two
   staging buffers as the plan has them, a push into a buffer waiting for the reduce that frees it.
-Pacing (tideBenchPacedCopy): copy-engine copies cut into pieces, each gated by a stream wait on a host-memory word
-that a host thread releases when the piece's bytes could have crossed a link of --link-gbps (aggregate over the
-W-1 peers); no SM runs for it. HBM traffic matches the node: an incoming copy here reads an image and writes rank
-0's buffer (2 bytes of HBM traffic per byte), where on the node the peer's write lands in rank 0's HBM and rank
+Pacing (tideBenchPacedCopy): copies cut into pieces, each gated by a stream wait on a host-memory word that a host
+thread releases when the piece's bytes could have crossed a link of --link-gbps (aggregate over the W-1 peers); the
+pacer itself runs nothing on the SMs. HBM traffic matches the node: an incoming copy here reads an image and writes
+rank 0's buffer (2 bytes of HBM traffic per byte), where on the node the peer's write lands in rank 0's HBM and rank
 0's own outgoing pushes read it (also 2 per byte); what is not modelled is the NVLink port itself.
 
+Where the incoming copies run (--incoming-source), measured on the H200 (session 19,
+benchmarks/data/h200-share-diag-session19.txt): a same-device copy, even the hinted cudaMemcpyBatchAsync, runs as
+an SM kernel and waits behind a kernel that holds every SM (a 256 MiB copy issued during a full-GPU GEMM ended when
+the GEMM ended). So with "device" images (the default, comparable with sessions 15-18) the pieces released during a
+single-wave GEMM stall until it ends: the GEMM sees almost none of their HBM traffic, which on a node (peer writes
+through NVLink, no receiver SM) it would. With "host" images (pinned host memory) the pieces are host-to-device
+copies, copy-engine work that runs beside the GEMM as NVLink writes would, costing rank 0 only the HBM write (1 byte
+per byte; the outgoing pushes' reads are then not modelled); but they arrive at most at the host link's rate (about
+52 GB/s on the H200's PCIe, 7x below 370), so the unit takes far longer than the link floor and the HBM rate beside
+the GEMM is that much lower. Neither is a node; the two bracket it: device = right bytes, wrong overlap; host =
+right overlap, too few bytes per second. Compare both before trusting a GEMM slowdown below ~1.1x.
+
 Measured, per side work, with the method of DESIGN.md section 9 (side streams busy before the GEMM starts and past
-its end, covered-runs count, median and IQR over --runs >= 31): the single-wave GEMM's slowdown; the side work's
-time alone (end to end, against the link-rate floor (W-1)/W x bytes / rate), its modelled HBM bytes/s, and its SM
-time weighted by occupancy (sum over kernels of duration x min(1, CTAs / SMs), torch.profiler); the GEMM's kernel,
-grid and cluster shape. Controls in the same run: GEMM alone (before and after), an NCCL-like persistent reduce of
-16 and 32 CTAs paced to the same link time (tideBenchPersistentReduce), the unpaced share, loopback-8 (upper bound).
+its end; median and IQR over --runs >= 31 runs that met it): the single-wave GEMM's slowdown; the side work's time
+alone (end to end, against the link-rate floor (W-1)/W x bytes / rate), its modelled HBM bytes/s, and its SM time
+weighted by occupancy (sum over kernels of duration x min(1, CTAs / SMs), torch.profiler); the GEMM's kernel, grid
+and cluster shape. A run meets the method when the side work outlasted the GEMM, the GEMM was enqueued before the
+GPU left the gate (a sleep on a head stream), and the side's stream never ran dry between units. The GEMM is
+enqueued right after the first side unit (--order gemm-after-first): a paced Llama-70B share is about 700 stream
+operations per unit and the driver queues about 1,020 per stream, so with the GEMM after all K = 3 units (the
+side-first order of sessions 15-18) the host blocked in the side's enqueue, the GEMM went onto its stream after the
+GPU had started, in every run, and its events timed host latency too: 2.3x instead of 1.06x (same session-19 run).
+Controls in the same run: GEMM alone (before and after), an NCCL-like persistent reduce of 16 and 32 CTAs paced to
+the same link time (tideBenchPersistentReduce), the unpaced share, loopback-8 (upper bound).
 """
 
 import argparse
@@ -38,6 +57,8 @@ SIDES = ("ag-share", "ag-share-unpaced", "rs-share", "rs-share-unpaced", "nccl-l
 DEFAULT_SIDES = SIDES
 MIN_RUNS = 31  # DESIGN.md section 9 / issue 16: median and IQR over at least 31 runs
 GEMM_MKN = (1024, 4096, 16384)
+ORDERS = ("gemm-after-first", "side-first")  # Harness.beside: where the GEMM is enqueued (DESIGN.md section 9)
+SOURCES = ("device", "host")  # where the images of the other ranks' data live (--incoming-source)
 SLEEP_CYCLES_PER_MS = 2_000_000  # torch.cuda._sleep cycles per ms at H200 clocks (approximate)
 
 
@@ -87,6 +108,13 @@ def cut_pieces(sizes: Sequence[int], piece: int) -> List[int]:
     if piece <= 0:
         raise ValueError("piece must be > 0")
     return [piece] * (total // piece) + ([total % piece] if total % piece else [])
+
+
+def paced_stream_ops(transfers: Sequence[Sequence[int]], piece: int) -> int:
+    """Stream operations the pacer enqueues for these transfers (each a list of copy sizes): per piece a flag wait
+    and a copy batch, per transfer one arrival write (plugin/cuda/bench_pacer.cc). The driver queues a bounded
+    number per stream; past it the enqueueing host thread blocks until the GPU has drained some."""
+    return sum(2 * len(p) + 1 for p in (cut_pieces(t, piece) for t in transfers) if p)
 
 
 def occupancy_weighted_us(kernels: Sequence[Tuple[float, int]], n_sm: int) -> float:
@@ -174,6 +202,41 @@ def rs_chunk_plan(params, world: int, chunk: int, out_numel: int, grad_ptrs: Seq
     return plans, nb
 
 
+def beside_summary(runs: dict, base_ms: float) -> dict:
+    """The GEMM's figures from Harness.beside's per-run lists, against its median time alone (base_ms). The
+    slowdown is the median over the runs that met the method (run_valid: the side work outlasted the GEMM, the
+    GEMM was enqueued before the GPU started, the side's stream never ran dry between units); slowdown_all keeps
+    every run. With no valid run the figures fall back to all runs and valid_runs says 0."""
+    if not base_ms > 0:
+        raise ValueError("base_ms must be > 0")
+    times = [float(x) for x in runs["times"]]
+    n = len(times)
+    for key in ("margins", "gemm_late", "side_gap", "run_valid"):
+        if len(runs[key]) != n:
+            raise ValueError(f"runs[{key!r}] has {len(runs[key])} entries, times has {n}")
+    valid = [x for x, ok in zip(times, runs["run_valid"]) if ok]
+    st = stats(valid if valid else times)
+    return {"with_ms": st, "slowdown": st["median"] / base_ms, "slowdown_p25": st["p25"] / base_ms,
+            "slowdown_p75": st["p75"] / base_ms, "slowdown_all": statistics.median(times) / base_ms if times else None,
+            "covered_runs": sum(m > 0 for m in runs["margins"]), "gemm_late_runs": sum(map(bool, runs["gemm_late"])),
+            "side_gap_runs": sum(map(bool, runs["side_gap"])), "valid_runs": len(valid),
+            "margin_ms": stats(runs["margins"])}
+
+
+def source_tag(source: str) -> str:
+    if source not in SOURCES:
+        raise ValueError(f"incoming source must be one of {', '.join(SOURCES)}, got {source!r}")
+    return "" if source == "device" else ", incoming from host"
+
+
+def incoming_hbm_bytes(own_bytes: int, incoming_bytes: int, source: str) -> int:
+    """This GPU's modelled HBM traffic of a share's copies. Own copies read and write it (2 per byte). Incoming
+    from "device" images: read + write (2 per byte: the stand-in for the peer's write plus rank 0's own outgoing
+    pushes reading its data, which the share does not issue); from "host": the write alone (1 per byte)."""
+    source_tag(source)
+    return 2 * int(own_bytes) + (2 if source == "device" else 1) * int(incoming_bytes)
+
+
 def validate(a) -> Optional[str]:
     """The first problem with the arguments, or None."""
     if not a.link_gbps > 0 or not math.isfinite(a.link_gbps):
@@ -187,6 +250,10 @@ def validate(a) -> Optional[str]:
     bad = [s for s in a.sides if not _known_side(s)]
     if bad:
         return f"unknown --sides {', '.join(bad)}; choose from {', '.join(SIDES)}, rs-share-drainN (N = 1..1024)"
+    if a.incoming_source not in SOURCES:
+        return f"--incoming-source must be one of {', '.join(SOURCES)}, got {a.incoming_source}"
+    if a.order not in ORDERS:
+        return f"--order must be one of {', '.join(ORDERS)}, got {a.order}"
     if a.collective not in ("all_gather", "reduce_scatter", "both"):
         return f"collective must be all_gather, reduce_scatter or both, got {a.collective}"
     return None
@@ -216,6 +283,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--reduce-max-ctas", type=int, default=0, help="override the reduce rule's CTA cap (0: library's)")
     p.add_argument("--reduce-cta-bytes", type=parse_bytes, default=0, help="override the rule's bytes per CTA")
     p.add_argument("--rs-chunk-bytes", type=parse_bytes, default=0, help="layout RS chunk (0: the library's)")
+    p.add_argument("--order", default=ORDERS[0], help="gemm-after-first (default): unit 1, the GEMM, the other units; "
+                   "side-first: every unit, then the GEMM (sessions 15-18; the host can fall behind the GPU)")
+    p.add_argument("--incoming-source", default=SOURCES[0],
+                   help="device (default): incoming pushes copy from images in this GPU's HBM; host: from pinned "
+                   "host memory (copy engines, at most the host link's rate)")
     p.add_argument("--check", type=int, default=1, help="1: verify the share's outputs bit for bit")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("-J", "--output_file", default=None)
@@ -249,6 +321,16 @@ class _Gpu:
         (s,), _release = new_streams(1, self.dev.index)
         return s
 
+    def images(self, n, seed, source):
+        """The other ranks' data: n random bf16 on this GPU (source "device") or in pinned host memory ("host":
+        incoming copies are then host-to-device, copy-engine work, see the module docstring)."""
+        x = self.rand(n, self.torch.bfloat16, seed)
+        if source == "device":
+            return x
+        h = self.torch.empty(n, dtype=self.torch.bfloat16, pin_memory=True)
+        h.copy_(x)
+        return h
+
     def sleep_ms(self, ms, stream=None):
         with self.torch.cuda.stream(stream or self.torch.cuda.current_stream()):
             self.torch.cuda._sleep(int(max(ms, 0.05) * SLEEP_CYCLES_PER_MS))
@@ -275,25 +357,24 @@ class Side:
 
 
 class AgShare(Side):
-    def __init__(self, g: _Gpu, lay, world, pacer, seed):
+    def __init__(self, g: _Gpu, lay, world, pacer, seed, source="device"):
         from .. import _bench as B
 
         t = g.torch
-        self.B, self.g, self.pacer = B, g, pacer
-        self.name = "TIDE-AG share" + ("" if pacer else " (unpaced)")
+        self.B, self.g, self.pacer, self.source = B, g, pacer, source
+        self.name = "TIDE-AG share" + ("" if pacer else " (unpaced)") + source_tag(source)
         self.tide = True
         self.world = world
         send_elems = lay.send_bytes // 2
         self.send = g.rand(send_elems, t.bfloat16, seed)
-        self.images = g.rand((world - 1) * send_elems, t.bfloat16, seed + 1)
+        self.images = g.images((world - 1) * send_elems, seed + 1, source)
         self.slot = t.empty(lay.slot_bytes, dtype=t.uint8, device=g.dev)
         ib = self.images.data_ptr()
         self.own, self.incoming = ag_plan(lay.params, world, lambda s: ib + (s - 1) * send_elems * 2,
                                           self.send.data_ptr(), self.slot.data_ptr())
         self.s_in, self.s_own = g.stream(), g.stream()
         self.streams = [self.s_in, self.s_own]
-        moved = sum(c[2] for c in self.own) + sum(c[2] for c in self.incoming)
-        self.bytes = 2 * moved
+        self.bytes = incoming_hbm_bytes(sum(c[2] for c in self.own), sum(c[2] for c in self.incoming), source)
         self.floor_s = sum(c[2] for c in self.incoming) / (pacer.gbps * 1e9) if pacer else None
         self.incoming_bytes = sum(c[2] for c in self.incoming)
         self.lay = lay
@@ -315,7 +396,7 @@ class AgShare(Side):
         t.cuda.synchronize()
         wrong = 0
         send_b = self.send.view(t.uint8)
-        img_b = self.images.view(t.uint8)
+        img_b = self.images.view(t.uint8).to(self.g.dev)
         per = self.lay.send_bytes
         for p in self.lay.params:
             sb = p.shard_numel * p.elem_size
@@ -331,16 +412,18 @@ class RsShare(Side):
     """drain_ctas > 0: the last reduce (the drain) on that many CTAs instead of the rule's cap (the `rs-share-drainN`
     sides: what a different drain cap in the library would do, measured beside the rule in the same run)."""
 
-    def __init__(self, g: _Gpu, lay, world, pacer, seed, shapes, max_ctas=0, cta_bytes=0, drain_ctas=0):
+    def __init__(self, g: _Gpu, lay, world, pacer, seed, shapes, max_ctas=0, cta_bytes=0, drain_ctas=0,
+                 source="device"):
         from .. import _bench as B
 
         t = g.torch
-        self.B, self.g, self.pacer, self.lay, self.world = B, g, pacer, lay, world
-        self.name = "TIDE-RS share" + ("" if pacer else " (unpaced)") + (f", drain {drain_ctas} CTAs" if drain_ctas else "")
+        self.B, self.g, self.pacer, self.lay, self.world, self.source = B, g, pacer, lay, world, source
+        drain = f", drain {drain_ctas} CTAs" if drain_ctas else ""
+        self.name = "TIDE-RS share" + ("" if pacer else " (unpaced)") + drain + source_tag(source)
         self.tide = True
         M = lay.rs_out_numel
         self.grads = [g.rand(math.prod(s), t.bfloat16, seed + 100 + i) for i, s in enumerate(shapes)]
-        self.images = g.rand((world - 1) * M, t.bfloat16, seed + 7)
+        self.images = g.images((world - 1) * M, seed + 7, source)
         chunk = lay.rs_chunk_numel
         n_chunks = lay.rs_num_chunks
         nb = 2 if n_chunks > 1 else 1
@@ -372,7 +455,7 @@ class RsShare(Side):
         self.incoming_bytes = sum(sum(c[2] for c in inc) for _, inc, _ in self.plans)
         own_bytes = sum(sum(c[2] for c in own) for own, _, _ in self.plans)
         red_bytes = sum(sh["bytes"] for sh in self.shapes)
-        self.bytes = 2 * (self.incoming_bytes + own_bytes) + red_bytes
+        self.bytes = incoming_hbm_bytes(own_bytes, self.incoming_bytes, source) + red_bytes
         self.floor_s = self.incoming_bytes / (pacer.gbps * 1e9) if pacer else None
 
     def unit(self):
@@ -409,7 +492,7 @@ class RsShare(Side):
             own[p.rs_out_offset:p.rs_out_offset + k] = gr[:k]
         ref = own.float()
         for s in range(1, W):
-            ref = ref + self.images[(s - 1) * M:s * M].float()  # ((x0 + x1) + x2) + ...: the tide.h order
+            ref = ref + self.images[(s - 1) * M:s * M].to(self.g.dev).float()  # ((x0 + x1) + x2) + ...: tide.h's order
         nan = int(t.isnan(self.out).sum())
         exact = bool(t.equal(self.out, ref))
         return {"bit_exact": exact, "nan": nan, "max_abs_diff": float((self.out - ref).abs().max()),
@@ -624,46 +707,85 @@ class Harness:
             times.append(a.elapsed_time(b))
         return stats(times), statistics.median(host)
 
-    def beside(self, side: Side, k: int, host_ms: float):
-        t, times, margins = self.g.torch, [], []
+    def beside(self, side: Side, k: int, host_ms: float, order: str = "gemm-after-first") -> dict:
+        """GEMM runs beside K side units: per run its time (events around it on its own stream), the margin by
+        which the side work outlasted it, and whether the run met the method (run_valid). The GPU is held behind a
+        sleep on the head stream while the host enqueues; the GEMM waits for the end of the first unit.
+
+        order "gemm-after-first" (the default): unit 1, the GEMM, then units 2..K. The GEMM is on its stream
+        before anything can run, whatever the rest of the side work costs the host. "side-first" (sessions 15-18):
+        all K units, then the GEMM. Issue 16: a paced Llama-70B share is ~700 stream operations per unit (354
+        pieces of 4 MiB, each a flag wait and a copy batch); K = 3 units exceed what the driver queues on one
+        stream, so enqueueing blocks until the GPU has drained enough of it, and the GEMM was enqueued only
+        after the GPU had started, at a point the method does not control (gemm_late below)."""
+        t = self.g.torch
         sleep = 1.0 + 1.5 * k * host_ms  # the whole side work and the GEMM are enqueued before anything runs
+        out = {"times": [], "margins": [], "gemm_late": [], "side_gap": []}
         for _ in range(self.runs):
             t.cuda.synchronize()
             self.g.sleep_ms(sleep, self.head)
+            started = t.cuda.Event()  # reached once the GPU is past the gate: nothing may have run before
+            started.record(self.head)
             s0 = side.streams[0]
             s0.wait_stream(self.head)
             side.unit()
             first = t.cuda.Event()
             first.record(s0)
-            for _ in range(k - 1):
-                side.unit()
+            if order == "side-first":
+                gap = self._more_units(side, k - 1, first)
+                late = started.query()
+                a, b = self._timed_gemm(first)
+            else:
+                a, b = self._timed_gemm(first)
+                late = started.query()
+                gap = self._more_units(side, k - 1, first)
             last = t.cuda.Event(enable_timing=True)
             last.record(s0)
-            self.gs.wait_event(first)
-            a, b = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
-            a.record(self.gs)
-            with t.cuda.stream(self.gs):
-                self.gemm()
-            b.record(self.gs)
             t.cuda.synchronize()
-            times.append(a.elapsed_time(b))
-            margins.append(b.elapsed_time(last))  # > 0: the side work ended after the GEMM
-        return times, margins
+            out["times"].append(a.elapsed_time(b))
+            out["margins"].append(b.elapsed_time(last))  # > 0: the side work ended after the GEMM
+            out["gemm_late"].append(bool(late))
+            out["side_gap"].append(bool(gap))
+        out["run_valid"] = [m > 0 and not la and not gp
+                            for m, la, gp in zip(out["margins"], out["gemm_late"], out["side_gap"])]
+        return out
+
+    def _timed_gemm(self, first):
+        t = self.g.torch
+        self.gs.wait_event(first)
+        a, b = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
+        a.record(self.gs)
+        with t.cuda.stream(self.gs):
+            self.gemm()
+        b.record(self.gs)
+        return a, b
+
+    def _more_units(self, side: Side, n: int, prev) -> bool:
+        """Enqueues n more units on the side; True if the side's stream had run dry before one of them was
+        enqueued (the host fell behind the GPU: a gap in the side work, which the method excludes)."""
+        t = self.g.torch
+        gap = False
+        for _ in range(n):
+            gap = gap or prev.query()
+            side.unit()
+            prev = t.cuda.Event()
+            prev.record(side.streams[0])
+        return gap
 
 
 def _make_side(name, g, a, lay, shapes, numels, rows, pacer):
-    W = a.ranks
+    W, src = a.ranks, a.incoming_source
     if name == "ag-share":
-        return AgShare(g, lay, W, pacer, a.seed)
+        return AgShare(g, lay, W, pacer, a.seed, src)
     if name == "ag-share-unpaced":
-        return AgShare(g, lay, W, None, a.seed)
+        return AgShare(g, lay, W, None, a.seed, src)
     if name == "rs-share":
-        return RsShare(g, lay, W, pacer, a.seed, shapes, a.reduce_max_ctas, a.reduce_cta_bytes)
+        return RsShare(g, lay, W, pacer, a.seed, shapes, a.reduce_max_ctas, a.reduce_cta_bytes, source=src)
     if name == "rs-share-unpaced":
-        return RsShare(g, lay, W, None, a.seed, shapes, a.reduce_max_ctas, a.reduce_cta_bytes)
+        return RsShare(g, lay, W, None, a.seed, shapes, a.reduce_max_ctas, a.reduce_cta_bytes, source=src)
     if name.startswith("rs-share-drain"):
         return RsShare(g, lay, W, pacer, a.seed, shapes, a.reduce_max_ctas, a.reduce_cta_bytes,
-                       drain_ctas=int(name[len("rs-share-drain"):]))
+                       drain_ctas=int(name[len("rs-share-drain"):]), source=src)
     if name.startswith("nccl-like-"):
         return NcclLike(g, lay, W, int(name.rsplit("-", 1)[1]), a.link_gbps, a.seed)
     if name == "ag-loopback":
@@ -701,7 +823,8 @@ def run(a) -> dict:
         "command": "tide-perf share " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["share"] else sys.argv[1:]),
         "device": torch.cuda.get_device_name(g.dev), "sms": g.n_sm, "torch": torch.__version__,
         "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "layout": a.layout, "ranks": a.ranks,
-        "link_gbps": a.link_gbps, "piece_bytes": a.piece_bytes, "runs": a.runs, "runs_meet_method": a.runs >= MIN_RUNS,
+        "link_gbps": a.link_gbps, "piece_bytes": a.piece_bytes, "order": a.order,
+        "incoming_source": a.incoming_source, "runs": a.runs, "runs_meet_method": a.runs >= MIN_RUNS,
         "rs_chunk_numel": lay.rs_chunk_numel, "rs_num_chunks": lay.rs_num_chunks, "rs_out_numel": lay.rs_out_numel,
         "slot_bytes": lay.slot_bytes, "method": __doc__.split("Measured, per side work, ")[1].split("\n\n")[0],
         "sides": [], "errors": [],
@@ -733,11 +856,8 @@ def run(a) -> dict:
                 if isinstance(side, RsShare):
                     d["reduce_shape"] = side.shapes[0]
                 k = side_ops_for(um, base)
-                times, margins = h.beside(side, k, host_ms)
-                st = stats(times)
-                d.update({"k_units": k, "with_ms": st, "slowdown": st["median"] / base,
-                          "slowdown_p25": st["p25"] / base, "slowdown_p75": st["p75"] / base,
-                          "covered_runs": sum(m > 0 for m in margins), "margin_ms": stats(margins)})
+                d.update({"k_units": k, "order": a.order})
+                d.update(beside_summary(h.beside(side, k, host_ms, a.order), base))
                 res["sides"].append(d)
                 print(_line(d), flush=True)
             except Exception as e:  # one side failing must not cost the others
@@ -771,7 +891,9 @@ def _line(d) -> str:
     sm = d.get("sm", {})
     fl = f" e2e/floor {d['e2e_over_floor']:.3f}" if d.get("e2e_over_floor") else ""
     return (f"[share] {d['name']}: GEMM x{d['slowdown']:.3f} (IQR {d['slowdown_p25']:.3f}-{d['slowdown_p75']:.3f}, "
-            f"covered {d['covered_runs']}/{d['with_ms']['n']}), unit {d['unit_ms']['median']:.3f} ms{fl}, "
+            f"valid {d.get('valid_runs', d['covered_runs'])}/{d['margin_ms'].get('n', 0)}, "
+            f"covered {d['covered_runs']}, "
+            f"GEMM enqueued late {d.get('gemm_late_runs', 0)}), unit {d['unit_ms']['median']:.3f} ms{fl}, "
             f"HBM {d['hbm_GBps'] or 0:.0f} GB/s, SM-weighted {sm.get('sm_weighted_us', 0):.1f} us "
             f"(kernels {sm.get('kernel_us', 0):.1f} us, max {sm.get('max_ctas', 0)} CTAs; same-device copies on SMs "
             f"{sm.get('local_copy_us', 0):.1f} us), check {d.get('check')}")
