@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from nccl_tide.bench.pool_check import last_bit_only
 
 pytest.importorskip("torch")
 
@@ -36,7 +37,9 @@ def test_pool_check_2_and_4_ranks(tmp_path):
         assert r["sim_peak_slot_bytes"] == 2 * pool["slot_capacity"] + r["dedicated_bytes"], r
         assert pool["slot_capacity"] >= max(r["pooled_slot_bytes"]) and r["pooled_groups"] == 4, r
         assert pool["fallbacks"] == 0 and pool["bind_failures"] == 0 and pool["binder"] == "alloc", pool
-        assert r["losses_equal"] and r["params_bitequal"], r
+        # bit-identical, or (more than 2 ranks, a gradient rounded differently in gloo's sum order) parameters and
+        # losses in their last bits only (pool_check.last_bit_only; the CPU CI machine shows it at world 4)
+        assert (r["losses_equal"] and r["params_bitequal"]) or last_bit_only(r), r
         assert r["grads_bitequal"] or (r["world"] > 2 and r["grad_maxdiff"] <= 2.0**-22 * r["grad_max"]), r
         assert r["rs_staging_in_slot"] == r["rs_calls"] > 0, r
     assert "| 4     | 3" in proc.stdout and "peak slot bytes" in proc.stdout
@@ -65,3 +68,10 @@ def test_pool_check_problems_catch_a_bad_run():
     ):
         got = problems(dict(good, **change))
         assert any(word in p for p in got), (change, got)
+    # last bits only: 4 ranks, a gradient rounded differently, parameters 2^-30 apart (the CPU CI machine's case)
+    last_bits = dict(good, params_bitequal=False, param_maxdiff=2.0**-30, param_max=0.5, loss_max=10.4)
+    assert problems(last_bits) == []
+    for change in ({"param_maxdiff": 1e-5}, {"grads_bitequal": True}, {"world": 2},
+                   {"losses_equal": False, "loss_maxdiff": 1e-3}):
+        got = problems(dict(last_bits, **change))
+        assert any("not bit-identical" in p for p in got), (change, got)

@@ -8,7 +8,8 @@ reference executor). It asserts, on every rank:
 
 * the model stays bit-identical to stock (losses and parameters; the sharded fp32 gradients too at
   2 ranks, and within 2^-22 of the largest gradient at more, where TIDE's fp32 sum order and gloo's
-  can round one element differently);
+  can round one element differently; where one did, the parameters and losses may then differ in
+  their last bits, within 2^-20 of the largest: last_bit_only);
 * the pool held at most as many slots as stock FSDP2 holds groups unsharded at once: stock's count
   is measured in the stock run (a group is held from its foreach_all_gather to its reshard, which
   covers FSDP2's flat all-gather buffer before the copy-out and its unsharded parameters after);
@@ -145,6 +146,8 @@ def worker(rank: int, world: int, port: int, k: int) -> None:
         "grad_max": max(float(g.abs().max()) for gs in stock["grads"] for g in gs if g.numel()),
         "grad_maxdiff_step0": md(stock["grads"][0], tide["grads"][0]),
         "param_maxdiff": md(stock["params"], tide["params"]),
+        "param_max": max(float(x.abs().max()) for x in stock["params"] if x.numel()),
+        "loss_max": max(abs(x) for x in stock["losses"]),
         "stock_blocks_held_peak": held.peak.get("blocks", 0),
         "pool": pool,
         "pooled_groups": len(pooled),
@@ -161,11 +164,27 @@ def worker(rank: int, world: int, port: int, k: int) -> None:
     os._exit(0)
 
 
+def last_bit_only(r: dict) -> bool:
+    """More than 2 ranks, gradients rounded differently (within the bound problems() allows): AdamW's update of such
+    an element can then round the fp32 parameter differently in its last bits, and later losses by as little (seen on
+    the CPU CI machine: world 4 rank 1, gradients 9.1e-13 apart, parameters 9.3e-10 = 2^-30). Allowed: parameters
+    within 2^-20 of the largest parameter and losses within 2^-20 of the largest loss; anything a wrong slot or
+    staging byte would cause is orders of magnitude larger."""
+    if "param_max" not in r or "loss_max" not in r:
+        return False
+    return (
+        r["world"] > 2
+        and not r["grads_bitequal"]
+        and r["param_maxdiff"] <= 2.0**-20 * r["param_max"]
+        and r["loss_maxdiff"] <= 2.0**-20 * r["loss_max"]
+    )
+
+
 def problems(r: dict) -> List[str]:
     """What failed for one rank's result (empty: passed)."""
     out = []
     pool = r["pool"] or {}
-    if not (r["losses_equal"] and r["params_bitequal"]):
+    if not (r["losses_equal"] and r["params_bitequal"]) and not last_bit_only(r):
         out.append(f"model not bit-identical to stock (loss diff {r['loss_maxdiff']}, param diff {r['param_maxdiff']})")
     if not r["grads_bitequal"] and (r["world"] <= 2 or r["grad_maxdiff"] > 2.0**-22 * r["grad_max"]):
         # more than 2 ranks: the fp32 sum of 4 bf16 gradients in TIDE's order vs gloo's may round
@@ -233,7 +252,9 @@ def table(rows: List[dict]) -> str:
             f"{r['stock_blocks_held_peak']} x {cap} + {r['dedicated_bytes']} = "
             f"{r['stock_blocks_held_peak'] * cap + r['dedicated_bytes']}",
             ("yes" if r["grads_bitequal"] else f"params, losses; grads within {r['grad_maxdiff']:.1e}")
-            if r["losses_equal"] and r["params_bitequal"] else "NO",
+            if r["losses_equal"] and r["params_bitequal"]
+            else f"last bits: grads {r['grad_maxdiff']:.1e}, params {r['param_maxdiff']:.1e}" if last_bit_only(r)
+            else "NO",
             f"{r['rs_staging_in_slot']}/{r['rs_calls']}",
         ))
     w = [max(len(h), *(len(x[i]) for x in lines)) if lines else len(h) for i, h in enumerate(head)]
