@@ -722,13 +722,13 @@ class SlotPool:
     def release(self, slot: Slot, event, phase: Optional[str] = None) -> None:
         """The owner resharded: its parameters' last readers end at `event` (compute stream)."""
         owner = slot.owner
+        if event is not None:  # before the unbind: a relocated torch-binder move waits for it (_torch_slot_memory)
+            slot.events.append(event)
         if self.shared:
             _tick()
             self.binder.unbind(owner.store, slot)  # the group's storage is empty again
             self.held -= 1
         slot.owner = None
-        if event is not None:
-            slot.events.append(event)
         # only releases of a phase this pool trims at open a candidate idle point (trim_phases: the default leaves
         # the end of backward alone, so the optimizer step runs with the slots the next forward will bind)
         if self.trim and self.held == 0 and phase in self.trim_phases and owner is not None:
@@ -906,7 +906,7 @@ def _own_pool(g, binder) -> Optional["SlotPool"]:
     the caller gives the group a dedicated slot). Such a group (the root, a reshard_after_forward=False block) is
     held from its forward AG to its backward reshard: its only idle point is the end of backward, so the pool
     trims there (TRIM_ALL; slot_trim="all" is the only way such pools are built)."""
-    if binder is None:
+    if binder is None or binder.owns_memory:  # _TorchBinder: one per pool (its moves / allocs are per-pool stats)
         binder, _why = make_binder(g.pg.device, torch_memory=g.world == 1)
         if binder is None:
             return None
