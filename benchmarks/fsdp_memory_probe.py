@@ -438,7 +438,12 @@ def _child(a) -> dict:
         out["tide"] = {"total": st.get("total"), "slot_pool": pool, "slot_pools": st.get("slot_pools")}
         # slot bytes outside torch (binder "torch" slots are torch memory, in the trace)
         resident = int(pool.get("tide_resident_slot_bytes", pool.get("resident_slot_bytes")) or 0)
-        out["max_resident_slot_bytes"] = int(pool.get("max_resident_slot_bytes") or resident)
+        # the most TIDE slot bytes outside torch (binder "torch" pools are torch memory: in the trace, left out)
+        pools = st.get("slot_pools") or []
+        tide_max = sum(p["slot_capacity"] * p["slots"] for p in pools if not p.get("torch_memory"))
+        out["max_resident_slot_bytes"] = int(
+            (tide_max if any(p.get("torch_memory") for p in pools) else pool.get("max_resident_slot_bytes")) or resident
+        )
     else:
         resident = 0
     out["resident_slot_bytes"] = resident  # at the end of the measured steps

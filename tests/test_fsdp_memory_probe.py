@@ -277,9 +277,9 @@ def test_command_line_failures_are_one_line(tmp_path):
 # ------------------------------------------------------------------------------------------
 # the child's plumbing on CPU, with a fake torch.cuda memory API
 # ------------------------------------------------------------------------------------------
-def _fake_child(variant, out_path, port):
+def _fake_child(variant, out_path, port, binder="alloc"):
     """Runs probe._child on CPU/gloo with torch.cuda's memory API faked (a synthetic trace with the child's own
-    markers and one allocation per phase)."""
+    markers and one allocation per phase). `binder`: the pools' binder (None: the default, "torch" at world 1)."""
     import torch
     import torch.distributed as dist
 
@@ -289,7 +289,7 @@ def _fake_child(variant, out_path, port):
     # The markers' plumbing is about slots TIDE allocates (tideSlotAlloc, outside torch's trace): keep the trimming
     # pool on them. The default at world size 1 (binder "torch") puts the slots in torch's own trace, which this fake
     # trace does not have; tests/test_fsdp_slot_trim.py covers that path (and outside_torch_bytes / the hook's bytes).
-    _slot_pool.force_binder("alloc")
+    _slot_pool.force_binder(binder)
     from nccl_tide.bench.sim_comm import use_sim_native
 
     use_sim_native()
@@ -405,6 +405,29 @@ def test_child_plumbing_on_cpu(tmp_path):
     doc = {"settings": {}, "variants": {k: dict(v, ok=True) for k, v in docs.items()},
            "diff": dict(d, tide_peak=tm["device_peak_bytes"], stock_peak=sm["device_peak_bytes"])}
     assert "diff at the device peak" in probe.report(doc)
+
+
+def test_child_torch_binder_slot_bytes(tmp_path):
+    """The default pool at world size 1 (binder "torch") is torch memory, in torch's own trace: the probe's TIDE slot
+    bytes (resident and the max its table shows) are then the root's dedicated slot only, not the pool's slots."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from fsdp_llama import free_port
+
+    import nccl_tide
+
+    pkg_dir = str(Path(nccl_tide.__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([pkg_dir, str(REPO / "tests")]), OMP_NUM_THREADS="1")
+    out = tmp_path / "tide.json"
+    code = (f"import sys; sys.path.insert(0, {str(REPO / 'tests')!r}); import test_fsdp_memory_probe as t; "
+            f"t._fake_child('tide', {str(out)!r}, {free_port()}, binder=None)")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
+    t = json.loads(out.read_text())
+    pools = t["tide"]["slot_pools"]
+    assert t["tide"]["slot_pool"]["binder"] == "torch" and any(q["torch_memory"] for q in pools), pools
+    ded = sum(q["slot_capacity"] for q in pools if not q["shared"])
+    assert ded > 0 and t["resident_slot_bytes"] == ded, (t["resident_slot_bytes"], ded)
+    assert t["max_resident_slot_bytes"] == ded, (t["max_resident_slot_bytes"], ded)  # not + the pool's torch slots
 
 
 def test_parent_reports_a_failing_child(tmp_path, monkeypatch, capsys):
