@@ -159,6 +159,17 @@ void* vmmAlloc(size_t bytes) {
 }
 
 // Captures `body` on a side stream into an executable graph; the returned form launches it.
+// Instantiates g into *keep (the caller destroys it), destroys g, and returns an Issue that launches the graph.
+Issue launcher(cudaGraph_t g, cudaGraphExec_t* keep) {
+  CHECK(cudaGraphInstantiateWithFlags(keep, g, 0));
+  CHECK(cudaGraphDestroy(g));
+  cudaGraphExec_t exec = *keep;
+  return [exec](cudaStream_t s) {
+    cudaError_t e = cudaGraphLaunch(exec, s);
+    return e == cudaSuccess ? std::string() : std::string("cudaGraphLaunch: ") + cudaGetErrorString(e);
+  };
+}
+
 Issue captured(const Issue& body, std::string* why, cudaGraphExec_t* keep) {
   cudaStream_t cs;
   CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
@@ -185,13 +196,7 @@ Issue captured(const Issue& body, std::string* why, cudaGraphExec_t* keep) {
              : t == cudaGraphNodeTypeKernel ? "kernel " : ("type" + std::to_string(int(t)) + " ");
   }
   *why = "nodes: " + kinds;
-  CHECK(cudaGraphInstantiateWithFlags(keep, g, 0));
-  CHECK(cudaGraphDestroy(g));
-  cudaGraphExec_t exec = *keep;
-  return [exec](cudaStream_t s) {
-    cudaError_t e = cudaGraphLaunch(exec, s);
-    return e == cudaSuccess ? std::string() : std::string("cudaGraphLaunch: ") + cudaGetErrorString(e);
-  };
+  return launcher(g, keep);
 }
 
 Issue explicitNodes(const Buffers& b, cudaGraphExec_t* keep) {
@@ -202,13 +207,7 @@ Issue explicitNodes(const Buffers& b, cudaGraphExec_t* keep) {
     CHECK(cudaGraphAddMemcpyNode1D(&node, g, nullptr, 0, b.dst[i], b.src[i], b.bytes / Buffers::kPieces,
                                    cudaMemcpyDeviceToDevice));
   }
-  CHECK(cudaGraphInstantiateWithFlags(keep, g, 0));
-  CHECK(cudaGraphDestroy(g));
-  cudaGraphExec_t exec = *keep;
-  return [exec](cudaStream_t s) {
-    cudaError_t e = cudaGraphLaunch(exec, s);
-    return e == cudaSuccess ? std::string() : std::string("cudaGraphLaunch: ") + cudaGetErrorString(e);
-  };
+  return launcher(g, keep);
 }
 
 void probe(const char* form, const Buffers& b, const Issue& issue, const std::string& note) {

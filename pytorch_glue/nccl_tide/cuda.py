@@ -22,7 +22,6 @@ import ctypes
 import os
 import threading
 import time
-import warnings
 from collections.abc import Sequence
 from typing import Any, List, Optional
 

@@ -642,9 +642,7 @@ class SlotPool:
         self.torch_memory = self.binder is not None and self.binder.owns_memory
         try:
             for i in range(count):  # collective, in this order on every rank
-                self.slots.append(Slot(self, i, self._alloc_memory(), self.nbytes))
-                if self.torch_memory:
-                    self.slots[-1].events = self.binder.fresh_events()
+                self.slots.append(self._new_slot(i, self._alloc_memory()))
             for slot in self.slots:
                 if self.binder is not None:
                     self.binder.prepare(slot)
@@ -661,6 +659,14 @@ class SlotPool:
         if self.torch_memory:
             return self.binder.new_memory(self.capacity)
         return self.executor.alloc_slot(self.capacity)
+
+    def _new_slot(self, index: int, base: torch.Tensor) -> "Slot":
+        """The Slot for memory from _alloc_memory. Torch memory may be bytes the home stream's work used a moment
+        ago: its first writer waits for that work (_TorchBinder.fresh_events)."""
+        slot = Slot(self, index, base, self.nbytes)
+        if self.torch_memory:
+            slot.events = self.binder.fresh_events()
+        return slot
 
     def _free_memory(self, slot: "Slot") -> None:
         """tideSlotFree (collective; synchronizes the device), or for a _TorchBinder pool the block back to torch's
@@ -800,9 +806,7 @@ class SlotPool:
             except Exception as e:
                 self.bind_failures += 1
                 raise BindError(f"tideSlotAlloc of {self.capacity} B refused: {e}") from e
-        slot = Slot(self, index, base, self.nbytes)
-        if self.torch_memory:  # the bytes may be those the home stream's work used a moment ago
-            slot.events = self.binder.fresh_events()
+        slot = self._new_slot(index, base)
         self.binder.prepare(slot)
         self.slots[index] = slot
         self.regrows += 1

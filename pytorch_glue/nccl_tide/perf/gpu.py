@@ -209,15 +209,16 @@ class Gemm:
     def slowdown(self, call: Callable[[], None], unit_ms: float, barrier: Optional[Callable[[], None]] = None) -> dict:
         """GEMM beside K calls of `call` (on the side stream) / GEMM alone; median over self.runs runs.
 
-        All K side calls and the GEMM are enqueued behind a GPU sleep (the hold) before anything runs, so the side
-        work is as dense as the GPU makes it, not as the host issues it: a host-bound call (loopback issues every
-        virtual rank's work from one thread) would otherwise leave the GPU idle between calls and start the GEMM
-        late, after its start event (session 19: no loopback run was covered and the GEMM figure was its own launch
-        gap). Untimed first runs size it: run 0 measures the host's enqueue time (hold = 1 ms + 1.5x it); run 1,
-        without a barrier (one process: nothing else must issue the same calls), measures the side work's GPU time
-        per call and re-derives K from it (unit_ms, the caller's time per call, is host-bound for such calls). A
-        timed run whose hold had ended before the GEMM was enqueued counts as late (reported; the hold doubles for
-        the next run). No run is repeated, so the ranks of a multi-process run issue the same calls."""
+        The first side call, the GEMM (waiting for that call) and the other K - 1 calls, in that order, are enqueued
+        behind a GPU sleep (the hold) before anything runs, so the side work is as dense as the GPU makes it, not as
+        the host issues it: a host-bound call (loopback issues every virtual rank's work from one thread) would
+        otherwise leave the GPU idle between calls and start the GEMM late, after its start event (session 19: no
+        loopback run was covered and the GEMM figure was its own launch gap). Untimed first runs size it: run 0
+        measures the host's enqueue time (hold = 1 ms + 1.5x it); run 1, without a barrier (one process: nothing else
+        must issue the same calls), measures the side work's GPU time per call and re-derives K from it (unit_ms, the
+        caller's time per call, is host-bound for such calls). A timed run whose hold had ended before the last side
+        call was enqueued counts as late (reported; the hold doubles for the next run). No run is repeated, so the
+        ranks of a multi-process run issue the same calls."""
         import torch
 
         k = side_ops_for(unit_ms, self.alone["median_ms"])
@@ -241,18 +242,22 @@ class Gemm:
                 call()
                 first = torch.cuda.Event()
                 first.record()
-                for _ in range(k - 1):
-                    call()
-                last = torch.cuda.Event(enable_timing=True)
-                last.record()
+            # The GEMM goes onto its stream right after the first call, before the rest of the side work: however
+            # long the host then takes (or blocks on a full stream queue), the GEMM's events cannot be recorded late
+            # (perf/share.py's Harness.beside found that with a 70B share, session 19).
             self.stream.wait_event(first)
             with torch.cuda.stream(self.stream):
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 a.record()
                 self()
                 b.record()
+            with torch.cuda.stream(self.side):
+                for _ in range(k - 1):
+                    call()
+                last = torch.cuda.Event(enable_timing=True)
+                last.record()
             enqueue_ms = (time.perf_counter() - h0) * 1e3
-            was_late = held.query()  # the hold had ended: the GPU ran the side work as the host issued it
+            was_late = held.query()  # the hold had ended: the GPU ran (some of) the side work as the host issued it
             torch.cuda.synchronize()
             if run == 0:
                 hold_ms = max(hold_ms, 1.0 + 1.5 * enqueue_ms)
