@@ -52,6 +52,29 @@ def test_programs_run_to_completion_bit_exact_without_hazards(model_exe):
     assert any("mode 0" in x for x in mixed) and any("mode 1" in x for x in mixed)
 
 
+def test_token_rs_of_more_chunks_than_buffers(model_exe):
+    """NCCL_TIDE_TOKEN_RS_CHUNKS above 2 (program_model --token-rs-chunks 64): token reduce-scatters of 3, 5 and 21
+    chunks over 2 staging buffers (the consumed-token pipeline, program_rs.cc capturedPipelined), captured and as
+    eager token calls mixed with epoch calls, at W = 2, 4, 6 and 8: bit-exact, hazard-free, no deadlock."""
+    r = subprocess.run([str(model_exe), "--token-rs-chunks", "64", "6"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "all cases passed" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+    lines = [x for x in r.stdout.splitlines() if x.startswith("case ")]
+    captured = [x for x in lines if " captured chunks=" in x]
+    pipelined = {(x.split()[2], int(x.split()[4][7:])) for x in captured if int(x.split()[4][7:]) > 2}
+    assert {("W=2", 21), ("W=4", 21), ("W=6", 3), ("W=8", 5)} <= pipelined, pipelined
+    mixed = [x for x in lines if "mixed eager/token" in x]
+    assert mixed and not any("RS epoch only" in x for x in mixed)
+    assert any("chunks=21" in x for x in mixed) and any("chunks=5" in x for x in mixed)
+
+
+def test_model_detects_a_missing_consumed_token_wait(model_exe):
+    """The consumed tokens (word 512 + owner) are waited on only by token RSs of more than 2 chunks: dropping those
+    waits must fail (a push overwrites a staging buffer not yet reduced)."""
+    r = subprocess.run([str(model_exe), "--token-rs-chunks", "64", "--drop-wait", "512", "8"], capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode != 0 and "FAIL:" in r.stderr, r.stdout[-1500:] + r.stderr[-1500:]
+
+
 # Every flag word a program waits on: AG ready/done/rail/finish, RS enter/consumed/pushDone/full/prev/final, and the
 # captured token words.
 WORDS = [0, 1, 2, 3, 4, 5, 6, 16, 17, 64, 65, 128, 129, 256, 320, 384, 448]
@@ -198,3 +221,60 @@ def test_channel_model_rounds_never_hang(model_exe, k, mapping, cap, protocol):
     assert r.returncode == 0 and "all cases passed" in r.stdout, r.stdout[-2000:]
     for key, lines in runs.items():
         assert not any(_hangs(lines)), (key, lines)
+
+
+# Token RSs of more chunks than staging buffers on the loopback models (--token-rs-chunks 64): the channel cases above
+# plus layouts of 7 chunks at W = 4 and 2 and 4 chunks at W = 8.
+PIPELINED_CASES = CHANNEL_CASES | {(4, 16, 7), (8, 64, 4), (8, 5, 4), (2, 64, 7)}
+
+
+@pytest.mark.parametrize("issue", ["rounds", "groups"])
+@pytest.mark.parametrize("k,mapping,cap", [(1, "rank", 0), (1, "rank", 1), (8, "random", 1), (3, "rank", 16)])
+def test_channel_model_token_rs_pipeline_never_hangs_in_rounds(model_exe, k, mapping, cap, issue):
+    """The consumed-token pipeline's issue rounds (round r pushes chunk r - 1 after the consumed tokens of chunk r - 3
+    and reduces chunk r - 2; program_rs.cc capturedPipelined) keep the rounds argument: every wait's producers are in
+    earlier rounds of other ranks. Issued in the model's rounds and in the programs' own groups (what
+    BoundProgram::issueTokens does on loopback), under one channel for everything, bounded, random and per-rank
+    channels: no hang, bit-exact, hazard-free."""
+    r = subprocess.run([str(model_exe), "--token-rs-chunks", "64", "--channels", str(k), mapping, str(cap), issue,
+                        "token-mixed", "2"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "all cases passed" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    keys = set()
+    for line in r.stdout.splitlines():
+        if line.startswith("channel case "):
+            f = line.split()
+            keys.add((int(f[3][2:]), int(f[4][2:]), int(f[5][7:])))
+            assert ": ok (" in line, line
+    assert keys == PIPELINED_CASES, keys
+
+
+@pytest.mark.parametrize("cap", [1, 600])
+def test_copy_queue_model_token_rs_pipeline_in_groups(model_exe, cap):
+    """The library's loopback issue order (each program's groups, round-major over the ranks) with one queue entry
+    per copy, for token all-gathers mixed with token reduce-scatters of up to 7 chunks: no hang."""
+    r = subprocess.run([str(model_exe), "--token-rs-chunks", "64", "--copy-queue", str(cap), "graph", "groups",
+                        "token-mixed", "3"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "all cases passed" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "W=4 P=16" in r.stdout and "W=8 P=64" in r.stdout
+
+
+@pytest.mark.parametrize("k,mapping,cap", [(1, "rank", 0), (8, "random", 1)])
+def test_channel_model_groups_never_hang_at_the_default_limit(model_exe, k, mapping, cap):
+    """The programs' own groups (the library's order) for the default token protocols (RS of at most 2 chunks)."""
+    r, runs = _channels(model_exe, k, mapping, cap, "groups", "token-mixed", seeds=2)
+    assert r.returncode == 0 and "all cases passed" in r.stdout, r.stdout[-2000:]
+    for key, lines in runs.items():
+        assert not any(_hangs(lines)), (key, lines)
+
+
+def test_copy_queue_model_whole_program_issue_of_a_pipelined_rs_hangs(model_exe):
+    """Why a user capture of an RS of more chunks than buffers is refused on loopback (rs_executor.cc): a rank's
+    whole program issued at its call (a user graph's launch) with one shared copy queue, even unbounded, deadlocks
+    once a push waits for consumed tokens (a later rank's own pushes sit behind the blocked copies), while the same
+    order passes the default token protocols (RS of at most 2 chunks)."""
+    bad = subprocess.run([str(model_exe), "--token-rs-chunks", "64", "--copy-queue", "100000", "graph", "call",
+                          "token-mixed", "2"], capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0 and "deadlock: no lane can run" in bad.stderr, bad.stdout[-1500:] + bad.stderr[-1500:]
+    assert "captured RS full" in bad.stderr, bad.stderr[-1500:]
+    ok = _queue(model_exe, 100000, "graph", "call", "token-mixed", seeds=2)
+    assert ok.returncode == 0 and "all cases passed" in ok.stdout, ok.stdout[-1500:] + ok.stderr[-1500:]

@@ -7,9 +7,10 @@ namespace prog {
 bool eagerUsesTokens(const RouteInputs& in) {
   if (!in.enabled || !in.providerCapturable || in.nNodes != 1) return false;
   if (in.coll == Coll::kAllGather) return true;
-  // At most 2 chunks: one staging buffer per chunk (rs_plan.cc), so no push waits for a reduction
-  // (docs/architecture.md "CUDA graphs").
-  return in.rsNumChunks >= 1 && in.rsNumChunks <= 2;
+  // Up to 2 chunks one staging buffer per chunk (rs_plan.cc): no push waits for a reduction. More (when
+  // NCCL_TIDE_TOKEN_RS_CHUNKS allows): 2 buffers behind consumed tokens (docs/architecture.md "CUDA graphs").
+  const int most = in.rsTokenMaxChunks > 2 ? in.rsTokenMaxChunks : 2;
+  return in.rsNumChunks >= 1 && in.rsNumChunks <= most;
 }
 
 GraphAmortizer::Issue GraphAmortizer::next(uint64_t valuesKey) {

@@ -24,12 +24,13 @@ struct RouteInputs {
   Coll coll = Coll::kAllGather;
   int nNodes = 1;                   // the layout's
   int rsNumChunks = 1;              // the layout's RS plan (tideLayoutInfo_t.rsNumChunks)
+  int rsTokenMaxChunks = 2;         // NCCL_TIDE_TOKEN_RS_CHUNKS (part of the layout agreement)
 };
 
 // True if an eager call with these inputs runs the token (kCaptured) program. The covered programs are exactly those
-// compileAllGather / compileReduceScatter accept in kCaptured mode: one node; RS with at most 2 chunks (the RS plan
-// then has one staging buffer per chunk, which the kCaptured compiler checks again), own staging or Slot-Reuse (both
-// are bound at call time, outside any capture).
+// compileAllGather / compileReduceScatter accept in kCaptured mode: one node; RS with at most rsTokenMaxChunks chunks
+// (up to 2 the RS plan has one staging buffer per chunk; beyond, 2 buffers behind consumed tokens), own staging or
+// Slot-Reuse (both are bound at call time, outside any capture).
 bool eagerUsesTokens(const RouteInputs& in);
 
 // Per bound token program (same layout, pointers, staging): when to capture. The first call with a given set of

@@ -87,10 +87,16 @@ const Def kDefs[kNumParams] = {
      "many SMs as keep pace with it (docs/architecture.md, Reduce kernel shape).",
      1, 100000, nullptr, "an integer number of GB/s from 1 to 100000"},
     {"NCCL_TIDE_EAGER_GRAPHS", Type::kBool, "bool", "1",
-     "1 (the default) runs eager calls whose program can be captured (one node; RS with at most 2 chunks) with the "
-     "token protocol, replaying a CUDA graph the library captured (docs/architecture.md, Eager calls as graph "
-     "replays); 0 keeps the epoch protocol for every eager call. Must match on all ranks.",
+     "1 (the default) runs eager calls whose program can be captured (one node; RS with at most "
+     "NCCL_TIDE_TOKEN_RS_CHUNKS chunks) with the token protocol, replaying a CUDA graph the library captured "
+     "(docs/architecture.md, Eager calls as graph replays); 0 keeps the epoch protocol for every eager call. Must "
+     "match on all ranks.",
      0, 1, nullptr, "0 or 1"},
+    {"NCCL_TIDE_TOKEN_RS_CHUNKS", Type::kUint64, "uint64", "2",
+     "Most pipeline chunks of a reduce-scatter on the token protocol (eager graph route, CUDA graph capture). Above 2 "
+     "a token RS reuses 2 staging buffers behind consumed tokens (docs/architecture.md, More chunks than buffers; "
+     "not yet run on a GPU). Must match on all ranks.",
+     2, 4096, nullptr, "an integer from 2 to 4096"},
 };
 
 struct Entry {
@@ -204,7 +210,9 @@ std::atomic<bool> gLogged{false};
 bool strictWhenInvalid(Id id) {
   // NCCL_TIDE_EAGER_GRAPHS picks the wire protocol of eager calls (epoch or token words): a default that differs from
   // what the other ranks use would deadlock.
-  return id == kRsChunkBytes || id == kPaceBytes || id == kRanksPerNode || id == kEagerGraphs;
+  // NCCL_TIDE_TOKEN_RS_CHUNKS likewise (which reduce-scatters take the token words).
+  return id == kRsChunkBytes || id == kPaceBytes || id == kRanksPerNode || id == kEagerGraphs ||
+         id == kTokenRsChunks;
 }
 
 // Logs, once per process, every value that came from the environment.
@@ -319,6 +327,7 @@ uint64_t timeoutMs() { return loggedState().entries[kTimeoutMs].value; }
 bool rsAccumFp32() { return loggedState().entries[kRsAccum].value == 1; }
 uint64_t linkGBps() { return loggedState().entries[kLinkGBps].value; }
 bool eagerGraphs() { return loggedState().entries[kEagerGraphs].value != 0; }
+int tokenRsChunks() { return static_cast<int>(loggedState().entries[kTokenRsChunks].value); }
 
 tideResult_t status(Id id) {
   if (id < 0 || id >= kNumParams) return fail(tideInvalidArgument, kComponent, "parameter index %d out of range", id);

@@ -34,7 +34,8 @@ enum Id : int {
   kDebugFile = 11,      // NCCL_TIDE_DEBUG_FILE
   kLinkGBps = 12,       // NCCL_TIDE_LINK_GBPS
   kEagerGraphs = 13,    // NCCL_TIDE_EAGER_GRAPHS
-  kNumParams = 14
+  kTokenRsChunks = 14,  // NCCL_TIDE_TOKEN_RS_CHUNKS
+  kNumParams = 15
 };
 
 // Typed accessors (effective values: environment if valid, else default).
@@ -56,6 +57,7 @@ uint64_t timeoutMs();             // NCCL_TIDE_TIMEOUT_MS: bound on host-side wa
 bool rsAccumFp32();               // NCCL_TIDE_RS_ACCUM=FP32: the interposer may take bf16/fp16 reduce-scatters
 uint64_t linkGBps();              // NCCL_TIDE_LINK_GBPS: the rate the RS reduce kernel keeps pace with
 bool eagerGraphs();               // NCCL_TIDE_EAGER_GRAPHS: eager calls of capturable programs as graph replays
+int tokenRsChunks();              // NCCL_TIDE_TOKEN_RS_CHUNKS: most RS pipeline chunks of a token (graph) program
 
 // tideSuccess if the environment value of parameter `id` (if any) parses; else records and returns
 // tideInvalidArgument with a message naming the variable and the accepted form.

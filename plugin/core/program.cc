@@ -57,6 +57,7 @@ void wordName(int w, char* buf, size_t len) {
   else if (w >= word::kCapAgDone && w < word::kCapAgDone + 64) snprintf(buf, len, "captured AG done from rank %d", w - word::kCapAgDone);
   else if (w >= word::kCapRsEnter && w < word::kCapRsEnter + 64) snprintf(buf, len, "captured RS enter of rank %d", w - word::kCapRsEnter);
   else if (w >= word::kCapRsFull && w < word::kCapRsFull + 64) snprintf(buf, len, "captured RS full from rank %d", w - word::kCapRsFull);
+  else if (w >= word::kCapRsConsumed && w < word::kCapRsConsumed + 64) snprintf(buf, len, "captured RS consumed by rank %d", w - word::kCapRsConsumed);
   else snprintf(buf, len, "word %d", w);
 }
 

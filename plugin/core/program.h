@@ -49,7 +49,10 @@ constexpr int kCapAgReady = 256;  // + local rank (captured calls only)
 constexpr int kCapAgDone = 320;
 constexpr int kCapRsEnter = 384;
 constexpr int kCapRsFull = 448;
-constexpr int kWords = 512;
+// + the owner's local rank: "I have reduced chunk k" (value k + 1), written by the owner into every pusher's array;
+// only token RS programs of more chunks than staging buffers use it (program_rs.cc, capturedPipelined).
+constexpr int kCapRsConsumed = 512;
+constexpr int kWords = 576;
 }  // namespace word
 
 enum class Coll : uint8_t { kAllGather = 0, kReduceScatter = 1 };
@@ -158,11 +161,14 @@ struct Options {
   Mode mode = Mode::kInOrder;
   uint64_t zeroBytes = 1 << 20;  // size of the zero buffer that fills RS padding (Mem::kZeros)
   bool multicast = false;        // AG, single node, kInOrder: one write per parameter to Mem::kMulticast
+  // RS, kCaptured: the most pipeline chunks a token program may have (NCCL_TIDE_TOKEN_RS_CHUNKS). Up to 2 there is
+  // one staging buffer per chunk; beyond, 2 buffers and the consumed tokens (docs/architecture.md "CUDA graphs").
+  int maxTokenRsChunks = 2;
 };
 
 // The program of layout.rank. Errors (tideUnsupported with a message that says what to change): a mode the layout
-// cannot take (captured with several nodes, captured RS with more than 2 chunks), more ranks per node than flag
-// words, more rounds than rail words, schedules longer than maxSteps.
+// cannot take (captured with several nodes, captured RS with more than Options::maxTokenRsChunks chunks), more ranks
+// per node than flag words, more rounds than rail words, schedules longer than maxSteps.
 tideResult_t compileAllGather(const Layout& layout, const Options& opt, Program* out);
 tideResult_t compileReduceScatter(const Layout& layout, const Options& opt, Program* out);
 

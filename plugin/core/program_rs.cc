@@ -129,9 +129,8 @@ void singleNode(const Layout& l, const Geometry& g, Mode mode, Builder& b) {
   b.wait(me, word::kRsPushDone, Val::kEpoch, 0);
 }
 
-// Replay-safe constant tokens, one staging buffer per chunk (docs/architecture.md "CUDA graphs"), in issue rounds
-// (groups -1, 0, 1: docs/architecture.md "Issue rounds").
-void captured(const Layout& l, const Geometry& g, Builder& b) {
+// Token programs: the announce and the entry waits of round 1 (docs/architecture.md "CUDA graphs", "Issue rounds").
+void capturedEntry(const Geometry& g, Builder& b) {
   const int W = g.W, me = g.me;
   b.at(Lane::kCaller, -1);
   b.write(me, word::kCapRsPhase, Val::kConst, 1);
@@ -146,31 +145,81 @@ void captured(const Layout& l, const Geometry& g, Builder& b) {
     if (d != me) b.write(me, word::kCapRsEnter + d, Val::kConst, 0);
   }
   b.write(me, word::kCapRsPhase, Val::kConst, 2);
+}
+
+// This rank's pushes of chunk k into every owner's buffer k % nb, then its full token (value k + 1) to each.
+void capturedPush(const Layout& l, const Geometry& g, int k, int* pi, Builder& b) {
+  const int W = g.W, me = g.me;
+  const uint64_t c0 = static_cast<uint64_t>(k) * g.chunk, c1 = std::min(c0 + g.chunk, g.outNumel);
+  for (int dd = 0; dd < W; ++dd) {
+    const int d = (me + dd) % W;
+    chunkSegments(l, g, d, c0, c1, addr(Mem::kStaging, d, g.buf(k) + g.inputsOffset + me * g.peerStride), -1, pi, b);
+  }
+  b.close();
+  for (int d = 0; d < W; ++d) {
+    if (d != me) b.write(d, word::kCapRsFull + me, Val::kConst, k + 1);
+  }
+}
+
+// The wait for every other rank's full token of chunk k, then this rank's fold of chunk k.
+void capturedReduce(const Geometry& g, int k, Builder& b) {
+  const uint64_t c0 = static_cast<uint64_t>(k) * g.chunk, c1 = std::min(c0 + g.chunk, g.outNumel);
+  for (int s = 0; s < g.W; ++s) {
+    if (s != g.me) b.wait(g.me, word::kCapRsFull + s, Val::kConst, k + 1);
+  }
+  ReduceOp r = foldOf(g, k, c1 - c0);
+  r.out = addr(Mem::kOut, 0, c0);
+  b.reduce(r);
+}
+
+// Replay-safe constant tokens, one staging buffer per chunk (at most 2 chunks), in issue rounds (groups -1, 0, 1).
+void captured(const Layout& l, const Geometry& g, Builder& b) {
+  capturedEntry(g, b);
   int pi = 0;
-  for (int k = 0; k < g.numChunks; ++k) {
-    const uint64_t c0 = static_cast<uint64_t>(k) * g.chunk, c1 = std::min(c0 + g.chunk, g.outNumel);
-    for (int dd = 0; dd < W; ++dd) {
-      const int d = (me + dd) % W;
-      chunkSegments(l, g, d, c0, c1, addr(Mem::kStaging, d, g.buf(k) + g.inputsOffset + me * g.peerStride), -1, &pi,
-                    b);
-    }
-    b.close();
-    for (int d = 0; d < W; ++d) {
-      if (d != me) b.write(d, word::kCapRsFull + me, Val::kConst, k + 1);
-    }
-  }
+  for (int k = 0; k < g.numChunks; ++k) capturedPush(l, g, k, &pi, b);
   b.at(Lane::kCaller, 1);  // round 2: waits only for round 1's full writes (every chunk's)
-  for (int k = 0; k < g.numChunks; ++k) {
-    const uint64_t c0 = static_cast<uint64_t>(k) * g.chunk, c1 = std::min(c0 + g.chunk, g.outNumel);
-    for (int s = 0; s < W; ++s) {
-      if (s != me) b.wait(me, word::kCapRsFull + s, Val::kConst, k + 1);
-    }
-    ReduceOp r = foldOf(g, k, c1 - c0);
-    r.out = addr(Mem::kOut, 0, c0);
-    b.reduce(r);
+  for (int k = 0; k < g.numChunks; ++k) capturedReduce(g, k, b);
+  for (int s = 0; s < g.W; ++s) {
+    if (s != g.me) b.write(g.me, word::kCapRsFull + s, Val::kConst, 0);
   }
+  b.write(g.me, word::kCapRsPhase, Val::kConst, 0);
+}
+
+// Replay-safe constant tokens with more chunks (K > 2) than staging buffers (nb = 2): the push of chunk k reuses
+// buffer k % 2 of every owner, so it waits for each owner's consumed token of chunk k - 2 (docs/architecture.md "CUDA
+// graphs", "More chunks than buffers"). Rounds (group r - 1 is round r): round 1 pushes chunks 0 and 1; round r in
+// 2..K pushes chunk r - 1 (from round 3 on) and reduces chunk r - 2; round K + 1 reduces chunk K - 1 and resets. Every
+// wait of round r is for writes of earlier rounds: consumed(r - 3) is written in round r - 1, full(r - 2) in round
+// r - 1 (or 1). Everything is on the caller's stream, so this rank's own buffer is reused after its own reduce.
+void capturedPipelined(const Layout& l, const Geometry& g, Builder& b) {
+  const int W = g.W, me = g.me, K = g.numChunks;
+  capturedEntry(g, b);
+  int pi = 0;
+  capturedPush(l, g, 0, &pi, b);
+  capturedPush(l, g, 1, &pi, b);
+  for (int r = 2; r <= K + 1; ++r) {
+    b.at(Lane::kCaller, r - 1);
+    const int push = r - 1, red = r - 2;
+    if (r >= 3 && push < K) {
+      for (int d = 0; d < W; ++d) {
+        if (d != me) b.wait(me, word::kCapRsConsumed + d, Val::kConst, push - 1);  // d reduced chunk push - 2
+      }
+      capturedPush(l, g, push, &pi, b);
+    }
+    capturedReduce(g, red, b);
+    if (red + 2 < K) {
+      for (int d = 0; d < W; ++d) {
+        if (d != me) b.write(d, word::kCapRsConsumed + me, Val::kConst, red + 1);
+      }
+    }
+  }
+  // The last consumed token from each peer (value K - 2) was waited for in round K and the last full token (K) just
+  // now: no write of this call can land after these resets, and the next call's come after the next entry waits.
   for (int s = 0; s < W; ++s) {
     if (s != me) b.write(me, word::kCapRsFull + s, Val::kConst, 0);
+  }
+  for (int d = 0; d < W; ++d) {
+    if (d != me) b.write(me, word::kCapRsConsumed + d, Val::kConst, 0);
   }
   b.write(me, word::kCapRsPhase, Val::kConst, 0);
 }
@@ -307,16 +356,27 @@ tideResult_t compileReduceScatter(const Layout& l, const Options& opt, Program* 
                   "graph (their pipeline is issued in steps across ranks and carries per-call task numbers)",
                   g.N, g.R);
     }
-    if (g.numChunks < 1 || g.numChunks > 2 || g.nb != g.numChunks) {
+    const int most = std::max(2, opt.maxTokenRsChunks);
+    if (g.numChunks < 1 || g.numChunks > most) {
       return fail(tideUnsupported, kComponent,
-                  "reduce-scatter: a captured reduce-scatter takes at most 2 pipeline chunks (one staging buffer "
-                  "each, so no push waits for a reduction), but this layout has %d chunks of %" PRIu64
-                  " elements; create the layout with a larger rsChunkBytes so that it has at most 2",
-                  g.numChunks, g.chunk);
+                  "reduce-scatter: a captured (token) reduce-scatter takes at most %d pipeline chunks "
+                  "(NCCL_TIDE_TOKEN_RS_CHUNKS), but this layout has %d chunks of %" PRIu64
+                  " elements; create the layout with a larger rsChunkBytes so that it has at most %d, or raise "
+                  "NCCL_TIDE_TOKEN_RS_CHUNKS on every rank",
+                  most, g.numChunks, g.chunk, most);
+    }
+    if ((g.numChunks <= 2 && g.nb != g.numChunks) || (g.numChunks > 2 && g.nb != 2)) {
+      return fail(tideInternalError, kComponent, "reduce-scatter: %d chunks with %d staging buffers", g.numChunks,
+                  g.nb);
     }
     p.numTasks = 0;  // captured calls never touch the eager counters
-    captured(l, g, b);
-    p.numGroups = 2;  // issue rounds 1 and 2 (round 0, the announce, is group -1)
+    if (g.numChunks <= 2) {
+      captured(l, g, b);
+      p.numGroups = 2;  // issue rounds 1 and 2 (round 0, the announce, is group -1)
+    } else {
+      capturedPipelined(l, g, b);
+      p.numGroups = g.numChunks + 1;  // rounds 1 .. K + 1
+    }
   } else if (g.N == 1) {
     singleNode(l, g, opt.mode, b);
     if (opt.mode == Mode::kDeferred) p.numGroups = g.numChunks + 1;

@@ -26,6 +26,8 @@ tideResult_t commInit(tideComm* comm) {
   TIDE_CHECK(devicePace(comm->device, comm->worldSize == 1, &comm->reducePace));
   TIDE_CHECK(params::status(params::kEagerGraphs));
   comm->eagerGraphs = params::eagerGraphs();
+  TIDE_CHECK(params::status(params::kTokenRsChunks));
+  comm->tokenRsChunks = params::tokenRsChunks();
   TIDE_CHECK(params::status(params::kRanksPerNode));
   const int over = params::ranksPerNodeOverride();
   if (over > 0 && comm->worldSize % over != 0) {
@@ -105,6 +107,7 @@ bool eagerTokens(const tideComm* comm, const LayoutView& view, bool reduceScatte
   in.coll = reduceScatter ? prog::Coll::kReduceScatter : prog::Coll::kAllGather;
   in.nNodes = view.info.nNodes;
   in.rsNumChunks = view.info.rsNumChunks;
+  in.rsTokenMaxChunks = comm->tokenRsChunks;
   return prog::eagerUsesTokens(in);
 }
 
@@ -178,10 +181,12 @@ tideResult_t layoutEntry(tideComm* comm, tideLayout_t layout, bool capturing, ti
     if (p.elemSize > v->maxElemSize) v->maxElemSize = p.elemSize;
     if (p.dtype != v->params[0].dtype) v->uniformDtype = false;
   }
-  // The switch of the eager graph route picks the wire protocol of eager calls, so ranks agree on it with the layout
-  // (both are exchanged; the mismatch report shows the layouts' real hashes and each rank's switch). Agreed pairs
-  // are remembered by one key.
-  const uint64_t agreeKey = comm->eagerGraphs ? v->info.hash ^ 0x7e1de0ff6a9f3c5bull : v->info.hash;
+  // The switch of the eager graph route and the token RS chunk limit pick the wire protocol of eager calls, so ranks
+  // agree on them with the layout (all are exchanged; the mismatch report shows the layouts' real hashes and each
+  // rank's settings). Agreed triples are remembered by one key (the key of the default limit is the one it always
+  // was).
+  uint64_t agreeKey = comm->eagerGraphs ? v->info.hash ^ 0x7e1de0ff6a9f3c5bull : v->info.hash;
+  if (comm->tokenRsChunks != 2) agreeKey ^= 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(comm->tokenRsChunks);
   if (comm->agreedLayouts.count(agreeKey) == 0) {
     if (capturing && comm->policy->agreementExchanges()) {
       return fail(tideUnsupported, "Cuda",
@@ -191,7 +196,7 @@ tideResult_t layoutEntry(tideComm* comm, tideLayout_t layout, bool capturing, ti
                   "capturing (nothing was enqueued; the capture is still valid)",
                   static_cast<unsigned long long>(v->info.hash));
     }
-    TIDE_CHECK(comm->policy->agreeOnLayout(v->info.hash, comm->eagerGraphs));
+    TIDE_CHECK(comm->policy->agreeOnLayout(v->info.hash, comm->eagerGraphs, comm->tokenRsChunks));
     comm->agreedLayouts.insert(agreeKey);
   }
   if (comm->layoutCache.size() > 256) comm->layoutCache.clear();  // bound programs in flight are kept by their users

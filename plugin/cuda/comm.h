@@ -78,6 +78,9 @@ struct tideComm {
   // captures its own graphs on (created at the first capture, so that it takes no hardware queue from the streams
   // created with the comm; it never runs work). The graphs live with their bound programs (ExecCache).
   bool eagerGraphs = false;
+  // NCCL_TIDE_TOKEN_RS_CHUNKS, read once by commInit (agreed with the layout, as eagerGraphs): the most RS chunks a
+  // token program (eager route or capture) may have.
+  int tokenRsChunks = 2;
   cudaStream_t captureStream = nullptr;
   // The NVLink multicast gate (DESIGN.md section 6), read once by commInit.
   bool multicastGate = false;

@@ -326,16 +326,20 @@ tideResult_t IpcProvider::barrier() {
   return exchange(&mine, all.data(), sizeof(mine));
 }
 
-tideResult_t IpcProvider::agreeOnLayout(uint64_t layoutHash, bool eagerGraphs) {
+tideResult_t IpcProvider::agreeOnLayout(uint64_t layoutHash, bool eagerGraphs, int tokenRsChunks) {
   std::lock_guard<std::mutex> lock(mu_);
   struct Agreed {
     uint64_t hash;
     uint64_t eagerGraphs;
+    uint64_t tokenRsChunks;
   };
-  const Agreed mine{layoutHash, eagerGraphs ? 1ull : 0ull};
+  const Agreed mine{layoutHash, eagerGraphs ? 1ull : 0ull, static_cast<uint64_t>(tokenRsChunks)};
   std::vector<Agreed> all(world_);
   TIDE_CHECK(exchange(&mine, all.data(), sizeof(mine)));
-  auto same = [&](int r) { return all[r].hash == all[0].hash && all[r].eagerGraphs == all[0].eagerGraphs; };
+  auto same = [&](int r) {
+    return all[r].hash == all[0].hash && all[r].eagerGraphs == all[0].eagerGraphs &&
+           all[r].tokenRsChunks == all[0].tokenRsChunks;
+  };
   int differ = 0;
   for (int r = 0; r < world_; ++r) differ += !same(r);
   if (differ == 0) return tideSuccess;
@@ -346,23 +350,35 @@ tideResult_t IpcProvider::agreeOnLayout(uint64_t layoutHash, bool eagerGraphs) {
   int shown = 0;
   for (int r = 1; r < world_ && shown < 8; ++r) {
     if (same(r)) continue;
-    int n = snprintf(list + used, sizeof(list) - used, "%srank %d has %016llx%s", shown ? ", " : "", r,
+    char chunks[48] = "";
+    if (all[r].tokenRsChunks != all[0].tokenRsChunks) {
+      snprintf(chunks, sizeof(chunks), " with NCCL_TIDE_TOKEN_RS_CHUNKS=%llu",
+               static_cast<unsigned long long>(all[r].tokenRsChunks));
+    }
+    int n = snprintf(list + used, sizeof(list) - used, "%srank %d has %016llx%s%s", shown ? ", " : "", r,
                      static_cast<unsigned long long>(all[r].hash),
                      all[r].eagerGraphs != all[0].eagerGraphs
                          ? (all[r].eagerGraphs ? " with NCCL_TIDE_EAGER_GRAPHS=1" : " with NCCL_TIDE_EAGER_GRAPHS=0")
-                         : "");
+                         : "",
+                     chunks);
     if (n < 0 || static_cast<size_t>(n) >= sizeof(list) - used) break;
     used += static_cast<size_t>(n);
     ++shown;
   }
   if (differ > shown) snprintf(list + used, sizeof(list) - used, " and %d more", differ - shown);
+  char chunks0[48] = "";
+  if (all[0].tokenRsChunks != 2) {
+    snprintf(chunks0, sizeof(chunks0), " with NCCL_TIDE_TOKEN_RS_CHUNKS=%llu",
+             static_cast<unsigned long long>(all[0].tokenRsChunks));
+  }
   return fail(tideMismatch, kComponent,
-              "layout mismatch across ranks: rank 0 has layout hash %016llx%s (%d of %d ranks agree with it), but %s "
-              "(this is rank %d). Every rank must build the layout from the same parameter numels, dtypes, row "
+              "layout mismatch across ranks: rank 0 has layout hash %016llx%s%s (%d of %d ranks agree with it), but "
+              "%s (this is rank %d). Every rank must build the layout from the same parameter numels, dtypes, row "
               "numels, world size, ranks per node and NCCL_TIDE_* plan parameters, and set NCCL_TIDE_EAGER_GRAPHS "
-              "alike",
+              "and NCCL_TIDE_TOKEN_RS_CHUNKS alike",
               static_cast<unsigned long long>(all[0].hash),
-              all[0].eagerGraphs ? " with NCCL_TIDE_EAGER_GRAPHS=1" : "", world_ - differ, world_, list, rank_);
+              all[0].eagerGraphs ? " with NCCL_TIDE_EAGER_GRAPHS=1" : "", chunks0, world_ - differ, world_, list,
+              rank_);
 }
 
 tideResult_t IpcProvider::share(size_t bytes, const char* what, Shared* out) {

@@ -50,7 +50,7 @@ class IpcProvider final : public PeerMemory, public IssuePolicy {
 
   // IssuePolicy. Collective: every rank learns every rank's layout hash; tideMismatch on every rank (naming the
   // ranks and hashes) if they differ.
-  tideResult_t agreeOnLayout(uint64_t layoutHash, bool eagerGraphs) override;
+  tideResult_t agreeOnLayout(uint64_t layoutHash, bool eagerGraphs, int tokenRsChunks) override;
   bool agreementExchanges() const override { return true; }
   // One rank per process with its own copy-engine queues: a graph may hold several TIDE collectives (the default
   // checkCapture). A layout must have been agreed on by an eager call first (agreementExchanges).

@@ -85,11 +85,12 @@ class IssuePolicy {
   // exchange, bounded only by NCCL_TIDE_TIMEOUT_MS (docs/reliability.md). Default: nothing to compare (loopback: one
   // process, one layout object per rank, ranks submit one after another, so there is no point at which they could
   // wait for each other).
-  // eagerGraphs: this rank's NCCL_TIDE_EAGER_GRAPHS (it picks the wire protocol of eager calls, so it is agreed with
-  // the layout; a mismatch report names both).
-  virtual tideResult_t agreeOnLayout(uint64_t layoutHash, bool eagerGraphs) {
+  // eagerGraphs, tokenRsChunks: this rank's NCCL_TIDE_EAGER_GRAPHS and NCCL_TIDE_TOKEN_RS_CHUNKS (they pick the wire
+  // protocol of eager calls, so they are agreed with the layout; a mismatch report names them).
+  virtual tideResult_t agreeOnLayout(uint64_t layoutHash, bool eagerGraphs, int tokenRsChunks) {
     (void)layoutHash;
     (void)eagerGraphs;
+    (void)tokenRsChunks;
     return tideSuccess;
   }
 

@@ -29,7 +29,7 @@ bool tokenWaitMayPend(const prog::Program& p, const prog::FlagOp& f, const std::
   const bool ag = p.coll == prog::Coll::kAllGather;
   const size_t at = static_cast<size_t>(p.rank) * w::kWords + (ag ? w::kCapAgPhase : w::kCapRsPhase);
   const uint32_t phase = at < words.size() ? words[at] : 0;
-  const int first = ag ? w::kCapAgReady : w::kCapRsEnter;  // the entry tokens; then done / full tokens
+  const int first = ag ? w::kCapAgReady : w::kCapRsEnter;  // the entry tokens; then done / full / consumed tokens
   const bool entry = f.word >= first && f.word < first + 64;
   return (phase == 1 && entry) || (phase == 2 && !entry);
 }
@@ -94,7 +94,8 @@ void shortWordName(int w, int ranksPerNode, char* buf, size_t len) {
   else if (w >= k::kCapAgReady && w < k::kCapAgDone) snprintf(buf, len, "agReadyTok[%d]", w - k::kCapAgReady);
   else if (w >= k::kCapAgDone && w < k::kCapRsEnter) snprintf(buf, len, "agDoneTok[%d]", w - k::kCapAgDone);
   else if (w >= k::kCapRsEnter && w < k::kCapRsFull) snprintf(buf, len, "rsEnterTok[%d]", w - k::kCapRsEnter);
-  else if (w >= k::kCapRsFull && w < k::kWords) snprintf(buf, len, "rsFullTok[%d]", w - k::kCapRsFull);
+  else if (w >= k::kCapRsFull && w < k::kCapRsConsumed) snprintf(buf, len, "rsFullTok[%d]", w - k::kCapRsFull);
+  else if (w >= k::kCapRsConsumed && w < k::kWords) snprintf(buf, len, "rsConsumedTok[%d]", w - k::kCapRsConsumed);
   else snprintf(buf, len, "word[%d]", w);
 }
 

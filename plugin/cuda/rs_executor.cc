@@ -78,6 +78,16 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
                   "valid)",
                   kWhat, v.info.nNodes, v.info.ranksPerNode);
     }
+    if (v.info.rsNumChunks > 2 && pol->defersPushes()) {
+      return fail(tideUnsupported, "Cuda",
+                  "%s: the stream is being captured into a CUDA graph, and on a %s world a captured reduce-scatter "
+                  "takes at most 2 pipeline chunks (this layout has %d): with more, a push waits for the other ranks' "
+                  "reductions, and a rank's whole graph launched ahead of the next rank's can fill the copy queues "
+                  "the ranks share (docs/architecture.md \"More chunks than buffers\"); eager calls of this layout "
+                  "take the token protocol in rounds instead. Create the layout with a larger rsChunkBytes, or run "
+                  "this reduce-scatter outside the capture (nothing was enqueued; the capture is still valid)",
+                  kWhat, pol->name(), v.info.rsNumChunks);
+    }
     if (staging == nullptr) {
       return fail(tideUnsupported, "Cuda",
                   "%s: the stream is being captured into a CUDA graph, and a captured reduce-scatter needs Slot-Reuse "
@@ -87,8 +97,8 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
                   kWhat);
     }
   }
-  // Eager calls whose program can be captured (one node, <= 2 chunks) take the token protocol when the graph route
-  // is on: the same decision on every rank (docs/architecture.md "Eager calls as graph replays"). Unlike a capture,
+  // Eager calls whose program can be captured (one node, at most NCCL_TIDE_TOKEN_RS_CHUNKS chunks) take the token
+  // protocol when the graph route is on: the same decision on every rank (docs/architecture.md "Eager calls as graph replays"). Unlike a capture,
   // an eager token call may use the comm's own staging: its growth runs here, at call time, outside any capture.
   const bool tokens = cap.active || eagerTokens(comm, v, true);
   prog::Options opt;
@@ -96,6 +106,7 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
   const char* zeros = static_cast<const char*>(mem->zeros(&zeroBytes));
   opt.zeroBytes = zeroBytes;
   opt.mode = tokens ? prog::Mode::kCaptured : (pol->defersPushes() ? prog::Mode::kDeferred : prog::Mode::kInOrder);
+  opt.maxTokenRsChunks = comm->tokenRsChunks;
   std::shared_ptr<const prog::Program> program;
   {
     tideResult_t r = ent->exec->program(layout, prog::Coll::kReduceScatter, opt, &program);

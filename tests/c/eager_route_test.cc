@@ -38,6 +38,20 @@ void decisionTable() {
   check(!eagerUsesTokens(in), "RS of 3 chunks keeps the epoch protocol");
   in.rsNumChunks = 4;
   check(!eagerUsesTokens(in), "RS of 4 chunks keeps the epoch protocol");
+  // NCCL_TIDE_TOKEN_RS_CHUNKS raised: RSs up to the limit take tokens (2 buffers behind consumed tokens).
+  in = base(Coll::kReduceScatter);
+  in.rsTokenMaxChunks = 4;
+  in.rsNumChunks = 3;
+  check(eagerUsesTokens(in), "limit 4: RS of 3 chunks takes tokens");
+  in.rsNumChunks = 4;
+  check(eagerUsesTokens(in), "limit 4: RS of 4 chunks takes tokens");
+  in.rsNumChunks = 5;
+  check(!eagerUsesTokens(in), "limit 4: RS of 5 chunks keeps the epoch protocol");
+  in.rsTokenMaxChunks = 1;  // below 2 means 2: RSs of 1-2 chunks always could take tokens
+  in.rsNumChunks = 2;
+  check(eagerUsesTokens(in), "limit below 2: RS of 2 chunks takes tokens");
+  in.rsNumChunks = 0;
+  check(!eagerUsesTokens(in), "RS of 0 chunks (no plan) keeps the epoch protocol");
   in = base(Coll::kAllGather);
   in.rsNumChunks = 9;  // an AG does not care about the RS plan
   check(eagerUsesTokens(in), "AG takes tokens whatever the RS chunks");

@@ -11,7 +11,12 @@
 //   * hazards, from a shadow tag per byte: a staging or slot byte is written only when empty (consumed), read only
 //     after this call wrote it; inputs (shards, gradients) are read only while they hold this call's data; staging is
 //     empty again when the caller's lane reaches the end of an RS; every access stays inside its buffer.
-// Usage: program_model [seeds]            exit 0: every case passed; prints one line per case
+// Usage: program_model [--token-rs-chunks N] MODE...
+//                                         a leading option for every mode below: token RS programs may have up to
+//                                         N pipeline chunks (default 2; NCCL_TIDE_TOKEN_RS_CHUNKS), so layouts of
+//                                         more chunks than staging buffers run the consumed-token pipeline
+//                                         (program_rs.cc capturedPipelined) and the loopback models add such layouts
+//        program_model [seeds]            exit 0: every case passed; prints one line per case
 //        program_model --drop-wait WORD   the same cases with every wait on flag word WORD removed from every
 //                                         program: must fail (a hazard, a wrong result or a deadlock), which shows
 //                                         that the model sees what that wait protects (tests/test_program_model.py)
@@ -28,9 +33,11 @@
 //                                         rank's program into rounds at every wait that follows a non-wait (a round
 //                                         is "waits*, then non-waits*", round 0 the announce), issues round 0 at
 //                                         each rank's call and, after the last rank's call, round 1 of every rank
-//                                         (rank 0 .. W-1), then round 2 of every rank, ... PROTOCOL "epoch" or
+//                                         (rank 0 .. W-1), then round 2 of every rank, ...; "groups" the same
+//                                         with the programs' own issue rounds (Step::group), which is what
+//                                         BoundProgram::issueTokens does on loopback. PROTOCOL "epoch" or
 //                                         "token" (single-node all-gathers), "token-mixed" (token all-gathers and
-//                                         reduce-scatters alternating, <= 2 RS chunks). Exit 0, or FAIL with
+//                                         reduce-scatters alternating, at most N RS chunks). Exit 0, or FAIL with
 //                                         "deadlock" if it can hang.
 //        program_model --channels K MAP C ISSUE PROTOCOL [seeds]
 //                                         the shared-channel model (hypothesis H2 of session 17, about the H200:
@@ -62,6 +69,7 @@
 #include <vector>
 
 #include "dtype.h"
+#include "errors.h"
 #include "host_executor.h"
 #include "layout.h"
 #include "program.h"
@@ -73,6 +81,8 @@ namespace {
 
 constexpr int32_t kEmpty = -1;
 int g_dropWord = -1;  // --drop-wait
+// --token-rs-chunks N: the most chunks a token RS may have (NCCL_TIDE_TOKEN_RS_CHUNKS; Options::maxTokenRsChunks).
+int g_tokenRsChunks = 2;
 
 // Removes every wait on g_dropWord (the mutation of --drop-wait); flag runs left empty become no-ops.
 void mutate(Program* p) {
@@ -473,6 +483,7 @@ void prepare(World& w, const std::vector<std::unique_ptr<Layout>>& layouts, Mode
   Options opt;
   opt.mode = mode;
   opt.zeroBytes = 64;  // small, so padding takes several zero copies
+  opt.maxTokenRsChunks = g_tokenRsChunks;
   P->ag.resize(W);
   P->rs.resize(W);
   P->agT.resize(W);
@@ -481,9 +492,10 @@ void prepare(World& w, const std::vector<std::unique_ptr<Layout>>& layouts, Mode
   for (const Call& c : seq) (c.kind == Kind::kAg ? agTokens : rsTokens) |= c.token;
   Options tok = opt;
   tok.mode = Mode::kCaptured;
+  tok.maxTokenRsChunks = g_tokenRsChunks;
   for (int r = 0; r < W; ++r) {
-    if (compileAllGather(*layouts[r], opt, &P->ag[r]) != tideSuccess) die("compileAllGather failed");
-    if (compileReduceScatter(*layouts[r], opt, &P->rs[r]) != tideSuccess) die("compileReduceScatter failed");
+    if (compileAllGather(*layouts[r], opt, &P->ag[r]) != tideSuccess) die(std::string("compileAllGather failed: ") + lastError());
+    if (compileReduceScatter(*layouts[r], opt, &P->rs[r]) != tideSuccess) die(std::string("compileReduceScatter failed: ") + lastError());
     if (agTokens && compileAllGather(*layouts[r], tok, &P->agT[r]) != tideSuccess) {
       die("compileAllGather (tokens) failed");
     }
@@ -629,13 +641,13 @@ uint64_t runCase(const Case& cs, Mode mode, uint64_t seed, uint32_t start, std::
   return w.executed;
 }
 
-enum class Issue { kCall, kAnnounce, kRounds };
+enum class Issue { kCall, kAnnounce, kRounds, kGroups };
 
 // The sequence of the loopback models: `calls` single-node all-gathers, with token RSs between them (token-mixed).
 std::vector<Call> queueSeq(const Layout& l0, bool tokens, bool withRs, int calls) {
   std::vector<Call> seq(calls, Call{Kind::kAg, false, tideSum, tideFloat32, tokens});
-  if (withRs) {  // token RS between the all-gathers (<= 2 chunks: the route's limit), Slot-Reuse and own staging
-    if (l0.rs.numChunks > 2) die("token-mixed: the layout has more than 2 RS chunks");
+  if (withRs) {  // token RS between the all-gathers (the route's chunk limit), Slot-Reuse and own staging
+    if (l0.rs.numChunks > g_tokenRsChunks) die("token-mixed: the layout has more RS chunks than --token-rs-chunks");
     for (int c = 1; c < calls; c += 2) {
       seq[c] = Call{Kind::kRs, (c / 2) % 2 == 0, c % 4 == 1 ? tideSum : tideAvg,
                     c % 4 == 1 ? tideFloat32 : tideBfloat16, true};
@@ -683,20 +695,46 @@ std::vector<std::vector<std::pair<int, LaneItem>>> roundsOf(const std::vector<st
   return rounds;
 }
 
+// A rank's items of one call split by the programs' own issue rounds (Step::group), as BoundProgram::issueTokens
+// issues them on loopback: group -1 (the announce) and the inputs in round 0, group g in round g + 1, the end-of-call
+// check in the last round.
+std::vector<std::vector<std::pair<int, LaneItem>>> groupsOf(const std::vector<std::pair<int, LaneItem>>& items) {
+  std::vector<std::vector<std::pair<int, LaneItem>>> rounds(1);
+  for (const auto& [lane, it] : items) {
+    size_t r = rounds.size() - 1;  // the check pseudo-op: after everything
+    if (it.op == -2) {
+      r = 0;
+    } else if (it.op >= 0) {
+      const Program& p = *it.prog;
+      int g = -1;
+      for (const Step& st : p.steps) {
+        if (static_cast<uint32_t>(it.op) >= st.begin && static_cast<uint32_t>(it.op) < st.end) g = st.group;
+      }
+      if (p.mode != Mode::kCaptured) die("groups: takes token programs only");
+      r = static_cast<size_t>(g + 1);
+      if (r + 1 < rounds.size()) die("groups: a program's groups are not in program order");
+    }
+    if (r >= rounds.size()) rounds.resize(r + 1);
+    rounds[r].push_back({lane, it});
+  }
+  return rounds;
+}
+
 // The host's issue order over `calls` calls of every rank (the loopback: the host issues rank after rank).
 //   kCall:     each rank's whole program at its call;
 //   kAnnounce: each rank's announce (its inputs and the first flag run's writes up to its first wait) at its call,
 //              the rest of every rank, rank after rank, after the last rank's call (BoundProgram::issueTokens);
 //   kRounds:   round 0 (the announce) of each rank at its call; after the last rank's call round 1 of every rank
-//              (rank 0 .. W - 1), then round 2 of every rank, and so on (roundsOf).
+//              (rank 0 .. W - 1), then round 2 of every rank, and so on (roundsOf);
+//   kGroups:   the same with the programs' own rounds (groupsOf): what BoundProgram::issueTokens does.
 std::vector<std::pair<int, LaneItem>> issueOrder(const World& w, const Programs& P, int calls, Issue issue) {
   std::vector<std::pair<int, LaneItem>> order;
   for (int c = 0; c < calls; ++c) {
-    if (issue == Issue::kRounds) {
+    if (issue == Issue::kRounds || issue == Issue::kGroups) {
       std::vector<std::vector<std::vector<std::pair<int, LaneItem>>>> rounds(w.W);
       size_t most = 0;
       for (int r = 0; r < w.W; ++r) {
-        rounds[r] = roundsOf(itemsOf(w, P, c, r));
+        rounds[r] = issue == Issue::kRounds ? roundsOf(itemsOf(w, P, c, r)) : groupsOf(itemsOf(w, P, c, r));
         most = std::max(most, rounds[r].size());
       }
       for (size_t k = 0; k < most; ++k) {
@@ -838,6 +876,7 @@ bool parseIssue(const char* s, Issue* out) {
   if (strcmp(s, "call") == 0) *out = Issue::kCall;
   else if (strcmp(s, "announce") == 0) *out = Issue::kAnnounce;
   else if (strcmp(s, "rounds") == 0) *out = Issue::kRounds;
+  else if (strcmp(s, "groups") == 0) *out = Issue::kGroups;
   else return false;
   return true;
 }
@@ -854,7 +893,7 @@ bool parseProtocol(const char* s, bool* tokens, bool* mixed) {
 // --copy-queue C ENTRIES ISSUE PROTOCOL [seeds] (see the header).
 int queueMain(int argc, char** argv) {
   if (argc < 6) {
-    die("usage: program_model --copy-queue C batch|graph call|announce|rounds epoch|token|token-mixed [seeds]");
+    die("usage: program_model --copy-queue C batch|graph call|announce|rounds|groups epoch|token|token-mixed [seeds]");
   }
   const uint32_t cap = static_cast<uint32_t>(atoi(argv[2]));
   const bool graph = strcmp(argv[3], "graph") == 0;
@@ -862,16 +901,22 @@ int queueMain(int argc, char** argv) {
   bool tokens = false, mixed = false;
   if (cap < 1 || (!graph && strcmp(argv[3], "batch") != 0) || !parseIssue(argv[4], &issue) ||
       !parseProtocol(argv[5], &tokens, &mixed)) {
-    die("--copy-queue: C >= 1, batch|graph, call|announce|rounds, epoch|token|token-mixed");
+    die("--copy-queue: C >= 1, batch|graph, call|announce|rounds|groups, epoch|token|token-mixed");
   }
-  if (issue == Issue::kRounds && !tokens) die("--copy-queue: rounds takes token programs (token, token-mixed)");
+  if ((issue == Issue::kRounds || issue == Issue::kGroups) && !tokens) {
+    die("--copy-queue: rounds and groups take token programs (token, token-mixed)");
+  }
   const int seeds = argc > 6 ? atoi(argv[6]) : 4;
   // Single-node all-gathers like the H200 runs of session 16: 64 parameters at W = 2 and 8, 9 at W = 8, 16 at W = 4.
   const std::vector<uint64_t> p64(64, 300), p9(9, 1000), p16(16, 500);
-  const std::vector<Case> cases = {{p64, tideBfloat16, 2, 2, 1 << 20, 0},
-                                   {p16, tideBfloat16, 4, 4, 1 << 20, 0},
-                                   {p9, tideBfloat16, 8, 8, 1 << 20, 0},
-                                   {p64, tideBfloat16, 8, 8, 1 << 20, 0}};
+  std::vector<Case> cases = {{p64, tideBfloat16, 2, 2, 1 << 20, 0},
+                             {p16, tideBfloat16, 4, 4, 1 << 20, 0},
+                             {p9, tideBfloat16, 8, 8, 1 << 20, 0},
+                             {p64, tideBfloat16, 8, 8, 1 << 20, 0}};
+  if (g_tokenRsChunks > 2) {  // token RSs of more chunks than buffers: 7 chunks at W = 4, 4 at W = 8
+    cases.push_back({p16, tideBfloat16, 4, 4, 4 * 300, 0});
+    cases.push_back({p64, tideBfloat16, 8, 8, 4 * 800, 0});
+  }
   for (size_t ci = 0; ci < cases.size(); ++ci) {
     for (int s = 0; s < seeds; ++s) {
       const uint64_t n = runQueueCase(cases[ci], cap, graph, issue, tokens, mixed, 9000 + 13 * ci + s, mixed ? 5 : 3);
@@ -886,7 +931,7 @@ int queueMain(int argc, char** argv) {
 // --channels K MAP C ISSUE PROTOCOL [seeds] (see the header). Every run is reported; a hang does not stop the others.
 int channelMain(int argc, char** argv) {
   if (argc < 7) {
-    die("usage: program_model --channels K rank|random C call|announce|rounds epoch|token|token-mixed [seeds]");
+    die("usage: program_model --channels K rank|random C call|announce|rounds|groups epoch|token|token-mixed [seeds]");
   }
   const int K = atoi(argv[2]);
   const bool randomMap = strcmp(argv[3], "random") == 0;
@@ -895,14 +940,16 @@ int channelMain(int argc, char** argv) {
   bool tokens = false, mixed = false;
   if (K < 1 || (!randomMap && strcmp(argv[3], "rank") != 0) || !parseIssue(argv[5], &issue) ||
       !parseProtocol(argv[6], &tokens, &mixed)) {
-    die("--channels: K >= 1, rank|random, C >= 0 (0: unbounded), call|announce|rounds, epoch|token|token-mixed");
+    die("--channels: K >= 1, rank|random, C >= 0 (0: unbounded), call|announce|rounds|groups, epoch|token|token-mixed");
   }
-  if (issue == Issue::kRounds && !tokens) die("--channels: rounds takes token programs (token, token-mixed)");
+  if ((issue == Issue::kRounds || issue == Issue::kGroups) && !tokens) {
+    die("--channels: rounds and groups take token programs (token, token-mixed)");
+  }
   const int seeds = argc > 7 ? atoi(argv[7]) : 4;
   // The --copy-queue layouts (RS of 1 chunk), 5 parameters at W = 8 (session 17's hang on the H200 with
   // announce-first), and layouts whose RS takes 2 chunks (the token route's limit).
   const std::vector<uint64_t> p64(64, 300), p9(9, 1000), p16(16, 500), p5(5, 1000);
-  const std::vector<Case> cases = {{p64, tideBfloat16, 2, 2, 1 << 20, 0},
+  const std::vector<Case> base = {{p64, tideBfloat16, 2, 2, 1 << 20, 0},
                                    {p16, tideBfloat16, 4, 4, 1 << 20, 0},
                                    {p9, tideBfloat16, 8, 8, 1 << 20, 0},
                                    {p64, tideBfloat16, 8, 8, 1 << 20, 0},
@@ -911,6 +958,13 @@ int channelMain(int argc, char** argv) {
                                    {p16, tideBfloat16, 4, 4, 4 * 1000, 0},
                                    {p64, tideBfloat16, 8, 8, 4 * 1280, 0},
                                    {p5, tideBfloat16, 8, 8, 4 * 400, 0}};
+  std::vector<Case> cases = base;
+  if (g_tokenRsChunks > 2) {  // token RSs of more chunks than buffers: 7 chunks at W = 4, 4 at W = 8 and 2
+    cases.push_back({p16, tideBfloat16, 4, 4, 4 * 300, 0});
+    cases.push_back({p64, tideBfloat16, 8, 8, 4 * 800, 0});
+    cases.push_back({p5, tideBfloat16, 8, 8, 4 * 200, 0});
+    cases.push_back({p64, tideBfloat16, 2, 2, 4 * 1500, 0});
+  }
   g_throwDeadlock = true;
   int runs = 0, hung = 0;
   for (size_t ci = 0; ci < cases.size(); ++ci) {
@@ -940,6 +994,13 @@ int channelMain(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
+  if (argc > 2 && strcmp(argv[1], "--token-rs-chunks") == 0) {  // a leading option, before any other
+    g_tokenRsChunks = atoi(argv[2]);
+    if (g_tokenRsChunks < 2) die("--token-rs-chunks: N >= 2");
+    argv[2] = argv[0];
+    argv += 2;
+    argc -= 2;
+  }
   if (argc > 1 && strcmp(argv[1], "--copy-queue") == 0) return queueMain(argc, argv);
   if (argc > 1 && strcmp(argv[1], "--channels") == 0) return channelMain(argc, argv);
   int seeds = 4;
@@ -963,6 +1024,8 @@ int main(int argc, char** argv) {
       {{4097}, tideBfloat16, 64, 64, 512, 0},                         // 1 x 64
       {{7, 13}, tideBfloat16, 3, 3, 8, 0},                            // tiny, odd sizes
       {{7, 13}, tideFloat32, 6, 2, 8, 8},                             // tiny, several nodes
+      {{2048, 17}, tideBfloat16, 8, 8, 256, 0},                       // 1 x 8, 5 RS chunks
+      {{999, 64, 3001}, tideBfloat16, 6, 6, 4 * 300, 0},              // 1 x 6, 3 RS chunks
   };
   const Call agC{Kind::kAg, false, tideSum, tideFloat32};
   int failures = 0;
@@ -983,10 +1046,11 @@ int main(int argc, char** argv) {
                static_cast<int>(mode), s, start, n);
       }
     }
-    // Captured programs: single node, <= 2 chunks, slot staging; constant tokens.
+    // Captured programs: single node, at most --token-rs-chunks chunks, slot staging; constant tokens.
     if (c.W == c.R) {
       auto ls = makeLayouts(c);
-      if (ls[0]->rs.numChunks <= 2 && ls[0]->rs.slotReuseFits) {
+      const int K = ls[0]->rs.numChunks;
+      if (K <= g_tokenRsChunks && ls[0]->rs.slotReuseFits) {
         // Two sequences: AG then RS in the slot region (Slot-Reuse) and back, and back-to-back calls of one kind.
         const std::vector<std::vector<Call>> seqs = {
             {agC, Call{Kind::kRs, true, tideSum, tideFloat32}, agC, Call{Kind::kRs, true, tideAvg, tideBfloat16}},
@@ -994,13 +1058,13 @@ int main(int argc, char** argv) {
              agC}};
         for (int s = 0; s < 2 * seeds; ++s) {
           uint64_t n = runCase(c, Mode::kCaptured, 77 + s, 0, seqs[s % 2]);
-          printf("case %zu W=%d captured seed %d: ok (%" PRIu64 " scheduler steps)\n", ci, c.W, s, n);
+          printf("case %zu W=%d captured chunks=%d seed %d: ok (%" PRIu64 " scheduler steps)\n", ci, c.W, K, s, n);
         }
       }
       // Eager calls on the token route (docs/architecture.md "Eager calls as graph replays") mixed with epoch calls
-      // on one comm: AG always takes tokens on one node, RS only with <= 2 chunks (own or slot staging), so a layout
-      // with more chunks mixes token AGs with epoch RSs.
-      const bool rsTok = ls[0]->rs.numChunks <= 2;
+      // on one comm: AG always takes tokens on one node, RS only with at most --token-rs-chunks chunks (own or slot
+      // staging), so a layout with more chunks mixes token AGs with epoch RSs.
+      const bool rsTok = K <= g_tokenRsChunks;
       const Call agT{Kind::kAg, false, tideSum, tideFloat32, true};
       const Call rsOwn{Kind::kRs, false, tideAvg, tideBfloat16, rsTok};
       const Call rsSlot{Kind::kRs, true, tidePremulSum, tideFloat16, rsTok};
@@ -1010,8 +1074,8 @@ int main(int argc, char** argv) {
         for (int s = 0; s < seeds; ++s) {
           const uint32_t start = (s % 2) ? 0xFFFFFFF0u : 0u;
           uint64_t n = runCase(c, mode, 5000 + 31 * s + static_cast<int>(mode), start, mixed);
-          printf("case %zu W=%d mixed eager/token mode %d seed %d%s: ok (%" PRIu64 " scheduler steps)\n", ci, c.W,
-                 static_cast<int>(mode), s, rsTok ? "" : " (RS epoch only)", n);
+          printf("case %zu W=%d mixed eager/token chunks=%d mode %d seed %d%s: ok (%" PRIu64 " scheduler steps)\n", ci,
+                 c.W, K, static_cast<int>(mode), s, rsTok ? "" : " (RS epoch only)", n);
         }
       }
     }

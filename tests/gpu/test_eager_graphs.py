@@ -1,7 +1,8 @@
 """Eager TIDE-AG / TIDE-RS as replays of graphs the library captured itself (issue 15; docs/architecture.md "Eager
 calls as graph replays"), on loopback worlds.
 
-With NCCL_TIDE_EAGER_GRAPHS=1 (the default; these tests skip with NCCL_TIDE_EAGER_GRAPHS=0) an eager single-node AG, or RS of at most 2 chunks, runs the token
+With NCCL_TIDE_EAGER_GRAPHS=1 (the default; these tests skip with NCCL_TIDE_EAGER_GRAPHS=0) an eager single-node AG, or RS of
+at most NCCL_TIDE_TOKEN_RS_CHUNKS chunks (2 by default; the "pipelined" tests raise it in a subprocess), runs the token
 protocol: the first call with a binding is issued directly, the second is captured into a graph on the comm's
 private stream and launched, later ones replay that graph. Every call here gets fresh random inputs (never zeros)
 and poisoned outputs, and is compared bit for bit with the host executor; the debug dump says how each rank issued
@@ -23,6 +24,7 @@ import numpy as np
 import pytest
 from gpu_util import POISON, as_bits, int_dtype, make_layouts, random_bytes, random_float
 from nccl_tide import _native as N
+from nccl_tide.errors import UnsupportedError
 from test_graph_capture import (  # noqa: F401 (world_of: the fixture, shared)
     AgCase, RsCase, capture_each_rank, destroy, launch_all, rs_layouts, world_of)
 
@@ -40,6 +42,14 @@ def seeded(*key):
 
 def route_on() -> bool:
     return os.environ.get("NCCL_TIDE_EAGER_GRAPHS", "1") == "1"  # on by default (docs/env.md)
+
+
+# NCCL_TIDE_TOKEN_RS_CHUNKS of this process (read once by the library): RSs of more chunks than 2 take the token
+# protocol (2 staging buffers behind consumed tokens) up to it. The "pipelined" tests need it raised; with the default
+# test_pipelined_in_a_subprocess runs them in a process that sets it.
+TOKEN_RS_CHUNKS = int(os.environ.get("NCCL_TIDE_TOKEN_RS_CHUNKS", "2"))
+needs_pipelined = pytest.mark.skipif(not route_on() or TOKEN_RS_CHUNKS < 8,
+                                     reason="needs NCCL_TIDE_TOKEN_RS_CHUNKS >= 8 (test_pipelined_in_a_subprocess)")
 
 
 def last_program(world, r, coll):
@@ -131,12 +141,101 @@ def test_eager_reduce_scatter_graph_route_bit_exact(torch_cuda, world_of, W, gdt
         case.close()
 
 
+# More chunks than staging buffers (NCCL_TIDE_TOKEN_RS_CHUNKS raised; docs/architecture.md "More chunks than buffers")
+PIPELINED_CASES = [
+    # W, gradient dtype, output dtype, op, chunks, own staging
+    (2, "bf16", "fp32", "sum", 3, False),
+    (2, "fp32", "fp32", "avg", 8, True),
+    (4, "bf16", "bf16", "premul", 4, False),
+    (4, "fp16", "fp32", "avg", 5, True),
+    (8, "bf16", "fp32", "sum", 4, True),
+    (8, "bf16", "bf16", "premul", 6, False),
+    (8, "fp32", "fp32", "sum", 3, False),
+]
+
+
+@needs_pipelined
+@pytest.mark.parametrize("W,gdt,odt,op,chunks,own", PIPELINED_CASES)
+def test_eager_reduce_scatter_pipelined_bit_exact(torch_cuda, world_of, W, gdt, odt, op, chunks, own):
+    """An eager token RS of 3-8 chunks over 2 staging buffers (pushes of chunk k wait for every owner's consumed token
+    of chunk k - 2): direct, captured, then replayed, each call bit-exact with the host executor."""
+    torch = torch_cuda
+    world = world_of(W)
+    case = RsCase(torch, world, seeded("eager-rs-pipelined", W, gdt, odt, op, chunks, own), gdt, odt, op, chunks)
+    try:
+        for it in range(CALLS):
+            case.new_inputs()
+            case.eager(own_staging=own)
+            case.check(case.result(), f"call {it} ({'own' if own else 'slot'} staging)")
+            expect_issue(world, "RS", amortised(it), f"call {it}")
+    finally:
+        case.close()
+
+
+@needs_pipelined
+@pytest.mark.parametrize("W,chunks", [(2, 3), (4, 5), (8, 4)])
+def test_captured_reduce_scatter_pipelined_refused_on_loopback(torch_cuda, world_of, W, chunks):
+    """A user capture of an RS of more chunks than buffers is refused on loopback (a rank's whole graph, launched
+    ahead of the next rank's, could fill the shared copy queues: tests/test_program_model.py shows the hang), with
+    nothing enqueued and the capture still valid; eager token RSs of the same layout around it stay bit-exact and
+    the eager token AG beside them too."""
+    torch = torch_cuda
+    world = world_of(W)
+    rng = seeded("captured-rs-pipelined", W, chunks)
+    rs = RsCase(torch, world, rng, "bf16", "fp32", "sum", chunks)
+    ag = AgCase(torch, world, rng, ["bf16", "fp32"])
+    try:
+        for it in range(4):
+            rs.new_inputs()
+            ag.new_inputs()
+            ag.eager()
+            rs.eager(own_staging=it % 2 == 1)
+            rs.check(rs.result(), f"eager RS {it}")
+            ag.check(ag.result(), f"eager AG {it}")
+
+        def refused(r):
+            with pytest.raises(UnsupportedError, match="at most 2 pipeline chunks"):
+                rs.call(r)
+            ag.call(r)  # the capture is still valid: an AG captures after the refusal
+
+        execs = capture_each_rank(torch, world, refused)
+        try:
+            for it in range(3):
+                ag.new_inputs()
+                launch_all(world, execs)
+                ag.check(ag.result(), f"AG graph after the refusal, replay {it}")
+                rs.new_inputs()
+                rs.eager()
+                rs.check(rs.result(), f"eager RS after the refusal {it}")
+                expect_issue(world, "RS", REPLAYED, f"eager RS after the refusal {it}")
+        finally:
+            destroy(world, execs)
+    finally:
+        rs.close()
+        ag.close()
+
+
+def test_pipelined_in_a_subprocess(torch_cuda, cuda_lib):
+    """The pipelined tests above, in a process with NCCL_TIDE_TOKEN_RS_CHUNKS=64 (the parameter is read once)."""
+    if TOKEN_RS_CHUNKS >= 8 or not route_on():
+        pytest.skip("this process runs the pipelined tests itself (or the route is off)")
+    env = dict(os.environ, NCCL_TIDE_TOKEN_RS_CHUNKS="64", CUDA_DEVICE_MAX_CONNECTIONS="32", NCCL_NVLS_ENABLE="0",
+               TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [env.get("PYTHONPATH", ""), *sys.path] if p)
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", __file__, "-k",
+                        "pipelined and not subprocess"], capture_output=True, text=True, env=env, timeout=540)
+    n = len(PIPELINED_CASES) + 3
+    assert p.returncode == 0 and f"{n} passed" in p.stdout and "skipped" not in p.stdout, (
+        p.stdout[-4000:] + p.stderr[-2000:])
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Interleaving: graph route, epoch protocol and user captures on one world
 # ----------------------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.skipif(not route_on(), reason="NCCL_TIDE_EAGER_GRAPHS=0")
+@pytest.mark.skipif(TOKEN_RS_CHUNKS >= 4, reason="NCCL_TIDE_TOKEN_RS_CHUNKS >= 4: the RS of 4 chunks takes tokens")
 def test_interleaved_routes(torch_cuda, world_of):
     """Per round, on each rank's one stream: eager AG (graph route), eager RS of 4 chunks (epoch protocol, deferred),
     a user-captured AG graph, eager RS of 2 chunks (graph route; own staging every other round), a user-captured RS
