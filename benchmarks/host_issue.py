@@ -10,8 +10,10 @@ and 8. Method: nccl_tide.perf.issue_cost (streams gated behind a sleep kernel, p
 replays") off and on in the same run: the cases run first in a child process with NCCL_TIDE_EAGER_GRAPHS=0 (the
 parameter is read once per process), then here with it on, and one table compares them (host us off / on, and the
 GPU time of each, since a replayed graph runs memcpy nodes where the eager call runs batched copies). Cases whose
-program cannot take the route (RS of more than 2 chunks: the Llama and 64-parameter RS rows) run the epoch protocol
-in both columns and show "epoch" in the route column.
+program cannot take the route (RS of more chunks than NCCL_TIDE_TOKEN_RS_CHUNKS, default 2: the Llama and
+64-parameter RS rows) run the epoch protocol in both columns and show "epoch" in the route column; with
+NCCL_TIDE_TOKEN_RS_CHUNKS raised (ci/gpu_job.sh's host_issue_pipelined step) they take the token protocol and show
+"graph".
 """
 
 import argparse
@@ -24,6 +26,9 @@ import tempfile
 for k, v in {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}.items():
     os.environ.setdefault(k, v)
 os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+# The most chunks of a token RS (the library reads NCCL_TIDE_TOKEN_RS_CHUNKS once; docs/env.md): RSs of more take
+# the epoch protocol whatever the route.
+TOKEN_RS_CHUNKS = max(2, int(os.environ.get("NCCL_TIDE_TOKEN_RS_CHUNKS", "2")))
 
 LLAMA8B_LAYER = [4096 * 4096, 1024 * 4096, 1024 * 4096, 4096 * 4096, 14336 * 4096, 14336 * 4096, 4096 * 14336, 4096,
                  4096]
@@ -89,7 +94,7 @@ def main() -> int:
     merged = []
     for r in rows_on:
         o = off.get((r["case"], r["W"], r["coll"]), {})
-        route = "graph" if r["coll"] == "ag" or r["chunks"] <= 2 else "epoch"
+        route = "graph" if r["coll"] == "ag" or r["chunks"] <= TOKEN_RS_CHUNKS else "epoch"
         h_off, h_on = o.get("host_us", float("nan")), r.get("host_us", float("nan"))
         ratio = h_off / h_on if h_on and h_on == h_on and h_off == h_off else float("nan")
         print(f"{r['case']:<18}{r['W']:>3}{r['P']:>4}{r['coll']:>5}{r['chunks']:>7}{route:>7}{h_off:>10.1f}"

@@ -28,22 +28,22 @@ def test_decision_and_amortizer(route_exe):
     assert "all checks passed" in r.stdout
 
 
-def _describe(env_value):
+def _describe(env_value, name="NCCL_TIDE_EAGER_GRAPHS"):
     code = (
         "import ctypes; from nccl_tide import _native as N\n"
         "lib = N.lib(); c = ctypes.c_int(); lib.tideParamCount(ctypes.byref(c))\n"
         "for i in range(c.value):\n"
         "    n = ctypes.c_char_p(); d = ctypes.c_char_p(); v = ctypes.c_char_p()\n"
         "    rc = lib.tideParamDescribe(i, ctypes.byref(n), None, ctypes.byref(d), None, ctypes.byref(v))\n"
-        "    if rc == 0 and n.value == b'NCCL_TIDE_EAGER_GRAPHS':\n"
+        f"    if rc == 0 and n.value == b'{name}':\n"
         "        print('ok', d.value.decode(), v.value.decode())\n"
-        "    elif rc != 0 and 'NCCL_TIDE_EAGER_GRAPHS' in N.last_error():\n"
+        f"    elif rc != 0 and '{name}' in N.last_error():\n"
         "        print('bad', rc, N.last_error())\n"
     )
     env = dict(os.environ)
-    env.pop("NCCL_TIDE_EAGER_GRAPHS", None)
+    env.pop(name, None)
     if env_value is not None:
-        env["NCCL_TIDE_EAGER_GRAPHS"] = env_value
+        env[name] = env_value
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0, r.stderr
     return r.stdout.split()
@@ -58,4 +58,19 @@ def test_switch_parses(native, value, expected):
 @pytest.mark.parametrize("value", ["yes", "2", " 1", "01x", ""])
 def test_switch_rejects_other_values(native, value):
     out = _describe(value)
+    assert out and out[0] == "bad", out
+
+
+@pytest.mark.parametrize("value,expected", [(None, "2"), ("2", "2"), ("64", "64"), ("4096", "4096")])
+def test_token_rs_chunk_limit_parses(native, value, expected):
+    """NCCL_TIDE_TOKEN_RS_CHUNKS: the most chunks of a token RS (default 2), an integer from 2 to 4096."""
+    out = _describe(value, "NCCL_TIDE_TOKEN_RS_CHUNKS")
+    assert out[:3] == ["ok", "2", expected], out
+
+
+@pytest.mark.parametrize("value", ["1", "0", "4097", "-3", "many", ""])
+def test_token_rs_chunk_limit_rejects_other_values(native, value):
+    """Strict like NCCL_TIDE_EAGER_GRAPHS: it picks the wire protocol, so a value that cannot be read is an error (a
+    silent default could differ from another rank's setting)."""
+    out = _describe(value, "NCCL_TIDE_TOKEN_RS_CHUNKS")
     assert out and out[0] == "bad", out

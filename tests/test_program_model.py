@@ -67,6 +67,32 @@ def test_token_rs_of_more_chunks_than_buffers(model_exe):
     assert any("chunks=21" in x for x in mixed) and any("chunks=5" in x for x in mixed)
 
 
+def test_pipelined_token_rs_runs_forked_and_on_one_stream(model_exe):
+    """The token RS of more chunks than buffers runs on two lanes (pushes on the internal lane, reductions on the
+    caller's: a captured graph's two branches) and, folded onto the caller's lane, on one stream (direct issue):
+    both pass for the captured and the mixed eager/token sequences."""
+    r = subprocess.run([str(model_exe), "--token-rs-chunks", "64", "4"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "all cases passed" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+    lines = [x for x in r.stdout.splitlines() if x.startswith("case ") and "chunks=" in x]
+    deep = [x for x in lines if int(x.split("chunks=")[1].split()[0]) > 2]
+    for kind in (" captured ", " mixed eager/token "):
+        assert any(kind in x and "folded" in x for x in deep), kind
+        assert any(kind in x and "folded" not in x for x in deep), kind
+
+
+@pytest.mark.parametrize("mutation", ["--drop-own-token-waits", "--no-fork"])
+def test_model_detects_a_two_lane_token_rs_without_its_meeting_points(model_exe, mutation):
+    """A rank's two lanes meet only at its own full / consumed tokens, and its internal lane starts at the fork:
+    without either the model must fail (a reduce before the rank's own push landed, a push into a buffer not yet
+    reduced, or a push of gradients the caller has not produced). At the default limit (no such programs) the
+    same mutation changes nothing."""
+    bad = subprocess.run([str(model_exe), "--token-rs-chunks", "64", mutation, "6"], capture_output=True, text=True,
+                         timeout=600)
+    assert bad.returncode != 0 and "FAIL:" in bad.stderr, bad.stdout[-1500:] + bad.stderr[-1500:]
+    ok = subprocess.run([str(model_exe), mutation, "3"], capture_output=True, text=True, timeout=600)
+    assert ok.returncode == 0 and "all cases passed" in ok.stdout, ok.stdout[-1500:] + ok.stderr[-1500:]
+
+
 def test_model_detects_a_missing_consumed_token_wait(model_exe):
     """The consumed tokens (word 512 + owner) are waited on only by token RSs of more than 2 chunks: dropping those
     waits must fail (a push overwrites a staging buffer not yet reduced)."""
@@ -100,7 +126,7 @@ def test_copy_queue_model_reproduces_the_eager_graph_hang(model_exe):
     r = _queue(model_exe, 600, "graph", "call", "token")
     assert r.returncode != 0, r.stdout[-2000:]
     assert "the host is blocked on a full copy queue" in r.stderr, r.stderr[-2000:]
-    assert "queue case 2 W=8 P=9 cap 600 graph call token seed 2: ok" in r.stdout, r.stdout[-2000:]
+    assert "queue case 2 W=8 P=9 chunks=1 cap 600 graph call token seed 2: ok" in r.stdout, r.stdout[-2000:]
     assert "W=8 P=64" not in r.stdout, r.stdout[-2000:]
 
 
@@ -255,7 +281,8 @@ def test_copy_queue_model_token_rs_pipeline_in_groups(model_exe, cap):
     r = subprocess.run([str(model_exe), "--token-rs-chunks", "64", "--copy-queue", str(cap), "graph", "groups",
                         "token-mixed", "3"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "all cases passed" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
-    assert "W=4 P=16" in r.stdout and "W=8 P=64" in r.stdout
+    ran = {(x.split()[3], int(x.split()[5][7:])) for x in r.stdout.splitlines() if x.startswith("queue case ")}
+    assert {("W=4", 7), ("W=8", 4)} <= ran, ran  # the pipelined layouts ran, not only the 1-chunk ones
 
 
 @pytest.mark.parametrize("k,mapping,cap", [(1, "rank", 0), (8, "random", 1)])

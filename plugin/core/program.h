@@ -134,8 +134,9 @@ struct Op {
 
 struct Step {
   Lane lane = Lane::kCaller;
-  // kDeferred: issue group (-1: at call time). kCaptured: issue round (-1: the announce, 0 and 1: rounds 1 and 2),
-  // used by providers whose ranks share hardware queues (docs/architecture.md "Issue rounds"); others ignore it.
+  // kDeferred: issue group (-1: at call time). kCaptured: issue round (-1: the announce, g: round g + 1; 2 rounds,
+  // or K + 1 for an RS of K > 2 chunks), used by providers whose ranks share hardware queues (docs/architecture.md
+  // "Issue rounds"); others ignore it.
   int32_t group = -1;
   uint32_t begin = 0, end = 0;  // ops
 };

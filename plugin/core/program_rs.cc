@@ -129,15 +129,16 @@ void singleNode(const Layout& l, const Geometry& g, Mode mode, Builder& b) {
   b.wait(me, word::kRsPushDone, Val::kEpoch, 0);
 }
 
-// Token programs: the announce and the entry waits of round 1 (docs/architecture.md "CUDA graphs", "Issue rounds").
-void capturedEntry(const Geometry& g, Builder& b) {
+// Token programs: the announce (caller's lane) and the entry waits of round 1 on the lane that pushes
+// (docs/architecture.md "CUDA graphs", "Issue rounds").
+void capturedEntry(const Geometry& g, Lane pushLane, Builder& b) {
   const int W = g.W, me = g.me;
   b.at(Lane::kCaller, -1);
   b.write(me, word::kCapRsPhase, Val::kConst, 1);
   for (int d = 0; d < W; ++d) {
     if (d != me) b.write(d, word::kCapRsEnter + me, Val::kConst, 1);
   }
-  b.at(Lane::kCaller, 0);  // round 1: waits only for the announces (round 0) of every rank
+  b.at(pushLane, 0);  // round 1: waits only for the announces (round 0) of every rank
   for (int d = 0; d < W; ++d) {
     if (d != me) b.wait(me, word::kCapRsEnter + d, Val::kConst, 1);
   }
@@ -147,8 +148,9 @@ void capturedEntry(const Geometry& g, Builder& b) {
   b.write(me, word::kCapRsPhase, Val::kConst, 2);
 }
 
-// This rank's pushes of chunk k into every owner's buffer k % nb, then its full token (value k + 1) to each.
-void capturedPush(const Layout& l, const Geometry& g, int k, int* pi, Builder& b) {
+// This rank's pushes of chunk k into every owner's buffer k % nb, then its full token (value k + 1) to each other
+// rank, and to itself too when its reduce runs on another lane (own).
+void capturedPush(const Layout& l, const Geometry& g, int k, bool own, int* pi, Builder& b) {
   const int W = g.W, me = g.me;
   const uint64_t c0 = static_cast<uint64_t>(k) * g.chunk, c1 = std::min(c0 + g.chunk, g.outNumel);
   for (int dd = 0; dd < W; ++dd) {
@@ -157,15 +159,15 @@ void capturedPush(const Layout& l, const Geometry& g, int k, int* pi, Builder& b
   }
   b.close();
   for (int d = 0; d < W; ++d) {
-    if (d != me) b.write(d, word::kCapRsFull + me, Val::kConst, k + 1);
+    if (own || d != me) b.write(d, word::kCapRsFull + me, Val::kConst, k + 1);
   }
 }
 
-// The wait for every other rank's full token of chunk k, then this rank's fold of chunk k.
-void capturedReduce(const Geometry& g, int k, Builder& b) {
+// The wait for every other rank's full token of chunk k (and this rank's own, own), then this rank's fold of chunk k.
+void capturedReduce(const Geometry& g, int k, bool own, Builder& b) {
   const uint64_t c0 = static_cast<uint64_t>(k) * g.chunk, c1 = std::min(c0 + g.chunk, g.outNumel);
   for (int s = 0; s < g.W; ++s) {
-    if (s != g.me) b.wait(g.me, word::kCapRsFull + s, Val::kConst, k + 1);
+    if (own || s != g.me) b.wait(g.me, word::kCapRsFull + s, Val::kConst, k + 1);
   }
   ReduceOp r = foldOf(g, k, c1 - c0);
   r.out = addr(Mem::kOut, 0, c0);
@@ -174,53 +176,52 @@ void capturedReduce(const Geometry& g, int k, Builder& b) {
 
 // Replay-safe constant tokens, one staging buffer per chunk (at most 2 chunks), in issue rounds (groups -1, 0, 1).
 void captured(const Layout& l, const Geometry& g, Builder& b) {
-  capturedEntry(g, b);
+  capturedEntry(g, Lane::kCaller, b);
   int pi = 0;
-  for (int k = 0; k < g.numChunks; ++k) capturedPush(l, g, k, &pi, b);
+  for (int k = 0; k < g.numChunks; ++k) capturedPush(l, g, k, false, &pi, b);
   b.at(Lane::kCaller, 1);  // round 2: waits only for round 1's full writes (every chunk's)
-  for (int k = 0; k < g.numChunks; ++k) capturedReduce(g, k, b);
+  for (int k = 0; k < g.numChunks; ++k) capturedReduce(g, k, false, b);
   for (int s = 0; s < g.W; ++s) {
     if (s != g.me) b.write(g.me, word::kCapRsFull + s, Val::kConst, 0);
   }
   b.write(g.me, word::kCapRsPhase, Val::kConst, 0);
 }
 
-// Replay-safe constant tokens with more chunks (K > 2) than staging buffers (nb = 2): the push of chunk k reuses
-// buffer k % 2 of every owner, so it waits for each owner's consumed token of chunk k - 2 (docs/architecture.md "CUDA
-// graphs", "More chunks than buffers"). Rounds (group r - 1 is round r): round 1 pushes chunks 0 and 1; round r in
-// 2..K pushes chunk r - 1 (from round 3 on) and reduces chunk r - 2; round K + 1 reduces chunk K - 1 and resets. Every
-// wait of round r is for writes of earlier rounds: consumed(r - 3) is written in round r - 1, full(r - 2) in round
-// r - 1 (or 1). Everything is on the caller's stream, so this rank's own buffer is reused after its own reduce.
+// Replay-safe constant tokens with more chunks (K > 2) than staging buffers (nb = 2), on two lanes
+// (docs/architecture.md "More chunks than buffers"): the internal lane takes the entry waits and the pushes (chunk k
+// into buffer k % 2 of every owner, from k = 2 on once each owner's consumed token of chunk k - 2 is there), the
+// caller's lane the reductions. The lanes meet only at flags, this rank's own tokens included (its own full token
+// before its reduce, its own consumed token before it pushes into a buffer it has just reduced), so a captured graph
+// forks at the start and joins at the end (program_exec.cc issueTokenRange) and the pushes of chunk k + 1 overlap
+// the reduce of chunk k. Program order is a valid schedule on one stream too (direct issue: both lanes on the
+// caller's stream). Rounds (group r - 1 is round r): round 0 the announce (caller); round 1 the entry waits and the
+// pushes of chunks 0 and 1 (internal); round r in 2..K the push of chunk r - 1 from round 3 on (internal) and the
+// reduce of chunk r - 2 (caller); round K + 1 the reduce of chunk K - 1 and the resets (caller). Every wait of round r
+// is for writes of earlier rounds: consumed(r - 3) is written in round r - 1, full(r - 2) in round r - 1 (or 1).
 void capturedPipelined(const Layout& l, const Geometry& g, Builder& b) {
   const int W = g.W, me = g.me, K = g.numChunks;
-  capturedEntry(g, b);
+  capturedEntry(g, Lane::kInternal, b);
   int pi = 0;
-  capturedPush(l, g, 0, &pi, b);
-  capturedPush(l, g, 1, &pi, b);
+  capturedPush(l, g, 0, true, &pi, b);
+  capturedPush(l, g, 1, true, &pi, b);
   for (int r = 2; r <= K + 1; ++r) {
-    b.at(Lane::kCaller, r - 1);
     const int push = r - 1, red = r - 2;
     if (r >= 3 && push < K) {
-      for (int d = 0; d < W; ++d) {
-        if (d != me) b.wait(me, word::kCapRsConsumed + d, Val::kConst, push - 1);  // d reduced chunk push - 2
-      }
-      capturedPush(l, g, push, &pi, b);
+      b.at(Lane::kInternal, r - 1);
+      for (int d = 0; d < W; ++d) b.wait(me, word::kCapRsConsumed + d, Val::kConst, push - 1);  // d reduced push - 2
+      capturedPush(l, g, push, true, &pi, b);
     }
-    capturedReduce(g, red, b);
+    b.at(Lane::kCaller, r - 1);
+    capturedReduce(g, red, true, b);
     if (red + 2 < K) {
-      for (int d = 0; d < W; ++d) {
-        if (d != me) b.write(d, word::kCapRsConsumed + me, Val::kConst, red + 1);
-      }
+      for (int d = 0; d < W; ++d) b.write(d, word::kCapRsConsumed + me, Val::kConst, red + 1);
     }
   }
-  // The last consumed token from each peer (value K - 2) was waited for in round K and the last full token (K) just
-  // now: no write of this call can land after these resets, and the next call's come after the next entry waits.
-  for (int s = 0; s < W; ++s) {
-    if (s != me) b.write(me, word::kCapRsFull + s, Val::kConst, 0);
-  }
-  for (int d = 0; d < W; ++d) {
-    if (d != me) b.write(me, word::kCapRsConsumed + d, Val::kConst, 0);
-  }
+  // The last consumed token of every rank (value K - 2) was waited for by the internal lane before its last push,
+  // and every full token (K) by the reduce just issued, which waited this rank's own last full token, written after
+  // that push: no write of this call can land after these resets, and the next call's come after the next entry.
+  for (int s = 0; s < W; ++s) b.write(me, word::kCapRsFull + s, Val::kConst, 0);
+  for (int d = 0; d < W; ++d) b.write(me, word::kCapRsConsumed + d, Val::kConst, 0);
   b.write(me, word::kCapRsPhase, Val::kConst, 0);
 }
 

@@ -131,6 +131,39 @@ bool captureStreamOf(tideComm* comm, cudaStream_t* out, std::string* why) {
   return true;
 }
 
+bool captureForkOf(tideComm* comm, CaptureFork* out, std::string* why) {
+  if (comm->captureSideStream == nullptr) {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    const bool exchanged = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
+    if (!exchanged) (void)cudaGetLastError();
+    cudaStream_t s = nullptr;
+    cudaEvent_t f = nullptr, j = nullptr;
+    const char* call = "cudaStreamCreateWithFlags";
+    cudaError_t err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    if (err == cudaSuccess) {
+      call = "cudaEventCreateWithFlags";
+      err = cudaEventCreateWithFlags(&f, cudaEventDisableTiming);
+      if (err == cudaSuccess) err = cudaEventCreateWithFlags(&j, cudaEventDisableTiming);
+    }
+    if (exchanged) (void)cudaThreadExchangeStreamCaptureMode(&mode);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      if (j) (void)cudaEventDestroy(j);
+      if (f) (void)cudaEventDestroy(f);
+      if (s) (void)cudaStreamDestroy(s);
+      *why = std::string(call) + ": " + cudaGetErrorName(err);
+      return false;
+    }
+    comm->captureSideStream = s;
+    comm->forkEvent = f;
+    comm->joinEvent = j;
+  }
+  out->side = comm->captureSideStream;
+  out->fork = comm->forkEvent;
+  out->join = comm->joinEvent;
+  return true;
+}
+
 void commRelease(tideComm* comm) {
   if (comm->sideStream) (void)cudaStreamDestroy(comm->sideStream);
   comm->lastAg = tideComm::LastCall{};
@@ -139,6 +172,11 @@ void commRelease(tideComm* comm) {
   comm->sideStream = nullptr;
   if (comm->captureStream) (void)cudaStreamDestroy(comm->captureStream);
   comm->captureStream = nullptr;
+  if (comm->captureSideStream) (void)cudaStreamDestroy(comm->captureSideStream);
+  if (comm->forkEvent) (void)cudaEventDestroy(comm->forkEvent);
+  if (comm->joinEvent) (void)cudaEventDestroy(comm->joinEvent);
+  comm->captureSideStream = nullptr;
+  comm->forkEvent = comm->joinEvent = nullptr;
   (void)cudaGetLastError();
 }
 

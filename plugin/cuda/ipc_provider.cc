@@ -344,8 +344,8 @@ tideResult_t IpcProvider::agreeOnLayout(uint64_t layoutHash, bool eagerGraphs, i
   for (int r = 0; r < world_; ++r) differ += !same(r);
   if (differ == 0) return tideSuccess;
   // One message that every rank builds from the same gathered bytes: rank 0's hash, then up to 8 ranks that differ
-  // from it (the error buffer holds about 1 KiB).
-  char list[640] = {0};
+  // from it, as many as fit in 480 bytes (the error buffer holds 1 KiB, and the fixed text about 450 of it).
+  char list[480] = {0};
   size_t used = 0;
   int shown = 0;
   for (int r = 1; r < world_ && shown < 8; ++r) {
@@ -366,8 +366,11 @@ tideResult_t IpcProvider::agreeOnLayout(uint64_t layoutHash, bool eagerGraphs, i
     ++shown;
   }
   if (differ > shown) snprintf(list + used, sizeof(list) - used, " and %d more", differ - shown);
+  // Rank 0's limit whenever it differs from another rank's (or is not the default), so the report shows both sides.
+  bool chunksDiffer = false;
+  for (int r = 1; r < world_; ++r) chunksDiffer = chunksDiffer || all[r].tokenRsChunks != all[0].tokenRsChunks;
   char chunks0[48] = "";
-  if (all[0].tokenRsChunks != 2) {
+  if (chunksDiffer || all[0].tokenRsChunks != 2) {
     snprintf(chunks0, sizeof(chunks0), " with NCCL_TIDE_TOKEN_RS_CHUNKS=%llu",
              static_cast<unsigned long long>(all[0].tokenRsChunks));
   }

@@ -134,9 +134,9 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
   return tideSuccess;
 }
 
-tideResult_t BoundProgram::issueStep(const StepItems& s, const CallValues& v, cudaStream_t caller) {
+tideResult_t BoundProgram::issueStep(const StepItems& s, const CallValues& v, cudaStream_t caller, cudaStream_t side) {
   tideComm* comm = comm_;
-  cudaStream_t stream = s.lane == prog::Lane::kCaller ? caller : comm->sideStream;
+  cudaStream_t stream = s.lane == prog::Lane::kCaller ? caller : side;
   InterNodeTransport* net = nullptr;
   for (const Item& it : s.items) {
     switch (it.kind) {
@@ -193,9 +193,41 @@ tideResult_t BoundProgram::issueStep(const StepItems& s, const CallValues& v, cu
 
 BoundProgram::~BoundProgram() { destroyGraph(graph_); }
 
-tideResult_t BoundProgram::issueAll(const std::vector<StepItems>& steps, const CallValues& v, cudaStream_t caller) {
-  for (const StepItems& s : steps) TIDE_CHECK(issueStep(s, v, caller));
+tideResult_t BoundProgram::issueSteps(int first, int end, const CallValues& v, cudaStream_t caller,
+                                      cudaStream_t side) {
+  for (int i = first; i < end; ++i) TIDE_CHECK(issueStep(steps_[i], v, caller, side));
   return tideSuccess;
+}
+
+tideResult_t BoundProgram::issueTokenRange(int first, int end, const CallValues& v, cudaStream_t stream,
+                                           bool capturing) {
+  bool caller = false, internal = false;
+  for (int i = first; i < end; ++i) (steps_[i].lane == prog::Lane::kInternal ? internal : caller) = true;
+  if (!capturing || !caller || !internal) return issueSteps(first, end, v, stream, stream);
+  CaptureFork f;
+  std::string why;
+  if (!captureForkOf(comm_, &f, &why)) {
+    return fail(tideCudaError, "Cuda", "forking the internal lane of a captured token program: %s", why.c_str());
+  }
+  cudaError_t err = cudaEventRecord(f.fork, stream);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(f.side, f.fork, 0);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return fail(tideCudaError, "Cuda", "forking the internal lane of a captured token program: %s",
+                cudaGetErrorName(err));
+  }
+  tideResult_t r = issueSteps(first, end, v, stream, f.side);
+  // Joined whatever happened: a capture whose forked stream was not joined back cannot end.
+  cudaError_t joined = cudaEventRecord(f.join, f.side);
+  if (joined == cudaSuccess) joined = cudaStreamWaitEvent(stream, f.join, 0);
+  if (joined != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (r == tideSuccess) {
+      r = fail(tideCudaError, "Cuda", "joining the internal lane of a captured token program: %s",
+               cudaGetErrorName(joined));
+    }
+  }
+  return r;
 }
 
 bool BoundProgram::RoundGraphs::any() const {
@@ -235,21 +267,20 @@ tideResult_t BoundProgram::issueRound(int g, const CallValues& v, cudaStream_t s
     noteGraphFallback("launching a captured round of a bound program", why);
   }
   const auto& r = groupRange_[g];
-  for (int i = r.first; i < r.second; ++i) TIDE_CHECK(issueStep(steps_[i], v, stream));
-  return tideSuccess;
+  return issueTokenRange(r.first, r.second, v, stream, false);
 }
 
 tideResult_t BoundProgram::issueTokens(const std::shared_ptr<BoundProgram>& self, const CallValues& v,
                                        cudaStream_t stream) {
   BoundProgram& bp = *self;
   const prog::Program& p = *bp.prog_;
-  if (p.mode != prog::Mode::kCaptured || p.usesInternalLane) {
-    return fail(tideInternalError, "Cuda", "issueTokens: not a token program on the caller's stream");
+  if (p.mode != prog::Mode::kCaptured) {
+    return fail(tideInternalError, "Cuda", "issueTokens: not a token program");
   }
   IssuePolicy* pol = bp.comm_->policy.get();
   if (!pol->defersPushes() || p.numGroups == 0) {
     std::lock_guard<std::mutex> lock(bp.issueMu_);
-    return bp.issueTokenSteps(bp.steps_, v, stream);
+    return bp.issueTokenSteps(v, stream);
   }
   // Shared hardware queues (loopback): the announce now, rounds 1..numGroups once every rank has announced (the
   // provider calls back, possibly from another rank's call, round-major over the ranks). How this call is issued
@@ -283,10 +314,7 @@ tideResult_t BoundProgram::issueTokens(const std::shared_ptr<BoundProgram>& self
                    p.coll == prog::Coll::kAllGather ? "AG" : "RS");
         const auto& r = bp.groupRange_[g];
         ok = captureGraph(capStream, [&](cudaStream_t s) {
-          for (int i = r.first; i < r.second; ++i) {
-            if (bp.issueStep(bp.steps_[i], cv, s) != tideSuccess) return false;
-          }
-          return true;
+          return bp.issueTokenRange(r.first, r.second, cv, s, true) == tideSuccess;
         }, &fresh->graphs[g], &why);
       }
       if (ok) {
@@ -305,7 +333,7 @@ tideResult_t BoundProgram::issueTokens(const std::shared_ptr<BoundProgram>& self
     if (how == Issue::kDirect) bp.lastIssue_.store("issued directly", std::memory_order_relaxed);
     else graphs = bp.roundGraphs_;
     for (const StepItems& s : bp.steps_) {
-      if (s.group < 0) TIDE_CHECK(bp.issueStep(s, v, stream));  // the announce
+      if (s.group < 0) TIDE_CHECK(bp.issueStep(s, v, stream, stream));  // the announce
     }
   }
   IssuePolicy::IssueFn fn = [self, v, stream, graphs](int g) -> tideResult_t {
@@ -316,8 +344,7 @@ tideResult_t BoundProgram::issueTokens(const std::shared_ptr<BoundProgram>& self
   return pol->scheduleSteps(kind, v.epoch, last, std::move(fn));
 }
 
-tideResult_t BoundProgram::issueTokenSteps(const std::vector<StepItems>& steps, const CallValues& v,
-                                           cudaStream_t stream) {
+tideResult_t BoundProgram::issueTokenSteps(const CallValues& v, cudaStream_t stream) {
   BoundProgram& bp = *this;
   using Issue = prog::GraphAmortizer::Issue;
   Issue how = bp.amort_.next(valuesKey(v));
@@ -338,7 +365,9 @@ tideResult_t BoundProgram::issueTokenSteps(const std::vector<StepItems>& steps, 
     // TRACE lines around each driver call that could block: the last one logged names the call of a hang.
     TIDE_TRACE("Cuda", "rank %d: capturing a %s token program (%zu copy batches, %zu reduces)", bp.comm_->rank,
                bp.prog_->coll == prog::Coll::kAllGather ? "AG" : "RS", bp.copies_.size(), bp.reduces_.size());
-    if (captureGraph(capStream, [&](cudaStream_t s) { return bp.issueAll(steps, cv, s) == tideSuccess; }, &g, &why)) {
+    const int n = static_cast<int>(bp.steps_.size());
+    if (captureGraph(capStream, [&](cudaStream_t s) { return bp.issueTokenRange(0, n, cv, s, true) == tideSuccess; },
+                     &g, &why)) {
       TIDE_TRACE("Cuda", "rank %d: captured and instantiated", bp.comm_->rank);
       bp.graph_ = g;
       justCaptured = true;
@@ -364,7 +393,7 @@ tideResult_t BoundProgram::issueTokenSteps(const std::vector<StepItems>& steps, 
     noteGraphFallback("launching a captured bound program", why);
   }
   bp.lastIssue_.store("issued directly", std::memory_order_relaxed);
-  return bp.issueAll(steps, v, stream);
+  return bp.issueTokenRange(0, static_cast<int>(bp.steps_.size()), v, stream, false);
 }
 
 tideResult_t BoundProgram::issue(const std::shared_ptr<BoundProgram>& self, const CallValues& v, cudaStream_t stream,
@@ -372,9 +401,14 @@ tideResult_t BoundProgram::issue(const std::shared_ptr<BoundProgram>& self, cons
   BoundProgram& bp = *self;
   const prog::Program& p = *bp.prog_;
   IssuePolicy* pol = bp.comm_->policy.get();
+  const int n = static_cast<int>(bp.steps_.size());
+  if (p.mode == prog::Mode::kCaptured) {  // a capture of the caller's (issue() takes token programs only then)
+    std::lock_guard<std::mutex> lock(bp.issueMu_);
+    return bp.issueTokenRange(0, n, v, stream, true);
+  }
   if (p.mode != prog::Mode::kDeferred) {
     std::lock_guard<std::mutex> lock(bp.issueMu_);
-    return bp.issueAll(bp.steps_, v, stream);
+    return bp.issueSteps(0, n, v, stream, bp.comm_->sideStream);
   }
   // Deferred: the provider first checks that the groups can be issued (so that no caller-stream wait is enqueued
   // for work that will never come), then the call-time steps, then the groups through the provider.
@@ -383,7 +417,7 @@ tideResult_t BoundProgram::issue(const std::shared_ptr<BoundProgram>& self, cons
   {
     std::lock_guard<std::mutex> lock(bp.issueMu_);
     for (const StepItems& s : bp.steps_) {
-      if (s.group < 0) TIDE_CHECK(bp.issueStep(s, v, stream));
+      if (s.group < 0) TIDE_CHECK(bp.issueStep(s, v, stream, bp.comm_->sideStream));
     }
   }
   // Each group's steps, issued when the provider calls back (possibly from another rank's call); the values are
@@ -392,8 +426,7 @@ tideResult_t BoundProgram::issue(const std::shared_ptr<BoundProgram>& self, cons
     BoundProgram& b = *self;
     std::lock_guard<std::mutex> lock(b.issueMu_);
     const auto& r = b.groupRange_[g];
-    for (int i = r.first; i < r.second; ++i) TIDE_CHECK(b.issueStep(b.steps_[i], v, stream));
-    return tideSuccess;
+    return b.issueSteps(r.first, r.second, v, stream, b.comm_->sideStream);
   };
   return pol->scheduleSteps(kindOf(coll), v.epoch, last, std::move(fn));
 }

@@ -100,11 +100,18 @@ class BoundProgram {
     int next = -1;         // the reduce after it in program order (its inputs arrive while this one runs), or -1
   };
 
-  tideResult_t issueStep(const StepItems& s, const CallValues& v, cudaStream_t caller);
-  // steps in program order; the caller holds issueMu_.
-  tideResult_t issueAll(const std::vector<StepItems>& steps, const CallValues& v, cudaStream_t caller);
-  // steps of a token program from this binding's graph of them, or directly (issueTokens, one lane of issue).
-  tideResult_t issueTokenSteps(const std::vector<StepItems>& steps, const CallValues& v, cudaStream_t stream);
+  // One step on its lane's stream: `caller` or `side` (the comm's sideStream for epoch programs; see
+  // issueTokenRange for token programs).
+  tideResult_t issueStep(const StepItems& s, const CallValues& v, cudaStream_t caller, cudaStream_t side);
+  // Steps [first, end) in program order; the caller holds issueMu_.
+  tideResult_t issueSteps(int first, int end, const CallValues& v, cudaStream_t caller, cudaStream_t side);
+  // Steps [first, end) of a token program. Issued directly (!capturing) both lanes go to `stream` in program order,
+  // which the compilers make a valid schedule on one stream. Into a capture, a range with steps on both lanes forks:
+  // the internal lane goes to the comm's capture side stream between an event recorded on `stream` and one recorded
+  // back (captureForkOf), so the graph holds two branches that meet only at the program's flags and the range's ends.
+  tideResult_t issueTokenRange(int first, int end, const CallValues& v, cudaStream_t stream, bool capturing);
+  // The whole token program from this binding's graph of it, or directly (issueTokens on providers that do not defer).
+  tideResult_t issueTokenSteps(const CallValues& v, cudaStream_t stream);
   // The graphs of a token program's issue rounds (one per group that holds copies or reduces; null for the others),
   // shared with the closures of calls not yet issued, so that a recapture cannot free a graph a pending round uses.
   struct RoundGraphs {

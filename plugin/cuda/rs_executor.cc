@@ -78,16 +78,6 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
                   "valid)",
                   kWhat, v.info.nNodes, v.info.ranksPerNode);
     }
-    if (v.info.rsNumChunks > 2 && pol->defersPushes()) {
-      return fail(tideUnsupported, "Cuda",
-                  "%s: the stream is being captured into a CUDA graph, and on a %s world a captured reduce-scatter "
-                  "takes at most 2 pipeline chunks (this layout has %d): with more, a push waits for the other ranks' "
-                  "reductions, and a rank's whole graph launched ahead of the next rank's can fill the copy queues "
-                  "the ranks share (docs/architecture.md \"More chunks than buffers\"); eager calls of this layout "
-                  "take the token protocol in rounds instead. Create the layout with a larger rsChunkBytes, or run "
-                  "this reduce-scatter outside the capture (nothing was enqueued; the capture is still valid)",
-                  kWhat, pol->name(), v.info.rsNumChunks);
-    }
     if (staging == nullptr) {
       return fail(tideUnsupported, "Cuda",
                   "%s: the stream is being captured into a CUDA graph, and a captured reduce-scatter needs Slot-Reuse "
@@ -96,10 +86,22 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
                   "enqueued; the capture is still valid)",
                   kWhat);
     }
+    if (v.info.rsNumChunks > 2 && pol->defersPushes()) {
+      return fail(tideUnsupported, "Cuda",
+                  "%s: the stream is being captured into a CUDA graph, and on a %s world a captured reduce-scatter "
+                  "takes at most 2 pipeline chunks (this layout has %d): with more, a push waits for the other ranks' "
+                  "reductions, and a rank's whole graph launched ahead of the next rank's can fill the copy queues "
+                  "the ranks share (docs/architecture.md \"More chunks than buffers\"). Create the layout with a "
+                  "larger rsChunkBytes, or run this reduce-scatter outside the capture (nothing was enqueued; the "
+                  "capture is still valid; eager calls of such a layout issue the token protocol in rounds when "
+                  "NCCL_TIDE_TOKEN_RS_CHUNKS allows it, else the epoch protocol)",
+                  kWhat, pol->name(), v.info.rsNumChunks);
+    }
   }
   // Eager calls whose program can be captured (one node, at most NCCL_TIDE_TOKEN_RS_CHUNKS chunks) take the token
-  // protocol when the graph route is on: the same decision on every rank (docs/architecture.md "Eager calls as graph replays"). Unlike a capture,
-  // an eager token call may use the comm's own staging: its growth runs here, at call time, outside any capture.
+  // protocol when the graph route is on: the same decision on every rank (docs/architecture.md "Eager calls as graph
+  // replays"). Unlike a capture, an eager token call may use the comm's own staging: its growth runs here, at call
+  // time, outside any capture.
   const bool tokens = cap.active || eagerTokens(comm, v, true);
   prog::Options opt;
   size_t zeroBytes = 0;

@@ -20,6 +20,11 @@
 //        program_model --drop-wait WORD   the same cases with every wait on flag word WORD removed from every
 //                                         program: must fail (a hazard, a wrong result or a deadlock), which shows
 //                                         that the model sees what that wait protects (tests/test_program_model.py)
+//        program_model --drop-own-token-waits [seeds] | --no-fork [seeds]
+//                                         mutations of the two-lane token RS (more chunks than buffers): without a
+//                                         rank's waits for its own full / consumed tokens (its lanes' meeting
+//                                         points), or without the fork (its internal lane starting before its caller
+//                                         produced the call's inputs), the model must fail
 //        program_model --copy-queue C ENTRIES ISSUE PROTOCOL [seeds]
 //                                         the loopback issue model (docs/notes/levers-after-session16.md): the
 //                                         host issues each virtual rank's call in turn, every copy also enters ONE
@@ -81,18 +86,27 @@ namespace {
 
 constexpr int32_t kEmpty = -1;
 int g_dropWord = -1;  // --drop-wait
+// --drop-own-token-waits: remove the waits a rank's caller and internal lanes use to meet each other (its own full
+// and consumed tokens, which only the two-lane token RS of more chunks than buffers has); --no-fork: no fork item.
+bool g_dropOwn = false, g_noFork = false;
 // --token-rs-chunks N: the most chunks a token RS may have (NCCL_TIDE_TOKEN_RS_CHUNKS; Options::maxTokenRsChunks).
 int g_tokenRsChunks = 2;
 
 // Removes every wait on g_dropWord (the mutation of --drop-wait); flag runs left empty become no-ops.
 void mutate(Program* p) {
-  if (g_dropWord < 0) return;
+  if (g_dropWord < 0 && !g_dropOwn) return;
+  auto dropped = [&](const FlagOp& f) {
+    if (f.kind != FlagOp::kWait) return false;
+    if (f.word == g_dropWord) return true;
+    return g_dropOwn && f.owner == p->rank &&
+           (f.word == word::kCapRsFull + p->rank || f.word == word::kCapRsConsumed + p->rank);
+  };
   std::vector<FlagOp> flags;
   for (Op& op : p->ops) {
     if (op.kind != Op::kFlags) continue;
     const uint32_t b = static_cast<uint32_t>(flags.size());
     for (uint32_t f = op.begin; f < op.end; ++f) {
-      if (!(p->flags[f].kind == FlagOp::kWait && p->flags[f].word == g_dropWord)) flags.push_back(p->flags[f]);
+      if (!dropped(p->flags[f])) flags.push_back(p->flags[f]);
     }
     op.begin = b;
     op.end = static_cast<uint32_t>(flags.size());
@@ -126,7 +140,9 @@ struct Call {
 struct LaneItem {
   int call;            // index into the sequence
   const Program* prog;
-  int op;              // op index, or -1: consume (check) pseudo-op, -2: produce (rewrite inputs) pseudo-op
+  int op;              // op index, or -1: consume (check) pseudo-op, -2: produce (rewrite inputs) pseudo-op,
+                       // -3: fork (a two-lane token program's internal lane starts once the caller's lane has
+                       // produced this call's inputs: the event fork of a captured graph, program_exec.cc)
   uint32_t sub = 0;    // position inside a flag run
   uint32_t subEnd = 0; // end of the part of the flag run this item runs (0: the run's end)
   int chan = -1;       // --channels: the FIFO channel the item was issued into
@@ -142,6 +158,7 @@ struct World {
   std::vector<unsigned char> zeros;
   std::vector<std::vector<LaneItem>> lanes;  // [rank * 2 + lane]
   std::vector<size_t> head;
+  std::vector<int> produced;  // per rank: the last call whose inputs its caller's lane produced (-1: none)
   std::vector<Call> seq;
   std::vector<uint64_t> epochOf, taskOf;  // per call: its epoch and RS task base
   std::mt19937_64 rng;
@@ -247,6 +264,11 @@ struct World {
       ++head[x];
       return true;
     }
+    if (it.op == -3) {
+      if (produced[r] < call) return false;
+      ++head[x];
+      return true;
+    }
     const Program& p = *it.prog;
     const Op& op = p.ops[it.op];
     const uint64_t e = epochOf[call], t = taskOf[call];
@@ -348,6 +370,7 @@ struct World {
   std::vector<std::vector<std::vector<std::vector<unsigned char>>>> inputsOf;  // [call][rank][param]
   void produce(int r, int call) {
     const Layout& l = L(r);
+    produced[r] = call;
     if (inputsOf.size() <= static_cast<size_t>(call)) inputsOf.resize(call + 1);
     inputsOf[call].resize(W);
     for (int i = 0; i < l.nParams; ++i) {
@@ -511,6 +534,7 @@ void prepare(World& w, const std::vector<std::unique_ptr<Layout>>& layouts, Mode
   uint64_t agE = start, rsE = start, task = start;
   w.lanes.assign(2 * W, {});
   w.head.assign(2 * W, 0);
+  w.produced.assign(W, -1);
   for (size_t c = 0; c < seq.size(); ++c) {
     if (seq[c].kind == Kind::kRs && seq[c].slotStaging && !l0.rs.slotReuseFits) w.seq[c].slotStaging = false;
     if (seq[c].kind == Kind::kAg) {
@@ -532,13 +556,22 @@ const Program& programOf(const World& w, const Programs& P, int c, int r) {
 
 // What rank r enqueues for call c, as (lane, item), in program order: its inputs rewritten, every step's ops on their
 // lanes (deferred groups included: the provider issues group g of every rank before g + 1 of any, which per lane is
-// program order again), the end-of-call check.
+// program order again), the end-of-call check. A token program on two lanes has the fork item before its first
+// internal-lane operation (a captured graph's two branches start together, after the work before the graph); with
+// g_fold every token-program operation goes to the caller's lane instead (direct issue: one stream).
+bool g_fold = false;
 std::vector<std::pair<int, LaneItem>> itemsOf(const World& w, const Programs& P, int c, int r) {
   const Program& p = programOf(w, P, c, r);
+  const bool token = p.mode == Mode::kCaptured;
   std::vector<std::pair<int, LaneItem>> out;
   out.push_back({2 * r, LaneItem{c, nullptr, -2}});
+  bool forked = false;
   for (const Step& s : p.steps) {
-    const int lane = static_cast<int>(s.lane);
+    const int lane = token && g_fold ? 0 : static_cast<int>(s.lane);
+    if (lane == 1 && token && !forked && s.begin < s.end && !g_noFork) {
+      out.push_back({2 * r + 1, LaneItem{c, nullptr, -3}});
+      forked = true;
+    }
     for (uint32_t o = s.begin; o < s.end; ++o) out.push_back({2 * r + lane, LaneItem{c, &p, static_cast<int>(o)}});
   }
   out.push_back({2 * r, LaneItem{c, nullptr, -1}});
@@ -700,7 +733,12 @@ std::vector<std::vector<std::pair<int, LaneItem>>> roundsOf(const std::vector<st
 // check in the last round.
 std::vector<std::vector<std::pair<int, LaneItem>>> groupsOf(const std::vector<std::pair<int, LaneItem>>& items) {
   std::vector<std::vector<std::pair<int, LaneItem>>> rounds(1);
+  std::vector<std::pair<int, LaneItem>> fork;  // a fork item, issued with the operation after it
   for (const auto& [lane, it] : items) {
+    if (it.op == -3) {
+      fork.push_back({lane, it});
+      continue;
+    }
     size_t r = rounds.size() - 1;  // the check pseudo-op: after everything
     if (it.op == -2) {
       r = 0;
@@ -715,6 +753,8 @@ std::vector<std::vector<std::pair<int, LaneItem>>> groupsOf(const std::vector<st
       if (r + 1 < rounds.size()) die("groups: a program's groups are not in program order");
     }
     if (r >= rounds.size()) rounds.resize(r + 1);
+    rounds[r].insert(rounds[r].end(), fork.begin(), fork.end());
+    fork.clear();
     rounds[r].push_back({lane, it});
   }
   return rounds;
@@ -918,10 +958,11 @@ int queueMain(int argc, char** argv) {
     cases.push_back({p64, tideBfloat16, 8, 8, 4 * 800, 0});
   }
   for (size_t ci = 0; ci < cases.size(); ++ci) {
+    const int chunks = makeLayouts(cases[ci])[0]->rs.numChunks;
     for (int s = 0; s < seeds; ++s) {
       const uint64_t n = runQueueCase(cases[ci], cap, graph, issue, tokens, mixed, 9000 + 13 * ci + s, mixed ? 5 : 3);
-      printf("queue case %zu W=%d P=%zu cap %u %s %s %s seed %d: ok (%" PRIu64 " scheduler steps)\n", ci,
-             cases[ci].W, cases[ci].numels.size(), cap, argv[3], argv[4], argv[5], s, n);
+      printf("queue case %zu W=%d P=%zu chunks=%d cap %u %s %s %s seed %d: ok (%" PRIu64 " scheduler steps)\n", ci,
+             cases[ci].W, cases[ci].numels.size(), chunks, cap, argv[3], argv[4], argv[5], s, n);
     }
   }
   printf("all cases passed\n");
@@ -1007,6 +1048,9 @@ int main(int argc, char** argv) {
   if (argc > 2 && strcmp(argv[1], "--drop-wait") == 0) {
     g_dropWord = atoi(argv[2]);
     if (argc > 3) seeds = atoi(argv[3]);
+  } else if (argc > 1 && (strcmp(argv[1], "--drop-own-token-waits") == 0 || strcmp(argv[1], "--no-fork") == 0)) {
+    (argv[1][2] == 'd' ? g_dropOwn : g_noFork) = true;
+    if (argc > 2) seeds = atoi(argv[2]);
   } else if (argc > 1) {
     seeds = atoi(argv[1]);
   }
@@ -1056,10 +1100,14 @@ int main(int argc, char** argv) {
             {agC, Call{Kind::kRs, true, tideSum, tideFloat32}, agC, Call{Kind::kRs, true, tideAvg, tideBfloat16}},
             {agC, agC, Call{Kind::kRs, true, tideSum, tideFloat32}, Call{Kind::kRs, true, tidePremulSum, tideFloat16},
              agC}};
+        // Seeds 2, 3, 6, 7, ...: every token program on one stream (direct issue), the others forked (graphs).
         for (int s = 0; s < 2 * seeds; ++s) {
+          g_fold = (s / 2) % 2 == 1;
           uint64_t n = runCase(c, Mode::kCaptured, 77 + s, 0, seqs[s % 2]);
-          printf("case %zu W=%d captured chunks=%d seed %d: ok (%" PRIu64 " scheduler steps)\n", ci, c.W, K, s, n);
+          printf("case %zu W=%d captured chunks=%d seed %d%s: ok (%" PRIu64 " scheduler steps)\n", ci, c.W, K, s,
+                 g_fold ? " folded" : "", n);
         }
+        g_fold = false;
       }
       // Eager calls on the token route (docs/architecture.md "Eager calls as graph replays") mixed with epoch calls
       // on one comm: AG always takes tokens on one node, RS only with at most --token-rs-chunks chunks (own or slot
@@ -1073,10 +1121,12 @@ int main(int argc, char** argv) {
       for (Mode mode : {Mode::kInOrder, Mode::kDeferred}) {
         for (int s = 0; s < seeds; ++s) {
           const uint32_t start = (s % 2) ? 0xFFFFFFF0u : 0u;
+          g_fold = (s / 2) % 2 == 1;
           uint64_t n = runCase(c, mode, 5000 + 31 * s + static_cast<int>(mode), start, mixed);
-          printf("case %zu W=%d mixed eager/token chunks=%d mode %d seed %d%s: ok (%" PRIu64 " scheduler steps)\n", ci,
-                 c.W, K, static_cast<int>(mode), s, rsTok ? "" : " (RS epoch only)", n);
+          printf("case %zu W=%d mixed eager/token chunks=%d mode %d seed %d%s%s: ok (%" PRIu64 " scheduler steps)\n",
+                 ci, c.W, K, static_cast<int>(mode), s, rsTok ? "" : " (RS epoch only)", g_fold ? " folded" : "", n);
         }
+        g_fold = false;
       }
     }
   }

@@ -7,7 +7,9 @@ TIDE collectives. Every replay gets fresh random inputs (written into the captur
 against the host executor (every rank's inputs gathered over gloo); eager calls of the same collectives run between
 replays, and replays also run back to back without host synchronization. Refused at capture time, with the capture
 still valid: a layout no eager call has agreed on yet (its agreement exchanges), and a reduce-scatter with the comm's
-own staging.
+own staging. With NCCL_TIDE_TOKEN_RS_CHUNKS raised (the third case) the graph also holds an RS of 4 chunks over 2
+staging buffers, whose pushes the library forks onto a second branch of the user's graph (docs/architecture.md "More
+chunks than buffers"); its eager calls between replays take the same program as the library's own graphs.
 """
 
 import json
@@ -27,7 +29,8 @@ REPLAYS = 12
 
 
 def _rs_layout(nccl_tide, numels, rows, world, rank, chunks):
-    """A bf16 RS layout with exactly `chunks` pipeline chunks (what a capture takes: 1 or 2)."""
+    """A bf16 RS layout with exactly `chunks` pipeline chunks (what a capture takes: 1 or 2, more with
+    NCCL_TIDE_TOKEN_RS_CHUNKS raised)."""
     for cb in [1 << 24] + [int(x) for x in np.geomspace(1 << 20, 64, 60)]:
         L = nccl_tide.Layout(numels, "bf16", world, rank=rank, row_numels=rows, rs_chunk_bytes=cb)
         if L.rs_num_chunks == chunks:
@@ -51,6 +54,9 @@ class Round:
             _rs_layout(nccl_tide, [2999, 64 * 20, 1, 500], [1, 64, 1, 1], world, rank, 2),
         ]
         self.ops = [("sum", 1.0), ("avg", 1.0)]
+        if int(os.environ.get("NCCL_TIDE_TOKEN_RS_CHUNKS", "2")) >= 4:  # the two-lane token RS (more chunks than buffers)
+            self.rs.append(_rs_layout(nccl_tide, [3999, 64 * 33, 5, 901], [1, 64, 1, 1], world, rank, 4))
+            self.ops.append(("premul", 0.375))
         self.slot = comm.alloc_slot(self.ag.slot_bytes)
         self.staging = [comm.alloc_slot(L.rs_staging_bytes) for L in self.rs]
         self.send = torch.empty(self.ag.send_bytes, dtype=torch.uint8, device="cuda")
@@ -162,6 +168,7 @@ def _worker(rank, world, port, out_dir):
                 refused.append("Slot-Reuse" in str(e))
             rd.collectives()
         report["steps"]["refused"] = refused
+        report["steps"]["rs_chunks"] = [L.rs_num_chunks for L in rd.rs]
         if refused != [True, True]:
             report["errors"].append(f"capture-time refusals: {refused} (want [True, True])")
 
@@ -197,8 +204,9 @@ def _worker(rank, world, port, out_dir):
     os._exit(0 if report["ok"] else 1)
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_captured_collectives_replay_across_processes(torch_cuda, cuda_lib, tmp_path, monkeypatch, world):
+@pytest.mark.parametrize("world,token_rs_chunks", [(2, None), (3, None), (3, "8")])
+def test_captured_collectives_replay_across_processes(torch_cuda, cuda_lib, tmp_path, monkeypatch, world,
+                                                      token_rs_chunks):
     for k, v in {
         "NCCL_NVLS_ENABLE": "0",
         "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -206,6 +214,10 @@ def test_captured_collectives_replay_across_processes(torch_cuda, cuda_lib, tmp_
         "NCCL_TIDE_TIMEOUT_MS": "20000",
     }.items():
         monkeypatch.setenv(k, v)  # inherited by the spawned workers
+    if token_rs_chunks is None:
+        monkeypatch.delenv("NCCL_TIDE_TOKEN_RS_CHUNKS", raising=False)
+    else:
+        monkeypatch.setenv("NCCL_TIDE_TOKEN_RS_CHUNKS", token_rs_chunks)
     rc = mpt.spawn(_worker, world, (world, mpt.free_port(), str(tmp_path)), 150)
     reports = []
     for r in range(world):
@@ -217,4 +229,5 @@ def test_captured_collectives_replay_across_processes(torch_cuda, cuda_lib, tmp_
     for rep in reports:
         assert rep["steps"]["refused"] == [True, True]
         assert rep["steps"]["replays"] == REPLAYS + 4
+        assert rep["steps"]["rs_chunks"] == ([1, 2, 4] if token_rs_chunks else [1, 2])
     assert rc == 0
