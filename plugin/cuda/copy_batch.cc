@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 
 #include "../core/errors.h"
 #include "../core/log.h"
@@ -15,8 +16,48 @@ namespace {
 
 // Set once the runtime rejected the batch API as unsupported; later calls go straight to cudaMemcpyAsync.
 std::atomic<bool> g_batchBroken{false};
+// Set once the runtime refused a 2D copy of a strided run; later runs go row by row.
+std::atomic<bool> g_runsBroken{false};
+
+// One strided run: a 2D copy, or its rows one by one once 2D copies were refused (said once).
+tideResult_t enqueueRun(cudaStream_t stream, const CopyRun& r) {
+  void* dst = reinterpret_cast<void*>(r.dst);
+  const void* src = reinterpret_cast<const void*>(r.src);
+  if (r.rows > 1 && !g_runsBroken.load(std::memory_order_relaxed)) {
+    const cudaError_t err = cudaMemcpy2DAsync(dst, r.dpitch, src, r.spitch, r.width, r.rows, cudaMemcpyDeviceToDevice,
+                                              stream);
+    if (err == cudaSuccess) return tideSuccess;
+    if (err != cudaErrorInvalidValue && err != cudaErrorInvalidPitchValue) {
+      return cudaFail(err, "cudaMemcpy2DAsync", __FILE__, __LINE__);
+    }
+    (void)cudaGetLastError();
+    if (!g_runsBroken.exchange(true)) {
+      TIDE_WARN("Cuda", "cudaMemcpy2DAsync refused a strided run of %llu rows of %llu bytes (%s); copying strided runs "
+                        "row by row from now on (one copy per row: more graph nodes, same bytes)",
+                static_cast<unsigned long long>(r.rows), static_cast<unsigned long long>(r.width),
+                cudaGetErrorName(err));
+    }
+  }
+  for (uint64_t k = 0; k < r.rows; ++k) {
+    TIDE_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst) + k * r.dpitch, static_cast<const char*>(src) + k * r.spitch,
+                                    r.width, cudaMemcpyDeviceToDevice, stream));
+  }
+  return tideSuccess;
+}
 
 }  // namespace
+
+void CopyBatch::planRuns(const std::vector<uint32_t>& group) {
+  runs.clear();
+  std::vector<uint64_t> d(dst.size()), s(src.size()), n(bytes.size());
+  for (size_t i = 0; i < dst.size(); ++i) {
+    d[i] = reinterpret_cast<uintptr_t>(dst[i]);
+    s[i] = reinterpret_cast<uintptr_t>(src[i]);
+    n[i] = bytes[i];
+  }
+  std::vector<CopyRun> r = stridedRuns(d.data(), s.data(), n.data(), group.data(), d.size(), kMaxCopyPitch);
+  if (r.size() < dst.size()) runs = std::move(r);
+}
 
 bool useBatchApi(cudaStream_t stream) {
   if (g_batchBroken.load(std::memory_order_relaxed) || !params::agBatch()) return false;
@@ -88,6 +129,10 @@ tideResult_t enqueueCopyBatch(cudaStream_t stream, int device, const CopyBatch& 
                         "may run same-device copies on the SMs",
                 cudaGetErrorName(err));
     }
+  }
+  if (!b.runs.empty()) {
+    for (const CopyRun& r : b.runs) TIDE_CHECK(enqueueRun(stream, r));
+    return tideSuccess;
   }
   for (size_t i = 0; i < b.dst.size(); ++i) {
     TIDE_CUDA_CHECK(cudaMemcpyAsync(b.dst[i], b.src[i], b.bytes[i], cudaMemcpyDeviceToDevice, stream));

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "../core/copy_runs.h"
 #include "../core/program.h"
 #include "tide.h"
 
@@ -34,14 +35,24 @@ struct CopyBatch {
   std::vector<void*> dst;
   std::vector<const void*> src;
   std::vector<size_t> bytes;
+  // The same copies as strided runs (plugin/core/copy_runs.h), kept only when there are fewer runs than copies: what
+  // the per-copy path issues (a capture's memcpy nodes, one per run instead of one per copy). planRuns() sets it.
+  std::vector<CopyRun> runs;
   size_t size() const { return dst.size(); }
+  // group[i]: which copies may share a run (bind: one destination buffer each). Largest pitch: kMaxCopyPitch.
+  void planRuns(const std::vector<uint32_t>& group);
 };
+
+// The largest pitch a 2D copy is given (cudaDevAttrMaxPitch is 2^31 - 1 on the GPUs this library builds for, sm_90
+// and newer); a larger stride leaves the copies apart.
+constexpr uint64_t kMaxCopyPitch = (uint64_t(1) << 31) - 1;
 
 // Enqueues the batch (cuStreamBatchMemOp in pieces of at most 128 ops; per-op calls where the driver lacks it).
 tideResult_t enqueueMemOps(cudaStream_t stream, MemOpBatch& batch);
 
 // Enqueues the copies: one cudaMemcpyBatchAsync with cudaMemcpyFlagPreferOverlapWithCompute if batchApi, else one
-// cudaMemcpyAsync each (NCCL_TIDE_AG_BATCH=0, capture, the legacy stream, or a runtime without the batch API).
+// cudaMemcpyAsync each (NCCL_TIDE_AG_BATCH=0, capture, the legacy stream, or a runtime without the batch API), or,
+// when the batch has strided runs, one cudaMemcpy2DAsync per run of several copies.
 tideResult_t enqueueCopyBatch(cudaStream_t stream, int device, const CopyBatch& batch, bool batchApi);
 
 // Whether a call on `stream` may use the batch API: not disabled, not the legacy stream, not being captured

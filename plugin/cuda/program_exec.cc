@@ -67,6 +67,7 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
         bp->memops_.push_back(std::move(m));
       } else if (op.kind == prog::Op::kCopies) {
         CopyBatch c;
+        std::vector<uint32_t> group;  // the destination buffer of each entry: where strided runs may form
         for (uint32_t k = op.begin; k < op.end; ++k) {
           const prog::CopySeg& s = p.copies[k];
           char* d = resolve(b, s.dst);
@@ -82,8 +83,10 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
           c.dst.push_back(d);
           c.src.push_back(from);
           c.bytes.push_back(s.bytes);
+          group.push_back(static_cast<uint32_t>(s.dst.mem) << 24 | static_cast<uint32_t>(s.dst.index));
         }
         if (c.dst.empty()) continue;
+        c.planRuns(group);  // for the per-copy path (captures): fewer memcpy nodes
         it.index = static_cast<int>(bp->copies_.size());
         bp->copies_.push_back(std::move(c));
       } else {
