@@ -166,11 +166,14 @@ std::string debugDump(tideComm* comm) {
       if (!lc->bound) continue;
       const tide::prog::Program& p = lc->bound->program();
       const bool tokens = p.mode == tide::prog::Mode::kCaptured;
-      appendf(&out, "  last %s program: %zu steps, %d nodes of %d ranks, %s issue%s%s\n",
+      size_t entries = 0, perCopy = 0;
+      lc->bound->copyCounts(&entries, &perCopy);
+      appendf(&out, "  last %s program: %zu steps, %d nodes of %d ranks, %s issue%s%s; %zu copy entries, %zu as "
+              "graph copy nodes\n",
               p.coll == tide::prog::Coll::kAllGather ? "AG" : "RS", p.steps.size(), p.nNodes, p.ranksPerNode,
               p.mode == tide::prog::Mode::kDeferred ? "deferred (internal stream, issued across ranks)"
                                                     : (tokens ? "token-protocol" : "in-order"),
-              tokens ? ": " : "", tokens ? lc->bound->lastTokenIssue() : "");
+              tokens ? ": " : "", tokens ? lc->bound->lastTokenIssue() : "", entries, perCopy);
     }
   }
   std::vector<uint32_t> words;

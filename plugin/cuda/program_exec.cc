@@ -196,6 +196,14 @@ tideResult_t BoundProgram::issueStep(const StepItems& s, const CallValues& v, cu
 
 BoundProgram::~BoundProgram() { destroyGraph(graph_); }
 
+void BoundProgram::copyCounts(size_t* entries, size_t* perCopyIssues) const {
+  *entries = *perCopyIssues = 0;
+  for (const CopyBatch& c : copies_) {
+    *entries += c.size();
+    *perCopyIssues += c.runs.empty() ? c.size() : c.runs.size();
+  }
+}
+
 tideResult_t BoundProgram::issueSteps(int first, int end, const CallValues& v, cudaStream_t caller,
                                       cudaStream_t side) {
   for (int i = first; i < end; ++i) TIDE_CHECK(issueStep(steps_[i], v, caller, side));

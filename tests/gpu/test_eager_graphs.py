@@ -71,7 +71,7 @@ def expect_issue(world, coll, how, what):
         if how is None:
             assert "token-protocol" not in line, f"{what}: rank {r}: {line}"
         else:
-            assert line.endswith(f"token-protocol issue: {how}"), f"{what}: rank {r}: expected '{how}': {line}"
+            assert f"token-protocol issue: {how};" in line, f"{what}: rank {r}: expected '{how}': {line}"
 
 
 def amortised(call_index):
@@ -109,6 +109,44 @@ def test_eager_all_gather_graph_route_bit_exact(torch_cuda, world_of, W):
                 case.eager()
                 case.check(case.result(), f"layout {li} ({cls.__name__}) call {it}")
                 expect_issue(world, "AG", amortised(it), f"layout {li} call {it}")
+        finally:
+            case.close()
+
+
+class UniformAgCase(AgCase):
+    """AgCase over a given list of bf16 parameter sizes (no row structure) instead of a random one."""
+
+    def __init__(self, torch, world, rng, numels):
+        W = world.n_ranks
+        self.torch, self.world, self.rng = torch, world, rng
+        self.layouts = make_layouts(numels, [1] * len(numels), ["bf16"] * len(numels), W)
+        self.L = self.layouts[0]
+        self.slots = world.alloc_slot(self.L.slot_bytes)
+        self.send = [torch.empty(self.L.send_bytes, dtype=torch.uint8, device="cuda") for _ in range(W)]
+
+
+@pytest.mark.skipif(not route_on(), reason="NCCL_TIDE_EAGER_GRAPHS=0")
+@pytest.mark.parametrize("W", [2, 4, 8])
+def test_eager_all_gather_strided_runs_bit_exact(torch_cuda, world_of, W):
+    """Same-size parameters from packed send buffers: the per-copy path plans strided runs (plugin/core/copy_runs.h),
+    so the library's graph holds one 2D memcpy node per destination rank and size block (the dump says how many)
+    instead of one per copy; direct, captured and replayed calls stay bit-exact with the host executor. 16
+    parameters of one size (W runs), then 5 of one size and 3 of another (2W runs)."""
+    torch = torch_cuda
+    world = world_of(W)
+    for li, numels in enumerate([[W * 1024] * 16, [W * 1024] * 5 + [W * 512] * 3]):
+        case = UniformAgCase(torch, world, seeded("eager-ag-strided", W, li), numels)
+        blocks = 1 if li == 0 else 2
+        try:
+            for it in range(CALLS):
+                case.new_inputs()
+                case.eager()
+                case.check(case.result(), f"layout {li} call {it}")
+                expect_issue(world, "AG", amortised(it), f"layout {li} call {it}")
+                for r in range(W):
+                    line = last_program(world, r, "AG")
+                    want = f"{len(numels) * W} copy entries, {blocks * W} as graph copy nodes"
+                    assert line.endswith(want), f"layout {li} rank {r}: {line} (want '{want}')"
         finally:
             case.close()
 
