@@ -4,7 +4,10 @@
 
 Cases: flat AG/RS (one parameter) of 1 and 64 MiB of gathered output at W = 2 and 8; one Llama-3.1-8B decoder layer
 (9 parameters, bf16) AG from per-parameter shards and RS with 4 pipeline chunks; a 64-parameter layout at W = 2
-and 8. Method: nccl_tide.perf.issue_cost (streams gated behind a sleep kernel, prebuilt ctypes arguments).
+and 8, its shards and gradients allocated one by one ("64 params": the caching allocator places them back to back,
+so the library's graphs copy them as strided runs, docs/architecture.md "Strided copies") and as views of one
+buffer in reverse parameter order ("64 params rev": no strided run can form, one graph node per copy as before
+session 21): the two rows compare the runs with the plain copies in one run. Method: nccl_tide.perf.issue_cost (streams gated behind a sleep kernel, prebuilt ctypes arguments).
 
 --route both (default): the eager graph route (NCCL_TIDE_EAGER_GRAPHS, docs/architecture.md "Eager calls as graph
 replays") off and on in the same run: the cases run first in a child process with NCCL_TIDE_EAGER_GRAPHS=0 (the
@@ -43,6 +46,20 @@ def cases():
     out.append(("llama8b layer", 8, LLAMA8B_LAYER, 4))
     for w in (2, 8):
         out.append(("64 params", w, [1 << 18] * 64, 4))
+        out.append(("64 params rev", w, [1 << 18] * 64, 4))
+    return out
+
+
+def tensors(torch, numels, dev, reverse):
+    """bf16 random tensors of these numels: allocated one by one, or (reverse) views of one buffer with the first
+    parameter last in memory (decreasing addresses: no strided run forms)."""
+    if not reverse:
+        return [torch.randn(n, dtype=torch.bfloat16, device=dev) for n in numels]
+    flat = torch.randn(sum(numels), dtype=torch.bfloat16, device=dev)
+    out, end = [], flat.numel()
+    for n in numels:
+        out.append(flat[end - n : end])
+        end -= n
     return out
 
 
@@ -148,11 +165,11 @@ def run(args, rows_out=None) -> int:
                     sends = [torch.randn(l0.send_bytes // 2, dtype=torch.bfloat16, device=dev) for _ in range(w)]
                     prep = ic.prepare_all_gather(world, layouts, slots, sendbufs=sends)
                 else:
-                    shards = [[torch.randn(p.shard_numel, dtype=torch.bfloat16, device=dev) for p in l0.params]
+                    shards = [tensors(torch, [p.shard_numel for p in l0.params], dev, name.endswith(" rev"))
                               for _ in range(w)]
                     prep = ic.prepare_all_gather(world, layouts, slots, shards=shards)
             else:
-                grads = [[torch.randn(n, dtype=torch.bfloat16, device=dev) for n in numels] for _ in range(w)]
+                grads = [tensors(torch, numels, dev, name.endswith(" rev")) for _ in range(w)]
                 outs = [torch.empty(l0.rs_out_numel, dtype=torch.float32, device=dev) for _ in range(w)]
                 prep = ic.prepare_reduce_scatter(world, layouts, grads, outs, op_code("sum"), to_dtype("fp32").code)
             # Copy entries per rank-stream per call are about P * W; keep a sample under ~600 of them so the device

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Session 21's device calls (< 10 min each; every stage builds build/gpu through ci/gpu_job.sh or reuses it).
-#   1: what sessions 19-20 changed and never ran: the call-order test, test_eager_graphs (its pipelined token RSs of
-#      3-8 chunks run in a subprocess with NCCL_TIDE_TOKEN_RS_CHUNKS raised), the held-call files with the route on,
-#      then the route-off files, then as many other tests/gpu files as fit.
-#   2: the rest of tests/gpu, then the figures: host issue time (default and NCCL_TIDE_TOKEN_RS_CHUNKS=64), the
-#      issue-16 shares with the fixed harness, the world-size-1 FSDP2 step at 30 steps.
+#   1: what sessions 19-21 changed and never ran: test_eager_graphs (strided runs; the two-lane token RSs of 3-8
+#      chunks in a subprocess with NCCL_TIDE_TOKEN_RS_CHUNKS raised), the call-order test, the IPC capture with a
+#      forked 4-chunk RS (test_graph_capture_multiprocess), the held-call files with the route on, then the
+#      route-off files, then as many other tests/gpu files as fit.
+#   2: the rest of tests/gpu (test_perf_gpu last).
+#   3: the figures: host issue time (default and NCCL_TIDE_TOKEN_RS_CHUNKS=64; "64 params" vs "64 params rev" is
+#      strided runs vs plain copies), the issue-16 shares with the fixed harness, the world-size-1 FSDP2 step at 30
+#      steps.
 # Writes one archive $OUT/s21-<stage>.tgz plus the text summaries. Usage: bash ci/gpu_session21.sh 1|2
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,14 +24,14 @@ job() {  # job NAME TESTS BENCH [ENV=...]: ci/gpu_job.sh under what is left, log
 }
 case "${1:-}" in
   1)
-    job on "test_eager_call_order:150 test_eager_graphs:240 test_faults:70 test_abort:50 test_pending_waits:40
-      test_concurrency_gpu:50 test_cuda_collectives:60 test_graph_capture:60 test_virtual_nodes:60 test_multiprocess:90
-      test_reduce_kernel_gpu:60 test_share_gpu:50" ""
+    job on "test_eager_graphs:260 test_eager_call_order:150 test_graph_capture_multiprocess:120 test_graph_capture:60
+      test_faults:70 test_abort:50 test_pending_waits:40 test_concurrency_gpu:50 test_cuda_collectives:60
+      test_multiprocess:90 test_virtual_nodes:60 test_reduce_kernel_gpu:60 test_share_gpu:50" ""
     job off "test_cuda_collectives:60 test_faults:50 test_abort:40" "" NCCL_TIDE_EAGER_GRAPHS=0
     ;;
   2)
-    job rest "test_graph_capture_multiprocess:80 test_interposer_gpu:70 test_faults_multiprocess:70
-      test_cuda_properties:50 test_fsdp_native:90 test_hardening_gpu:170 test_perf_gpu:170" ""
+    job rest "test_interposer_gpu:70 test_faults_multiprocess:70 test_cuda_properties:50 test_fsdp_native:90
+      test_hardening_gpu:170 test_perf_gpu:170" ""
     ;;
   3)
     job bench "" "host_issue host_issue_pipelined"
