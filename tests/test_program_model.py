@@ -274,12 +274,14 @@ def test_channel_model_token_rs_pipeline_never_hangs_in_rounds(model_exe, k, map
     assert keys == PIPELINED_CASES, keys
 
 
+@pytest.mark.parametrize("fold", [False, True])
 @pytest.mark.parametrize("cap", [1, 600])
-def test_copy_queue_model_token_rs_pipeline_in_groups(model_exe, cap):
+def test_copy_queue_model_token_rs_pipeline_in_groups(model_exe, cap, fold):
     """The library's loopback issue order (each program's groups, round-major over the ranks) with one queue entry
-    per copy, for token all-gathers mixed with token reduce-scatters of up to 7 chunks: no hang."""
-    r = subprocess.run([str(model_exe), "--token-rs-chunks", "64", "--copy-queue", str(cap), "graph", "groups",
-                        "token-mixed", "3"], capture_output=True, text=True, timeout=600)
+    per copy, for token all-gathers mixed with token reduce-scatters of up to 7 chunks: no hang, with the two lanes
+    of a graph replay and folded onto one stream (direct issue, a binding's first call)."""
+    r = subprocess.run([str(model_exe), "--token-rs-chunks", "64", *(["--fold"] if fold else []), "--copy-queue",
+                        str(cap), "graph", "groups", "token-mixed", "3"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "all cases passed" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
     ran = {(x.split()[3], int(x.split()[5][7:])) for x in r.stdout.splitlines() if x.startswith("queue case ")}
     assert {("W=4", 7), ("W=8", 4)} <= ran, ran  # the pipelined layouts ran, not only the 1-chunk ones

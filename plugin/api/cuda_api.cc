@@ -169,7 +169,7 @@ std::string debugDump(tideComm* comm) {
       size_t entries = 0, perCopy = 0;
       lc->bound->copyCounts(&entries, &perCopy);
       appendf(&out, "  last %s program: %zu steps, %d nodes of %d ranks, %s issue%s%s; %zu copy entries, %zu as "
-              "graph copy nodes\n",
+              "graph copy nodes\n",  // the last: what a capture of the binding makes of its copies (strided runs)
               p.coll == tide::prog::Coll::kAllGather ? "AG" : "RS", p.steps.size(), p.nNodes, p.ranksPerNode,
               p.mode == tide::prog::Mode::kDeferred ? "deferred (internal stream, issued across ranks)"
                                                     : (tokens ? "token-protocol" : "in-order"),

@@ -40,4 +40,44 @@ std::vector<CopyRun> stridedRuns(const uint64_t* dst, const uint64_t* src, const
   return out;
 }
 
+std::vector<CopyRun> splitAtAllocations(const std::vector<CopyRun>& runs, const AddressRangeFn& rangeOf) {
+  std::vector<CopyRun> out;
+  out.reserve(runs.size());
+  auto plain = [](CopyRun r) {
+    if (r.rows == 1) r.dpitch = r.spitch = 0;
+    return r;
+  };
+  for (const CopyRun& r : runs) {
+    if (r.rows <= 1) {
+      out.push_back(r);
+      continue;
+    }
+    uint64_t k = 0;
+    while (k < r.rows) {
+      CopyRun piece = r;
+      piece.dst = r.dst + k * r.dpitch;
+      piece.src = r.src + k * r.spitch;
+      uint64_t sb = 0, ss = 0, db = 0, ds = 0;
+      if (!rangeOf(piece.src, &sb, &ss) || !rangeOf(piece.dst, &db, &ds)) {
+        piece.rows = 1;
+        out.push_back(plain(piece));
+        ++k;
+        continue;
+      }
+      // Rows k .. e - 1 lie inside [sb, sb + ss) and [db, db + ds).
+      uint64_t e = k;
+      while (e < r.rows) {
+        const uint64_t s0 = r.src + e * r.spitch, d0 = r.dst + e * r.dpitch;
+        if (s0 < sb || s0 + r.width > sb + ss || d0 < db || d0 + r.width > db + ds) break;
+        ++e;
+      }
+      if (e == k) e = k + 1;  // the row itself straddles its allocation: a plain copy, as before runs existed
+      piece.rows = e - k;
+      out.push_back(plain(piece));
+      k = e;
+    }
+  }
+  return out;
+}
+
 }  // namespace tide

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace tide {
@@ -30,6 +31,15 @@ struct CopyRun {
 // which runs are issued does not matter; runs come out in the order of their first copy.
 std::vector<CopyRun> stridedRuns(const uint64_t* dst, const uint64_t* src, const uint64_t* bytes, const uint32_t* group,
                                  size_t n, uint64_t maxPitch);
+
+// The allocation holding an address: true with its first byte and size, false if it cannot be told.
+using AddressRangeFn = std::function<bool(uint64_t addr, uint64_t* base, uint64_t* size)>;
+
+// The runs again, each split where a row's source or destination leaves the allocation that holds the run's first
+// row (a 2D copy is one driver operation over one source and one destination allocation; rows of shards that are
+// separate allocations at a constant stride must not become one). A row whose allocation cannot be told is copied
+// on its own. Rows keep their order; a piece of one row becomes a plain copy (pitches 0).
+std::vector<CopyRun> splitAtAllocations(const std::vector<CopyRun>& runs, const AddressRangeFn& rangeOf);
 
 }  // namespace tide
 

@@ -131,34 +131,50 @@ bool captureStreamOf(tideComm* comm, cudaStream_t* out, std::string* why) {
   return true;
 }
 
-bool captureForkOf(tideComm* comm, CaptureFork* out, std::string* why) {
-  if (comm->captureSideStream == nullptr) {
-    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    const bool exchanged = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
-    if (!exchanged) (void)cudaGetLastError();
-    cudaStream_t s = nullptr;
-    cudaEvent_t f = nullptr, j = nullptr;
-    const char* call = "cudaStreamCreateWithFlags";
-    cudaError_t err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-    if (err == cudaSuccess) {
-      call = "cudaEventCreateWithFlags";
-      err = cudaEventCreateWithFlags(&f, cudaEventDisableTiming);
-      if (err == cudaSuccess) err = cudaEventCreateWithFlags(&j, cudaEventDisableTiming);
-    }
-    if (exchanged) (void)cudaThreadExchangeStreamCaptureMode(&mode);
-    if (err != cudaSuccess) {
-      (void)cudaGetLastError();
-      if (j) (void)cudaEventDestroy(j);
-      if (f) (void)cudaEventDestroy(f);
-      if (s) (void)cudaStreamDestroy(s);
-      *why = std::string(call) + ": " + cudaGetErrorName(err);
-      return false;
-    }
-    comm->captureSideStream = s;
-    comm->forkEvent = f;
-    comm->joinEvent = j;
+bool captureForkOf(tideComm* comm, cudaStream_t capturing, CaptureFork* out, std::string* why) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  cudaError_t err = cudaStreamGetCaptureInfo(capturing, &st, &id);
+  if (err != cudaSuccess || st != cudaStreamCaptureStatusActive) {
+    (void)cudaGetLastError();
+    *why = err != cudaSuccess ? std::string("cudaStreamGetCaptureInfo: ") + cudaGetErrorName(err)
+                              : std::string("the stream is not being captured");
+    return false;
   }
-  out->side = comm->captureSideStream;
+  cudaStream_t side = nullptr;
+  for (cudaStream_t s : comm->captureSides) {
+    cudaStreamCaptureStatus ss = cudaStreamCaptureStatusNone;
+    unsigned long long sid = 0;
+    if (cudaStreamGetCaptureInfo(s, &ss, &sid) != cudaSuccess) {
+      (void)cudaGetLastError();
+      continue;
+    }
+    if (ss == cudaStreamCaptureStatusNone || (ss == cudaStreamCaptureStatusActive && sid == id)) {
+      side = s;
+      break;
+    }
+  }
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  const bool exchanged = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
+  if (!exchanged) (void)cudaGetLastError();
+  const char* call = "cudaEventCreateWithFlags";
+  err = cudaSuccess;
+  if (comm->forkEvent == nullptr) err = cudaEventCreateWithFlags(&comm->forkEvent, cudaEventDisableTiming);
+  if (err == cudaSuccess && comm->joinEvent == nullptr) {
+    err = cudaEventCreateWithFlags(&comm->joinEvent, cudaEventDisableTiming);
+  }
+  if (err == cudaSuccess && side == nullptr) {
+    call = "cudaStreamCreateWithFlags";
+    err = cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
+    if (err == cudaSuccess) comm->captureSides.push_back(side);
+  }
+  if (exchanged) (void)cudaThreadExchangeStreamCaptureMode(&mode);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    *why = std::string(call) + ": " + cudaGetErrorName(err);
+    return false;
+  }
+  out->side = side;
   out->fork = comm->forkEvent;
   out->join = comm->joinEvent;
   return true;
@@ -172,10 +188,12 @@ void commRelease(tideComm* comm) {
   comm->sideStream = nullptr;
   if (comm->captureStream) (void)cudaStreamDestroy(comm->captureStream);
   comm->captureStream = nullptr;
-  if (comm->captureSideStream) (void)cudaStreamDestroy(comm->captureSideStream);
+  // A side stream still joined to a user's open capture is destroyed with the comm too: such a capture cannot be
+  // completed without the comm anyway.
+  for (cudaStream_t s : comm->captureSides) (void)cudaStreamDestroy(s);
+  comm->captureSides.clear();
   if (comm->forkEvent) (void)cudaEventDestroy(comm->forkEvent);
   if (comm->joinEvent) (void)cudaEventDestroy(comm->joinEvent);
-  comm->captureSideStream = nullptr;
   comm->forkEvent = comm->joinEvent = nullptr;
   (void)cudaGetLastError();
 }

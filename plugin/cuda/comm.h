@@ -83,10 +83,11 @@ struct tideComm {
   int tokenRsChunks = 2;
   cudaStream_t captureStream = nullptr;
   // A captured token program on two lanes (RS of more chunks than staging buffers: docs/architecture.md "More
-  // chunks than buffers") forks its internal lane onto this private stream inside the capture and joins it back
-  // with these two events (captureForkOf: created at the first such capture; the stream never runs work, it only
-  // ever holds the side branch of a capture in progress).
-  cudaStream_t captureSideStream = nullptr;
+  // chunks than buffers") forks its internal lane onto a private side stream inside the capture and joins it back
+  // with these two events (captureForkOf: created at the first such capture). A side stream never runs work; once
+  // joined to a capture it belongs to that capture until the capture ends (a user's may stay open across calls), so
+  // a capture takes a side stream that is in no capture or already in its own, and a new one is made otherwise.
+  std::vector<cudaStream_t> captureSides;
   cudaEvent_t forkEvent = nullptr, joinEvent = nullptr;
   // The NVLink multicast gate (DESIGN.md section 6), read once by commInit.
   bool multicastGate = false;
@@ -173,14 +174,15 @@ bool eagerTokens(const tideComm* comm, const LayoutView& view, bool reduceScatte
 // The comm's private capture stream, created on first use (false with the reason on failure; error state cleared).
 bool captureStreamOf(tideComm* comm, cudaStream_t* out, std::string* why);
 
-// The comm's capture fork (captureSideStream, forkEvent, joinEvent), created at the first call (with the thread's
-// capture mode relaxed, so that creating them inside a user's global-mode capture is not an unsafe call). False with
-// the reason in *why if one could not be created (nothing is kept then).
+// A fork for the capture `capturing` is in: a side stream of the comm that is in no capture or already in this one,
+// and the fork/join events, created as needed (with the thread's capture mode relaxed, so that creating them inside a
+// user's global-mode capture is not an unsafe call). False with the reason in *why if `capturing` is not capturing or
+// something could not be created.
 struct CaptureFork {
   cudaStream_t side = nullptr;
   cudaEvent_t fork = nullptr, join = nullptr;
 };
-bool captureForkOf(tideComm* comm, CaptureFork* out, std::string* why);
+bool captureForkOf(tideComm* comm, cudaStream_t capturing, CaptureFork* out, std::string* why);
 
 // tideInvalidArgument unless p is device memory (device or managed) that the comm's device can address, aligned to
 // `align` bytes.

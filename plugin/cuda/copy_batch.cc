@@ -8,6 +8,7 @@
 #include "../core/log.h"
 #include "../core/params.h"
 #include "cuda_check.h"
+#include "driver_ops.h"
 #include "prebuilt.h"
 
 namespace tide {
@@ -47,6 +48,8 @@ tideResult_t enqueueRun(cudaStream_t stream, const CopyRun& r) {
 
 }  // namespace
 
+bool copyRunsRefused() { return g_runsBroken.load(std::memory_order_relaxed); }
+
 void CopyBatch::planRuns(const std::vector<uint32_t>& group) {
   runs.clear();
   std::vector<uint64_t> d(dst.size()), s(src.size()), n(bytes.size());
@@ -56,6 +59,17 @@ void CopyBatch::planRuns(const std::vector<uint32_t>& group) {
     n[i] = bytes[i];
   }
   std::vector<CopyRun> r = stridedRuns(d.data(), s.data(), n.data(), group.data(), d.size(), kMaxCopyPitch);
+  if (r.size() == dst.size()) return;  // nothing merged
+  // A 2D copy reads one allocation and writes one: split runs whose rows are separate allocations that happen to
+  // lie at a constant stride (shards or gradients from the caching allocator).
+  r = splitAtAllocations(r, [](uint64_t a, uint64_t* base, uint64_t* size) {
+    uintptr_t b = 0;
+    size_t n = 0;
+    if (!addressRange(reinterpret_cast<const void*>(static_cast<uintptr_t>(a)), &b, &n)) return false;
+    *base = b;
+    *size = n;
+    return true;
+  });
   if (r.size() < dst.size()) runs = std::move(r);
 }
 

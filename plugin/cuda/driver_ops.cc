@@ -22,6 +22,7 @@ using CtxGetCurrentFn = CUresult (*)(CUcontext*);
 using CtxPushFn = CUresult (*)(CUcontext);
 using CtxPopFn = CUresult (*)(CUcontext*);
 using CtxGetDeviceFn = CUresult (*)(CUdevice*);
+using MemGetAddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
 
 struct DriverOps {
   BatchMemOpFn batchMemOp = nullptr;
@@ -33,6 +34,7 @@ struct DriverOps {
   CtxPushFn ctxPush = nullptr;
   CtxPopFn ctxPop = nullptr;
   CtxGetDeviceFn ctxGetDevice = nullptr;
+  MemGetAddressRangeFn memGetAddressRange = nullptr;  // optional: strided copies are split at allocations with it
   tideResult_t status = tideSuccess;
 };
 
@@ -65,6 +67,7 @@ void resolveAll() {
   ok = resolve("cuCtxPushCurrent", &g_ops.ctxPush) && ok;
   ok = resolve("cuCtxPopCurrent", &g_ops.ctxPop) && ok;
   ok = resolve("cuCtxGetDevice", &g_ops.ctxGetDevice) && ok;
+  (void)resolve("cuMemGetAddressRange", &g_ops.memGetAddressRange);
   if (!ok || g_ops.waitValue32 == nullptr || g_ops.writeValue32 == nullptr) {
     g_ops.status = fail(tideUnsupported, "Cuda",
                         "the CUDA driver does not provide stream memory operations (cuStreamWaitValue32/"
@@ -163,6 +166,17 @@ tideResult_t enqueueMemOps(cudaStream_t stream, MemOpBatch& b) {
     if (res != CUDA_SUCCESS) return driverFail(res, wait ? "cuStreamWaitValue32" : "cuStreamWriteValue32");
   }
   return tideSuccess;
+}
+
+bool addressRange(const void* p, uintptr_t* base, size_t* size) {
+  std::call_once(g_once, resolveAll);
+  if (g_ops.memGetAddressRange == nullptr) return false;
+  CUdeviceptr b = 0;
+  size_t n = 0;
+  if (g_ops.memGetAddressRange(&b, &n, reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS || n == 0) return false;
+  *base = static_cast<uintptr_t>(b);
+  *size = n;
+  return true;
 }
 
 tideResult_t streamContext(cudaStream_t stream, const char* what, bool* inCurrent, int* device) {

@@ -31,6 +31,10 @@ tideResult_t driverOpsInit();
 // Enqueues ops on stream, in order, as one cuStreamBatchMemOp (falls back to one call per op).
 tideResult_t enqueueFlagOps(cudaStream_t stream, const std::vector<FlagOp>& ops);
 
+// The allocation holding device address p (cuMemGetAddressRange): true with its base and size; false if the driver
+// cannot tell (or lacks the entry point). Legal during stream capture (no stream is touched).
+bool addressRange(const void* p, uintptr_t* base, size_t* size);
+
 // Whether `stream` belongs to the calling thread's current CUDA context (*inCurrent), and if not, the device of the
 // stream's context (*device). Through cuStreamGetCtx, which is legal while the stream (or any other) is being
 // captured into a CUDA graph; cudaStreamGetDevice (cuStreamGetDevice) is not, and invalidates a global-mode

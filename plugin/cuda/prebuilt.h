@@ -55,6 +55,10 @@ tideResult_t enqueueMemOps(cudaStream_t stream, MemOpBatch& batch);
 // when the batch has strided runs, one cudaMemcpy2DAsync per run of several copies.
 tideResult_t enqueueCopyBatch(cudaStream_t stream, int device, const CopyBatch& batch, bool batchApi);
 
+// True once the runtime refused a 2D copy of a strided run (runs go row by row from then on, process-wide): a capture
+// that failed on that refusal is worth one more try.
+bool copyRunsRefused();
+
 // Whether a call on `stream` may use the batch API: not disabled, not the legacy stream, not being captured
 // (capturing: cudaMemcpyAsync becomes a memcpy graph node). No driver query.
 bool batchApiFor(cudaStream_t stream, bool capturing);

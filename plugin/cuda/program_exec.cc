@@ -42,6 +42,15 @@ uint64_t valuesKey(const CallValues& v) {
   return k * 0x9e3779b97f4a7c15ull ^ divisor;
 }
 
+// captureGraph, once more if it failed because the runtime refused a strided run's 2D copy during it (a refusal may
+// invalidate the capture; from then on runs go row by row, copyRunsRefused).
+bool captureWithRunsFallback(cudaStream_t s, const std::function<bool(cudaStream_t)>& enqueue, cudaGraphExec_t* out,
+                             std::string* why) {
+  const bool refusedBefore = copyRunsRefused();
+  if (captureGraph(s, enqueue, out, why)) return true;
+  return !refusedBefore && copyRunsRefused() && captureGraph(s, enqueue, out, why);
+}
+
 }  // namespace
 
 tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Program> program, const Binding& b,
@@ -200,7 +209,7 @@ void BoundProgram::copyCounts(size_t* entries, size_t* perCopyIssues) const {
   *entries = *perCopyIssues = 0;
   for (const CopyBatch& c : copies_) {
     *entries += c.size();
-    *perCopyIssues += c.runs.empty() ? c.size() : c.runs.size();
+    *perCopyIssues += c.runs.empty() || copyRunsRefused() ? c.size() : c.runs.size();
   }
 }
 
@@ -212,12 +221,22 @@ tideResult_t BoundProgram::issueSteps(int first, int end, const CallValues& v, c
 
 tideResult_t BoundProgram::issueTokenRange(int first, int end, const CallValues& v, cudaStream_t stream,
                                            bool capturing) {
-  bool caller = false, internal = false;
-  for (int i = first; i < end; ++i) (steps_[i].lane == prog::Lane::kInternal ? internal : caller) = true;
-  if (!capturing || !caller || !internal) return issueSteps(first, end, v, stream, stream);
+  int fork = end;  // the first internal-lane step
+  bool caller = false;
+  for (int i = first; i < end; ++i) {
+    if (steps_[i].lane == prog::Lane::kInternal) {
+      if (fork == end) fork = i;
+    } else if (fork != end) {
+      caller = true;  // a caller's step after the fork point: the two lanes overlap
+    }
+  }
+  if (!capturing || fork == end || !caller) return issueSteps(first, end, v, stream, stream);
+  // The steps before the first internal one on the capturing stream, then the fork (the internal branch starts
+  // after them, as in program order), the rest on their lanes, the join.
+  TIDE_CHECK(issueSteps(first, fork, v, stream, stream));
   CaptureFork f;
   std::string why;
-  if (!captureForkOf(comm_, &f, &why)) {
+  if (!captureForkOf(comm_, stream, &f, &why)) {
     return fail(tideCudaError, "Cuda", "forking the internal lane of a captured token program: %s", why.c_str());
   }
   cudaError_t err = cudaEventRecord(f.fork, stream);
@@ -227,7 +246,7 @@ tideResult_t BoundProgram::issueTokenRange(int first, int end, const CallValues&
     return fail(tideCudaError, "Cuda", "forking the internal lane of a captured token program: %s",
                 cudaGetErrorName(err));
   }
-  tideResult_t r = issueSteps(first, end, v, stream, f.side);
+  tideResult_t r = issueSteps(fork, end, v, stream, f.side);
   // Joined whatever happened: a capture whose forked stream was not joined back cannot end.
   cudaError_t joined = cudaEventRecord(f.join, f.side);
   if (joined == cudaSuccess) joined = cudaStreamWaitEvent(stream, f.join, 0);
@@ -324,7 +343,7 @@ tideResult_t BoundProgram::issueTokens(const std::shared_ptr<BoundProgram>& self
         TIDE_TRACE("Cuda", "rank %d: capturing round %d of a %s token program", bp.comm_->rank, g + 1,
                    p.coll == prog::Coll::kAllGather ? "AG" : "RS");
         const auto& r = bp.groupRange_[g];
-        ok = captureGraph(capStream, [&](cudaStream_t s) {
+        ok = captureWithRunsFallback(capStream, [&](cudaStream_t s) {
           return bp.issueTokenRange(r.first, r.second, cv, s, true) == tideSuccess;
         }, &fresh->graphs[g], &why);
       }
@@ -377,8 +396,9 @@ tideResult_t BoundProgram::issueTokenSteps(const CallValues& v, cudaStream_t str
     TIDE_TRACE("Cuda", "rank %d: capturing a %s token program (%zu copy batches, %zu reduces)", bp.comm_->rank,
                bp.prog_->coll == prog::Coll::kAllGather ? "AG" : "RS", bp.copies_.size(), bp.reduces_.size());
     const int n = static_cast<int>(bp.steps_.size());
-    if (captureGraph(capStream, [&](cudaStream_t s) { return bp.issueTokenRange(0, n, cv, s, true) == tideSuccess; },
-                     &g, &why)) {
+    if (captureWithRunsFallback(
+            capStream, [&](cudaStream_t s) { return bp.issueTokenRange(0, n, cv, s, true) == tideSuccess; }, &g,
+            &why)) {
       TIDE_TRACE("Cuda", "rank %d: captured and instantiated", bp.comm_->rank);
       bp.graph_ = g;
       justCaptured = true;

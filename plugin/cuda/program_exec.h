@@ -81,8 +81,9 @@ class BoundProgram {
   // How the last issueTokens call went, for the debug dump and traces: "issued directly", "captured into a graph
   // and replayed from it", "replayed from a graph", or "" when issueTokens was never called.
   const char* lastTokenIssue() const { return lastIssue_.load(std::memory_order_relaxed); }
-  // Copy entries of the binding (after in-place drops and merges of adjacent segments), and the copies the per-copy
-  // path issues for them (a capture's memcpy nodes: one per strided run, plugin/core/copy_runs.h), for the dump.
+  // Copy entries of the binding's copy batches (after in-place drops and merges of adjacent segments; a reduce's
+  // fp32 copy not counted), and the copies the per-copy path issues for them (a capture's memcpy nodes: one per
+  // strided run, plugin/core/copy_runs.h; one per entry once 2D copies were refused), for the dump.
   void copyCounts(size_t* entries, size_t* perCopyIssues) const;
 
  private:

@@ -1,7 +1,8 @@
-// Checks tide::stridedRuns (plugin/core/copy_runs.h) on the host: for random copy lists (random groups, widths,
-// strides, gaps, repeated sources) and for the all-gather's own pattern, applying the runs row by row writes exactly
-// the bytes the copies write (same values, each byte once), every run respects its limits, and the AG pattern of P
-// parameters of one size pushed to W ranks collapses to W runs (P x W with irregular shards).
+// Checks tide::stridedRuns and tide::splitAtAllocations (plugin/core/copy_runs.h) on the host: for random copy
+// lists (random groups, widths, strides, gaps, repeated sources) and for the all-gather's own pattern, applying the
+// runs row by row writes exactly the bytes the copies write (same values, each byte once), every run respects its
+// limits, the AG pattern of P parameters of one size pushed to W ranks collapses to W runs, and after the split at
+// allocations (a fake allocation map) every run of several rows reads one allocation and writes one.
 // Usage: copy_runs_test [seeds]; prints "all checks passed", exit 0.
 #include <cinttypes>
 #include <cstdio>
@@ -71,6 +72,35 @@ void check(const List& l, const std::vector<tide::CopyRun>& runs, uint64_t maxPi
 
 std::vector<tide::CopyRun> plan(const List& l, uint64_t maxPitch) {
   return tide::stridedRuns(l.dst.data(), l.src.data(), l.bytes.data(), l.group.data(), l.dst.size(), maxPitch);
+}
+
+// A fake allocation map: sorted [base, base + size) intervals; addresses in no interval cannot be told.
+struct Allocations {
+  std::vector<std::pair<uint64_t, uint64_t>> iv;
+  bool rangeOf(uint64_t a, uint64_t* base, uint64_t* size) const {
+    for (const auto& [b, n] : iv) {
+      if (a >= b && a < b + n) {
+        *base = b;
+        *size = n;
+        return true;
+      }
+    }
+    return false;
+  }
+  const tide::AddressRangeFn fn() const {
+    return [this](uint64_t a, uint64_t* b, uint64_t* n) { return rangeOf(a, b, n); };
+  }
+};
+
+// Every run of several rows stays inside one allocation on each side.
+void checkInside(const std::vector<tide::CopyRun>& runs, const Allocations& al, const std::string& what) {
+  for (const tide::CopyRun& r : runs) {
+    if (r.rows < 2) continue;
+    uint64_t sb = 0, ss = 0, db = 0, ds = 0;
+    if (!al.rangeOf(r.src, &sb, &ss) || !al.rangeOf(r.dst, &db, &ds)) die(what + ": a run starts outside the map");
+    const uint64_t sl = r.src + (r.rows - 1) * r.spitch + r.width, dl = r.dst + (r.rows - 1) * r.dpitch + r.width;
+    if (sl > sb + ss || dl > db + ds) die(what + ": a run of several rows crosses an allocation");
+  }
 }
 
 // The single-node AG push of one rank: for each parameter i, its shard to every rank r's slot at
@@ -173,6 +203,48 @@ int main(int argc, char** argv) {
     }
     if (overlap) continue;
     check(l, plan(l, 1 << 12), 1 << 12, at - kDstBase + 64, "random seed " + std::to_string(s));
+  }
+  // Split at allocations. The AG pattern with every shard its own allocation: nothing of several rows survives;
+  // with the shards in two allocations (halves): 2 runs per destination; with one: W.
+  for (int W : {2, 8}) {
+    const int P = 16;
+    for (int pieces : {16, 2, 1}) {
+      std::mt19937_64 rng(31 * W + pieces);
+      List l;
+      const uint64_t bytes = agPattern(P, W, true, true, rng, &l);
+      Allocations al;
+      al.iv.push_back({kDstBase, bytes});  // the slots: one allocation
+      const uint64_t per = 96 * (P / pieces);  // shards are 96 bytes, packed from address 0
+      for (int k = 0; k < pieces; ++k) al.iv.push_back({k * per, per});
+      auto runs = tide::splitAtAllocations(plan(l, big), al.fn());
+      const std::string what = "split W=" + std::to_string(W) + " pieces=" + std::to_string(pieces);
+      check(l, runs, big, bytes, what);
+      checkInside(runs, al, what);
+      const size_t want = pieces == 16 ? static_cast<size_t>(P * W) : static_cast<size_t>(pieces * W);
+      if (runs.size() != want) die(what + ": " + std::to_string(runs.size()) + " runs, want " + std::to_string(want));
+    }
+  }
+  // Random lists under random allocation maps (holes included: those rows are copied alone).
+  for (int s = 0; s < seeds; ++s) {
+    std::mt19937_64 rng(5000 + s);
+    List l;
+    uint64_t at = kDstBase;
+    for (int t = 0; t < 6; ++t) {
+      const uint64_t w = 8 + rng() % 32, dp = w + rng() % 16, sp = w + rng() % 16, s0 = rng() % (kSrcBytes / 2);
+      const int rows = 2 + static_cast<int>(rng() % 12);
+      for (int k = 0; k < rows; ++k) l.add(at + k * dp, s0 + k * sp, w, static_cast<uint32_t>(t));
+      at += rows * dp + 64;
+    }
+    Allocations al;
+    for (uint64_t a = 0; a < at + 64;) {  // random pieces over sources and destinations, some left as holes
+      const uint64_t n = 16 + rng() % 400;
+      if (rng() % 6 != 0) al.iv.push_back({a, n});
+      a += n;
+    }
+    auto runs = tide::splitAtAllocations(plan(l, big), al.fn());
+    const std::string what = "split random seed " + std::to_string(s);
+    check(l, runs, big, at - kDstBase + 64, what);
+    checkInside(runs, al, what);
   }
   printf("all checks passed\n");
   return 0;

@@ -11,7 +11,9 @@
 //   * hazards, from a shadow tag per byte: a staging or slot byte is written only when empty (consumed), read only
 //     after this call wrote it; inputs (shards, gradients) are read only while they hold this call's data; staging is
 //     empty again when the caller's lane reaches the end of an RS; every access stays inside its buffer.
-// Usage: program_model [--token-rs-chunks N] MODE...
+// Usage: program_model [--token-rs-chunks N] [--fold] MODE...
+//                                         --fold (with --copy-queue / --channels): every token program on its
+//                                         caller's lane (direct issue on one stream) instead of two lanes
 //                                         a leading option for every mode below: token RS programs may have up to
 //                                         N pipeline chunks (default 2; NCCL_TIDE_TOKEN_RS_CHUNKS), so layouts of
 //                                         more chunks than staging buffers run the consumed-token pipeline
@@ -1042,6 +1044,14 @@ int main(int argc, char** argv) {
     argv += 2;
     argc -= 2;
   }
+  bool foldAll = false;
+  if (argc > 1 && strcmp(argv[1], "--fold") == 0) {  // a leading option for --copy-queue / --channels
+    foldAll = true;
+    argv[1] = argv[0];
+    argv += 1;
+    argc -= 1;
+  }
+  g_fold = foldAll;
   if (argc > 1 && strcmp(argv[1], "--copy-queue") == 0) return queueMain(argc, argv);
   if (argc > 1 && strcmp(argv[1], "--channels") == 0) return channelMain(argc, argv);
   int seeds = 4;

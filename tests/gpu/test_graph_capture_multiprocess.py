@@ -1,8 +1,9 @@
 """TIDE-AG and TIDE-RS captured into CUDA graphs across processes (issue 10): W processes, each one TIDE rank on
 cuda:0 over CUDA IPC (gloo bootstrap, as tests/gpu/test_multiprocess.py, whose spawn helpers this file reuses).
 
-Each rank captures one graph with torch.cuda.graph (global capture mode, PyTorch's default) holding an all-gather
-and two reduce-scatters (1 and 2 pipeline chunks, Slot-Reuse staging): on the IPC provider a graph may hold several
+Each rank captures one graph with torch.cuda.graph (global capture mode, PyTorch's default) holding two all-gathers
+(mixed sizes; and 8 parameters of one size from a packed send buffer, which the library copies as strided 2D runs
+into each peer's IPC-mapped slot: docs/architecture.md "Strided copies") and two reduce-scatters (1 and 2 pipeline chunks, Slot-Reuse staging): on the IPC provider a graph may hold several
 TIDE collectives. Every replay gets fresh random inputs (written into the captured buffers) and is checked bit for bit
 against the host executor (every rank's inputs gathered over gloo); eager calls of the same collectives run between
 replays, and replays also run back to back without host synchronization. Refused at capture time, with the capture
@@ -57,6 +58,9 @@ class Round:
         if int(os.environ.get("NCCL_TIDE_TOKEN_RS_CHUNKS", "2")) >= 4:  # the two-lane token RS (more chunks than buffers)
             self.rs.append(_rs_layout(nccl_tide, [3999, 64 * 33, 5, 901], [1, 64, 1, 1], world, rank, 4))
             self.ops.append(("premul", 0.375))
+        self.ag_u = nccl_tide.Layout([world * 1024] * 8, "bf16", world, rank=rank)  # strided runs
+        self.slot_u = comm.alloc_slot(self.ag_u.slot_bytes)
+        self.send_u = torch.empty(self.ag_u.send_bytes, dtype=torch.uint8, device="cuda")
         self.slot = comm.alloc_slot(self.ag.slot_bytes)
         self.staging = [comm.alloc_slot(L.rs_staging_bytes) for L in self.rs]
         self.send = torch.empty(self.ag.send_bytes, dtype=torch.uint8, device="cuda")
@@ -80,6 +84,12 @@ class Round:
         ]
         self.ag_expected = nccl_tide.host_all_gather(self.ag, shards)[self.rank]
         self.send.copy_(send)
+        send_u = torch.from_numpy(self.rng.integers(0, 256, size=self.ag_u.send_bytes, dtype=np.uint8))
+        sends_u = mpt._gather_bytes(torch, self.dist, send_u)
+        shards_u = [[sends_u[r][p.send_offset : p.send_offset + p.shard_numel * 2].numpy().view(np.uint16)
+                     for p in self.ag_u.params] for r in range(self.world)]
+        self.ag_u_expected = nccl_tide.host_all_gather(self.ag_u, shards_u)[self.rank]
+        self.send_u.copy_(send_u)
         self.rs_expected = []
         for L, grads, (op, scale) in zip(self.rs, self.grads, self.ops):
             mine = [mpt._float_data(torch, self.rng, p.numel, "bf16") for p in L.params]
@@ -100,6 +110,7 @@ class Round:
 
     def poison(self):
         self.slot.fill_(0xFF)
+        self.slot_u.fill_(0xFF)
         for o in self.outs:
             o.fill_(float("nan"))
         self.torch.cuda.synchronize()
@@ -107,6 +118,7 @@ class Round:
     def collectives(self):
         """The AG and both RSs on the current stream (captured, or eager)."""
         self.comm.all_gather(self.ag, self.slot, sendbuf=self.send)
+        self.comm.all_gather(self.ag_u, self.slot_u, sendbuf=self.send_u)
         for L, grads, out, staging, (op, scale) in zip(self.rs, self.grads, self.outs, self.staging, self.ops):
             self.comm.reduce_scatter(L, grads, out, op=op, scale=scale, staging=staging)
 
@@ -119,6 +131,11 @@ class Round:
             exp = np.ascontiguousarray(self.ag_expected[i]).view(np.uint8)
             if not np.array_equal(got[p.slot_offset : p.slot_offset + exp.size], exp):
                 errors.append(f"{what}: AG param {i} differs from the host executor")
+        got_u = self.slot_u.cpu().numpy()
+        for i, p in enumerate(self.ag_u.params):
+            exp = np.ascontiguousarray(self.ag_u_expected[i]).view(np.uint8)
+            if not np.array_equal(got_u[p.slot_offset : p.slot_offset + exp.size], exp):
+                errors.append(f"{what}: uniform AG param {i} differs from the host executor")
         for k, (out, exp) in enumerate(zip(self.outs, self.rs_expected)):
             bits = out.cpu().numpy().view(np.uint32)
             if not np.array_equal(bits, exp):
