@@ -48,6 +48,34 @@ tideResult_t enqueueRun(cudaStream_t stream, const CopyRun& r) {
 
 }  // namespace
 
+// One cudaMemcpyBatchAsync of n copies with cudaMemcpyFlagPreferOverlapWithCompute (*done = true), or *done = false
+// once the runtime says the batch API is unsupported (said once; the caller copies one by one). Other errors fail.
+static tideResult_t batchCopy(void* const* dst, const void* const* src, const size_t* bytes, size_t n, int device,
+                              cudaStream_t stream, bool* done) {
+  cudaMemcpyAttributes attr{};
+  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  attr.srcLocHint.type = cudaMemLocationTypeDevice;
+  attr.srcLocHint.id = device;
+  attr.dstLocHint.type = cudaMemLocationTypeDevice;
+  attr.dstLocHint.id = device;
+  attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+  size_t attrIdx = 0;
+  cudaError_t err = cudaMemcpyBatchAsync(const_cast<void**>(dst), const_cast<const void**>(src),
+                                         const_cast<size_t*>(bytes), n, &attr, &attrIdx, 1, stream);
+  *done = err == cudaSuccess;
+  if (*done) return tideSuccess;
+  if (err != cudaErrorNotSupported && err != cudaErrorCallRequiresNewerDriver) {
+    return cudaFail(err, "cudaMemcpyBatchAsync", __FILE__, __LINE__);
+  }
+  (void)cudaGetLastError();
+  if (!g_batchBroken.exchange(true)) {
+    TIDE_WARN("Cuda", "cudaMemcpyBatchAsync is not supported here (%s); falling back to cudaMemcpyAsync, which "
+                      "may run same-device copies on the SMs",
+              cudaGetErrorName(err));
+  }
+  return tideSuccess;
+}
+
 bool copyRunsRefused() { return g_runsBroken.load(std::memory_order_relaxed); }
 
 void CopyBatch::planRuns(const std::vector<uint32_t>& group) {
@@ -88,26 +116,10 @@ bool useBatchApi(cudaStream_t stream) {
 tideResult_t CopyList::enqueue(cudaStream_t stream, int device) const {
   if (dst_.empty()) return tideSuccess;
   if (useBatchApi(stream)) {
-    cudaMemcpyAttributes attr{};
-    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-    attr.srcLocHint.type = cudaMemLocationTypeDevice;
-    attr.srcLocHint.id = device;
-    attr.dstLocHint.type = cudaMemLocationTypeDevice;
-    attr.dstLocHint.id = device;
-    attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
-    size_t attrIdx = 0;
-    cudaError_t err = cudaMemcpyBatchAsync(const_cast<void* const*>(dst_.data()), src_.data(), bytes_.data(),
-                                           dst_.size(), &attr, &attrIdx, 1, stream);
-    if (err == cudaSuccess) return tideSuccess;
-    if (err != cudaErrorNotSupported && err != cudaErrorCallRequiresNewerDriver) {
-      return cudaFail(err, "cudaMemcpyBatchAsync", __FILE__, __LINE__);
-    }
-    (void)cudaGetLastError();
-    if (!g_batchBroken.exchange(true)) {
-      TIDE_WARN("Cuda", "cudaMemcpyBatchAsync is not supported here (%s); falling back to cudaMemcpyAsync, which "
-                        "may run same-device copies on the SMs",
-                cudaGetErrorName(err));
-    }
+    bool done = false;
+    TIDE_CHECK(batchCopy(const_cast<void* const*>(dst_.data()), src_.data(), bytes_.data(), dst_.size(), device, stream,
+                         &done));
+    if (done) return tideSuccess;
   }
   for (size_t i = 0; i < dst_.size(); ++i) {
     TIDE_CUDA_CHECK(cudaMemcpyAsync(dst_[i], src_[i], bytes_[i], cudaMemcpyDeviceToDevice, stream));
@@ -123,26 +135,10 @@ bool batchApiFor(cudaStream_t stream, bool capturing) {
 tideResult_t enqueueCopyBatch(cudaStream_t stream, int device, const CopyBatch& b, bool batchApi) {
   if (b.dst.empty()) return tideSuccess;
   if (batchApi && !g_batchBroken.load(std::memory_order_relaxed)) {
-    cudaMemcpyAttributes attr{};
-    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-    attr.srcLocHint.type = cudaMemLocationTypeDevice;
-    attr.srcLocHint.id = device;
-    attr.dstLocHint.type = cudaMemLocationTypeDevice;
-    attr.dstLocHint.id = device;
-    attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
-    size_t attrIdx = 0;
-    cudaError_t err = cudaMemcpyBatchAsync(const_cast<void* const*>(b.dst.data()), b.src.data(), b.bytes.data(),
-                                           b.dst.size(), &attr, &attrIdx, 1, stream);
-    if (err == cudaSuccess) return tideSuccess;
-    if (err != cudaErrorNotSupported && err != cudaErrorCallRequiresNewerDriver) {
-      return cudaFail(err, "cudaMemcpyBatchAsync", __FILE__, __LINE__);
-    }
-    (void)cudaGetLastError();
-    if (!g_batchBroken.exchange(true)) {
-      TIDE_WARN("Cuda", "cudaMemcpyBatchAsync is not supported here (%s); falling back to cudaMemcpyAsync, which "
-                        "may run same-device copies on the SMs",
-                cudaGetErrorName(err));
-    }
+    bool done = false;
+    TIDE_CHECK(batchCopy(const_cast<void* const*>(b.dst.data()), b.src.data(), b.bytes.data(), b.dst.size(), device,
+                         stream, &done));
+    if (done) return tideSuccess;
   }
   if (!b.runs.empty()) {
     for (const CopyRun& r : b.runs) TIDE_CHECK(enqueueRun(stream, r));
