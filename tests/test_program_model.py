@@ -274,6 +274,20 @@ def test_channel_model_token_rs_pipeline_never_hangs_in_rounds(model_exe, k, map
     assert keys == PIPELINED_CASES, keys
 
 
+@pytest.mark.parametrize("order", [[], ["--caller-first"], ["--fold"]])
+def test_one_fifo_takes_each_round_in_any_lane_order(model_exe, order):
+    """A captured round forks its two lanes into two graph branches, and the graph executor may queue either branch
+    first: with one FIFO channel for everything (a wait at its head blocks all), each round's items issued with the
+    internal lane first (program order), the caller lane first, or folded onto one lane, never hang. So no wait of a
+    round needs a write of the same round, which is what lets the library fork per round without relying on the
+    branches running concurrently (program_exec.cc issueTokenRange)."""
+    r = subprocess.run([str(model_exe), "--token-rs-chunks", "64", *order, "--channels", "1", "rank", "0", "groups",
+                        "token-mixed", "2"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "all cases passed" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    assert sum(1 for x in r.stdout.splitlines() if x.startswith("channel case ") and ": ok (" in x) == \
+        2 * len(PIPELINED_CASES)
+
+
 @pytest.mark.parametrize("fold", [False, True])
 @pytest.mark.parametrize("cap", [1, 600])
 def test_copy_queue_model_token_rs_pipeline_in_groups(model_exe, cap, fold):

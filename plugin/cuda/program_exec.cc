@@ -221,6 +221,20 @@ tideResult_t BoundProgram::issueSteps(int first, int end, const CallValues& v, c
 
 tideResult_t BoundProgram::issueTokenRange(int first, int end, const CallValues& v, cudaStream_t stream,
                                            bool capturing) {
+  if (!capturing) return issueSteps(first, end, v, stream, stream);
+  // One fork and join per issue round: no wait of a round depends on a write of the same round (program_rs.cc), so
+  // the graph never relies on one branch progressing while the other waits (docs/architecture.md "More chunks than
+  // buffers").
+  for (int i = first; i < end;) {
+    int j = i + 1;
+    while (j < end && steps_[j].group == steps_[i].group) ++j;
+    TIDE_CHECK(issueRoundForked(i, j, v, stream));
+    i = j;
+  }
+  return tideSuccess;
+}
+
+tideResult_t BoundProgram::issueRoundForked(int first, int end, const CallValues& v, cudaStream_t stream) {
   int fork = end;  // the first internal-lane step
   bool caller = false;
   for (int i = first; i < end; ++i) {
@@ -230,7 +244,7 @@ tideResult_t BoundProgram::issueTokenRange(int first, int end, const CallValues&
       caller = true;  // a caller's step after the fork point: the two lanes overlap
     }
   }
-  if (!capturing || fork == end || !caller) return issueSteps(first, end, v, stream, stream);
+  if (fork == end || !caller) return issueSteps(first, end, v, stream, stream);
   // The steps before the first internal one on the capturing stream, then the fork (the internal branch starts
   // after them, as in program order), the rest on their lanes, the join.
   TIDE_CHECK(issueSteps(first, fork, v, stream, stream));

@@ -110,10 +110,12 @@ class BoundProgram {
   // Steps [first, end) in program order; the caller holds issueMu_.
   tideResult_t issueSteps(int first, int end, const CallValues& v, cudaStream_t caller, cudaStream_t side);
   // Steps [first, end) of a token program. Issued directly (!capturing) both lanes go to `stream` in program order,
-  // which the compilers make a valid schedule on one stream. Into a capture, a range with steps on both lanes forks:
-  // the internal lane goes to the comm's capture side stream between an event recorded on `stream` and one recorded
-  // back (captureForkOf), so the graph holds two branches that meet only at the program's flags and the range's ends.
+  // which the compilers make a valid schedule on one stream. Into a capture, each issue round (the steps of one
+  // group) with steps on both lanes forks: its internal-lane steps go to a side stream of the comm between an event
+  // recorded on `stream` and one recorded back (captureForkOf), so within a round the graph holds two branches that
+  // meet only at the program's flags, and the rounds follow each other.
   tideResult_t issueTokenRange(int first, int end, const CallValues& v, cudaStream_t stream, bool capturing);
+  tideResult_t issueRoundForked(int first, int end, const CallValues& v, cudaStream_t stream);
   // The whole token program from this binding's graph of it, or directly (issueTokens on providers that do not defer).
   tideResult_t issueTokenSteps(const CallValues& v, cudaStream_t stream);
   // The graphs of a token program's issue rounds (one per group that holds copies or reduces; null for the others),

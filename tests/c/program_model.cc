@@ -11,9 +11,11 @@
 //   * hazards, from a shadow tag per byte: a staging or slot byte is written only when empty (consumed), read only
 //     after this call wrote it; inputs (shards, gradients) are read only while they hold this call's data; staging is
 //     empty again when the caller's lane reaches the end of an RS; every access stays inside its buffer.
-// Usage: program_model [--token-rs-chunks N] [--fold] MODE...
+// Usage: program_model [--token-rs-chunks N] [--fold] [--caller-first] MODE...
 //                                         --fold (with --copy-queue / --channels): every token program on its
-//                                         caller's lane (direct issue on one stream) instead of two lanes
+//                                         caller's lane (direct issue on one stream) instead of two lanes;
+//                                         --caller-first (with groups): each round's caller-lane items issued before
+//                                         its internal-lane items (a graph executor may order a round's branches so)
 //                                         a leading option for every mode below: token RS programs may have up to
 //                                         N pipeline chunks (default 2; NCCL_TIDE_TOKEN_RS_CHUNKS), so layouts of
 //                                         more chunks than staging buffers run the consumed-token pipeline
@@ -562,6 +564,10 @@ const Program& programOf(const World& w, const Programs& P, int c, int r) {
 // internal-lane operation (a captured graph's two branches start together, after the work before the graph); with
 // g_fold every token-program operation goes to the caller's lane instead (direct issue: one stream).
 bool g_fold = false;
+// --caller-first (groups issue): within each round, the caller lane's items are issued before the internal lane's.
+// With one FIFO channel this deadlocks if a round's caller-lane wait needs a write of the same round's internal lane
+// (program order issues the internal lane first): what a captured round's two graph branches must never need.
+bool g_callerFirst = false;
 std::vector<std::pair<int, LaneItem>> itemsOf(const World& w, const Programs& P, int c, int r) {
   const Program& p = programOf(w, P, c, r);
   const bool token = p.mode == Mode::kCaptured;
@@ -758,6 +764,11 @@ std::vector<std::vector<std::pair<int, LaneItem>>> groupsOf(const std::vector<st
     rounds[r].insert(rounds[r].end(), fork.begin(), fork.end());
     fork.clear();
     rounds[r].push_back({lane, it});
+  }
+  if (g_callerFirst) {  // each round's caller-lane items before its internal-lane ones (each lane keeps its order)
+    for (auto& round : rounds) {
+      std::stable_partition(round.begin(), round.end(), [](const std::pair<int, LaneItem>& x) { return x.first % 2 == 0; });
+    }
   }
   return rounds;
 }
@@ -1045,8 +1056,8 @@ int main(int argc, char** argv) {
     argc -= 2;
   }
   bool foldAll = false;
-  if (argc > 1 && strcmp(argv[1], "--fold") == 0) {  // a leading option for --copy-queue / --channels
-    foldAll = true;
+  while (argc > 1 && (strcmp(argv[1], "--fold") == 0 || strcmp(argv[1], "--caller-first") == 0)) {
+    (strcmp(argv[1], "--fold") == 0 ? foldAll : g_callerFirst) = true;  // leading options for --copy-queue / --channels
     argv[1] = argv[0];
     argv += 1;
     argc -= 1;
