@@ -192,8 +192,8 @@ void captured(const Layout& l, const Geometry& g, Builder& b) {
 // into buffer k % 2 of every owner, from k = 2 on once each owner's consumed token of chunk k - 2 is there), the
 // caller's lane the reductions. The lanes meet only at flags, this rank's own tokens included (its own full token
 // before its reduce, its own consumed token before it pushes into a buffer it has just reduced), so a captured graph
-// forks at the start and joins at the end (program_exec.cc issueTokenRange) and the pushes of chunk k + 1 overlap
-// the reduce of chunk k. Program order is a valid schedule on one stream too (direct issue: both lanes on the
+// forks and joins per round (program_exec.cc issueTokenRange) and the pushes of chunk k + 1 overlap the reduce of
+// chunk k. Program order is a valid schedule on one stream too (direct issue: both lanes on the
 // caller's stream). Rounds (group r - 1 is round r): round 0 the announce (caller); round 1 the entry waits and the
 // pushes of chunks 0 and 1 (internal); round r in 2..K the push of chunk r - 1 from round 3 on (internal) and the
 // reduce of chunk r - 2 (caller); round K + 1 the reduce of chunk K - 1 and the resets (caller). Every wait of round r
