@@ -16,7 +16,7 @@ mkdir -p "$OUT"
 START=$(date +%s)
 DEADLINE=$((START + ${TIDE_GPU_DEADLINE_S:-540}))
 ALL_TESTS="test_cuda_collectives:60 test_eager_graphs:260 test_eager_call_order:120 test_virtual_nodes:60 test_multiprocess:100 test_graph_capture:60
-  test_graph_capture_multiprocess:90 test_pending_waits:40 test_reduce_kernel_gpu:80 test_abort:60 test_faults:90
+  test_graph_capture_multiprocess:200 test_pending_waits:40 test_reduce_kernel_gpu:80 test_abort:60 test_faults:90
   test_interposer_gpu:80 test_faults_multiprocess:80 test_concurrency_gpu:60 test_cuda_properties:60
   test_fsdp_native:90 test_share_gpu:60 test_hardening_gpu:200 test_perf_gpu:200"
 TESTS="${TIDE_GPU_TESTS-$ALL_TESTS}"
@@ -68,8 +68,8 @@ for b in $BENCH; do
     sm_bandwidth) step sm_bandwidth 90 30 python3 benchmarks/sm_bandwidth.py --out "$OUT" --link-gbps 370 --ranks 8 ;;
     share_8b) step share_8b 180 60 python3 benchmarks/share.py --out "$OUT" --layouts llama3-8b-layer --ranks 8 \
                 --link-gbps 370 --runs 31 ${TIDE_SHARE_ARGS:-} ;;
-    host_issue) step host_issue 100 40 python3 benchmarks/host_issue.py --samples 9 --json "$OUT/host_issue.json" ;;
-    host_issue_pipelined) step host_issue_pipelined 100 40 env NCCL_TIDE_TOKEN_RS_CHUNKS=64 python3 \
+    host_issue) step host_issue 140 40 python3 benchmarks/host_issue.py --samples 9 --json "$OUT/host_issue.json" ;;
+    host_issue_pipelined) step host_issue_pipelined 140 40 env NCCL_TIDE_TOKEN_RS_CHUNKS=64 python3 \
                             benchmarks/host_issue.py --samples 9 --json "$OUT/host_issue_pipelined.json" ;;
     probe) step probe 45 20 /tmp/host_cost_probe ;;
     fsdp_step) step fsdp_step 150 60 python3 -m nccl_tide.bench.fsdp_step --layers 4 --variants stock,tide,tide-dedicated \

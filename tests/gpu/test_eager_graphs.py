@@ -260,9 +260,16 @@ def test_pipelined_in_a_subprocess(torch_cuda, cuda_lib):
     env = dict(os.environ, NCCL_TIDE_TOKEN_RS_CHUNKS="64", CUDA_DEVICE_MAX_CONNECTIONS="32", NCCL_NVLS_ENABLE="0",
                TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in [env.get("PYTHONPATH", ""), *sys.path] if p)
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", __file__, "-k",
-                        "pipelined and not subprocess"], capture_output=True, text=True, env=env,
-                       timeout=220)  # inside ci/gpu_job.sh's 260 s for the file: a hang reports its own output
+    # -x: after a hang the GPU is wedged, the rest would only burn time; the child dumps its stacks before the
+    # parent's timeout, which fits inside ci/gpu_job.sh's 260 s for the file and reports what the child printed.
+    try:
+        p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-rs", "-p", "no:cacheprovider", "-o",
+                            "faulthandler_timeout=110", __file__, "-k", "pipelined and not subprocess"],
+                           capture_output=True, text=True, env=env, timeout=130)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+        pytest.fail("the pipelined tests did not finish in 130 s:\n" + out[-4000:] + err[-3000:])
     n = len(PIPELINED_CASES) + 3
     assert p.returncode == 0 and f"{n} passed" in p.stdout and "skipped" not in p.stdout, (
         p.stdout[-4000:] + p.stderr[-2000:])
