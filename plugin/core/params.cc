@@ -95,7 +95,7 @@ const Def kDefs[kNumParams] = {
     {"NCCL_TIDE_TOKEN_RS_CHUNKS", Type::kUint64, "uint64", "2",
      "Most pipeline chunks of a reduce-scatter on the token protocol (eager graph route, CUDA graph capture). Above 2 "
      "a token RS reuses 2 staging buffers behind consumed tokens (docs/architecture.md, More chunks than buffers; "
-     "not yet run on a GPU). Must match on all ranks.",
+     "run on an H100: tests/gpu/RUNS.md session 21). Must match on all ranks.",
      2, 4096, nullptr, "an integer from 2 to 4096"},
 };
 
