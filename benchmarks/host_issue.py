@@ -29,9 +29,6 @@ import tempfile
 for k, v in {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}.items():
     os.environ.setdefault(k, v)
 os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
-# The most chunks of a token RS (the library reads NCCL_TIDE_TOKEN_RS_CHUNKS once; docs/env.md): RSs of more take
-# the epoch protocol whatever the route.
-TOKEN_RS_CHUNKS = max(2, int(os.environ.get("NCCL_TIDE_TOKEN_RS_CHUNKS", "2")))
 
 LLAMA8B_LAYER = [4096 * 4096, 1024 * 4096, 1024 * 4096, 4096 * 4096, 14336 * 4096, 14336 * 4096, 4096 * 14336, 4096,
                  4096]
@@ -105,13 +102,18 @@ def main() -> int:
     if rc != 0:
         return rc
     off = {(r["case"], r["W"], r["coll"]): r for r in off_rows}
+    # The most chunks of a token RS in force (the library's value, default included; read after run() loaded it,
+    # since the library reads its parameters once): RSs of more take the epoch protocol whatever the route.
+    from nccl_tide import _native as _N
+
+    token_rs_chunks = int(_N.param_value("NCCL_TIDE_TOKEN_RS_CHUNKS"))
     print("\n# eager graph route off vs on, same run: host us per rank per call (median), GPU us per call of the world")
     print(f"{'case':<18}{'W':>3}{'P':>4}{'coll':>5}{'chunks':>7}{'route':>7}{'host off':>10}{'host on':>10}"
           f"{'off/on':>8}{'gpu off':>10}{'gpu on':>10}")
     merged = []
     for r in rows_on:
         o = off.get((r["case"], r["W"], r["coll"]), {})
-        route = "graph" if r["coll"] == "ag" or r["chunks"] <= TOKEN_RS_CHUNKS else "epoch"
+        route = "graph" if r["coll"] == "ag" or r["chunks"] <= token_rs_chunks else "epoch"
         h_off, h_on = o.get("host_us", float("nan")), r.get("host_us", float("nan"))
         ratio = h_off / h_on if h_on and h_on == h_on and h_off == h_off else float("nan")
         print(f"{r['case']:<18}{r['W']:>3}{r['P']:>4}{r['coll']:>5}{r['chunks']:>7}{route:>7}{h_off:>10.1f}"

@@ -44,10 +44,10 @@ def route_on() -> bool:
     return os.environ.get("NCCL_TIDE_EAGER_GRAPHS", "1") == "1"  # on by default (docs/env.md)
 
 
-# NCCL_TIDE_TOKEN_RS_CHUNKS of this process (read once by the library): RSs of more chunks than 2 take the token
-# protocol (2 staging buffers behind consumed tokens) up to it. The "pipelined" tests need it raised; with the default
-# test_pipelined_in_a_subprocess runs them in a process that sets it.
-TOKEN_RS_CHUNKS = int(os.environ.get("NCCL_TIDE_TOKEN_RS_CHUNKS", "2"))
+# NCCL_TIDE_TOKEN_RS_CHUNKS in force in this process (the library's effective value, default included): RSs of more
+# chunks than 2 take the token protocol (2 staging buffers behind consumed tokens) up to it. The "pipelined" tests
+# need at least 8; below, test_pipelined_in_a_subprocess runs them in a process that sets 64.
+TOKEN_RS_CHUNKS = int(N.param_value("NCCL_TIDE_TOKEN_RS_CHUNKS"))
 needs_pipelined = pytest.mark.skipif(not route_on() or TOKEN_RS_CHUNKS < 8,
                                      reason="needs NCCL_TIDE_TOKEN_RS_CHUNKS >= 8 (test_pipelined_in_a_subprocess)")
 

@@ -55,7 +55,10 @@ class Round:
             _rs_layout(nccl_tide, [2999, 64 * 20, 1, 500], [1, 64, 1, 1], world, rank, 2),
         ]
         self.ops = [("sum", 1.0), ("avg", 1.0)]
-        if int(os.environ.get("NCCL_TIDE_TOKEN_RS_CHUNKS", "2")) >= 4:  # the two-lane token RS (more chunks than buffers)
+        from nccl_tide import _native
+
+        self.token_rs_chunks = int(_native.param_value("NCCL_TIDE_TOKEN_RS_CHUNKS"))  # the library's, default included
+        if self.token_rs_chunks >= 4:  # the two-lane token RS (more chunks than buffers)
             self.rs.append(_rs_layout(nccl_tide, [3999, 64 * 33, 5, 901], [1, 64, 1, 1], world, rank, 4))
             self.ops.append(("premul", 0.375))
         self.ag_u = nccl_tide.Layout([world * 1024] * 8, "bf16", world, rank=rank)  # strided runs
@@ -186,6 +189,7 @@ def _worker(rank, world, port, out_dir):
             rd.collectives()
         report["steps"]["refused"] = refused
         report["steps"]["rs_chunks"] = [L.rs_num_chunks for L in rd.rs]
+        report["steps"]["token_rs_chunks"] = rd.token_rs_chunks
         if refused != [True, True]:
             report["errors"].append(f"capture-time refusals: {refused} (want [True, True])")
 
@@ -246,5 +250,8 @@ def test_captured_collectives_replay_across_processes(torch_cuda, cuda_lib, tmp_
     for rep in reports:
         assert rep["steps"]["refused"] == [True, True]
         assert rep["steps"]["replays"] == REPLAYS + 4
-        assert rep["steps"]["rs_chunks"] == ([1, 2, 4] if token_rs_chunks else [1, 2])
+        # The limit each worker's library had in force (the variable, or the default when it is unset).
+        limit = rep["steps"]["token_rs_chunks"]
+        assert token_rs_chunks is None or limit == int(token_rs_chunks), limit
+        assert rep["steps"]["rs_chunks"] == ([1, 2, 4] if limit >= 4 else [1, 2])
     assert rc == 0
