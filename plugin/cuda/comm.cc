@@ -9,6 +9,7 @@
 #include "../core/params.h"
 #include "cuda_check.h"
 #include "driver_ops.h"
+#include "graph_replay.h"
 #include "program_exec.h"
 #include "reduce_kernel.h"
 
@@ -113,13 +114,12 @@ bool eagerTokens(const tideComm* comm, const LayoutView& view, bool reduceScatte
 
 bool captureStreamOf(tideComm* comm, cudaStream_t* out, std::string* why) {
   if (comm->captureStream == nullptr) {
-    // With the thread's capture mode relaxed: another thread's global-mode capture must not see this as unsafe.
-    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    const bool exchanged = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
-    if (!exchanged) (void)cudaGetLastError();
     cudaStream_t s = nullptr;
-    cudaError_t err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-    if (exchanged) (void)cudaThreadExchangeStreamCaptureMode(&mode);
+    cudaError_t err;
+    {
+      RelaxedThreadMode relaxed;  // another thread's global-mode capture must not see this as unsafe
+      err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    }
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
       *why = std::string("cudaStreamCreateWithFlags: ") + cudaGetErrorName(err);
@@ -154,21 +154,20 @@ bool captureForkOf(tideComm* comm, cudaStream_t capturing, CaptureFork* out, std
       break;
     }
   }
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  const bool exchanged = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
-  if (!exchanged) (void)cudaGetLastError();
   const char* call = "cudaEventCreateWithFlags";
   err = cudaSuccess;
-  if (comm->forkEvent == nullptr) err = cudaEventCreateWithFlags(&comm->forkEvent, cudaEventDisableTiming);
-  if (err == cudaSuccess && comm->joinEvent == nullptr) {
-    err = cudaEventCreateWithFlags(&comm->joinEvent, cudaEventDisableTiming);
+  {
+    RelaxedThreadMode relaxed;
+    if (comm->forkEvent == nullptr) err = cudaEventCreateWithFlags(&comm->forkEvent, cudaEventDisableTiming);
+    if (err == cudaSuccess && comm->joinEvent == nullptr) {
+      err = cudaEventCreateWithFlags(&comm->joinEvent, cudaEventDisableTiming);
+    }
+    if (err == cudaSuccess && side == nullptr) {
+      call = "cudaStreamCreateWithFlags";
+      err = cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
+      if (err == cudaSuccess) comm->captureSides.push_back(side);
+    }
   }
-  if (err == cudaSuccess && side == nullptr) {
-    call = "cudaStreamCreateWithFlags";
-    err = cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
-    if (err == cudaSuccess) comm->captureSides.push_back(side);
-  }
-  if (exchanged) (void)cudaThreadExchangeStreamCaptureMode(&mode);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
     *why = std::string(call) + ": " + cudaGetErrorName(err);

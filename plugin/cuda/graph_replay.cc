@@ -14,24 +14,6 @@ std::string cudaWhy(const char* call, cudaError_t err) {
   return std::string(call) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
 }
 
-// The calling thread's capture interaction mode set to relaxed for one scope: instantiation and the enqueues are
-// then never "potentially unsafe" calls that would invalidate another thread's global-mode capture.
-class RelaxedThreadMode {
- public:
-  RelaxedThreadMode() {
-    ok_ = cudaThreadExchangeStreamCaptureMode(&mode_) == cudaSuccess;
-    if (!ok_) (void)cudaGetLastError();
-  }
-  ~RelaxedThreadMode() {
-    if (ok_) (void)cudaThreadExchangeStreamCaptureMode(&mode_);
-  }
-  RelaxedThreadMode(const RelaxedThreadMode&) = delete;
-  RelaxedThreadMode& operator=(const RelaxedThreadMode&) = delete;
-
- private:
-  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
-  bool ok_ = false;
-};
 
 }  // namespace
 

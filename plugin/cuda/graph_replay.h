@@ -13,6 +13,26 @@
 namespace tide {
 namespace cuda {
 
+// The calling thread's capture interaction mode set to relaxed for one scope: what runs in it (an instantiation,
+// enqueues, creating a private stream or event) is then never a "potentially unsafe" call that would invalidate
+// another thread's global-mode capture.
+class RelaxedThreadMode {
+ public:
+  RelaxedThreadMode() {
+    ok_ = cudaThreadExchangeStreamCaptureMode(&mode_) == cudaSuccess;
+    if (!ok_) (void)cudaGetLastError();
+  }
+  ~RelaxedThreadMode() {
+    if (ok_) (void)cudaThreadExchangeStreamCaptureMode(&mode_);
+  }
+  RelaxedThreadMode(const RelaxedThreadMode&) = delete;
+  RelaxedThreadMode& operator=(const RelaxedThreadMode&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+  bool ok_ = false;
+};
+
 // Captures what `enqueue` puts on the stream it is given (the private `captureStream`, in relaxed capture mode so
 // that neither this capture nor another thread's is invalidated by the other) and instantiates it. Returns false
 // with the reason in *why when anything fails; the capture is always ended first, so the private stream never stays

@@ -113,18 +113,6 @@ def test_eager_all_gather_graph_route_bit_exact(torch_cuda, world_of, W):
             case.close()
 
 
-class UniformAgCase(AgCase):
-    """AgCase over a given list of bf16 parameter sizes (no row structure) instead of a random one."""
-
-    def __init__(self, torch, world, rng, numels):
-        W = world.n_ranks
-        self.torch, self.world, self.rng = torch, world, rng
-        self.layouts = make_layouts(numels, [1] * len(numels), ["bf16"] * len(numels), W)
-        self.L = self.layouts[0]
-        self.slots = world.alloc_slot(self.L.slot_bytes)
-        self.send = [torch.empty(self.L.send_bytes, dtype=torch.uint8, device="cuda") for _ in range(W)]
-
-
 @pytest.mark.skipif(not route_on(), reason="NCCL_TIDE_EAGER_GRAPHS=0")
 @pytest.mark.parametrize("W", [2, 4, 8])
 def test_eager_all_gather_strided_runs_bit_exact(torch_cuda, world_of, W):
@@ -135,7 +123,8 @@ def test_eager_all_gather_strided_runs_bit_exact(torch_cuda, world_of, W):
     torch = torch_cuda
     world = world_of(W)
     for li, numels in enumerate([[W * 1024] * 16, [W * 1024] * 5 + [W * 512] * 3]):
-        case = UniformAgCase(torch, world, seeded("eager-ag-strided", W, li), numels)
+        spec = (numels, [1] * len(numels), ["bf16"] * len(numels))
+        case = AgCase(torch, world, seeded("eager-ag-strided", W, li), None, spec=spec)
         blocks = 1 if li == 0 else 2
         try:
             for it in range(CALLS):
@@ -166,9 +155,12 @@ RS_CASES = [
 @pytest.mark.skipif(not route_on(), reason="NCCL_TIDE_EAGER_GRAPHS=0")
 @pytest.mark.parametrize("W,gdt,odt,op,chunks,own", RS_CASES)
 def test_eager_reduce_scatter_graph_route_bit_exact(torch_cuda, world_of, W, gdt, odt, op, chunks, own):
-    torch = torch_cuda
-    world = world_of(W)
-    case = RsCase(torch, world, seeded("eager-rs", W, gdt, odt, op, chunks, own), gdt, odt, op, chunks)
+    eager_rs_calls(torch_cuda, world_of(W), "eager-rs", W, gdt, odt, op, chunks, own)
+
+
+def eager_rs_calls(torch, world, tag, W, gdt, odt, op, chunks, own):
+    """CALLS eager RSs of one binding (direct, captured, then replayed), each bit-exact with the host executor."""
+    case = RsCase(torch, world, seeded(tag, W, gdt, odt, op, chunks, own), gdt, odt, op, chunks)
     try:
         for it in range(CALLS):
             case.new_inputs()
@@ -197,17 +189,7 @@ PIPELINED_CASES = [
 def test_eager_reduce_scatter_pipelined_bit_exact(torch_cuda, world_of, W, gdt, odt, op, chunks, own):
     """An eager token RS of 3-8 chunks over 2 staging buffers (pushes of chunk k wait for every owner's consumed token
     of chunk k - 2): direct, captured, then replayed, each call bit-exact with the host executor."""
-    torch = torch_cuda
-    world = world_of(W)
-    case = RsCase(torch, world, seeded("eager-rs-pipelined", W, gdt, odt, op, chunks, own), gdt, odt, op, chunks)
-    try:
-        for it in range(CALLS):
-            case.new_inputs()
-            case.eager(own_staging=own)
-            case.check(case.result(), f"call {it} ({'own' if own else 'slot'} staging)")
-            expect_issue(world, "RS", amortised(it), f"call {it}")
-    finally:
-        case.close()
+    eager_rs_calls(torch_cuda, world_of(W), "eager-rs-pipelined", W, gdt, odt, op, chunks, own)
 
 
 @needs_pipelined

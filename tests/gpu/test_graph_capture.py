@@ -119,9 +119,10 @@ def destroy(world, execs):
 
 
 class AgCase:
-    def __init__(self, torch, world, rng, dtypes):
+    def __init__(self, torch, world, rng, dtypes, spec=None):
+        """A random layout of these dtypes, or spec = (numels, row_numels, dtypes) as given."""
         W = world.n_ranks
-        numels, rows, dts = random_layout_spec(rng, W, dtypes)
+        numels, rows, dts = spec if spec is not None else random_layout_spec(rng, W, dtypes)
         self.torch, self.world, self.rng = torch, world, rng
         self.layouts = make_layouts(numels, rows, dts, W)
         self.L = self.layouts[0]
