@@ -253,10 +253,13 @@ def main(argv=None):
     stream = torch.cuda.current_stream().cuda_stream
     traffic = n * (2 * W + 4)
     lib_out = None
-    for G in ([1, 2, 3, 4, 6, 8, 16, 32, sms] if not a.quick else [1, 4, 8, sms]) + [0]:
-        # G CTAs in one launch: bytes per CTA just above traffic / G (0 and 0: the library's rule).
-        args = B.reduce_args(inp.data_ptr(), n * 2, W, n, out.data_ptr(), max_ctas=G,
-                             cta_bytes=(traffic // G + 8 * (2 * W + 4)) if G else 0)
+    # G CTAs in one launch: bytes per CTA just above traffic / G; then the library's rule (G = 0) with its own bytes
+    # per CTA (kReduceCtaBytes) and with 2, 4, 8 and 16 MiB per CTA (the launch split's cost: session 22).
+    runs = [(G, traffic // G + 8 * (2 * W + 4)) for G in ([1, 2, 3, 4, 6, 8, 16, 32, sms] if not a.quick
+                                                          else [1, 4, 8, sms])]
+    runs += [(0, 0)] + [(0, mib << 20) for mib in (2, 4, 8, 16)]
+    for G, cta_bytes in runs:
+        args = B.reduce_args(inp.data_ptr(), n * 2, W, n, out.data_ptr(), max_ctas=G, cta_bytes=cta_bytes)
         try:
             shape = B.reduce_shape(args)
             out.fill_(float("nan"))
@@ -265,11 +268,13 @@ def main(argv=None):
             if lib_out is None:
                 lib_out = out.clone()  # the variants' reference: the library kernel's own output
             ctas = shape["ctas"]
-            d = {"max_ctas": G, "rule": G == 0, "shape": shape, "ms": ms, "GBps": traffic / ms / 1e6,
+            d = {"max_ctas": G, "rule": G == 0, "cta_bytes": cta_bytes, "shape": shape, "ms": ms,
+                 "GBps": traffic / ms / 1e6,
                  "GBps_per_cta": traffic / ms / 1e6 / ctas, "bit_exact": exact,
                  "sm_weighted_us": ms * 1e3 * min(1.0, ctas / sms)}
             res["reduce"].append(d)
-            print(f"[smbw] reduce {'rule' if G == 0 else f'G={G}':>6} ({ctas} CTAs x {shape['launches']} launches): "
+            label = f"G={G}" if G else ("rule" if not cta_bytes else f"rule@{cta_bytes >> 20}M")
+            print(f"[smbw] reduce {label:>8} ({ctas} CTAs x {shape['launches']} launches): "
                   f"{d['GBps']:8.1f} GB/s, {d['GBps_per_cta']:.1f} per CTA, {ms * 1e3:.1f} us, exact {exact}",
                   flush=True)
         except Exception as e:

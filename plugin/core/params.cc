@@ -92,10 +92,10 @@ const Def kDefs[kNumParams] = {
      "(docs/architecture.md, Eager calls as graph replays); 0 keeps the epoch protocol for every eager call. Must "
      "match on all ranks.",
      0, 1, nullptr, "0 or 1"},
-    {"NCCL_TIDE_TOKEN_RS_CHUNKS", Type::kUint64, "uint64", "2",
-     "Most pipeline chunks of a reduce-scatter on the token protocol (eager graph route, CUDA graph capture). Above 2 "
-     "a token RS reuses 2 staging buffers behind consumed tokens (docs/architecture.md, More chunks than buffers; "
-     "run on an H100: tests/gpu/RUNS.md session 21). Must match on all ranks.",
+    {"NCCL_TIDE_TOKEN_RS_CHUNKS", Type::kUint64, "uint64", TIDE_STRINGIFY(TIDE_TOKEN_RS_CHUNKS_DEFAULT),
+     "Most pipeline chunks of a reduce-scatter on the token protocol (eager graph route, CUDA graph capture); an RS of "
+     "more chunks runs the epoch protocol. Above 2 chunks a token RS reuses 2 staging buffers behind consumed tokens "
+     "(docs/architecture.md, More chunks than buffers). The default was 2 until session 22. Must match on all ranks.",
      2, 4096, nullptr, "an integer from 2 to 4096"},
 };
 

@@ -238,10 +238,11 @@ tideResult_t layoutEntry(tideComm* comm, tideLayout_t layout, bool capturing, ti
   }
   // The switch of the eager graph route and the token RS chunk limit pick the wire protocol of eager calls, so ranks
   // agree on them with the layout (all are exchanged; the mismatch report shows the layouts' real hashes and each
-  // rank's settings). Agreed triples are remembered by one key (the key of the default limit is the one it always
-  // was).
+  // rank's settings). Agreed triples are remembered by one key (salted only for a limit other than the default).
   uint64_t agreeKey = comm->eagerGraphs ? v->info.hash ^ 0x7e1de0ff6a9f3c5bull : v->info.hash;
-  if (comm->tokenRsChunks != 2) agreeKey ^= 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(comm->tokenRsChunks);
+  if (comm->tokenRsChunks != params::kTokenRsChunksDefault) {
+    agreeKey ^= 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(comm->tokenRsChunks);
+  }
   if (comm->agreedLayouts.count(agreeKey) == 0) {
     if (capturing && comm->policy->agreementExchanges()) {
       return fail(tideUnsupported, "Cuda",

@@ -370,7 +370,7 @@ tideResult_t IpcProvider::agreeOnLayout(uint64_t layoutHash, bool eagerGraphs, i
   bool chunksDiffer = false;
   for (int r = 1; r < world_; ++r) chunksDiffer = chunksDiffer || all[r].tokenRsChunks != all[0].tokenRsChunks;
   char chunks0[48] = "";
-  if (chunksDiffer || all[0].tokenRsChunks != 2) {
+  if (chunksDiffer || all[0].tokenRsChunks != static_cast<uint64_t>(params::kTokenRsChunksDefault)) {
     snprintf(chunks0, sizeof(chunks0), " with NCCL_TIDE_TOKEN_RS_CHUNKS=%llu",
              static_cast<unsigned long long>(all[0].tokenRsChunks));
   }

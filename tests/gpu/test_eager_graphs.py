@@ -2,7 +2,9 @@
 calls as graph replays"), on loopback worlds.
 
 With NCCL_TIDE_EAGER_GRAPHS=1 (the default; these tests skip with NCCL_TIDE_EAGER_GRAPHS=0) an eager single-node AG, or RS of
-at most NCCL_TIDE_TOKEN_RS_CHUNKS chunks (2 by default; the "pipelined" tests raise it in a subprocess), runs the token
+at most NCCL_TIDE_TOKEN_RS_CHUNKS chunks (64 by default since session 22; the "pipelined" tests need at least 8 and
+run in a subprocess with 64 where it is lower; test_interleaved_routes needs 2 or 3, in a subprocess where it is
+higher), runs the token
 protocol: the first call with a binding is issued directly, the second is captured into a graph on the comm's
 private stream and launched, later ones replay that graph. Every call here gets fresh random inputs (never zeros)
 and poisoned outputs, and is compared bit for bit with the host executor; the debug dump says how each rank issued
@@ -235,26 +237,31 @@ def test_captured_reduce_scatter_pipelined_refused_on_loopback(torch_cuda, world
         ag.close()
 
 
-def test_pipelined_in_a_subprocess(torch_cuda, cuda_lib):
-    """The pipelined tests above, in a process with NCCL_TIDE_TOKEN_RS_CHUNKS=64 (the parameter is read once)."""
-    if TOKEN_RS_CHUNKS >= 8 or not route_on():
-        pytest.skip("this process runs the pipelined tests itself (or the route is off)")
-    env = dict(os.environ, NCCL_TIDE_TOKEN_RS_CHUNKS="64", CUDA_DEVICE_MAX_CONNECTIONS="32", NCCL_NVLS_ENABLE="0",
-               TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
+def _in_a_subprocess(token_rs_chunks, select, n_expected):
+    """Runs this file's tests matching `select` (pytest -k) in a process with NCCL_TIDE_TOKEN_RS_CHUNKS set (the
+    library reads it once per process), and asserts that exactly n_expected passed and none was skipped."""
+    env = dict(os.environ, NCCL_TIDE_TOKEN_RS_CHUNKS=str(token_rs_chunks), CUDA_DEVICE_MAX_CONNECTIONS="32",
+               NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in [env.get("PYTHONPATH", ""), *sys.path] if p)
     # -x: after a hang the GPU is wedged, the rest would only burn time; the child dumps its stacks before the
     # parent's timeout, which fits inside ci/gpu_job.sh's 260 s for the file and reports what the child printed.
     try:
         p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-rs", "-p", "no:cacheprovider", "-o",
-                            "faulthandler_timeout=110", __file__, "-k", "pipelined and not subprocess"],
+                            "faulthandler_timeout=110", __file__, "-k", select],
                            capture_output=True, text=True, env=env, timeout=130)
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
-        pytest.fail("the pipelined tests did not finish in 130 s:\n" + out[-4000:] + err[-3000:])
-    n = len(PIPELINED_CASES) + 3
-    assert p.returncode == 0 and f"{n} passed" in p.stdout and "skipped" not in p.stdout, (
+        pytest.fail(f"{select!r} did not finish in 130 s:\n" + out[-4000:] + err[-3000:])
+    assert p.returncode == 0 and f"{n_expected} passed" in p.stdout and "skipped" not in p.stdout, (
         p.stdout[-4000:] + p.stderr[-2000:])
+
+
+def test_pipelined_in_a_subprocess(torch_cuda, cuda_lib):
+    """The pipelined tests above, in a process with NCCL_TIDE_TOKEN_RS_CHUNKS=64, where this one's limit is lower."""
+    if TOKEN_RS_CHUNKS >= 8 or not route_on():
+        pytest.skip("this process runs the pipelined tests itself (or the route is off)")
+    _in_a_subprocess(64, "pipelined and not subprocess", len(PIPELINED_CASES) + 3)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -263,7 +270,8 @@ def test_pipelined_in_a_subprocess(torch_cuda, cuda_lib):
 
 
 @pytest.mark.skipif(not route_on(), reason="NCCL_TIDE_EAGER_GRAPHS=0")
-@pytest.mark.skipif(TOKEN_RS_CHUNKS >= 4, reason="NCCL_TIDE_TOKEN_RS_CHUNKS >= 4: the RS of 4 chunks takes tokens")
+@pytest.mark.skipif(TOKEN_RS_CHUNKS >= 4, reason="NCCL_TIDE_TOKEN_RS_CHUNKS >= 4: the RS of 4 chunks takes tokens "
+                    "(test_interleaved_routes_in_a_subprocess runs it with the limit at 2)")
 def test_interleaved_routes(torch_cuda, world_of):
     """Per round, on each rank's one stream: eager AG (graph route), eager RS of 4 chunks (epoch protocol, deferred),
     a user-captured AG graph, eager RS of 2 chunks (graph route; own staging every other round), a user-captured RS
@@ -317,6 +325,15 @@ def test_interleaved_routes(torch_cuda, world_of):
     finally:
         for c in cases:
             c.close()
+
+
+@pytest.mark.skipif(not route_on(), reason="NCCL_TIDE_EAGER_GRAPHS=0")
+def test_interleaved_routes_in_a_subprocess(torch_cuda, cuda_lib):
+    """test_interleaved_routes in a process with NCCL_TIDE_TOKEN_RS_CHUNKS=2, where this one's limit (64 by default)
+    would put its RS of 4 chunks on tokens: the epoch protocol interleaved with the graph route keeps its test."""
+    if TOKEN_RS_CHUNKS < 4:
+        pytest.skip("this process runs test_interleaved_routes itself")
+    _in_a_subprocess(2, "test_interleaved_routes and not subprocess", 1)
 
 
 # ----------------------------------------------------------------------------------------------------------------

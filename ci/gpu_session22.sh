@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Session 22's device calls (< 10 min each; every stage builds build/gpu through ci/gpu_job.sh or reuses it).
+#   1: sm_bandwidth (the reduce rule's shape at 2, 4, 8, 16 MiB per CTA: kReduceCtaBytes is now 8 MiB),
+#      test_faults_multiprocess three times with the new default NCCL_TIDE_TOKEN_RS_CHUNKS (64) and once with 2 (its
+#      staging-OOM leak check failed once at 64 in run 21.7; the test now records a free-memory trace with NVML's
+#      per-process use), then every other tests/gpu file but test_perf_gpu, with the defaults.
+#   2: test_perf_gpu, then the figures: host issue time (the default is now 64: RSs of 3+ chunks take tokens), the
+#      issue-16 shares (8 MiB CTAs), the world-size-1 FSDP2 step at 30 steps (the cast on at most 32 CTAs instead of
+#      every SM).
+# Each job writes under $OUT/<job>/. TIDE_GPU_DEADLINE_S: the stage's budget (default 565 s).
+# Usage: bash ci/gpu_session22.sh 1|2
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export CUDA_DEVICE_MAX_CONNECTIONS=32 PYTHONUNBUFFERED=1 PATH="/usr/local/cuda/bin:$PATH"
+O="${OUT:-$PWD/gpu-out}"
+mkdir -p "$O"
+END=$(( $(date +%s) + ${TIDE_GPU_DEADLINE_S:-565} ))
+left() { echo $(( END - $(date +%s) )); }
+job() {  # job NAME TESTS BENCH [ENV=...]: ci/gpu_job.sh under what is left, into $O/NAME
+  local name=$1 tests=$2 bench=$3; shift 3
+  env "$@" OUT="$O/$name" TIDE_GPU_TESTS="$tests" TIDE_GPU_BENCH="$bench" TIDE_GPU_DEADLINE_S=$(left) bash ci/gpu_job.sh
+  echo "##### $name done, $(left) s left"
+}
+faults() {  # faults NAME [ENV=...]: test_faults_multiprocess with -rP (its staging-OOM trace shows when it passes)
+  local name=$1; shift; mkdir -p "$O/$name"
+  env "$@" NCCL_TIDE_LIBRARY_PATH="$PWD/build/gpu/libnccl-tide.so" PYTHONPATH="$PWD/pytorch_glue:$PWD/tests/gpu" \
+    timeout -k 5 70 python3 -m pytest -q -rP -p no:cacheprovider tests/gpu/test_faults_multiprocess.py \
+    > "$O/$name/faults.log" 2>&1
+  echo "=== $name rc $? ($(grep -E '[0-9]+ (passed|failed)' "$O/$name/faults.log" | tail -1))"
+  grep -E "staging OOM trace|staging OOM: free" "$O/$name/faults.log" | cut -c1-700 | head -4
+}
+case "${1:-}" in
+  1)
+    job smbw "" "sm_bandwidth"  # builds build/gpu
+    grep -E "reduce +(rule|G=8 )" "$O/smbw/sm_bandwidth.log"
+    for i in 1 2 3; do faults faults64_$i; done
+    faults faults2 NCCL_TIDE_TOKEN_RS_CHUNKS=2
+    job tests "test_reduce_kernel_gpu:80 test_eager_graphs:260 test_share_gpu:60 test_cuda_properties:60
+      test_cuda_collectives:60 test_virtual_nodes:60 test_graph_capture:60 test_graph_capture_multiprocess:200
+      test_pending_waits:40 test_faults:90 test_abort:60 test_multiprocess:100 test_interposer_gpu:80
+      test_concurrency_gpu:60 test_eager_call_order:120 test_fsdp_native:90 test_hardening_gpu:200" ""
+    ;;
+  2)
+    job perf "test_perf_gpu:200" "host_issue"
+    OUT="$O/share" TIDE_GPU_DEADLINE_S=$(( $(left) - 110 )) bash ci/gpu_share19.sh
+    mkdir -p "$O/fsdp"
+    export NCCL_TIDE_LIBRARY_PATH="$PWD/build/gpu/libnccl-tide.so" PYTHONPATH="$PWD/pytorch_glue${PYTHONPATH:+:$PYTHONPATH}"
+    timeout -k 5 $(( $(left) > 20 ? $(left) - 5 : 15 )) python3 -m nccl_tide.bench.fsdp_step --layers 4 \
+      --variants stock,tide --slot-pool 2 --slot-trim on --warmup 3 --steps 30 --variant-timeout 90 \
+      -J "$O/fsdp/fsdp_step_30.json" > "$O/fsdp/fsdp_step_30.log" 2>&1
+    echo "=== fsdp_step 30 steps rc $?"; grep -vE "TIDE/|NCCL TIDE" "$O/fsdp/fsdp_step_30.log" | tail -12
+    ;;
+  *) echo "usage: bash ci/gpu_session22.sh 1|2" >&2; exit 2 ;;
+esac
+for s in "$O"/*/summary.txt; do [ -f "$s" ] && { echo "--- $s"; cat "$s"; }; done
