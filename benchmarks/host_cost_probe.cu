@@ -255,6 +255,59 @@ int main() {
     });
     row("cudaEventRecord + cudaStreamWaitEvent", 1, us);
     CK(cudaStreamSynchronize(s2));
+
+    // cudaGraphLaunch of graphs shaped like one issue round of a token RS (session 22: is a round's fork what its
+    // launch costs?): a wait batch, `nc` memcpy nodes, a kernel, a write batch; "chain": all in one line; "forked":
+    // the copies on a second branch (event fork and join), as a captured two-lane round is.
+    std::vector<CUstreamBatchMemOpParams> waitOp(1), writeOp(1);
+    waitOp[0] = {};
+    waitOp[0].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+    waitOp[0].waitValue.address = reinterpret_cast<CUdeviceptr>(flags + 4000);
+    waitOp[0].waitValue.value = 0;
+    waitOp[0].waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+    writeOp[0] = {};
+    writeOp[0].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+    writeOp[0].writeValue.address = reinterpret_cast<CUdeviceptr>(flags + 4001);
+    writeOp[0].writeValue.value = 1;
+    cudaStream_t cap, side;
+    CK(cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    cudaEvent_t fk, jn;
+    CK(cudaEventCreateWithFlags(&fk, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&jn, cudaEventDisableTiming));
+    for (int forked = 0; forked < 2; ++forked) {
+      for (int nc : {1, 8}) {
+        CK(cudaStreamBeginCapture(cap, cudaStreamCaptureModeRelaxed));
+        batchMemOp(cap, 1, waitOp.data(), 0);
+        cudaStream_t copies = cap;
+        if (forked) {
+          CK(cudaEventRecord(fk, cap));
+          CK(cudaStreamWaitEvent(side, fk, 0));
+          copies = side;
+        }
+        for (int i = 0; i < nc; ++i) {
+          CK(cudaMemcpyAsync(b + i * kItem, a + i * kItem, kItem, cudaMemcpyDeviceToDevice, copies));
+        }
+        tiny<<<4, 32, 0, cap>>>(reinterpret_cast<int*>(b));
+        if (forked) {
+          CK(cudaEventRecord(jn, side));
+          CK(cudaStreamWaitEvent(cap, jn, 0));
+        }
+        batchMemOp(cap, 1, writeOp.data(), 0);
+        cudaGraph_t g;
+        CK(cudaStreamEndCapture(cap, &g));
+        cudaGraphExec_t ge;
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        CK(cudaGraphUpload(ge, s));
+        CK(cudaStreamSynchronize(s));
+        us = measure(s, 100, [&] { CK(cudaGraphLaunch(ge, s)); });
+        char name[96];
+        snprintf(name, sizeof(name), "cudaGraphLaunch, round-like graph, %s, copies", forked ? "forked" : "chain");
+        row(name, nc, us);
+        CK(cudaGraphExecDestroy(ge));
+        CK(cudaGraphDestroy(g));
+      }
+    }
   }
   CK(cudaDeviceSynchronize());
   printf("done\n");

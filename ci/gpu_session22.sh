@@ -4,7 +4,8 @@
 #      test_faults_multiprocess three times with the new default NCCL_TIDE_TOKEN_RS_CHUNKS (64) and once with 2 (its
 #      staging-OOM leak check failed once at 64 in run 21.7; the test now records a free-memory trace with NVML's
 #      per-process use), then every other tests/gpu file but test_perf_gpu, with the defaults.
-#   2: test_perf_gpu, then the figures: host issue time (the default is now 64: RSs of 3+ chunks take tokens), the
+#   2: test_perf_gpu, then the figures: host issue time (the default is now 64: RSs of 3+ chunks take tokens; loopback
+#      and 2 processes over CUDA IPC, benchmarks/host_issue_ipc.py), the
 #      issue-16 shares (8 MiB CTAs), the world-size-1 FSDP2 step at 30 steps (the cast on at most 32 CTAs instead of
 #      every SM).
 # Each job writes under $OUT/<job>/. TIDE_GPU_DEADLINE_S: the stage's budget (default 565 s).
@@ -42,7 +43,7 @@ case "${1:-}" in
       test_concurrency_gpu:60 test_eager_call_order:120 test_fsdp_native:90 test_hardening_gpu:200" ""
     ;;
   2)
-    job perf "test_perf_gpu:200" "host_issue"
+    job perf "test_perf_gpu:200" "probe host_issue host_issue_ipc"
     OUT="$O/share" TIDE_GPU_DEADLINE_S=$(( $(left) - 110 )) bash ci/gpu_share19.sh
     mkdir -p "$O/fsdp"
     export NCCL_TIDE_LIBRARY_PATH="$PWD/build/gpu/libnccl-tide.so" PYTHONPATH="$PWD/pytorch_glue${PYTHONPATH:+:$PYTHONPATH}"

@@ -260,15 +260,19 @@ class _OneRank:
         self.comm.synchronize(timeout=timeout)
 
 
-def prepare_comm_all_gather(comm, layout, slot, sendbuf) -> PreparedCalls:
+def prepare_comm_all_gather(comm, layout, slot, sendbuf=None, shards=None) -> PreparedCalls:
+    """One rank's AG from a flat send buffer, or (shards) from per-parameter shards through a pointer table."""
     from .. import _native as N
 
     lib = N.lib()
     one = _OneRank(comm)
-    args = (comm.handle, layout.handle, ctypes.c_void_p(int(sendbuf.data_ptr())), None,
-            ctypes.c_void_p(int(slot.data_ptr())), ctypes.c_void_p(int(one.streams[0].cuda_stream)))
+    send = None if sendbuf is None else ctypes.c_void_p(int(sendbuf.data_ptr()))
+    table = None if shards is None else N.pointer_table([int(t.data_ptr()) for t in shards])
+    args = (comm.handle, layout.handle, send, table, ctypes.c_void_p(int(slot.data_ptr())),
+            ctypes.c_void_p(int(one.streams[0].cuda_stream)))
     p = PreparedCalls(one, [lambda: lib.tideAllGather(*args)])
     p.copies = layout.n_params * layout.world_size
+    p._keep = table
     return p
 
 

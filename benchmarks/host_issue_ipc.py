@@ -1,0 +1,207 @@
+"""Host issue time per rank per call when each rank is its own process (CUDA IPC peer memory), issue 15.
+
+    python benchmarks/host_issue_ipc.py [--ranks 2] [--json FILE] [--samples 9] [--only SUBSTRING]
+
+benchmarks/host_issue.py measures loopback worlds, where one process issues every rank's call and the ranks share
+the device's hardware queues: the library then issues a token program in issue rounds (one graph launch per round
+per rank, docs/architecture.md "More chunks than buffers"). A real node runs one process per GPU; this benchmark
+runs that shape on one GPU: --ranks processes on cuda:0, a gloo bootstrap, CUDA IPC peer memory
+(Comm.from_bootstrap, as tests/gpu/test_multiprocess.py). Each process measures its own host time per call with
+nccl_tide.perf.issue_cost (its stream gated behind a sleeping kernel, prebuilt ctypes arguments, a sample counts only
+if the gate was still closed when the loop ended; median over samples), and for the AG and RS also the host time of
+replaying a graph that captured the call (one cuGraphLaunch). Rank 0 prints every rank's median and the maximum.
+
+GPU latency is not measured: the processes' contexts time-slice one GPU, so device time here is not one GPU's share
+of a node (benchmarks/share.py measures that). Cases as host_issue.py's, at W = --ranks: flat AG/RS of 1 and 64 MiB
+of gathered output, one Llama-3.1-8B layer (AG from per-parameter shards, RS of 4 chunks), 64 parameters (AG from
+shards, RS of 4 chunks).
+"""
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+
+for k, v in {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}.items():
+    os.environ.setdefault(k, v)  # inherited by the spawned ranks
+os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+os.environ.setdefault("NCCL_TIDE_TIMEOUT_MS", "60000")  # a rank whose peer stopped issuing raises instead of hanging
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from host_issue import LLAMA8B_LAYER  # noqa: E402
+
+
+def cases(w):
+    mib = 1 << 20
+    out = [(f"flat {size // mib} MiB", [size // 2], None) for size in (1 * mib, 64 * mib)]
+    out.append(("llama8b layer", LLAMA8B_LAYER, 4))
+    out.append(("64 params", [1 << 18] * 64, 4))
+    return out
+
+
+def _free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank(rank, world, port, args, out_path):
+    rows, err, meta = [], None, {}
+    try:
+        import torch
+        import torch.distributed as dist
+
+        import nccl_tide
+        from nccl_tide import _native as N
+        from nccl_tide.comm import Comm
+        from nccl_tide.dtypes import dtype as to_dtype
+        from nccl_tide.dtypes import op_code
+        from nccl_tide.perf import issue_cost as ic
+
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=120))
+        torch.cuda.set_device(0)
+        dev = torch.device("cuda", 0)
+        comm = Comm.from_bootstrap(rank, world, device=0)
+        stream = torch.cuda.Stream(device=dev)  # not the legacy default stream: the replay rows capture on it
+        meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name(0),
+                "nccl_tide": nccl_tide.__version__,
+                "token_rs_chunks": int(N.param_value("NCCL_TIDE_TOKEN_RS_CHUNKS")),
+                "eager_graphs": N.param_value("NCCL_TIDE_EAGER_GRAPHS")}
+        with torch.cuda.stream(stream):
+            for name, numels, chunks in cases(world):
+                if args.only and args.only not in name:
+                    continue
+                for coll in ("ag", "rs"):
+                    rs_chunk = None
+                    if coll == "rs" and chunks:
+                        probe = nccl_tide.Layout(numels, "bf16", world, rank=rank)
+                        rs_chunk = -(-probe.rs_out_numel // chunks) * 4
+                        probe.close()
+                    lay = nccl_tide.Layout(numels, "bf16", world, rank=rank, rs_chunk_bytes=rs_chunk)
+                    keep = []
+                    if coll == "ag":
+                        slot = comm.alloc_slot(lay.slot_bytes)
+                        if len(numels) == 1:
+                            send = torch.randn(lay.send_bytes // 2, dtype=torch.bfloat16, device=dev)
+                            prep = ic.prepare_comm_all_gather(comm, lay, slot, sendbuf=send)
+                            keep.append(send)
+                        else:
+                            shards = [torch.randn(p.shard_numel, dtype=torch.bfloat16, device=dev) for p in lay.params]
+                            prep = ic.prepare_comm_all_gather(comm, lay, slot, shards=shards)
+                            keep.append(shards)
+                    else:
+                        grads = [torch.randn(n, dtype=torch.bfloat16, device=dev) for n in numels]
+                        out = torch.empty(lay.rs_out_numel, dtype=torch.float32, device=dev)
+                        prep = ic.prepare_comm_reduce_scatter(comm, lay, grads, out, op_code("sum"),
+                                                              to_dtype("fp32").code)
+                        keep.append((grads, out))
+                    calls = max(1, min(args.calls, 600 // (len(numels) * world)))
+                    h = ic.host_issue_us(prep, calls=calls, samples=args.samples)
+                    row = {"case": name, "W": world, "P": len(numels), "coll": coll,
+                           "chunks": lay.rs_num_chunks if coll == "rs" else 0, **h}
+                    try:
+                        graphs = ic.prepare_graph_replays(prep)
+                        row["replay_host_us"] = ic.host_issue_us(graphs, calls=calls, samples=args.samples)["host_us"]
+                        graphs.close()
+                    except Exception as e:  # report, do not hide: the row says why
+                        row["replay_error"] = f"{type(e).__name__}: {str(e)[:160]}"
+                    comm.synchronize(timeout=60)
+                    rows.append(row)
+                    if coll == "ag":
+                        comm.free_slot(slot)
+                    lay.close()
+                    del keep, prep
+                    dist.barrier()
+        comm.close()
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException:
+        err = traceback.format_exc()
+    with open(f"{out_path}.rank{rank}", "w") as f:
+        json.dump({"rank": rank, "rows": rows, "error": err, "meta": meta}, f)
+    os._exit(0 if err is None else 1)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--calls", type=int, default=6)
+    ap.add_argument("--samples", type=int, default=9)
+    ap.add_argument("--only", default=None, help="substring of case names to run")
+    ap.add_argument("--timeout", type=float, default=240.0)
+    args = ap.parse_args()
+    if args.ranks < 2:
+        print("--ranks must be at least 2", file=sys.stderr)
+        return 2
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    tmp = tempfile.mkdtemp(prefix="tide_host_ipc_")
+    base = os.path.join(tmp, "rows.json")
+    ctx = mp.start_processes(_rank, args=(args.ranks, _free_port(), args, base), nprocs=args.ranks, join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + args.timeout
+    rc = 0
+    try:
+        while not ctx.join(timeout=1):
+            if time.monotonic() > deadline:
+                for p in ctx.processes:
+                    if p.is_alive():
+                        p.kill()
+                print(f"ranks still running after {args.timeout:.0f} s: killed", file=sys.stderr)
+                rc = 1
+                break
+    except mp.ProcessExitedException as e:
+        print(f"a rank exited with {e.exit_code}", file=sys.stderr)
+        rc = 1
+    reports = []
+    for r in range(args.ranks):
+        try:
+            with open(f"{base}.rank{r}") as f:
+                reports.append(json.load(f))
+        except OSError:
+            print(f"rank {r} wrote no report", file=sys.stderr)
+            rc = 1
+    for rep in reports:
+        if rep["error"]:
+            print(f"rank {rep['rank']} failed:\n{rep['error']}", file=sys.stderr)
+            rc = 1
+    if not reports:
+        return rc
+    m = reports[0]["meta"]
+    print(f"# {args.ranks} processes on one GPU over CUDA IPC; torch {m.get('torch')}, device {m.get('device')}, "
+          f"nccl_tide {m.get('nccl_tide')}, NCCL_TIDE_TOKEN_RS_CHUNKS {m.get('token_rs_chunks')}, "
+          f"NCCL_TIDE_EAGER_GRAPHS {m.get('eager_graphs')}")
+    print("# host us per call of each rank's process (median over valid samples); max over ranks; replay: the call "
+          "captured into a user graph, one cuGraphLaunch")
+    print(f"{'case':<16}{'W':>3}{'P':>4}{'coll':>5}{'chunks':>7}{'host us max':>13}{'per rank':>28}{'valid min':>10}"
+          f"{'replay max':>12}")
+    merged = []
+    for i, row in enumerate(reports[0]["rows"]):
+        per = [rep["rows"][i] for rep in reports if i < len(rep["rows"])]
+        hosts = [p["host_us"] for p in per]
+        replays = [p.get("replay_host_us", float("nan")) for p in per]
+        entry = dict(row, host_us_per_rank=hosts, host_us_max=max(hosts),
+                     valid_min=min(p["valid_samples"] for p in per), replay_host_us_per_rank=replays,
+                     replay_host_us_max=max(replays), replay_errors=[p.get("replay_error") for p in per
+                                                                    if p.get("replay_error")])
+        merged.append(entry)
+        per_txt = " ".join(f"{h:.1f}" for h in hosts)
+        print(f"{row['case']:<16}{row['W']:>3}{row['P']:>4}{row['coll']:>5}{row['chunks']:>7}{max(hosts):>13.1f}"
+              f"{per_txt:>28}{entry['valid_min']:>10}{max(replays):>12.1f} "
+              f"{entry['replay_errors'][0] if entry['replay_errors'] else ''}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"meta": m, "ranks": args.ranks, "rows": merged}, f, indent=1)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
