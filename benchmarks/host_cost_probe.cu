@@ -276,7 +276,7 @@ int main() {
     CK(cudaEventCreateWithFlags(&fk, cudaEventDisableTiming));
     CK(cudaEventCreateWithFlags(&jn, cudaEventDisableTiming));
     for (int forked = 0; forked < 2; ++forked) {
-      for (int nc : {1, 8}) {
+      for (int nc : {1, 8, 64}) {
         CK(cudaStreamBeginCapture(cap, cudaStreamCaptureModeRelaxed));
         batchMemOp(cap, 1, waitOp.data(), 0);
         cudaStream_t copies = cap;

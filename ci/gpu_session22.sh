@@ -4,12 +4,13 @@
 #      test_faults_multiprocess three times with the new default NCCL_TIDE_TOKEN_RS_CHUNKS (64) and once with 2 (its
 #      staging-OOM leak check failed once at 64 in run 21.7; the test now records a free-memory trace with NVML's
 #      per-process use), then every other tests/gpu file but test_perf_gpu, with the defaults.
-#   2: test_perf_gpu, then the figures: host issue time (the default is now 64: RSs of 3+ chunks take tokens; loopback
-#      and 2 processes over CUDA IPC, benchmarks/host_issue_ipc.py), the
-#      issue-16 shares (8 MiB CTAs), the world-size-1 FSDP2 step at 30 steps (the cast on at most 32 CTAs instead of
-#      every SM).
+#   2: test_perf_gpu; host cost probe (graph launch of a chained vs forked round-like graph); host issue time (the
+#      default is now 64: RSs of 3+ chunks take tokens; loopback rounds now captured folded) against baseline_src (the
+#      tree before the fold, carried untracked: host_issue_base), and 2 processes over CUDA IPC (host_issue_ipc.py).
+#   3: the issue-16 shares (8 MiB CTAs) and the world-size-1 FSDP2 step at 30 steps (the cast on at most 32 CTAs
+#      instead of every SM); reuses stage 1's build/gpu (ci/gpu_share19.sh builds it if absent).
 # Each job writes under $OUT/<job>/. TIDE_GPU_DEADLINE_S: the stage's budget (default 565 s).
-# Usage: bash ci/gpu_session22.sh 1|2
+# Usage: bash ci/gpu_session22.sh 1|2|3
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -43,15 +44,18 @@ case "${1:-}" in
       test_concurrency_gpu:60 test_eager_call_order:120 test_fsdp_native:90 test_hardening_gpu:200" ""
     ;;
   2)
-    job perf "test_perf_gpu:200" "probe host_issue host_issue_ipc"
+    job perf "test_perf_gpu:200" "probe host_issue host_issue_base host_issue_ipc"
+    ;;
+  3)
     OUT="$O/share" TIDE_GPU_DEADLINE_S=$(( $(left) - 110 )) bash ci/gpu_share19.sh
     mkdir -p "$O/fsdp"
+    [ -f build/gpu/libnccl-tide.so ] || { echo "no build/gpu (stage 3 reuses stage 1's build)"; exit 1; }
     export NCCL_TIDE_LIBRARY_PATH="$PWD/build/gpu/libnccl-tide.so" PYTHONPATH="$PWD/pytorch_glue${PYTHONPATH:+:$PYTHONPATH}"
     timeout -k 5 $(( $(left) > 20 ? $(left) - 5 : 15 )) python3 -m nccl_tide.bench.fsdp_step --layers 4 \
       --variants stock,tide --slot-pool 2 --slot-trim on --warmup 3 --steps 30 --variant-timeout 90 \
       -J "$O/fsdp/fsdp_step_30.json" > "$O/fsdp/fsdp_step_30.log" 2>&1
     echo "=== fsdp_step 30 steps rc $?"; grep -vE "TIDE/|NCCL TIDE" "$O/fsdp/fsdp_step_30.log" | tail -12
     ;;
-  *) echo "usage: bash ci/gpu_session22.sh 1|2" >&2; exit 2 ;;
+  *) echo "usage: bash ci/gpu_session22.sh 1|2|3" >&2; exit 2 ;;
 esac
 for s in "$O"/*/summary.txt; do [ -f "$s" ] && { echo "--- $s"; cat "$s"; }; done
