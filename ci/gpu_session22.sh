@@ -7,7 +7,7 @@
 #   2: test_perf_gpu; host cost probe (graph launch of a chained vs forked round-like graph); host issue time (the
 #      default is now 64: RSs of 3+ chunks take tokens; loopback rounds now captured folded) against baseline_src (the
 #      tree before the fold, carried untracked: host_issue_base), and 2 processes over CUDA IPC (host_issue_ipc.py).
-#   3: the issue-16 shares (8 MiB CTAs) and the world-size-1 FSDP2 step at 30 steps (the cast on at most 32 CTAs
+#   3: the issue-16 shares (8 MiB reduce CTAs; the RS share also with 2 and 4 MiB in the same run) and the world-size-1 FSDP2 step at 30 steps (the cast on at most 32 CTAs
 #      instead of every SM); reuses stage 1's build/gpu (ci/gpu_share19.sh builds it if absent).
 # Each job writes under $OUT/<job>/. TIDE_GPU_DEADLINE_S: the stage's budget (default 565 s).
 # Usage: bash ci/gpu_session22.sh 1|2|3
@@ -47,7 +47,7 @@ case "${1:-}" in
     job perf "test_perf_gpu:200" "probe host_issue host_issue_base host_issue_ipc"
     ;;
   3)
-    OUT="$O/share" TIDE_GPU_DEADLINE_S=$(( $(left) - 110 )) bash ci/gpu_share19.sh
+    SHARE19_RUNS="new rs-2m rs-4m" OUT="$O/share" TIDE_GPU_DEADLINE_S=$(( $(left) - 110 )) bash ci/gpu_share19.sh
     mkdir -p "$O/fsdp"
     [ -f build/gpu/libnccl-tide.so ] || { echo "no build/gpu (stage 3 reuses stage 1's build)"; exit 1; }
     export NCCL_TIDE_LIBRARY_PATH="$PWD/build/gpu/libnccl-tide.so" PYTHONPATH="$PWD/pytorch_glue${PYTHONPATH:+:$PYTHONPATH}"
