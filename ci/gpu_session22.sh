@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Session 22's device calls (< 10 min each; every stage builds build/gpu through ci/gpu_job.sh or reuses it).
-#   1: sm_bandwidth (the reduce rule's shape at 2, 4, 8, 16 MiB per CTA: kReduceCtaBytes is now 8 MiB),
-#      test_faults_multiprocess three times with the new default NCCL_TIDE_TOKEN_RS_CHUNKS (64) and once with 2 (its
+#   1: build; test_faults_multiprocess twice with the new default NCCL_TIDE_TOKEN_RS_CHUNKS (64) and once with 2 (its
 #      staging-OOM leak check failed once at 64 in run 21.7; the test now records a free-memory trace with NVML's
-#      per-process use), then every other tests/gpu file but test_perf_gpu, with the defaults.
-#   2: test_perf_gpu; host cost probe (graph launch of a chained vs forked round-like graph); host issue time (the
-#      default is now 64: RSs of 3+ chunks take tokens; loopback rounds now captured folded) against baseline_src (the
-#      tree before the fold, carried untracked: host_issue_base), and 2 processes over CUDA IPC (host_issue_ipc.py).
-#   3: the issue-16 shares (8 MiB reduce CTAs; the RS share also with 2 and 4 MiB in the same run) and the world-size-1 FSDP2 step at 30 steps (the cast on at most 32 CTAs
-#      instead of every SM); reuses stage 1's build/gpu (ci/gpu_share19.sh builds it if absent).
+#      per-process use); every tests/gpu file but test_perf_gpu with the defaults; then the host cost probe (graph
+#      launch of a chained vs forked round-like graph), host issue time (loopback rounds now captured folded) against
+#      baseline_src (the tree before the fold, carried untracked: host_issue_base), sm_bandwidth (the reduce rule's
+#      shape at 2, 4, 8, 16 MiB per CTA: kReduceCtaBytes is now 8 MiB), 2 processes over CUDA IPC (host_issue_ipc.py).
+#   2: the issue-16 shares (8 MiB reduce CTAs; the RS share also with 2 and 4 MiB in the same run) and the world-size-1
+#      FSDP2 step at 30 steps (the cast on at most 32 CTAs instead of every SM); builds build/gpu if absent.
+#   3: test_perf_gpu.
 # Each job writes under $OUT/<job>/. TIDE_GPU_DEADLINE_S: the stage's budget (default 565 s).
 # Usage: bash ci/gpu_session22.sh 1|2|3
 set -uo pipefail
@@ -34,27 +34,27 @@ faults() {  # faults NAME [ENV=...]: test_faults_multiprocess with -rP (its stag
 }
 case "${1:-}" in
   1)
-    job smbw "" "sm_bandwidth"  # builds build/gpu
-    grep -E "reduce +(rule|G=8 )" "$O/smbw/sm_bandwidth.log"
-    for i in 1 2 3; do faults faults64_$i; done
+    job build "" ""  # builds build/gpu (and nothing else)
+    faults faults64_1
+    faults faults64_2
     faults faults2 NCCL_TIDE_TOKEN_RS_CHUNKS=2
-    job tests "test_reduce_kernel_gpu:80 test_eager_graphs:260 test_share_gpu:60 test_cuda_properties:60
-      test_cuda_collectives:60 test_virtual_nodes:60 test_graph_capture:60 test_graph_capture_multiprocess:200
-      test_pending_waits:40 test_faults:90 test_abort:60 test_multiprocess:100 test_interposer_gpu:80
-      test_concurrency_gpu:60 test_eager_call_order:120 test_fsdp_native:90 test_hardening_gpu:200" ""
+    job s1 "test_eager_graphs:120 test_graph_capture_multiprocess:120 test_cuda_collectives:60 test_reduce_kernel_gpu:60
+      test_share_gpu:60 test_multiprocess:100 test_faults:60 test_abort:60 test_graph_capture:60 test_pending_waits:40
+      test_virtual_nodes:60 test_hardening_gpu:60 test_eager_call_order:60 test_fsdp_native:60 test_interposer_gpu:60
+      test_concurrency_gpu:60 test_cuda_properties:60" "probe host_issue host_issue_base sm_bandwidth host_issue_ipc"
     ;;
   2)
-    job perf "test_perf_gpu:200" "probe host_issue host_issue_base host_issue_ipc"
-    ;;
-  3)
     SHARE19_RUNS="new rs-2m rs-4m" OUT="$O/share" TIDE_GPU_DEADLINE_S=$(( $(left) - 110 )) bash ci/gpu_share19.sh
     mkdir -p "$O/fsdp"
-    [ -f build/gpu/libnccl-tide.so ] || { echo "no build/gpu (stage 3 reuses stage 1's build)"; exit 1; }
+    [ -f build/gpu/libnccl-tide.so ] || { echo "no build/gpu"; exit 1; }
     export NCCL_TIDE_LIBRARY_PATH="$PWD/build/gpu/libnccl-tide.so" PYTHONPATH="$PWD/pytorch_glue${PYTHONPATH:+:$PYTHONPATH}"
     timeout -k 5 $(( $(left) > 20 ? $(left) - 5 : 15 )) python3 -m nccl_tide.bench.fsdp_step --layers 4 \
       --variants stock,tide --slot-pool 2 --slot-trim on --warmup 3 --steps 30 --variant-timeout 90 \
       -J "$O/fsdp/fsdp_step_30.json" > "$O/fsdp/fsdp_step_30.log" 2>&1
     echo "=== fsdp_step 30 steps rc $?"; grep -vE "TIDE/|NCCL TIDE" "$O/fsdp/fsdp_step_30.log" | tail -12
+    ;;
+  3)
+    job perf "test_perf_gpu:200" ""
     ;;
   *) echo "usage: bash ci/gpu_session22.sh 1|2|3" >&2; exit 2 ;;
 esac
