@@ -5,9 +5,9 @@
 #      per-process use); every tests/gpu file but test_perf_gpu with the defaults; then the host cost probe (graph
 #      launch of a chained vs forked round-like graph), host issue time (loopback rounds now captured folded) against
 #      baseline_src (the tree before the fold, carried untracked: host_issue_base), sm_bandwidth (the reduce rule's
-#      shape at 2, 4, 8, 16 MiB per CTA: kReduceCtaBytes is now 8 MiB), 2 processes over CUDA IPC (host_issue_ipc.py).
-#   2: the issue-16 shares (8 MiB reduce CTAs; the RS share also with 2 and 4 MiB in the same run) and the world-size-1
-#      FSDP2 step at 30 steps (the cast on at most 32 CTAs instead of every SM); builds build/gpu if absent.
+#      shape at 2, 4, 8, 16 MiB per CTA), 2 processes over CUDA IPC (host_issue_ipc.py).
+#   2: the issue-16 shares (2 MiB reduce CTAs; the RS share also with 4 and 8 MiB in the same run) and the world-size-1
+#      FSDP2 step at 30 steps; builds build/gpu if absent.
 #   3: test_perf_gpu.
 # Each job writes under $OUT/<job>/. TIDE_GPU_DEADLINE_S: the stage's budget (default 565 s).
 # Usage: bash ci/gpu_session22.sh 1|2|3
@@ -44,7 +44,7 @@ case "${1:-}" in
       test_concurrency_gpu:60 test_cuda_properties:60" "probe host_issue host_issue_base sm_bandwidth host_issue_ipc"
     ;;
   2)
-    SHARE19_RUNS="new rs-2m rs-4m" OUT="$O/share" TIDE_GPU_DEADLINE_S=$(( $(left) - 110 )) bash ci/gpu_share19.sh
+    SHARE19_RUNS="new rs-4m rs-8m" OUT="$O/share" TIDE_GPU_DEADLINE_S=$(( $(left) - 110 )) bash ci/gpu_share19.sh
     mkdir -p "$O/fsdp"
     [ -f build/gpu/libnccl-tide.so ] || { echo "no build/gpu"; exit 1; }
     export NCCL_TIDE_LIBRARY_PATH="$PWD/build/gpu/libnccl-tide.so" PYTHONPATH="$PWD/pytorch_glue${PYTHONPATH:+:$PYTHONPATH}"

@@ -308,11 +308,8 @@ int reduceMaxCtas(const ReduceArgs& a, const ReducePace& pace) {
   const uint64_t nSrc = static_cast<uint64_t>(a.nSrc > 0 ? a.nSrc : 0);
   const uint64_t traffic = a.n * (nSrc * inSize + typeSize(a.outType) + (a.prev != nullptr ? 4 : 0));
   const int sms = pace.smCount > 0 ? pace.smCount : 1;
-  // A single-rank world: one input, no prev, nothing to keep pace with: the cast runs as the drain does, at most
-  // kReduceMaxPacedCtas CTAs (session 22: on the whole GPU it held every SM beside FSDP2's backward compute for
-  // 14 ms per step at world size 1; the 8-input reduce
-  // on 32 CTAs moved 0.85 of the whole GPU's bytes/s on an H100, session 21, on a quarter of its SMs).
-  if (pace.singleRank && a.nSrc <= 1 && a.prev == nullptr) return kReduceMaxPacedCtas < sms ? kReduceMaxPacedCtas : sms;
+  // A single-rank world: one input, no prev, nothing to keep pace with.
+  if (pace.singleRank && a.nSrc <= 1 && a.prev == nullptr) return sms;
   const uint64_t incoming = reduceArrivingBytes(a.nSrc, a.n, a.inType, a.prev != nullptr);
   if (incoming == 0 || !(pace.linkGBps > 0)) return sms;
   if (a.followingBytes == 0) return kReduceMaxPacedCtas < sms ? kReduceMaxPacedCtas : sms;  // the drain

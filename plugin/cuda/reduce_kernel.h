@@ -54,8 +54,7 @@ struct ReduceShape {
 // How fast the reduce must go (the grid rule's input). The node-local inputs other than this rank's own, and prev,
 // arrive over links at linkGBps; the reduce only has to keep pace with them, so it is sized to that rate and no
 // faster (fewer SMs taken from concurrent compute). Only in a world of one rank does nothing arrive: every input is
-// already present and nothing paces the reduce, which then runs as a drain (kReduceMaxPacedCtas CTAs, not the whole
-// GPU: it runs beside the backward pass's compute). In a larger world
+// already present and nothing paces the reduce, which then runs on the whole GPU (smCount CTAs). In a larger world
 // a reduce of one input and no prev (the final narrowing of a sum that came over the link, the first node's fold
 // with one rank per node) counts its input as arriving.
 struct ReducePace {
@@ -66,8 +65,8 @@ struct ReducePace {
 
 // The grid rule (docs/architecture.md, "Reduce kernel shape"). Traffic T = n * (nSrc * inSize + outSize (+ 4 with
 // prev)); incoming I = n * ((nSrc - 1) * inSize (+ 4 with prev)).
-//   unpaced (I = 0 and a single-rank world) or drain (followingBytes == 0: nothing arrives after it):
-//                   maxCtas = min(kReduceMaxPacedCtas, smCount)
+//   unpaced (I = 0 and a single-rank world): maxCtas = smCount
+//   drain (followingBytes == 0: nothing arrives after it): maxCtas = min(kReduceMaxPacedCtas, smCount)
 //   paced (otherwise; F = followingBytes if > 0, else I, where I = 0 counts every input as incoming):
 //                   rate = kReducePaceHeadroom * linkGBps * T / F;
 //                   maxCtas = min(clamp(ceil(rate / kReduceCtaGBps), 1, kReduceMaxPacedCtas), smCount)
@@ -88,11 +87,7 @@ constexpr double kReduceCtaGBps = 94.0;
 // 1.49x the link floor (session 15): a quarter more.
 constexpr double kReducePaceHeadroom = 1.25;
 constexpr int kReduceMaxPacedCtas = 32;
-// Bytes of traffic per CTA: 8 MiB (2 MiB until session 22). Each launch boundary costs the grid's tail and a launch
-// gap: on an H100 the 8-CTA grid of a 32 MiB-output chunk moved 95 GB/s per CTA in one launch but 72 in the 11
-// launches of 2 MiB CTAs (session 21, sm_bandwidth). At 8 MiB that chunk is 3 launches of CTAs that live about
-// 90 us each: still short beside a GEMM's waves, and every SM is free again between launches.
-constexpr uint64_t kReduceCtaBytes = 8ull << 20;
+constexpr uint64_t kReduceCtaBytes = 2ull << 20;
 constexpr int kReduceMaxLaunches = 16;  // bounds the launches queued per chunk (the stream may be blocked on flags)
 // The rule's CTA cap for args.
 int reduceMaxCtas(const ReduceArgs& args, const ReducePace& pace);
