@@ -293,8 +293,7 @@ def test_one_fifo_takes_each_round_in_any_lane_order(model_exe, order):
 def test_copy_queue_model_token_rs_pipeline_in_groups(model_exe, cap, fold):
     """The library's loopback issue order (each program's groups, round-major over the ranks) with one queue entry
     per copy, for token all-gathers mixed with token reduce-scatters of up to 7 chunks: no hang, with the two lanes
-    of a forked graph and folded onto one stream (direct issue, a binding's first call, and since session 22 every
-    loopback round graph, which is captured folded)."""
+    of a graph replay and folded onto one stream (direct issue, a binding's first call)."""
     r = subprocess.run([str(model_exe), "--token-rs-chunks", "64", *(["--fold"] if fold else []), "--copy-queue",
                         str(cap), "graph", "groups", "token-mixed", "3"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "all cases passed" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]

@@ -357,12 +357,8 @@ tideResult_t BoundProgram::issueTokens(const std::shared_ptr<BoundProgram>& self
         TIDE_TRACE("Cuda", "rank %d: capturing round %d of a %s token program", bp.comm_->rank, g + 1,
                    p.coll == prog::Coll::kAllGather ? "AG" : "RS");
         const auto& r = bp.groupRange_[g];
-        // Folded (both lanes in program order on the capture stream, as a direct issue): a round graph with two
-        // branches costs more to launch than a chain (session 22: benchmarks/host_cost_probe.cu "round-like
-        // graph"), and on loopback, where every rank's work shares one GPU, the overlap the fork buys within one
-        // rank is small. The order is the direct issue's, which the CPU model checks (--fold).
         ok = captureWithRunsFallback(capStream, [&](cudaStream_t s) {
-          return bp.issueTokenRange(r.first, r.second, cv, s, false) == tideSuccess;
+          return bp.issueTokenRange(r.first, r.second, cv, s, true) == tideSuccess;
         }, &fresh->graphs[g], &why);
       }
       if (ok) {

@@ -113,8 +113,7 @@ class BoundProgram {
   // which the compilers make a valid schedule on one stream. Into a capture, each issue round (the steps of one
   // group) with steps on both lanes forks: its internal-lane steps go to a side stream of the comm between an event
   // recorded on `stream` and one recorded back (captureForkOf), so within a round the graph holds two branches that
-  // meet only at the program's flags, and the rounds follow each other. (Loopback's per-round graphs are captured
-  // with capturing = false: folded, issueTokens.)
+  // meet only at the program's flags, and the rounds follow each other.
   tideResult_t issueTokenRange(int first, int end, const CallValues& v, cudaStream_t stream, bool capturing);
   tideResult_t issueRoundForked(int first, int end, const CallValues& v, cudaStream_t stream);
   // The whole token program from this binding's graph of it, or directly (issueTokens on providers that do not defer).
