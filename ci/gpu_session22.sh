@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Session 22's device calls (< 10 min each; every stage builds build/gpu through ci/gpu_job.sh or reuses it).
-#   1: build; test_faults_multiprocess twice with the new default NCCL_TIDE_TOKEN_RS_CHUNKS (64) and once with 2 (its
-#      staging-OOM leak check failed once at 64 in run 21.7; the test now records a free-memory trace with NVML's
-#      per-process use); every tests/gpu file but test_perf_gpu with the defaults; then the host cost probe (graph
-#      launch of a chained vs forked round-like graph), host issue time (loopback rounds now captured folded) against
-#      baseline_src (the tree before the fold, carried untracked: host_issue_base), sm_bandwidth (the reduce rule's
-#      shape at 2, 4, 8, 16 MiB per CTA), 2 processes over CUDA IPC (host_issue_ipc.py).
+#   1: build; test_faults_multiprocess twice with NCCL_TIDE_TOKEN_RS_CHUNKS=64 (the candidate default) and once with
+#      the default 2 (its staging-OOM leak check failed once at 64 in run 21.7; the test now records a free-memory
+#      trace with NVML's per-process use); every tests/gpu file but test_perf_gpu with the limit at 64
+#      (TIDE_S1_TOKEN_RS_CHUNKS overrides); then the host cost probe (graph launch of a chained vs forked round-like
+#      graph), host issue time against baseline_src (an older tree, carried untracked: host_issue_base),
+#      sm_bandwidth (the reduce rule's shape at 2, 4, 8, 16 MiB per CTA), 2 processes over CUDA IPC
+#      (host_issue_ipc.py). Written in session 22, which never got a device; not run yet.
 #   2: the issue-16 shares (2 MiB reduce CTAs; the RS share also with 4 and 8 MiB in the same run) and the world-size-1
 #      FSDP2 step at 30 steps; builds build/gpu if absent.
 #   3: test_perf_gpu.
@@ -35,13 +36,14 @@ faults() {  # faults NAME [ENV=...]: test_faults_multiprocess with -rP (its stag
 case "${1:-}" in
   1)
     job build "" ""  # builds build/gpu (and nothing else)
-    faults faults64_1
-    faults faults64_2
-    faults faults2 NCCL_TIDE_TOKEN_RS_CHUNKS=2
+    faults faults64_1 NCCL_TIDE_TOKEN_RS_CHUNKS=64
+    faults faults64_2 NCCL_TIDE_TOKEN_RS_CHUNKS=64
+    faults faults2
     job s1 "test_eager_graphs:120 test_graph_capture_multiprocess:120 test_cuda_collectives:60 test_reduce_kernel_gpu:60
       test_share_gpu:60 test_multiprocess:100 test_faults:60 test_abort:60 test_graph_capture:60 test_pending_waits:40
       test_virtual_nodes:60 test_hardening_gpu:60 test_eager_call_order:60 test_fsdp_native:60 test_interposer_gpu:60
-      test_concurrency_gpu:60 test_cuda_properties:60" "probe host_issue host_issue_base sm_bandwidth host_issue_ipc"
+      test_concurrency_gpu:60 test_cuda_properties:60" "probe host_issue host_issue_base sm_bandwidth host_issue_ipc" \
+      NCCL_TIDE_TOKEN_RS_CHUNKS=${TIDE_S1_TOKEN_RS_CHUNKS:-64}
     ;;
   2)
     SHARE19_RUNS="new rs-4m rs-8m" OUT="$O/share" TIDE_GPU_DEADLINE_S=$(( $(left) - 110 )) bash ci/gpu_share19.sh
