@@ -11,7 +11,8 @@
 #      FSDP2 step at 30 steps; builds build/gpu if absent.
 #   3: test_perf_gpu.
 # Each job writes under $OUT/<job>/. TIDE_GPU_DEADLINE_S: the stage's budget (default 565 s).
-# Usage: bash ci/gpu_session22.sh 1|2|3
+#   0: build, test_faults_multiprocess twice, test_eager_graphs, test_graph_capture_multiprocess (what fits in ~3 min).
+# Usage: bash ci/gpu_session22.sh 0|1|2|3
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -34,6 +35,12 @@ faults() {  # faults NAME [ENV=...]: test_faults_multiprocess with -rP (its stag
   grep -E "staging OOM trace|staging OOM: free" "$O/$name/faults.log" | cut -c1-700 | head -4
 }
 case "${1:-}" in
+  0)  # the least that answers the default flip's question (a few minutes of device time)
+    job build "" ""
+    faults faults64_1
+    faults faults64_2
+    job s0 "test_eager_graphs:90 test_graph_capture_multiprocess:90" ""
+    ;;
   1)
     job build "" ""  # builds build/gpu (and nothing else)
     faults faults64_1 NCCL_TIDE_TOKEN_RS_CHUNKS=64
