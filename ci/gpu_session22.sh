@@ -37,9 +37,9 @@ faults() {  # faults NAME [ENV=...]: test_faults_multiprocess with -rP (its stag
 case "${1:-}" in
   0)  # the least that answers the default flip's question (a few minutes of device time)
     job build "" ""
-    faults faults64_1
-    faults faults64_2
-    job s0 "test_eager_graphs:90 test_graph_capture_multiprocess:90" ""
+    faults faults64_1 NCCL_TIDE_TOKEN_RS_CHUNKS=64
+    faults faults64_2 NCCL_TIDE_TOKEN_RS_CHUNKS=64
+    job s0 "test_eager_graphs:90 test_graph_capture_multiprocess:90" "" NCCL_TIDE_TOKEN_RS_CHUNKS=64
     ;;
   1)
     job build "" ""  # builds build/gpu (and nothing else)
