@@ -8,8 +8,9 @@ per rank, docs/architecture.md "More chunks than buffers"). A real node runs one
 runs that shape on one GPU: --ranks processes on cuda:0, a gloo bootstrap, CUDA IPC peer memory
 (Comm.from_bootstrap, as tests/gpu/test_multiprocess.py). Each process measures its own host time per call with
 nccl_tide.perf.issue_cost (its stream gated behind a sleeping kernel, prebuilt ctypes arguments, a sample counts only
-if the gate was still closed when the loop ended; median over samples), and for the AG and RS also the host time of
-replaying a graph that captured the call (one cuGraphLaunch). Rank 0 prints every rank's median and the maximum.
+if the gate was still closed when the loop ended; median over samples), and for the AG also the host time of
+replaying a graph that captured the call (one cuGraphLaunch; a captured RS needs Slot-Reuse staging, which these
+cases do not use). Rank 0 prints every rank's median and the maximum.
 
 GPU latency is not measured: the processes' contexts time-slice one GPU, so device time here is not one GPU's share
 of a node (benchmarks/share.py measures that). Cases as host_issue.py's, at W = --ranks: flat AG/RS of 1 and 64 MiB
@@ -104,12 +105,14 @@ def _rank(rank, world, port, args, out_path):
                     h = ic.host_issue_us(prep, calls=calls, samples=args.samples)
                     row = {"case": name, "W": world, "P": len(numels), "coll": coll,
                            "chunks": lay.rs_num_chunks if coll == "rs" else 0, **h}
-                    try:
-                        graphs = ic.prepare_graph_replays(prep)
-                        row["replay_host_us"] = ic.host_issue_us(graphs, calls=calls, samples=args.samples)["host_us"]
-                        graphs.close()
-                    except Exception as e:  # report, do not hide: the row says why
-                        row["replay_error"] = f"{type(e).__name__}: {str(e)[:160]}"
+                    if coll == "ag":  # a captured RS needs Slot-Reuse staging (own staging may grow): AG only
+                        try:
+                            graphs = ic.prepare_graph_replays(prep)
+                            row["replay_host_us"] = ic.host_issue_us(graphs, calls=calls,
+                                                                     samples=args.samples)["host_us"]
+                            graphs.close()
+                        except Exception as e:  # report, do not hide: the row says why
+                            row["replay_error"] = f"{type(e).__name__}: {str(e)[:160]}"
                     comm.synchronize(timeout=60)
                     rows.append(row)
                     if coll == "ag":
