@@ -44,6 +44,11 @@ def cases(w):
     return out
 
 
+def _max(xs):
+    """The largest figure, or NaN if any rank has none (Python's max() with a NaN depends on the order)."""
+    return float("nan") if any(x != x for x in xs) else max(xs)
+
+
 def _free_port():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -191,14 +196,14 @@ def main() -> int:
         per = [rep["rows"][i] for rep in reports if i < len(rep["rows"])]
         hosts = [p["host_us"] for p in per]
         replays = [p.get("replay_host_us", float("nan")) for p in per]
-        entry = dict(row, host_us_per_rank=hosts, host_us_max=max(hosts),
+        entry = dict(row, host_us_per_rank=hosts, host_us_max=_max(hosts),
                      valid_min=min(p["valid_samples"] for p in per), replay_host_us_per_rank=replays,
-                     replay_host_us_max=max(replays), replay_errors=[p.get("replay_error") for p in per
+                     replay_host_us_max=_max(replays), replay_errors=[p.get("replay_error") for p in per
                                                                     if p.get("replay_error")])
         merged.append(entry)
         per_txt = " ".join(f"{h:.1f}" for h in hosts)
-        print(f"{row['case']:<16}{row['W']:>3}{row['P']:>4}{row['coll']:>5}{row['chunks']:>7}{max(hosts):>13.1f}"
-              f"{per_txt:>28}{entry['valid_min']:>10}{max(replays):>12.1f} "
+        print(f"{row['case']:<16}{row['W']:>3}{row['P']:>4}{row['coll']:>5}{row['chunks']:>7}{entry['host_us_max']:>13.1f}"
+              f"{per_txt:>28}{entry['valid_min']:>10}{entry['replay_host_us_max']:>12.1f} "
               f"{entry['replay_errors'][0] if entry['replay_errors'] else ''}", flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -301,31 +301,6 @@ tideResult_t checkLayoutAndStream(tideComm* comm, const LayoutView& view, cudaSt
   return tideSuccess;
 }
 
-namespace {
-
-// Sets this thread's stream-capture interaction mode to relaxed for one scope. The argument checks make pointer
-// queries that never synchronize; relaxed mode keeps them from counting as "potentially unsafe" calls that would
-// invalidate a global-mode capture (the caller's own, or another thread's).
-class RelaxedCaptureScope {
- public:
-  RelaxedCaptureScope() {
-    mode_ = cudaStreamCaptureModeRelaxed;
-    ok_ = cudaThreadExchangeStreamCaptureMode(&mode_) == cudaSuccess;
-    if (!ok_) (void)cudaGetLastError();
-  }
-  ~RelaxedCaptureScope() {
-    if (ok_) (void)cudaThreadExchangeStreamCaptureMode(&mode_);
-  }
-  RelaxedCaptureScope(const RelaxedCaptureScope&) = delete;
-  RelaxedCaptureScope& operator=(const RelaxedCaptureScope&) = delete;
-
- private:
-  cudaStreamCaptureMode mode_;
-  bool ok_ = false;
-};
-
-}  // namespace
-
 tideResult_t checkDevicePointer(const tideComm* comm, const void* p, size_t align, const char* what) {
   if (p == nullptr) return fail(tideInvalidArgument, "Cuda", "%s is NULL", what);
   if (align > 1 && reinterpret_cast<uintptr_t>(p) % align != 0) {
@@ -334,7 +309,7 @@ tideResult_t checkDevicePointer(const tideComm* comm, const void* p, size_t alig
   cudaPointerAttributes attr{};
   cudaError_t err;
   {
-    RelaxedCaptureScope relaxed;
+    RelaxedThreadMode relaxed;  // the pointer queries must not invalidate a global-mode capture
     err = cudaPointerGetAttributes(&attr, p);
   }
   if (err != cudaSuccess) {
