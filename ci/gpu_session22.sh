@@ -12,6 +12,7 @@
 #   3: test_perf_gpu.
 # Each job writes under $OUT/<job>/. TIDE_GPU_DEADLINE_S: the stage's budget (default 565 s).
 #   0: build, test_faults_multiprocess twice, test_eager_graphs, test_graph_capture_multiprocess (what fits in ~3 min).
+#   0p: 0 with one faults run, then the probe, host_issue and host_issue_base (~8 min; session 23).
 # Usage: bash ci/gpu_session22.sh 0|1|2|3
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -41,6 +42,13 @@ case "${1:-}" in
     faults faults64_2 NCCL_TIDE_TOKEN_RS_CHUNKS=64
     job s0 "test_eager_graphs:90 test_graph_capture_multiprocess:90" "" NCCL_TIDE_TOKEN_RS_CHUNKS=64
     ;;
+  0p)  # session 23, when under 10 minutes of device time were left: stage 0 less one faults run, plus the probe and
+       # host issue time folded (this tree, limit 64) against forked (baseline_src at the same limit)
+    job build "" ""
+    faults faults64_1 NCCL_TIDE_TOKEN_RS_CHUNKS=64
+    job s0 "test_eager_graphs:90 test_graph_capture_multiprocess:90" "probe host_issue host_issue_base" \
+      NCCL_TIDE_TOKEN_RS_CHUNKS=64
+    ;;
   1)
     job build "" ""  # builds build/gpu (and nothing else)
     faults faults64_1 NCCL_TIDE_TOKEN_RS_CHUNKS=64
@@ -65,6 +73,6 @@ case "${1:-}" in
   3)
     job perf "test_perf_gpu:200" ""
     ;;
-  *) echo "usage: bash ci/gpu_session22.sh 1|2|3" >&2; exit 2 ;;
+  *) echo "usage: bash ci/gpu_session22.sh 0|0p|1|2|3" >&2; exit 2 ;;
 esac
 for s in "$O"/*/summary.txt; do [ -f "$s" ] && { echo "--- $s"; cat "$s"; }; done
