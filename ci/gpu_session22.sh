@@ -13,6 +13,7 @@
 # Each job writes under $OUT/<job>/. TIDE_GPU_DEADLINE_S: the stage's budget (default 565 s).
 #   0: build, test_faults_multiprocess twice, test_eager_graphs, test_graph_capture_multiprocess (what fits in ~3 min).
 #   0p: 0 with one faults run, then the probe, host_issue and host_issue_base (~8 min; session 23).
+#   0q: 0p without host_issue and host_issue_base (~5 min).
 # Usage: bash ci/gpu_session22.sh 0|1|2|3
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -49,6 +50,11 @@ case "${1:-}" in
     job s0 "test_eager_graphs:90 test_graph_capture_multiprocess:90" "probe host_issue host_issue_base" \
       NCCL_TIDE_TOKEN_RS_CHUNKS=64
     ;;
+  0q)  # session 23's last few minutes: 0p without host_issue
+    job build "" ""
+    faults faults64_1 NCCL_TIDE_TOKEN_RS_CHUNKS=64
+    job s0 "test_eager_graphs:90 test_graph_capture_multiprocess:90" "probe" NCCL_TIDE_TOKEN_RS_CHUNKS=64
+    ;;
   1)
     job build "" ""  # builds build/gpu (and nothing else)
     faults faults64_1 NCCL_TIDE_TOKEN_RS_CHUNKS=64
@@ -73,6 +79,6 @@ case "${1:-}" in
   3)
     job perf "test_perf_gpu:200" ""
     ;;
-  *) echo "usage: bash ci/gpu_session22.sh 0|0p|1|2|3" >&2; exit 2 ;;
+  *) echo "usage: bash ci/gpu_session22.sh 0|0p|0q|1|2|3" >&2; exit 2 ;;
 esac
 for s in "$O"/*/summary.txt; do [ -f "$s" ] && { echo "--- $s"; cat "$s"; }; done
