@@ -308,6 +308,34 @@ int main() {
         CK(cudaGraphDestroy(g));
       }
     }
+    // Per-node cost by kind (session 23: does the reduce's launch split, up to 26 kernel launches per rank in a
+    // Llama-8B RS of 4 chunks at 2 MiB per CTA, cost host time in a round graph? Do separate flag batches?): a chain
+    // of k kernel nodes; a chain of k memop nodes of one op each; one memop node of k ops.
+    for (int kind = 0; kind < 3; ++kind) {
+      for (int k : {1, 8, 26}) {
+        CK(cudaStreamBeginCapture(cap, cudaStreamCaptureModeRelaxed));
+        std::vector<CUstreamBatchMemOpParams> many(k, writeOp[0]);
+        if (kind == 0) {
+          for (int i = 0; i < k; ++i) tiny<<<4, 32, 0, cap>>>(reinterpret_cast<int*>(b));
+        } else if (kind == 1) {
+          for (int i = 0; i < k; ++i) batchMemOp(cap, 1, writeOp.data(), 0);
+        } else {
+          batchMemOp(cap, k, many.data(), 0);
+        }
+        cudaGraph_t g;
+        CK(cudaStreamEndCapture(cap, &g));
+        cudaGraphExec_t ge;
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        CK(cudaGraphUpload(ge, s));
+        CK(cudaStreamSynchronize(s));
+        us = measure(s, 100, [&] { CK(cudaGraphLaunch(ge, s)); });
+        static const char* kNames[] = {"cudaGraphLaunch, chain of kernel nodes", "cudaGraphLaunch, chain of 1-op memop nodes",
+                                       "cudaGraphLaunch, one memop node of k ops"};
+        row(kNames[kind], k, us);
+        CK(cudaGraphExecDestroy(ge));
+        CK(cudaGraphDestroy(g));
+      }
+    }
   }
   CK(cudaDeviceSynchronize());
   printf("done\n");

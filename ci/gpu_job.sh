@@ -76,7 +76,7 @@ for b in $BENCH; do
                       --json "$OUT/host_issue_ipc2.json" ;;
     host_issue_ipc8) step host_issue_ipc8 150 60 python3 benchmarks/host_issue_ipc.py --ranks 8 --samples 7 \
                        --timeout 140 --json "$OUT/host_issue_ipc8.json" ;;
-    probe) step probe 90 20 /tmp/host_cost_probe ;;
+    probe) step probe 120 20 /tmp/host_cost_probe ;;
     fsdp_step) step fsdp_step 150 60 python3 -m nccl_tide.bench.fsdp_step --layers 4 --variants stock,tide,tide-dedicated \
                  --slot-pool 2 --warmup 3 --steps 10 --profile-steps 2 --variant-timeout 45 -J "$OUT/fsdp_step_pool.json" ;;
     fsdp_memory) step fsdp_memory 150 60 python3 benchmarks/fsdp_memory_probe.py --out "$OUT/fsdp_memory_probe.json" ;;
