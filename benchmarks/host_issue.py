@@ -17,6 +17,10 @@ program cannot take the route (RS of more chunks than NCCL_TIDE_TOKEN_RS_CHUNKS,
 64-parameter RS rows, 4 chunks) run the epoch protocol in both columns and show "epoch" in the route column; with
 the limit raised (ci/gpu_job.sh's host_issue_limit64 step) they take the token protocol and show "graph". One process
 issues every rank's call here; benchmarks/host_issue_ipc.py measures one process per rank.
+
+AG rows also time a user-captured replay of the call ("replay us/rank": one graph per rank, one cuGraphLaunch
+each) and, in the same run, its floor ("floor": the same launch path for a graph of one 4-byte memset node per
+rank, nccl_tide.perf.issue_cost.prepare_launch_floor): the replay's cost above the floor is what TIDE's nodes add.
 """
 
 import argparse
@@ -144,12 +148,22 @@ def run(args, rows_out=None) -> int:
     rows = [] if rows_out is None else rows_out
     print(f"# torch {torch.__version__}, device {torch.cuda.get_device_name(0)}, nccl_tide {nccl_tide.__version__}")
     print(f"{'case':<18}{'W':>3}{'P':>4}{'coll':>5}{'chunks':>7}{'host us/rank':>14}{'iqr':>8}{'valid':>6}{'gpu us':>10}"
-          f"{'replay us/rank':>16}")
+          f"{'replay us/rank':>16}{'floor':>7}")
     worlds = {}
+    floors = {}  # W -> host us per rank of launching a one-node graph (prepare_launch_floor)
     for name, w, numels, chunks in cases():
         if args.only and args.only not in name:
             continue
         world = worlds.get(w) or LoopbackWorld(w)
+        if w not in worlds and w not in floors:
+            # The replay column's floor on this world: a one-node graph per rank through the same ctypes launch path.
+            try:
+                fl = ic.prepare_launch_floor(world)
+                floors[w] = ic.host_issue_us(fl, calls=50, samples=args.samples)["host_us"]
+                fl.close()
+            except Exception as e:  # report, do not hide
+                floors[w] = float("nan")
+                print(f"# graph launch floor W={w}: failed ({str(e)[:160]})", flush=True)
         worlds[w] = world
         dev = torch.device("cuda", 0)
         shard_total = None
@@ -187,13 +201,15 @@ def run(args, rows_out=None) -> int:
                 try:
                     graphs = ic.prepare_graph_replays(prep)
                     row["replay_host_us"] = ic.host_issue_us(graphs, calls=calls, samples=args.samples)["host_us"]
+                    row["replay_floor_us"] = floors.get(w, float("nan"))
                     graphs.close()
                 except Exception as e:  # report, do not hide: the row says why
                     row["replay_error"] = str(e)[:200]
             rows.append(row)
             print(f"{name:<18}{w:>3}{len(numels):>4}{coll:>5}{row['chunks']:>7}{h['host_us']:>14.1f}"
                   f"{h.get('host_iqr_us', float('nan')):>8.1f}{h['valid_samples']:>6}{g['gpu_us']:>10.1f}"
-                  f"{row.get('replay_host_us', float('nan')):>16.1f} {row.get('replay_error', '')}", flush=True)
+                  f"{row.get('replay_host_us', float('nan')):>16.1f}{row.get('replay_floor_us', float('nan')):>7.1f} "
+                  f"{row.get('replay_error', '')}", flush=True)
             if coll == "ag":
                 world.free_slot(slots)
             for lay in layouts:

@@ -193,6 +193,7 @@ class _Graphs:
                 "cuGraphLaunch": [vp, vp],
                 "cuGraphExecDestroy": [vp],
                 "cuGraphDestroy": [vp],
+                "cuMemsetD32Async": [ctypes.c_ulonglong, ctypes.c_uint, ctypes.c_size_t, vp],
             }.items():
                 fn = getattr(lib, name)
                 fn.argtypes = args
@@ -236,6 +237,51 @@ def prepare_graph_replays(prepared: PreparedCalls) -> PreparedCalls:
     fns = [lambda e=e, s=s: lib.cuGraphLaunch(e, s) for e, s in zip(execs, streams)]
     p = PreparedCalls(world, fns)
     p._keep = (execs, streams, prepared)
+
+    def close():
+        world.synchronize()
+        for e in execs:
+            lib.cuGraphExecDestroy(e)
+
+    p.close = close
+    return p
+
+
+def prepare_launch_floor(world) -> PreparedCalls:
+    """The floor under the replay column: per rank, a graph of one node (a 4-byte memset) launched through the same
+    ctypes path as prepare_graph_replays' (one cuGraphLaunch per rank). Its host time is what any replay costs here
+    before TIDE's nodes. close() destroys the graphs."""
+    torch = _torch()
+    lib = _Graphs.lib()
+    torch.cuda.synchronize()
+    world.synchronize()
+    streams = [ctypes.c_void_p(int(s.cuda_stream)) for s in world.streams]
+    buf = torch.empty(len(streams), dtype=torch.int32, device=torch.device("cuda", world.device))
+    execs = []
+    try:
+        for r, s in enumerate(streams):
+            if lib.cuStreamBeginCapture_v2(s, 0) != 0:
+                raise RuntimeError("cuStreamBeginCapture failed")
+            rc = lib.cuMemsetD32Async(buf.data_ptr() + 4 * r, 0, 1, s)
+            g = ctypes.c_void_p()
+            end = lib.cuStreamEndCapture(s, ctypes.byref(g))
+            if rc != 0 or end != 0:
+                raise RuntimeError(f"capturing a memset failed (memset {rc}, end {end})")
+            e = ctypes.c_void_p()
+            rc = lib.cuGraphInstantiateWithFlags(ctypes.byref(e), g, 0)
+            lib.cuGraphDestroy(g)
+            if rc != 0:
+                raise RuntimeError("cuGraphInstantiateWithFlags failed")
+            execs.append(e)
+            lib.cuGraphUpload(e, s)
+    except Exception:
+        for e in execs:
+            lib.cuGraphExecDestroy(e)
+        raise
+    world.synchronize()
+    fns = [lambda e=e, s=s: lib.cuGraphLaunch(e, s) for e, s in zip(execs, streams)]
+    p = PreparedCalls(world, fns)
+    p._keep = (execs, streams, buf)
 
     def close():
         world.synchronize()
