@@ -275,6 +275,19 @@ int main() {
     cudaEvent_t fk, jn;
     CK(cudaEventCreateWithFlags(&fk, cudaEventDisableTiming));
     CK(cudaEventCreateWithFlags(&jn, cudaEventDisableTiming));
+    // Ends the capture on `cap` and returns the host cost of one cudaGraphLaunch of what it captured.
+    auto launchUs = [&]() {
+      cudaGraph_t g;
+      CK(cudaStreamEndCapture(cap, &g));
+      cudaGraphExec_t ge;
+      CK(cudaGraphInstantiate(&ge, g, 0));
+      CK(cudaGraphUpload(ge, s));
+      CK(cudaStreamSynchronize(s));
+      double t = measure(s, 100, [&] { CK(cudaGraphLaunch(ge, s)); });
+      CK(cudaGraphExecDestroy(ge));
+      CK(cudaGraphDestroy(g));
+      return t;
+    };
     for (int forked = 0; forked < 2; ++forked) {
       for (int nc : {1, 8, 64}) {
         CK(cudaStreamBeginCapture(cap, cudaStreamCaptureModeRelaxed));
@@ -294,18 +307,9 @@ int main() {
           CK(cudaStreamWaitEvent(cap, jn, 0));
         }
         batchMemOp(cap, 1, writeOp.data(), 0);
-        cudaGraph_t g;
-        CK(cudaStreamEndCapture(cap, &g));
-        cudaGraphExec_t ge;
-        CK(cudaGraphInstantiate(&ge, g, 0));
-        CK(cudaGraphUpload(ge, s));
-        CK(cudaStreamSynchronize(s));
-        us = measure(s, 100, [&] { CK(cudaGraphLaunch(ge, s)); });
         char name[96];
         snprintf(name, sizeof(name), "cudaGraphLaunch, round-like graph, %s, copies", forked ? "forked" : "chain");
-        row(name, nc, us);
-        CK(cudaGraphExecDestroy(ge));
-        CK(cudaGraphDestroy(g));
+        row(name, nc, launchUs());
       }
     }
     // Per-node cost by kind (session 23: does the reduce's launch split, up to 26 kernel launches per rank in a
@@ -322,18 +326,9 @@ int main() {
         } else {
           batchMemOp(cap, k, many.data(), 0);
         }
-        cudaGraph_t g;
-        CK(cudaStreamEndCapture(cap, &g));
-        cudaGraphExec_t ge;
-        CK(cudaGraphInstantiate(&ge, g, 0));
-        CK(cudaGraphUpload(ge, s));
-        CK(cudaStreamSynchronize(s));
-        us = measure(s, 100, [&] { CK(cudaGraphLaunch(ge, s)); });
         static const char* kNames[] = {"cudaGraphLaunch, chain of kernel nodes", "cudaGraphLaunch, chain of 1-op memop nodes",
                                        "cudaGraphLaunch, one memop node of k ops"};
-        row(kNames[kind], k, us);
-        CK(cudaGraphExecDestroy(ge));
-        CK(cudaGraphDestroy(g));
+        row(kNames[kind], k, launchUs());
       }
     }
   }

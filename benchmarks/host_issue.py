@@ -155,7 +155,7 @@ def run(args, rows_out=None) -> int:
         if args.only and args.only not in name:
             continue
         world = worlds.get(w) or LoopbackWorld(w)
-        if w not in worlds and w not in floors:
+        if w not in worlds:
             # The replay column's floor on this world: a one-node graph per rank through the same ctypes launch path.
             try:
                 fl = ic.prepare_launch_floor(world)

@@ -202,12 +202,12 @@ class _Graphs:
         return cls._lib
 
 
-def prepare_graph_replays(prepared: PreparedCalls) -> PreparedCalls:
-    """Captures every rank's call of `prepared` into a graph of its own (global capture mode on the rank's stream)
-    and returns PreparedCalls whose calls launch those graphs (one cuGraphLaunch per rank). close() destroys them."""
+def _graph_per_rank(world, enqueue, keep) -> PreparedCalls:
+    """Captures what enqueue(streams) issues on every rank's stream (global capture mode) into a graph per rank and
+    returns PreparedCalls whose calls launch those graphs (one cuGraphLaunch per rank); `keep` stays alive with them.
+    close() destroys them."""
     torch = _torch()
     lib = _Graphs.lib()
-    world = prepared.world
     torch.cuda.synchronize()
     world.synchronize()
     streams = [ctypes.c_void_p(int(s.cuda_stream)) for s in world.streams]
@@ -216,7 +216,7 @@ def prepare_graph_replays(prepared: PreparedCalls) -> PreparedCalls:
             raise RuntimeError("cuStreamBeginCapture failed")
     graphs = []
     try:
-        prepared.issue_all()
+        enqueue(streams)
     finally:
         for s in streams:
             g = ctypes.c_void_p()
@@ -236,7 +236,7 @@ def prepare_graph_replays(prepared: PreparedCalls) -> PreparedCalls:
     world.synchronize()
     fns = [lambda e=e, s=s: lib.cuGraphLaunch(e, s) for e, s in zip(execs, streams)]
     p = PreparedCalls(world, fns)
-    p._keep = (execs, streams, prepared)
+    p._keep = (execs, streams, keep)
 
     def close():
         world.synchronize()
@@ -245,51 +245,29 @@ def prepare_graph_replays(prepared: PreparedCalls) -> PreparedCalls:
 
     p.close = close
     return p
+
+
+def prepare_graph_replays(prepared: PreparedCalls) -> PreparedCalls:
+    """Captures every rank's call of `prepared` into a graph of its own and returns PreparedCalls whose calls launch
+    those graphs (one cuGraphLaunch per rank). close() destroys them."""
+    return _graph_per_rank(prepared.world, lambda streams: prepared.issue_all(), prepared)
 
 
 def prepare_launch_floor(world) -> PreparedCalls:
     """The floor under the replay column: per rank, a graph of one node (a 4-byte memset) launched through the same
-    ctypes path as prepare_graph_replays' (one cuGraphLaunch per rank). Its host time is what any replay costs here
-    before TIDE's nodes. close() destroys the graphs."""
+    path as prepare_graph_replays' (one cuGraphLaunch per rank). Its host time is what any replay costs here before
+    TIDE's nodes. close() destroys the graphs."""
     torch = _torch()
     lib = _Graphs.lib()
-    torch.cuda.synchronize()
-    world.synchronize()
-    streams = [ctypes.c_void_p(int(s.cuda_stream)) for s in world.streams]
-    buf = torch.empty(len(streams), dtype=torch.int32, device=torch.device("cuda", world.device))
-    execs = []
-    try:
+    buf = torch.empty(world.n_ranks, dtype=torch.int32, device=torch.device("cuda", world.device))
+
+    def memsets(streams):
         for r, s in enumerate(streams):
-            if lib.cuStreamBeginCapture_v2(s, 0) != 0:
-                raise RuntimeError("cuStreamBeginCapture failed")
             rc = lib.cuMemsetD32Async(buf.data_ptr() + 4 * r, 0, 1, s)
-            g = ctypes.c_void_p()
-            end = lib.cuStreamEndCapture(s, ctypes.byref(g))
-            if rc != 0 or end != 0:
-                raise RuntimeError(f"capturing a memset failed (memset {rc}, end {end})")
-            e = ctypes.c_void_p()
-            rc = lib.cuGraphInstantiateWithFlags(ctypes.byref(e), g, 0)
-            lib.cuGraphDestroy(g)
             if rc != 0:
-                raise RuntimeError("cuGraphInstantiateWithFlags failed")
-            execs.append(e)
-            lib.cuGraphUpload(e, s)
-    except Exception:
-        for e in execs:
-            lib.cuGraphExecDestroy(e)
-        raise
-    world.synchronize()
-    fns = [lambda e=e, s=s: lib.cuGraphLaunch(e, s) for e, s in zip(execs, streams)]
-    p = PreparedCalls(world, fns)
-    p._keep = (execs, streams, buf)
+                raise RuntimeError(f"cuMemsetD32Async failed ({rc})")
 
-    def close():
-        world.synchronize()
-        for e in execs:
-            lib.cuGraphExecDestroy(e)
-
-    p.close = close
-    return p
+    return _graph_per_rank(world, memsets, buf)
 
 
 class _OneRank:
