@@ -411,8 +411,9 @@ tideResult_t tideAllGather(tideComm_t comm, tideLayout_t layout, const void* sen
  * own staging buffer. Same error rules as tideAllGather.
  * CUDA graphs: captured (replay-safe, as tideAllGather) for a single-node layout with Slot-Reuse
  * staging and at most 2 pipeline chunks (rsNumChunks; raise rsChunkBytes otherwise), or up to
- * NCCL_TIDE_TOKEN_RS_CHUNKS chunks where that is raised (not on a loopback world; the pushes then
- * run on a second branch of the graph, forked from and joined back to the caller's stream).
+ * NCCL_TIDE_TOKEN_RS_CHUNKS chunks (64 by default) on a comm of one rank per process (not on a
+ * loopback world; the pushes then run on a second branch of the graph, forked from and joined
+ * back to the caller's stream).
  * Refused at capture time with tideUnsupported: staging NULL (own staging may have to grow:
  * collective, allocates), more chunks than that, several nodes. (since 0.1) */
 tideResult_t tideReduceScatter(tideComm_t comm, tideLayout_t layout, const void* const* grads, void* out,

@@ -61,11 +61,12 @@ def test_switch_rejects_other_values(native, value):
     assert out and out[0] == "bad", out
 
 
-@pytest.mark.parametrize("value,expected", [(None, "2"), ("2", "2"), ("64", "64"), ("4096", "4096")])
+@pytest.mark.parametrize("value,expected", [(None, "64"), ("2", "2"), ("3", "3"), ("64", "64"), ("4096", "4096")])
 def test_token_rs_chunk_limit_parses(native, value, expected):
-    """NCCL_TIDE_TOKEN_RS_CHUNKS: the most chunks of a token RS (default 2), an integer from 2 to 4096."""
+    """NCCL_TIDE_TOKEN_RS_CHUNKS: the most chunks of a token RS (default 64 since session 24), an integer from 2 to
+    4096."""
     out = _describe(value, "NCCL_TIDE_TOKEN_RS_CHUNKS")
-    assert out[:3] == ["ok", "2", expected], out
+    assert out[:3] == ["ok", "64", expected], out
 
 
 @pytest.mark.parametrize("value", ["1", "0", "4097", "-3", "many", ""])

@@ -95,8 +95,7 @@ const Def kDefs[kNumParams] = {
     {"NCCL_TIDE_TOKEN_RS_CHUNKS", Type::kUint64, "uint64", TIDE_STRINGIFY(TIDE_TOKEN_RS_CHUNKS_DEFAULT),
      "Most pipeline chunks of a reduce-scatter on the token protocol (eager graph route, CUDA graph capture); an RS of "
      "more chunks runs the epoch protocol. Above 2 chunks a token RS reuses 2 staging buffers behind consumed tokens "
-     "(docs/architecture.md, More chunks than buffers; run on an H100: tests/gpu/RUNS.md session 21). Must match on "
-     "all ranks.",
+     "(docs/architecture.md, More chunks than buffers). The default was 2 until session 24. Must match on all ranks.",
      2, 4096, nullptr, "an integer from 2 to 4096"},
 };
 

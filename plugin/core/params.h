@@ -59,9 +59,9 @@ uint64_t linkGBps();              // NCCL_TIDE_LINK_GBPS: the rate the RS reduce
 bool eagerGraphs();               // NCCL_TIDE_EAGER_GRAPHS: eager calls of capturable programs as graph replays
 int tokenRsChunks();              // NCCL_TIDE_TOKEN_RS_CHUNKS: most RS pipeline chunks of a token (graph) program
 
-// NCCL_TIDE_TOKEN_RS_CHUNKS's default (a macro: the registry holds it as text); the layout agreement salts its key
-// only for other values, and mismatch reports name them. 64 is the candidate (docs/notes/levers-after-session22.md).
-#define TIDE_TOKEN_RS_CHUNKS_DEFAULT 2
+// NCCL_TIDE_TOKEN_RS_CHUNKS's default (a macro: the registry holds it as text). 2 until session 24, when 64 passed
+// every tests/gpu file on an H100; the layout agreement salts its key only for other values, and mismatch reports name them.
+#define TIDE_TOKEN_RS_CHUNKS_DEFAULT 64
 #define TIDE_STRINGIFY_(x) #x
 #define TIDE_STRINGIFY(x) TIDE_STRINGIFY_(x)
 constexpr int kTokenRsChunksDefault = TIDE_TOKEN_RS_CHUNKS_DEFAULT;

@@ -2,9 +2,9 @@
 calls as graph replays"), on loopback worlds.
 
 With NCCL_TIDE_EAGER_GRAPHS=1 (the default; these tests skip with NCCL_TIDE_EAGER_GRAPHS=0) an eager single-node AG, or RS of
-at most NCCL_TIDE_TOKEN_RS_CHUNKS chunks (2 by default; the "pipelined" tests need at least 8 and run in a
-subprocess with 64 where it is lower; test_interleaved_routes needs 2 or 3, in a subprocess where it is higher),
-runs the token
+at most NCCL_TIDE_TOKEN_RS_CHUNKS chunks (64 by default since session 24; the "pipelined" tests need at least 8 and
+run in a subprocess with 64 where it is lower; test_interleaved_routes needs 2 or 3, in a subprocess where it is
+higher), runs the token
 protocol: the first call with a binding is issued directly, the second is captured into a graph on the comm's
 private stream and launched, later ones replay that graph. Every call here gets fresh random inputs (never zeros)
 and poisoned outputs, and is compared bit for bit with the host executor; the debug dump says how each rank issued
