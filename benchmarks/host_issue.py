@@ -21,6 +21,10 @@ issues every rank's call here; benchmarks/host_issue_ipc.py measures one process
 AG rows also time a user-captured replay of the call ("replay us/rank": one graph per rank, one cuGraphLaunch
 each) and, in the same run, its floor ("floor": the same launch path for a graph of one 4-byte memset node per
 rank, nccl_tide.perf.issue_cost.prepare_launch_floor): the replay's cost above the floor is what TIDE's nodes add.
+
+--per-rank: a second measurement per row times each rank's call apart: "last" (us per call of the last rank, whose
+call also issues every rank's deferred rounds on loopback: W x rounds graph launches) and "others" (the mean of the
+other ranks' calls: lookup, checks, announce). Session 24 added it to find where the RS rows' host time goes.
 """
 
 import argparse
@@ -70,6 +74,9 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=6)
     ap.add_argument("--samples", type=int, default=11)
     ap.add_argument("--only", default=None, help="substring of case names to run")
+    ap.add_argument("--per-rank", action="store_true",
+                    help="also time each rank's call apart (a second measurement): 'last' = the last rank's call, "
+                         "which issues every rank's deferred rounds; 'others' = the mean of the other ranks' calls")
     ap.add_argument("--route", choices=("both", "on", "off"), default="both",
                     help="eager graph route: off and on in one run (default), or only the current process's setting")
     args = ap.parse_args()
@@ -91,6 +98,8 @@ def main() -> int:
                "--calls", str(args.calls), "--samples", str(args.samples)]
         if args.only:
             cmd += ["--only", args.only]
+        if args.per_rank:
+            cmd += ["--per-rank"]
         print("# route off (child process, NCCL_TIDE_EAGER_GRAPHS=0):", flush=True)
         child = subprocess.run(cmd, env=dict(os.environ, NCCL_TIDE_EAGER_GRAPHS="0"))
         if child.returncode != 0:
@@ -148,7 +157,7 @@ def run(args, rows_out=None) -> int:
     rows = [] if rows_out is None else rows_out
     print(f"# torch {torch.__version__}, device {torch.cuda.get_device_name(0)}, nccl_tide {nccl_tide.__version__}")
     print(f"{'case':<18}{'W':>3}{'P':>4}{'coll':>5}{'chunks':>7}{'host us/rank':>14}{'iqr':>8}{'valid':>6}{'gpu us':>10}"
-          f"{'replay us/rank':>16}{'floor':>7}")
+          f"{'replay us/rank':>16}{'floor':>7}" + (f"{'last':>8}{'others':>8}" if args.per_rank else ""))
     worlds = {}
     floors = {}  # W -> host us per rank of launching a one-node graph (prepare_launch_floor)
     for name, w, numels, chunks in cases():
@@ -192,6 +201,9 @@ def run(args, rows_out=None) -> int:
             # queue never fills (a full queue makes the host wait for the GPU and voids the sample).
             calls = max(1, min(args.calls, 600 // (len(numels) * w)))
             h = ic.host_issue_us(prep, calls=calls, samples=args.samples)
+            if args.per_rank:  # a second measurement, so that host_us keeps its method (no timer reads per call)
+                split = ic.host_issue_us(prep, calls=calls, samples=args.samples, per_rank=True)
+                h.update(last_rank_us=split["last_rank_us"], other_ranks_us=split["other_ranks_us"])
             g = ic.gpu_latency_us(prep, samples=args.samples)
             world.synchronize()
             row = {"case": name, "W": w, "P": len(numels), "coll": coll, "chunks": l0.rs_num_chunks if coll == "rs" else 0,
@@ -208,8 +220,9 @@ def run(args, rows_out=None) -> int:
             rows.append(row)
             print(f"{name:<18}{w:>3}{len(numels):>4}{coll:>5}{row['chunks']:>7}{h['host_us']:>14.1f}"
                   f"{h.get('host_iqr_us', float('nan')):>8.1f}{h['valid_samples']:>6}{g['gpu_us']:>10.1f}"
-                  f"{row.get('replay_host_us', float('nan')):>16.1f}{row.get('replay_floor_us', float('nan')):>7.1f} "
-                  f"{row.get('replay_error', '')}", flush=True)
+                  f"{row.get('replay_host_us', float('nan')):>16.1f}{row.get('replay_floor_us', float('nan')):>7.1f}"
+                  + (f"{h['last_rank_us']:>8.1f}{h['other_ranks_us']:>8.1f}" if args.per_rank else "")
+                  + f" {row.get('replay_error', '')}", flush=True)
             if coll == "ag":
                 world.free_slot(slots)
             for lay in layouts:

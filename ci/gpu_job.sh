@@ -4,8 +4,8 @@
 # priority order), all under one deadline (TIDE_GPU_DEADLINE_S, default 540 s): a step that would not fit is
 # skipped and says so. Logs and JSON go to $OUT, archived as all.tgz (the device returns few files) plus
 # summary.txt. Usage: [TIDE_GPU_TESTS=...] [TIDE_GPU_BENCH=...] bash ci/gpu_job.sh
-# Benchmark steps: sm_bandwidth share_8b host_issue host_issue_limit2 host_issue_ipc host_issue_ipc8 host_issue_base
-# probe fsdp_step fsdp_memory
+# Benchmark steps: sm_bandwidth share_8b host_issue host_issue_limit2 host_issue_split host_issue_ipc host_issue_ipc8
+# host_issue_base probe fsdp_step fsdp_memory
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # NVLink multicast stays off on shared machines (DESIGN.md section 6); every child inherits these.
@@ -72,6 +72,8 @@ for b in $BENCH; do
     host_issue) step host_issue 140 40 python3 benchmarks/host_issue.py --samples 9 --json "$OUT/host_issue.json" ;;
     host_issue_limit2) step host_issue_limit2 140 40 env NCCL_TIDE_TOKEN_RS_CHUNKS=2 python3 \
                          benchmarks/host_issue.py --samples 9 --json "$OUT/host_issue_limit2.json" ;;
+    host_issue_split) step host_issue_split 100 40 env NCCL_TIDE_EAGER_GRAPHS=1 python3 benchmarks/host_issue.py \
+                        --route on --per-rank --samples 9 --json "$OUT/host_issue_split.json" ;;
     host_issue_ipc) step host_issue_ipc 100 40 python3 benchmarks/host_issue_ipc.py --ranks 2 --samples 9 \
                       --json "$OUT/host_issue_ipc2.json" ;;
     host_issue_ipc8) step host_issue_ipc8 150 60 python3 benchmarks/host_issue_ipc.py --ranks 8 --samples 7 \
@@ -88,7 +90,7 @@ for b in $BENCH; do
 done
 echo "=== summary ($(( $(date +%s) - START )) s)"
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
-for f in sm_bandwidth share_8b host_issue host_issue_limit2 host_issue_ipc host_issue_ipc8 host_issue_base probe fsdp_step \
+for f in sm_bandwidth share_8b host_issue host_issue_limit2 host_issue_split host_issue_ipc host_issue_ipc8 host_issue_base probe fsdp_step \
   fsdp_memory; do
   [ -f "$OUT/$f.log" ] && { echo "--- $f"; grep -vE "TIDE/|NCCL TIDE" "$OUT/$f.log" | tail -30; }
 done

@@ -35,12 +35,19 @@ class PreparedCalls:
         self.fns = fns
 
     def issue_all(self) -> None:
-        for f in self.fns:
-            rc = f()
-            if rc != 0:
-                from .. import _native as N
+        for f in self.fns:  # inline (not issue_one): host_us stays comparable with earlier sessions' rows
+            if f() != 0:
+                self._raise_failed()
 
-                raise RuntimeError(f"TIDE call failed: {N.last_error()}")
+    def issue_one(self, i: int) -> None:
+        if self.fns[i]() != 0:
+            self._raise_failed()
+
+    @staticmethod
+    def _raise_failed() -> None:
+        from .. import _native as N
+
+        raise RuntimeError(f"TIDE call failed: {N.last_error()}")
 
 
 def prepare_all_gather(world, layouts, slots, sendbufs=None, shards=None) -> PreparedCalls:
@@ -106,8 +113,14 @@ def _gate(world, cycles: int = GATE_CYCLES):
     return ev
 
 
-def host_issue_us(prepared: PreparedCalls, calls: int = 8, samples: int = 15) -> dict:
-    """Median host time per rank per call (us), with the GPU gated; also how many samples were valid."""
+def host_issue_us(prepared: PreparedCalls, calls: int = 8, samples: int = 15, per_rank: bool = False) -> dict:
+    """Median host time per rank per call (us), with the GPU gated; also how many samples were valid.
+
+    per_rank: also time each rank's call on its own and report "last_rank_us" (the last rank's call, median over
+    valid samples) and "other_ranks_us" (the mean of the other ranks' calls). On loopback a rank's call issues its
+    announce and the last rank's call also issues every rank's deferred rounds (docs/architecture.md "Issue
+    rounds"), so the two split the per-call bookkeeping from the rounds' launches. The per-call timer reads add
+    about 0.1 us per call to host_us."""
     torch = _torch()
     world = prepared.world
     prepared.issue_all()  # warm-up: caches, agreement, own staging growth
@@ -121,21 +134,35 @@ def host_issue_us(prepared: PreparedCalls, calls: int = 8, samples: int = 15) ->
     est_us = (time.perf_counter() - t0) * 1e6
     world.synchronize()
     cycles = min(GATE_CYCLES, max(_CYCLES_PER_US * 5_000, int(4 * est_us * _CYCLES_PER_US)))
-    vals = []
+    vals, last, others = [], [], []
+    n = len(prepared.fns)
     for _ in range(samples):
         ev = _gate(world, cycles)
+        per = [0.0] * n
         t0 = time.perf_counter()
         for _ in range(calls):
-            prepared.issue_all()
+            if per_rank:
+                for i in range(n):
+                    ta = time.perf_counter()
+                    prepared.issue_one(i)
+                    per[i] += time.perf_counter() - ta
+            else:
+                prepared.issue_all()
         t1 = time.perf_counter()
         closed = not ev.query()
         world.synchronize()
         if closed:
             vals.append((t1 - t0) * 1e6 / (calls * world.n_ranks))
+            if per_rank:
+                last.append(per[-1] * 1e6 / calls)
+                others.append(sum(per[:-1]) * 1e6 / (calls * (n - 1)) if n > 1 else float("nan"))
         else:
             cycles = min(GATE_CYCLES, 2 * cycles)
     torch.cuda.synchronize()
     out = {"host_us": statistics.median(vals) if vals else float("nan"), "valid_samples": len(vals)}
+    if per_rank:
+        out["last_rank_us"] = statistics.median(last) if last else float("nan")
+        out["other_ranks_us"] = statistics.median(others) if others else float("nan")
     if len(vals) >= 4:
         q = statistics.quantiles(vals, n=4)
         out["host_iqr_us"] = q[2] - q[0]
