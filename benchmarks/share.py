@@ -5,7 +5,7 @@ or more model layers and writes share_<layout>.json and share_<layout>.png (GEMM
 rate, one point per implementation) to --out. Usage:
 
     python benchmarks/share.py --out DIR [--layouts llama3-8b-layer,llama3-70b-layer] [--ranks 8]
-        [--link-gbps 370] [--runs 31] [--sides ag-share,rs-share,...] [--reduce-max-ctas N]
+        [--link-gbps 370] [--runs 31] [--sides ag-share,rs-share,...] [--reduce-max-ctas N] [--reduce-cta-bytes B]
         [--order gemm-after-first|side-first] [--incoming-source device|host] [--tag NAME]
 
 --order and --incoming-source are nccl_tide.perf.share's (its docstring says what each measures); --tag names the
@@ -39,6 +39,7 @@ def main(argv=None):
     ap.add_argument("--runs", default=str(share.MIN_RUNS))
     ap.add_argument("--sides", default=",".join(share.DEFAULT_SIDES))
     ap.add_argument("--reduce-max-ctas", default="0")
+    ap.add_argument("--reduce-cta-bytes", default="0", help="the RS share's bytes per reduce CTA (0: the rule's)")
     ap.add_argument("--piece-bytes", default="4M")
     ap.add_argument("--order", default=share.ORDERS[0], choices=share.ORDERS)
     ap.add_argument("--incoming-source", default=share.SOURCES[0], choices=share.SOURCES)
@@ -49,7 +50,8 @@ def main(argv=None):
     for layout in [x for x in a.layouts.split(",") if x]:
         path = os.path.join(a.out, f"share_{layout}" + (f"_{a.tag}" if a.tag else ""))
         args = ["both", "--layout", layout, "--ranks", a.ranks, "--link-gbps", a.link_gbps, "--runs", a.runs,
-                "--sides", a.sides, "--reduce-max-ctas", a.reduce_max_ctas, "--piece-bytes", a.piece_bytes,
+                "--sides", a.sides, "--reduce-max-ctas", a.reduce_max_ctas, "--reduce-cta-bytes", a.reduce_cta_bytes,
+                "--piece-bytes", a.piece_bytes,
                 "--order", a.order, "--incoming-source", a.incoming_source,
                 "-J", path + ".json", "--plot", path + ".png"]
         print(f"=== tide-perf share {' '.join(args)}", flush=True)
