@@ -495,7 +495,7 @@ def test_fsdp_step_table_shows_reasons():
             "variant": "tide",
             "ran": True,
             "step_ms": {"median": 9.0, "min": 8.5, "max": 9.5},
-            "profile": {"comm_sm_us": 99.0, "layout_us": 0.0},
+            "profile": {"comm_sm_us": 99.0, "comm_sm_weighted_us": 24.75, "layout_us": 0.0},
             "peak_mem_GiB": 3.25,
             "slot_GiB": 0.75,
             "peak_total_GiB": 3.375,
@@ -515,8 +515,9 @@ def test_fsdp_step_table_shows_reasons():
     t = step_table(rows)
     assert "| stock" in t and "10.00" in t and "25.0" in t and "1234" in t and "3.50" in t and "567" in t
     tide = next(line for line in t.splitlines() if line.startswith("| tide ") and "9.00" in line)
-    assert "3.25" in tide and "0.75" in tide and "3.38" in tide, tide
-    for col in ("layout us/step", "comm SM us/step", "torch peak GiB", "TIDE slots GiB", "peak total GiB"):
+    assert "3.25" in tide and "0.75" in tide and "3.38" in tide and "| 99 " in tide and "| 25 " in tide, tide
+    for col in ("layout us/step", "comm SM us/step", "occ.-weighted", "torch peak GiB", "TIDE slots GiB",
+                "peak total GiB"):
         assert col in t.splitlines()[0], col
     assert "unavailable: nccl_tide.fsdp.enable" in t
     assert "started with" not in tide

@@ -8,7 +8,8 @@ weights and fp32 gradient reduction (MixedPrecisionPolicy(param_dtype=bf16, redu
 block and on the root, AdamW. Per variant: step time (CUDA events per step, median and spread over --steps after
 --warmup), the share of step time in NCCL all-gather / reduce-scatter kernels and in FSDP2's layout conversion
 kernels (split_with_sizes_copy copy-out, chunk_cat copy-in; also in us per step), copy-engine memcpy time, comm SM
-time (NCCL and TIDE kernels) from torch.profiler over --profile-steps steps, and memory: torch peak
+time (NCCL and TIDE kernels: summed durations, and "occ.-weighted", each duration x min(1, CTAs / SMs)) from
+torch.profiler over --profile-steps steps, and memory: torch peak
 (torch.cuda.max_memory_allocated over the timed steps; with the pool's default alloc binder it includes the slots
 bound at that moment), TIDE slots (the tideSlotAlloc bytes TIDE holds, resident; the JSON's torch_slot_GiB: pool
 slots in torch's own memory, already in the torch peak), and peak total (one more step
@@ -117,20 +118,40 @@ def classify_kernel(name: str) -> str:
     return "compute"
 
 
-def summarize_trace(events, steps: int) -> dict:
-    """Per-step summed durations (us) by class, plus ce_memcpy_us (memcpy events: copy engines) and comm_sm_us."""
+def summarize_trace(events, steps: int, sm_count: int = 0) -> dict:
+    """Per-step summed durations (us) by class, plus ce_memcpy_us (memcpy events: copy engines) and comm_sm_us.
+
+    comm_sm_us sums the communication kernels' durations, which counts a kernel stretched by the compute it shares
+    the GPU with (or one of few CTAs running long) as fully as one holding every SM. With sm_count > 0,
+    comm_sm_weighted_us also weighs each by min(1, CTAs / SMs) (nccl_tide.perf.share.occupancy_weighted_us, the
+    measure of issue 16; the grid from the trace's "grid" argument; a kernel without it counts as holding every SM)."""
+    from ..perf.share import occupancy_weighted_us
+
     out = {k: 0.0 for k in ("ag", "rs", "comm", "layout", "tide", "compute", "memcpy")}
+    comm_kernels = []  # (duration us, CTAs) of the communication kernels
     for e in events:
         if e.get("ph") != "X":
             continue
         cat = str(e.get("cat", "")).lower()
         dur = float(e.get("dur", 0.0))
         if cat == "kernel":
-            out[classify_kernel(str(e.get("name", "")))] += dur
+            cls = classify_kernel(str(e.get("name", "")))
+            out[cls] += dur
+            if cls in ("ag", "rs", "comm", "tide"):
+                grid = (e.get("args") or {}).get("grid")
+                ctas = 1
+                if isinstance(grid, list) and grid:
+                    for x in grid:
+                        ctas *= int(x)
+                else:
+                    ctas = max(sm_count, 1)
+                comm_kernels.append((dur, ctas))
         elif cat == "gpu_memcpy":
             out["memcpy"] += dur
     per = {f"{k}_us": v / max(steps, 1) for k, v in out.items()}
     per["comm_sm_us"] = per["ag_us"] + per["rs_us"] + per["comm_us"] + per["tide_us"]
+    if sm_count > 0:
+        per["comm_sm_weighted_us"] = occupancy_weighted_us(comm_kernels, sm_count) / max(steps, 1)
     return per
 
 
@@ -351,7 +372,10 @@ def run_variant(variant: str, cfg: LlamaConfig, a, rank: int, world: int, device
 def _profile(step, steps: int) -> dict:
     from ..perf.gpu import profiled_events
 
-    return summarize_trace(profiled_events(step, steps), steps)
+    import torch
+
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return summarize_trace(profiled_events(step, steps), steps, sm_count=sms)
 
 
 def _left_over(r: dict) -> str:
@@ -371,6 +395,7 @@ def step_table(rows: List[dict]) -> str:
         "CE memcpy %",
         "layout us/step",
         "comm SM us/step",
+        "occ.-weighted",
         "torch peak GiB",
         "TIDE slots GiB",
         "peak total GiB",
@@ -379,7 +404,7 @@ def step_table(rows: List[dict]) -> str:
     lines = []
     for r in rows:
         if not r.get("ran"):
-            lines.append((r["variant"], "N/A", "", "", "", "", "", "", "", "", "", r.get("reason", "")))
+            lines.append((r["variant"], "N/A", "", "", "", "", "", "", "", "", "", "", r.get("reason", "")))
             continue
         st, sh, p = r["step_ms"], r.get("share", {}), r.get("profile", {})
         pct = lambda k, sh=sh: f"{100 * sh[k]:.1f}" if k in sh else "-"  # noqa: E731
@@ -393,6 +418,7 @@ def step_table(rows: List[dict]) -> str:
                 pct("ce_memcpy"),
                 f"{p['layout_us']:.0f}" if "layout_us" in p else "-",
                 f"{p['comm_sm_us']:.0f}" if p else "-",
+                f"{p['comm_sm_weighted_us']:.0f}" if "comm_sm_weighted_us" in p else "-",
                 f"{r['peak_mem_GiB']:.2f}",
                 f"{r.get('slot_GiB', 0.0):.2f}",
                 f"{r['peak_total_GiB']:.2f}" if "peak_total_GiB" in r else "-",
