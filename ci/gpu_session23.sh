@@ -51,3 +51,7 @@ if want fsdp; then
   done
 fi
 [ -f "$O/share/share19_summary.txt" ] && { echo "--- shares"; cat "$O/share/share19_summary.txt"; }
+# The device returns at most 8 files: one archive of everything (run 24.2 lost 5 loose files).
+if [ -n "${OUT:-}" ]; then
+  tar czf "$O/session23.tgz" -C "$O" $(cd "$O" && ls -d build share fsdp 2>/dev/null) && rm -rf "$O/build" "$O/share" "$O/fsdp"
+fi
