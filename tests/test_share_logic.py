@@ -280,25 +280,28 @@ def test_reduce_shape_rule(native):
     # 8 bf16 inputs -> fp32 at 370 GB/s: 529 GB/s of reduce traffic, x 1.25 headroom = 661 GB/s, 8 CTAs of
     # kReduceCtaGBps = 94 GB/s (session 17's per-CTA figure at 8 CTAs; 10 CTAs with session 15's 70).
     assert sh["ctas"] == _rule_ctas(W, 2, 4, False) == 8
-    units, per_cta = n // 8, (2 << 20) // (8 * 20)  # 8-element vectors; whole vectors in about 2 MiB
-    assert sh["launches"] == math.ceil(math.ceil(units / per_cta) / 8) == 11  # 81 CTAs of <= 2 MiB, 8 at a time
-    # Huge: the launches per chunk are capped at 16 (CTAs then move more than 2 MiB each).
+    units, per_cta = n // 8, (8 << 20) // (8 * 20)  # 8-element vectors; whole vectors in about 8 MiB
+    assert sh["launches"] == math.ceil(math.ceil(units / per_cta) / 8) == 3  # 21 CTAs of <= 8 MiB, 8 at a time
+    # Huge: the launches per chunk are capped at 16 (CTAs then move more than 8 MiB each).
     sh = B.reduce_shape(B.reduce_args(256, (64 << 20) * 2, W, 64 << 20, 4096))
     assert (sh["ctas"], sh["launches"]) == (8, 16)
     # A small chunk: one CTA, one launch.
     sh = B.reduce_shape(B.reduce_args(256, 4096 * 2, W, 4096, 4096))
     assert (sh["ctas"], sh["launches"]) == (1, 1)
-    # Medium: ceil(T / 2 MiB) CTAs of about 2 MiB each, up to the paced cap per launch.
-    n = 200_000
+    # Medium: ceil(T / 8 MiB) CTAs of about 8 MiB each, up to the paced cap per launch.
+    n = 1_000_000
     sh = B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096))
-    need = math.ceil(n * 20 / (8 * 20) / ((2 << 20) // (8 * 20)))
+    need = math.ceil(n * 20 / (8 * 20) / ((8 << 20) // (8 * 20)))
+    assert need == 3
     assert sh["ctas"] == min(8, need) and sh["ctas"] * sh["launches"] >= need
-    # Two inputs: more reduce traffic per incoming byte (fp32 output), so more CTAs; a running sum (prev) arrives too.
-    n = 8 << 20
+    # Two inputs: more reduce traffic per incoming byte (fp32 output), so more CTAs; a running sum (prev) arrives too
+    # (a chunk large enough for 20 CTAs of 8 MiB).
+    n = 32 << 20
     assert B.reduce_shape(B.reduce_args(256, n * 2, 2, n, 4096))["ctas"] == _rule_ctas(2, 2, 4, False) == 20
     assert B.reduce_shape(B.reduce_args(256, n * 2, 2, n, 4096, prev=8192))["ctas"] == _rule_ctas(2, 2, 4, True) == 10
-    # One input, no running sum (world size 1): nothing arrives, nothing paces it: the whole GPU.
-    n = 64 << 20
+    # One input, no running sum (world size 1): nothing arrives, nothing paces it: the whole GPU (a chunk of 1.5 GiB
+    # of traffic: 192 CTAs of 8 MiB).
+    n = 256 << 20
     sh = B.reduce_shape(B.reduce_args(256, n * 2, 1, n, 4096))
     assert sh["ctas"] == _sm_count() and sh["ctas"] > 32
     # Unaligned bases: the element path. Overrides: maxCtas and bytes per CTA.
@@ -321,7 +324,7 @@ def test_reduce_shape_deadline_and_drain(native):
 
     if not _cuda_built(B):
         pytest.skip("library built without CUDA: the shape rule lives in plugin/cuda")
-    W, n = 8, 8 << 20
+    W, n = 8, 32 << 20  # 640 MiB of traffic: 80 CTAs of 8 MiB, so the pace, not the chunk, bounds the grid
     own_incoming = n * 2 * (W - 1)
     base = B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096))["ctas"]
     assert B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=own_incoming))["ctas"] == base == 8
@@ -333,9 +336,11 @@ def test_reduce_shape_deadline_and_drain(native):
     assert B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=0))["ctas"] == min(32, _sm_count())
     # A larger next chunk leaves more time: fewer CTAs.
     assert B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=own_incoming * 4))["ctas"] == 2
-    # A world of one rank stays unpaced whatever follows.
-    big = 64 << 20
-    assert B.reduce_shape(B.reduce_args(256, big * 2, 1, big, 4096, following_bytes=0))["ctas"] == _sm_count()
+    # A world of one rank stays unpaced whatever follows (a chunk of more than one CTA of 8 MiB per SM).
+    big = 256 << 20
+    for following in (0, 4096, big * 8):
+        assert B.reduce_shape(B.reduce_args(256, big * 2, 1, big, 4096, following_bytes=following))["ctas"] == (
+            _sm_count())
     with pytest.raises(InvalidArgumentError):
         B.reduce_args(256, n * 2, W, n, 4096, following_bytes=-2)
 

@@ -87,7 +87,13 @@ constexpr double kReduceCtaGBps = 94.0;
 // 1.49x the link floor (session 15): a quarter more.
 constexpr double kReducePaceHeadroom = 1.25;
 constexpr int kReduceMaxPacedCtas = 32;
-constexpr uint64_t kReduceCtaBytes = 2ull << 20;
+// Bytes of traffic per CTA: 8 MiB (2 MiB until session 24). Each launch boundary costs the grid's tail and a launch
+// gap: on an H100 the rule's 8-CTA grid of a 32 MiB-output chunk moved 71.6 GB/s per CTA in 11 launches of 2 MiB
+// CTAs, 85.6 in 3 launches of 8 MiB, 95.5 in one (session 24, sm_bandwidth). At 8 MiB that chunk's CTAs live about
+// 90 us each: still short beside a GEMM's waves, and every SM is free again between launches. In one rank's share
+// (same run, session 24) 8 MiB CTAs slowed the single-wave GEMM less than 2 MiB ones (8B 1.042 vs 1.057, 70B 1.030
+// vs 1.041) and took the 70B RS from 1.17x to 1.08x the link floor (8B unchanged, 1.19x).
+constexpr uint64_t kReduceCtaBytes = 8ull << 20;
 constexpr int kReduceMaxLaunches = 16;  // bounds the launches queued per chunk (the stream may be blocked on flags)
 // The rule's CTA cap for args.
 int reduceMaxCtas(const ReduceArgs& args, const ReducePace& pace);
