@@ -36,12 +36,15 @@ export NCCL_TIDE_LIBRARY_PATH="$LIB" PYTHONPATH="$PWD/pytorch_glue${PYTHONPATH:+
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; git rev-parse HEAD; git status --short; } \
   > "$W/env.txt" 2>&1
 S="python3 benchmarks/share.py --out $W --layouts llama3-8b-layer,llama3-70b-layer --ranks 8 --link-gbps 370 --runs 31"
-# SHARE19_RUNS picks the runs (default: old new new-host new-1m); rs-4m / rs-8m: the new harness's RS share with
-# 4 / 8 MiB per reduce CTA (kReduceCtaBytes is 2 MiB: "new"), the launch split's cost against the GEMM's slowdown.
+# SHARE19_RUNS picks the runs (default: old new new-host new-1m); rs-2m / rs-4m / rs-8m: the new harness's RS share
+# with 2 / 4 / 8 MiB per reduce CTA (kReduceCtaBytes is 8 MiB since session 24, 2 MiB before: "new" uses the
+# library's), the launch split's cost against the GEMM's slowdown.
 want() { case " ${SHARE19_RUNS:-old new new-host new-1m} " in *" $1 "*) return 0;; esac; return 1; }
 want old && run old 60 $S --tag old --order side-first --incoming-source device --sides ag-share,rs-share
 want new && run new 75 $S --tag new --order gemm-after-first --incoming-source device \
   --sides ag-share,rs-share,ag-share-unpaced,rs-share-unpaced,nccl-like-32
+want rs-2m && run rs-2m 50 $S --tag rs-2m --order gemm-after-first --incoming-source device --sides rs-share \
+  --reduce-cta-bytes 2M
 want rs-8m && run rs-8m 50 $S --tag rs-8m --order gemm-after-first --incoming-source device --sides rs-share \
   --reduce-cta-bytes 8M
 want rs-4m && run rs-4m 50 $S --tag rs-4m --order gemm-after-first --incoming-source device --sides rs-share \
