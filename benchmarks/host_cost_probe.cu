@@ -312,6 +312,64 @@ int main() {
         row(name, nc, launchUs());
       }
     }
+    // Session 24: on loopback the last rank's call launches every rank's round graphs, rank after rank, one stream
+    // each, and cost about 7 us per launch (host_issue --per-rank) where one round-like graph relaunched on one stream
+    // costs about 3: does alternating between 8 graphs on 8 streams cost more? The chained round-like graph (8
+    // copies), 8 instances on 8 gated streams, launched in turn (per launch).
+    {
+      const int kStreams = 8;
+      std::vector<cudaStream_t> rs(kStreams);
+      std::vector<cudaGraphExec_t> ge(kStreams);
+      for (int k = 0; k < kStreams; ++k) {
+        CK(cudaStreamCreateWithFlags(&rs[k], cudaStreamNonBlocking));
+        CK(cudaStreamBeginCapture(cap, cudaStreamCaptureModeRelaxed));
+        batchMemOp(cap, 1, waitOp.data(), 0);
+        for (int i = 0; i < 8; ++i) {
+          CK(cudaMemcpyAsync(b + i * kItem, a + i * kItem, kItem, cudaMemcpyDeviceToDevice, cap));
+        }
+        tiny<<<4, 32, 0, cap>>>(reinterpret_cast<int*>(b));
+        batchMemOp(cap, 1, writeOp.data(), 0);
+        cudaGraph_t g;
+        CK(cudaStreamEndCapture(cap, &g));
+        CK(cudaGraphInstantiate(&ge[k], g, 0));
+        CK(cudaGraphUpload(ge[k], rs[k]));
+        CK(cudaGraphDestroy(g));
+      }
+      CK(cudaDeviceSynchronize());
+      for (int alternate = 0; alternate < 2; ++alternate) {
+        // alternate = 0: the same 8 launches grouped by stream (8 in a row on each); 1: rank-minor, as loopback.
+        std::vector<double> v;
+        for (int rep = 0; rep < 9; ++rep) {
+          spin<<<1, 1, 0, s>>>(400000000LL);
+          cudaEvent_t ev;
+          CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+          CK(cudaEventRecord(ev, s));
+          for (int k = 0; k < kStreams; ++k) CK(cudaStreamWaitEvent(rs[k], ev, 0));
+          const int rounds = 12;
+          double t0 = nowUs();
+          for (int outer = 0; outer < (alternate ? rounds : kStreams); ++outer) {
+            for (int inner = 0; inner < (alternate ? kStreams : rounds); ++inner) {
+              const int k = alternate ? inner : outer;
+              CK(cudaGraphLaunch(ge[k], rs[k]));
+            }
+          }
+          double t1 = nowUs();
+          bool gated = cudaEventQuery(ev) == cudaErrorNotReady;
+          (void)cudaGetLastError();
+          CK(cudaDeviceSynchronize());
+          CK(cudaEventDestroy(ev));
+          if (gated) v.push_back((t1 - t0) / (rounds * kStreams));
+        }
+        std::sort(v.begin(), v.end());
+        row(alternate ? "cudaGraphLaunch, 8 round-like graphs on 8 streams, in turn" :
+                        "cudaGraphLaunch, 8 round-like graphs on 8 streams, 12 per stream in a row",
+            1, v.empty() ? -1 : v[v.size() / 2]);  // per launch
+      }
+      for (int k = 0; k < kStreams; ++k) {
+        CK(cudaGraphExecDestroy(ge[k]));
+        CK(cudaStreamDestroy(rs[k]));
+      }
+    }
     // Per-node cost by kind (session 23: does the reduce's launch split, up to 26 kernel launches per rank in a
     // Llama-8B RS of 4 chunks at 2 MiB per CTA, cost host time in a round graph? Do separate flag batches?): a chain
     // of k kernel nodes; a chain of k memop nodes of one op each; one memop node of k ops.
