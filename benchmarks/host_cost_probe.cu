@@ -38,20 +38,24 @@ static double nowUs() {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Median over reps of (host time of `calls` invocations of f) / calls; the stream is gated first.
-static double measure(cudaStream_t s, int calls, const std::function<void()>& f) {
+// Median over reps of (host time of `calls` invocations of f) / calls; the stream is gated first, and so is every
+// stream of `alsoGated` (f may issue on them too).
+static double measure(cudaStream_t s, int calls, const std::function<void()>& f,
+                      const std::vector<cudaStream_t>& alsoGated = {}) {
   std::vector<double> v;
   for (int rep = 0; rep < 9; ++rep) {
     spin<<<1, 1, 0, s>>>(400000000LL);  // ~200 ms: covers the issue
     cudaEvent_t ev;
     CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
     CK(cudaEventRecord(ev, s));
+    for (cudaStream_t g : alsoGated) CK(cudaStreamWaitEvent(g, ev, 0));
     double t0 = nowUs();
     for (int i = 0; i < calls; ++i) f();
     double t1 = nowUs();
     bool gated = cudaEventQuery(ev) == cudaErrorNotReady;
     (void)cudaGetLastError();
     CK(cudaStreamSynchronize(s));
+    for (cudaStream_t g : alsoGated) CK(cudaStreamSynchronize(g));
     CK(cudaEventDestroy(ev));
     if (gated) v.push_back((t1 - t0) / calls);
   }
@@ -288,25 +292,30 @@ int main() {
       CK(cudaGraphDestroy(g));
       return t;
     };
+    // Begins a capture on `cap` and enqueues a round-like graph into it: a wait batch, nc copies, a kernel, a write
+    // batch; forked: the copies on a second branch.
+    auto captureRoundLike = [&](int nc, bool forked) {
+      CK(cudaStreamBeginCapture(cap, cudaStreamCaptureModeRelaxed));
+      batchMemOp(cap, 1, waitOp.data(), 0);
+      cudaStream_t copies = cap;
+      if (forked) {
+        CK(cudaEventRecord(fk, cap));
+        CK(cudaStreamWaitEvent(side, fk, 0));
+        copies = side;
+      }
+      for (int i = 0; i < nc; ++i) {
+        CK(cudaMemcpyAsync(b + i * kItem, a + i * kItem, kItem, cudaMemcpyDeviceToDevice, copies));
+      }
+      tiny<<<4, 32, 0, cap>>>(reinterpret_cast<int*>(b));
+      if (forked) {
+        CK(cudaEventRecord(jn, side));
+        CK(cudaStreamWaitEvent(cap, jn, 0));
+      }
+      batchMemOp(cap, 1, writeOp.data(), 0);
+    };
     for (int forked = 0; forked < 2; ++forked) {
       for (int nc : {1, 8, 64}) {
-        CK(cudaStreamBeginCapture(cap, cudaStreamCaptureModeRelaxed));
-        batchMemOp(cap, 1, waitOp.data(), 0);
-        cudaStream_t copies = cap;
-        if (forked) {
-          CK(cudaEventRecord(fk, cap));
-          CK(cudaStreamWaitEvent(side, fk, 0));
-          copies = side;
-        }
-        for (int i = 0; i < nc; ++i) {
-          CK(cudaMemcpyAsync(b + i * kItem, a + i * kItem, kItem, cudaMemcpyDeviceToDevice, copies));
-        }
-        tiny<<<4, 32, 0, cap>>>(reinterpret_cast<int*>(b));
-        if (forked) {
-          CK(cudaEventRecord(jn, side));
-          CK(cudaStreamWaitEvent(cap, jn, 0));
-        }
-        batchMemOp(cap, 1, writeOp.data(), 0);
+        captureRoundLike(nc, forked != 0);
         char name[96];
         snprintf(name, sizeof(name), "cudaGraphLaunch, round-like graph, %s, copies", forked ? "forked" : "chain");
         row(name, nc, launchUs());
@@ -322,13 +331,7 @@ int main() {
       std::vector<cudaGraphExec_t> ge(kStreams);
       for (int k = 0; k < kStreams; ++k) {
         CK(cudaStreamCreateWithFlags(&rs[k], cudaStreamNonBlocking));
-        CK(cudaStreamBeginCapture(cap, cudaStreamCaptureModeRelaxed));
-        batchMemOp(cap, 1, waitOp.data(), 0);
-        for (int i = 0; i < 8; ++i) {
-          CK(cudaMemcpyAsync(b + i * kItem, a + i * kItem, kItem, cudaMemcpyDeviceToDevice, cap));
-        }
-        tiny<<<4, 32, 0, cap>>>(reinterpret_cast<int*>(b));
-        batchMemOp(cap, 1, writeOp.data(), 0);
+        captureRoundLike(8, false);
         cudaGraph_t g;
         CK(cudaStreamEndCapture(cap, &g));
         CK(cudaGraphInstantiate(&ge[k], g, 0));
@@ -336,34 +339,18 @@ int main() {
         CK(cudaGraphDestroy(g));
       }
       CK(cudaDeviceSynchronize());
+      const int rounds = 12;
       for (int alternate = 0; alternate < 2; ++alternate) {
-        // alternate = 0: the same 8 launches grouped by stream (8 in a row on each); 1: rank-minor, as loopback.
-        std::vector<double> v;
-        for (int rep = 0; rep < 9; ++rep) {
-          spin<<<1, 1, 0, s>>>(400000000LL);
-          cudaEvent_t ev;
-          CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-          CK(cudaEventRecord(ev, s));
-          for (int k = 0; k < kStreams; ++k) CK(cudaStreamWaitEvent(rs[k], ev, 0));
-          const int rounds = 12;
-          double t0 = nowUs();
-          for (int outer = 0; outer < (alternate ? rounds : kStreams); ++outer) {
-            for (int inner = 0; inner < (alternate ? kStreams : rounds); ++inner) {
-              const int k = alternate ? inner : outer;
-              CK(cudaGraphLaunch(ge[k], rs[k]));
-            }
-          }
-          double t1 = nowUs();
-          bool gated = cudaEventQuery(ev) == cudaErrorNotReady;
-          (void)cudaGetLastError();
-          CK(cudaDeviceSynchronize());
-          CK(cudaEventDestroy(ev));
-          if (gated) v.push_back((t1 - t0) / (rounds * kStreams));
-        }
-        std::sort(v.begin(), v.end());
+        // alternate = 0: the same launches grouped by stream (12 in a row on each); 1: rank-minor, as loopback.
+        int i = 0;
+        double us = measure(s, rounds * kStreams, [&] {
+          const int k = alternate ? i % kStreams : i / rounds;
+          i = (i + 1) % (rounds * kStreams);
+          CK(cudaGraphLaunch(ge[k], rs[k]));
+        }, rs);
         row(alternate ? "cudaGraphLaunch, 8 round-like graphs on 8 streams, in turn" :
                         "cudaGraphLaunch, 8 round-like graphs on 8 streams, 12 per stream in a row",
-            1, v.empty() ? -1 : v[v.size() / 2]);  // per launch
+            1, us);  // per launch
       }
       for (int k = 0; k < kStreams; ++k) {
         CK(cudaGraphExecDestroy(ge[k]));

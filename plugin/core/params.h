@@ -60,7 +60,8 @@ bool eagerGraphs();               // NCCL_TIDE_EAGER_GRAPHS: eager calls of capt
 int tokenRsChunks();              // NCCL_TIDE_TOKEN_RS_CHUNKS: most RS pipeline chunks of a token (graph) program
 
 // NCCL_TIDE_TOKEN_RS_CHUNKS's default (a macro: the registry holds it as text). 2 until session 24, when 64 passed
-// every tests/gpu file on an H100; the layout agreement salts its key only for other values, and mismatch reports name them.
+// every tests/gpu file on an H100; the layout agreement salts its key only for other values, and mismatch reports
+// name them.
 #define TIDE_TOKEN_RS_CHUNKS_DEFAULT 64
 #define TIDE_STRINGIFY_(x) #x
 #define TIDE_STRINGIFY(x) TIDE_STRINGIFY_(x)

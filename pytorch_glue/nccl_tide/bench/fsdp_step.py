@@ -33,6 +33,7 @@ FSDP2 parity of TIDE on CPU/gloo is covered by tests/test_fsdp_parity.py and the
 
 import argparse
 import json
+import math
 import os
 import shlex
 import statistics
@@ -127,7 +128,8 @@ def summarize_trace(events, steps: int, sm_count: int = 0) -> dict:
     measure of issue 16; the grid from the trace's "grid" argument; a kernel without it counts as holding every SM)."""
     from ..perf.share import occupancy_weighted_us
 
-    out = {k: 0.0 for k in ("ag", "rs", "comm", "layout", "tide", "compute", "memcpy")}
+    comm = ("ag", "rs", "comm", "tide")  # the kernel classes of communication
+    out = {k: 0.0 for k in (*comm, "layout", "compute", "memcpy")}
     comm_kernels = []  # (duration us, CTAs) of the communication kernels
     for e in events:
         if e.get("ph") != "X":
@@ -137,19 +139,14 @@ def summarize_trace(events, steps: int, sm_count: int = 0) -> dict:
         if cat == "kernel":
             cls = classify_kernel(str(e.get("name", "")))
             out[cls] += dur
-            if cls in ("ag", "rs", "comm", "tide"):
+            if cls in comm:
                 grid = (e.get("args") or {}).get("grid")
-                ctas = 1
-                if isinstance(grid, list) and grid:
-                    for x in grid:
-                        ctas *= int(x)
-                else:
-                    ctas = max(sm_count, 1)
-                comm_kernels.append((dur, ctas))
+                ok = isinstance(grid, list) and grid
+                comm_kernels.append((dur, math.prod(int(x) for x in grid) if ok else max(sm_count, 1)))
         elif cat == "gpu_memcpy":
             out["memcpy"] += dur
     per = {f"{k}_us": v / max(steps, 1) for k, v in out.items()}
-    per["comm_sm_us"] = per["ag_us"] + per["rs_us"] + per["comm_us"] + per["tide_us"]
+    per["comm_sm_us"] = sum(per[f"{k}_us"] for k in comm)
     if sm_count > 0:
         per["comm_sm_weighted_us"] = occupancy_weighted_us(comm_kernels, sm_count) / max(steps, 1)
     return per
