@@ -288,12 +288,20 @@ def test_reduce_shape_rule(native):
     # A small chunk: one CTA, one launch.
     sh = B.reduce_shape(B.reduce_args(256, 4096 * 2, W, 4096, 4096))
     assert (sh["ctas"], sh["launches"]) == (1, 1)
-    # Medium: ceil(T / 8 MiB) CTAs of about 8 MiB each, up to the paced cap per launch.
+    # Medium (20 MB of traffic, under 8 CTAs x 8 MiB): the paced grid all the same, in one launch; ceil(T / 8 MiB)
+    # = 3 CTAs would fall behind the arrivals (session 24's rule did that).
     n = 1_000_000
     sh = B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096))
-    need = math.ceil(n * 20 / (8 * 20) / ((8 << 20) // (8 * 20)))
-    assert need == 3
-    assert sh["ctas"] == min(8, need) and sh["ctas"] * sh["launches"] >= need
+    assert (sh["ctas"], sh["launches"]) == (8, 1)
+    # Small (4 MB): one CTA per MiB (kReduceCtaMinBytes), under the paced cap.
+    n = 200_000
+    sh = B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096))
+    assert (sh["ctas"], sh["launches"]) == (math.ceil(n // 8 / ((1 << 20) // 160)), 1) == (4, 1)
+    # World size 1, a 48 MiB cast (bf16 -> fp32): one CTA per MiB on as many SMs, not 6 CTAs of 8 MiB.
+    n = 8 << 20
+    sh = B.reduce_shape(B.reduce_args(256, n * 2, 1, n, 4096))
+    worth = math.ceil(n // 8 / ((1 << 20) // 48))  # whole 48-byte vectors per MiB: 49 CTAs
+    assert worth == 49 and sh["ctas"] == min(worth, _sm_count()) and sh["ctas"] * sh["launches"] >= 6
     # Two inputs: more reduce traffic per incoming byte (fp32 output), so more CTAs; a running sum (prev) arrives too
     # (a chunk large enough for 20 CTAs of 8 MiB).
     n = 32 << 20
@@ -334,6 +342,11 @@ def test_reduce_shape_deadline_and_drain(native):
     # Tiny next chunk: capped at the paced maximum; nothing after it: the drain, the same cap.
     assert B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=4096))["ctas"] == min(32, _sm_count())
     assert B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=0))["ctas"] == min(32, _sm_count())
+    # A drain of a chunk under 32 x 8 MiB of traffic (a Llama-8B layer's last chunk, about 6.8 M elements per rank:
+    # 136 MB) still gets the 32 CTAs (17 at 8 MiB each before session 25).
+    m = 6_815_744
+    sh = B.reduce_shape(B.reduce_args(256, m * 2, W, m, 4096, following_bytes=0))
+    assert (sh["ctas"], sh["launches"]) == (min(32, _sm_count()), 1)
     # A larger next chunk leaves more time: fewer CTAs.
     assert B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=own_incoming * 4))["ctas"] == 2
     # A world of one rank stays unpaced whatever follows (a chunk of more than one CTA of 8 MiB per SM).

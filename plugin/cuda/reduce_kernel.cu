@@ -358,8 +358,14 @@ ReduceShape reduceShape(const ReduceArgs& a, int maxCtas, uint64_t ctaBytes, con
   const uint64_t mc = static_cast<uint64_t>(maxCtas);
   uint64_t unitsPerCta = cta / perUnit;
   if (unitsPerCta < 1) unitsPerCta = 1;
-  const uint64_t needed = (units + unitsPerCta - 1) / unitsPerCta;  // CTAs of about ctaBytes each
-  const uint64_t ctas = needed < mc ? needed : mc;
+  // The grid is the rule's maxCtas unless the chunk is too small to give each of them kReduceCtaMinBytes: fewer
+  // CTAs than the pace asks for would fall behind the arrivals (or, unpaced, leave SMs idle on the critical path).
+  const uint64_t floorBytes = cta < kReduceCtaMinBytes ? cta : kReduceCtaMinBytes;
+  uint64_t minUnits = floorBytes / perUnit;
+  if (minUnits < 1) minUnits = 1;
+  const uint64_t worth = (units + minUnits - 1) / minUnits;  // CTAs of at least floorBytes each
+  const uint64_t ctas = worth < mc ? worth : mc;
+  const uint64_t needed = (units + unitsPerCta - 1) / unitsPerCta;  // CTAs of at most about ctaBytes each
   uint64_t launches = (needed + ctas - 1) / ctas;
   if (launches > static_cast<uint64_t>(kReduceMaxLaunches)) launches = kReduceMaxLaunches;
   const uint64_t slots = ctas * launches;

@@ -70,7 +70,8 @@ struct ReducePace {
 //   paced (otherwise; F = followingBytes if > 0, else I, where I = 0 counts every input as incoming):
 //                   rate = kReducePaceHeadroom * linkGBps * T / F;
 //                   maxCtas = min(clamp(ceil(rate / kReduceCtaGBps), 1, kReduceMaxPacedCtas), smCount)
-// then ctas = min(maxCtas, ceil(T / ctaBytes)); launches = min(ceil(T / (ctas * ctaBytes)), kReduceMaxLaunches);
+// then ctas = min(maxCtas, ceil(T / min(ctaBytes, kReduceCtaMinBytes))); launches = min(ceil(T / (ctas * ctaBytes)),
+// kReduceMaxLaunches);
 // units are split evenly over ctas * launches CTAs. So at most maxCtas SMs are held at a time, and a CTA moves about
 // ctaBytes (more only for chunks above maxCtas * kReduceMaxLaunches * ctaBytes of traffic) and exits. An explicit
 // maxCtas > 0 replaces the paced/unpaced choice (benchmarks, tests). Example: W = 8 bf16 inputs -> fp32 at 370
@@ -94,6 +95,12 @@ constexpr int kReduceMaxPacedCtas = 32;
 // (same run, session 24) 8 MiB CTAs slowed the single-wave GEMM less than 2 MiB ones (8B 1.042 vs 1.057, 70B 1.030
 // vs 1.041) and took the 70B RS from 1.17x to 1.08x the link floor (8B unchanged, 1.19x).
 constexpr uint64_t kReduceCtaBytes = 8ull << 20;
+// The least a CTA is given before the grid shrinks below maxCtas. Session 24 sized the grid as ceil(T / ctaBytes),
+// so at 8 MiB a chunk of under maxCtas x 8 MiB of traffic ran on fewer CTAs than its pace asks for (a 32 MiB
+// paced chunk on 4 of 8; the drain below 32) and a world of one rank's casts on a fraction of the SMs: the FSDP2
+// step at world size 1 went from stock's 145 ms to 158 (session 25, run 25.1). One MiB is about 11 us of one CTA's
+// work: still long beside a launch gap.
+constexpr uint64_t kReduceCtaMinBytes = 1ull << 20;
 constexpr int kReduceMaxLaunches = 16;  // bounds the launches queued per chunk (the stream may be blocked on flags)
 // The rule's CTA cap for args.
 int reduceMaxCtas(const ReduceArgs& args, const ReducePace& pace);
