@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Session 25, one device call (< 10 min): the reduce grid's 1 MiB floor (kReduceCtaMinBytes) against the tree before
+# it (base_src, carried untracked: `git archive <base> | tar -x -C base_src`), same machine, alternated:
+#   tests: tests/gpu files touched by the reduce shape (this tree's library);
+#   share: one rank's RS share (8B and 70B layers, W = 8, 370 GB/s, 31 runs) with this tree's library and the base's,
+#          in the order new, base, then the full "new" side set (AG, RS, unpaced, NCCL-like 32 CTAs) once;
+#   fsdp:  fsdp_step at world size 1 (4 layers, 30 steps, stock and tide) in the order new, base, base, new.
+# Everything is archived as $OUT/session25.tgz (the device returns few files). TIDE_GPU_DEADLINE_S: default 560.
+# Usage: bash ci/gpu_session25.sh [tests] [share] [fsdp]   (no argument: all three)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export CUDA_DEVICE_MAX_CONNECTIONS=32 PYTHONUNBUFFERED=1 PATH="/usr/local/cuda/bin:$PATH"
+O="${OUT:-$PWD/gpu-out}"; mkdir -p "$O"
+W="$(mktemp -d)/s25"; mkdir -p "$W/build" "$W/tests" "$W/share" "$W/fsdp"
+END=$(( $(date +%s) + ${TIDE_GPU_DEADLINE_S:-560} ))
+left() { echo $(( END - $(date +%s) )); }
+parts="${*:-tests share fsdp}"
+want() { case " $parts " in *" $1 "*) return 0;; esac; return 1; }
+build() {  # build SRC DIR LOG
+  cmake -S "$1" -B "$2" -G Ninja -DTIDE_BUILD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
+    > "$3" 2>&1 && cmake --build "$2" -j 8 >> "$3" 2>&1
+}
+t0=$(date +%s)
+build . build/gpu "$W/build/new.log" & pn=$!
+pb=; [ -d base_src ] && { build base_src build/base "$W/build/base.log" & pb=$!; }
+wait $pn || { echo "new build failed"; tail -20 "$W/build/new.log"; exit 1; }
+[ -n "$pb" ] && { wait $pb || echo "base build failed"; }
+echo "=== built $(( $(date +%s) - t0 )) s, $(left) s left"
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; git rev-parse HEAD 2>/dev/null; \
+  python3 -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.nccl.version())"; } > "$W/env.txt" 2>&1
+export PYTHONPATH="$PWD/pytorch_glue${PYTHONPATH:+:$PYTHONPATH}"
+lib_of() { [ "$1" = base ] && echo "$PWD/build/base/libnccl-tide.so" || echo "$PWD/build/gpu/libnccl-tide.so"; }
+run() {  # run NAME LIMIT CMD...: under min(LIMIT, time left) if 20 s are left; log in $W/NAME.log
+  local name=$1 lim=$2 l rc t; shift 2; l=$(left)
+  [ "$l" -lt 20 ] && { echo "=== $name SKIPPED ($l s left)"; return; }
+  [ "$l" -lt "$lim" ] && lim=$l
+  t=$(date +%s); timeout -k 5 "$lim" "$@" > "$W/$name.log" 2>&1; rc=$?
+  echo "=== $name rc $rc $(( $(date +%s) - t )) s, $(left) s left: $(grep -E '[0-9]+ (passed|failed)' "$W/$name.log" | tail -1)"
+}
+if want tests; then
+  for f in test_reduce_kernel_gpu:120 test_share_gpu:70 test_fsdp_native:90; do
+    run "tests/${f%%:*}" "${f##*:}" env NCCL_TIDE_LIBRARY_PATH="$(lib_of new)" python3 -m pytest -q -rs \
+      -p no:cacheprovider "tests/gpu/${f%%:*}.py"
+  done
+fi
+S="python3 benchmarks/share.py --out $W/share --layouts llama3-8b-layer,llama3-70b-layer --ranks 8 --link-gbps 370 --runs 31 --order gemm-after-first --incoming-source device"
+if want share; then
+  for tree in new base; do
+    [ -f "$(lib_of $tree)" ] || continue
+    run "share/rs_$tree" 60 env NCCL_TIDE_LIBRARY_PATH="$(lib_of $tree)" $S --tag "rs-$tree" --sides rs-share
+  done
+  run share/full_new 80 env NCCL_TIDE_LIBRARY_PATH="$(lib_of new)" $S --tag full-new \
+    --sides ag-share,rs-share,ag-share-unpaced,rs-share-unpaced,nccl-like-32
+  grep -hE "rs-share|ag-share|nccl-like" "$W"/share/*.log | grep -vE "^TIDE/|NCCL TIDE" | tail -30
+fi
+if want fsdp; then
+  i=0
+  for tree in new base base new; do
+    i=$((i + 1)); lib="$(lib_of $tree)"
+    [ -f "$lib" ] || { echo "=== fsdp $i $tree: no library"; continue; }
+    variants=stock,tide; [ $((i % 2)) -eq 0 ] && variants=tide,stock
+    run "fsdp/fsdp_${i}_$tree" 95 env NCCL_TIDE_LIBRARY_PATH="$lib" python3 -m nccl_tide.bench.fsdp_step \
+      --layers 4 --variants $variants --slot-pool 2 --slot-trim on --warmup 3 --steps 30 --variant-timeout 60 \
+      -J "$W/fsdp/fsdp_${i}_$tree.json"
+    grep -E "^\| (stock|tide) " "$W/fsdp/fsdp_${i}_$tree.log" | cut -c1-200
+  done
+fi
+tar czf "$O/session25.tgz" -C "$W" .
+echo "=== done, $(left) s left"
