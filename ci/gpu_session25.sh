@@ -6,7 +6,9 @@
 #          in the order new, base, then the full "new" side set (AG, RS, unpaced, NCCL-like 32 CTAs) once;
 #   fsdp:  fsdp_step at world size 1 (4 layers, 30 steps, stock and tide) in the order new, base, base, new.
 # Everything is archived as $OUT/session25.tgz (the device returns few files). TIDE_GPU_DEADLINE_S: default 560.
-# Usage: bash ci/gpu_session25.sh [tests] [share] [fsdp]   (no argument: all three)
+#   sig:    (second call) the graph files of tests/gpu with signal kernels on (the default), then
+#   hostab: benchmarks/host_issue.py --route on --per-rank with NCCL_TIDE_SIGNAL_KERNELS=1 and =0, alternated.
+# Usage: bash ci/gpu_session25.sh [tests] [share] [fsdp] [sig] [hostab]   (no argument: the first three)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -45,6 +47,21 @@ if want tests; then
   done
 fi
 S="python3 benchmarks/share.py --out $W/share --layouts llama3-8b-layer,llama3-70b-layer --ranks 8 --link-gbps 370 --runs 31 --order gemm-after-first --incoming-source device"
+if want sig; then
+  for f in test_eager_graphs:200 test_graph_capture:100 test_graph_capture_multiprocess:120 test_cuda_collectives:100; do
+    run "tests/${f%%:*}" "${f##*:}" env NCCL_TIDE_LIBRARY_PATH="$(lib_of new)" python3 -m pytest -q -rs -x \
+      -p no:cacheprovider -o faulthandler_timeout=$(( ${f##*:} - 15 )) "tests/gpu/${f%%:*}.py"
+  done
+fi
+if want hostab; then
+  i=0
+  for sig in 1 0 0 1; do
+    i=$((i + 1))
+    run "tests/host_issue_${i}_sig$sig" 100 env NCCL_TIDE_LIBRARY_PATH="$(lib_of new)" NCCL_TIDE_SIGNAL_KERNELS=$sig \
+      python3 benchmarks/host_issue.py --route on --per-rank --samples 7 --json "$W/tests/host_issue_${i}_sig$sig.json"
+    grep -E " rs " "$W/tests/host_issue_${i}_sig$sig.log" | cut -c1-160
+  done
+fi
 if want share; then
   for tree in new base; do
     [ -f "$(lib_of $tree)" ] || continue

@@ -97,6 +97,12 @@ const Def kDefs[kNumParams] = {
      "more chunks runs the epoch protocol. Above 2 chunks a token RS reuses 2 staging buffers behind consumed tokens "
      "(docs/architecture.md, More chunks than buffers). The default was 2 until session 24. Must match on all ranks.",
      2, 4096, nullptr, "an integer from 2 to 4096"},
+    {"NCCL_TIDE_SIGNAL_KERNELS", Type::kBool, "bool", "1",
+     "1 (the default): in the CUDA graphs of a reduce-scatter (eager graph route, captures) a flag batch of writes "
+     "only is a one-warp kernel node instead of a stream memory operation node (a launched graph's memop nodes cost "
+     "the host about 0.8 us each, a kernel node a few hundredths); 0 keeps memop nodes. Waits are memops either way; "
+     "all-gathers never launch it.",
+     0, 1, nullptr, "0 or 1"},
 };
 
 struct Entry {
@@ -328,6 +334,7 @@ bool rsAccumFp32() { return loggedState().entries[kRsAccum].value == 1; }
 uint64_t linkGBps() { return loggedState().entries[kLinkGBps].value; }
 bool eagerGraphs() { return loggedState().entries[kEagerGraphs].value != 0; }
 int tokenRsChunks() { return static_cast<int>(loggedState().entries[kTokenRsChunks].value); }
+bool signalKernels() { return loggedState().entries[kSignalKernels].value != 0; }
 
 tideResult_t status(Id id) {
   if (id < 0 || id >= kNumParams) return fail(tideInvalidArgument, kComponent, "parameter index %d out of range", id);

@@ -35,7 +35,8 @@ enum Id : int {
   kLinkGBps = 12,       // NCCL_TIDE_LINK_GBPS
   kEagerGraphs = 13,    // NCCL_TIDE_EAGER_GRAPHS
   kTokenRsChunks = 14,  // NCCL_TIDE_TOKEN_RS_CHUNKS
-  kNumParams = 15
+  kSignalKernels = 15,  // NCCL_TIDE_SIGNAL_KERNELS
+  kNumParams = 16
 };
 
 // Typed accessors (effective values: environment if valid, else default).
@@ -58,6 +59,7 @@ bool rsAccumFp32();               // NCCL_TIDE_RS_ACCUM=FP32: the interposer may
 uint64_t linkGBps();              // NCCL_TIDE_LINK_GBPS: the rate the RS reduce kernel keeps pace with
 bool eagerGraphs();               // NCCL_TIDE_EAGER_GRAPHS: eager calls of capturable programs as graph replays
 int tokenRsChunks();              // NCCL_TIDE_TOKEN_RS_CHUNKS: most RS pipeline chunks of a token (graph) program
+bool signalKernels();             // NCCL_TIDE_SIGNAL_KERNELS: RS graphs write flags by a kernel node, not a memop node
 
 // NCCL_TIDE_TOKEN_RS_CHUNKS's default (a macro: the registry holds it as text). 2 until session 24, when 64 passed
 // every tests/gpu file on an H100; the layout agreement salts its key only for other values, and mismatch reports

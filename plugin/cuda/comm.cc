@@ -10,6 +10,7 @@
 #include "cuda_check.h"
 #include "driver_ops.h"
 #include "graph_replay.h"
+#include "signal_kernel.h"
 #include "program_exec.h"
 #include "reduce_kernel.h"
 
@@ -24,6 +25,7 @@ tideResult_t commInit(tideComm* comm) {
   comm->multicastGate = mc != 0;
   TIDE_CUDA_CHECK(cudaStreamCreateWithFlags(&comm->dumpStream, cudaStreamNonBlocking));
   TIDE_CHECK(preloadReduceKernels());
+  TIDE_CHECK(preloadSignalKernel());
   TIDE_CHECK(devicePace(comm->device, comm->worldSize == 1, &comm->reducePace));
   TIDE_CHECK(params::status(params::kEagerGraphs));
   comm->eagerGraphs = params::eagerGraphs();

@@ -7,8 +7,10 @@
 #include "../core/handles.h"
 #include "../core/layout.h"
 #include "../core/log.h"
+#include "../core/params.h"
 #include "graph_replay.h"
 #include "internode_transport.h"
+#include "signal_kernel.h"
 
 namespace tide {
 namespace cuda {
@@ -42,6 +44,23 @@ uint64_t valuesKey(const CallValues& v) {
   return k * 0x9e3779b97f4a7c15ull ^ divisor;
 }
 
+// A write-only flag batch as signal kernels (signal_kernel.h): in a graph, a kernel node costs the host a few
+// hundredths of a us at launch where a memop node costs about 0.8.
+tideResult_t enqueueWritesByKernel(cudaStream_t stream, const MemOpBatch& m) {
+  uint32_t* addrs[kSignalsPerLaunch];
+  uint32_t values[kSignalsPerLaunch];
+  for (size_t at = 0; at < m.params.size(); at += kSignalsPerLaunch) {
+    const size_t n = std::min(m.params.size() - at, static_cast<size_t>(kSignalsPerLaunch));
+    for (size_t i = 0; i < n; ++i) {
+      const CUstreamBatchMemOpParams& p = m.params[at + i];
+      addrs[i] = reinterpret_cast<uint32_t*>(static_cast<uintptr_t>(p.writeValue.address));
+      values[i] = p.writeValue.value;
+    }
+    TIDE_CHECK(enqueueSignals(stream, addrs, values, n));
+  }
+  return tideSuccess;
+}
+
 // captureGraph, once more if it failed because the runtime refused a strided run's 2D copy during it (a refusal may
 // invalidate the capture; from then on runs go row by row, copyRunsRefused).
 bool captureWithRunsFallback(cudaStream_t s, const std::function<bool(cudaStream_t)>& enqueue, cudaGraphExec_t* out,
@@ -59,6 +78,7 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
   bp->comm_ = comm;
   bp->prog_ = std::move(program);
   const prog::Program& p = *bp->prog_;
+  bp->signalKernels_ = p.coll == prog::Coll::kReduceScatter && params::signalKernels();
   PeerMemory* mem = comm->memory.get();
   bp->steps_.reserve(p.steps.size());
   for (const prog::Step& st : p.steps) {
@@ -158,6 +178,8 @@ tideResult_t BoundProgram::issueStep(const StepItems& s, const CallValues& v, cu
         if (it.peer >= 0) {
           if (!net) net = comm->policy->transport();
           TIDE_CHECK(net->flags(stream, it.peer, m));
+        } else if (v.inGraph && signalKernels_ && !m.anyWait) {
+          TIDE_CHECK(enqueueWritesByKernel(stream, m));
         } else {
           TIDE_CHECK(enqueueMemOps(stream, m));
         }
@@ -222,13 +244,15 @@ tideResult_t BoundProgram::issueSteps(int first, int end, const CallValues& v, c
 tideResult_t BoundProgram::issueTokenRange(int first, int end, const CallValues& v, cudaStream_t stream,
                                            bool capturing) {
   if (!capturing) return issueSteps(first, end, v, stream, stream);
+  CallValues g = v;
+  g.inGraph = true;
   // One fork and join per issue round: no wait of a round depends on a write of the same round (program_rs.cc), so
   // the graph never relies on one branch progressing while the other waits (docs/architecture.md "More chunks than
   // buffers").
   for (int i = first; i < end;) {
     int j = i + 1;
     while (j < end && steps_[j].group == steps_[i].group) ++j;
-    TIDE_CHECK(issueRoundForked(i, j, v, stream));
+    TIDE_CHECK(issueRoundForked(i, j, g, stream));
     i = j;
   }
   return tideSuccess;

@@ -48,6 +48,7 @@ struct CallValues {
   float scale = 1.0f;
   float divisor = 1.0f;
   bool batchApi = true;
+  bool inGraph = false;  // issued into a capture (set by issueTokenRange): write-only flag batches may be kernels
 };
 
 class BoundProgram {
@@ -136,6 +137,7 @@ class BoundProgram {
   std::vector<CopyBatch> copies_;
   std::vector<BoundReduce> reduces_;
   std::vector<std::pair<int, int>> groupRange_;  // deferred groups and token rounds: steps [first, second) of each
+  bool signalKernels_ = false;  // RS with NCCL_TIDE_SIGNAL_KERNELS: write-only flag batches in graphs as kernel nodes
   std::mutex issueMu_;  // deferred groups of two epochs may be issued from two threads
   // Eager token route, under issueMu_: when to capture, and the graph (captured with amort_'s current values).
   prog::GraphAmortizer amort_;

@@ -237,11 +237,12 @@ def test_captured_reduce_scatter_pipelined_refused_on_loopback(torch_cuda, world
         ag.close()
 
 
-def _in_a_subprocess(token_rs_chunks, select, n_expected):
-    """Runs this file's tests matching `select` (pytest -k) in a process with NCCL_TIDE_TOKEN_RS_CHUNKS set (the
-    library reads it once per process), and asserts that exactly n_expected passed and none was skipped."""
+def _in_a_subprocess(token_rs_chunks, select, n_expected, **extra_env):
+    """Runs this file's tests matching `select` (pytest -k) in a process with NCCL_TIDE_TOKEN_RS_CHUNKS (and
+    extra_env) set (the library reads them once per process), and asserts that exactly n_expected passed and none was
+    skipped."""
     env = dict(os.environ, NCCL_TIDE_TOKEN_RS_CHUNKS=str(token_rs_chunks), CUDA_DEVICE_MAX_CONNECTIONS="32",
-               NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
+               NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1", **extra_env)
     env["PYTHONPATH"] = os.pathsep.join(p for p in [env.get("PYTHONPATH", ""), *sys.path] if p)
     # -x: after a hang the GPU is wedged, the rest would only burn time; the child dumps its stacks before the
     # parent's timeout, which fits inside ci/gpu_job.sh's 260 s for the file and reports what the child printed.
@@ -262,6 +263,19 @@ def test_pipelined_in_a_subprocess(torch_cuda, cuda_lib):
     if TOKEN_RS_CHUNKS >= 8 or not route_on():
         pytest.skip("this process runs the pipelined tests itself (or the route is off)")
     _in_a_subprocess(64, "pipelined and not subprocess", len(PIPELINED_CASES) + 3)
+
+
+SIGNAL_KERNELS = N.param_value("NCCL_TIDE_SIGNAL_KERNELS") == "1"
+
+
+@pytest.mark.skipif(not route_on(), reason="NCCL_TIDE_EAGER_GRAPHS=0")
+def test_signal_kernels_other_setting_in_a_subprocess(torch_cuda, cuda_lib):
+    """The RS graph-route and pipelined tests with NCCL_TIDE_SIGNAL_KERNELS flipped (this process runs them with its
+    own setting): write-only flag batches in the RS graphs as memop nodes (0) or as signal kernels (1), bit-exact
+    with the host executor either way."""
+    other = "0" if SIGNAL_KERNELS else "1"
+    _in_a_subprocess(64, "reduce_scatter and (graph_route or pipelined) and not subprocess and not refused",
+                     len(RS_CASES) + len(PIPELINED_CASES), NCCL_TIDE_SIGNAL_KERNELS=other)
 
 
 # ----------------------------------------------------------------------------------------------------------------
