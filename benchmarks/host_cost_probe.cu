@@ -376,6 +376,66 @@ int main() {
         row(kNames[kind], k, launchUs());
       }
     }
+    // Session 25 (the next lever for loopback's deferred rounds, not built): one graph holding round g of all 8 ranks
+    // instead of 8 graphs. Each branch starts at an external event wait (the rank's stream, recorded just before the
+    // launch) and ends at an external event record that the rank's stream waits for after it, so no rank waits for
+    // another's round. Per round: 8 cudaEventRecord + 1 cudaGraphLaunch + 8 cudaStreamWaitEvent; printed per rank (/ 8)
+    // beside the 8 separate launches of the row "8 round-like graphs on 8 streams, in turn", and the launch alone.
+    {
+      const int kRanks = 8;
+      std::vector<cudaStream_t> rs(kRanks), br(kRanks);
+      std::vector<cudaEvent_t> before(kRanks), after(kRanks), jn8(kRanks);
+      for (int r = 0; r < kRanks; ++r) {
+        CK(cudaStreamCreateWithFlags(&rs[r], cudaStreamNonBlocking));
+        CK(cudaStreamCreateWithFlags(&br[r], cudaStreamNonBlocking));
+        CK(cudaEventCreateWithFlags(&before[r], cudaEventDisableTiming));
+        CK(cudaEventCreateWithFlags(&after[r], cudaEventDisableTiming));
+        CK(cudaEventCreateWithFlags(&jn8[r], cudaEventDisableTiming));
+      }
+      cudaStream_t launch;
+      CK(cudaStreamCreateWithFlags(&launch, cudaStreamNonBlocking));
+      CK(cudaStreamBeginCapture(cap, cudaStreamCaptureModeRelaxed));
+      CK(cudaEventRecord(fk, cap));
+      for (int r = 0; r < kRanks; ++r) {
+        CK(cudaStreamWaitEvent(br[r], fk, 0));
+        CK(cudaStreamWaitEvent(br[r], before[r], cudaEventWaitExternal));
+        batchMemOp(br[r], 1, waitOp.data(), 0);
+        for (int i = 0; i < 8; ++i) {
+          CK(cudaMemcpyAsync(b + i * kItem, a + i * kItem, kItem, cudaMemcpyDeviceToDevice, br[r]));
+        }
+        tiny<<<4, 32, 0, br[r]>>>(reinterpret_cast<int*>(b));
+        batchMemOp(br[r], 1, writeOp.data(), 0);
+        CK(cudaEventRecordWithFlags(after[r], br[r], cudaEventRecordExternal));
+        CK(cudaEventRecord(jn8[r], br[r]));
+        CK(cudaStreamWaitEvent(cap, jn8[r], 0));
+      }
+      cudaGraph_t g;
+      CK(cudaStreamEndCapture(cap, &g));
+      cudaGraphExec_t ge;
+      CK(cudaGraphInstantiate(&ge, g, 0));
+      CK(cudaGraphUpload(ge, launch));
+      CK(cudaGraphDestroy(g));
+      CK(cudaDeviceSynchronize());
+      std::vector<cudaStream_t> gated(rs);
+      gated.push_back(launch);
+      const double round = measure(s, 12, [&] {
+        for (int r = 0; r < kRanks; ++r) CK(cudaEventRecord(before[r], rs[r]));
+        CK(cudaGraphLaunch(ge, launch));
+        for (int r = 0; r < kRanks; ++r) CK(cudaStreamWaitEvent(rs[r], after[r], 0));
+      }, gated);
+      row("one graph for 8 ranks' round-like work, events included, per rank", kRanks, round < 0 ? -1 : round / kRanks);
+      const double only = measure(s, 12, [&] { CK(cudaGraphLaunch(ge, launch)); }, gated);
+      row("the same graph, cudaGraphLaunch alone, per rank", kRanks, only < 0 ? -1 : only / kRanks);
+      CK(cudaGraphExecDestroy(ge));
+      for (int r = 0; r < kRanks; ++r) {
+        CK(cudaStreamDestroy(rs[r]));
+        CK(cudaStreamDestroy(br[r]));
+        CK(cudaEventDestroy(before[r]));
+        CK(cudaEventDestroy(after[r]));
+        CK(cudaEventDestroy(jn8[r]));
+      }
+      CK(cudaStreamDestroy(launch));
+    }
   }
   CK(cudaDeviceSynchronize());
   printf("done\n");
