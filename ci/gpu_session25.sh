@@ -8,7 +8,9 @@
 # Everything is archived as $OUT/session25.tgz (the device returns few files). TIDE_GPU_DEADLINE_S: default 560.
 #   sig:    (second call) the graph files of tests/gpu with signal kernels on (the default), then
 #   hostab: benchmarks/host_issue.py --route on --per-rank with NCCL_TIDE_SIGNAL_KERNELS=1 and =0, alternated.
-# Usage: bash ci/gpu_session25.sh [tests] [share] [fsdp] [sig] [hostab]   (no argument: the first three)
+#   merge:  (last call) the capture test files, then host_issue's 64-parameter rows with NCCL_TIDE_MERGE_FLAG_BATCHES
+#           1 and 0 (the AG replay column).
+# Usage: bash ci/gpu_session25.sh [tests] [share] [fsdp] [sig] [hostab] [merge]   (no argument: the first three)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -21,7 +23,7 @@ parts="${*:-tests share fsdp}"
 want() { case " $parts " in *" $1 "*) return 0;; esac; return 1; }
 build() {  # build SRC DIR LOG
   cmake -S "$1" -B "$2" -G Ninja -DTIDE_BUILD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
-    > "$3" 2>&1 && cmake --build "$2" -j 8 >> "$3" 2>&1
+    > "$3" 2>&1 && cmake --build "$2" -j 16 >> "$3" 2>&1
 }
 t0=$(date +%s)
 build . build/gpu "$W/build/new.log" & pn=$!
@@ -60,6 +62,17 @@ if want hostab; then
     run "tests/host_issue_${i}_sig$sig" 100 env NCCL_TIDE_LIBRARY_PATH="$(lib_of new)" NCCL_TIDE_SIGNAL_KERNELS=$sig \
       python3 benchmarks/host_issue.py --route on --per-rank --samples 7 --json "$W/tests/host_issue_${i}_sig$sig.json"
     grep -E " rs " "$W/tests/host_issue_${i}_sig$sig.log" | cut -c1-160
+  done
+fi
+if want merge; then
+  for f in test_graph_capture:20 test_graph_capture_multiprocess:45 test_eager_graphs:80; do
+    run "tests/${f%%:*}" "${f##*:}" env NCCL_TIDE_LIBRARY_PATH="$(lib_of new)" python3 -m pytest -q -rs -x \
+      -p no:cacheprovider -o faulthandler_timeout=$(( ${f##*:} - 5 )) "tests/gpu/${f%%:*}.py"
+  done
+  for m in 1 0; do
+    run "tests/host_issue_merge$m" 25 env NCCL_TIDE_LIBRARY_PATH="$(lib_of new)" NCCL_TIDE_MERGE_FLAG_BATCHES=$m \
+      python3 benchmarks/host_issue.py --route on --only "64 params" --samples 7 --json "$W/tests/host_issue_merge$m.json"
+    grep -E " ag " "$W/tests/host_issue_merge$m.log" | cut -c1-160
   done
 fi
 if want share; then

@@ -103,6 +103,11 @@ const Def kDefs[kNumParams] = {
      "the host about 0.8 us each, a kernel node a few hundredths); 0 keeps memop nodes. Waits are memops either way; "
      "all-gathers never launch it.",
      0, 1, nullptr, "0 or 1"},
+    {"NCCL_TIDE_MERGE_FLAG_BATCHES", Type::kBool, "bool", "1",
+     "1 (the default): in a CUDA graph of a TIDE collective (a capture, the eager graph route), flag batches that "
+     "follow each other on one stream with nothing between them are captured as one memop node (its operations run "
+     "in order, as the batches did); 0 keeps one node per batch.",
+     0, 1, nullptr, "0 or 1"},
 };
 
 struct Entry {
@@ -335,6 +340,7 @@ uint64_t linkGBps() { return loggedState().entries[kLinkGBps].value; }
 bool eagerGraphs() { return loggedState().entries[kEagerGraphs].value != 0; }
 int tokenRsChunks() { return static_cast<int>(loggedState().entries[kTokenRsChunks].value); }
 bool signalKernels() { return loggedState().entries[kSignalKernels].value != 0; }
+bool mergeFlagBatches() { return loggedState().entries[kMergeFlagBatches].value != 0; }
 
 tideResult_t status(Id id) {
   if (id < 0 || id >= kNumParams) return fail(tideInvalidArgument, kComponent, "parameter index %d out of range", id);

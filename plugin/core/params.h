@@ -36,7 +36,8 @@ enum Id : int {
   kEagerGraphs = 13,    // NCCL_TIDE_EAGER_GRAPHS
   kTokenRsChunks = 14,  // NCCL_TIDE_TOKEN_RS_CHUNKS
   kSignalKernels = 15,  // NCCL_TIDE_SIGNAL_KERNELS
-  kNumParams = 16
+  kMergeFlagBatches = 16,  // NCCL_TIDE_MERGE_FLAG_BATCHES
+  kNumParams = 17
 };
 
 // Typed accessors (effective values: environment if valid, else default).
@@ -60,6 +61,7 @@ uint64_t linkGBps();              // NCCL_TIDE_LINK_GBPS: the rate the RS reduce
 bool eagerGraphs();               // NCCL_TIDE_EAGER_GRAPHS: eager calls of capturable programs as graph replays
 int tokenRsChunks();              // NCCL_TIDE_TOKEN_RS_CHUNKS: most RS pipeline chunks of a token (graph) program
 bool signalKernels();             // NCCL_TIDE_SIGNAL_KERNELS: RS graphs write flags by a kernel node, not a memop node
+bool mergeFlagBatches();          // NCCL_TIDE_MERGE_FLAG_BATCHES: adjacent flag batches in a graph as one memop node
 
 // NCCL_TIDE_TOKEN_RS_CHUNKS's default (a macro: the registry holds it as text). 2 until session 24, when 64 passed
 // every tests/gpu file on an H100; the layout agreement salts its key only for other values, and mismatch reports

@@ -79,6 +79,7 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
   bp->prog_ = std::move(program);
   const prog::Program& p = *bp->prog_;
   bp->signalKernels_ = p.coll == prog::Coll::kReduceScatter && params::signalKernels();
+  bp->mergeFlags_ = params::mergeFlagBatches();
   PeerMemory* mem = comm->memory.get();
   bp->steps_.reserve(p.steps.size());
   for (const prog::Step& st : p.steps) {
@@ -171,6 +172,17 @@ tideResult_t BoundProgram::issueStep(const StepItems& s, const CallValues& v, cu
   cudaStream_t stream = s.lane == prog::Lane::kCaller ? caller : side;
   InterNodeTransport* net = nullptr;
   for (const Item& it : s.items) {
+    if (v.inGraph && mergeFlags_ && it.kind == prog::Op::kFlags && it.peer < 0 &&
+        !(signalKernels_ && !memops_[it.index].anyWait)) {
+      // Held for the next one (issued in order within one node, as the separate batches were).
+      MemOpBatch& m = memops_[it.index];
+      m.patch(v.epoch, v.task);
+      if (capFlagsStream_ != stream) TIDE_CHECK(flushCapturedFlags());
+      capFlagsStream_ = stream;
+      capFlags_.params.insert(capFlags_.params.end(), m.params.begin(), m.params.end());
+      continue;
+    }
+    if (v.inGraph) TIDE_CHECK(flushCapturedFlags());  // whatever comes next is ordered after the held batches
     switch (it.kind) {
       case prog::Op::kFlags: {
         MemOpBatch& m = memops_[it.index];
@@ -235,6 +247,14 @@ void BoundProgram::copyCounts(size_t* entries, size_t* perCopyIssues) const {
   }
 }
 
+tideResult_t BoundProgram::flushCapturedFlags() {
+  if (capFlags_.params.empty()) return tideSuccess;
+  tideResult_t r = enqueueMemOps(capFlagsStream_, capFlags_);
+  capFlags_.params.clear();
+  capFlagsStream_ = nullptr;
+  return r;
+}
+
 tideResult_t BoundProgram::issueSteps(int first, int end, const CallValues& v, cudaStream_t caller,
                                       cudaStream_t side) {
   for (int i = first; i < end; ++i) TIDE_CHECK(issueStep(steps_[i], v, caller, side));
@@ -246,6 +266,8 @@ tideResult_t BoundProgram::issueTokenRange(int first, int end, const CallValues&
   if (!capturing) return issueSteps(first, end, v, stream, stream);
   CallValues g = v;
   g.inGraph = true;
+  capFlags_.params.clear();  // nothing held from a capture that failed partway
+  capFlagsStream_ = nullptr;
   // One fork and join per issue round: no wait of a round depends on a write of the same round (program_rs.cc), so
   // the graph never relies on one branch progressing while the other waits (docs/architecture.md "More chunks than
   // buffers").
@@ -255,7 +277,7 @@ tideResult_t BoundProgram::issueTokenRange(int first, int end, const CallValues&
     TIDE_CHECK(issueRoundForked(i, j, g, stream));
     i = j;
   }
-  return tideSuccess;
+  return flushCapturedFlags();
 }
 
 tideResult_t BoundProgram::issueRoundForked(int first, int end, const CallValues& v, cudaStream_t stream) {
@@ -272,6 +294,7 @@ tideResult_t BoundProgram::issueRoundForked(int first, int end, const CallValues
   // The steps before the first internal one on the capturing stream, then the fork (the internal branch starts
   // after them, as in program order), the rest on their lanes, the join.
   TIDE_CHECK(issueSteps(first, fork, v, stream, stream));
+  TIDE_CHECK(flushCapturedFlags());  // before the fork: held batches precede the internal branch
   CaptureFork f;
   std::string why;
   if (!captureForkOf(comm_, stream, &f, &why)) {
@@ -285,6 +308,7 @@ tideResult_t BoundProgram::issueRoundForked(int first, int end, const CallValues
                 cudaGetErrorName(err));
   }
   tideResult_t r = issueSteps(fork, end, v, stream, f.side);
+  if (r == tideSuccess) r = flushCapturedFlags();  // before the join, on whichever lane holds them
   // Joined whatever happened: a capture whose forked stream was not joined back cannot end.
   cudaError_t joined = cudaEventRecord(f.join, f.side);
   if (joined == cudaSuccess) joined = cudaStreamWaitEvent(stream, f.join, 0);

@@ -138,6 +138,12 @@ class BoundProgram {
   std::vector<BoundReduce> reduces_;
   std::vector<std::pair<int, int>> groupRange_;  // deferred groups and token rounds: steps [first, second) of each
   bool signalKernels_ = false;  // RS with NCCL_TIDE_SIGNAL_KERNELS: write-only flag batches in graphs as kernel nodes
+  // NCCL_TIDE_MERGE_FLAG_BATCHES: while capturing (under issueMu_), flag batches are held here and enqueued as one
+  // memop node when something else is issued (flushCapturedFlags), so adjacent batches on one stream become one node.
+  bool mergeFlags_ = false;
+  MemOpBatch capFlags_;
+  cudaStream_t capFlagsStream_ = nullptr;
+  tideResult_t flushCapturedFlags();
   std::mutex issueMu_;  // deferred groups of two epochs may be issued from two threads
   // Eager token route, under issueMu_: when to capture, and the graph (captured with amort_'s current values).
   prog::GraphAmortizer amort_;

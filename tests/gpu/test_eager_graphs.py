@@ -237,10 +237,10 @@ def test_captured_reduce_scatter_pipelined_refused_on_loopback(torch_cuda, world
         ag.close()
 
 
-def _in_a_subprocess(token_rs_chunks, select, n_expected, **extra_env):
-    """Runs this file's tests matching `select` (pytest -k) in a process with NCCL_TIDE_TOKEN_RS_CHUNKS (and
-    extra_env) set (the library reads them once per process), and asserts that exactly n_expected passed and none was
-    skipped."""
+def _in_a_subprocess(token_rs_chunks, select, n_expected, files=(), **extra_env):
+    """Runs this file's tests (or those of `files`) matching `select` (pytest -k; None: all) in a process with
+    NCCL_TIDE_TOKEN_RS_CHUNKS (and extra_env) set (the library reads them once per process), and asserts that exactly
+    n_expected passed and none was skipped."""
     env = dict(os.environ, NCCL_TIDE_TOKEN_RS_CHUNKS=str(token_rs_chunks), CUDA_DEVICE_MAX_CONNECTIONS="32",
                NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1", **extra_env)
     env["PYTHONPATH"] = os.pathsep.join(p for p in [env.get("PYTHONPATH", ""), *sys.path] if p)
@@ -248,7 +248,7 @@ def _in_a_subprocess(token_rs_chunks, select, n_expected, **extra_env):
     # parent's timeout, which fits inside ci/gpu_job.sh's 260 s for the file and reports what the child printed.
     try:
         p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-rs", "-p", "no:cacheprovider", "-o",
-                            "faulthandler_timeout=110", __file__, "-k", select],
+                            "faulthandler_timeout=110", *(files or [__file__]), *(["-k", select] if select else [])],
                            capture_output=True, text=True, env=env, timeout=130)
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
@@ -276,6 +276,22 @@ def test_signal_kernels_other_setting_in_a_subprocess(torch_cuda, cuda_lib):
     other = "0" if SIGNAL_KERNELS else "1"
     _in_a_subprocess(64, "reduce_scatter and (graph_route or pipelined) and not subprocess and not refused",
                      len(RS_CASES) + len(PIPELINED_CASES), NCCL_TIDE_SIGNAL_KERNELS=other)
+
+
+MERGE_FLAG_BATCHES = N.param_value("NCCL_TIDE_MERGE_FLAG_BATCHES") == "1"
+
+
+@pytest.mark.skipif(not route_on(), reason="NCCL_TIDE_EAGER_GRAPHS=0")
+def test_merge_flag_batches_other_setting_in_a_subprocess(torch_cuda, cuda_lib):
+    """This file's graph-route and pipelined tests and every user-capture test of test_graph_capture.py with
+    NCCL_TIDE_MERGE_FLAG_BATCHES flipped (this process runs them with its own setting): adjacent flag batches in a
+    graph as one memop node (1) or one node each (0), bit-exact with the host executor either way."""
+    other = "0" if MERGE_FLAG_BATCHES else "1"
+    here = os.path.dirname(os.path.abspath(__file__))
+    # Here: AG route 3, RS route and pipelined, the 3 refusals; test_graph_capture.py: its 9 tests with "captured".
+    n = 3 + len(RS_CASES) + len(PIPELINED_CASES) + 3 + 9
+    _in_a_subprocess(64, "graph_route or pipelined_bit_exact or captured", n,
+                     files=[__file__, os.path.join(here, "test_graph_capture.py")], NCCL_TIDE_MERGE_FLAG_BATCHES=other)
 
 
 # ----------------------------------------------------------------------------------------------------------------
