@@ -44,6 +44,14 @@ uint64_t valuesKey(const CallValues& v) {
   return k * 0x9e3779b97f4a7c15ull ^ divisor;
 }
 
+bool distinctWords(const MemOpBatch& m) {
+  std::vector<CUdeviceptr> a;
+  a.reserve(m.params.size());
+  for (const CUstreamBatchMemOpParams& p : m.params) a.push_back(p.writeValue.address);
+  std::sort(a.begin(), a.end());
+  return std::adjacent_find(a.begin(), a.end()) == a.end();
+}
+
 // A write-only flag batch as signal kernels (signal_kernel.h): in a graph, a kernel node costs the host a few
 // hundredths of a us at launch where a memop node costs about 0.8.
 tideResult_t enqueueWritesByKernel(cudaStream_t stream, const MemOpBatch& m) {
@@ -93,6 +101,9 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
         if (op.begin == op.end) continue;
         MemOpBatch m;
         for (uint32_t f = op.begin; f < op.end; ++f) m.add(p.flags[f], mem->flags(p.flags[f].owner) + p.flags[f].word);
+        // A signal kernel stores in no particular order (signal_kernel.h): a write-only batch that writes one word
+        // twice keeps its memop node (none of the RS programs' batches does).
+        m.byKernel = !m.anyWait && distinctWords(m);
         it.index = static_cast<int>(bp->memops_.size());
         bp->memops_.push_back(std::move(m));
       } else if (op.kind == prog::Op::kCopies) {
@@ -173,7 +184,7 @@ tideResult_t BoundProgram::issueStep(const StepItems& s, const CallValues& v, cu
   InterNodeTransport* net = nullptr;
   for (const Item& it : s.items) {
     if (v.inGraph && mergeFlags_ && it.kind == prog::Op::kFlags && it.peer < 0 &&
-        !(signalKernels_ && !memops_[it.index].anyWait)) {
+        !(signalKernels_ && memops_[it.index].byKernel)) {
       // Held for the next one (issued in order within one node, as the separate batches were).
       MemOpBatch& m = memops_[it.index];
       m.patch(v.epoch, v.task);
@@ -190,7 +201,7 @@ tideResult_t BoundProgram::issueStep(const StepItems& s, const CallValues& v, cu
         if (it.peer >= 0) {
           if (!net) net = comm->policy->transport();
           TIDE_CHECK(net->flags(stream, it.peer, m));
-        } else if (v.inGraph && signalKernels_ && !m.anyWait) {
+        } else if (v.inGraph && signalKernels_ && m.byKernel) {
           TIDE_CHECK(enqueueWritesByKernel(stream, m));
         } else {
           TIDE_CHECK(enqueueMemOps(stream, m));

@@ -7,8 +7,11 @@
 // the all-gather stays free of SMs. Issued directly (not in a graph), a memop batch (1.8 us) is cheaper than a
 // kernel launch (about 4), so direct issue keeps memops.
 //
-// Ordering, as a memop write's (CU_STREAM_WRITE_VALUE_DEFAULT): the kernel starts only after the work before it on
-// its stream (or graph edge) has completed, and each store is a system-scope release after a system-scope fence.
+// Ordering, as a memop write's (CU_STREAM_WRITE_VALUE_DEFAULT), against the work before it: the kernel starts only
+// after that work on its stream (or graph edge) has completed, and each store is a system-scope release after a
+// system-scope fence. Not within the batch: a memop batch applies its writes one after another, the threads of one
+// launch store in any order. So a batch may become a kernel only if its words are distinct (program_exec.cc checks
+// at bind; the RS programs' write batches always are) and no reader relies on the order of two writes in it.
 #ifndef TIDE_CUDA_SIGNAL_KERNEL_H_
 #define TIDE_CUDA_SIGNAL_KERNEL_H_
 
@@ -24,7 +27,7 @@ namespace cuda {
 
 // Writes values[i] to addrs[i] for i < n (device-visible addresses: own or peer-mapped flag words), in as many
 // launches of at most kSignalsPerLaunch writes as needed, on stream.
-constexpr int kSignalsPerLaunch = 64;
+constexpr int kSignalsPerLaunch = 32;  // one warp
 tideResult_t enqueueSignals(cudaStream_t stream, uint32_t* const* addrs, const uint32_t* values, size_t n);
 
 // Loads the kernel into the current device's context now (as preloadReduceKernels: a first launch under lazy

@@ -283,14 +283,16 @@ MERGE_FLAG_BATCHES = N.param_value("NCCL_TIDE_MERGE_FLAG_BATCHES") == "1"
 
 @pytest.mark.skipif(not route_on(), reason="NCCL_TIDE_EAGER_GRAPHS=0")
 def test_merge_flag_batches_other_setting_in_a_subprocess(torch_cuda, cuda_lib):
-    """This file's graph-route and pipelined tests and every user-capture test of test_graph_capture.py with
+    """This file's graph-route, strided-run, pipelined and recapture tests and every test of test_graph_capture.py with
     NCCL_TIDE_MERGE_FLAG_BATCHES flipped (this process runs them with its own setting): adjacent flag batches in a
     graph as one memop node (1) or one node each (0), bit-exact with the host executor either way."""
     other = "0" if MERGE_FLAG_BATCHES else "1"
     here = os.path.dirname(os.path.abspath(__file__))
-    # Here: AG route 3, RS route and pipelined, the 3 refusals; test_graph_capture.py: its 9 tests with "captured".
-    n = 3 + len(RS_CASES) + len(PIPELINED_CASES) + 3 + 9
-    _in_a_subprocess(64, "graph_route or pipelined_bit_exact or captured", n,
+    # Here: AG route 3, strided runs 3, RS route and pipelined, the 3 refusals, value and pointer changes 1;
+    # test_graph_capture.py: its 9 tests with "captured" and the uncapturable one.
+    n = 3 + 3 + len(RS_CASES) + len(PIPELINED_CASES) + 3 + 1 + 9 + 1
+    _in_a_subprocess(64, "graph_route or pipelined_bit_exact or captured or strided_runs or values_and_pointer or "
+                     "uncapturable", n,
                      files=[__file__, os.path.join(here, "test_graph_capture.py")], NCCL_TIDE_MERGE_FLAG_BATCHES=other)
 
 
