@@ -482,6 +482,25 @@ struct Programs {
 };
 
 // Buffers, flags, counters and every rank's programs for `seq` over the layouts, programs of `mode`.
+// The CUDA interpreter may issue a write-only flag batch of a token RS program as a signal kernel, whose threads
+// store in no particular order (plugin/cuda/signal_kernel.h): it relies on no such batch writing one word twice
+// (and keeps a memop node if one does). Checked on every token RS program the model compiles.
+void checkWriteBatchesDistinct(const Program& p, int rank) {
+  for (const Op& op : p.ops) {
+    if (op.kind != Op::kFlags) continue;
+    std::vector<std::pair<int32_t, int32_t>> words;
+    bool writesOnly = true;
+    for (uint32_t f = op.begin; f < op.end; ++f) {
+      writesOnly = writesOnly && p.flags[f].kind == FlagOp::kWrite;
+      words.emplace_back(p.flags[f].owner, p.flags[f].word);
+    }
+    std::sort(words.begin(), words.end());
+    if (writesOnly && std::adjacent_find(words.begin(), words.end()) != words.end()) {
+      die("a write-only flag batch of rank " + std::to_string(rank) + "'s token RS program writes one word twice");
+    }
+  }
+}
+
 void prepare(World& w, const std::vector<std::unique_ptr<Layout>>& layouts, Mode mode, uint64_t seed, uint32_t start,
              const std::vector<Call>& seq, Programs* P) {
   const int W = w.W;
@@ -529,6 +548,7 @@ void prepare(World& w, const std::vector<std::unique_ptr<Layout>>& layouts, Mode
     if (rsTokens && compileReduceScatter(*layouts[r], tok, &P->rsT[r]) != tideSuccess) {
       die("compileReduceScatter (tokens) failed");
     }
+    if (rsTokens) checkWriteBatchesDistinct(P->rsT[r], r);
     mutate(&P->ag[r]);
     mutate(&P->rs[r]);
     mutate(&P->agT[r]);
