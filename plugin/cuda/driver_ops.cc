@@ -138,7 +138,6 @@ void MemOpBatch::add(const prog::FlagOp& op, uint32_t* addr) {
     p.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
     p.waitValue.address = reinterpret_cast<CUdeviceptr>(addr);
     p.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
-    anyWait = true;
   } else {
     p.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
     p.writeValue.address = reinterpret_cast<CUdeviceptr>(addr);

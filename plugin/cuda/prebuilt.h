@@ -21,7 +21,6 @@ namespace cuda {
 struct MemOpBatch {
   std::vector<CUstreamBatchMemOpParams> params;
   std::vector<prog::FlagOp> ops;  // the symbolic ops, same order: their values are patched into params per call
-  bool anyWait = false;
   bool byKernel = false;  // writes only, to distinct words: a graph may carry them as a kernel node (signal_kernel.h)
   // Sets every value for a call with this epoch and RS task base.
   void patch(uint64_t epoch, uint64_t task) {

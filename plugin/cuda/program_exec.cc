@@ -44,29 +44,17 @@ uint64_t valuesKey(const CallValues& v) {
   return k * 0x9e3779b97f4a7c15ull ^ divisor;
 }
 
-bool distinctWords(const MemOpBatch& m) {
+// Whether a graph may carry this batch as a signal kernel (signal_kernel.h): writes only, each to its own word (the
+// kernel's threads store in no particular order, a memop batch in order).
+bool writesDistinctWords(const MemOpBatch& m) {
   std::vector<CUdeviceptr> a;
   a.reserve(m.params.size());
-  for (const CUstreamBatchMemOpParams& p : m.params) a.push_back(p.writeValue.address);
+  for (const CUstreamBatchMemOpParams& p : m.params) {
+    if (p.operation != CU_STREAM_MEM_OP_WRITE_VALUE_32) return false;
+    a.push_back(p.writeValue.address);
+  }
   std::sort(a.begin(), a.end());
   return std::adjacent_find(a.begin(), a.end()) == a.end();
-}
-
-// A write-only flag batch as signal kernels (signal_kernel.h): in a graph, a kernel node costs the host a few
-// hundredths of a us at launch where a memop node costs about 0.8.
-tideResult_t enqueueWritesByKernel(cudaStream_t stream, const MemOpBatch& m) {
-  uint32_t* addrs[kSignalsPerLaunch];
-  uint32_t values[kSignalsPerLaunch];
-  for (size_t at = 0; at < m.params.size(); at += kSignalsPerLaunch) {
-    const size_t n = std::min(m.params.size() - at, static_cast<size_t>(kSignalsPerLaunch));
-    for (size_t i = 0; i < n; ++i) {
-      const CUstreamBatchMemOpParams& p = m.params[at + i];
-      addrs[i] = reinterpret_cast<uint32_t*>(static_cast<uintptr_t>(p.writeValue.address));
-      values[i] = p.writeValue.value;
-    }
-    TIDE_CHECK(enqueueSignals(stream, addrs, values, n));
-  }
-  return tideSuccess;
 }
 
 // captureGraph, once more if it failed because the runtime refused a strided run's 2D copy during it (a refusal may
@@ -101,9 +89,7 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
         if (op.begin == op.end) continue;
         MemOpBatch m;
         for (uint32_t f = op.begin; f < op.end; ++f) m.add(p.flags[f], mem->flags(p.flags[f].owner) + p.flags[f].word);
-        // A signal kernel stores in no particular order (signal_kernel.h): a write-only batch that writes one word
-        // twice keeps its memop node (none of the RS programs' batches does).
-        m.byKernel = !m.anyWait && distinctWords(m);
+        m.byKernel = writesDistinctWords(m);  // every write batch of the RS programs (tests/c/program_model.cc)
         it.index = static_cast<int>(bp->memops_.size());
         bp->memops_.push_back(std::move(m));
       } else if (op.kind == prog::Op::kCopies) {
@@ -183,17 +169,12 @@ tideResult_t BoundProgram::issueStep(const StepItems& s, const CallValues& v, cu
   cudaStream_t stream = s.lane == prog::Lane::kCaller ? caller : side;
   InterNodeTransport* net = nullptr;
   for (const Item& it : s.items) {
-    if (v.inGraph && mergeFlags_ && it.kind == prog::Op::kFlags && it.peer < 0 &&
-        !(signalKernels_ && memops_[it.index].byKernel)) {
-      // Held for the next one (issued in order within one node, as the separate batches were).
-      MemOpBatch& m = memops_[it.index];
-      m.patch(v.epoch, v.task);
-      if (capFlagsStream_ != stream) TIDE_CHECK(flushCapturedFlags());
-      capFlagsStream_ = stream;
-      capFlags_.params.insert(capFlags_.params.end(), m.params.begin(), m.params.end());
-      continue;
-    }
-    if (v.inGraph) TIDE_CHECK(flushCapturedFlags());  // whatever comes next is ordered after the held batches
+    const bool localFlags = it.kind == prog::Op::kFlags && it.peer < 0;
+    const bool byKernel = localFlags && v.inGraph && signalKernels_ && memops_[it.index].byKernel;
+    const bool hold = localFlags && v.inGraph && mergeFlags_ && !byKernel;
+    // Held batches precede whatever else comes next (on either stream); another held batch joins them if it is on
+    // the same stream.
+    if (v.inGraph && (!hold || capFlagsStream_ != stream)) TIDE_CHECK(flushCapturedFlags());
     switch (it.kind) {
       case prog::Op::kFlags: {
         MemOpBatch& m = memops_[it.index];
@@ -201,8 +182,11 @@ tideResult_t BoundProgram::issueStep(const StepItems& s, const CallValues& v, cu
         if (it.peer >= 0) {
           if (!net) net = comm->policy->transport();
           TIDE_CHECK(net->flags(stream, it.peer, m));
-        } else if (v.inGraph && signalKernels_ && m.byKernel) {
-          TIDE_CHECK(enqueueWritesByKernel(stream, m));
+        } else if (byKernel) {
+          TIDE_CHECK(enqueueSignals(stream, m.params.data(), m.params.size()));
+        } else if (hold) {  // one memop node with the batches next to it (its ops run in order, as theirs did)
+          capFlagsStream_ = stream;
+          capFlags_.params.insert(capFlags_.params.end(), m.params.begin(), m.params.end());
         } else {
           TIDE_CHECK(enqueueMemOps(stream, m));
         }

@@ -22,13 +22,13 @@ __global__ void __launch_bounds__(kSignalsPerLaunch) signalKernel(SignalArgs a) 
 
 }  // namespace
 
-tideResult_t enqueueSignals(cudaStream_t stream, uint32_t* const* addrs, const uint32_t* values, size_t n) {
+tideResult_t enqueueSignals(cudaStream_t stream, const CUstreamBatchMemOpParams* writes, size_t n) {
   for (size_t at = 0; at < n; at += kSignalsPerLaunch) {
     SignalArgs a;
     a.n = static_cast<int>(n - at < static_cast<size_t>(kSignalsPerLaunch) ? n - at : kSignalsPerLaunch);
     for (int i = 0; i < a.n; ++i) {
-      a.addr[i] = addrs[at + i];
-      a.value[i] = values[at + i];
+      a.addr[i] = reinterpret_cast<uint32_t*>(static_cast<uintptr_t>(writes[at + i].writeValue.address));
+      a.value[i] = writes[at + i].writeValue.value;
     }
     signalKernel<<<1, kSignalsPerLaunch, 0, stream>>>(a);
     TIDE_CUDA_CHECK(cudaGetLastError());

@@ -15,6 +15,7 @@
 #ifndef TIDE_CUDA_SIGNAL_KERNEL_H_
 #define TIDE_CUDA_SIGNAL_KERNEL_H_
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -25,10 +26,10 @@
 namespace tide {
 namespace cuda {
 
-// Writes values[i] to addrs[i] for i < n (device-visible addresses: own or peer-mapped flag words), in as many
-// launches of at most kSignalsPerLaunch writes as needed, on stream.
+// The n 32-bit write operations of `writes` (a write-only memop batch's prebuilt parameters; device-visible
+// addresses: own or peer-mapped flag words), in as many launches of at most kSignalsPerLaunch writes as needed.
 constexpr int kSignalsPerLaunch = 32;  // one warp
-tideResult_t enqueueSignals(cudaStream_t stream, uint32_t* const* addrs, const uint32_t* values, size_t n);
+tideResult_t enqueueSignals(cudaStream_t stream, const CUstreamBatchMemOpParams* writes, size_t n);
 
 // Loads the kernel into the current device's context now (as preloadReduceKernels: a first launch under lazy
 // loading waits for the device's work in flight, which may be flag waits nobody has satisfied yet).
