@@ -8,8 +8,8 @@
 # Everything is archived as $OUT/session25.tgz (the device returns few files). TIDE_GPU_DEADLINE_S: default 560.
 #   sig:    (second call) the graph files of tests/gpu with signal kernels on (the default), then
 #   hostab: benchmarks/host_issue.py --route on --per-rank with NCCL_TIDE_SIGNAL_KERNELS=1 and =0, alternated.
-#   merge:  (last call) the capture test files, then host_issue's 64-parameter rows with NCCL_TIDE_MERGE_FLAG_BATCHES
-#           1 and 0 (the AG replay column).
+#   merge:  (last call) the capture test files (unless sig ran them), then host_issue's 64-parameter rows with
+#           NCCL_TIDE_MERGE_FLAG_BATCHES 1, 0, 0, 1 (the AG replay column).
 # Usage: bash ci/gpu_session25.sh [tests] [share] [fsdp] [sig] [hostab] [merge]   (no argument: the first three)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -65,14 +65,16 @@ if want hostab; then
   done
 fi
 if want merge; then
-  for f in test_graph_capture:20 test_graph_capture_multiprocess:45 test_eager_graphs:80; do
+  want sig || for f in test_graph_capture:20 test_graph_capture_multiprocess:45 test_eager_graphs:80; do
     run "tests/${f%%:*}" "${f##*:}" env NCCL_TIDE_LIBRARY_PATH="$(lib_of new)" python3 -m pytest -q -rs -x \
       -p no:cacheprovider -o faulthandler_timeout=$(( ${f##*:} - 5 )) "tests/gpu/${f%%:*}.py"
   done
-  for m in 1 0; do
-    run "tests/host_issue_merge$m" 25 env NCCL_TIDE_LIBRARY_PATH="$(lib_of new)" NCCL_TIDE_MERGE_FLAG_BATCHES=$m \
-      python3 benchmarks/host_issue.py --route on --only "64 params" --samples 7 --json "$W/tests/host_issue_merge$m.json"
-    grep -E " ag " "$W/tests/host_issue_merge$m.log" | cut -c1-160
+  i=0
+  for m in 1 0 0 1; do
+    i=$((i + 1))
+    run "tests/host_issue_${i}_merge$m" 25 env NCCL_TIDE_LIBRARY_PATH="$(lib_of new)" NCCL_TIDE_MERGE_FLAG_BATCHES=$m \
+      python3 benchmarks/host_issue.py --route on --only "64 params" --samples 7 --json "$W/tests/host_issue_${i}_merge$m.json"
+    grep -E " ag " "$W/tests/host_issue_${i}_merge$m.log" | cut -c1-160
   done
 fi
 if want share; then
