@@ -47,6 +47,30 @@ def test_cut_pieces_covers_the_transfer():
         share.cut_pieces([1], 0)
 
 
+def test_chunk_spans_assign_copies_by_bytes():
+    ev = [(0.0, 2.0, 100), (5.0, 6.0, 50), (7.0, 9.0, 50), (20.0, 21.0, 30), (22.0, 30.0, 70)]
+    sp = share.chunk_spans(ev, [200, 100])
+    assert sp == [(0.0, 9.0, 3), (20.0, 30.0, 2)]
+    assert share.chunk_spans(ev, [100, 100, 100])[0] == (0.0, 2.0, 1)
+    empty = share.chunk_spans([(1.0, 2.0, 10)], [10, 0])
+    assert empty[0] == (1.0, 2.0, 1) and empty[1][2] == 0
+    with pytest.raises(ValueError, match="bytes"):
+        share.chunk_spans(ev, [200, 99])
+
+
+def test_launch_spans_and_rows():
+    ks = [(10.0, 20.0, 8), (21.0, 30.0, 8), (40.0, 45.0, 32)]
+    red = share.launch_spans(ks, [2, 1])
+    assert red == [(10.0, 30.0, 8), (40.0, 45.0, 32)]
+    with pytest.raises(ValueError, match="kernels"):
+        share.launch_spans(ks, [2, 2])
+    rows = share.timeline_rows([(0.0, 9.0, 3), (12.5, 38.0, 2)], [(0.0, 1.0, 1), (11.0, 12.0, 1)], red, 47.0)
+    assert rows[1]["gap_before_us"] == pytest.approx(3.5) and rows[1]["tail_us"] == pytest.approx(9.0)
+    assert rows[0]["red_ctas"] == 8 and "tail_us" not in rows[0] and "gap_before_us" not in rows[0]
+    lines = share.timeline_lines("TIDE-RS share", rows, 47.0, 40.0)
+    assert "link floor 40.0" in lines[0] and "gap before    3.5" in lines[2] and "(32 CTAs)" in lines[2]
+
+
 def test_occupancy_weighting():
     # 4 CTAs of 132 SMs for 100 us = 100 * 4/132; a full grid counts once; more CTAs than SMs count once.
     got = share.occupancy_weighted_us([(100.0, 4), (10.0, 132), (10.0, 264), (5.0, 0)], 132)
@@ -479,9 +503,13 @@ def test_share_run_end_to_end_with_host_stand_ins(monkeypatch, tmp_path, native,
         def images(self, n, seed, source):
             return self.rand(n, torch.bfloat16, seed)  # no pinned memory without CUDA; the plans are the same
 
+    trace = []  # the stand-in trace: one event per copy and per reduce launch, on a clock of 1 us per event
+
     def fake_copy(copies, stream):
         for dst, src, nb in copies:
             C.memmove(dst, src, nb)
+            trace.append({"cat": "gpu_memcpy", "name": "Memcpy DtoD", "ts": float(len(trace)), "dur": 1.0,
+                          "stream": stream, "bytes": nb, "ctas": 0, "args": {}})
 
     released = []
 
@@ -502,11 +530,22 @@ def test_share_run_end_to_end_with_host_stand_ins(monkeypatch, tmp_path, native,
     kernels = []
 
     def fake_reduce(args, stream):
-        kernels.append(B.reduce_shape(args)["ctas"] if _cuda_built(B) else 1)
+        sh = B.reduce_shape(args)
+        kernels.append(sh["ctas"] if _cuda_built(B) else 1)
+        for _ in range(sh["launches"]):
+            trace.append({"cat": "kernel", "name": "reduce", "ts": float(len(trace)), "dur": 1.0, "stream": stream,
+                          "bytes": 0, "ctas": sh["ctas"], "args": {}})
         _fold_into(args)
+
+    def fake_trace(g, fn, iters=3):
+        del trace[:]
+        for _ in range(iters):
+            fn()
+        return list(trace)
 
     monkeypatch.setattr(share, "_Gpu", FakeGpu)
     monkeypatch.setattr(share, "_profile", lambda g, fn, iters=3: (fn(), [("reduce", 5.0, 4, {})], [(1.0, True)])[1:])
+    monkeypatch.setattr(share, "_trace", fake_trace)
     monkeypatch.setattr(B, "copy", fake_copy)
     monkeypatch.setattr(B, "Pacer", FakePacer)
     monkeypatch.setattr(B, "reduce", fake_reduce)
@@ -536,6 +575,13 @@ def test_share_run_end_to_end_with_host_stand_ins(monkeypatch, tmp_path, native,
     assert by["rs-share"]["link_floor_ms"] > 0 and "e2e_over_floor" in by["rs-share"]
     assert by["ag-share"]["sm"]["sm_weighted_us"] == pytest.approx(5.0 * 4 / 132 / 3)  # one stand-in kernel per 3 units
     assert released and kernels
+    # the timeline found every chunk's copies and reduce on their streams, in the order the unit enqueued them
+    rows = by["rs-share"]["timeline"]["rows"]
+    assert len(rows) == res["rs_num_chunks"]
+    for r in rows:
+        assert r["in_copies"] == 3 and r["in_start_us"] < r["in_end_us"] <= r["own_start_us"] < r["red_start_us"]
+    assert rows[-1]["tail_us"] > 0 and [r["chunk"] for r in rows] == list(range(len(rows)))
+    assert len(by["ag-share"]["timeline"]["rows"]) == 1 and "timeline" not in by["nccl-like-32"]
     assert res["order"] == order and res["incoming_source"] == source
     tag = ", incoming from host" if source == "host" else ""
     assert by["ag-share"]["name"] == "TIDE-AG share" + tag and by["rs-share"]["name"] == "TIDE-RS share" + tag

@@ -202,6 +202,79 @@ def rs_chunk_plan(params, world: int, chunk: int, out_numel: int, grad_ptrs: Seq
     return plans, nb
 
 
+def chunk_spans(events: Sequence[Tuple[float, float, int]], chunk_bytes: Sequence[int]) -> List[Tuple[float, float, int]]:
+    """(first start, last end, events) per chunk of one stream's copies. events: (start_us, end_us, bytes) in start
+    order; chunk_bytes: the bytes each chunk puts on that stream, in order. A copy belongs to the chunk in which its
+    first byte lies (the side's copies never straddle chunks). ValueError if the bytes do not add up (the trace lost
+    or merged copies): a timeline built on a wrong mapping would mislead."""
+    total = sum(int(b) for b in chunk_bytes)
+    got = sum(int(e[2]) for e in events)
+    if got != total:
+        raise ValueError(f"the stream's copies carry {got} bytes, the chunks {total}")
+    out, cum, k, bound = [], 0, 0, 0
+    spans: List[List[float]] = [[math.inf, -math.inf, 0] for _ in chunk_bytes]
+    for start, end, nbytes in events:
+        while k < len(chunk_bytes) and cum >= bound + int(chunk_bytes[k]):
+            bound += int(chunk_bytes[k])
+            k += 1
+        sp = spans[k]
+        sp[0], sp[1], sp[2] = min(sp[0], start), max(sp[1], end), sp[2] + 1
+        cum += int(nbytes)
+    for a, b, n in spans:
+        out.append((a, b, int(n)) if n else (math.nan, math.nan, 0))
+    return out
+
+
+def launch_spans(events: Sequence[Tuple[float, float, int]], launches: Sequence[int]) -> List[Tuple[float, float, int]]:
+    """(first start, last end, max CTAs) per chunk of the reduce stream's kernels, launches[k] of them for chunk k,
+    in start order. ValueError if the counts do not add up."""
+    if len(events) != sum(launches):
+        raise ValueError(f"{len(events)} kernels on the reduce stream, the shapes say {sum(launches)}")
+    out, i = [], 0
+    for n in launches:
+        ev = events[i:i + n]
+        i += n
+        out.append((min(e[0] for e in ev), max(e[1] for e in ev), max(e[2] for e in ev)) if ev
+                   else (math.nan, math.nan, 0))
+    return out
+
+
+def timeline_rows(incoming, own, reduce, unit_end_us: float) -> List[dict]:
+    """One row per chunk from the spans above (own and reduce may be empty lists: the AG share has one "chunk" and
+    no reduce). wait_us: how long the incoming link sat idle before the chunk (its first copy's start after the
+    previous chunk's last end, beyond the gap between pieces inside a chunk, which is pacing); tail_us on the last
+    row: the unit's end after the last incoming byte (the drain and what follows it)."""
+    rows = []
+    for k, (a, b, n) in enumerate(incoming):
+        r = {"chunk": k, "in_start_us": a, "in_end_us": b, "in_copies": n}
+        if k > 0:
+            r["gap_before_us"] = a - incoming[k - 1][1]
+        if k < len(own):
+            r["own_start_us"], r["own_end_us"] = own[k][0], own[k][1]
+        if k < len(reduce):
+            r["red_start_us"], r["red_end_us"], r["red_ctas"] = reduce[k]
+        rows.append(r)
+    if rows:
+        rows[-1]["tail_us"] = unit_end_us - rows[-1]["in_end_us"]
+    return rows
+
+
+def timeline_lines(name: str, rows: Sequence[dict], unit_end_us: float, floor_us: Optional[float]) -> List[str]:
+    out = [f"[timeline] {name}: unit {unit_end_us:.1f} us" + (f", link floor {floor_us:.1f} us" if floor_us else "")]
+    for r in rows:
+        line = f"[timeline]   chunk {r['chunk']}: in {r['in_start_us']:7.1f}-{r['in_end_us']:7.1f} ({r['in_copies']} copies)"
+        if "gap_before_us" in r:
+            line += f" gap before {r['gap_before_us']:6.1f}"
+        if "own_end_us" in r:
+            line += f" | own {r['own_start_us']:7.1f}-{r['own_end_us']:7.1f}"
+        if "red_start_us" in r:
+            line += f" | reduce {r['red_start_us']:7.1f}-{r['red_end_us']:7.1f} ({r['red_ctas']} CTAs)"
+        if "tail_us" in r:
+            line += f" | tail {r['tail_us']:.1f}"
+        out.append(line)
+    return out
+
+
 def beside_summary(runs: dict, base_ms: float) -> dict:
     """The GEMM's figures from Harness.beside's per-run lists, against its median time alone (base_ms). The
     slowdown is the median over the runs that met the method (run_valid: the side work outlasted the GEMM, the
@@ -288,6 +361,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--incoming-source", default=SOURCES[0],
                    help="device (default): incoming pushes copy from images in this GPU's HBM; host: from pinned "
                    "host memory (copy engines, at most the host link's rate)")
+    p.add_argument("--timeline", type=int, default=1,
+                   help="1 (default): print where one unit's time goes, per chunk (incoming, own, reduce, link gaps)")
     p.add_argument("--check", type=int, default=1, help="1: verify the share's outputs bit for bit")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("-J", "--output_file", default=None)
@@ -582,14 +657,12 @@ class Loopback(Side):
         self.world_obj.close()
 
 
-def _profile(g: _Gpu, fn, iters=3):
-    """Kernels and copies of `iters` calls of fn: [(name, dur_us, ctas, args)], [(dur_us, on_sms)] of the copies and
-    memsets (on_sms: a same-device copy or a memset, which run on SMs on the H200: perf/gpu.py runs_on_sms)."""
+def _trace(g: _Gpu, fn, iters=3) -> List[dict]:
+    """The CUDA events of `iters` calls of fn (torch.profiler): dicts of cat ("kernel", "gpu_memcpy", "gpu_memset"),
+    name, ts and dur (us), stream, ctas (kernels) and bytes (copies; 0 where the trace has none)."""
     import tempfile
 
     from torch.profiler import ProfilerActivity, profile
-
-    from nccl_tide.perf.gpu import runs_on_sms
 
     t = g.torch
     t.cuda.synchronize()
@@ -602,20 +675,74 @@ def _profile(g: _Gpu, fn, iters=3):
         prof.export_chrome_trace(path)
         with open(path) as f:
             data = json.load(f)
-    events = data.get("traceEvents", []) if isinstance(data, dict) else data
-    kernels, mem = [], []
-    for e in events:
-        if e.get("ph") != "X":
-            continue
+    out = []
+    for e in data.get("traceEvents", []) if isinstance(data, dict) else data:
         cat = str(e.get("cat", "")).lower()
-        if cat == "kernel":
-            args = e.get("args") or {}
-            grid = args.get("grid") or [0]
-            ctas = math.prod(int(x) for x in grid) if isinstance(grid, list) else 0
-            kernels.append((str(e.get("name", "?")), float(e.get("dur", 0.0)), ctas, args))
-        elif cat in ("gpu_memcpy", "gpu_memset"):
-            mem.append((float(e.get("dur", 0.0)), runs_on_sms(cat, str(e.get("name", "")))))
+        if e.get("ph") != "X" or cat not in ("kernel", "gpu_memcpy", "gpu_memset"):
+            continue
+        args = e.get("args") or {}
+        grid = args.get("grid") or [0]
+        out.append({"cat": cat, "name": str(e.get("name", "?")), "ts": float(e.get("ts", 0.0)),
+                    "dur": float(e.get("dur", 0.0)), "stream": args.get("stream"), "args": args,
+                    "ctas": math.prod(int(x) for x in grid) if isinstance(grid, list) else 0,
+                    "bytes": int(args.get("bytes", 0) or 0)})
+    return out
+
+
+def _profile(g: _Gpu, fn, iters=3):
+    """Kernels and copies of `iters` calls of fn: [(name, dur_us, ctas, args)], [(dur_us, on_sms)] of the copies and
+    memsets (on_sms: a same-device copy or a memset, which run on SMs on the H200: perf/gpu.py runs_on_sms)."""
+    from nccl_tide.perf.gpu import runs_on_sms
+
+    kernels, mem = [], []
+    for e in _trace(g, fn, iters):
+        if e["cat"] == "kernel":
+            kernels.append((e["name"], e["dur"], e["ctas"], e["args"]))
+        else:
+            mem.append((e["dur"], runs_on_sms(e["cat"], e["name"])))
     return kernels, mem
+
+
+def _timeline(g: _Gpu, side) -> Optional[dict]:
+    """Where one unit's time goes (issue 16's 8B RS gap): per chunk, when its incoming copies ran, its own copies,
+    its reduce; the link's idle time between chunks and the tail after the last incoming byte. One unit, profiled
+    after the side's warm-up. None for sides without chunks (NCCL-like, loopback)."""
+    if not isinstance(side, (AgShare, RsShare)):
+        return None
+    ev = _trace(g, side.unit, iters=1)
+    if not ev:
+        return {"error": "no CUDA events in the trace"}
+    t0 = min(e["ts"] for e in ev)
+    end = max(e["ts"] + e["dur"] for e in ev) - t0
+    by_stream: Dict[object, List[dict]] = {}
+    for e in ev:
+        by_stream.setdefault(e["stream"], []).append(e)
+
+    def copies_of(total):  # the stream whose copies carry exactly `total` bytes
+        for es in by_stream.values():
+            cs = [e for e in es if e["cat"] == "gpu_memcpy"]
+            if cs and sum(e["bytes"] for e in cs) == total:
+                return sorted(((e["ts"] - t0, e["ts"] - t0 + e["dur"], e["bytes"]) for e in cs))
+        raise ValueError(f"no stream's copies carry {total} bytes (does the trace give copy sizes?)")
+
+    try:
+        if isinstance(side, AgShare):
+            inc = chunk_spans(copies_of(side.incoming_bytes), [side.incoming_bytes])
+            own = chunk_spans(copies_of(sum(c[2] for c in side.own)), [sum(c[2] for c in side.own)])
+            red = []
+        else:
+            in_b = [sum(c[2] for c in incoming) for _, incoming, _ in side.plans]
+            own_b = [sum(c[2] for c in own) for own, _, _ in side.plans]
+            inc = chunk_spans(copies_of(sum(in_b)), in_b)
+            own = chunk_spans(copies_of(sum(own_b)), own_b)
+            ks = sorted((e["ts"] - t0, e["ts"] - t0 + e["dur"], e["ctas"]) for e in ev
+                        if e["cat"] == "kernel" and "sleep" not in e["name"].lower())
+            red = launch_spans(ks, [sh["launches"] for sh in side.shapes])
+    except ValueError as e:
+        return {"error": str(e), "unit_us": end}
+    rows = timeline_rows(inc, own, red, end)
+    return {"unit_us": end, "rows": rows,
+            "lines": timeline_lines(side.name, rows, end, side.floor_s * 1e6 if side.floor_s else None)}
 
 
 def _sm_summary(g: _Gpu, kernels, mem, iters, exclude=("sleep",)):
@@ -855,6 +982,12 @@ def run(a) -> dict:
                 d["sm"] = _sm_summary(g, kernels, mem, 3)
                 if isinstance(side, RsShare):
                     d["reduce_shape"] = side.shapes[0]
+                    d["reduce_shapes"] = side.shapes
+                if a.timeline:
+                    tl = _timeline(g, side)
+                    if tl is not None:
+                        d["timeline"] = tl
+                        print("\n".join(tl.get("lines") or [f"[timeline] {side.name}: {tl.get('error')}"]), flush=True)
                 k = side_ops_for(um, base)
                 d.update({"k_units": k, "order": a.order})
                 d.update(beside_summary(h.beside(side, k, host_ms, a.order), base))
