@@ -6,7 +6,8 @@ rate, one point per implementation) to --out. Usage:
 
     python benchmarks/share.py --out DIR [--layouts llama3-8b-layer,llama3-70b-layer] [--ranks 8]
         [--link-gbps 370] [--runs 31] [--sides ag-share,rs-share,...] [--reduce-max-ctas N] [--reduce-cta-bytes B]
-        [--order gemm-after-first|side-first] [--incoming-source device|host] [--tag NAME]
+        [--piece-bytes 4M] [--rs-chunk-bytes B] [--order gemm-after-first|side-first] [--incoming-source device|host]
+        [--tag NAME]
 
 --order and --incoming-source are nccl_tide.perf.share's (its docstring says what each measures); --tag names the
 output files share_<layout>_<tag>.* so that several settings can be written side by side.
@@ -41,6 +42,7 @@ def main(argv=None):
     ap.add_argument("--reduce-max-ctas", default="0")
     ap.add_argument("--reduce-cta-bytes", default="0", help="the RS share's bytes per reduce CTA (0: the rule's)")
     ap.add_argument("--piece-bytes", default="4M")
+    ap.add_argument("--rs-chunk-bytes", default="0", help="the layout's RS chunk (0: the library's)")
     ap.add_argument("--order", default=share.ORDERS[0], choices=share.ORDERS)
     ap.add_argument("--incoming-source", default=share.SOURCES[0], choices=share.SOURCES)
     ap.add_argument("--tag", default="")
@@ -51,7 +53,7 @@ def main(argv=None):
         path = os.path.join(a.out, f"share_{layout}" + (f"_{a.tag}" if a.tag else ""))
         args = ["both", "--layout", layout, "--ranks", a.ranks, "--link-gbps", a.link_gbps, "--runs", a.runs,
                 "--sides", a.sides, "--reduce-max-ctas", a.reduce_max_ctas, "--reduce-cta-bytes", a.reduce_cta_bytes,
-                "--piece-bytes", a.piece_bytes,
+                "--piece-bytes", a.piece_bytes, "--rs-chunk-bytes", a.rs_chunk_bytes,
                 "--order", a.order, "--incoming-source", a.incoming_source,
                 "-J", path + ".json", "--plot", path + ".png"]
         print(f"=== tide-perf share {' '.join(args)}", flush=True)

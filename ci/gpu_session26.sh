@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Session 26, one device call (< 10 min). Parts (default: all three):
+#   timeline: one rank's share with the new per-chunk timeline (issue 16's 8B RS gap: where the 60-80 us over the AG
+#             share go): 8B with ag-share, rs-share, rs-share-drain64 at 4 MiB pieces; 8B ag-share, rs-share at 1 MiB
+#             pieces (how much of the AG share's 1.048 is the harness's piece size); 8B rs-share at 16 MiB RS chunks;
+#             70B ag-share, rs-share.
+#   mergeab:  host_issue's 64-parameter rows with NCCL_TIDE_MERGE_FLAG_BATCHES 1, 0, 1, 0, 1, 0 (the AG replay column;
+#             run 26.1's 1, 0, 0, 1 was mixed at W = 8).
+#   ipc:      benchmarks/host_issue_ipc.py --ranks 2 (one process per rank; its only figures predate the signal kernels).
+# Everything is archived as $OUT/session26.tgz. TIDE_GPU_DEADLINE_S: default 540.
+# Usage: bash ci/gpu_session26.sh [timeline] [mergeab] [ipc]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export CUDA_DEVICE_MAX_CONNECTIONS=32 PYTHONUNBUFFERED=1 PATH="/usr/local/cuda/bin:$PATH"
+O="${OUT:-$PWD/gpu-out}"; mkdir -p "$O"
+W="$(mktemp -d)/s26"; mkdir -p "$W/build" "$W/share" "$W/host"
+END=$(( $(date +%s) + ${TIDE_GPU_DEADLINE_S:-540} ))
+left() { echo $(( END - $(date +%s) )); }
+parts="${*:-timeline mergeab ipc}"
+want() { case " $parts " in *" $1 "*) return 0;; esac; return 1; }
+t0=$(date +%s)
+cmake -S . -B build/gpu -G Ninja -DTIDE_BUILD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
+  > "$W/build/new.log" 2>&1 && cmake --build build/gpu -j 16 >> "$W/build/new.log" 2>&1 \
+  || { echo "build failed"; tail -20 "$W/build/new.log"; tar czf "$O/session26.tgz" -C "$W" .; exit 1; }
+echo "=== built $(( $(date +%s) - t0 )) s, $(left) s left"
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; git rev-parse HEAD 2>/dev/null; \
+  python3 -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.nccl.version())"; } > "$W/env.txt" 2>&1
+export PYTHONPATH="$PWD/pytorch_glue${PYTHONPATH:+:$PYTHONPATH}" NCCL_TIDE_LIBRARY_PATH="$PWD/build/gpu/libnccl-tide.so"
+run() {  # run NAME LIMIT CMD...: under min(LIMIT, time left) if 20 s are left; log in $W/NAME.log
+  local name=$1 lim=$2 l rc t; shift 2; l=$(left)
+  [ "$l" -lt 20 ] && { echo "=== $name SKIPPED ($l s left)"; return; }
+  [ "$l" -lt "$lim" ] && lim=$l
+  t=$(date +%s); timeout -k 5 "$lim" "$@" > "$W/$name.log" 2>&1; rc=$?
+  echo "=== $name rc $rc $(( $(date +%s) - t )) s, $(left) s left: $(grep -E '[0-9]+ (passed|failed)' "$W/$name.log" | tail -1)"
+}
+S="python3 benchmarks/share.py --out $W/share --ranks 8 --link-gbps 370 --runs 31 --order gemm-after-first --incoming-source device"
+if want timeline; then
+  run share/8b_p4m 100 $S --layouts llama3-8b-layer --tag p4m --sides ag-share,rs-share,rs-share-drain64
+  run share/8b_p1m 80 $S --layouts llama3-8b-layer --tag p1m --piece-bytes 1M --sides ag-share,rs-share
+  run share/8b_c16m 60 $S --layouts llama3-8b-layer --tag c16m --rs-chunk-bytes 16M --sides rs-share
+  run share/70b_p4m 100 $S --layouts llama3-70b-layer --tag p4m --sides ag-share,rs-share
+  grep -hE "^\[timeline\]|^\[share\]|^=== tide-perf" "$W"/share/*.log | cut -c1-260
+fi
+if want mergeab; then
+  i=0
+  for m in 1 0 1 0 1 0; do
+    i=$((i + 1))
+    run "host/host_issue_${i}_merge$m" 30 env NCCL_TIDE_MERGE_FLAG_BATCHES=$m \
+      python3 benchmarks/host_issue.py --route on --only "64 params" --samples 9 --json "$W/host/host_issue_${i}_merge$m.json"
+    grep -E " ag " "$W/host/host_issue_${i}_merge$m.log" | cut -c1-160
+  done
+fi
+if want ipc; then
+  run host/ipc2 150 python3 benchmarks/host_issue_ipc.py --ranks 2 --samples 9 --json "$W/host/ipc2.json"
+  tail -25 "$W/host/ipc2.log" | cut -c1-200
+fi
+tar czf "$O/session26.tgz" -C "$W" .
+echo "=== done, $(left) s left"
