@@ -67,7 +67,10 @@ tideResult_t tideBenchCopy(int count, void* const* dst, const void* const* src, 
  * after its bytes could have crossed the link, the link is never faster than the rate, and it idles while the
  * receiver's stream is elsewhere. Sources may be device memory or pinned host memory (then host-to-device copies).
  * Pieces reach the pacer's thread one by one as they are enqueued, so a transfer of more pieces than the driver
- * queues on one stream does not deadlock. */
+ * queues on one stream does not deadlock. Transfers may be on different streams (at most 63 per pacer; each stream
+ * reports its arrivals in a word of its own): the link still carries them one after the other in the order of the
+ * tideBenchPacedCopy calls, and a transfer whose stream gets there early waits for the link, not for the earlier
+ * transfer's stream. */
 typedef struct tideBenchPacer* tideBenchPacer_t;
 tideResult_t tideBenchPacerCreate(double bytesPerSecond, size_t pieceBytes, tideBenchPacer_t* pacer);
 tideResult_t tideBenchPacedCopy(tideBenchPacer_t pacer, int count, void* const* dst, const void* const* src,

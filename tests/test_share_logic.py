@@ -559,7 +559,7 @@ def test_share_run_end_to_end_with_host_stand_ins(monkeypatch, tmp_path, native,
         monkeypatch.setattr(torch.cuda, name, fn)
 
     out = tmp_path / "share.json"
-    sides = "ag-share,ag-share-unpaced,rs-share,rs-share-unpaced,nccl-like-16,nccl-like-32"
+    sides = "ag-share,ag-share-unpaced,rs-share,rs-share-unpaced,rs-share-serial,nccl-like-16,nccl-like-32"
     rc = share.main(["both", "--ranks", "4", "--layout", "tiny-test-layer", "--runs", "3", "--sides", sides,
                      "--rs-chunk-bytes", "4096", "--order", order, "--incoming-source", source, "-J", str(out)])
     res = json.loads(out.read_text())
@@ -576,11 +576,13 @@ def test_share_run_end_to_end_with_host_stand_ins(monkeypatch, tmp_path, native,
     assert by["ag-share"]["sm"]["sm_weighted_us"] == pytest.approx(5.0 * 4 / 132 / 3)  # one stand-in kernel per 3 units
     assert released and kernels
     # the timeline found every chunk's copies and reduce on their streams, in the order the unit enqueued them
-    rows = by["rs-share"]["timeline"]["rows"]
-    assert len(rows) == res["rs_num_chunks"]
-    for r in rows:
-        assert r["in_copies"] == 3 and r["in_start_us"] < r["in_end_us"] <= r["own_start_us"] < r["red_start_us"]
-    assert rows[-1]["tail_us"] > 0 and [r["chunk"] for r in rows] == list(range(len(rows)))
+    # (rs-share: chunk k's incoming copies on stream k % 2, one per staging buffer; rs-share-serial: one stream)
+    for side in ("rs-share", "rs-share-serial"):
+        rows = by[side]["timeline"]["rows"]
+        assert len(rows) == res["rs_num_chunks"]
+        for r in rows:
+            assert r["in_copies"] == 3 and r["in_start_us"] < r["in_end_us"] <= r["own_start_us"] < r["red_start_us"]
+        assert rows[-1]["tail_us"] > 0 and [r["chunk"] for r in rows] == list(range(len(rows)))
     assert len(by["ag-share"]["timeline"]["rows"]) == 1 and "timeline" not in by["nccl-like-32"]
     assert res["order"] == order and res["incoming_source"] == source
     tag = ", incoming from host" if source == "host" else ""

@@ -2,7 +2,8 @@
 // previous transfer's last piece was released); piece j is released at t0 + (bytes of the transfer's pieces up
 // to and including j) / rate. The release is a plain store into mapped host memory that the stream's
 // cuStreamWaitValue32 (GEQ, cyclic) polls; the arrival is a cuStreamWriteValue32 into the same page that the
-// thread polls. The thread spins (with a pause) only while a transfer is pending; otherwise it sleeps.
+// thread polls, one word per stream (bench_pacer.h, kMaxStreams). The thread spins (with a pause) only while a
+// transfer is pending; otherwise it sleeps.
 #include "bench_pacer.h"
 
 #include <algorithm>
@@ -21,7 +22,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr int kReleased = 0;
-constexpr int kArrived = 16;  // 64 bytes after kReleased
+constexpr int kArrived = 16;  // slot s's arrival word: kArrived + 16 s (64 bytes apart, after kReleased's line)
+constexpr int kArrivedStride = 16;
 
 inline bool reached(uint32_t value, uint32_t target) { return static_cast<int32_t>(value - target) >= 0; }
 
@@ -105,6 +107,14 @@ tideResult_t LinkPacer::pacedCopy(int count, void* const* dst, const void* const
   // One transfer at a time (callers on several threads): the thread's queue must hold the ids in increasing order,
   // since a release is one monotonic word.
   std::lock_guard<std::mutex> transferLock(transferMu_);
+  int slot = 0;
+  while (slot < static_cast<int>(streams_.size()) && streams_[slot] != stream) ++slot;
+  if (slot == static_cast<int>(streams_.size())) {
+    if (slot == kMaxStreams) {
+      return fail(tideInvalidArgument, "Bench", "pacedCopy: a pacer serves at most %d streams", kMaxStreams);
+    }
+    streams_.push_back(stream);
+  }
   // Each piece is handed to the thread as soon as its wait and copy are on the stream, not after the whole
   // transfer: an enqueue can block once the stream holds as many operations as the driver queues for it (a few
   // hundred pieces: a Llama-70B layer's AG share is 354 pieces of 4 MiB), and a stream blocked on a piece that the
@@ -118,9 +128,9 @@ tideResult_t LinkPacer::pacedCopy(int count, void* const* dst, const void* const
     nextId_ += static_cast<uint32_t>(lists.size());
   }
   for (size_t j = 0; j < lists.size(); ++j) {
-    const Piece p{firstId + static_cast<uint32_t>(j), sizes[j], j == 0};
+    const Piece p{firstId + static_cast<uint32_t>(j), sizes[j], j == 0, slot};
     std::vector<FlagOp> ops;
-    if (p.start) ops.push_back({FlagOp::kWrite, dev_ + kArrived, p.id});
+    if (p.start) ops.push_back({FlagOp::kWrite, dev_ + kArrived + kArrivedStride * slot, p.id});
     ops.push_back({FlagOp::kWait, dev_ + kReleased, p.id});
     tideResult_t r = enqueueFlagOps(stream, ops);
     if (r == tideSuccess) r = lists[j].enqueue(stream, device);
@@ -152,7 +162,7 @@ void LinkPacer::run() {
     bool stopping = false;
     if (p.start) {
       // Wait for the stream to reach the transfer (spin: the arrival is a microsecond-scale event).
-      while (!reached(__atomic_load_n(host_ + kArrived, __ATOMIC_ACQUIRE), p.id)) {
+      while (!reached(__atomic_load_n(host_ + kArrived + kArrivedStride * p.slot, __ATOMIC_ACQUIRE), p.id)) {
         cpuPause();
         if (__atomic_load_n(&stop_, __ATOMIC_RELAXED)) {
           stopping = true;

@@ -14,6 +14,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "tide.h"
 
@@ -41,16 +42,22 @@ class LinkPacer {
     uint32_t id;
     uint64_t bytes;
     bool start;  // first piece of a transfer
+    int slot;    // the stream's arrival word
   };
+  // Arrival words: one per stream, each on a 64-byte line of its own after the release word's, in the 4 KiB page.
+  // One shared word would go backwards when a later transfer's stream reported before an earlier one's, and the
+  // thread, waiting for the earlier id, would then miss the later transfer's arrival.
+  static constexpr int kMaxStreams = 63;
   void run();
   void releaseUpTo(uint32_t id);  // raises the release word to id (cyclic order), never lowers it
 
   const double rate_;
   const size_t piece_;
-  uint32_t* host_ = nullptr;  // [0] released (host writes), [16] arrived (the stream writes): separate lines
+  uint32_t* host_ = nullptr;  // [0] released (host writes), [16 + 16 slot] arrived (stream slot writes): separate lines
   uint32_t* dev_ = nullptr;   // the same words as device pointers
   std::thread thread_;
   std::mutex transferMu_;  // held by pacedCopy for a whole transfer
+  std::vector<cudaStream_t> streams_;  // slot of each stream that has paced a transfer (under transferMu_)
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Piece> queue_;

@@ -20,8 +20,14 @@ def test_share_mode_runs_and_checks(torch_cuda, tmp_path):
     assert rc == 0
     by = {d["side"]: d for d in res["sides"]}
     assert set(by) == set(share.SIDES)
-    for name in ("ag-share", "ag-share-unpaced", "rs-share", "rs-share-unpaced", "nccl-like-16", "nccl-like-32"):
+    for name in ("ag-share", "ag-share-unpaced", "rs-share", "rs-share-unpaced", "rs-share-serial", "nccl-like-16",
+                 "nccl-like-32"):
         assert by[name]["check"]["ok"], (name, by[name]["check"])
+    # The timeline mapped every chunk's copies and reduce launches (share._timeline: bytes and launch counts add up)
+    for name in ("rs-share", "rs-share-serial"):
+        tl = by[name]["timeline"]
+        assert "error" not in tl and len(tl["rows"]) == res["rs_num_chunks"] >= 2, (name, tl)
+        assert all(r["in_start_us"] < r["in_end_us"] <= r["red_end_us"] for r in tl["rows"]), (name, tl)
     for name, d in by.items():
         assert d["slowdown"] > 0.8 and d["covered_runs"] >= 1, (name, d)
     # Pacing: never faster than the link; the unpaced share is faster than the paced one.
@@ -78,5 +84,45 @@ def test_pacer_transfer_of_more_pieces_than_the_stream_queues(torch_cuda, cuda_l
     import sys
 
     r = subprocess.run([sys.executable, "-c", _MANY_PIECES], capture_output=True, text=True, timeout=90,
+                       env=dict(os.environ))
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), (r.stdout[-2000:], r.stderr[-2000:])
+
+
+_TWO_STREAMS = r"""
+import sys, time, torch
+from nccl_tide import _bench as B
+from nccl_tide.cuda import new_streams
+(a, b), _ = new_streams(2, 0)
+n = 32 << 20
+src = torch.randint(0, 255, (2, n), dtype=torch.uint8, device="cuda")
+dst = torch.zeros_like(src)
+rate = 10.0  # GB/s: each transfer 3.4 ms on the link, 32 pieces of 1 MiB
+p = B.Pacer(rate, 1 << 20)
+torch.cuda.synchronize()
+with torch.cuda.stream(a):
+    torch.cuda._sleep(1_000_000)  # stream a reaches its transfer about 0.5 ms after stream b reaches its own
+p.paced_copy([(dst[0].data_ptr(), src[0].data_ptr(), n)], a.cuda_stream)  # the link's first transfer
+p.paced_copy([(dst[1].data_ptr(), src[1].data_ptr(), n)], b.cuda_stream)  # second: waits for the link, not for a
+t0 = time.perf_counter()
+torch.cuda.synchronize()
+dt = time.perf_counter() - t0
+st = p.stats()
+p.close()
+ok = torch.equal(dst, src) and st["pieces_released"] == st["pieces_enqueued"] == 64 and st["transfers"] == 2
+print("OK" if ok and 2 * n / (rate * 1e9) <= dt < 10 else f"WRONG {st} {dt:.4f} s")
+"""
+
+
+def test_pacer_transfers_on_two_streams_arriving_out_of_order(torch_cuda, cuda_lib):
+    """The RS share paces each staging buffer's chunks on a stream of its own (session 26). Here the later transfer's
+    stream reports its arrival first and the earlier one's while the thread still releases the earlier transfer:
+    with one shared arrival word (before session 26) the earlier report overwrote the later one, and the thread,
+    then waiting for the later transfer, never saw it arrive (a hang). Both transfers still take the link's time.
+    In a child process, so that a regression fails instead of hanging."""
+    import os
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _TWO_STREAMS], capture_output=True, text=True, timeout=90,
                        env=dict(os.environ))
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), (r.stdout[-2000:], r.stderr[-2000:])

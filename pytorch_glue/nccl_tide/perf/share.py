@@ -52,9 +52,9 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-SIDES = ("ag-share", "ag-share-unpaced", "rs-share", "rs-share-unpaced", "nccl-like-16", "nccl-like-32",
-         "ag-loopback", "rs-loopback")
-DEFAULT_SIDES = SIDES
+SIDES = ("ag-share", "ag-share-unpaced", "rs-share", "rs-share-unpaced", "rs-share-serial", "nccl-like-16",
+         "nccl-like-32", "ag-loopback", "rs-loopback")
+DEFAULT_SIDES = tuple(s for s in SIDES if s != "rs-share-serial")
 MIN_RUNS = 31  # DESIGN.md section 9 / issue 16: median and IQR over at least 31 runs
 GEMM_MKN = (1024, 4096, 16384)
 ORDERS = ("gemm-after-first", "side-first")  # Harness.beside: where the GEMM is enqueued (DESIGN.md section 9)
@@ -485,16 +485,24 @@ class AgShare(Side):
 
 class RsShare(Side):
     """drain_ctas > 0: the last reduce (the drain) on that many CTAs instead of the rule's cap (the `rs-share-drainN`
-    sides: what a different drain cap in the library would do, measured beside the rule in the same run)."""
+    sides: what a different drain cap in the library would do, measured beside the rule in the same run).
+
+    Incoming streams: one per staging buffer (session 26), so that chunk k+1's pieces reach the pacer as soon as
+    their buffer is free, as the peers' pushes of chunk k+1 follow their pushes of chunk k on a node. serial=True
+    (the `rs-share-serial` side, sessions 15-25's harness) puts every chunk on one stream: the pacer then learns of
+    chunk k+1 only after chunk k's last copy has run and its arrival write has reached the host, and releases the
+    first piece a piece's link time after that, so the link idled about 19 us at every chunk boundary (the timeline
+    of run 26.2: 70B, 12 boundaries), which no node does."""
 
     def __init__(self, g: _Gpu, lay, world, pacer, seed, shapes, max_ctas=0, cta_bytes=0, drain_ctas=0,
-                 source="device"):
+                 source="device", serial=False):
         from .. import _bench as B
 
         t = g.torch
         self.B, self.g, self.pacer, self.lay, self.world, self.source = B, g, pacer, lay, world, source
         drain = f", drain {drain_ctas} CTAs" if drain_ctas else ""
-        self.name = "TIDE-RS share" + ("" if pacer else " (unpaced)") + drain + source_tag(source)
+        self.name = ("TIDE-RS share" + ("" if pacer else " (unpaced)") + drain + (", one incoming stream" if serial else "")
+                     + source_tag(source))
         self.tide = True
         M = lay.rs_out_numel
         self.grads = [g.rand(math.prod(s), t.bfloat16, seed + 100 + i) for i, s in enumerate(shapes)]
@@ -523,6 +531,9 @@ class RsShare(Side):
         self.shapes = [B.reduce_shape(a) for a in self.args]
         self.s_in, self.s_own, self.s_red = g.stream(), g.stream(), g.stream()
         self.streams = [self.s_in, self.s_own, self.s_red]
+        # incoming stream of chunk k: s_ins[k % len(s_ins)] (one per staging buffer unless serial)
+        self.s_ins = [self.s_in] + ([g.stream() for _ in range(nb - 1)] if not serial else [])
+        self.streams += self.s_ins[1:]
         ev = t.cuda.Event
         self.in_done = [ev() for _ in self.plans]
         self.own_done = [ev() for _ in self.plans]
@@ -534,25 +545,26 @@ class RsShare(Side):
         self.floor_s = self.incoming_bytes / (pacer.gbps * 1e9) if pacer else None
 
     def unit(self):
-        self.s_own.wait_stream(self.s_in)
-        self.s_red.wait_stream(self.s_in)
+        for s in self.streams[1:]:
+            s.wait_stream(self.s_in)
         for k, (own, incoming, _) in enumerate(self.plans):
+            s_in = self.s_ins[k % len(self.s_ins)]
             if k >= self.nb:  # the buffer's previous chunk must be reduced first
-                self.s_in.wait_event(self.red_done[k - self.nb])
+                s_in.wait_event(self.red_done[k - self.nb])
                 self.s_own.wait_event(self.red_done[k - self.nb])
-            if self.pacer:
-                self.pacer.paced_copy(incoming, self.s_in.cuda_stream)
+            if self.pacer:  # the pacer releases the transfers' pieces in the order they are enqueued here
+                self.pacer.paced_copy(incoming, s_in.cuda_stream)
             else:
-                self.B.copy(incoming, self.s_in.cuda_stream)
-            self.in_done[k].record(self.s_in)
+                self.B.copy(incoming, s_in.cuda_stream)
+            self.in_done[k].record(s_in)
             self.B.copy(own, self.s_own.cuda_stream)
             self.own_done[k].record(self.s_own)
             self.s_red.wait_event(self.in_done[k])
             self.s_red.wait_event(self.own_done[k])
             self.B.reduce(self.args[k], self.s_red.cuda_stream)
             self.red_done[k].record(self.s_red)
-        self.s_in.wait_stream(self.s_own)
-        self.s_in.wait_stream(self.s_red)
+        for s in self.streams[1:]:
+            self.s_in.wait_stream(s)
 
     def check(self):
         t = self.g.torch
@@ -703,40 +715,52 @@ def _profile(g: _Gpu, fn, iters=3):
     return kernels, mem
 
 
-def _timeline(g: _Gpu, side) -> Optional[dict]:
+def _timeline(g: _Gpu, side, host_ms: float) -> Optional[dict]:
     """Where one unit's time goes (issue 16's 8B RS gap): per chunk, when its incoming copies ran, its own copies,
-    its reduce; the link's idle time between chunks and the tail after the last incoming byte. One unit, profiled
-    after the side's warm-up. None for sides without chunks (NCCL-like, loopback)."""
+    its reduce; the link's idle time between chunks and the tail after the last incoming byte. One unit after the
+    side's warm-up, enqueued behind a sleep as unit_time's are (without it the host's enqueueing, slowed by the
+    profiler, paces the unit). None for sides without chunks (NCCL-like, loopback)."""
     if not isinstance(side, (AgShare, RsShare)):
         return None
-    ev = _trace(g, side.unit, iters=1)
+
+    def gated():
+        g.sleep_ms(1.0 + 1.5 * host_ms, side.streams[0])
+        side.unit()
+
+    ev = [e for e in _trace(g, gated, iters=1) if "sleep" not in e["name"].lower()]
     if not ev:
         return {"error": "no CUDA events in the trace"}
     t0 = min(e["ts"] for e in ev)
     end = max(e["ts"] + e["dur"] for e in ev) - t0
-    by_stream: Dict[object, List[dict]] = {}
+    copies: Dict[object, List[Tuple[float, float, int]]] = {}
     for e in ev:
-        by_stream.setdefault(e["stream"], []).append(e)
+        if e["cat"] == "gpu_memcpy":
+            copies.setdefault(e["stream"], []).append((e["ts"] - t0, e["ts"] - t0 + e["dur"], e["bytes"]))
+    used: set = set()
 
-    def copies_of(total):  # the stream whose copies carry exactly `total` bytes
-        for es in by_stream.values():
-            cs = [e for e in es if e["cat"] == "gpu_memcpy"]
-            if cs and sum(e["bytes"] for e in cs) == total:
-                return sorted(((e["ts"] - t0, e["ts"] - t0 + e["dur"], e["bytes"]) for e in cs))
+    def stream_of(total):  # the unused stream whose copies carry exactly `total` bytes (ties: the earliest first)
+        for key in sorted(copies, key=lambda k: min(c[0] for c in copies[k])):
+            if key not in used and sum(c[2] for c in copies[key]) == total:
+                used.add(key)
+                return sorted(copies[key])
         raise ValueError(f"no stream's copies carry {total} bytes (does the trace give copy sizes?)")
 
     try:
         if isinstance(side, AgShare):
-            inc = chunk_spans(copies_of(side.incoming_bytes), [side.incoming_bytes])
-            own = chunk_spans(copies_of(sum(c[2] for c in side.own)), [sum(c[2] for c in side.own)])
+            inc = chunk_spans(stream_of(side.incoming_bytes), [side.incoming_bytes])
+            own = chunk_spans(stream_of(sum(c[2] for c in side.own)), [sum(c[2] for c in side.own)])
             red = []
         else:
             in_b = [sum(c[2] for c in incoming) for _, incoming, _ in side.plans]
+            n_in = len(side.s_ins)
+            inc = [None] * len(in_b)
+            for i in range(n_in):  # incoming stream i carries chunks i, i + n_in, ...
+                ks = list(range(i, len(in_b), n_in))
+                for k, sp in zip(ks, chunk_spans(stream_of(sum(in_b[k] for k in ks)), [in_b[k] for k in ks])):
+                    inc[k] = sp
             own_b = [sum(c[2] for c in own) for own, _, _ in side.plans]
-            inc = chunk_spans(copies_of(sum(in_b)), in_b)
-            own = chunk_spans(copies_of(sum(own_b)), own_b)
-            ks = sorted((e["ts"] - t0, e["ts"] - t0 + e["dur"], e["ctas"]) for e in ev
-                        if e["cat"] == "kernel" and "sleep" not in e["name"].lower())
+            own = chunk_spans(stream_of(sum(own_b)), own_b)
+            ks = sorted((e["ts"] - t0, e["ts"] - t0 + e["dur"], e["ctas"]) for e in ev if e["cat"] == "kernel")
             red = launch_spans(ks, [sh["launches"] for sh in side.shapes])
     except ValueError as e:
         return {"error": str(e), "unit_us": end}
@@ -908,6 +932,8 @@ def _make_side(name, g, a, lay, shapes, numels, rows, pacer):
         return AgShare(g, lay, W, None, a.seed, src)
     if name == "rs-share":
         return RsShare(g, lay, W, pacer, a.seed, shapes, a.reduce_max_ctas, a.reduce_cta_bytes, source=src)
+    if name == "rs-share-serial":
+        return RsShare(g, lay, W, pacer, a.seed, shapes, a.reduce_max_ctas, a.reduce_cta_bytes, source=src, serial=True)
     if name == "rs-share-unpaced":
         return RsShare(g, lay, W, None, a.seed, shapes, a.reduce_max_ctas, a.reduce_cta_bytes, source=src)
     if name.startswith("rs-share-drain"):
@@ -984,7 +1010,7 @@ def run(a) -> dict:
                     d["reduce_shape"] = side.shapes[0]
                     d["reduce_shapes"] = side.shapes
                 if a.timeline:
-                    tl = _timeline(g, side)
+                    tl = _timeline(g, side, host_ms)
                     if tl is not None:
                         d["timeline"] = tl
                         print("\n".join(tl.get("lines") or [f"[timeline] {side.name}: {tl.get('error')}"]), flush=True)
