@@ -7,14 +7,19 @@
 #   mergeab:  host_issue's 64-parameter rows with NCCL_TIDE_MERGE_FLAG_BATCHES 1, 0, 1, 0, 1, 0 (the AG replay column;
 #             run 26.1's 1, 0, 0, 1 was mixed at W = 8).
 #   ipc:      benchmarks/host_issue_ipc.py --ranks 2 (one process per rank; its only figures predate the signal kernels).
+#   tests:    (second call) the graph test files with the merge's new default (1), then test_share_gpu (the pacer's
+#             per-stream arrival words, the timeline's mapping, the new rs-share-serial side).
+#   streams:  (second call) the RS share with one incoming stream per staging buffer (rs-share) against the one-stream
+#             harness (rs-share-serial) in the same run, 8B and 70B; then the 8B rs-share with the reduce rule told
+#             NCCL_TIDE_LINK_GBPS=470 (more CTAs per paced chunk; the pacer stays at 370).
 # Everything is archived as $OUT/session26.tgz. TIDE_GPU_DEADLINE_S: default 540.
-# Usage: bash ci/gpu_session26.sh [timeline] [mergeab] [ipc]
+# Usage: bash ci/gpu_session26.sh [timeline] [mergeab] [ipc] [tests] [streams]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export CUDA_DEVICE_MAX_CONNECTIONS=32 PYTHONUNBUFFERED=1 PATH="/usr/local/cuda/bin:$PATH"
 O="${OUT:-$PWD/gpu-out}"; mkdir -p "$O"
-W="$(mktemp -d)/s26"; mkdir -p "$W/build" "$W/share" "$W/host"
+W="$(mktemp -d)/s26"; mkdir -p "$W/build" "$W/share" "$W/host" "$W/tests"
 END=$(( $(date +%s) + ${TIDE_GPU_DEADLINE_S:-540} ))
 left() { echo $(( END - $(date +%s) )); }
 parts="${*:-timeline mergeab ipc}"
@@ -41,6 +46,19 @@ if want timeline; then
   run share/8b_c16m 60 $S --layouts llama3-8b-layer --tag c16m --rs-chunk-bytes 16M --sides rs-share
   run share/70b_p4m 100 $S --layouts llama3-70b-layer --tag p4m --sides ag-share,rs-share
   grep -hE "^\[timeline\]|^\[share\]|^=== tide-perf" "$W"/share/*.log | cut -c1-260
+fi
+if want tests; then
+  for f in test_eager_graphs:120 test_graph_capture:40 test_graph_capture_multiprocess:60 test_cuda_collectives:40 \
+           test_share_gpu:150; do
+    run "tests/${f%%:*}" "${f##*:}" python3 -m pytest -q -rs -x -p no:cacheprovider \
+      -o faulthandler_timeout=$(( ${f##*:} - 5 )) "tests/gpu/${f%%:*}.py"
+  done
+fi
+if want streams; then
+  run share/8b_streams 110 $S --layouts llama3-8b-layer --tag streams --sides ag-share,rs-share,rs-share-serial
+  run share/70b_streams 110 $S --layouts llama3-70b-layer --tag streams --sides rs-share,rs-share-serial
+  run share/8b_link470 60 env NCCL_TIDE_LINK_GBPS=470 $S --layouts llama3-8b-layer --tag link470 --sides rs-share
+  grep -hE "^\[timeline\]|^\[share\]|^=== tide-perf|^#  " "$W"/share/*.log | cut -c1-230
 fi
 if want mergeab; then
   i=0

@@ -103,10 +103,11 @@ const Def kDefs[kNumParams] = {
      "the host about 0.8 us each, a kernel node a few hundredths); 0 keeps memop nodes. Waits are memops either way; "
      "all-gathers never launch it.",
      0, 1, nullptr, "0 or 1"},
-    {"NCCL_TIDE_MERGE_FLAG_BATCHES", Type::kBool, "bool", "0",
-     "1: in a CUDA graph of a TIDE collective (a capture, the eager graph route), flag batches that follow each "
-     "other on one stream with nothing between them are captured as one memop node (its operations run in order, "
-     "as the batches did); 0 (the default until it has run on a GPU) keeps one node per batch.",
+    {"NCCL_TIDE_MERGE_FLAG_BATCHES", Type::kBool, "bool", "1",
+     "1 (the default since session 26): in a CUDA graph of a TIDE collective (a capture, the eager graph route), "
+     "flag batches that follow each other on one stream with nothing between them are captured as one memop node "
+     "(its operations run in order, as the batches did; a captured all-gather holds 2 memop nodes per rank instead "
+     "of 4); 0 keeps one node per batch.",
      0, 1, nullptr, "0 or 1"},
 };
 
