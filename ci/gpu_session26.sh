@@ -12,8 +12,11 @@
 #   streams:  (second call) the RS share with one incoming stream per staging buffer (rs-share) against the one-stream
 #             harness (rs-share-serial) in the same run, 8B and 70B; then the 8B rs-share with the reduce rule told
 #             NCCL_TIDE_LINK_GBPS=470 (more CTAs per paced chunk; the pacer stays at 370).
+#   share:    (third call) test_share_gpu; then one rank's share with timelines (the gate kernel now skipped), 8B
+#             and 70B, rs-share and rs-share-serial, then the reduce rule at its CTA rate (94 GB/s) and as if 70
+#             (NCCL_TIDE_LINK_GBPS=500: 10 CTAs per paced full chunk instead of 8), alternated: base, 500, 500, base.
 # Everything is archived as $OUT/session26.tgz. TIDE_GPU_DEADLINE_S: default 540.
-# Usage: bash ci/gpu_session26.sh [timeline] [mergeab] [ipc] [tests] [streams]
+# Usage: bash ci/gpu_session26.sh [timeline] [mergeab] [ipc] [tests] [streams] [share]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -59,6 +62,19 @@ if want streams; then
   run share/70b_streams 110 $S --layouts llama3-70b-layer --tag streams --sides rs-share,rs-share-serial
   run share/8b_link470 60 env NCCL_TIDE_LINK_GBPS=470 $S --layouts llama3-8b-layer --tag link470 --sides rs-share
   grep -hE "^\[timeline\]|^\[share\]|^=== tide-perf|^#  " "$W"/share/*.log | cut -c1-230
+fi
+if want share; then
+  run tests/test_share_gpu 150 python3 -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout=145 \
+    tests/gpu/test_share_gpu.py
+  for L in llama3-8b-layer llama3-70b-layer; do
+    run "share/${L}_streams" 60 $S --layouts $L --tag streams --sides rs-share,rs-share-serial,nccl-like-32
+    i=0
+    for g in 500 370 500 370; do  # the streams run above was the first "base"
+      i=$((i + 1))
+      run "share/${L}_rule_${i}_$g" 40 env NCCL_TIDE_LINK_GBPS=$g $S --layouts $L --tag "rule_${i}_$g" --sides rs-share
+    done
+  done
+  grep -hE "^\[timeline\]|^\[share\]|^=== tide-perf" "$W"/share/*.log | cut -c1-200
 fi
 if want mergeab; then
   i=0

@@ -58,6 +58,11 @@ def test_chunk_spans_assign_copies_by_bytes():
         share.chunk_spans(ev, [200, 99])
 
 
+def test_gate_kernel_names():
+    assert share.is_gate_kernel("void at::cuda::(anonymous namespace)::spin_kernel(long)")
+    assert share.is_gate_kernel("sleep_kernel") and not share.is_gate_kernel("reduceVecKernel<Bf16, float>")
+
+
 def test_launch_spans_and_rows():
     ks = [(10.0, 20.0, 8), (21.0, 30.0, 8), (40.0, 45.0, 32)]
     red = share.launch_spans(ks, [2, 1])
@@ -497,8 +502,10 @@ def test_share_run_end_to_end_with_host_stand_ins(monkeypatch, tmp_path, native,
         def stream(self):
             return _FakeStream()
 
-        def sleep_ms(self, ms, stream=None):
-            pass
+        def sleep_ms(self, ms, stream=None):  # as torch.cuda._sleep: ATen's spin kernel, which the timeline skips
+            trace.append({"cat": "kernel", "name": "void at::cuda::(anonymous namespace)::spin_kernel(long)",
+                          "ts": float(len(trace)), "dur": 1.0, "stream": getattr(stream, "cuda_stream", 0), "bytes": 0,
+                          "ctas": 1, "args": {}})
 
         def images(self, n, seed, source):
             return self.rand(n, torch.bfloat16, seed)  # no pinned memory without CUDA; the plans are the same

@@ -202,6 +202,12 @@ def rs_chunk_plan(params, world: int, chunk: int, out_numel: int, grad_ptrs: Seq
     return plans, nb
 
 
+def is_gate_kernel(name: str) -> bool:
+    """torch.cuda._sleep's kernel (ATen's spin_kernel), which gates units behind the host's enqueueing."""
+    n = name.lower()
+    return "sleep" in n or "spin_kernel" in n
+
+
 def chunk_spans(events: Sequence[Tuple[float, float, int]], chunk_bytes: Sequence[int]) -> List[Tuple[float, float, int]]:
     """(first start, last end, events) per chunk of one stream's copies. events: (start_us, end_us, bytes) in start
     order; chunk_bytes: the bytes each chunk puts on that stream, in order. A copy belongs to the chunk in which its
@@ -727,7 +733,7 @@ def _timeline(g: _Gpu, side, host_ms: float) -> Optional[dict]:
         g.sleep_ms(1.0 + 1.5 * host_ms, side.streams[0])
         side.unit()
 
-    ev = [e for e in _trace(g, gated, iters=1) if "sleep" not in e["name"].lower()]
+    ev = [e for e in _trace(g, gated, iters=1) if not is_gate_kernel(e["name"])]
     if not ev:
         return {"error": "no CUDA events in the trace"}
     t0 = min(e["ts"] for e in ev)
