@@ -287,7 +287,7 @@ def _cuda_built(B):
         raise
 
 
-def _rule_ctas(n_src, in_size, out_size, prev, link_gbps=370.0, sms=132, cta_gbps=94.0, max_paced=32, headroom=1.25):
+def _rule_ctas(n_src, in_size, out_size, prev, link_gbps=370.0, sms=132, cta_gbps=66.0, max_paced=32, headroom=1.2):
     """reduce_kernel.h's CTA cap, restated: paced to the link (with headroom) when anything arrives, else the whole
     GPU."""
     per, incoming = n_src * in_size + out_size + (4 if prev else 0), (n_src - 1) * in_size + (4 if prev else 0)
@@ -306,22 +306,22 @@ def test_reduce_shape_rule(native):
     sh = B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096))
     traffic = n * (2 * W + 4)
     assert sh["bytes"] == traffic and sh["vector"] and sh["threads"] == 512
-    # 8 bf16 inputs -> fp32 at 370 GB/s: 529 GB/s of reduce traffic, x 1.25 headroom = 661 GB/s, 8 CTAs of
-    # kReduceCtaGBps = 94 GB/s (session 17's per-CTA figure at 8 CTAs; 10 CTAs with session 15's 70).
-    assert sh["ctas"] == _rule_ctas(W, 2, 4, False) == 8
+    # 8 bf16 inputs -> fp32 at 370 GB/s: 529 GB/s of reduce traffic, x 1.2 headroom = 634 GB/s, 10 CTAs of
+    # kReduceCtaGBps = 66 GB/s (session 26: a CTA's rate beside the arrivals; 8 CTAs with session 17's 94 alone).
+    assert sh["ctas"] == _rule_ctas(W, 2, 4, False) == 10
     units, per_cta = n // 8, (8 << 20) // (8 * 20)  # 8-element vectors; whole vectors in about 8 MiB
-    assert sh["launches"] == math.ceil(math.ceil(units / per_cta) / 8) == 3  # 21 CTAs of <= 8 MiB, 8 at a time
+    assert sh["launches"] == math.ceil(math.ceil(units / per_cta) / 10) == 3  # 21 CTAs of <= 8 MiB, 10 at a time
     # Huge: the launches per chunk are capped at 16 (CTAs then move more than 8 MiB each).
     sh = B.reduce_shape(B.reduce_args(256, (64 << 20) * 2, W, 64 << 20, 4096))
-    assert (sh["ctas"], sh["launches"]) == (8, 16)
+    assert (sh["ctas"], sh["launches"]) == (10, 16)
     # A small chunk: one CTA, one launch.
     sh = B.reduce_shape(B.reduce_args(256, 4096 * 2, W, 4096, 4096))
     assert (sh["ctas"], sh["launches"]) == (1, 1)
-    # Medium (20 MB of traffic, under 8 CTAs x 8 MiB): the paced grid all the same, in one launch; ceil(T / 8 MiB)
+    # Medium (20 MB of traffic, under 10 CTAs x 8 MiB): the paced grid all the same, in one launch; ceil(T / 8 MiB)
     # = 3 CTAs would fall behind the arrivals (session 24's rule did that).
     n = 1_000_000
     sh = B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096))
-    assert (sh["ctas"], sh["launches"]) == (8, 1)
+    assert (sh["ctas"], sh["launches"]) == (10, 1)
     # Small (4 MB): one CTA per MiB (kReduceCtaMinBytes), under the paced cap.
     n = 200_000
     sh = B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096))
@@ -334,8 +334,8 @@ def test_reduce_shape_rule(native):
     # Two inputs: more reduce traffic per incoming byte (fp32 output), so more CTAs; a running sum (prev) arrives too
     # (a chunk large enough for 20 CTAs of 8 MiB).
     n = 32 << 20
-    assert B.reduce_shape(B.reduce_args(256, n * 2, 2, n, 4096))["ctas"] == _rule_ctas(2, 2, 4, False) == 20
-    assert B.reduce_shape(B.reduce_args(256, n * 2, 2, n, 4096, prev=8192))["ctas"] == _rule_ctas(2, 2, 4, True) == 10
+    assert B.reduce_shape(B.reduce_args(256, n * 2, 2, n, 4096))["ctas"] == _rule_ctas(2, 2, 4, False) == 27
+    assert B.reduce_shape(B.reduce_args(256, n * 2, 2, n, 4096, prev=8192))["ctas"] == _rule_ctas(2, 2, 4, True) == 14
     # One input, no running sum (world size 1): nothing arrives, nothing paces it: the whole GPU (a chunk of 1.5 GiB
     # of traffic: 192 CTAs of 8 MiB).
     n = 256 << 20
@@ -364,10 +364,10 @@ def test_reduce_shape_deadline_and_drain(native):
     W, n = 8, 32 << 20  # 640 MiB of traffic: 80 CTAs of 8 MiB, so the pace, not the chunk, bounds the grid
     own_incoming = n * 2 * (W - 1)
     base = B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096))["ctas"]
-    assert B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=own_incoming))["ctas"] == base == 8
-    # A next chunk of a third of the size arrives three times sooner: three times the rate, 22 CTAs.
+    assert B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=own_incoming))["ctas"] == base == 10
+    # A next chunk of a third of the size arrives three times sooner: three times the rate, 29 CTAs.
     short = B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=own_incoming // 3))["ctas"]
-    assert short == math.ceil(1.25 * 370 * n * 20 / (own_incoming // 3) / 94) == 22
+    assert short == math.ceil(1.2 * 370 * n * 20 / (own_incoming // 3) / 66) == 29
     # Tiny next chunk: capped at the paced maximum; nothing after it: the drain, the same cap.
     assert B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=4096))["ctas"] == min(32, _sm_count())
     assert B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=0))["ctas"] == min(32, _sm_count())
@@ -377,7 +377,7 @@ def test_reduce_shape_deadline_and_drain(native):
     sh = B.reduce_shape(B.reduce_args(256, m * 2, W, m, 4096, following_bytes=0))
     assert (sh["ctas"], sh["launches"]) == (min(32, _sm_count()), 1)
     # A larger next chunk leaves more time: fewer CTAs.
-    assert B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=own_incoming * 4))["ctas"] == 2
+    assert B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=own_incoming * 4))["ctas"] == 3
     # A world of one rank stays unpaced whatever follows (a chunk of more than one CTA of 8 MiB per SM).
     big = 256 << 20
     for following in (0, 4096, big * 8):
@@ -400,7 +400,7 @@ def _sm_count():
 
 
 def test_reduce_shape_follows_nccl_tide_link_gbps(native):
-    """NCCL_TIDE_LINK_GBPS sets the pace: twice the rate, about twice the CTAs (8 -> 15); an invalid value is
+    """NCCL_TIDE_LINK_GBPS sets the pace: twice the rate, about twice the CTAs (10 -> 20); an invalid value is
     refused by name."""
     import subprocess
     import sys
@@ -418,7 +418,7 @@ def test_reduce_shape_follows_nccl_tide_link_gbps(native):
         env["NCCL_TIDE_LINK_GBPS"] = v
         got[v] = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                                 timeout=120).stdout.strip()
-    assert got["740"] == str(_rule_ctas(8, 2, 4, False, link_gbps=740)) == "15"
+    assert got["740"] == str(_rule_ctas(8, 2, 4, False, link_gbps=740)) == "20"
     assert got["20"] == "1"
     assert got["fast"].startswith("ERR") and "NCCL_TIDE_LINK_GBPS" in got["fast"], got["fast"]
 

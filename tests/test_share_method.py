@@ -176,13 +176,17 @@ def test_incoming_source_accounting_and_validation():
 
 
 def test_reduce_rate_constant_matches_the_recorded_figures():
-    """kReduceCtaGBps is the per-CTA rate of the reduce at the grid size its own rule picks (8 CTAs for 8 bf16
-    inputs at 370 GB/s): session 17 run 4 measured 94.2 GB/s per CTA at 8 CTAs (benchmarks/RESULTS.md)."""
+    """kReduceCtaGBps is the per-CTA rate of the reduce beside the arrivals it keeps pace with, at the grid size its
+    own rule picks (10 CTAs for 8 bf16 inputs at 370 GB/s): session 26 run 26.4's share timelines (H100) measured
+    64.5-67.0 GB/s per CTA at 10 CTAs and 66.7-68.5 at 8 (benchmarks/RESULTS.md session 26)."""
     text = (REPO / "plugin/cuda/reduce_kernel.h").read_text()
     rate = float(re.search(r"constexpr double kReduceCtaGBps = ([0-9.]+);", text).group(1))
     headroom = float(re.search(r"constexpr double kReducePaceHeadroom = ([0-9.]+);", text).group(1))
-    per_cta_at = {1: 102.4, 4: 98.8, 8: 94.2, 16: 88.9, 32: 78.7}  # GB/s per CTA, RESULTS.md session 17 run 4
-    ctas = math.ceil(headroom * 370 * 20 / 14 / rate)
-    assert ctas == 8
-    assert rate <= per_cta_at[ctas]  # the grid it picks really sustains the rate it assumed
-    assert ctas * per_cta_at[ctas] >= headroom * 370 * 20 / 14  # and keeps pace with the arrivals, headroom included
+    per_cta_at = {8: (66.7, 68.5), 10: (64.5, 67.0)}  # GB/s per CTA beside the arrivals, min and max over the runs
+    arrivals = 370 * 20 / 14  # reduce traffic that keeps pace with 370 GB/s of incoming bf16 (8 inputs, fp32 out)
+    ctas = math.ceil(headroom * arrivals / rate)
+    assert ctas == 10
+    lo, hi = per_cta_at[ctas]
+    assert lo <= rate <= hi + 1  # the constant is what the grid it picks sustained
+    assert ctas * lo >= 1.2 * arrivals  # and that grid kept pace with a fifth to spare even at its slowest run
+    assert 8 * per_cta_at[8][0] < 1.05 * arrivals  # where 8 CTAs (the rule before) had almost none

@@ -76,18 +76,22 @@ struct ReducePace {
 // about kReduceCtaMinBytes to about ctaBytes (more only for chunks above maxCtas * kReduceMaxLaunches * ctaBytes of
 // traffic) and exits. An explicit
 // maxCtas > 0 replaces the paced/unpaced choice (benchmarks, tests). Example: W = 8 bf16 inputs -> fp32 at 370
-// GB/s: T/I = 20/14, 529 GB/s to keep pace, 661 GB/s with the headroom, 8 CTAs. Bit-exactness does not depend on
+// GB/s: T/I = 20/14, 529 GB/s to keep pace, 634 GB/s with the headroom, 10 CTAs. Bit-exactness does not depend on
 // the shape: each element is folded by one thread in the fixed order.
-// One 512-thread CTA of the kernel (op and few/many sources compiled, 0ecdb54), bf16 x 8 -> fp32 on an H200,
-// session 17 run 4 (benchmarks/RESULTS.md, sm_bandwidth): 102.4 GB/s at 1 CTA, 98.8 at 4, 94.2 at 8, 88.9 at 16,
-// 78.7 at 32. The rule's paced grids are 8 CTAs for 8 inputs at 370 GB/s (7-10 for W = 4..8), so the rate is the
-// 8-CTA figure, rounded down: 8 x 94.2 = 754 GB/s against the 661 asked. Larger grids (a short next chunk, up to
-// the cap of 32) get up to 16% less per CTA than assumed, inside the 1.25 headroom. (Session 15's kernel: 70.)
-constexpr double kReduceCtaGBps = 94.0;
+// The rate one 512-thread CTA of the kernel sustains beside the arrivals it keeps pace with: in one rank's share
+// (benchmarks/share.py, whose timeline times every chunk's reduce) on an H100, session 26 run 26.4, bf16 x 8 -> fp32,
+// full 32 MiB-output chunks in 3 launches: 66.7-68.5 GB/s per CTA at 8 CTAs, 64.5-67.0 at 10, while the paced
+// incoming copies ran. Alone (sm_bandwidth) one CTA moves far more, 94.2 GB/s at 8 CTAs on the H200 (session 17,
+// this constant until session 26) and 85.6 at 3 launches on the H100 (session 24); sized by that figure the rule
+// gave 8 CTAs, whose reduce of a chunk took as long as the next chunk's arrival (305-320 us against 310), so the
+// pipeline ran at the reduce's pace: the 70B share took 1.056-1.068x the link floor, 1.023-1.025 with 10 CTAs,
+// the GEMM beside it unchanged (1.035-1.039 against 1.038-1.040; 8B 1.097-1.101 against 1.077-1.083).
+constexpr double kReduceCtaGBps = 66.0;
 // The reduce of chunk k must end before chunk k+1 has arrived, or it becomes the pipeline's bottleneck; and the
 // last chunk's reduce is a drain after the last byte arrived. Exactly the arrival rate left one rank's share at
-// 1.49x the link floor (session 15): a quarter more.
-constexpr double kReducePaceHeadroom = 1.25;
+// 1.49x the link floor (session 15). A fifth more (1.25 until session 26, when kReduceCtaGBps was the rate of a CTA
+// alone): 10 CTAs for 8 inputs, which measured 653 GB/s beside the arrivals, 1.23x the 529 they bring.
+constexpr double kReducePaceHeadroom = 1.2;
 constexpr int kReduceMaxPacedCtas = 32;
 // Bytes of traffic per CTA: 8 MiB (2 MiB until session 24). Each launch boundary costs the grid's tail and a launch
 // gap: on an H100 the rule's 8-CTA grid of a 32 MiB-output chunk moved 71.6 GB/s per CTA in 11 launches of 2 MiB

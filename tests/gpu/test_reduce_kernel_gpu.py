@@ -55,7 +55,7 @@ CASES = [
     (1_000_000, 8, "bf16", "fp32", "sum", 0, 132, 1 << 12),
     (777_777, 4, "bf16", "fp16", "avg", 2, 0, 0),  # unaligned: the element path
     (5000, 2, "fp16", "fp32", "sum", 4, 2, 4096),  # 4-byte aligned (fp32 out): the element path
-    (8 << 20, 8, "bf16", "fp32", "sum", 0, 0, 0),  # one default chunk: 8 CTAs x 3 launches of 8 MiB
+    (8 << 20, 8, "bf16", "fp32", "sum", 0, 0, 0),  # one default chunk: 10 CTAs x 3 launches of up to 8 MiB
     (262_147, 16, "bf16", "fp32", "sum", 0, 0, 0),  # 16 sources (two virtual nodes' worth); partial last tile
     (100_003, 17, "bf16", "fp32", "sum", 0, 0, 0),
     (333_333, 1, "bf16", "bf16", "avg", 0, 5, 1 << 15),  # one source, small CTAs (a tile larger than a CTA's slice)
