@@ -15,8 +15,10 @@
 #   share:    (third call) test_share_gpu; then one rank's share with timelines (the gate kernel now skipped), 8B
 #             and 70B, rs-share and rs-share-serial, then the reduce rule at its CTA rate (94 GB/s) and as if 70
 #             (NCCL_TIDE_LINK_GBPS=500: 10 CTAs per paced full chunk instead of 8), alternated: base, 500, 500, base.
+#   final:    (last call) the reduce rule at kReduceCtaGBps = 66, headroom 1.2: the 8B and 70B RS share with the
+#             NCCL-like 32-CTA baseline (the SM-time ratio), before ci/gpu_job.sh runs every tests/gpu file.
 # Everything is archived as $OUT/session26.tgz. TIDE_GPU_DEADLINE_S: default 540.
-# Usage: bash ci/gpu_session26.sh [timeline] [mergeab] [ipc] [tests] [streams] [share]
+# Usage: bash ci/gpu_session26.sh [timeline] [mergeab] [ipc] [tests] [streams] [share] [final]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -75,6 +77,12 @@ if want share; then
     done
   done
   grep -hE "^\[timeline\]|^\[share\]|^=== tide-perf" "$W"/share/*.log | cut -c1-200
+fi
+if want final; then
+  for L in llama3-8b-layer llama3-70b-layer; do
+    run "share/${L}_final" 50 $S --layouts $L --tag final --sides rs-share,nccl-like-32
+  done
+  grep -hE "^\[timeline\]|^\[share\]|^#  " "$W"/share/*.log | cut -c1-200
 fi
 if want mergeab; then
   i=0
