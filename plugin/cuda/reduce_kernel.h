@@ -80,8 +80,8 @@ struct ReducePace {
 // the shape: each element is folded by one thread in the fixed order.
 // The rate one 512-thread CTA of the kernel sustains beside the arrivals it keeps pace with: in one rank's share
 // (benchmarks/share.py, whose timeline times every chunk's reduce) on an H100, session 26 run 26.4, bf16 x 8 -> fp32,
-// full 32 MiB-output chunks in 3 launches: 66.7-68.5 GB/s per CTA at 8 CTAs, 64.5-67.0 at 10, while the paced
-// incoming copies ran. Alone (sm_bandwidth) one CTA moves far more, 94.2 GB/s at 8 CTAs on the H200 (session 17,
+// full 32 MiB-output chunks in 3 launches: 66.7-68.5 GB/s per CTA at 8 CTAs, 64.5-67.0 at 10 (each run's median
+// over its full chunks; single chunks 63.2-69.3), while the paced incoming copies ran. Alone (sm_bandwidth) one CTA moves far more, 94.2 GB/s at 8 CTAs on the H200 (session 17,
 // this constant until session 26) and 85.6 at 3 launches on the H100 (session 24); sized by that figure the rule
 // gave 8 CTAs, whose reduce of a chunk took as long as the next chunk's arrival (305-320 us against 310), so the
 // pipeline ran at the reduce's pace: the 70B share took 1.056-1.068x the link floor, 1.023-1.025 with 10 CTAs,
