@@ -13,7 +13,7 @@
 #             harness (rs-share-serial) in the same run, 8B and 70B; then the 8B rs-share with the reduce rule told
 #             NCCL_TIDE_LINK_GBPS=470 (more CTAs per paced chunk; the pacer stays at 370).
 #   share:    (third call) test_share_gpu; then one rank's share with timelines (the gate kernel now skipped), 8B
-#             and 70B, rs-share and rs-share-serial, then the reduce rule at its CTA rate (94 GB/s) and as if 70
+#             and 70B, rs-share and rs-share-serial, then the reduce rule of that tree (94 GB/s per CTA) and as if 70
 #             (NCCL_TIDE_LINK_GBPS=500: 10 CTAs per paced full chunk instead of 8), alternated: base, 500, 500, base.
 #   final:    (last call) the reduce rule at kReduceCtaGBps = 66, headroom 1.2: the 8B and 70B RS share with the
 #             NCCL-like 32-CTA baseline (the SM-time ratio), before ci/gpu_job.sh runs every tests/gpu file.

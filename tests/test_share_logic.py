@@ -56,6 +56,16 @@ def test_chunk_spans_assign_copies_by_bytes():
     assert empty[0] == (1.0, 2.0, 1) and empty[1][2] == 0
     with pytest.raises(ValueError, match="bytes"):
         share.chunk_spans(ev, [200, 99])
+    # an empty copy after the last byte, and empty chunks at the end, stay in range
+    assert share.chunk_spans(ev + [(40.0, 41.0, 0)], [200, 100, 0])[2] == (40.0, 41.0, 1)
+    with pytest.raises(ValueError, match="no chunks"):
+        share.chunk_spans([], [])
+
+
+def test_streams_told_apart_by_bytes():
+    share.check_streams_distinct(100, [700, 600])
+    with pytest.raises(ValueError, match="told apart"):
+        share.check_streams_distinct(100, [100])  # W = 2: own and incoming carry the same bytes
 
 
 def test_gate_kernel_names():

@@ -109,7 +109,8 @@ tideResult_t LinkPacer::pacedCopy(int count, void* const* dst, const void* const
   std::lock_guard<std::mutex> transferLock(transferMu_);
   int slot = 0;
   while (slot < static_cast<int>(streams_.size()) && streams_[slot] != stream) ++slot;
-  if (slot == static_cast<int>(streams_.size())) {
+  const bool newSlot = slot == static_cast<int>(streams_.size());
+  if (newSlot) {
     if (slot == kMaxStreams) {
       return fail(tideInvalidArgument, "Bench", "pacedCopy: a pacer serves at most %d streams", kMaxStreams);
     }
@@ -127,6 +128,9 @@ tideResult_t LinkPacer::pacedCopy(int count, void* const* dst, const void* const
     firstId = nextId_ + 1;
     nextId_ += static_cast<uint32_t>(lists.size());
   }
+  // A new slot's word starts just below this transfer's id (not 0, which the cyclic comparison would take as
+  // reached once ids pass 2^31); the stream writes it only after the operations enqueued below.
+  if (newSlot) __atomic_store_n(host_ + kArrived + kArrivedStride * slot, firstId - 1, __ATOMIC_RELEASE);
   for (size_t j = 0; j < lists.size(); ++j) {
     const Piece p{firstId + static_cast<uint32_t>(j), sizes[j], j == 0, slot};
     std::vector<FlagOp> ops;

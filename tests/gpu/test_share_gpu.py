@@ -101,7 +101,7 @@ p = B.Pacer(rate, 1 << 20)
 torch.cuda.synchronize()
 t0 = time.perf_counter()  # before anything is enqueued: no piece can have been released earlier
 with torch.cuda.stream(a):
-    torch.cuda._sleep(1_000_000)  # stream a reaches its transfer about 0.5 ms after stream b reaches its own
+    torch.cuda._sleep(20_000_000)  # stream a reaches its transfer ~10 ms after b, long after the host enqueued both
 p.paced_copy([(dst[0].data_ptr(), src[0].data_ptr(), n)], a.cuda_stream)  # the link's first transfer
 p.paced_copy([(dst[1].data_ptr(), src[1].data_ptr(), n)], b.cuda_stream)  # second: waits for the link, not for a
 torch.cuda.synchronize()

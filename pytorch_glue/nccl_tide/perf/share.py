@@ -2,7 +2,7 @@
 
     tide-perf share [all_gather|reduce_scatter|both] [--ranks 8] [--layout llama3-8b-layer] [--link-gbps 370]
                     [--piece-bytes 4M] [--runs 31] [--sides LIST] [--order gemm-after-first|side-first]
-                    [--incoming-source device|host] [-J FILE.json] [--plot FILE.png]
+                    [--incoming-source device|host] [--timeline 0|1] [-J FILE.json] [--plot FILE.png]
 
 Loopback-8 puts all eight ranks' copies through one GPU's HBM, which overstates what one GPU of a node sees. Here
 the GPU holds rank 0's real buffers plus pre-staged images of the other ranks' data, and runs rank 0's part only:
@@ -10,7 +10,13 @@ the GPU holds rank 0's real buffers plus pre-staged images of the other ranks' d
   places in rank 0's slot, paced to the link rate;
 * RS: per pipeline chunk, the W-1 incoming chunk pushes into rank 0's staging (paced) and rank 0's own push
   (local, unpaced), then rank 0's reduce with the library's own kernel and shape rule (tideBenchReduce), two
-  staging buffers as the plan has them, a push into a buffer waiting for the reduce that frees it.
+  staging buffers as the plan has them, a push into a buffer waiting for the reduce that frees it; each buffer's
+  pushes on an incoming stream of their own, so that the link carries chunk k+1 right behind chunk k as the peers'
+  pushes would (`rs-share-serial`: every chunk on one stream, the harness of sessions 15-25, whose link idled about
+  19 us at each chunk boundary).
+--timeline (default 1) prints, per side, where one unit's time went: per chunk the incoming copies, own copies and
+reduce (from a profiled unit behind the same gate as the timed ones), the link's gaps and the tail after the last
+incoming byte.
 Pacing (tideBenchPacedCopy): copies cut into pieces, each gated by a stream wait on a host-memory word that a host
 thread releases when the piece's bytes could have crossed a link of --link-gbps (aggregate over the W-1 peers); the
 pacer itself runs nothing on the SMs. HBM traffic matches the node: an incoming copy here reads an image and writes
@@ -217,13 +223,15 @@ def chunk_spans(events: Sequence[Tuple[float, float, int]], chunk_bytes: Sequenc
     got = sum(int(e[2]) for e in events)
     if got != total:
         raise ValueError(f"the stream's copies carry {got} bytes, the chunks {total}")
+    if not chunk_bytes:
+        raise ValueError("no chunks")
     out, cum, k, bound = [], 0, 0, 0
     spans: List[List[float]] = [[math.inf, -math.inf, 0] for _ in chunk_bytes]
     for start, end, nbytes in events:
-        while k < len(chunk_bytes) and cum >= bound + int(chunk_bytes[k]):
+        while k < len(chunk_bytes) - 1 and cum >= bound + int(chunk_bytes[k]):
             bound += int(chunk_bytes[k])
             k += 1
-        sp = spans[k]
+        sp = spans[k]  # an empty copy after the last byte stays with the last chunk
         sp[0], sp[1], sp[2] = min(sp[0], start), max(sp[1], end), sp[2] + 1
         cum += int(nbytes)
     for a, b, n in spans:
@@ -245,11 +253,20 @@ def launch_spans(events: Sequence[Tuple[float, float, int]], launches: Sequence[
     return out
 
 
+def check_streams_distinct(own_total: int, incoming_totals: Sequence[int]) -> None:
+    """The timeline tells a unit's copy streams apart by their bytes only. Incoming streams that tie are taken in
+    start order, which is the link's order of their first chunks; the own stream (unpaced, it starts first) must
+    not tie with any of them (W = 2, or W = 3 with full chunks on two streams): ValueError then."""
+    if own_total in incoming_totals:
+        raise ValueError(f"own and incoming copies both carry {own_total} bytes: their streams cannot be told apart")
+
+
 def timeline_rows(incoming, own, reduce, unit_end_us: float) -> List[dict]:
     """One row per chunk from the spans above (own and reduce may be empty lists: the AG share has one "chunk" and
-    no reduce). wait_us: how long the incoming link sat idle before the chunk (its first copy's start after the
-    previous chunk's last end, beyond the gap between pieces inside a chunk, which is pacing); tail_us on the last
-    row: the unit's end after the last incoming byte (the drain and what follows it)."""
+    no reduce). gap_before_us: the chunk's first incoming copy's start after the previous chunk's last one's end
+    (pieces inside a chunk are a piece's link time apart, so a gap above that is idle link; negative when the chunk
+    began on its own stream before the previous one's last copy ended); tail_us on the last row: the unit's end
+    after the last incoming byte (the drain and what follows it)."""
     rows = []
     for k, (a, b, n) in enumerate(incoming):
         r = {"chunk": k, "in_start_us": a, "in_end_us": b, "in_copies": n}
@@ -753,18 +770,21 @@ def _timeline(g: _Gpu, side, host_ms: float) -> Optional[dict]:
 
     try:
         if isinstance(side, AgShare):
+            own_total = sum(c[2] for c in side.own)
+            check_streams_distinct(own_total, [side.incoming_bytes])
             inc = chunk_spans(stream_of(side.incoming_bytes), [side.incoming_bytes])
-            own = chunk_spans(stream_of(sum(c[2] for c in side.own)), [sum(c[2] for c in side.own)])
+            own = chunk_spans(stream_of(own_total), [own_total])
             red = []
         else:
             in_b = [sum(c[2] for c in incoming) for _, incoming, _ in side.plans]
+            own_b = [sum(c[2] for c in own) for own, _, _ in side.plans]
             n_in = len(side.s_ins)
+            per_stream = [list(range(i, len(in_b), n_in)) for i in range(n_in)]  # stream i: chunks i, i + n_in, ..
+            check_streams_distinct(sum(own_b), [sum(in_b[k] for k in ks) for ks in per_stream])
             inc = [None] * len(in_b)
-            for i in range(n_in):  # incoming stream i carries chunks i, i + n_in, ...
-                ks = list(range(i, len(in_b), n_in))
+            for ks in per_stream:
                 for k, sp in zip(ks, chunk_spans(stream_of(sum(in_b[k] for k in ks)), [in_b[k] for k in ks])):
                     inc[k] = sp
-            own_b = [sum(c[2] for c in own) for own, _, _ in side.plans]
             own = chunk_spans(stream_of(sum(own_b)), own_b)
             ks = sorted((e["ts"] - t0, e["ts"] - t0 + e["dur"], e["ctas"]) for e in ev if e["cat"] == "kernel")
             red = launch_spans(ks, [sh["launches"] for sh in side.shapes])
@@ -1016,7 +1036,10 @@ def run(a) -> dict:
                     d["reduce_shape"] = side.shapes[0]
                     d["reduce_shapes"] = side.shapes
                 if a.timeline:
-                    tl = _timeline(g, side, host_ms)
+                    try:  # a diagnostic: its failure must not cost the side its measurement
+                        tl = _timeline(g, side, host_ms)
+                    except Exception as e:
+                        tl = {"error": f"{type(e).__name__}: {e}"}
                     if tl is not None:
                         d["timeline"] = tl
                         print("\n".join(tl.get("lines") or [f"[timeline] {side.name}: {tl.get('error')}"]), flush=True)
