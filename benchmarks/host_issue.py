@@ -21,6 +21,8 @@ issues every rank's call here; benchmarks/host_issue_ipc.py measures one process
 AG rows also time a user-captured replay of the call ("replay us/rank": one graph per rank, one cuGraphLaunch
 each) and, in the same run, its floor ("floor": the same launch path for a graph of one 4-byte memset node per
 rank, nccl_tide.perf.issue_cost.prepare_launch_floor): the replay's cost above the floor is what TIDE's nodes add.
+Under each AG row a "#" line gives rank 0's replay graph by node kind (memop nodes with their operations, memcpy,
+kernel, ...) and its edges (issue_cost.graph_census, session 26), to read the replay's host time against.
 
 --per-rank: a second measurement per row times each rank's call apart: "last" (us per call of the last rank, whose
 call also issues every rank's deferred rounds on loopback: W x rounds graph launches) and "others" (the mean of the
@@ -214,6 +216,7 @@ def run(args, rows_out=None) -> int:
                     graphs = ic.prepare_graph_replays(prep)
                     row["replay_host_us"] = ic.host_issue_us(graphs, calls=calls, samples=args.samples)["host_us"]
                     row["replay_floor_us"] = floors.get(w, float("nan"))
+                    row["replay_census"] = graphs.census
                     graphs.close()
                 except Exception as e:  # report, do not hide: the row says why
                     row["replay_error"] = str(e)[:200]
@@ -223,6 +226,8 @@ def run(args, rows_out=None) -> int:
                   f"{row.get('replay_host_us', float('nan')):>16.1f}{row.get('replay_floor_us', float('nan')):>7.1f}"
                   + (f"{h['last_rank_us']:>8.1f}{h['other_ranks_us']:>8.1f}" if args.per_rank else "")
                   + f" {row.get('replay_error', '')}", flush=True)
+            if row.get("replay_census"):  # what rank 0's replayed graph holds (issue_cost.graph_census)
+                print(f"#   {name}, W {w}: rank 0's replay graph: {ic.format_census(row['replay_census'][0])}", flush=True)
             if coll == "ag":
                 world.free_slot(slots)
             for lay in layouts:

@@ -229,6 +229,66 @@ class _Graphs:
         return cls._lib
 
 
+# CUgraphNodeType (cuda.h): what a captured graph holds, by kind (graph_census).
+GRAPH_NODE_TYPES = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: "empty", 6: "wait_event",
+                    7: "event_record", 8: "ext_sem_signal", 9: "ext_sem_wait", 10: "mem_alloc", 11: "mem_free",
+                    12: "memop", 13: "conditional"}
+
+
+def census_summary(types: List[int], memop_ops: List[int], edges: int) -> dict:
+    """A graph's nodes by kind, the operations its memop nodes hold in all, and its edges (dependencies): what a
+    launch's host cost grows with (benchmarks/RESULTS.md session 24: each memop node after the first about 0.8 us,
+    each operation in one about 0.05-0.1, kernel and memcpy nodes hundredths)."""
+    by: dict = {}
+    for t in types:
+        name = GRAPH_NODE_TYPES.get(int(t), f"type{int(t)}")
+        by[name] = by.get(name, 0) + 1
+    return {"nodes": len(types), "by_type": dict(sorted(by.items())), "memop_ops": int(sum(memop_ops)),
+            "edges": int(edges)}
+
+
+def format_census(c: dict) -> str:
+    if "error" in c:
+        return f"census failed ({c['error']})"
+    parts = [f"{k} {v}" + (f" ({c['memop_ops']} ops)" if k == "memop" else "") for k, v in c["by_type"].items()]
+    return f"{c['nodes']} nodes: " + ", ".join(parts) + f"; {c['edges']} edges"
+
+
+class _MemOpNodeParams(ctypes.Structure):
+    _fields_ = [("ctx", ctypes.c_void_p), ("count", ctypes.c_uint), ("paramArray", ctypes.c_void_p),
+                ("flags", ctypes.c_uint)]
+
+
+def graph_census(graph) -> dict:
+    """census_summary of a captured (not yet instantiated) driver graph; {"error": ...} if the driver lacks a call."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        vp, sz = ctypes.c_void_p, ctypes.c_size_t
+        n = sz(0)
+        if lib.cuGraphGetNodes(graph, None, ctypes.byref(n)) != 0:
+            return {"error": "cuGraphGetNodes"}
+        nodes = (vp * n.value)()
+        if n.value and lib.cuGraphGetNodes(graph, nodes, ctypes.byref(n)) != 0:
+            return {"error": "cuGraphGetNodes"}
+        types, ops = [], []
+        for node in nodes:
+            t = ctypes.c_int(-1)
+            if lib.cuGraphNodeGetType(vp(node), ctypes.byref(t)) != 0:
+                return {"error": "cuGraphNodeGetType"}
+            types.append(t.value)
+            if t.value == 12:
+                prm = _MemOpNodeParams()
+                if lib.cuGraphBatchMemOpNodeGetParams(vp(node), ctypes.byref(prm)) == 0:
+                    ops.append(prm.count)
+        e = sz(0)
+        get_edges = getattr(lib, "cuGraphGetEdges_v2", None)
+        rc = (get_edges(graph, None, None, None, ctypes.byref(e)) if get_edges is not None
+              else lib.cuGraphGetEdges(graph, None, None, ctypes.byref(e)))
+        return census_summary(types, ops, e.value if rc == 0 else -1)
+    except (OSError, AttributeError) as ex:
+        return {"error": str(ex)[:120]}
+
+
 def _graph_per_rank(world, enqueue, keep) -> PreparedCalls:
     """Captures what enqueue(streams) issues on every rank's stream (global capture mode) into a graph per rank and
     returns PreparedCalls whose calls launch those graphs (one cuGraphLaunch per rank); `keep` stays alive with them.
@@ -251,6 +311,7 @@ def _graph_per_rank(world, enqueue, keep) -> PreparedCalls:
             graphs.append(g)
             if rc != 0:
                 raise RuntimeError(f"cuStreamEndCapture failed ({rc})")
+    census = [graph_census(g) for g in graphs]  # what each rank's launch carries (host_issue.py prints rank 0's)
     execs = []
     for g in graphs:
         e = ctypes.c_void_p()
@@ -264,6 +325,7 @@ def _graph_per_rank(world, enqueue, keep) -> PreparedCalls:
     fns = [lambda e=e, s=s: lib.cuGraphLaunch(e, s) for e, s in zip(execs, streams)]
     p = PreparedCalls(world, fns)
     p._keep = (execs, streams, keep)
+    p.census = census
 
     def close():
         world.synchronize()
