@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call (< 10 min): build, then the GPU test files named in TIDE_GPU_TESTS ("file:limit ..."; default
-# every tests/gpu file with its usual limit), then the benchmark steps named in TIDE_GPU_BENCH (default all, in
-# priority order), all under one deadline (TIDE_GPU_DEADLINE_S, default 540 s): a step that would not fit is
+# every tests/gpu file with its usual limit; each test's name is logged as it ends, and each file's 15 slowest, so
+# a file cut off by the deadline still shows how far it got), then the benchmark steps named in TIDE_GPU_BENCH
+# (default all, in priority order), all under one deadline (TIDE_GPU_DEADLINE_S, default 540 s): a step that would not fit is
 # skipped and says so. Logs and JSON go to $OUT, archived as all.tgz (the device returns few files) plus
 # summary.txt. Usage: [TIDE_GPU_TESTS=...] [TIDE_GPU_BENCH=...] bash ci/gpu_job.sh
 # Benchmark steps: sm_bandwidth share_8b host_issue host_issue_limit2 host_issue_split host_issue_ipc host_issue_ipc8
@@ -60,7 +61,7 @@ for spec in $TESTS; do
   [ -f "tests/gpu/$f.py" ] || { summary+=("$f: not in this tree"); continue; }
   # faulthandler dumps every thread's stack 15 s before the file's limit (or the deadline), so a hang shows where.
   l=$(left); [ "$l" -lt "$lim" ] && lim=$l
-  step "$f" "$lim" 20 python3 -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout=$(( lim > 30 ? lim - 15 : 15 )) \
+  step "$f" "$lim" 20 python3 -m pytest -v -rs --durations=15 -p no:cacheprovider -o faulthandler_timeout=$(( lim > 30 ? lim - 15 : 15 )) \
     "tests/gpu/$f.py"
 done
 wait
