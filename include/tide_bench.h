@@ -70,7 +70,8 @@ tideResult_t tideBenchCopy(int count, void* const* dst, const void* const* src, 
  * queues on one stream does not deadlock. Transfers may be on different streams (at most 63 per pacer; each stream
  * reports its arrivals in a word of its own): the link still carries them one after the other in the order of the
  * tideBenchPacedCopy calls, and a transfer whose stream gets there early waits for the link, not for the earlier
- * transfer's stream. */
+ * transfer's stream. So a transfer's stream must not wait (before the transfer) for work that comes after a
+ * later-called transfer on another stream: the thread releases transfers in call order and would wait forever. */
 typedef struct tideBenchPacer* tideBenchPacer_t;
 tideResult_t tideBenchPacerCreate(double bytesPerSecond, size_t pieceBytes, tideBenchPacer_t* pacer);
 tideResult_t tideBenchPacedCopy(tideBenchPacer_t pacer, int count, void* const* dst, const void* const* src,
