@@ -11,37 +11,18 @@
 #   merge:  (last call) the capture test files (unless sig ran them), then host_issue's 64-parameter rows with
 #           NCCL_TIDE_MERGE_FLAG_BATCHES 1, 0, 0, 1 (the AG replay column).
 # Usage: bash ci/gpu_session25.sh [tests] [share] [fsdp] [sig] [hostab] [merge]   (no argument: the first three)
-set -uo pipefail
-cd "$(dirname "$0")/.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export CUDA_DEVICE_MAX_CONNECTIONS=32 PYTHONUNBUFFERED=1 PATH="/usr/local/cuda/bin:$PATH"
-O="${OUT:-$PWD/gpu-out}"; mkdir -p "$O"
-W="$(mktemp -d)/s25"; mkdir -p "$W/build" "$W/tests" "$W/share" "$W/fsdp"
-END=$(( $(date +%s) + ${TIDE_GPU_DEADLINE_S:-560} ))
-left() { echo $(( END - $(date +%s) )); }
-parts="${*:-tests share fsdp}"
-want() { case " $parts " in *" $1 "*) return 0;; esac; return 1; }
-build() {  # build SRC DIR LOG
-  cmake -S "$1" -B "$2" -G Ninja -DTIDE_BUILD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
-    > "$3" 2>&1 && cmake --build "$2" -j 16 >> "$3" 2>&1
-}
+TAG=s25 parts="${*:-tests share fsdp}"
+TIDE_GPU_DEADLINE_S="${TIDE_GPU_DEADLINE_S:-560}"
+source "$(dirname "$0")/gpu_session_lib.sh"
+session_dirs tests share fsdp
 t0=$(date +%s)
 build . build/gpu "$W/build/new.log" & pn=$!
 pb=; [ -d base_src ] && { build base_src build/base "$W/build/base.log" & pb=$!; }
 wait $pn || { echo "new build failed"; tail -20 "$W/build/new.log"; exit 1; }
 [ -n "$pb" ] && { wait $pb || echo "base build failed"; }
 echo "=== built $(( $(date +%s) - t0 )) s, $(left) s left"
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; git rev-parse HEAD 2>/dev/null; \
-  python3 -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.nccl.version())"; } > "$W/env.txt" 2>&1
-export PYTHONPATH="$PWD/pytorch_glue${PYTHONPATH:+:$PYTHONPATH}"
+env_txt
 lib_of() { [ "$1" = base ] && echo "$PWD/build/base/libnccl-tide.so" || echo "$PWD/build/gpu/libnccl-tide.so"; }
-run() {  # run NAME LIMIT CMD...: under min(LIMIT, time left) if 20 s are left; log in $W/NAME.log
-  local name=$1 lim=$2 l rc t; shift 2; l=$(left)
-  [ "$l" -lt 20 ] && { echo "=== $name SKIPPED ($l s left)"; return; }
-  [ "$l" -lt "$lim" ] && lim=$l
-  t=$(date +%s); timeout -k 5 "$lim" "$@" > "$W/$name.log" 2>&1; rc=$?
-  echo "=== $name rc $rc $(( $(date +%s) - t )) s, $(left) s left: $(grep -E '[0-9]+ (passed|failed)' "$W/$name.log" | tail -1)"
-}
 if want tests; then
   for f in test_reduce_kernel_gpu:120 test_share_gpu:70 test_fsdp_native:90; do
     run "tests/${f%%:*}" "${f##*:}" env NCCL_TIDE_LIBRARY_PATH="$(lib_of new)" python3 -m pytest -q -rs \

@@ -19,31 +19,15 @@
 #             NCCL-like 32-CTA baseline (the SM-time ratio), before ci/gpu_job.sh runs every tests/gpu file.
 # Everything is archived as $OUT/session26.tgz. TIDE_GPU_DEADLINE_S: default 540.
 # Usage: bash ci/gpu_session26.sh [timeline] [mergeab] [ipc] [tests] [streams] [share] [final]
-set -uo pipefail
-cd "$(dirname "$0")/.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export CUDA_DEVICE_MAX_CONNECTIONS=32 PYTHONUNBUFFERED=1 PATH="/usr/local/cuda/bin:$PATH"
-O="${OUT:-$PWD/gpu-out}"; mkdir -p "$O"
-W="$(mktemp -d)/s26"; mkdir -p "$W/build" "$W/share" "$W/host" "$W/tests"
-END=$(( $(date +%s) + ${TIDE_GPU_DEADLINE_S:-540} ))
-left() { echo $(( END - $(date +%s) )); }
-parts="${*:-timeline mergeab ipc}"
-want() { case " $parts " in *" $1 "*) return 0;; esac; return 1; }
+TAG=s26 parts="${*:-timeline mergeab ipc}"
+source "$(dirname "$0")/gpu_session_lib.sh"
+session_dirs share host tests
 t0=$(date +%s)
-cmake -S . -B build/gpu -G Ninja -DTIDE_BUILD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
-  > "$W/build/new.log" 2>&1 && cmake --build build/gpu -j 16 >> "$W/build/new.log" 2>&1 \
+build . build/gpu "$W/build/new.log" \
   || { echo "build failed"; tail -20 "$W/build/new.log"; tar czf "$O/session26.tgz" -C "$W" .; exit 1; }
 echo "=== built $(( $(date +%s) - t0 )) s, $(left) s left"
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; git rev-parse HEAD 2>/dev/null; \
-  python3 -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.nccl.version())"; } > "$W/env.txt" 2>&1
-export PYTHONPATH="$PWD/pytorch_glue${PYTHONPATH:+:$PYTHONPATH}" NCCL_TIDE_LIBRARY_PATH="$PWD/build/gpu/libnccl-tide.so"
-run() {  # run NAME LIMIT CMD...: under min(LIMIT, time left) if 20 s are left; log in $W/NAME.log
-  local name=$1 lim=$2 l rc t; shift 2; l=$(left)
-  [ "$l" -lt 20 ] && { echo "=== $name SKIPPED ($l s left)"; return; }
-  [ "$l" -lt "$lim" ] && lim=$l
-  t=$(date +%s); timeout -k 5 "$lim" "$@" > "$W/$name.log" 2>&1; rc=$?
-  echo "=== $name rc $rc $(( $(date +%s) - t )) s, $(left) s left: $(grep -E '[0-9]+ (passed|failed)' "$W/$name.log" | tail -1)"
-}
+env_txt
+export NCCL_TIDE_LIBRARY_PATH="$PWD/build/gpu/libnccl-tide.so"
 S="python3 benchmarks/share.py --out $W/share --ranks 8 --link-gbps 370 --runs 31 --order gemm-after-first --incoming-source device"
 if want timeline; then
   run share/8b_p4m 100 $S --layouts llama3-8b-layer --tag p4m --sides ag-share,rs-share,rs-share-drain64

@@ -221,6 +221,9 @@ class _Graphs:
                 "cuGraphExecDestroy": [vp],
                 "cuGraphDestroy": [vp],
                 "cuMemsetD32Async": [ctypes.c_ulonglong, ctypes.c_uint, ctypes.c_size_t, vp],
+                "cuGraphGetNodes": [vp, ctypes.POINTER(vp), ctypes.POINTER(ctypes.c_size_t)],
+                "cuGraphNodeGetType": [vp, ctypes.POINTER(ctypes.c_int)],
+                "cuGraphBatchMemOpNodeGetParams": [vp, vp],
             }.items():
                 fn = getattr(lib, name)
                 fn.argtypes = args
@@ -262,7 +265,7 @@ class _MemOpNodeParams(ctypes.Structure):
 def graph_census(graph) -> dict:
     """census_summary of a captured (not yet instantiated) driver graph; {"error": ...} if the driver lacks a call."""
     try:
-        lib = ctypes.CDLL("libcuda.so.1")
+        lib = _Graphs.lib()
         vp, sz = ctypes.c_void_p, ctypes.c_size_t
         n = sz(0)
         if lib.cuGraphGetNodes(graph, None, ctypes.byref(n)) != 0:
@@ -278,7 +281,7 @@ def graph_census(graph) -> dict:
             types.append(t.value)
             if t.value == 12:
                 prm = _MemOpNodeParams()
-                if lib.cuGraphBatchMemOpNodeGetParams(vp(node), ctypes.byref(prm)) == 0:
+                if lib.cuGraphBatchMemOpNodeGetParams(vp(node), ctypes.addressof(prm)) == 0:
                     ops.append(prm.count)
         e = sz(0)
         get_edges = getattr(lib, "cuGraphGetEdges_v2", None)

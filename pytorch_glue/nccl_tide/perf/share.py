@@ -795,8 +795,8 @@ def _timeline(g: _Gpu, side, host_ms: float) -> Optional[dict]:
             "lines": timeline_lines(side.name, rows, end, side.floor_s * 1e6 if side.floor_s else None)}
 
 
-def _sm_summary(g: _Gpu, kernels, mem, iters, exclude=("sleep",)):
-    ks = [k for k in kernels if not any(x in k[0].lower() for x in exclude)]
+def _sm_summary(g: _Gpu, kernels, mem, iters):
+    ks = [k for k in kernels if not is_gate_kernel(k[0])]
     names: Dict[str, int] = {}
     for k in ks:
         names[k[0][:70]] = names.get(k[0][:70], 0) + 1
@@ -850,7 +850,7 @@ class Harness:
 
     def gemm_shape(self) -> dict:
         kernels, _ = _profile(self.g, lambda: self._gemm_on_stream(), iters=1)
-        ks = [k for k in kernels if "sleep" not in k[0].lower()]
+        ks = [k for k in kernels if not is_gate_kernel(k[0])]
         if not ks:
             return {}
         name, dur, ctas, args = max(ks, key=lambda k: k[1])
