@@ -67,6 +67,23 @@ def test_token_rs_of_more_chunks_than_buffers(model_exe):
     assert any("chunks=21" in x for x in mixed) and any("chunks=5" in x for x in mixed)
 
 
+@pytest.mark.parametrize("chunks", ["2", "64"])
+def test_token_pairs(model_exe, chunks):
+    """Options::pairTokens (NCCL_TIDE_PAIR_TOKENS): the barrier tokens (AG ready and done, RS enter) waited for and
+    reset two words per operation, each pair run as one operation whose wait needs both words EQUAL to their values
+    (the GPU's 64-bit equality wait): every case bit-exact and hazard-free, no deadlock, no word ever seen past its
+    value when its pair's wait passes, and pairs actually run (without the option none do)."""
+    r = subprocess.run([str(model_exe), "--token-rs-chunks", chunks, "--pair-tokens", "4"], capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0 and "all cases passed" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+    pairs = int(r.stdout.split("token pair operations: ")[1].split()[0])
+    assert pairs > 1000, pairs
+    assert any(" captured " in x for x in r.stdout.splitlines() if x.startswith("case "))
+    plain = subprocess.run([str(model_exe), "--token-rs-chunks", chunks, "2"], capture_output=True, text=True,
+                           timeout=600)
+    assert plain.returncode == 0 and "token pair operations: 0\n" in plain.stdout, plain.stdout[-1500:]
+
+
 def test_pipelined_token_rs_runs_forked_and_on_one_stream(model_exe):
     """The token RS of more chunks than buffers runs on two lanes (pushes on the internal lane, reductions on the
     caller's: a captured graph's two branches) and, folded onto the caller's lane, on one stream (direct issue):

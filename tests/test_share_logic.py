@@ -576,7 +576,8 @@ def test_share_run_end_to_end_with_host_stand_ins(monkeypatch, tmp_path, native,
         monkeypatch.setattr(torch.cuda, name, fn)
 
     out = tmp_path / "share.json"
-    sides = "ag-share,ag-share-unpaced,rs-share,rs-share-unpaced,rs-share-serial,nccl-like-16,nccl-like-32"
+    sides = ("ag-share,ag-share-unpaced,ag-share-incoming,rs-share,rs-share-unpaced,rs-share-serial,nccl-like-16,"
+             "nccl-like-32")
     rc = share.main(["both", "--ranks", "4", "--layout", "tiny-test-layer", "--runs", "3", "--sides", sides,
                      "--rs-chunk-bytes", "4096", "--order", order, "--incoming-source", source, "-J", str(out)])
     res = json.loads(out.read_text())
@@ -610,6 +611,12 @@ def test_share_run_end_to_end_with_host_stand_ins(monkeypatch, tmp_path, native,
     numels, rows = models.numels_and_rows(models.model_params("tiny-test-layer"))
     own = sum(p.shard_numel * p.elem_size for p in Layout(numels, "bf16", 4, rank=0, row_numels=rows).params)
     assert by["ag-share"]["hbm_bytes_per_unit"] == (2 * own + (2 if source == "device" else 1) * 3 * own)
+    # ag-share-incoming: the same incoming copies, no own-shard copy (its slot position is not checked)
+    inc = by["ag-share-incoming"]
+    assert inc["name"] == "TIDE-AG share, incoming only" + tag
+    assert inc["hbm_bytes_per_unit"] == (2 if source == "device" else 1) * 3 * own
+    rows_in = inc["timeline"]["rows"]
+    assert len(rows_in) == 1 and "own_end_us" not in rows_in[0] and rows_in[0]["in_copies"] > 0
     assert {r["metric"] for r in res["summary"]} >= {"GEMM slowdown beside TIDE-AG share",
                                                      "RS SM time (occupancy-weighted): 32-CTA baseline / TIDE share"}
 

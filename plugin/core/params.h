@@ -37,7 +37,8 @@ enum Id : int {
   kTokenRsChunks = 14,  // NCCL_TIDE_TOKEN_RS_CHUNKS
   kSignalKernels = 15,  // NCCL_TIDE_SIGNAL_KERNELS
   kMergeFlagBatches = 16,  // NCCL_TIDE_MERGE_FLAG_BATCHES
-  kNumParams = 17
+  kPairTokens = 17,        // NCCL_TIDE_PAIR_TOKENS
+  kNumParams = 18
 };
 
 // Typed accessors (effective values: environment if valid, else default).
@@ -62,6 +63,7 @@ bool eagerGraphs();               // NCCL_TIDE_EAGER_GRAPHS: eager calls of capt
 int tokenRsChunks();              // NCCL_TIDE_TOKEN_RS_CHUNKS: most RS pipeline chunks of a token (graph) program
 bool signalKernels();             // NCCL_TIDE_SIGNAL_KERNELS: RS graphs write flags by a kernel node, not a memop node
 bool mergeFlagBatches();          // NCCL_TIDE_MERGE_FLAG_BATCHES: adjacent flag batches in a graph as one memop node
+bool pairTokens();                // NCCL_TIDE_PAIR_TOKENS: token barriers waited for / reset two words per memop
 
 // NCCL_TIDE_TOKEN_RS_CHUNKS's default (a macro: the registry holds it as text). 2 until session 24, when 64 passed
 // every tests/gpu file on an H100; the layout agreement salts its key only for other values, and mismatch reports

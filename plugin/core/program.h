@@ -94,6 +94,11 @@ struct FlagOp {
   int32_t owner = 0;  // whose flag array
   int32_t word = 0;
   int64_t delta = 0;
+  // This op and the next of its batch are one token pair (Options::pairTokens): same kind and owner, words `word`
+  // (even) and word + 1, constant values, and, for waits, words that hold only 0 or the value waited for until the
+  // owner resets them. An interpreter with 64-bit memops issues the two as one (a wait for equality of both words,
+  // a write of both), one operation instead of two; read one by one they mean what they always mean.
+  bool pairNext = false;
   uint32_t value(uint64_t epoch, uint64_t task) const {
     uint64_t b = base == Val::kEpoch ? epoch : base == Val::kTask ? task : 0;
     return static_cast<uint32_t>(b + static_cast<uint64_t>(delta));
@@ -165,6 +170,11 @@ struct Options {
   // RS, kCaptured: the most pipeline chunks a token program may have (NCCL_TIDE_TOKEN_RS_CHUNKS). Up to 2 there is
   // one staging buffer per chunk; beyond, 2 buffers and the consumed tokens (docs/architecture.md "CUDA graphs").
   int maxTokenRsChunks = 2;
+  // kCaptured: the one-shot 0/1 tokens (AG ready and done, RS enter) waited for and reset in pairs of words
+  // (FlagOp::pairNext), the rank's own word and a pad word past the last rank included (both stay 0): about half the
+  // memop operations of those barriers (docs/architecture.md "Token pairs"). Local to the rank: the words written to
+  // peers are the same either way.
+  bool pairTokens = false;
 };
 
 // The program of layout.rank. Errors (tideUnsupported with a message that says what to change): a mode the layout

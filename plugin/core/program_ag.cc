@@ -44,7 +44,7 @@ void singleNode(const Layout& l, const Options& opt, Builder& b) {
 
 // Replay-safe constant tokens (docs/architecture.md "CUDA graphs"), in issue rounds (groups -1, 0, 1: see
 // docs/architecture.md "Issue rounds").
-void captured(const Layout& l, Builder& b) {
+void captured(const Layout& l, bool pairs, Builder& b) {
   const int W = l.worldSize, me = l.rank;
   b.at(Lane::kCaller, -1);
   b.write(me, word::kCapAgPhase, Val::kConst, 1);
@@ -52,12 +52,8 @@ void captured(const Layout& l, Builder& b) {
     if (d != me) b.write(d, word::kCapAgReady + me, Val::kConst, 1);
   }
   b.at(Lane::kCaller, 0);  // round 1: waits only for the announces (round 0) of every rank
-  for (int d = 0; d < W; ++d) {
-    if (d != me) b.wait(me, word::kCapAgReady + d, Val::kConst, 1);
-  }
-  for (int d = 0; d < W; ++d) {
-    if (d != me) b.write(me, word::kCapAgReady + d, Val::kConst, 0);
-  }
+  b.tokenWaits(me, word::kCapAgReady, W, pairs);
+  b.tokenResets(me, word::kCapAgReady, W, pairs);
   b.write(me, word::kCapAgPhase, Val::kConst, 2);
   for (int i = 0; i < l.nParams; ++i) {
     const ParamLayout& p = l.params[i];
@@ -70,12 +66,8 @@ void captured(const Layout& l, Builder& b) {
     if (d != me) b.write(d, word::kCapAgDone + me, Val::kConst, 1);
   }
   b.at(Lane::kCaller, 1);  // round 2: waits only for round 1's done writes
-  for (int s = 0; s < W; ++s) {
-    if (s != me) b.wait(me, word::kCapAgDone + s, Val::kConst, 1);
-  }
-  for (int s = 0; s < W; ++s) {
-    if (s != me) b.write(me, word::kCapAgDone + s, Val::kConst, 0);
-  }
+  b.tokenWaits(me, word::kCapAgDone, W, pairs);
+  b.tokenResets(me, word::kCapAgDone, W, pairs);
   b.write(me, word::kCapAgPhase, Val::kConst, 0);
 }
 
@@ -208,7 +200,7 @@ tideResult_t compileAllGather(const Layout& l, const Options& opt, Program* out)
     }
     TIDE_CHECK(multiNode(l, opt, &p, b));
   } else if (opt.mode == Mode::kCaptured) {
-    captured(l, b);
+    captured(l, opt.pairTokens, b);
     p.numGroups = 2;  // issue rounds 1 and 2 (round 0, the announce, is group -1)
   } else {
     singleNode(l, opt, b);  // single node: always at call time on the caller's stream, also on deferring providers

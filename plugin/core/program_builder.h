@@ -36,6 +36,13 @@ class Builder {
     flag(FlagOp::kWait, owner, word, base, delta, peer);
   }
 
+  // The waits of `owner` for the one-shot tokens base + s (value 1) of every rank s != owner of W, and their resets
+  // to 0 (program_ag.cc, program_rs.cc capturedEntry). With pairs (Options::pairTokens) they cover words base ..
+  // base + W rounded up to even, two at a time: the owner's own word and the pad word past W, which no rank writes,
+  // are waited for at 0 and reset to 0, so that every pair is whole.
+  void tokenWaits(int owner, int base, int W, bool pairs) { tokens(FlagOp::kWait, owner, base, W, 1, pairs); }
+  void tokenResets(int owner, int base, int W, bool pairs) { tokens(FlagOp::kWrite, owner, base, W, 0, pairs); }
+
   // A copy segment, appended to the open copy batch (or a new one). peer >= 0: a transport put to that rank.
   void copy(Addr dst, Addr src, uint64_t bytes, int peer = -1) {
     if (bytes == 0) return;
@@ -79,6 +86,20 @@ class Builder {
     f.delta = delta;
     p_->flags.push_back(f);
     o->end = static_cast<uint32_t>(p_->flags.size());
+  }
+
+  void tokens(FlagOp::Kind kind, int owner, int base, int W, int64_t value, bool pairs) {
+    if (!pairs) {
+      for (int s = 0; s < W; ++s) {
+        if (s != owner) flag(kind, owner, base + s, Val::kConst, value, -1);
+      }
+      return;
+    }
+    for (int s = 0; s < W; s += 2) {
+      flag(kind, owner, base + s, Val::kConst, s == owner ? 0 : value, -1);
+      p_->flags.back().pairNext = true;
+      flag(kind, owner, base + s + 1, Val::kConst, s + 1 == owner || s + 1 >= W ? 0 : value, -1);
+    }
   }
 
   Program* p_;

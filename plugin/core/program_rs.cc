@@ -131,7 +131,7 @@ void singleNode(const Layout& l, const Geometry& g, Mode mode, Builder& b) {
 
 // Token programs: the announce (caller's lane) and the entry waits of round 1 on the lane that pushes
 // (docs/architecture.md "CUDA graphs", "Issue rounds").
-void capturedEntry(const Geometry& g, Lane pushLane, Builder& b) {
+void capturedEntry(const Geometry& g, Lane pushLane, bool pairs, Builder& b) {
   const int W = g.W, me = g.me;
   b.at(Lane::kCaller, -1);
   b.write(me, word::kCapRsPhase, Val::kConst, 1);
@@ -139,12 +139,8 @@ void capturedEntry(const Geometry& g, Lane pushLane, Builder& b) {
     if (d != me) b.write(d, word::kCapRsEnter + me, Val::kConst, 1);
   }
   b.at(pushLane, 0);  // round 1: waits only for the announces (round 0) of every rank
-  for (int d = 0; d < W; ++d) {
-    if (d != me) b.wait(me, word::kCapRsEnter + d, Val::kConst, 1);
-  }
-  for (int d = 0; d < W; ++d) {
-    if (d != me) b.write(me, word::kCapRsEnter + d, Val::kConst, 0);
-  }
+  b.tokenWaits(me, word::kCapRsEnter, W, pairs);
+  b.tokenResets(me, word::kCapRsEnter, W, pairs);
   b.write(me, word::kCapRsPhase, Val::kConst, 2);
 }
 
@@ -175,8 +171,8 @@ void capturedReduce(const Geometry& g, int k, bool own, Builder& b) {
 }
 
 // Replay-safe constant tokens, one staging buffer per chunk (at most 2 chunks), in issue rounds (groups -1, 0, 1).
-void captured(const Layout& l, const Geometry& g, Builder& b) {
-  capturedEntry(g, Lane::kCaller, b);
+void captured(const Layout& l, const Geometry& g, bool pairs, Builder& b) {
+  capturedEntry(g, Lane::kCaller, pairs, b);
   int pi = 0;
   for (int k = 0; k < g.numChunks; ++k) capturedPush(l, g, k, false, &pi, b);
   b.at(Lane::kCaller, 1);  // round 2: waits only for round 1's full writes (every chunk's)
@@ -198,9 +194,9 @@ void captured(const Layout& l, const Geometry& g, Builder& b) {
 // pushes of chunks 0 and 1 (internal); round r in 2..K the push of chunk r - 1 from round 3 on (internal) and the
 // reduce of chunk r - 2 (caller); round K + 1 the reduce of chunk K - 1 and the resets (caller). Every wait of round r
 // is for writes of earlier rounds: consumed(r - 3) is written in round r - 1, full(r - 2) in round r - 1 (or 1).
-void capturedPipelined(const Layout& l, const Geometry& g, Builder& b) {
+void capturedPipelined(const Layout& l, const Geometry& g, bool pairs, Builder& b) {
   const int W = g.W, me = g.me, K = g.numChunks;
-  capturedEntry(g, Lane::kInternal, b);
+  capturedEntry(g, Lane::kInternal, pairs, b);
   int pi = 0;
   capturedPush(l, g, 0, true, &pi, b);
   capturedPush(l, g, 1, true, &pi, b);
@@ -372,10 +368,10 @@ tideResult_t compileReduceScatter(const Layout& l, const Options& opt, Program* 
     }
     p.numTasks = 0;  // captured calls never touch the eager counters
     if (g.numChunks <= 2) {
-      captured(l, g, b);
+      captured(l, g, opt.pairTokens, b);
       p.numGroups = 2;  // issue rounds 1 and 2 (round 0, the announce, is group -1)
     } else {
-      capturedPipelined(l, g, b);
+      capturedPipelined(l, g, opt.pairTokens, b);
       p.numGroups = g.numChunks + 1;  // rounds 1 .. K + 1
     }
   } else if (g.N == 1) {

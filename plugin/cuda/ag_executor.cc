@@ -104,6 +104,7 @@ tideResult_t allGather(tideComm* comm, tideLayout_t layout, const void* sendbuff
   opt.zeroBytes = zeroBytes;
   opt.mode = tokens ? prog::Mode::kCaptured
                     : (multi && pol->defersPushes() ? prog::Mode::kDeferred : prog::Mode::kInOrder);
+  opt.pairTokens = comm->pairTokens;
   void* mc = nullptr;
   if (!tokens && !multi && comm->multicastGate) {
     mc = mem->multicastPtr(slot, v.info.slotBytes);

@@ -31,6 +31,7 @@ tideResult_t commInit(tideComm* comm) {
   comm->eagerGraphs = params::eagerGraphs();
   TIDE_CHECK(params::status(params::kTokenRsChunks));
   comm->tokenRsChunks = params::tokenRsChunks();
+  comm->pairTokens = params::pairTokens() && wideMemOps(comm->device);
   TIDE_CHECK(params::status(params::kRanksPerNode));
   const int over = params::ranksPerNodeOverride();
   if (over > 0 && comm->worldSize % over != 0) {

@@ -23,6 +23,7 @@ using CtxPushFn = CUresult (*)(CUcontext);
 using CtxPopFn = CUresult (*)(CUcontext*);
 using CtxGetDeviceFn = CUresult (*)(CUdevice*);
 using MemGetAddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+using DeviceGetAttributeFn = CUresult (*)(int*, CUdevice_attribute, CUdevice);
 
 struct DriverOps {
   BatchMemOpFn batchMemOp = nullptr;
@@ -35,6 +36,7 @@ struct DriverOps {
   CtxPopFn ctxPop = nullptr;
   CtxGetDeviceFn ctxGetDevice = nullptr;
   MemGetAddressRangeFn memGetAddressRange = nullptr;  // optional: strided copies are split at allocations with it
+  DeviceGetAttributeFn deviceGetAttribute = nullptr;  // optional: without it no token pairs (wideMemOps)
   tideResult_t status = tideSuccess;
 };
 
@@ -68,6 +70,7 @@ void resolveAll() {
   ok = resolve("cuCtxPopCurrent", &g_ops.ctxPop) && ok;
   ok = resolve("cuCtxGetDevice", &g_ops.ctxGetDevice) && ok;
   (void)resolve("cuMemGetAddressRange", &g_ops.memGetAddressRange);
+  (void)resolve("cuDeviceGetAttribute", &g_ops.deviceGetAttribute);
   if (!ok || g_ops.waitValue32 == nullptr || g_ops.writeValue32 == nullptr) {
     g_ops.status = fail(tideUnsupported, "Cuda",
                         "the CUDA driver does not provide stream memory operations (cuStreamWaitValue32/"
@@ -130,6 +133,36 @@ tideResult_t enqueueFlagOps(cudaStream_t stream, const std::vector<FlagOp>& ops)
     if (res != CUDA_SUCCESS) return driverFail(res, op.kind == FlagOp::kWait ? "cuStreamWaitValue32" : "cuStreamWriteValue32");
   }
   return tideSuccess;
+}
+
+bool wideMemOps(int device) {
+  if (driverOpsInit() != tideSuccess || g_ops.batchMemOp == nullptr || g_ops.deviceGetAttribute == nullptr) return false;
+  int v = 0;
+  // A CUdevice is the runtime's device ordinal (the driver API's cuDeviceGet(&d, ordinal) returns the ordinal).
+  if (g_ops.deviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, static_cast<CUdevice>(device)) !=
+      CUDA_SUCCESS) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return v != 0;
+}
+
+void MemOpBatch::addPair(const prog::FlagOp& lo, const prog::FlagOp& hi, uint32_t* addr) {
+  CUstreamBatchMemOpParams p{};
+  const cuuint64_t v = static_cast<cuuint64_t>(hi.value(0, 0)) << 32 | lo.value(0, 0);  // constants; little endian
+  if (lo.kind == prog::FlagOp::kWait) {
+    p.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64;
+    p.waitValue.address = reinterpret_cast<CUdeviceptr>(addr);
+    p.waitValue.value64 = v;
+    p.waitValue.flags = CU_STREAM_WAIT_VALUE_EQ;  // each word holds 0 or its token: equal = both reached
+  } else {
+    p.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
+    p.writeValue.address = reinterpret_cast<CUdeviceptr>(addr);
+    p.writeValue.value64 = v;
+    p.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+  }
+  params.push_back(p);
+  ops.push_back(lo);
 }
 
 void MemOpBatch::add(const prog::FlagOp& op, uint32_t* addr) {

@@ -28,6 +28,10 @@ struct FlagOp {
 // Resolves the entry points (once per process). tideUnsupported if the driver lacks them.
 tideResult_t driverOpsInit();
 
+// Whether `device` takes 64-bit operations in cuStreamBatchMemOp (CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS)
+// and the driver has cuStreamBatchMemOp (token pairs, prog::FlagOp::pairNext, are issued only through it).
+bool wideMemOps(int device);
+
 // Enqueues ops on stream, in order, as one cuStreamBatchMemOp (falls back to one call per op).
 tideResult_t enqueueFlagOps(cudaStream_t stream, const std::vector<FlagOp>& ops);
 

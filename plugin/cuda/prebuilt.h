@@ -22,14 +22,18 @@ struct MemOpBatch {
   std::vector<CUstreamBatchMemOpParams> params;
   std::vector<prog::FlagOp> ops;  // the symbolic ops, same order: their values are patched into params per call
   bool byKernel = false;  // writes only, to distinct words: a graph may carry them as a kernel node (signal_kernel.h)
-  // Sets every value for a call with this epoch and RS task base.
+  // Sets every value for a call with this epoch and RS task base (a pair's values are constants, set by addPair).
   void patch(uint64_t epoch, uint64_t task) {
     for (size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i].pairNext) continue;
       const uint32_t v = ops[i].value(epoch, task);
       if (ops[i].kind == prog::FlagOp::kWait) params[i].waitValue.value = v; else params[i].writeValue.value = v;
     }
   }
   void add(const prog::FlagOp& op, uint32_t* addr);
+  // One 64-bit operation for a token pair (prog::FlagOp::pairNext): lo's word at addr (8-byte aligned), hi's after
+  // it; a wait passes when both equal their values. ops gets lo (pairNext set), so params and ops stay parallel.
+  void addPair(const prog::FlagOp& lo, const prog::FlagOp& hi, uint32_t* addr);
 };
 
 struct CopyBatch {

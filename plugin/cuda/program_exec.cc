@@ -88,7 +88,19 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
       if (op.kind == prog::Op::kFlags) {
         if (op.begin == op.end) continue;
         MemOpBatch m;
-        for (uint32_t f = op.begin; f < op.end; ++f) m.add(p.flags[f], mem->flags(p.flags[f].owner) + p.flags[f].word);
+        for (uint32_t f = op.begin; f < op.end; ++f) {
+          const prog::FlagOp& x = p.flags[f];
+          uint32_t* a = mem->flags(x.owner) + x.word;
+          // A token pair (compiled only where the comm's device has 64-bit memops): one operation for both words.
+          if (x.pairNext && f + 1 < op.end && reinterpret_cast<uintptr_t>(a) % 8 == 0) {
+            m.addPair(x, p.flags[f + 1], a);
+            ++f;
+          } else {
+            prog::FlagOp one = x;
+            one.pairNext = false;  // issued alone: its value is patched per call like any other
+            m.add(one, a);
+          }
+        }
         m.byKernel = writesDistinctWords(m);  // every write batch of the RS programs (tests/c/program_model.cc)
         it.index = static_cast<int>(bp->memops_.size());
         bp->memops_.push_back(std::move(m));

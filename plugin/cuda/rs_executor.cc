@@ -109,6 +109,7 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
   opt.zeroBytes = zeroBytes;
   opt.mode = tokens ? prog::Mode::kCaptured : (pol->defersPushes() ? prog::Mode::kDeferred : prog::Mode::kInOrder);
   opt.maxTokenRsChunks = comm->tokenRsChunks;
+  opt.pairTokens = comm->pairTokens;
   std::shared_ptr<const prog::Program> program;
   {
     tideResult_t r = ent->exec->program(layout, prog::Coll::kReduceScatter, opt, &program);

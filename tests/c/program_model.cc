@@ -11,7 +11,9 @@
 //   * hazards, from a shadow tag per byte: a staging or slot byte is written only when empty (consumed), read only
 //     after this call wrote it; inputs (shards, gradients) are read only while they hold this call's data; staging is
 //     empty again when the caller's lane reaches the end of an RS; every access stays inside its buffer.
-// Usage: program_model [--token-rs-chunks N] [--fold] [--caller-first] MODE...
+// Usage: program_model [--token-rs-chunks N] [--pair-tokens] [--fold] [--caller-first] MODE...
+//        --pair-tokens: token programs with Options::pairTokens (barrier tokens in pairs of words, each pair one
+//                       64-bit operation whose wait needs both words equal to their values).
 //                                         --fold (with --copy-queue / --channels): every token program on its
 //                                         caller's lane (direct issue on one stream) instead of two lanes;
 //                                         --caller-first (with groups): each round's caller-lane items issued before
@@ -95,6 +97,9 @@ int g_dropWord = -1;  // --drop-wait
 bool g_dropOwn = false, g_noFork = false;
 // --token-rs-chunks N: the most chunks a token RS may have (NCCL_TIDE_TOKEN_RS_CHUNKS; Options::maxTokenRsChunks).
 int g_tokenRsChunks = 2;
+// --pair-tokens: token programs compiled with Options::pairTokens (barrier tokens waited for and reset in pairs).
+bool g_pairTokens = false;
+uint64_t g_pairOps = 0;  // token pairs run as one operation (printed at the end)
 
 // Removes every wait on g_dropWord (the mutation of --drop-wait); flag runs left empty become no-ops.
 void mutate(Program* p) {
@@ -116,11 +121,31 @@ void mutate(Program* p) {
     op.end = static_cast<uint32_t>(flags.size());
   }
   p->flags = std::move(flags);
+  for (FlagOp& f : p->flags) f.pairNext = false;  // a dropped half leaves no pair: the mutants run word by word
 }
+
 
 [[noreturn]] void die(const std::string& what) {
   fprintf(stderr, "FAIL: %s\n", what.c_str());
   exit(1);
+}
+
+// A token pair (FlagOp::pairNext) must be what an interpreter may issue as one 64-bit operation.
+void checkPairs(const Program& p) {
+  for (const Op& op : p.ops) {
+    if (op.kind != Op::kFlags) continue;
+    for (uint32_t f = op.begin; f < op.end; ++f) {
+      const FlagOp& a = p.flags[f];
+      if (!a.pairNext) continue;
+      if (f + 1 >= op.end) die("a token pair's first word ends its batch");
+      const FlagOp& b = p.flags[f + 1];
+      if (b.pairNext || b.kind != a.kind || b.owner != a.owner || a.word % 2 != 0 || b.word != a.word + 1 ||
+          a.base != Val::kConst || b.base != Val::kConst) {
+        die("rank " + std::to_string(p.rank) + ": a malformed token pair at word " + std::to_string(a.word));
+      }
+      ++f;
+    }
+  }
 }
 
 struct Buffer {
@@ -282,6 +307,31 @@ struct World {
     }
     if (op.kind == Op::kFlags) {
       const FlagOp& f = p.flags[op.begin + it.sub];
+      const uint32_t end = it.subEnd ? it.subEnd : op.end - op.begin;
+      if (f.pairNext && it.sub + 1 < end) {
+        // One 64-bit operation, as the CUDA interpreter issues it: a write of both words, or a wait for equality of
+        // both. The wait passes here when both words have reached their values, and then they must equal them (a
+        // word past its value would keep the GPU's equality wait from ever passing).
+        const FlagOp& g = p.flags[op.begin + it.sub + 1];
+        uint32_t* w0 = &flags.at(f.owner).at(f.word);
+        uint32_t* w1 = &flags.at(g.owner).at(g.word);
+        const uint32_t v0 = f.value(e, t), v1 = g.value(e, t);
+        if (f.kind == FlagOp::kWait) {
+          if (!geq(*w0, v0) || !geq(*w1, v1)) return false;
+          if (*w0 != v0 || *w1 != v1) {
+            die("rank " + std::to_string(x / 2) + ": token pair at word " + std::to_string(f.word) + " holds " +
+                std::to_string(*w0) + "/" + std::to_string(*w1) + ", waited for " + std::to_string(v0) + "/" +
+                std::to_string(v1) + ": an equality wait would never pass");
+          }
+        } else {
+          *w0 = v0;
+          *w1 = v1;
+        }
+        ++g_pairOps;
+        it.sub += 2;
+        if (it.sub == end) ++head[x];
+        return true;
+      }
       uint32_t* w = &flags.at(f.owner).at(f.word);
       const uint32_t v = f.value(e, t);
       if (f.kind == FlagOp::kWait) {
@@ -530,6 +580,7 @@ void prepare(World& w, const std::vector<std::unique_ptr<Layout>>& layouts, Mode
   opt.mode = mode;
   opt.zeroBytes = 64;  // small, so padding takes several zero copies
   opt.maxTokenRsChunks = g_tokenRsChunks;
+  opt.pairTokens = g_pairTokens;
   P->ag.resize(W);
   P->rs.resize(W);
   P->agT.resize(W);
@@ -549,6 +600,8 @@ void prepare(World& w, const std::vector<std::unique_ptr<Layout>>& layouts, Mode
       die("compileReduceScatter (tokens) failed");
     }
     if (rsTokens) checkWriteBatchesDistinct(P->rsT[r], r);
+    checkPairs(P->agT[r]);
+    checkPairs(P->rsT[r]);
     mutate(&P->ag[r]);
     mutate(&P->rs[r]);
     mutate(&P->agT[r]);
@@ -1075,6 +1128,12 @@ int main(int argc, char** argv) {
     argv += 2;
     argc -= 2;
   }
+  if (argc > 1 && strcmp(argv[1], "--pair-tokens") == 0) {  // a leading option, after --token-rs-chunks
+    g_pairTokens = true;
+    argv[1] = argv[0];
+    argv += 1;
+    argc -= 1;
+  }
   bool foldAll = false;
   while (argc > 1 && (strcmp(argv[1], "--fold") == 0 || strcmp(argv[1], "--caller-first") == 0)) {
     (strcmp(argv[1], "--fold") == 0 ? foldAll : g_callerFirst) = true;  // leading options for --copy-queue / --channels
@@ -1171,6 +1230,7 @@ int main(int argc, char** argv) {
       }
     }
   }
+  printf("token pair operations: %llu\n", static_cast<unsigned long long>(g_pairOps));
   printf("%s\n", failures ? "FAILED" : "all cases passed");
   return failures ? 1 : 0;
 }

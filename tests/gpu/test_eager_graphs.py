@@ -296,6 +296,22 @@ def test_merge_flag_batches_other_setting_in_a_subprocess(torch_cuda, cuda_lib):
                      files=[__file__, os.path.join(here, "test_graph_capture.py")], NCCL_TIDE_MERGE_FLAG_BATCHES=other)
 
 
+PAIR_TOKENS = N.param_value("NCCL_TIDE_PAIR_TOKENS") == "1"
+
+
+@pytest.mark.skipif(not route_on(), reason="NCCL_TIDE_EAGER_GRAPHS=0")
+def test_pair_tokens_other_setting_in_a_subprocess(torch_cuda, cuda_lib):
+    """The same selection as the merge test above with NCCL_TIDE_PAIR_TOKENS flipped (this process runs them with its
+    own setting): the barrier tokens waited for and reset two words per 64-bit memop (1) or one word per 32-bit memop
+    (0), bit-exact with the host executor either way."""
+    other = "0" if PAIR_TOKENS else "1"
+    here = os.path.dirname(os.path.abspath(__file__))
+    n = 3 + 3 + len(RS_CASES) + len(PIPELINED_CASES) + 3 + 1 + 9 + 1
+    _in_a_subprocess(64, "graph_route or pipelined_bit_exact or captured or strided_runs or values_and_pointer or "
+                     "uncapturable", n,
+                     files=[__file__, os.path.join(here, "test_graph_capture.py")], NCCL_TIDE_PAIR_TOKENS=other)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Interleaving: graph route, epoch protocol and user captures on one world
 # ----------------------------------------------------------------------------------------------------------------

@@ -58,9 +58,11 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-SIDES = ("ag-share", "ag-share-unpaced", "rs-share", "rs-share-unpaced", "rs-share-serial", "nccl-like-16",
-         "nccl-like-32", "ag-loopback", "rs-loopback")
-DEFAULT_SIDES = tuple(s for s in SIDES if s != "rs-share-serial")
+SIDES = ("ag-share", "ag-share-unpaced", "ag-share-incoming", "rs-share", "rs-share-unpaced", "rs-share-serial",
+         "nccl-like-16", "nccl-like-32", "ag-loopback", "rs-loopback")
+# Diagnostic sides, run only when named: rs-share-serial (session 26's one-stream link model) and ag-share-incoming
+# (the AG share without its own-shard copy, which is a same-device copy, SM work on a node too: session 27).
+DEFAULT_SIDES = tuple(s for s in SIDES if s not in ("rs-share-serial", "ag-share-incoming"))
 MIN_RUNS = 31  # DESIGN.md section 9 / issue 16: median and IQR over at least 31 runs
 GEMM_MKN = (1024, 4096, 16384)
 ORDERS = ("gemm-after-first", "side-first")  # Harness.beside: where the GEMM is enqueued (DESIGN.md section 9)
@@ -455,12 +457,17 @@ class Side:
 
 
 class AgShare(Side):
-    def __init__(self, g: _Gpu, lay, world, pacer, seed, source="device"):
+    """own=False (side ag-share-incoming): the incoming copies only. Rank 0's own shard into its own slot is a
+    same-device copy, which runs on SMs on a node too (docs/architecture.md "Copies run on SMs on one GPU"); without
+    it the GEMM sees only what the peers' copy engines put on this GPU."""
+
+    def __init__(self, g: _Gpu, lay, world, pacer, seed, source="device", own=True):
         from .. import _bench as B
 
         t = g.torch
-        self.B, self.g, self.pacer, self.source = B, g, pacer, source
-        self.name = "TIDE-AG share" + ("" if pacer else " (unpaced)") + source_tag(source)
+        self.B, self.g, self.pacer, self.source, self.with_own = B, g, pacer, source, own
+        self.name = ("TIDE-AG share" + ("" if pacer else " (unpaced)") + ("" if own else ", incoming only") +
+                     source_tag(source))
         self.tide = True
         self.world = world
         send_elems = lay.send_bytes // 2
@@ -470,6 +477,8 @@ class AgShare(Side):
         ib = self.images.data_ptr()
         self.own, self.incoming = ag_plan(lay.params, world, lambda s: ib + (s - 1) * send_elems * 2,
                                           self.send.data_ptr(), self.slot.data_ptr())
+        if not own:
+            self.own = []
         self.s_in, self.s_own = g.stream(), g.stream()
         self.streams = [self.s_in, self.s_own]
         self.bytes = incoming_hbm_bytes(sum(c[2] for c in self.own), sum(c[2] for c in self.incoming), source)
@@ -498,7 +507,7 @@ class AgShare(Side):
         per = self.lay.send_bytes
         for p in self.lay.params:
             sb = p.shard_numel * p.elem_size
-            for s in range(self.world):
+            for s in range(0 if self.with_own else 1, self.world):
                 got = self.slot[p.slot_offset + s * sb: p.slot_offset + (s + 1) * sb]
                 src = send_b if s == 0 else img_b[(s - 1) * per:s * per]
                 want = src[p.send_offset:p.send_offset + sb]
@@ -770,10 +779,11 @@ def _timeline(g: _Gpu, side, host_ms: float) -> Optional[dict]:
 
     try:
         if isinstance(side, AgShare):
-            own_total = sum(c[2] for c in side.own)
-            check_streams_distinct(own_total, [side.incoming_bytes])
+            own_total = sum(c[2] for c in side.own)  # 0 for ag-share-incoming: no own stream to find
+            if own_total:
+                check_streams_distinct(own_total, [side.incoming_bytes])
             inc = chunk_spans(stream_of(side.incoming_bytes), [side.incoming_bytes])
-            own = chunk_spans(stream_of(own_total), [own_total])
+            own = chunk_spans(stream_of(own_total), [own_total]) if own_total else []
             red = []
         else:
             in_b = [sum(c[2] for c in incoming) for _, incoming, _ in side.plans]
@@ -956,6 +966,8 @@ def _make_side(name, g, a, lay, shapes, numels, rows, pacer):
         return AgShare(g, lay, W, pacer, a.seed, src)
     if name == "ag-share-unpaced":
         return AgShare(g, lay, W, None, a.seed, src)
+    if name == "ag-share-incoming":
+        return AgShare(g, lay, W, pacer, a.seed, src, own=False)
     if name == "rs-share":
         return RsShare(g, lay, W, pacer, a.seed, shapes, a.reduce_max_ctas, a.reduce_cta_bytes, source=src)
     if name == "rs-share-serial":
