@@ -16,6 +16,7 @@ Case string: name,k=K,layers=N,raf=<T|F per block>,root=<T|F|auto>,accum=A,fwd=<
 Run by hand: python tests/test_fsdp_slot_pool.py worker <rank> <world> <port> <cases>
 """
 
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -73,7 +74,11 @@ def _native(opts, rank, k, counter):
     _slot_pool.force_binder(opts.get("bind"))  # None: the default (alloc, emulated on CPU)
     model = _build(opts)
     counter.take()
-    handle = tfsdp.enable(model, executor="native", slot_pool=k)
+    os.environ["NCCL_TIDE_FSDP_CAST_IN_PLACE"] = opts.get("cast", "1")  # read by enable()
+    try:
+        handle = tfsdp.enable(model, executor="native", slot_pool=k)
+    finally:
+        del os.environ["NCCL_TIDE_FSDP_CAST_IN_PLACE"]
     out = _run_accum(model, rank, STEPS, int(opts.get("accum", 1)))
     out["stats"] = handle.stats()
     out["stock_calls"] = counter.take()
@@ -83,6 +88,7 @@ def _native(opts, rank, k, counter):
         "ag_slots": len(comm.ag_ptrs),
         "staging_used": comm.staging_used,
         "live_enabled": comm.live_slots,
+        "ag_in_place": getattr(comm, "ag_in_place", 0),  # shards the AG found in their own slot position
     }
     _slot_pool.force_binder(None)
     tfsdp.disable(model)
@@ -116,6 +122,14 @@ def run_case(rank, case, counter):
             bad[str(arg)] = "accepted"
         except InvalidArgumentError as e:
             bad[str(arg)] = str(e)
+    os.environ["NCCL_TIDE_FSDP_CAST_IN_PLACE"] = "yes"
+    try:
+        tfsdp.enable(_build(opts), executor="reference")
+        bad_cast = "accepted"
+    except InvalidArgumentError as e:
+        bad_cast = str(e)
+    finally:
+        del os.environ["NCCL_TIDE_FSDP_CAST_IN_PLACE"]
     return {
         "name": name,
         "opts": opts,
@@ -125,6 +139,7 @@ def run_case(rank, case, counter):
         "dedicated": {"stats": dedicated["stats"], "sim": dedicated["sim"]},
         "pooled": {"stats": pooled["stats"], "sim": pooled["sim"], "stock_calls": pooled["stock_calls"]},
         "bad_args": bad,
+        "bad_cast": bad_cast,
         "warnings": [str(w.message) for w in caught if w.category.__name__ == "TideFSDPWarning"],
     }
 
@@ -148,6 +163,8 @@ CASES = {
     "fb1": "fb1,k=1,raf=TTTT,root=auto",
     # forward prefetch of 2 blocks ahead needs 3 slots: some forward AGs fall back
     "fb2fwd": "fb2fwd,k=2,raf=TTTTT,root=auto,fwd=2",
+    # the cast into a packed send buffer (NCCL_TIDE_FSDP_CAST_IN_PLACE=0) instead of into the slot
+    "p2nocast": "p2nocast,k=2,raf=TTTTT,root=auto,cast=0",
     # the swap binder (UntypedStorage._swap_data_ptr_, torch >= 2.12) instead of the default alloc one
     "p2swap": "p2swap,k=2,raf=TTTTT,root=auto,bind=swap",
     # block 1 keeps its unsharded storage (set_keep_unsharded_storage): a dedicated slot, warned once
@@ -163,7 +180,7 @@ def _launch(world, names):
 
 @pytest.fixture(scope="module")
 def w2():
-    return _launch(2, ["p2", "p3mix", "p2accum", "fb1", "p2swap", "pin"])
+    return _launch(2, ["p2", "p3mix", "p2accum", "fb1", "p2swap", "pin", "p2nocast"])
 
 
 @pytest.fixture(scope="module")
@@ -243,10 +260,20 @@ def _check(res, world):
     assert res["vs_dedicated"]["grads_bitequal"] and res["vs_dedicated"]["params_bitequal"], res["vs_dedicated"]
     _bitexact(res["vs_stock"]) if world <= 2 else _close4(res["vs_stock"])
     assert all(v != "accepted" and "slot_pool" in v for v in res["bad_args"].values()), res["bad_args"]
+    assert "NCCL_TIDE_FSDP_CAST_IN_PLACE" in res["bad_cast"], res["bad_cast"]
+
+    # mixed precision (bf16 from fp32 shards): every TIDE-AG's cast wrote the shards into their own slot
+    # positions and the AG found them there (one in-place shard per parameter), unless switched off
+    for run in ("pooled", "dedicated"):
+        gs = res[run]["stats"]["tide_groups"]
+        calls = sum(g["ag_calls"] for g in gs)
+        in_place = sum(g["cast_in_place"] for g in gs)
+        assert calls > 0 and in_place == (calls if opts.get("cast", "1") == "1" else 0), (run, calls, in_place)
+        assert (res[run]["sim"]["ag_in_place"] >= calls) == (in_place > 0), (run, res[run]["sim"])
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("case", ["p2", "p3mix", "p2accum", "fb1", "p2swap", "pin"])
+@pytest.mark.parametrize("case", ["p2", "p3mix", "p2accum", "fb1", "p2swap", "pin", "p2nocast"])
 def test_slot_pool_2_ranks(case, w2):
     for res in w2[case]:
         _check(res, 2)

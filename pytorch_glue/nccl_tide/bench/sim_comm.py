@@ -70,8 +70,19 @@ class SimComm:
             assert slot.untyped_storage().nbytes() >= layout.slot_bytes, "TIDE-AG into memory smaller than the slot"
             self.foreign_ag += 1
         self.ag_ptrs.add(ptr)
-        self._alias(slot, torch.uint8).narrow(0, 0, layout.slot_bytes).fill_(0xFF)  # poison: bf16/fp32 NaN
+        # The shards are read first: this rank's may lie in its own slot position (in place, as tide.h allows),
+        # which the poison below would overwrite. Any other overlap with the slot is refused, as the library does.
+        if shards is not None:
+            r = self.rank
+            for s_, p in zip(shards, layout.params):
+                own = ptr + p.slot_offset + r * p.shard_numel * p.elem_size
+                lo, hi = s_.data_ptr(), s_.data_ptr() + s_.numel() * s_.element_size()
+                if lo == own and s_.element_size() == p.elem_size:
+                    self.ag_in_place = self.__dict__.get("ag_in_place", 0) + 1
+                else:
+                    assert hi <= ptr or lo >= ptr + layout.slot_bytes, "TIDE-AG shard overlaps the slot"
         send = sendbuf if sendbuf is not None else self.ref.pack(layout, shards)
+        self._alias(slot, torch.uint8).narrow(0, 0, layout.slot_bytes).fill_(0xFF)  # poison: bf16/fp32 NaN
         flat = self._alias(slot, dt)
         W = layout.world_size
         views = [flat.narrow(0, p.slot_offset // p.elem_size, p.shard_numel * W) for p in layout.params]

@@ -5,6 +5,7 @@ the group's private _all_gather_comm / _reduce_scatter_comm, one instance per gr
 FSDP2's Comm contract asks), so the patched functions find it from their arguments.
 """
 
+import os
 import weakref
 from typing import Dict, List, Optional, Tuple
 
@@ -16,7 +17,7 @@ from torch.distributed.fsdp._fully_shard import _fsdp_common as _common
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, CPUOffloadPolicy, ReduceScatter
 from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState
 
-from ..errors import InvalidUsageError
+from ..errors import InvalidArgumentError, InvalidUsageError
 from ..layout import Layout, default_ranks_per_node
 from ..reference_executor import tide_dtype_name
 from ._slot_pool import BindError, pinned
@@ -36,6 +37,18 @@ _HAS_GRAD_DTYPE = hasattr(__import__("torch.distributed.fsdp._fully_shard._fsdp_
 # slots: nccl_tide.fsdp._model_dropped). The entry goes with the state, and with it the storage
 # whose address is the key (the state holds it), so a reused address never finds a stale entry.
 NATIVE_SLOTS: "weakref.WeakValueDictionary[int, GroupState]" = weakref.WeakValueDictionary()
+
+
+def cast_in_place_setting() -> bool:
+    """NCCL_TIDE_FSDP_CAST_IN_PLACE (docs/env.md; read by enable()): 1 or unset, with mixed precision the native
+    executor's cast writes this rank's shards into their own slot positions and the all-gather takes them in
+    place; 0 casts into a packed send buffer (the library then copies the own shard into the slot)."""
+    v = os.environ.get("NCCL_TIDE_FSDP_CAST_IN_PLACE", "1")
+    if v not in ("0", "1"):
+        raise InvalidArgumentError(f"NCCL_TIDE_FSDP_CAST_IN_PLACE={v!r}: use 0 or 1")
+    return v == "1"
+
+
 _TORCH = "torch"  # GroupState.held: the storage holds torch memory (a stock all-gather fell back)
 
 
@@ -120,6 +133,7 @@ class GroupStats:
         self.executor_temp_bytes = 0  # temporaries the executor allocated (reference: gather buffers)
         self.rs_staging_in_slot = 0
         self.ag_pool_fallbacks = 0  # native: all-gathers that found no free pool slot (stock FSDP2)
+        self.cast_in_place = 0  # native: all-gathers whose cast wrote the shards into the slot (no own-shard copy)
 
     def fallback(self, reason: str) -> None:
         self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
@@ -166,6 +180,8 @@ class GroupState:
         self.held = None  # the Slot held now, _TORCH (stock AG fell back), or None (sharded)
         self.last_slot = None  # the slot of the last TIDE-AG (preferred RS staging)
         self.exec_u8: Optional[torch.Tensor] = None  # uint8 alias of `store` for the comm
+        self.own_positions: Optional[List[torch.Tensor]] = None  # this rank's shard positions in exec_u8
+        self.cast_shards_in_place = cast_in_place_setting()
         self.ag_comm = TideAllGather(self)
         self.rs_comm = TideReduceScatter(self)
 
@@ -226,7 +242,7 @@ class GroupState:
             if self.held is not None:
                 self.on_release(record=False, learn=False)
             NATIVE_SLOTS.pop(self.store._cdata, None)
-            self.store = self.exec_u8 = self.pool = self.last_slot = None
+            self.store = self.exec_u8 = self.pool = self.last_slot = self.own_positions = None
         self.slot = self.exec_slot = None
         self.exec_views = []
         for lay in [self.layout, *self._rs_layouts.values()]:
@@ -362,10 +378,22 @@ class GroupState:
             self.exec_u8 = torch.empty(0, dtype=torch.uint8, device=self.pg.device).set_(
                 self.store, 0, (self.layout.slot_bytes,)
             )
-        with handle.stream(copy_in_stream):
-            # the shards themselves (same dtype: pointer table, no send buffer) or one packed send
-            # buffer with the cast fused (FSDP2's copy #1; its copy #2 into a flat output is gone)
-            send = self.executor.pack(self.layout, [fp._sharded_param_data for fp in fsdp_params])
+        shards = [fp._sharded_param_data for fp in fsdp_params]
+        if self.cast_shards_in_place and any(s.dtype != self.dtype or not s.is_contiguous() for s in shards):
+            # Mixed precision: FSDP2's cast (its copy #1) writes this rank's shards straight into their own
+            # positions in the slot, and the AG takes those positions as its shards (in place: the library
+            # skips the own-shard copy, a same-device copy that runs on SMs, 1/W of the AG's bytes; and no
+            # packed send buffer). The slot is written here, on the copy-in stream: after its last users.
+            slot.wait_on(copy_in_stream)
+            with handle.stream(copy_in_stream), torch.no_grad():
+                send = self._own_positions()
+                torch._foreach_copy_(send, [x.reshape(-1) for x in shards])
+            self.stats.cast_in_place += 1
+        else:
+            with handle.stream(copy_in_stream):
+                # the shards themselves (same dtype: pointer table, no send buffer) or one packed send
+                # buffer with the cast fused (FSDP2's copy #1; its copy #2 into a flat output is gone)
+                send = self.executor.pack(self.layout, shards)
         ag_stream.wait_stream(copy_in_stream)
         slot.wait_on(ag_stream)  # the slot's last users: compute until a reshard, RS staging, an AG
         with handle.stream(ag_stream):
@@ -383,6 +411,18 @@ class GroupState:
         keep = send if isinstance(send, torch.Tensor) else self.slot.new_empty(0)
         fields.update(all_gather_output=keep, all_gather_event=event, all_gather_work=None)
         return TideAllGatherResult(**fields)
+
+    def _own_positions(self):
+        """This rank's position of every parameter in the slot (layout dtype), through exec_u8 (the
+        library's alias, with its own version counter: writing it does not bump the parameters')."""
+        if self.own_positions is None:
+            esz = self.layout.params[0].elem_size
+            self.own_positions = [
+                self.exec_u8.narrow(0, p.slot_offset + self.rank * p.shard_numel * esz, p.shard_numel * esz).view(
+                    self.dtype)
+                for p in self.layout.params
+            ]
+        return self.own_positions
 
     def _pool_fallback(self, fsdp_params, group, async_op, copy_in_stream, ag_stream, device, stock_fn, bind=None):
         """No free slot (or the binder failed): FSDP2's own all-gather (same collective on every
