@@ -123,11 +123,12 @@ def run_case(rank, case, counter):
         except InvalidArgumentError as e:
             bad[str(arg)] = str(e)
     os.environ["NCCL_TIDE_FSDP_CAST_IN_PLACE"] = "yes"
+    m = _build(opts)
     try:
-        tfsdp.enable(_build(opts), executor="reference")
+        tfsdp.enable(m, executor="reference")
         bad_cast = "accepted"
     except InvalidArgumentError as e:
-        bad_cast = str(e)
+        bad_cast = str(e) + ("" if tfsdp.handle_of(m) is None else " (but a handle was left)")
     finally:
         del os.environ["NCCL_TIDE_FSDP_CAST_IN_PLACE"]
     return {
@@ -260,7 +261,7 @@ def _check(res, world):
     assert res["vs_dedicated"]["grads_bitequal"] and res["vs_dedicated"]["params_bitequal"], res["vs_dedicated"]
     _bitexact(res["vs_stock"]) if world <= 2 else _close4(res["vs_stock"])
     assert all(v != "accepted" and "slot_pool" in v for v in res["bad_args"].values()), res["bad_args"]
-    assert "NCCL_TIDE_FSDP_CAST_IN_PLACE" in res["bad_cast"], res["bad_cast"]
+    assert "NCCL_TIDE_FSDP_CAST_IN_PLACE" in res["bad_cast"] and "left" not in res["bad_cast"], res["bad_cast"]
 
     # mixed precision (bf16 from fp32 shards): every TIDE-AG's cast wrote the shards into their own slot
     # positions and the AG found them there (one in-place shard per parameter), unless switched off

@@ -30,7 +30,7 @@ from .. import fsdp_switch
 from ..errors import InvalidArgumentError, InvalidUsageError
 from ..reference_executor import get_executor
 from . import _adapter, _patch, _slot_pool
-from ._group import GroupState, static_reason
+from ._group import GroupState, cast_in_place_setting, static_reason
 from ._slot_pool import build_pools, reshards_after_forward
 from ._warn import TideFSDPWarning, warn_once
 
@@ -248,6 +248,7 @@ def enable(
         raise InvalidArgumentError(
             f"module_filter={module_filter!r}: use a callable (qualified_name, module) -> bool, or None"
         )
+    cast_in_place_setting()  # NCCL_TIDE_FSDP_CAST_IN_PLACE: an invalid value fails here, before anything changes
     if model in _handles and _handles[model].enabled:
         raise InvalidUsageError("nccl_tide.fsdp.enable(): already enabled on this model (disable() first)")
     if not dist.is_available() or not dist.is_initialized():
