@@ -84,6 +84,15 @@ def test_token_pairs(model_exe, chunks):
     assert plain.returncode == 0 and "token pair operations: 0\n" in plain.stdout, plain.stdout[-1500:]
 
 
+def test_token_pairs_need_the_parity_banks(model_exe):
+    """The RS full and consumed tokens of chunk k live in the bank of k's parity, so that a word holds only 0 or the
+    value its waiter waits for. With one bank (the mutant), a pusher's token of chunk k + 1 can overwrite chunk k's
+    before the owner's wait reads it: the model must report the equality wait that would never pass."""
+    r = subprocess.run([str(model_exe), "--token-rs-chunks", "64", "--pair-tokens", "--single-rs-banks", "4"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0 and "an equality wait would never pass" in r.stderr, r.stdout[-1500:] + r.stderr[-1500:]
+
+
 def test_pipelined_token_rs_runs_forked_and_on_one_stream(model_exe):
     """The token RS of more chunks than buffers runs on two lanes (pushes on the internal lane, reductions on the
     caller's: a captured graph's two branches) and, folded onto the caller's lane, on one stream (direct issue):
@@ -110,11 +119,13 @@ def test_model_detects_a_two_lane_token_rs_without_its_meeting_points(model_exe,
     assert ok.returncode == 0 and "all cases passed" in ok.stdout, ok.stdout[-1500:] + ok.stderr[-1500:]
 
 
-def test_model_detects_a_missing_consumed_token_wait(model_exe):
-    """The consumed tokens (word 512 + owner) are waited on only by token RSs of more than 2 chunks: dropping those
-    waits must fail (a push overwrites a staging buffer not yet reduced)."""
-    r = subprocess.run([str(model_exe), "--token-rs-chunks", "64", "--drop-wait", "512", "8"], capture_output=True,
-                       text=True, timeout=600)
+@pytest.mark.parametrize("word", [512, 641, 576, 577])
+def test_model_detects_a_missing_consumed_token_wait(model_exe, word):
+    """The consumed tokens (words 512 + owner, and 640 + owner for odd chunks) are waited on only by token RSs of
+    more than 2 chunks: dropping those waits must fail (a push overwrites a staging buffer not yet reduced). So must
+    dropping the full tokens of odd chunks (576 + writer), which those RSs exercise."""
+    r = subprocess.run([str(model_exe), "--token-rs-chunks", "64", "--drop-wait", str(word), "8"],
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode != 0 and "FAIL:" in r.stderr, r.stdout[-1500:] + r.stderr[-1500:]
 
 

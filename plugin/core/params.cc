@@ -110,11 +110,11 @@ const Def kDefs[kNumParams] = {
      "of 4); 0 keeps one node per batch.",
      0, 1, nullptr, "0 or 1"},
     {"NCCL_TIDE_PAIR_TOKENS", Type::kBool, "bool", "1",
-     "1 (the default): the token programs (captures, the eager graph route) wait for and reset the one-shot tokens "
-     "of their barriers (all-gather ready and done, reduce-scatter enter) two flag words per 64-bit memory operation, "
-     "where the device has 64-bit stream memory operations: about half the operations of those barriers (a captured "
-     "all-gather at 8 ranks: 33 instead of 45). 0 keeps one 32-bit operation per word. Local to each rank (what it "
-     "writes to peers is the same either way).",
+     "1 (the default): the token programs (captures, the eager graph route) wait for their tokens (all-gather ready "
+     "and done, reduce-scatter enter, full and consumed) and reset the barrier tokens two flag words per 64-bit "
+     "memory operation, where the device has 64-bit stream memory operations: about half the operations (a captured "
+     "all-gather at 8 ranks: 33 instead of 45; the wait batches of a 4-chunk reduce-scatter: 33 instead of 63). 0 "
+     "keeps one 32-bit operation per word. Local to each rank (what it writes to peers is the same either way).",
      0, 1, nullptr, "0 or 1"},
 };
 

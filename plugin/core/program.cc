@@ -56,8 +56,10 @@ void wordName(int w, char* buf, size_t len) {
   else if (w >= word::kCapAgReady && w < word::kCapAgReady + 64) snprintf(buf, len, "captured AG ready of rank %d", w - word::kCapAgReady);
   else if (w >= word::kCapAgDone && w < word::kCapAgDone + 64) snprintf(buf, len, "captured AG done from rank %d", w - word::kCapAgDone);
   else if (w >= word::kCapRsEnter && w < word::kCapRsEnter + 64) snprintf(buf, len, "captured RS enter of rank %d", w - word::kCapRsEnter);
-  else if (w >= word::kCapRsFull && w < word::kCapRsFull + 64) snprintf(buf, len, "captured RS full from rank %d", w - word::kCapRsFull);
-  else if (w >= word::kCapRsConsumed && w < word::kCapRsConsumed + 64) snprintf(buf, len, "captured RS consumed by rank %d", w - word::kCapRsConsumed);
+  else if (w >= word::kCapRsFull && w < word::kCapRsFull + 64) snprintf(buf, len, "captured RS full (even chunk) from rank %d", w - word::kCapRsFull);
+  else if (w >= word::kCapRsConsumed && w < word::kCapRsConsumed + 64) snprintf(buf, len, "captured RS consumed (even chunk) by rank %d", w - word::kCapRsConsumed);
+  else if (w >= word::kCapRsFullOdd && w < word::kCapRsFullOdd + 64) snprintf(buf, len, "captured RS full (odd chunk) from rank %d", w - word::kCapRsFullOdd);
+  else if (w >= word::kCapRsConsumedOdd && w < word::kCapRsConsumedOdd + 64) snprintf(buf, len, "captured RS consumed (odd chunk) by rank %d", w - word::kCapRsConsumedOdd);
   else snprintf(buf, len, "word %d", w);
 }
 

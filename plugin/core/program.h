@@ -48,11 +48,18 @@ constexpr int kMaxLocalRanks = 64;
 constexpr int kCapAgReady = 256;  // + local rank (captured calls only)
 constexpr int kCapAgDone = 320;
 constexpr int kCapRsEnter = 384;
-constexpr int kCapRsFull = 448;
+// RS full and consumed tokens of chunk k (value k + 1, from the rank the index names) live in the bank of k's
+// parity: chunk k + 2 of the same buffer can only be pushed (and reduced) after chunk k's wait passed, so each word
+// holds 0 or the one value its waiter waits for (what token pairs need; docs/architecture.md "Token pairs").
+constexpr int kCapRsFull = 448;  // even chunks
 // + the owner's local rank: "I have reduced chunk k" (value k + 1), written by the owner into every pusher's array;
 // only token RS programs of more chunks than staging buffers use it (program_rs.cc, capturedPipelined).
-constexpr int kCapRsConsumed = 512;
-constexpr int kWords = 576;
+constexpr int kCapRsConsumed = 512;  // even chunks
+constexpr int kCapRsFullOdd = 576;
+constexpr int kCapRsConsumedOdd = 640;
+constexpr int kWords = 704;
+inline int capRsFull(int chunk) { return chunk % 2 ? kCapRsFullOdd : kCapRsFull; }
+inline int capRsConsumed(int chunk) { return chunk % 2 ? kCapRsConsumedOdd : kCapRsConsumed; }
 }  // namespace word
 
 enum class Coll : uint8_t { kAllGather = 0, kReduceScatter = 1 };
@@ -170,10 +177,10 @@ struct Options {
   // RS, kCaptured: the most pipeline chunks a token program may have (NCCL_TIDE_TOKEN_RS_CHUNKS). Up to 2 there is
   // one staging buffer per chunk; beyond, 2 buffers and the consumed tokens (docs/architecture.md "CUDA graphs").
   int maxTokenRsChunks = 2;
-  // kCaptured: the one-shot 0/1 tokens (AG ready and done, RS enter) waited for and reset in pairs of words
-  // (FlagOp::pairNext), the rank's own word and a pad word past the last rank included (both stay 0): about half the
-  // memop operations of those barriers (docs/architecture.md "Token pairs"). Local to the rank: the words written to
-  // peers are the same either way.
+  // kCaptured: the tokens (AG ready and done, RS enter, full and consumed) waited for, and the barrier tokens reset,
+  // in pairs of words (FlagOp::pairNext), the rank's own word and a pad word past the last rank included where they
+  // stay 0: about half the memop operations (docs/architecture.md "Token pairs"). Local to the rank: the words
+  // written to peers are the same either way.
   bool pairTokens = false;
 };
 

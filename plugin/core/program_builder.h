@@ -40,8 +40,14 @@ class Builder {
   // to 0 (program_ag.cc, program_rs.cc capturedEntry). With pairs (Options::pairTokens) they cover words base ..
   // base + W rounded up to even, two at a time: the owner's own word and the pad word past W, which no rank writes,
   // are waited for at 0 and reset to 0, so that every pair is whole.
-  void tokenWaits(int owner, int base, int W, bool pairs) { tokens(FlagOp::kWait, owner, base, W, 1, pairs); }
-  void tokenResets(int owner, int base, int W, bool pairs) { tokens(FlagOp::kWrite, owner, base, W, 0, pairs); }
+  void tokenWaits(int owner, int base, int W, bool pairs) { tokens(FlagOp::kWait, owner, base, W, 1, false, pairs); }
+  void tokenResets(int owner, int base, int W, bool pairs) { tokens(FlagOp::kWrite, owner, base, W, 0, false, pairs); }
+  // The waits of `owner` for tokens of value `value` in words base + s from every rank s (its own too when
+  // includeOwn: a token it writes to itself), as above: in pairs, the own word (when not included) and the pad word
+  // at 0. For RS full and consumed tokens, which live in parity banks (word::capRsFull) for this reason.
+  void tokenWaitsFor(int owner, int base, int W, int64_t value, bool includeOwn, bool pairs) {
+    tokens(FlagOp::kWait, owner, base, W, value, includeOwn, pairs);
+  }
 
   // A copy segment, appended to the open copy batch (or a new one). peer >= 0: a transport put to that rank.
   void copy(Addr dst, Addr src, uint64_t bytes, int peer = -1) {
@@ -88,17 +94,18 @@ class Builder {
     o->end = static_cast<uint32_t>(p_->flags.size());
   }
 
-  void tokens(FlagOp::Kind kind, int owner, int base, int W, int64_t value, bool pairs) {
+  void tokens(FlagOp::Kind kind, int owner, int base, int W, int64_t value, bool includeOwn, bool pairs) {
+    auto valueOf = [&](int s) { return s >= W || (s == owner && !includeOwn) ? 0 : value; };
     if (!pairs) {
       for (int s = 0; s < W; ++s) {
-        if (s != owner) flag(kind, owner, base + s, Val::kConst, value, -1);
+        if (s != owner || includeOwn) flag(kind, owner, base + s, Val::kConst, value, -1);
       }
       return;
     }
     for (int s = 0; s < W; s += 2) {
-      flag(kind, owner, base + s, Val::kConst, s == owner ? 0 : value, -1);
+      flag(kind, owner, base + s, Val::kConst, valueOf(s), -1);
       p_->flags.back().pairNext = true;
-      flag(kind, owner, base + s + 1, Val::kConst, s + 1 == owner || s + 1 >= W ? 0 : value, -1);
+      flag(kind, owner, base + s + 1, Val::kConst, valueOf(s + 1), -1);
     }
   }
 

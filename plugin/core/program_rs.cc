@@ -155,16 +155,14 @@ void capturedPush(const Layout& l, const Geometry& g, int k, bool own, int* pi, 
   }
   b.close();
   for (int d = 0; d < W; ++d) {
-    if (own || d != me) b.write(d, word::kCapRsFull + me, Val::kConst, k + 1);
+    if (own || d != me) b.write(d, word::capRsFull(k) + me, Val::kConst, k + 1);
   }
 }
 
 // The wait for every other rank's full token of chunk k (and this rank's own, own), then this rank's fold of chunk k.
-void capturedReduce(const Geometry& g, int k, bool own, Builder& b) {
+void capturedReduce(const Geometry& g, int k, bool own, bool pairs, Builder& b) {
   const uint64_t c0 = static_cast<uint64_t>(k) * g.chunk, c1 = std::min(c0 + g.chunk, g.outNumel);
-  for (int s = 0; s < g.W; ++s) {
-    if (own || s != g.me) b.wait(g.me, word::kCapRsFull + s, Val::kConst, k + 1);
-  }
+  b.tokenWaitsFor(g.me, word::capRsFull(k), g.W, k + 1, own, pairs);
   ReduceOp r = foldOf(g, k, c1 - c0);
   r.out = addr(Mem::kOut, 0, c0);
   b.reduce(r);
@@ -176,9 +174,11 @@ void captured(const Layout& l, const Geometry& g, bool pairs, Builder& b) {
   int pi = 0;
   for (int k = 0; k < g.numChunks; ++k) capturedPush(l, g, k, false, &pi, b);
   b.at(Lane::kCaller, 1);  // round 2: waits only for round 1's full writes (every chunk's)
-  for (int k = 0; k < g.numChunks; ++k) capturedReduce(g, k, false, b);
-  for (int s = 0; s < g.W; ++s) {
-    if (s != g.me) b.write(g.me, word::kCapRsFull + s, Val::kConst, 0);
+  for (int k = 0; k < g.numChunks; ++k) capturedReduce(g, k, false, pairs, b);
+  for (int k = 0; k < g.numChunks; ++k) {  // each chunk's bank (chunks 0 and 1: one each)
+    for (int s = 0; s < g.W; ++s) {
+      if (s != g.me) b.write(g.me, word::capRsFull(k) + s, Val::kConst, 0);
+    }
   }
   b.write(g.me, word::kCapRsPhase, Val::kConst, 0);
 }
@@ -204,20 +204,26 @@ void capturedPipelined(const Layout& l, const Geometry& g, bool pairs, Builder& 
     const int push = r - 1, red = r - 2;
     if (r >= 3 && push < K) {
       b.at(Lane::kInternal, r - 1);
-      for (int d = 0; d < W; ++d) b.wait(me, word::kCapRsConsumed + d, Val::kConst, push - 1);  // d reduced push - 2
+      // every d (this rank too) reduced chunk push - 2, whose buffer this push reuses
+      b.tokenWaitsFor(me, word::capRsConsumed(push - 2), W, push - 1, true, pairs);
       capturedPush(l, g, push, true, &pi, b);
     }
     b.at(Lane::kCaller, r - 1);
-    capturedReduce(g, red, true, b);
+    capturedReduce(g, red, true, pairs, b);
     if (red + 2 < K) {
-      for (int d = 0; d < W; ++d) b.write(d, word::kCapRsConsumed + me, Val::kConst, red + 1);
+      for (int d = 0; d < W; ++d) b.write(d, word::capRsConsumed(red) + me, Val::kConst, red + 1);
     }
   }
   // The last consumed token of every rank (value K - 2) was waited for by the internal lane before its last push,
   // and every full token (K) by the reduce just issued, which waited this rank's own last full token, written after
   // that push: no write of this call can land after these resets, and the next call's come after the next entry.
+  // Both parity banks of each kind (K > 2: chunks of both parities, consumed tokens of chunks 0 .. K - 3).
   for (int s = 0; s < W; ++s) b.write(me, word::kCapRsFull + s, Val::kConst, 0);
+  for (int s = 0; s < W; ++s) b.write(me, word::kCapRsFullOdd + s, Val::kConst, 0);
   for (int d = 0; d < W; ++d) b.write(me, word::kCapRsConsumed + d, Val::kConst, 0);
+  if (K > 3) {
+    for (int d = 0; d < W; ++d) b.write(me, word::kCapRsConsumedOdd + d, Val::kConst, 0);
+  }
   b.write(me, word::kCapRsPhase, Val::kConst, 0);
 }
 

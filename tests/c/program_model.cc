@@ -14,6 +14,8 @@
 // Usage: program_model [--token-rs-chunks N] [--pair-tokens] [--fold] [--caller-first] MODE...
 //        --pair-tokens: token programs with Options::pairTokens (barrier tokens in pairs of words, each pair one
 //                       64-bit operation whose wait needs both words equal to their values).
+//        --single-rs-banks (after --pair-tokens): a mutant with the RS full / consumed tokens of odd chunks in the
+//                       even banks; the model must catch a pair's equality wait that could never pass.
 //                                         --fold (with --copy-queue / --channels): every token program on its
 //                                         caller's lane (direct issue on one stream) instead of two lanes;
 //                                         --caller-first (with groups): each round's caller-lane items issued before
@@ -99,16 +101,25 @@ bool g_dropOwn = false, g_noFork = false;
 int g_tokenRsChunks = 2;
 // --pair-tokens: token programs compiled with Options::pairTokens (barrier tokens waited for and reset in pairs).
 bool g_pairTokens = false;
+// --single-rs-banks: a mutant that puts the RS full and consumed tokens of odd chunks back into the even banks (one
+// word per writer for every chunk, as before session 27): with pairs, an equality wait must then be caught.
+bool g_singleBanks = false;
 uint64_t g_pairOps = 0;  // token pairs run as one operation (printed at the end)
 
 // Removes every wait on g_dropWord (the mutation of --drop-wait); flag runs left empty become no-ops.
 void mutate(Program* p) {
+  if (g_singleBanks) {
+    for (FlagOp& f : p->flags) {
+      if (f.word >= word::kCapRsFullOdd && f.word < word::kWords) f.word -= word::kCapRsFullOdd - word::kCapRsFull;
+    }
+  }
   if (g_dropWord < 0 && !g_dropOwn) return;
   auto dropped = [&](const FlagOp& f) {
     if (f.kind != FlagOp::kWait) return false;
     if (f.word == g_dropWord) return true;
     return g_dropOwn && f.owner == p->rank &&
-           (f.word == word::kCapRsFull + p->rank || f.word == word::kCapRsConsumed + p->rank);
+           (f.word == word::kCapRsFull + p->rank || f.word == word::kCapRsConsumed + p->rank ||
+            f.word == word::kCapRsFullOdd + p->rank || f.word == word::kCapRsConsumedOdd + p->rank);
   };
   std::vector<FlagOp> flags;
   for (Op& op : p->ops) {
@@ -1128,8 +1139,8 @@ int main(int argc, char** argv) {
     argv += 2;
     argc -= 2;
   }
-  if (argc > 1 && strcmp(argv[1], "--pair-tokens") == 0) {  // a leading option, after --token-rs-chunks
-    g_pairTokens = true;
+  while (argc > 1 && (strcmp(argv[1], "--pair-tokens") == 0 || strcmp(argv[1], "--single-rs-banks") == 0)) {
+    (strcmp(argv[1], "--pair-tokens") == 0 ? g_pairTokens : g_singleBanks) = true;  // after --token-rs-chunks
     argv[1] = argv[0];
     argv += 1;
     argc -= 1;
