@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Session 27, fourth device call (< 10 min). Parts, in this order (default: both):
+#   hostab: host_issue.py --route on, every case (flat, Llama layer, 64 parameters), with NCCL_TIDE_PAIR_TOKENS
+#           1, 0, 1, 0 on the tree with the RS's parity banks (the RS full and consumed tokens paired too).
+#   graphs: test_eager_graphs (RS graph route, pipelined RS, the subprocess with pairs flipped) and
+#           test_graph_capture_multiprocess (token programs over IPC).
+# Everything is archived as $OUT/session27d.tgz. TIDE_GPU_DEADLINE_S: default 540.
+TAG=s27d parts="${*:-hostab graphs}"
+source "$(dirname "$0")/gpu_session_lib.sh"
+session_dirs host tests
+t0=$(date +%s)
+build . build/gpu "$W/build/new.log" \
+  || { echo "build failed"; tail -20 "$W/build/new.log"; tar czf "$O/session27d.tgz" -C "$W" .; exit 1; }
+echo "=== built $(( $(date +%s) - t0 )) s, $(left) s left"
+env_txt
+export NCCL_TIDE_LIBRARY_PATH="$PWD/build/gpu/libnccl-tide.so"
+export PYTHONPATH="$PWD/tests/gpu:$PYTHONPATH"
+if want hostab; then
+  i=0
+  for m in 1 0 1 0; do
+    i=$((i + 1))
+    run "host/pairs_${i}_$m" 60 env NCCL_TIDE_PAIR_TOKENS=$m \
+      python3 benchmarks/host_issue.py --route on --samples 9 --json "$W/host/pairs_${i}_$m.json"
+    grep -E "^(flat|llama|64)" "$W/host/pairs_${i}_$m.log" | cut -c1-120
+  done
+fi
+if want graphs; then
+  for f in test_eager_graphs:150 test_graph_capture_multiprocess:80; do
+    run "tests/${f%%:*}" "${f##*:}" python3 -m pytest -v -rs -x -p no:cacheprovider --durations=5 \
+      -o faulthandler_timeout=$(( ${f##*:} - 5 )) "tests/gpu/${f%%:*}.py"
+  done
+fi
+tar czf "$O/session27d.tgz" -C "$W" .
+echo "=== done, $(left) s left"
