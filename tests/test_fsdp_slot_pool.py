@@ -88,7 +88,8 @@ def _native(opts, rank, k, counter):
         "ag_slots": len(comm.ag_ptrs),
         "staging_used": comm.staging_used,
         "live_enabled": comm.live_slots,
-        "ag_in_place": getattr(comm, "ag_in_place", 0),  # shards the AG found in their own slot position
+        "ag_in_place": comm.ag_in_place,  # shards the AG found in their own slot position
+        "ag_params": sum(g["ag_calls"] * g["n_params"] for g in out["stats"]["tide_groups"]),
     }
     _slot_pool.force_binder(None)
     tfsdp.disable(model)
@@ -270,7 +271,8 @@ def _check(res, world):
         calls = sum(g["ag_calls"] for g in gs)
         in_place = sum(g["cast_in_place"] for g in gs)
         assert calls > 0 and in_place == (calls if opts.get("cast", "1") == "1" else 0), (run, calls, in_place)
-        assert (res[run]["sim"]["ag_in_place"] >= calls) == (in_place > 0), (run, res[run]["sim"])
+        want = res[run]["sim"]["ag_params"] if in_place else 0  # one in-place shard per parameter and AG
+        assert res[run]["sim"]["ag_in_place"] == want and (want > 0) == (in_place > 0), (run, res[run]["sim"])
 
 
 @pytest.mark.timeout(300)

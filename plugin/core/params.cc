@@ -112,8 +112,9 @@ const Def kDefs[kNumParams] = {
     {"NCCL_TIDE_PAIR_TOKENS", Type::kBool, "bool", "1",
      "1 (the default): the token programs (captures, the eager graph route) wait for their tokens (all-gather ready "
      "and done, reduce-scatter enter, full and consumed) and reset the barrier tokens two flag words per 64-bit "
-     "memory operation, where the device has 64-bit stream memory operations: about half the operations (a captured "
-     "all-gather at 8 ranks: 33 instead of 45; the wait batches of a 4-chunk reduce-scatter: 33 instead of 63). 0 "
+     "memory operation, where the device has 64-bit stream memory operations: fewer operations at 3 ranks and more "
+     "(a captured all-gather at 8 ranks: 33 instead of 45; the wait batches of a 4-chunk reduce-scatter: 33 instead "
+     "of 63; none fewer at 2 ranks). 0 "
      "keeps one 32-bit operation per word. Local to each rank (what it writes to peers is the same either way).",
      0, 1, nullptr, "0 or 1"},
 };

@@ -178,9 +178,8 @@ struct Options {
   // one staging buffer per chunk; beyond, 2 buffers and the consumed tokens (docs/architecture.md "CUDA graphs").
   int maxTokenRsChunks = 2;
   // kCaptured: the tokens (AG ready and done, RS enter, full and consumed) waited for, and the barrier tokens reset,
-  // in pairs of words (FlagOp::pairNext), the rank's own word and a pad word past the last rank included where they
-  // stay 0: about half the memop operations (docs/architecture.md "Token pairs"). Local to the rank: the words
-  // written to peers are the same either way.
+  // in pairs of words that both have a writer (FlagOp::pairNext): at W = 8 the AG's 45 memop operations become 33
+  // (docs/architecture.md "Token pairs"). Local to the rank: the words written to peers are the same either way.
   bool pairTokens = false;
 };
 

@@ -37,14 +37,14 @@ class Builder {
   }
 
   // The waits of `owner` for the one-shot tokens base + s (value 1) of every rank s != owner of W, and their resets
-  // to 0 (program_ag.cc, program_rs.cc capturedEntry). With pairs (Options::pairTokens) they cover words base ..
-  // base + W rounded up to even, two at a time: the owner's own word and the pad word past W, which no rank writes,
-  // are waited for at 0 and reset to 0, so that every pair is whole.
+  // to 0 (program_ag.cc, program_rs.cc capturedEntry). With pairs (Options::pairTokens) words 2i and 2i + 1 that both
+  // have a writer are one paired operation; a word whose partner has none (the owner's own word, or the pad past
+  // W - 1) is one 32-bit operation, as without pairs; so world size 1 has none and W = 2 one per barrier step.
   void tokenWaits(int owner, int base, int W, bool pairs) { tokens(FlagOp::kWait, owner, base, W, 1, false, pairs); }
   void tokenResets(int owner, int base, int W, bool pairs) { tokens(FlagOp::kWrite, owner, base, W, 0, false, pairs); }
   // The waits of `owner` for tokens of value `value` in words base + s from every rank s (its own too when
-  // includeOwn: a token it writes to itself), as above: in pairs, the own word (when not included) and the pad word
-  // at 0. For RS full and consumed tokens, which live in parity banks (word::capRsFull) for this reason.
+  // includeOwn: a token it writes to itself), paired as above. For RS full and consumed tokens, which live in parity
+  // banks (word::capRsFull) so that each word holds 0 or the value waited for.
   void tokenWaitsFor(int owner, int base, int W, int64_t value, bool includeOwn, bool pairs) {
     tokens(FlagOp::kWait, owner, base, W, value, includeOwn, pairs);
   }
@@ -95,7 +95,6 @@ class Builder {
   }
 
   void tokens(FlagOp::Kind kind, int owner, int base, int W, int64_t value, bool includeOwn, bool pairs) {
-    auto valueOf = [&](int s) { return s >= W || (s == owner && !includeOwn) ? 0 : value; };
     if (!pairs) {
       for (int s = 0; s < W; ++s) {
         if (s != owner || includeOwn) flag(kind, owner, base + s, Val::kConst, value, -1);
@@ -103,9 +102,14 @@ class Builder {
       return;
     }
     for (int s = 0; s < W; s += 2) {
-      flag(kind, owner, base + s, Val::kConst, valueOf(s), -1);
-      p_->flags.back().pairNext = true;
-      flag(kind, owner, base + s + 1, Val::kConst, valueOf(s + 1), -1);
+      const bool lo = s != owner || includeOwn, hi = s + 1 < W && (s + 1 != owner || includeOwn);  // has a writer
+      if (lo && hi) {
+        flag(kind, owner, base + s, Val::kConst, value, -1);
+        p_->flags.back().pairNext = true;
+        flag(kind, owner, base + s + 1, Val::kConst, value, -1);
+      } else if (lo || hi) {  // one word with a writer: one 32-bit operation, as without pairs
+        flag(kind, owner, base + s + (lo ? 0 : 1), Val::kConst, value, -1);
+      }  // neither (world size 1): nothing to wait for or reset
     }
   }
 

@@ -32,6 +32,11 @@ tideResult_t commInit(tideComm* comm) {
   TIDE_CHECK(params::status(params::kTokenRsChunks));
   comm->tokenRsChunks = params::tokenRsChunks();
   comm->pairTokens = params::pairTokens() && wideMemOps(comm->device);
+  if (params::pairTokens() && !comm->pairTokens && comm->rank == 0) {
+    TIDE_INFO("Cuda", "token pairs off: device %d has no 64-bit stream memory operations (or the driver lacks "
+                      "cuStreamBatchMemOp / cuDeviceGetAttribute); token waits go one 32-bit word at a time",
+              comm->device);
+  }
   TIDE_CHECK(params::status(params::kRanksPerNode));
   const int over = params::ranksPerNodeOverride();
   if (over > 0 && comm->worldSize % over != 0) {

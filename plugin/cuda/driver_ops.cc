@@ -193,6 +193,10 @@ tideResult_t enqueueMemOps(cudaStream_t stream, MemOpBatch& b) {
     return tideSuccess;
   }
   for (const CUstreamBatchMemOpParams& p : b.params) {
+    if (p.operation != CU_STREAM_MEM_OP_WAIT_VALUE_32 && p.operation != CU_STREAM_MEM_OP_WRITE_VALUE_32) {
+      // Token pairs are compiled only where cuStreamBatchMemOp exists (wideMemOps): never here.
+      return fail(tideInternalError, "Cuda", "a 64-bit flag operation without cuStreamBatchMemOp");
+    }
     const bool wait = p.operation == CU_STREAM_MEM_OP_WAIT_VALUE_32;
     CUresult res = wait ? g_ops.waitValue32(s, p.waitValue.address, p.waitValue.value, CU_STREAM_WAIT_VALUE_GEQ)
                         : g_ops.writeValue32(s, p.writeValue.address, p.writeValue.value, CU_STREAM_WRITE_VALUE_DEFAULT);

@@ -96,8 +96,8 @@ void shortWordName(int w, int ranksPerNode, char* buf, size_t len) {
   else if (w >= k::kCapRsEnter && w < k::kCapRsFull) snprintf(buf, len, "rsEnterTok[%d]", w - k::kCapRsEnter);
   else if (w >= k::kCapRsFull && w < k::kCapRsConsumed) snprintf(buf, len, "rsFullTok[%d]", w - k::kCapRsFull);
   else if (w >= k::kCapRsConsumed && w < k::kCapRsFullOdd) snprintf(buf, len, "rsConsumedTok[%d]", w - k::kCapRsConsumed);
-  else if (w >= k::kCapRsFullOdd && w < k::kCapRsConsumedOdd) snprintf(buf, len, "rsFullTok[%d]", w - k::kCapRsFullOdd);
-  else if (w >= k::kCapRsConsumedOdd && w < k::kWords) snprintf(buf, len, "rsConsumedTok[%d]", w - k::kCapRsConsumedOdd);
+  else if (w >= k::kCapRsFullOdd && w < k::kCapRsConsumedOdd) snprintf(buf, len, "rsFullTokOdd[%d]", w - k::kCapRsFullOdd);
+  else if (w >= k::kCapRsConsumedOdd && w < k::kWords) snprintf(buf, len, "rsConsumedTokOdd[%d]", w - k::kCapRsConsumedOdd);
   else snprintf(buf, len, "word[%d]", w);
 }
 

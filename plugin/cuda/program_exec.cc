@@ -92,7 +92,9 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
           const prog::FlagOp& x = p.flags[f];
           uint32_t* a = mem->flags(x.owner) + x.word;
           // A token pair (compiled only where the comm's device has 64-bit memops): one operation for both words.
-          if (x.pairNext && f + 1 < op.end && reinterpret_cast<uintptr_t>(a) % 8 == 0) {
+          const prog::FlagOp* y = x.pairNext && f + 1 < op.end ? &p.flags[f + 1] : nullptr;
+          if (y != nullptr && y->kind == x.kind && y->owner == x.owner && y->word == x.word + 1 &&
+              x.base == prog::Val::kConst && y->base == prog::Val::kConst && reinterpret_cast<uintptr_t>(a) % 8 == 0) {
             m.addPair(x, p.flags[f + 1], a);
             ++f;
           } else {

@@ -29,6 +29,7 @@ class SimComm:
         self.live_bytes = self.peak_bytes = 0
         self.slots = {}  # data_ptr -> nbytes of every live slot
         self.ag_ptrs = set()  # slot addresses TIDE-AG wrote into
+        self.ag_in_place = 0  # shards a TIDE-AG found in their own slot position (the cast in place)
         self.staging_ptrs = set()
         self.freed_empty = 0  # free_slot on a slot whose memory was not back in its tensor
         self.slot_allocs = self.slot_frees = 0  # tideSlotAlloc / tideSlotFree calls (each free: a device synchronize)
@@ -78,7 +79,7 @@ class SimComm:
                 own = ptr + p.slot_offset + r * p.shard_numel * p.elem_size
                 lo, hi = s_.data_ptr(), s_.data_ptr() + s_.numel() * s_.element_size()
                 if lo == own and s_.element_size() == p.elem_size:
-                    self.ag_in_place = self.__dict__.get("ag_in_place", 0) + 1
+                    self.ag_in_place += 1
                 else:
                     assert hi <= ptr or lo >= ptr + layout.slot_bytes, "TIDE-AG shard overlaps the slot"
         send = sendbuf if sendbuf is not None else self.ref.pack(layout, shards)

@@ -67,6 +67,8 @@ class TideFSDPHandle:
 
     def stats(self) -> dict:
         """Per group counters. 'tide' groups: ag_calls/rs_calls (TIDE collectives run),
+        cast_in_place (native: AGs whose cast wrote the shards into their own slot positions,
+        NCCL_TIDE_FSDP_CAST_IN_PLACE),
         fallbacks (per-call stock reductions, by reason), ag_bytes/rs_bytes (bytes written into
         the slot / gradient bytes consumed), stock_bytes_avoided (FSDP2 buffers not allocated:
         flat AG output, fp32 RS input), executor_temp_bytes (what the executor allocated
