@@ -117,6 +117,13 @@ const Def kDefs[kNumParams] = {
      "of 63; none fewer at 2 ranks). 0 "
      "keeps one 32-bit operation per word. Local to each rank (what it writes to peers is the same either way).",
      0, 1, nullptr, "0 or 1"},
+    {"NCCL_TIDE_AG_SIGNAL_KERNELS", Type::kBool, "bool", "0",
+     "1: in the CUDA graphs of an all-gather too (captures, the eager graph route), a flag batch of writes only (the "
+     "announce, the done tokens) is a one-warp kernel node instead of memop operations (at 8 ranks 15 of a captured "
+     "all-gather's 33 operations; each costs the host about 0.25 us at replay, a kernel node a few hundredths), at "
+     "the price of two short one-warp kernels per all-gather. 0 (the default until it has run on a GPU): all-gathers "
+     "use no SM for flags.",
+     0, 1, nullptr, "0 or 1"},
 };
 
 struct Entry {
@@ -351,6 +358,7 @@ int tokenRsChunks() { return static_cast<int>(loggedState().entries[kTokenRsChun
 bool signalKernels() { return loggedState().entries[kSignalKernels].value != 0; }
 bool mergeFlagBatches() { return loggedState().entries[kMergeFlagBatches].value != 0; }
 bool pairTokens() { return loggedState().entries[kPairTokens].value != 0; }
+bool agSignalKernels() { return loggedState().entries[kAgSignalKernels].value != 0; }
 
 tideResult_t status(Id id) {
   if (id < 0 || id >= kNumParams) return fail(tideInvalidArgument, kComponent, "parameter index %d out of range", id);

@@ -38,7 +38,8 @@ enum Id : int {
   kSignalKernels = 15,  // NCCL_TIDE_SIGNAL_KERNELS
   kMergeFlagBatches = 16,  // NCCL_TIDE_MERGE_FLAG_BATCHES
   kPairTokens = 17,        // NCCL_TIDE_PAIR_TOKENS
-  kNumParams = 18
+  kAgSignalKernels = 18,   // NCCL_TIDE_AG_SIGNAL_KERNELS
+  kNumParams = 19
 };
 
 // Typed accessors (effective values: environment if valid, else default).
@@ -64,6 +65,7 @@ int tokenRsChunks();              // NCCL_TIDE_TOKEN_RS_CHUNKS: most RS pipeline
 bool signalKernels();             // NCCL_TIDE_SIGNAL_KERNELS: RS graphs write flags by a kernel node, not a memop node
 bool mergeFlagBatches();          // NCCL_TIDE_MERGE_FLAG_BATCHES: adjacent flag batches in a graph as one memop node
 bool pairTokens();                // NCCL_TIDE_PAIR_TOKENS: token barriers waited for / reset two words per memop
+bool agSignalKernels();           // NCCL_TIDE_AG_SIGNAL_KERNELS: AG graphs write flags by a kernel node too
 
 // NCCL_TIDE_TOKEN_RS_CHUNKS's default (a macro: the registry holds it as text). 2 until session 24, when 64 passed
 // every tests/gpu file on an H100; the layout agreement salts its key only for other values, and mismatch reports

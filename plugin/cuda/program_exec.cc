@@ -74,7 +74,7 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
   bp->comm_ = comm;
   bp->prog_ = std::move(program);
   const prog::Program& p = *bp->prog_;
-  bp->signalKernels_ = p.coll == prog::Coll::kReduceScatter && params::signalKernels();
+  bp->signalKernels_ = p.coll == prog::Coll::kReduceScatter ? params::signalKernels() : params::agSignalKernels();
   bp->mergeFlags_ = params::mergeFlagBatches();
   PeerMemory* mem = comm->memory.get();
   bp->steps_.reserve(p.steps.size());

@@ -137,7 +137,9 @@ class BoundProgram {
   std::vector<CopyBatch> copies_;
   std::vector<BoundReduce> reduces_;
   std::vector<std::pair<int, int>> groupRange_;  // deferred groups and token rounds: steps [first, second) of each
-  bool signalKernels_ = false;  // RS with NCCL_TIDE_SIGNAL_KERNELS: write-only flag batches in graphs as kernel nodes
+  // Write-only flag batches in graphs as kernel nodes: RS with NCCL_TIDE_SIGNAL_KERNELS, AG with
+  // NCCL_TIDE_AG_SIGNAL_KERNELS.
+  bool signalKernels_ = false;
   // NCCL_TIDE_MERGE_FLAG_BATCHES: while capturing (under issueMu_), flag batches are held here and enqueued as one
   // memop node when something else is issued (flushCapturedFlags), so adjacent batches on one stream become one node.
   bool mergeFlags_ = false;

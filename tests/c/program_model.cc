@@ -557,7 +557,7 @@ void checkWriteBatchesDistinct(const Program& p, int rank) {
     }
     std::sort(words.begin(), words.end());
     if (writesOnly && std::adjacent_find(words.begin(), words.end()) != words.end()) {
-      die("a write-only flag batch of rank " + std::to_string(rank) + "'s token RS program writes one word twice");
+      die("a write-only flag batch of rank " + std::to_string(rank) + "'s token program writes one word twice");
     }
   }
 }
@@ -611,6 +611,7 @@ void prepare(World& w, const std::vector<std::unique_ptr<Layout>>& layouts, Mode
       die("compileReduceScatter (tokens) failed");
     }
     if (rsTokens) checkWriteBatchesDistinct(P->rsT[r], r);
+    if (agTokens) checkWriteBatchesDistinct(P->agT[r], r);  // NCCL_TIDE_AG_SIGNAL_KERNELS may carry them as kernels
     checkPairs(P->agT[r]);
     checkPairs(P->rsT[r]);
     mutate(&P->ag[r]);

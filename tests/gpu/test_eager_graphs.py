@@ -312,6 +312,22 @@ def test_pair_tokens_other_setting_in_a_subprocess(torch_cuda, cuda_lib):
                      files=[__file__, os.path.join(here, "test_graph_capture.py")], NCCL_TIDE_PAIR_TOKENS=other)
 
 
+AG_SIGNAL_KERNELS = N.param_value("NCCL_TIDE_AG_SIGNAL_KERNELS") == "1"
+
+
+@pytest.mark.skipif(not route_on(), reason="NCCL_TIDE_EAGER_GRAPHS=0")
+def test_ag_signal_kernels_other_setting_in_a_subprocess(torch_cuda, cuda_lib):
+    """The AG graph-route and strided-run tests here and the captured AG tests of test_graph_capture.py with
+    NCCL_TIDE_AG_SIGNAL_KERNELS flipped (this process runs them with its own setting): the all-gather's write-only
+    flag batches (announce, done tokens) as one-warp kernel nodes (1) or memop operations (0), bit-exact with the
+    host executor either way."""
+    other = "0" if AG_SIGNAL_KERNELS else "1"
+    here = os.path.dirname(os.path.abspath(__file__))
+    # here: AG route 3, strided runs 3; test_graph_capture.py: captured AG 3, AG and RS graphs interleaved 1
+    _in_a_subprocess(64, "all_gather_graph_route or strided_runs or captured_all_gather or captured_ag_and_rs", 10,
+                     files=[__file__, os.path.join(here, "test_graph_capture.py")], NCCL_TIDE_AG_SIGNAL_KERNELS=other)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Interleaving: graph route, epoch protocol and user captures on one world
 # ----------------------------------------------------------------------------------------------------------------
