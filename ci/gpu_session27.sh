@@ -9,16 +9,10 @@
 #             kind under each AG row (issue_cost.graph_census, never run on a GPU before).
 # Everything is archived as $OUT/session27.tgz. TIDE_GPU_DEADLINE_S: default 540.
 # Usage: bash ci/gpu_session27.sh [perf] [agsource] [census]
-TAG=s27 parts="${*:-perf agsource census}"
+TAG=session27 parts="${*:-perf agsource census}"
 source "$(dirname "$0")/gpu_session_lib.sh"
 session_dirs share host tests
-t0=$(date +%s)
-build . build/gpu "$W/build/new.log" \
-  || { echo "build failed"; tail -20 "$W/build/new.log"; tar czf "$O/session27.tgz" -C "$W" .; exit 1; }
-echo "=== built $(( $(date +%s) - t0 )) s, $(left) s left"
-env_txt
-export NCCL_TIDE_LIBRARY_PATH="$PWD/build/gpu/libnccl-tide.so"
-export PYTHONPATH="$PWD/tests/gpu:$PYTHONPATH"
+build_tree
 S="python3 benchmarks/share.py --out $W/share --ranks 8 --link-gbps 370 --runs 31 --order gemm-after-first"
 if want census; then
   run host/census 60 python3 benchmarks/host_issue.py --route on --only "64 params" --samples 9 \
@@ -38,5 +32,4 @@ if want agsource; then
   done
   grep -hE "^\[share\]|^=== tide-perf|^#  " "$W"/share/*.log | cut -c1-220
 fi
-tar czf "$O/session27.tgz" -C "$W" .
-echo "=== done, $(left) s left"
+archive

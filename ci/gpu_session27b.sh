@@ -8,16 +8,10 @@
 #   agown:  issue 16: the AG share with and without its own-shard copy (ag-share, ag-share-incoming), 8B and 70B,
 #           incoming from the host (copy engines) and from the device.
 # Everything is archived as $OUT/session27b.tgz. TIDE_GPU_DEADLINE_S: default 540.
-TAG=s27b parts="${*:-pairs agown tests sharetest}"
+TAG=session27b parts="${*:-pairs agown tests sharetest}"
 source "$(dirname "$0")/gpu_session_lib.sh"
 session_dirs share host tests
-t0=$(date +%s)
-build . build/gpu "$W/build/new.log" \
-  || { echo "build failed"; tail -20 "$W/build/new.log"; tar czf "$O/session27b.tgz" -C "$W" .; exit 1; }
-echo "=== built $(( $(date +%s) - t0 )) s, $(left) s left"
-env_txt
-export NCCL_TIDE_LIBRARY_PATH="$PWD/build/gpu/libnccl-tide.so"
-export PYTHONPATH="$PWD/tests/gpu:$PYTHONPATH"
+build_tree
 if want pairs; then
   i=0
   for m in 1 0 1 0; do
@@ -38,15 +32,11 @@ if want agown; then
   grep -hE "^\[share\]|^#  " "$W"/share/*.log | cut -c1-240
 fi
 if want tests; then
-  for f in test_eager_graphs:200 test_graph_capture:40 test_graph_capture_multiprocess:90 test_pending_waits:40 \
-           test_cuda_collectives:40; do
-    run "tests/${f%%:*}" "${f##*:}" python3 -m pytest -v -rs -x -p no:cacheprovider --durations=5 \
-      -o faulthandler_timeout=$(( ${f##*:} - 5 )) "tests/gpu/${f%%:*}.py"
-  done
+  run_test_files test_eager_graphs:200 test_graph_capture:40 test_graph_capture_multiprocess:90 test_pending_waits:40 \
+    test_cuda_collectives:40
 fi
 if want sharetest; then
   run tests/test_share_gpu 150 python3 -m pytest -v -rs -p no:cacheprovider -o faulthandler_timeout=145 \
     tests/gpu/test_share_gpu.py
 fi
-tar czf "$O/session27b.tgz" -C "$W" .
-echo "=== done, $(left) s left"
+archive

@@ -7,16 +7,10 @@
 #   ipc:    the one-process-per-rank test files (token programs with token pairs over IPC): test_multiprocess,
 #           test_faults_multiprocess.
 # Everything is archived as $OUT/session27c.tgz. TIDE_GPU_DEADLINE_S: default 540.
-TAG=s27c parts="${*:-fsdp castab ipc}"
+TAG=session27c parts="${*:-fsdp castab ipc}"
 source "$(dirname "$0")/gpu_session_lib.sh"
 session_dirs fsdp tests
-t0=$(date +%s)
-build . build/gpu "$W/build/new.log" \
-  || { echo "build failed"; tail -20 "$W/build/new.log"; tar czf "$O/session27c.tgz" -C "$W" .; exit 1; }
-echo "=== built $(( $(date +%s) - t0 )) s, $(left) s left"
-env_txt
-export NCCL_TIDE_LIBRARY_PATH="$PWD/build/gpu/libnccl-tide.so"
-export PYTHONPATH="$PWD/tests/gpu:$PYTHONPATH"
+build_tree
 T="python3 -m pytest -v -rs -p no:cacheprovider --durations=5"
 if want fsdp; then
   run tests/test_fsdp_native 90 $T -o faulthandler_timeout=85 tests/gpu/test_fsdp_native.py
@@ -36,5 +30,4 @@ if want ipc; then
   run tests/test_multiprocess 100 $T -o faulthandler_timeout=95 tests/gpu/test_multiprocess.py
   run tests/test_faults_multiprocess 80 $T -o faulthandler_timeout=75 tests/gpu/test_faults_multiprocess.py
 fi
-tar czf "$O/session27c.tgz" -C "$W" .
-echo "=== done, $(left) s left"
+archive

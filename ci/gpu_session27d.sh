@@ -5,16 +5,10 @@
 #   graphs: test_eager_graphs (RS graph route, pipelined RS, the subprocess with pairs flipped) and
 #           test_graph_capture_multiprocess (token programs over IPC).
 # Everything is archived as $OUT/session27d.tgz. TIDE_GPU_DEADLINE_S: default 540.
-TAG=s27d parts="${*:-hostab graphs}"
+TAG=session27d parts="${*:-hostab graphs}"
 source "$(dirname "$0")/gpu_session_lib.sh"
 session_dirs host tests
-t0=$(date +%s)
-build . build/gpu "$W/build/new.log" \
-  || { echo "build failed"; tail -20 "$W/build/new.log"; tar czf "$O/session27d.tgz" -C "$W" .; exit 1; }
-echo "=== built $(( $(date +%s) - t0 )) s, $(left) s left"
-env_txt
-export NCCL_TIDE_LIBRARY_PATH="$PWD/build/gpu/libnccl-tide.so"
-export PYTHONPATH="$PWD/tests/gpu:$PYTHONPATH"
+build_tree
 if want hostab; then
   i=0
   for m in 1 0 1 0; do
@@ -25,10 +19,6 @@ if want hostab; then
   done
 fi
 if want graphs; then
-  for f in test_eager_graphs:150 test_graph_capture_multiprocess:80; do
-    run "tests/${f%%:*}" "${f##*:}" python3 -m pytest -v -rs -x -p no:cacheprovider --durations=5 \
-      -o faulthandler_timeout=$(( ${f##*:} - 5 )) "tests/gpu/${f%%:*}.py"
-  done
+  run_test_files test_eager_graphs:150 test_graph_capture_multiprocess:80
 fi
-tar czf "$O/session27d.tgz" -C "$W" .
-echo "=== done, $(left) s left"
+archive

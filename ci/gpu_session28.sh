@@ -11,22 +11,13 @@
 #          the GPU time do (two one-warp kernels per AG)? If it drops and the tests pass, make 1 the default
 #          (params.cc, docs/env.md, docs/architecture.md "Flag writes in RS graphs are kernel nodes").
 # Everything is archived as $OUT/session28.tgz. TIDE_GPU_DEADLINE_S: default 540.
-TAG=s28 parts="${*:-tests agsig}"
+TAG=session28 parts="${*:-tests agsig}"
 source "$(dirname "$0")/gpu_session_lib.sh"
 session_dirs host tests
-t0=$(date +%s)
-build . build/gpu "$W/build/new.log" \
-  || { echo "build failed"; tail -20 "$W/build/new.log"; tar czf "$O/session28.tgz" -C "$W" .; exit 1; }
-echo "=== built $(( $(date +%s) - t0 )) s, $(left) s left"
-env_txt
-export NCCL_TIDE_LIBRARY_PATH="$PWD/build/gpu/libnccl-tide.so"
-export PYTHONPATH="$PWD/tests/gpu:$PYTHONPATH"
+build_tree
 if want tests; then
-  for f in test_eager_graphs:150 test_graph_capture:40 test_graph_capture_multiprocess:80 test_pending_waits:40 \
-           test_multiprocess:100; do
-    run "tests/${f%%:*}" "${f##*:}" python3 -m pytest -v -rs -x -p no:cacheprovider --durations=5 \
-      -o faulthandler_timeout=$(( ${f##*:} - 5 )) "tests/gpu/${f%%:*}.py"
-  done
+  run_test_files test_eager_graphs:150 test_graph_capture:40 test_graph_capture_multiprocess:80 test_pending_waits:40 \
+    test_multiprocess:100
 fi
 if want agsig; then
   i=0
@@ -37,5 +28,4 @@ if want agsig; then
     grep -E " ag |replay graph" "$W/host/agsig_${i}_$m.log" | cut -c1-160
   done
 fi
-tar czf "$O/session28.tgz" -C "$W" .
-echo "=== done, $(left) s left"
+archive

@@ -278,54 +278,43 @@ def test_signal_kernels_other_setting_in_a_subprocess(torch_cuda, cuda_lib):
                      len(RS_CASES) + len(PIPELINED_CASES), NCCL_TIDE_SIGNAL_KERNELS=other)
 
 
-MERGE_FLAG_BATCHES = N.param_value("NCCL_TIDE_MERGE_FLAG_BATCHES") == "1"
+def _flipped_in_a_subprocess(param, select, n_expected):
+    """This file's and test_graph_capture.py's tests matching `select` in a process with the bool parameter `param`
+    flipped (this process runs them with its own setting); exactly n_expected must pass."""
+    other = "0" if N.param_value(param) == "1" else "1"
+    here = os.path.dirname(os.path.abspath(__file__))
+    _in_a_subprocess(64, select, n_expected, files=[__file__, os.path.join(here, "test_graph_capture.py")],
+                     **{param: other})
+
+
+# Every graph test of both files: here AG route 3, strided runs 3, RS route and pipelined, the 3 refusals, value and
+# pointer changes 1; test_graph_capture.py: its 9 tests with "captured" and the uncapturable one.
+GRAPH_TESTS = "graph_route or pipelined_bit_exact or captured or strided_runs or values_and_pointer or uncapturable"
+GRAPH_TESTS_N = 3 + 3 + len(RS_CASES) + len(PIPELINED_CASES) + 3 + 1 + 9 + 1
 
 
 @pytest.mark.skipif(not route_on(), reason="NCCL_TIDE_EAGER_GRAPHS=0")
 def test_merge_flag_batches_other_setting_in_a_subprocess(torch_cuda, cuda_lib):
-    """This file's graph-route, strided-run, pipelined and recapture tests and every test of test_graph_capture.py with
-    NCCL_TIDE_MERGE_FLAG_BATCHES flipped (this process runs them with its own setting): adjacent flag batches in a
-    graph as one memop node (1) or one node each (0), bit-exact with the host executor either way."""
-    other = "0" if MERGE_FLAG_BATCHES else "1"
-    here = os.path.dirname(os.path.abspath(__file__))
-    # Here: AG route 3, strided runs 3, RS route and pipelined, the 3 refusals, value and pointer changes 1;
-    # test_graph_capture.py: its 9 tests with "captured" and the uncapturable one.
-    n = 3 + 3 + len(RS_CASES) + len(PIPELINED_CASES) + 3 + 1 + 9 + 1
-    _in_a_subprocess(64, "graph_route or pipelined_bit_exact or captured or strided_runs or values_and_pointer or "
-                     "uncapturable", n,
-                     files=[__file__, os.path.join(here, "test_graph_capture.py")], NCCL_TIDE_MERGE_FLAG_BATCHES=other)
-
-
-PAIR_TOKENS = N.param_value("NCCL_TIDE_PAIR_TOKENS") == "1"
+    """Every graph test with NCCL_TIDE_MERGE_FLAG_BATCHES flipped: adjacent flag batches in a graph as one memop node
+    (1) or one node each (0), bit-exact with the host executor either way."""
+    _flipped_in_a_subprocess("NCCL_TIDE_MERGE_FLAG_BATCHES", GRAPH_TESTS, GRAPH_TESTS_N)
 
 
 @pytest.mark.skipif(not route_on(), reason="NCCL_TIDE_EAGER_GRAPHS=0")
 def test_pair_tokens_other_setting_in_a_subprocess(torch_cuda, cuda_lib):
-    """The same selection as the merge test above with NCCL_TIDE_PAIR_TOKENS flipped (this process runs them with its
-    own setting): the barrier tokens waited for and reset two words per 64-bit memop (1) or one word per 32-bit memop
-    (0), bit-exact with the host executor either way."""
-    other = "0" if PAIR_TOKENS else "1"
-    here = os.path.dirname(os.path.abspath(__file__))
-    n = 3 + 3 + len(RS_CASES) + len(PIPELINED_CASES) + 3 + 1 + 9 + 1
-    _in_a_subprocess(64, "graph_route or pipelined_bit_exact or captured or strided_runs or values_and_pointer or "
-                     "uncapturable", n,
-                     files=[__file__, os.path.join(here, "test_graph_capture.py")], NCCL_TIDE_PAIR_TOKENS=other)
-
-
-AG_SIGNAL_KERNELS = N.param_value("NCCL_TIDE_AG_SIGNAL_KERNELS") == "1"
+    """Every graph test with NCCL_TIDE_PAIR_TOKENS flipped: the tokens waited for (and the barrier tokens reset) two
+    words per 64-bit memop (1) or one word per 32-bit memop (0), bit-exact with the host executor either way."""
+    _flipped_in_a_subprocess("NCCL_TIDE_PAIR_TOKENS", GRAPH_TESTS, GRAPH_TESTS_N)
 
 
 @pytest.mark.skipif(not route_on(), reason="NCCL_TIDE_EAGER_GRAPHS=0")
 def test_ag_signal_kernels_other_setting_in_a_subprocess(torch_cuda, cuda_lib):
     """The AG graph-route and strided-run tests here and the captured AG tests of test_graph_capture.py with
-    NCCL_TIDE_AG_SIGNAL_KERNELS flipped (this process runs them with its own setting): the all-gather's write-only
-    flag batches (announce, done tokens) as one-warp kernel nodes (1) or memop operations (0), bit-exact with the
-    host executor either way."""
-    other = "0" if AG_SIGNAL_KERNELS else "1"
-    here = os.path.dirname(os.path.abspath(__file__))
+    NCCL_TIDE_AG_SIGNAL_KERNELS flipped: the all-gather's write-only flag batches (announce, done tokens) as one-warp
+    kernel nodes (1) or memop operations (0), bit-exact with the host executor either way."""
     # here: AG route 3, strided runs 3; test_graph_capture.py: captured AG 3, AG and RS graphs interleaved 1
-    _in_a_subprocess(64, "all_gather_graph_route or strided_runs or captured_all_gather or captured_ag_and_rs", 10,
-                     files=[__file__, os.path.join(here, "test_graph_capture.py")], NCCL_TIDE_AG_SIGNAL_KERNELS=other)
+    _flipped_in_a_subprocess("NCCL_TIDE_AG_SIGNAL_KERNELS",
+                             "all_gather_graph_route or strided_runs or captured_all_gather or captured_ag_and_rs", 10)
 
 
 # ----------------------------------------------------------------------------------------------------------------
