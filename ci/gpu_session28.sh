@@ -1,31 +1,41 @@
 #!/usr/bin/env bash
-# Next session's first device call (< 10 min), written at the end of session 27 when no device time was left.
-# Parts, in this order (default: both):
-#   tests: the graph and token test files on session 27's final code, which no GPU has run since its review mends
-#          (a token pair only where both words have a writer; bind's pair check; INFO when pairs are off) and the new,
-#          default-off NCCL_TIDE_AG_SIGNAL_KERNELS (test_eager_graphs runs the AG graph tests with it flipped in a
-#          subprocess): test_eager_graphs, test_graph_capture, test_graph_capture_multiprocess, test_pending_waits,
-#          test_multiprocess.
-#   agsig: host_issue.py --route on, 64-parameter rows (AG replay and census), NCCL_TIDE_AG_SIGNAL_KERNELS 1, 0, 1, 0:
-#          does the AG replay drop by about 15 memop operations' worth (session 27: about 0.25 us each), and what does
-#          the GPU time do (two one-warp kernels per AG)? If it drops and the tests pass, make 1 the default
-#          (params.cc, docs/env.md, docs/architecture.md "Flag writes in RS graphs are kernel nodes").
-# Everything is archived as $OUT/session28.tgz. TIDE_GPU_DEADLINE_S: default 540.
-TAG=session28 parts="${*:-tests agsig}"
+# Session 28's device call (< 10 min). Parts, in this order (default: all):
+#   tests: the graph and token test files on this tree: session 27's review mends (a token pair only where both words
+#          have a writer; bind's pair check; INFO when pairs are off), the trailing resets (the barrier resets and
+#          phase write moved behind the copies, at the head of the done / full writes) and the kernel tails (a flag
+#          batch's trailing writes as a signal kernel in graphs, its own resets stored first); test_eager_graphs runs
+#          the AG graph tests with NCCL_TIDE_AG_SIGNAL_KERNELS flipped (1) in a subprocess.
+#   ab:    benchmarks/host_issue.py --route on (every row: AG replay and census, RS host time, GPU time), alternating
+#          new/AG signal kernels 1, old (76fa1d1, session 27's final code, from build/old76.tar: carry it), new/0,
+#          and the same again: what the kernel tails save the RS (new/0 vs old) and the AG (new/1 vs new/0), and what
+#          they cost in GPU time.
+# Everything is archived as $OUT/session28.tgz. TIDE_GPU_DEADLINE_S: default 560.
+TAG=session28 parts="${*:-tests ab}"
+: "${TIDE_GPU_DEADLINE_S:=560}"
 source "$(dirname "$0")/gpu_session_lib.sh"
 session_dirs host tests
 build_tree
-if want tests; then
-  run_test_files test_eager_graphs:150 test_graph_capture:40 test_graph_capture_multiprocess:80 test_pending_waits:40 \
-    test_multiprocess:100
+if want ab; then
+  mkdir -p build/old76-src
+  if tar xf build/old76.tar -C build/old76-src && build build/old76-src build/gpu-old "$W/build/old.log"; then
+    echo "=== built old, $(left) s left"
+  else
+    echo "old build failed"; tail -5 "$W/build/old.log"
+  fi
 fi
-if want agsig; then
+if want tests; then
+  run_test_files test_eager_graphs:150 test_graph_capture:40 test_graph_capture_multiprocess:80 test_pending_waits:40
+fi
+if want ab; then
+  NEW="$NCCL_TIDE_LIBRARY_PATH" OLD="$PWD/build/gpu-old/libnccl-tide.so"
   i=0
-  for m in 1 0 1 0; do
+  for v in new1 old new0 new1 old new0; do
     i=$((i + 1))
-    run "host/agsig_${i}_$m" 40 env NCCL_TIDE_AG_SIGNAL_KERNELS=$m \
-      python3 benchmarks/host_issue.py --route on --only "64 params" --samples 9 --json "$W/host/agsig_${i}_$m.json"
-    grep -E " ag |replay graph" "$W/host/agsig_${i}_$m.log" | cut -c1-160
+    lib=$NEW; [ "$v" = old ] && lib=$OLD
+    [ -f "$lib" ] || { echo "=== $v: no library"; continue; }
+    run "host/ab_${i}_$v" 60 env NCCL_TIDE_LIBRARY_PATH="$lib" NCCL_TIDE_AG_SIGNAL_KERNELS=$(case $v in new1) echo 1;; *) echo 0;; esac) \
+      python3 benchmarks/host_issue.py --route on --samples 7 --json "$W/host/ab_${i}_$v.json"
+    grep -E "^(flat|llama|64)|replay graph" "$W/host/ab_${i}_$v.log" | cut -c1-150
   done
 fi
 archive

@@ -93,6 +93,24 @@ def test_token_pairs_need_the_parity_banks(model_exe):
     assert r.returncode != 0 and "an equality wait would never pass" in r.stderr, r.stdout[-1500:] + r.stderr[-1500:]
 
 
+@pytest.mark.parametrize("chunks", ["2", "64"])
+def test_kernel_tails_in_any_order_past_their_prefix(model_exe, chunks):
+    """In graphs a flag batch's trailing writes (prog::kernelTail) may run as a signal kernel, whose stores land in
+    no order beyond the ordered prefix (the rank's own words: the batch's token resets). Stored so (each part in
+    reverse program order, with pairs and without), every case still completes bit-exact; stored with the rest
+    before the prefix (the mutant), a peer's next-call token can land before the reset that would erase it, and the
+    model must fail."""
+    for pairs in ([], ["--pair-tokens"]):
+        r = subprocess.run([str(model_exe), "--token-rs-chunks", chunks, *pairs, "--kernel-order", "3"],
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0 and "all cases passed" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+        moved = int(r.stdout.split("kernel tail flags reordered: ")[1].split()[0])
+        assert moved > 1000, moved
+    bad = subprocess.run([str(model_exe), "--token-rs-chunks", chunks, "--pair-tokens", "--kernel-order-swapped", "4"],
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0 and "FAIL:" in bad.stderr, bad.stdout[-1500:] + bad.stderr[-1500:]
+
+
 def test_pipelined_token_rs_runs_forked_and_on_one_stream(model_exe):
     """The token RS of more chunks than buffers runs on two lanes (pushes on the internal lane, reductions on the
     caller's: a captured graph's two branches) and, folded onto the caller's lane, on one stream (direct issue):

@@ -1,8 +1,10 @@
 // Program listing and flag-word names (program.h), for the debug dump, the pending-wait report and tests.
-#include <cstdio>
 #include <algorithm>
 #include <cstdarg>
+#include <cstdio>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "program.h"
 
@@ -96,6 +98,24 @@ void describe(const Program& p, std::vector<char>* t) {
       }
     }
   }
+}
+
+uint32_t kernelTail(const Program& p, const Op& op, uint32_t* ordered) {
+  *ordered = 0;
+  if (op.kind != Op::kFlags) return op.end;
+  std::vector<std::pair<int32_t, int32_t>> seen;  // (owner, word) of the run so far
+  uint32_t begin = op.end;
+  while (begin > op.begin) {
+    const FlagOp& f = p.flags[begin - 1];
+    if (f.kind != FlagOp::kWrite) break;
+    const std::pair<int32_t, int32_t> w{f.owner, f.word};
+    if (std::find(seen.begin(), seen.end(), w) != seen.end()) break;
+    seen.push_back(w);
+    --begin;
+  }
+  if (begin > op.begin && begin < op.end && p.flags[begin - 1].pairNext) ++begin;  // the pair's other half stayed out
+  while (begin + *ordered < op.end && p.flags[begin + *ordered].owner == p.rank) ++*ordered;
+  return begin;
 }
 
 }  // namespace prog

@@ -189,6 +189,14 @@ struct Options {
 tideResult_t compileAllGather(const Layout& layout, const Options& opt, Program* out);
 tideResult_t compileReduceScatter(const Layout& layout, const Options& opt, Program* out);
 
+// The trailing writes of flag operation `op` that a CUDA graph may carry as a signal kernel instead of memops
+// (plugin/cuda/signal_kernel.h; docs/architecture.md "Trailing resets"): the longest run of writes at the end of the
+// batch whose words are all distinct (a kernel's stores have no order among themselves), never starting inside a
+// token pair. Returns its first index into p.flags (op.end: none; op.begin: the whole batch). *ordered: how many of
+// its first writes go to the program's own rank's words; the kernel stores those before the rest (a barrier and a
+// system fence between), which keeps a batch's resets of its own tokens ahead of the tokens it then sends.
+uint32_t kernelTail(const Program& p, const Op& op, uint32_t* ordered);
+
 // A readable listing of a program (one line per operation), for the debug dump and tests.
 void describe(const Program& p, std::vector<char>* text);
 

@@ -53,8 +53,6 @@ void captured(const Layout& l, bool pairs, Builder& b) {
   }
   b.at(Lane::kCaller, 0);  // round 1: waits only for the announces (round 0) of every rank
   b.tokenWaits(me, word::kCapAgReady, W, pairs);
-  b.tokenResets(me, word::kCapAgReady, W, pairs);
-  b.write(me, word::kCapAgPhase, Val::kConst, 2);
   for (int i = 0; i < l.nParams; ++i) {
     const ParamLayout& p = l.params[i];
     for (int k = 0; k < W; ++k) {
@@ -62,6 +60,11 @@ void captured(const Layout& l, bool pairs, Builder& b) {
       b.copy(addr(Mem::kSlot, r, slotPos(p, me)), addr(Mem::kSrc, i, 0), p.shardBytes);
     }
   }
+  // The phase and the ready resets trail the copies, at the head of the done writes (docs/architecture.md "Trailing
+  // resets"): a write-only batch, which a graph may carry as a signal kernel, and the resets still precede every
+  // done write, so no peer can announce its next call before they land.
+  b.write(me, word::kCapAgPhase, Val::kConst, 2);
+  b.tokenResets(me, word::kCapAgReady, W, pairs);
   for (int d = 0; d < W; ++d) {
     if (d != me) b.write(d, word::kCapAgDone + me, Val::kConst, 1);
   }

@@ -140,13 +140,14 @@ void capturedEntry(const Geometry& g, Lane pushLane, bool pairs, Builder& b) {
   }
   b.at(pushLane, 0);  // round 1: waits only for the announces (round 0) of every rank
   b.tokenWaits(me, word::kCapRsEnter, W, pairs);
-  b.tokenResets(me, word::kCapRsEnter, W, pairs);
-  b.write(me, word::kCapRsPhase, Val::kConst, 2);
+  // The phase and the enter resets follow chunk 0's pushes (capturedPush).
 }
 
 // This rank's pushes of chunk k into every owner's buffer k % nb, then its full token (value k + 1) to each other
-// rank, and to itself too when its reduce runs on another lane (own).
-void capturedPush(const Layout& l, const Geometry& g, int k, bool own, int* pi, Builder& b) {
+// rank, and to itself too when its reduce runs on another lane (own). Chunk 0's full writes are preceded by the
+// entry's phase write and enter resets (docs/architecture.md "Trailing resets"): one write-only batch, and the resets
+// precede every full token, so no peer can announce its next call before they land.
+void capturedPush(const Layout& l, const Geometry& g, int k, bool own, bool pairs, int* pi, Builder& b) {
   const int W = g.W, me = g.me;
   const uint64_t c0 = static_cast<uint64_t>(k) * g.chunk, c1 = std::min(c0 + g.chunk, g.outNumel);
   for (int dd = 0; dd < W; ++dd) {
@@ -154,6 +155,10 @@ void capturedPush(const Layout& l, const Geometry& g, int k, bool own, int* pi, 
     chunkSegments(l, g, d, c0, c1, addr(Mem::kStaging, d, g.buf(k) + g.inputsOffset + me * g.peerStride), -1, pi, b);
   }
   b.close();
+  if (k == 0) {
+    b.write(me, word::kCapRsPhase, Val::kConst, 2);
+    b.tokenResets(me, word::kCapRsEnter, W, pairs);
+  }
   for (int d = 0; d < W; ++d) {
     if (own || d != me) b.write(d, word::capRsFull(k) + me, Val::kConst, k + 1);
   }
@@ -172,7 +177,7 @@ void capturedReduce(const Geometry& g, int k, bool own, bool pairs, Builder& b) 
 void captured(const Layout& l, const Geometry& g, bool pairs, Builder& b) {
   capturedEntry(g, Lane::kCaller, pairs, b);
   int pi = 0;
-  for (int k = 0; k < g.numChunks; ++k) capturedPush(l, g, k, false, &pi, b);
+  for (int k = 0; k < g.numChunks; ++k) capturedPush(l, g, k, false, pairs, &pi, b);
   b.at(Lane::kCaller, 1);  // round 2: waits only for round 1's full writes (every chunk's)
   for (int k = 0; k < g.numChunks; ++k) capturedReduce(g, k, false, pairs, b);
   for (int k = 0; k < g.numChunks; ++k) {  // each chunk's bank (chunks 0 and 1: one each)
@@ -198,15 +203,15 @@ void capturedPipelined(const Layout& l, const Geometry& g, bool pairs, Builder& 
   const int W = g.W, me = g.me, K = g.numChunks;
   capturedEntry(g, Lane::kInternal, pairs, b);
   int pi = 0;
-  capturedPush(l, g, 0, true, &pi, b);
-  capturedPush(l, g, 1, true, &pi, b);
+  capturedPush(l, g, 0, true, pairs, &pi, b);
+  capturedPush(l, g, 1, true, pairs, &pi, b);
   for (int r = 2; r <= K + 1; ++r) {
     const int push = r - 1, red = r - 2;
     if (r >= 3 && push < K) {
       b.at(Lane::kInternal, r - 1);
       // every d (this rank too) reduced chunk push - 2, whose buffer this push reuses
       b.tokenWaitsFor(me, word::capRsConsumed(push - 2), W, push - 1, true, pairs);
-      capturedPush(l, g, push, true, &pi, b);
+      capturedPush(l, g, push, true, pairs, &pi, b);
     }
     b.at(Lane::kCaller, r - 1);
     capturedReduce(g, red, true, pairs, b);

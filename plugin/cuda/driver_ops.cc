@@ -180,19 +180,20 @@ void MemOpBatch::add(const prog::FlagOp& op, uint32_t* addr) {
   ops.push_back(op);
 }
 
-tideResult_t enqueueMemOps(cudaStream_t stream, MemOpBatch& b) {
-  if (b.params.empty()) return tideSuccess;
+tideResult_t enqueueMemOps(cudaStream_t stream, CUstreamBatchMemOpParams* ops, size_t count) {
+  if (count == 0) return tideSuccess;
   CUstream s = reinterpret_cast<CUstream>(stream);
   if (g_ops.batchMemOp != nullptr) {
     constexpr size_t kMaxBatch = 128;  // the driver caps one batch (256 on current drivers)
-    for (size_t at = 0; at < b.params.size(); at += kMaxBatch) {
-      unsigned int n = static_cast<unsigned int>(std::min(kMaxBatch, b.params.size() - at));
-      CUresult res = g_ops.batchMemOp(s, n, b.params.data() + at, 0);
+    for (size_t at = 0; at < count; at += kMaxBatch) {
+      unsigned int n = static_cast<unsigned int>(std::min(kMaxBatch, count - at));
+      CUresult res = g_ops.batchMemOp(s, n, ops + at, 0);
       if (res != CUDA_SUCCESS) return driverFail(res, "cuStreamBatchMemOp");
     }
     return tideSuccess;
   }
-  for (const CUstreamBatchMemOpParams& p : b.params) {
+  for (size_t i = 0; i < count; ++i) {
+    const CUstreamBatchMemOpParams& p = ops[i];
     if (p.operation != CU_STREAM_MEM_OP_WAIT_VALUE_32 && p.operation != CU_STREAM_MEM_OP_WRITE_VALUE_32) {
       // Token pairs are compiled only where cuStreamBatchMemOp exists (wideMemOps): never here.
       return fail(tideInternalError, "Cuda", "a 64-bit flag operation without cuStreamBatchMemOp");

@@ -21,7 +21,9 @@ namespace cuda {
 struct MemOpBatch {
   std::vector<CUstreamBatchMemOpParams> params;
   std::vector<prog::FlagOp> ops;  // the symbolic ops, same order: their values are patched into params per call
-  bool byKernel = false;  // writes only, to distinct words: a graph may carry them as a kernel node (signal_kernel.h)
+  // params [kernelFrom, size): the batch's trailing writes that a graph may carry as a signal kernel
+  // (prog::kernelTail; signal_kernel.h), the first kernelOrdered of them stored before the rest; size(): none.
+  size_t kernelFrom = 0, kernelOrdered = 0;
   // Sets every value for a call with this epoch and RS task base (a pair's values are constants, set by addPair).
   void patch(uint64_t epoch, uint64_t task) {
     for (size_t i = 0; i < ops.size(); ++i) {
@@ -52,8 +54,12 @@ struct CopyBatch {
 // and newer); a larger stride leaves the copies apart.
 constexpr uint64_t kMaxCopyPitch = (uint64_t(1) << 31) - 1;
 
-// Enqueues the batch (cuStreamBatchMemOp in pieces of at most 128 ops; per-op calls where the driver lacks it).
-tideResult_t enqueueMemOps(cudaStream_t stream, MemOpBatch& batch);
+// Enqueues the batch (cuStreamBatchMemOp in pieces of at most 128 ops; per-op calls where the driver lacks it), or
+// its first n operations.
+tideResult_t enqueueMemOps(cudaStream_t stream, CUstreamBatchMemOpParams* ops, size_t n);
+inline tideResult_t enqueueMemOps(cudaStream_t stream, MemOpBatch& batch) {
+  return enqueueMemOps(stream, batch.params.data(), batch.params.size());
+}
 
 // Enqueues the copies: one cudaMemcpyBatchAsync with cudaMemcpyFlagPreferOverlapWithCompute if batchApi, else one
 // cudaMemcpyAsync each (NCCL_TIDE_AG_BATCH=0, capture, the legacy stream, or a runtime without the batch API), or,

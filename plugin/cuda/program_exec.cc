@@ -44,19 +44,6 @@ uint64_t valuesKey(const CallValues& v) {
   return k * 0x9e3779b97f4a7c15ull ^ divisor;
 }
 
-// Whether a graph may carry this batch as a signal kernel (signal_kernel.h): writes only, each to its own word (the
-// kernel's threads store in no particular order, a memop batch in order).
-bool writesDistinctWords(const MemOpBatch& m) {
-  std::vector<CUdeviceptr> a;
-  a.reserve(m.params.size());
-  for (const CUstreamBatchMemOpParams& p : m.params) {
-    if (p.operation != CU_STREAM_MEM_OP_WRITE_VALUE_32) return false;
-    a.push_back(p.writeValue.address);
-  }
-  std::sort(a.begin(), a.end());
-  return std::adjacent_find(a.begin(), a.end()) == a.end();
-}
-
 // captureGraph, once more if it failed because the runtime refused a strided run's 2D copy during it (a refusal may
 // invalidate the capture; from then on runs go row by row, copyRunsRefused).
 bool captureWithRunsFallback(cudaStream_t s, const std::function<bool(cudaStream_t)>& enqueue, cudaGraphExec_t* out,
@@ -88,7 +75,14 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
       if (op.kind == prog::Op::kFlags) {
         if (op.begin == op.end) continue;
         MemOpBatch m;
+        // The batch's trailing writes that a graph may carry as a signal kernel, as flag indices (prog::kernelTail)
+        // and then as indices of params (a pair is one of them).
+        uint32_t ordered = 0;
+        const uint32_t tail = prog::kernelTail(p, op, &ordered);
+        m.kernelFrom = SIZE_MAX;
         for (uint32_t f = op.begin; f < op.end; ++f) {
+          if (f >= tail && m.kernelFrom == SIZE_MAX) m.kernelFrom = m.params.size();
+          if (f >= tail && f < tail + ordered) m.kernelOrdered = m.params.size() + 1 - m.kernelFrom;
           const prog::FlagOp& x = p.flags[f];
           uint32_t* a = mem->flags(x.owner) + x.word;
           // A token pair (compiled only where the comm's device has 64-bit memops): one operation for both words.
@@ -103,7 +97,7 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
             m.add(one, a);
           }
         }
-        m.byKernel = writesDistinctWords(m);  // every write batch of the RS programs (tests/c/program_model.cc)
+        if (m.kernelFrom == SIZE_MAX) m.kernelFrom = m.params.size();
         it.index = static_cast<int>(bp->memops_.size());
         bp->memops_.push_back(std::move(m));
       } else if (op.kind == prog::Op::kCopies) {
@@ -184,8 +178,12 @@ tideResult_t BoundProgram::issueStep(const StepItems& s, const CallValues& v, cu
   InterNodeTransport* net = nullptr;
   for (const Item& it : s.items) {
     const bool localFlags = it.kind == prog::Op::kFlags && it.peer < 0;
-    const bool byKernel = localFlags && v.inGraph && signalKernels_ && memops_[it.index].byKernel;
-    const bool hold = localFlags && v.inGraph && mergeFlags_ && !byKernel;
+    // In a graph with signal kernels a batch's trailing writes go as a kernel (signal_kernel.h), the operations
+    // before them (kernelFrom of them) as memops, held to merge with the batches next to them.
+    const size_t memopsOf = !localFlags ? 0
+                            : v.inGraph && signalKernels_ ? memops_[it.index].kernelFrom
+                                                          : memops_[it.index].params.size();
+    const bool hold = localFlags && v.inGraph && mergeFlags_ && memopsOf > 0;
     // Held batches precede whatever else comes next (on either stream); another held batch joins them if it is on
     // the same stream.
     if (v.inGraph && (!hold || capFlagsStream_ != stream)) TIDE_CHECK(flushCapturedFlags());
@@ -196,13 +194,18 @@ tideResult_t BoundProgram::issueStep(const StepItems& s, const CallValues& v, cu
         if (it.peer >= 0) {
           if (!net) net = comm->policy->transport();
           TIDE_CHECK(net->flags(stream, it.peer, m));
-        } else if (byKernel) {
-          TIDE_CHECK(enqueueSignals(stream, m.params.data(), m.params.size()));
-        } else if (hold) {  // one memop node with the batches next to it (its ops run in order, as theirs did)
+          break;
+        }
+        if (hold) {  // one memop node with the batches next to it (its ops run in order, as theirs did)
           capFlagsStream_ = stream;
-          capFlags_.params.insert(capFlags_.params.end(), m.params.begin(), m.params.end());
+          capFlags_.params.insert(capFlags_.params.end(), m.params.begin(), m.params.begin() + memopsOf);
         } else {
-          TIDE_CHECK(enqueueMemOps(stream, m));
+          TIDE_CHECK(enqueueMemOps(stream, m.params.data(), memopsOf));
+        }
+        if (memopsOf < m.params.size()) {  // the kernel after the memops it follows in program order
+          TIDE_CHECK(flushCapturedFlags());
+          TIDE_CHECK(enqueueSignals(stream, m.params.data() + memopsOf, m.params.size() - memopsOf,
+                                    m.kernelOrdered));
         }
         break;
       }

@@ -11,11 +11,14 @@
 //   * hazards, from a shadow tag per byte: a staging or slot byte is written only when empty (consumed), read only
 //     after this call wrote it; inputs (shards, gradients) are read only while they hold this call's data; staging is
 //     empty again when the caller's lane reaches the end of an RS; every access stays inside its buffer.
-// Usage: program_model [--token-rs-chunks N] [--pair-tokens] [--fold] [--caller-first] MODE...
+// Usage: program_model [--token-rs-chunks N] [--pair-tokens] [--kernel-order[-swapped]] [--fold] [--caller-first] MODE...
 //        --pair-tokens: token programs with Options::pairTokens (barrier tokens in pairs of words, each pair one
 //                       64-bit operation whose wait needs both words equal to their values).
 //        --single-rs-banks (after --pair-tokens): a mutant with the RS full / consumed tokens of odd chunks in the
 //                       even banks; the model must catch a pair's equality wait that could never pass.
+//        --kernel-order: token programs' batch tails stored as a signal kernel may (prog::kernelTail): the ordered
+//                       prefix first, then the rest, each part reversed. --kernel-order-swapped: the rest first, a
+//                       mutant the model must catch.
 //                                         --fold (with --copy-queue / --channels): every token program on its
 //                                         caller's lane (direct issue on one stream) instead of two lanes;
 //                                         --caller-first (with groups): each round's caller-lane items issued before
@@ -104,10 +107,45 @@ bool g_pairTokens = false;
 // --single-rs-banks: a mutant that puts the RS full and consumed tokens of odd chunks back into the even banks (one
 // word per writer for every chunk, as before session 27): with pairs, an equality wait must then be caught.
 bool g_singleBanks = false;
+// --kernel-order: every token program's batch tails (prog::kernelTail) run as a signal kernel may store them: its
+// ordered prefix first, then the rest, each part in reverse program order (pairs kept whole). --kernel-order-swapped:
+// a mutant kernel that stores the rest before the ordered prefix; the model must fail (a reset landing after a peer's
+// next-call token).
+int g_kernelOrder = 0;  // 1 --kernel-order, 2 --kernel-order-swapped
+uint64_t g_kernelTailFlags = 0;  // flags in batch tails that the reordering moved or kept (printed: it ran)
 uint64_t g_pairOps = 0;  // token pairs run as one operation (printed at the end)
 
 // Removes every wait on g_dropWord (the mutation of --drop-wait); flag runs left empty become no-ops.
+// Reorders the tails of p's flag batches as a signal kernel may store them (g_kernelOrder).
+void reorderKernelTails(Program* p) {
+  for (const Op& op : p->ops) {
+    uint32_t ordered = 0;
+    const uint32_t t = kernelTail(*p, op, &ordered);
+    if (t >= op.end) continue;
+    auto units = [&](uint32_t b, uint32_t e) {  // a pair is one unit, kept whole
+      std::vector<std::vector<FlagOp>> u;
+      for (uint32_t f = b; f < e;) {
+        const uint32_t n = p->flags[f].pairNext && f + 1 < e ? 2 : 1;
+        u.emplace_back(p->flags.begin() + f, p->flags.begin() + f + n);
+        f += n;
+      }
+      std::reverse(u.begin(), u.end());
+      return u;
+    };
+    std::vector<std::vector<FlagOp>> first = units(t, t + ordered), rest = units(t + ordered, op.end);
+    if (g_kernelOrder == 2) std::swap(first, rest);
+    uint32_t at = t;
+    for (const auto* part : {&first, &rest}) {
+      for (const auto& u : *part) {
+        for (const FlagOp& f : u) p->flags[at++] = f;
+      }
+    }
+    g_kernelTailFlags += op.end - t;
+  }
+}
+
 void mutate(Program* p) {
+  if (g_kernelOrder != 0 && p->mode == Mode::kCaptured) reorderKernelTails(p);
   if (g_singleBanks) {
     for (FlagOp& f : p->flags) {
       if (f.word >= word::kCapRsFullOdd && f.word < word::kWords) f.word -= word::kCapRsFullOdd - word::kCapRsFull;
@@ -543,22 +581,21 @@ struct Programs {
 };
 
 // Buffers, flags, counters and every rank's programs for `seq` over the layouts, programs of `mode`.
-// The CUDA interpreter may issue a write-only flag batch of a token RS program as a signal kernel, whose threads
-// store in no particular order (plugin/cuda/signal_kernel.h): it relies on no such batch writing one word twice
-// (and keeps a memop node if one does). Checked on every token RS program the model compiles.
+// The CUDA interpreter may issue a flag batch's trailing writes to distinct words (prog::kernelTail) in a graph as a
+// signal kernel, whose threads store in no particular order beyond its ordered prefix (plugin/cuda/signal_kernel.h;
+// --kernel-order runs them so). Checked on every token program the model compiles: each write-only batch is such a
+// tail as a whole (so none keeps a memop node), and no batch ends in a write that the tail leaves out.
 void checkWriteBatchesDistinct(const Program& p, int rank) {
   for (const Op& op : p.ops) {
-    if (op.kind != Op::kFlags) continue;
-    std::vector<std::pair<int32_t, int32_t>> words;
+    if (op.kind != Op::kFlags || op.begin == op.end) continue;
     bool writesOnly = true;
-    for (uint32_t f = op.begin; f < op.end; ++f) {
-      writesOnly = writesOnly && p.flags[f].kind == FlagOp::kWrite;
-      words.emplace_back(p.flags[f].owner, p.flags[f].word);
-    }
-    std::sort(words.begin(), words.end());
-    if (writesOnly && std::adjacent_find(words.begin(), words.end()) != words.end()) {
+    for (uint32_t f = op.begin; f < op.end; ++f) writesOnly = writesOnly && p.flags[f].kind == FlagOp::kWrite;
+    uint32_t ordered = 0;
+    const uint32_t t = kernelTail(p, op, &ordered);
+    if (writesOnly && t != op.begin) {
       die("a write-only flag batch of rank " + std::to_string(rank) + "'s token program writes one word twice");
     }
+    if (p.flags[op.end - 1].kind == FlagOp::kWrite && t == op.end) die("a batch's last write is outside its tail");
   }
 }
 
@@ -1146,6 +1183,14 @@ int main(int argc, char** argv) {
     argv += 1;
     argc -= 1;
   }
+  while (argc > 1 && strncmp(argv[1], "--kernel-order", 14) == 0) {  // after the options above
+    if (strcmp(argv[1], "--kernel-order") == 0) g_kernelOrder = 1;
+    else if (strcmp(argv[1], "--kernel-order-swapped") == 0) g_kernelOrder = 2;
+    else die(std::string("unknown option ") + argv[1]);
+    argv[1] = argv[0];
+    argv += 1;
+    argc -= 1;
+  }
   bool foldAll = false;
   while (argc > 1 && (strcmp(argv[1], "--fold") == 0 || strcmp(argv[1], "--caller-first") == 0)) {
     (strcmp(argv[1], "--fold") == 0 ? foldAll : g_callerFirst) = true;  // leading options for --copy-queue / --channels
@@ -1243,6 +1288,7 @@ int main(int argc, char** argv) {
     }
   }
   printf("token pair operations: %llu\n", static_cast<unsigned long long>(g_pairOps));
+  if (g_kernelOrder != 0) printf("kernel tail flags reordered: %llu\n", static_cast<unsigned long long>(g_kernelTailFlags));
   printf("%s\n", failures ? "FAILED" : "all cases passed");
   return failures ? 1 : 0;
 }
