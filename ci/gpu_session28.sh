@@ -2,15 +2,17 @@
 # Session 28's device call (< 10 min). Parts, in this order (default: all):
 #   tests: the graph and token test files on this tree: session 27's review mends (a token pair only where both words
 #          have a writer; bind's pair check; INFO when pairs are off), the trailing resets (the barrier resets and
-#          phase write moved behind the copies, at the head of the done / full writes) and the kernel tails (a flag
-#          batch's trailing writes as a signal kernel in graphs, its own resets stored first); test_eager_graphs runs
-#          the AG graph tests with NCCL_TIDE_AG_SIGNAL_KERNELS flipped (1) in a subprocess.
+#          phase write moved behind the copies, at the head of the done / full writes), the kernel tails (a flag
+#          batch's trailing writes as a signal kernel in graphs, its own resets stored first) and the relaxed writes
+#          (resets and phases without a memory barrier); test_eager_graphs runs the AG graph tests with
+#          NCCL_TIDE_AG_SIGNAL_KERNELS flipped (1) in a subprocess.
+# Run 28.1 (TAG session28) ran this before the relaxed writes; run 28.2 (TAG session28b) with them.
 #   ab:    benchmarks/host_issue.py --route on (every row: AG replay and census, RS host time, GPU time), alternating
 #          new/AG signal kernels 1, old (76fa1d1, session 27's final code, from build/old76.tar: carry it), new/0,
 #          and the same again: what the kernel tails save the RS (new/0 vs old) and the AG (new/1 vs new/0), and what
 #          they cost in GPU time.
 # Everything is archived as $OUT/session28.tgz. TIDE_GPU_DEADLINE_S: default 560.
-TAG=session28 parts="${*:-tests ab}"
+TAG=${TAG:-session28} parts="${*:-tests ab}"
 : "${TIDE_GPU_DEADLINE_S:=560}"
 source "$(dirname "$0")/gpu_session_lib.sh"
 session_dirs host tests
@@ -24,7 +26,8 @@ if want ab; then
   fi
 fi
 if want tests; then
-  run_test_files test_eager_graphs:150 test_graph_capture:40 test_graph_capture_multiprocess:80 test_pending_waits:40
+  run_test_files test_eager_graphs:150 test_graph_capture:40 test_graph_capture_multiprocess:80 test_pending_waits:40 \
+    test_multiprocess:100
 fi
 if want ab; then
   NEW="$NCCL_TIDE_LIBRARY_PATH" OLD="$PWD/build/gpu-old/libnccl-tide.so"

@@ -47,7 +47,7 @@ void singleNode(const Layout& l, const Options& opt, Builder& b) {
 void captured(const Layout& l, bool pairs, Builder& b) {
   const int W = l.worldSize, me = l.rank;
   b.at(Lane::kCaller, -1);
-  b.write(me, word::kCapAgPhase, Val::kConst, 1);
+  b.relaxedWrite(me, word::kCapAgPhase, 1);
   for (int d = 0; d < W; ++d) {
     if (d != me) b.write(d, word::kCapAgReady + me, Val::kConst, 1);
   }
@@ -63,7 +63,7 @@ void captured(const Layout& l, bool pairs, Builder& b) {
   // The phase and the ready resets trail the copies, at the head of the done writes (docs/architecture.md "Trailing
   // resets"): a write-only batch, which a graph may carry as a signal kernel, and the resets still precede every
   // done write, so no peer can announce its next call before they land.
-  b.write(me, word::kCapAgPhase, Val::kConst, 2);
+  b.relaxedWrite(me, word::kCapAgPhase, 2);
   b.tokenResets(me, word::kCapAgReady, W, pairs);
   for (int d = 0; d < W; ++d) {
     if (d != me) b.write(d, word::kCapAgDone + me, Val::kConst, 1);
@@ -71,7 +71,7 @@ void captured(const Layout& l, bool pairs, Builder& b) {
   b.at(Lane::kCaller, 1);  // round 2: waits only for round 1's done writes
   b.tokenWaits(me, word::kCapAgDone, W, pairs);
   b.tokenResets(me, word::kCapAgDone, W, pairs);
-  b.write(me, word::kCapAgPhase, Val::kConst, 0);
+  b.relaxedWrite(me, word::kCapAgPhase, 0);
 }
 
 // Bytes [offset, offset + bytes) of block `blockRank` (packed send-buffer layout), own slot -> peer's slot, one

@@ -30,6 +30,11 @@ class Builder {
 
   void wait(int owner, int word, Val base, int64_t delta) { flag(FlagOp::kWait, owner, word, base, delta, -1); }
   void write(int owner, int word, Val base, int64_t delta) { flag(FlagOp::kWrite, owner, word, base, delta, -1); }
+  // A write of a constant to `owner`'s own word that no rank waits for (a reset, a phase): FlagOp::relaxed.
+  void relaxedWrite(int owner, int word, int64_t value) {
+    flag(FlagOp::kWrite, owner, word, Val::kConst, value, -1);
+    p_->flags.back().relaxed = true;
+  }
   // Transport operations (cross a node boundary): a signal to / a wait for the signal of `peer`.
   void signalTo(int peer, int word, Val base, int64_t delta) { flag(FlagOp::kWrite, peer, word, base, delta, peer); }
   void waitSignalFrom(int peer, int owner, int word, Val base, int64_t delta) {
@@ -94,21 +99,26 @@ class Builder {
     o->end = static_cast<uint32_t>(p_->flags.size());
   }
 
+  // Resets (writes of 0 to the owner's own words) are relaxed writes (FlagOp::relaxed).
   void tokens(FlagOp::Kind kind, int owner, int base, int W, int64_t value, bool includeOwn, bool pairs) {
+    auto one = [&](int word) {
+      flag(kind, owner, word, Val::kConst, value, -1);
+      p_->flags.back().relaxed = kind == FlagOp::kWrite && value == 0;
+    };
     if (!pairs) {
       for (int s = 0; s < W; ++s) {
-        if (s != owner || includeOwn) flag(kind, owner, base + s, Val::kConst, value, -1);
+        if (s != owner || includeOwn) one(base + s);
       }
       return;
     }
     for (int s = 0; s < W; s += 2) {
       const bool lo = s != owner || includeOwn, hi = s + 1 < W && (s + 1 != owner || includeOwn);  // has a writer
       if (lo && hi) {
-        flag(kind, owner, base + s, Val::kConst, value, -1);
+        one(base + s);
         p_->flags.back().pairNext = true;
-        flag(kind, owner, base + s + 1, Val::kConst, value, -1);
+        one(base + s + 1);
       } else if (lo || hi) {  // one word with a writer: one 32-bit operation, as without pairs
-        flag(kind, owner, base + s + (lo ? 0 : 1), Val::kConst, value, -1);
+        one(base + s + (lo ? 0 : 1));
       }  // neither (world size 1): nothing to wait for or reset
     }
   }

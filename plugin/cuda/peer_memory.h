@@ -56,6 +56,9 @@ class PeerMemory {
 
   // NVLink multicast address of the slot region, or nullptr if the provider has none (loopback never has one; the
   // NCCL provider hands out only what ncclGetLsaMultimemDevicePointer returns; TIDE never creates multicast objects).
+  // No provider returns one yet. Before one does: the multicast program copies each shard to its multicast position,
+  // which covers the rank's own position too, so an in-place shard (the FSDP2 glue's cast in place) would be copied
+  // onto itself; ag_executor.cc must then keep such calls on unicast copies (and test it on a provider that has one).
   virtual void* multicastPtr(const void* local, size_t bytes) {
     (void)local;
     (void)bytes;
