@@ -6,7 +6,8 @@
 #          batch's trailing writes as a signal kernel in graphs, its own resets stored first) and the relaxed writes
 #          (resets and phases without a memory barrier); test_eager_graphs runs the AG graph tests with
 #          NCCL_TIDE_AG_SIGNAL_KERNELS flipped (1) in a subprocess.
-# Run 28.1 (TAG session28) ran this before the relaxed writes; run 28.2 (TAG session28b) with them.
+# Run 28.1 (TAG session28) ran this before the relaxed writes (and with new1 old new0 only); run 28.2 (TAG
+# session28b) with them and NCCL_TIDE_FENCE_ONCE (nofence: 0). The old library ignores NCCL_TIDE_FENCE_ONCE (unknown).
 #   ab:    benchmarks/host_issue.py --route on (every row: AG replay and census, RS host time, GPU time), alternating
 #          new/AG signal kernels 1, old (76fa1d1, session 27's final code, from build/old76.tar: carry it), new/0,
 #          and the same again: what the kernel tails save the RS (new/0 vs old) and the AG (new/1 vs new/0), and what
@@ -32,13 +33,15 @@ fi
 if want ab; then
   NEW="$NCCL_TIDE_LIBRARY_PATH" OLD="$PWD/build/gpu-old/libnccl-tide.so"
   i=0
-  for v in new1 old new0 new1 old new0; do
+  # new1: AG signal kernels; new0: the defaults; nofence: NCCL_TIDE_FENCE_ONCE=0 (a barrier on every token write)
+  for v in new1 old new0 nofence new1 old new0 nofence; do
     i=$((i + 1))
-    lib=$NEW; [ "$v" = old ] && lib=$OLD
+    lib=$NEW ag=0 fence=1
+    case $v in old) lib=$OLD;; new1) ag=1;; nofence) fence=0;; esac
     [ -f "$lib" ] || { echo "=== $v: no library"; continue; }
-    run "host/ab_${i}_$v" 60 env NCCL_TIDE_LIBRARY_PATH="$lib" NCCL_TIDE_AG_SIGNAL_KERNELS=$(case $v in new1) echo 1;; *) echo 0;; esac) \
-      python3 benchmarks/host_issue.py --route on --samples 7 --json "$W/host/ab_${i}_$v.json"
-    grep -E "^(flat|llama|64)|replay graph" "$W/host/ab_${i}_$v.log" | cut -c1-150
+    run "host/ab_${i}_$v" 60 env NCCL_TIDE_LIBRARY_PATH="$lib" NCCL_TIDE_AG_SIGNAL_KERNELS=$ag \
+      NCCL_TIDE_FENCE_ONCE=$fence python3 benchmarks/host_issue.py --route on --samples 7 --json "$W/host/ab_${i}_$v.json"
+    grep -E "^(flat|llama|64)|replay graph" "$W/host/ab_${i}_$v.log" | cut -c1-150 | head -12
   done
 fi
 archive

@@ -124,6 +124,14 @@ const Def kDefs[kNumParams] = {
      "the price of two short one-warp kernels per all-gather. 0 (the default until it has run on a GPU): all-gathers "
      "use no SM for flags.",
      0, 1, nullptr, "0 or 1"},
+    {"NCCL_TIDE_FENCE_ONCE", Type::kBool, "bool", "1",
+     "1: in a run of flag writes with no wait between (the tokens a rank sends its peers after its "
+     "copies), only the first carries the memory barrier (`CU_STREAM_WRITE_VALUE_DEFAULT`, a fence for "
+     "everything the stream issued before it); the others are written with "
+     "`CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER`, as token resets and phase words always are (nobody waits "
+     "for them). Each barrier waits for the writes in flight: microseconds per flag while copies run "
+     "(session 28). 0: every token write carries its own barrier. Local to each rank.",
+     0, 1, nullptr, "0 or 1"},
 };
 
 struct Entry {
@@ -359,6 +367,7 @@ bool signalKernels() { return loggedState().entries[kSignalKernels].value != 0; 
 bool mergeFlagBatches() { return loggedState().entries[kMergeFlagBatches].value != 0; }
 bool pairTokens() { return loggedState().entries[kPairTokens].value != 0; }
 bool agSignalKernels() { return loggedState().entries[kAgSignalKernels].value != 0; }
+bool fenceOnce() { return loggedState().entries[kFenceOnce].value != 0; }
 
 tideResult_t status(Id id) {
   if (id < 0 || id >= kNumParams) return fail(tideInvalidArgument, kComponent, "parameter index %d out of range", id);
