@@ -12,7 +12,8 @@
 #          new/AG signal kernels 1, old (76fa1d1, session 27's final code, from build/old76.tar: carry it), new/0,
 #          and the same again: what the kernel tails save the RS (new/0 vs old) and the AG (new/1 vs new/0), and what
 #          they cost in GPU time.
-# Everything is archived as $OUT/session28.tgz. TIDE_GPU_DEADLINE_S: default 560.
+#   all:   every tests/gpu file instead of `tests` (the flag-touching ones first; the deadline may cut the last).
+# AB: the variants of `ab`, in order. Everything is archived as $OUT/$TAG.tgz. TIDE_GPU_DEADLINE_S: default 560.
 TAG=${TAG:-session28} parts="${*:-tests ab}"
 : "${TIDE_GPU_DEADLINE_S:=560}"
 source "$(dirname "$0")/gpu_session_lib.sh"
@@ -26,7 +27,7 @@ if want ab; then
     echo "old build failed"; tail -5 "$W/build/old.log"
   fi
 fi
-if want tests; then
+if want tests && ! want all; then
   run_test_files test_eager_graphs:150 test_graph_capture:40 test_graph_capture_multiprocess:80 test_pending_waits:40 \
     test_multiprocess:100
 fi
@@ -34,7 +35,8 @@ if want ab; then
   NEW="$NCCL_TIDE_LIBRARY_PATH" OLD="$PWD/build/gpu-old/libnccl-tide.so"
   i=0
   # new1: AG signal kernels; new0: the defaults; nofence: NCCL_TIDE_FENCE_ONCE=0 (a barrier on every token write)
-  for v in new1 old new0 nofence new1 old new0 nofence; do
+  AB="${AB:-new1 old new0 nofence new1 old new0 nofence}"
+  for v in $AB; do
     i=$((i + 1))
     lib=$NEW ag=0 fence=1
     case $v in old) lib=$OLD;; new1) ag=1;; nofence) fence=0;; esac
@@ -43,5 +45,11 @@ if want ab; then
       NCCL_TIDE_FENCE_ONCE=$fence python3 benchmarks/host_issue.py --route on --samples 7 --json "$W/host/ab_${i}_$v.json"
     grep -E "^(flat|llama|64)|replay graph" "$W/host/ab_${i}_$v.log" | cut -c1-150 | head -12
   done
+fi
+if want all; then  # every tests/gpu file, the ones these changes touch first (gpu_job.sh's limits)
+  run_test_files test_eager_graphs:260 test_graph_capture:60 test_graph_capture_multiprocess:200 test_pending_waits:40 \
+    test_cuda_collectives:60 test_multiprocess:100 test_virtual_nodes:60 test_eager_call_order:120 test_abort:60 \
+    test_faults:90 test_faults_multiprocess:80 test_concurrency_gpu:60 test_cuda_properties:60 test_interposer_gpu:80 \
+    test_hardening_gpu:200 test_fsdp_native:90 test_reduce_kernel_gpu:80 test_share_gpu:60 test_perf_gpu:200
 fi
 archive
