@@ -19,7 +19,8 @@ TAG=${TAG:-session28} parts="${*:-tests ab}"
 source "$(dirname "$0")/gpu_session_lib.sh"
 session_dirs host tests
 build_tree
-if want ab; then
+AB="${AB:-new1 old new0 nofence new1 old new0 nofence}"
+if want ab && [[ " $AB " == *" old "* ]]; then
   mkdir -p build/old76-src
   if tar xf build/old76.tar -C build/old76-src && build build/old76-src build/gpu-old "$W/build/old.log"; then
     echo "=== built old, $(left) s left"
@@ -27,15 +28,10 @@ if want ab; then
     echo "old build failed"; tail -5 "$W/build/old.log"
   fi
 fi
-if want tests && ! want all; then
-  run_test_files test_eager_graphs:150 test_graph_capture:40 test_graph_capture_multiprocess:80 test_pending_waits:40 \
-    test_multiprocess:100
-fi
 if want ab; then
   NEW="$NCCL_TIDE_LIBRARY_PATH" OLD="$PWD/build/gpu-old/libnccl-tide.so"
   i=0
   # new1: AG signal kernels; new0: the defaults; nofence: NCCL_TIDE_FENCE_ONCE=0 (a barrier on every token write)
-  AB="${AB:-new1 old new0 nofence new1 old new0 nofence}"
   for v in $AB; do
     i=$((i + 1))
     lib=$NEW ag=0 fence=1
@@ -45,6 +41,10 @@ if want ab; then
       NCCL_TIDE_FENCE_ONCE=$fence python3 benchmarks/host_issue.py --route on --samples 7 --json "$W/host/ab_${i}_$v.json"
     grep -E "^(flat|llama|64)|replay graph" "$W/host/ab_${i}_$v.log" | cut -c1-150 | head -12
   done
+fi
+if want tests && ! want all; then
+  run_test_files test_eager_graphs:150 test_graph_capture:40 test_graph_capture_multiprocess:80 test_pending_waits:40 \
+    test_multiprocess:100
 fi
 if want all; then  # every tests/gpu file, the ones these changes touch first (gpu_job.sh's limits)
   run_test_files test_eager_graphs:260 test_graph_capture:60 test_graph_capture_multiprocess:200 test_pending_waits:40 \

@@ -130,7 +130,8 @@ const Def kDefs[kNumParams] = {
      "everything the stream issued before it); the others are written with "
      "`CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER`, as token resets and phase words always are (nobody waits "
      "for them). Each barrier waits for the writes in flight: microseconds per flag while copies run "
-     "(session 28). 0: every token write carries its own barrier. Local to each rank.",
+     "(session 28). 0: every flag write carries its own barrier, resets and phase words too (as before session "
+     "28). Local to each rank.",
      0, 1, nullptr, "0 or 1"},
 };
 

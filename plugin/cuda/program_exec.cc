@@ -119,7 +119,15 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
           }
         }
         if (m.kernelFrom == SIZE_MAX) m.kernelFrom = m.params.size();
-        if (params::fenceOnce()) fenceOncePerRun(&m);
+        if (params::fenceOnce()) {
+          fenceOncePerRun(&m);
+        } else {  // every write carries its barrier, resets and phases too (before session 28)
+          for (CUstreamBatchMemOpParams& q : m.params) {
+            if (q.operation == CU_STREAM_MEM_OP_WRITE_VALUE_32 || q.operation == CU_STREAM_MEM_OP_WRITE_VALUE_64) {
+              q.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+            }
+          }
+        }
         it.index = static_cast<int>(bp->memops_.size());
         bp->memops_.push_back(std::move(m));
       } else if (op.kind == prog::Op::kCopies) {
