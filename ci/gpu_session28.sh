@@ -31,11 +31,11 @@ fi
 if want ab; then
   NEW="$NCCL_TIDE_LIBRARY_PATH" OLD="$PWD/build/gpu-old/libnccl-tide.so"
   i=0
-  # new1: AG signal kernels; new0: the defaults; nofence: NCCL_TIDE_FENCE_ONCE=0 (a barrier on every token write)
+  # new1: AG signal kernels; new0: the defaults; fence / nofence: NCCL_TIDE_FENCE_ONCE=1 / 0; old: 76fa1d1
   for v in $AB; do
     i=$((i + 1))
-    lib=$NEW ag=0 fence=1
-    case $v in old) lib=$OLD;; new1) ag=1;; nofence) fence=0;; esac
+    lib=$NEW ag=0 fence=0
+    case $v in old) lib=$OLD;; new1) ag=1;; fence) fence=1;; esac
     [ -f "$lib" ] || { echo "=== $v: no library"; continue; }
     run "host/ab_${i}_$v" 60 env NCCL_TIDE_LIBRARY_PATH="$lib" NCCL_TIDE_AG_SIGNAL_KERNELS=$ag \
       NCCL_TIDE_FENCE_ONCE=$fence python3 benchmarks/host_issue.py --route on --samples 7 --json "$W/host/ab_${i}_$v.json"

@@ -124,14 +124,13 @@ const Def kDefs[kNumParams] = {
      "the price of two short one-warp kernels per all-gather. 0 (the default until it has run on a GPU): all-gathers "
      "use no SM for flags.",
      0, 1, nullptr, "0 or 1"},
-    {"NCCL_TIDE_FENCE_ONCE", Type::kBool, "bool", "1",
+    {"NCCL_TIDE_FENCE_ONCE", Type::kBool, "bool", "0",
      "1: in a run of flag writes with no wait between (the tokens a rank sends its peers after its "
      "copies), only the first carries the memory barrier (`CU_STREAM_WRITE_VALUE_DEFAULT`, a fence for "
-     "everything the stream issued before it); the others are written with "
-     "`CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER`, as token resets and phase words always are (nobody waits "
-     "for them). Each barrier waits for the writes in flight: microseconds per flag while copies run "
-     "(session 28). 0: every flag write carries its own barrier, resets and phase words too (as before session "
-     "28). Local to each rank.",
+     "everything the stream issued before it); the others, and the token resets and phase words (nobody "
+     "waits for them), are written with `CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER`. Each barrier waits for "
+     "the writes in flight: microseconds per flag while copies run (session 28). 0 (the default until it "
+     "has run on a GPU): every flag write carries its own barrier. Local to each rank.",
      0, 1, nullptr, "0 or 1"},
 };
 

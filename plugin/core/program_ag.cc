@@ -53,6 +53,11 @@ void captured(const Layout& l, bool pairs, Builder& b) {
   }
   b.at(Lane::kCaller, 0);  // round 1: waits only for the announces (round 0) of every rank
   b.tokenWaits(me, word::kCapAgReady, W, pairs);
+  // The resets stay ahead of the copies (unlike the RS's, docs/architecture.md "Trailing resets"): behind them they
+  // are barriered memop writes that wait for the copies in flight (session 28 run 28.1: 20-28 us per AG at W = 8),
+  // and the AG's flags are memops (NCCL_TIDE_AG_SIGNAL_KERNELS is 0).
+  b.tokenResets(me, word::kCapAgReady, W, pairs);
+  b.relaxedWrite(me, word::kCapAgPhase, 2);
   for (int i = 0; i < l.nParams; ++i) {
     const ParamLayout& p = l.params[i];
     for (int k = 0; k < W; ++k) {
@@ -60,11 +65,6 @@ void captured(const Layout& l, bool pairs, Builder& b) {
       b.copy(addr(Mem::kSlot, r, slotPos(p, me)), addr(Mem::kSrc, i, 0), p.shardBytes);
     }
   }
-  // The phase and the ready resets trail the copies, at the head of the done writes (docs/architecture.md "Trailing
-  // resets"): a write-only batch, which a graph may carry as a signal kernel, and the resets still precede every
-  // done write, so no peer can announce its next call before they land.
-  b.relaxedWrite(me, word::kCapAgPhase, 2);
-  b.tokenResets(me, word::kCapAgReady, W, pairs);
   for (int d = 0; d < W; ++d) {
     if (d != me) b.write(d, word::kCapAgDone + me, Val::kConst, 1);
   }
