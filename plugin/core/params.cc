@@ -98,10 +98,11 @@ const Def kDefs[kNumParams] = {
      "(docs/architecture.md, More chunks than buffers). The default was 2 until session 24. Must match on all ranks.",
      2, 4096, nullptr, "an integer from 2 to 4096"},
     {"NCCL_TIDE_SIGNAL_KERNELS", Type::kBool, "bool", "1",
-     "1 (the default): in the CUDA graphs of a reduce-scatter (eager graph route, captures) a flag batch of writes "
-     "only is a one-warp kernel node instead of a stream memory operation node (a launched graph's memop nodes cost "
-     "the host about 0.8 us each, a kernel node a few hundredths); 0 keeps memop nodes. Waits are memops either way; "
-     "all-gathers never launch it.",
+     "1 (the default): in the CUDA graphs of a reduce-scatter (eager graph route, captures) the trailing "
+     "writes of each flag batch (a batch of writes only: all of it) are a one-warp kernel node instead of "
+     "stream memory operations (a launched graph's memop nodes cost the host about 0.8 us each, a kernel "
+     "node a few hundredths); 0 keeps memops. Waits are memops either way; all-gathers launch it only with"
+     " NCCL_TIDE_AG_SIGNAL_KERNELS=1.",
      0, 1, nullptr, "0 or 1"},
     {"NCCL_TIDE_MERGE_FLAG_BATCHES", Type::kBool, "bool", "1",
      "1 (the default since session 26): in a CUDA graph of a TIDE collective (a capture, the eager graph route), "
@@ -118,19 +119,21 @@ const Def kDefs[kNumParams] = {
      "keeps one 32-bit operation per word. Local to each rank (what it writes to peers is the same either way).",
      0, 1, nullptr, "0 or 1"},
     {"NCCL_TIDE_AG_SIGNAL_KERNELS", Type::kBool, "bool", "0",
-     "1: in the CUDA graphs of an all-gather too (captures, the eager graph route), a flag batch of writes only (the "
-     "announce, the done tokens) is a one-warp kernel node instead of memop operations (at 8 ranks 15 of a captured "
-     "all-gather's 33 operations; each costs the host about 0.25 us at replay, a kernel node a few hundredths), at "
-     "the price of two short one-warp kernels per all-gather. 0 (the default until it has run on a GPU): all-gathers "
-     "use no SM for flags.",
+     "1: in the CUDA graphs of an all-gather too (captures, the eager graph route), the trailing writes of"
+     " each flag batch (the announce, the resets and phase after the ready waits, the done tokens) are "
+     "one-warp kernel nodes instead of memop operations (at 8 ranks 3 kernel nodes and 8 memop operations "
+     "instead of 33 operations). Session 28 (an H100): the replay took no less host time, and the GPU time"
+     " rose 3-4 us at 2 ranks and fell 25 us at 8. 0 (the default): all-gathers use no SM for flags.",
      0, 1, nullptr, "0 or 1"},
     {"NCCL_TIDE_FENCE_ONCE", Type::kBool, "bool", "0",
-     "1: in a run of flag writes with no wait between (the tokens a rank sends its peers after its "
-     "copies), only the first carries the memory barrier (`CU_STREAM_WRITE_VALUE_DEFAULT`, a fence for "
-     "everything the stream issued before it); the others, and the token resets and phase words (nobody "
-     "waits for them), are written with `CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER`. Each barrier waits for "
-     "the writes in flight: microseconds per flag while copies run (session 28). 0 (the default until it "
-     "has run on a GPU): every flag write carries its own barrier. Local to each rank.",
+     "1: in the token programs (captures, the eager graph route), token resets and phase words (nobody "
+     "waits for them) are written with `CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER`, and in a run of token "
+     "writes with no wait or such write between, only the first carries the memory barrier "
+     "(`CU_STREAM_WRITE_VALUE_DEFAULT`, a fence for everything the stream issued before it). Each barrier "
+     "waits for the writes in flight: microseconds per flag while copies run (session 28). It assumes a "
+     "write without a barrier stays ordered after what an earlier barrier fenced, which CUDA does not "
+     "document. 0 (the default until it has run on a GPU): every flag write carries its own barrier. Local"
+     " to each rank.",
      0, 1, nullptr, "0 or 1"},
 };
 

@@ -82,7 +82,7 @@ void describe(const Program& p, std::vector<char>* t) {
           append(t, "  %s rank %d word %d (%s) %s %s%+lld%s%s\n", x.kind == FlagOp::kWait ? "wait " : "write", x.owner,
                  x.word, name, x.kind == FlagOp::kWait ? ">=" : "=", valName(x.base),
                  static_cast<long long>(x.delta), x.pairNext ? " (paired with the next: one 64-bit op, an equality wait)" : "",
-                 x.relaxed ? " (no barrier)" : "");
+                 x.relaxed ? " (relaxed)" : "");
         }
       } else if (op.kind == Op::kCopies) {
         const CopySeg& c = p.copies[op.begin];

@@ -42,7 +42,7 @@ class Builder {
   }
 
   // The waits of `owner` for the one-shot tokens base + s (value 1) of every rank s != owner of W, and their resets
-  // to 0 (program_ag.cc, program_rs.cc capturedEntry). With pairs (Options::pairTokens) words 2i and 2i + 1 that both
+  // to 0 (program_ag.cc captured, program_rs.cc capturedPush). With pairs (Options::pairTokens) words 2i and 2i + 1 that both
   // have a writer are one paired operation; a word whose partner has none (the owner's own word, or the pad past
   // W - 1) is one 32-bit operation, as without pairs; so world size 1 has none and W = 2 one per barrier step.
   void tokenWaits(int owner, int base, int W, bool pairs) { tokens(FlagOp::kWait, owner, base, W, 1, false, pairs); }

@@ -48,8 +48,11 @@ uint64_t valuesKey(const CallValues& v) {
 // its memory barrier (CU_STREAM_WRITE_VALUE_DEFAULT: a fence before the write, scoped to the stream, which orders
 // everything issued before it ahead of everything after it); the run's later writes carry
 // CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER. Nothing that writes data can be issued between two operations of one
-// batch, so the one fence covers them all; a wait ends the run (what the wait observed is ordered by the next
-// barrier). Why: each barrier waits for the writes in flight, microseconds per flag once copies are running (session
+// batch, so the one fence covers them all; a wait or a relaxed write ends the run (what the wait observed, and the
+// relaxed write, are ordered only by the next barrier). An assumption, not CUDA's documented contract: that a write
+// without a barrier is still ordered after the writes an earlier barrier of its stream fenced (the documentation
+// says only that it may be reordered with writes issued before it). Hence NCCL_TIDE_FENCE_ONCE, default 0, and only
+// in token programs (captures, the eager graph route), never across nodes. Why: each barrier waits for the writes in flight, microseconds per flag once copies are running (session
 // 28, run 28.1: 5 more barriered writes per all-gather cost 20-28 us of GPU time at W = 8).
 void fenceOncePerRun(MemOpBatch* m) {
   bool fenced = false;
@@ -59,7 +62,10 @@ void fenceOncePerRun(MemOpBatch* m) {
       fenced = false;
       continue;
     }
-    if (p.writeValue.flags == CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER) continue;  // relaxed: orders nothing
+    if (p.writeValue.flags == CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER) {  // relaxed: the next token must order it
+      fenced = false;
+      continue;
+    }
     if (fenced) p.writeValue.flags = CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER;
     fenced = true;
   }
@@ -119,7 +125,7 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
           }
         }
         if (m.kernelFrom == SIZE_MAX) m.kernelFrom = m.params.size();
-        if (params::fenceOnce()) {
+        if (params::fenceOnce() && p.mode == prog::Mode::kCaptured && !op.crossNode) {
           fenceOncePerRun(&m);
         } else {  // every write carries its barrier, resets and phases too (before session 28)
           for (CUstreamBatchMemOpParams& q : m.params) {

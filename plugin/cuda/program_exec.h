@@ -48,7 +48,7 @@ struct CallValues {
   float scale = 1.0f;
   float divisor = 1.0f;
   bool batchApi = true;
-  bool inGraph = false;  // issued into a capture (set by issueTokenRange): write-only flag batches may be kernels
+  bool inGraph = false;  // issued into a capture (set by issueTokenRange): flag batches' trailing writes may be kernels
 };
 
 class BoundProgram {
