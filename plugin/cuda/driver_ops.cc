@@ -159,7 +159,7 @@ void MemOpBatch::addPair(const prog::FlagOp& lo, const prog::FlagOp& hi, uint32_
     p.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
     p.writeValue.address = reinterpret_cast<CUdeviceptr>(addr);
     p.writeValue.value64 = v;
-    p.writeValue.flags = lo.relaxed && hi.relaxed ? CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER : CU_STREAM_WRITE_VALUE_DEFAULT;
+    p.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
   }
   params.push_back(p);
   ops.push_back(lo);
@@ -174,7 +174,7 @@ void MemOpBatch::add(const prog::FlagOp& op, uint32_t* addr) {
   } else {
     p.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
     p.writeValue.address = reinterpret_cast<CUdeviceptr>(addr);
-    p.writeValue.flags = op.relaxed ? CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER : CU_STREAM_WRITE_VALUE_DEFAULT;
+    p.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
   }
   params.push_back(p);
   ops.push_back(op);
