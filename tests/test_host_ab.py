@@ -1,0 +1,163 @@
+"""benchmarks/host_ab.py and benchmarks/ab_stats.py (session 29): variants in fresh processes, rounds in alternating
+order, paired per-round differences with a bootstrap interval. CPU only: the child is a stand-in script whose figures
+depend on its variant's environment."""
+
+import json
+import os
+import random
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import ab_stats  # noqa: E402
+import host_ab  # noqa: E402
+
+
+def test_round_orders_alternate_and_reject_bad_input():
+    assert ab_stats.round_orders(["a", "b"], 4) == [["a", "b"], ["b", "a"], ["a", "b"], ["b", "a"]]
+    assert ab_stats.round_orders(["a", "b", "c"], 2) == [["a", "b", "c"], ["c", "b", "a"]]
+    with pytest.raises(ValueError):
+        ab_stats.round_orders(["a"], 3)
+    with pytest.raises(ValueError):
+        ab_stats.round_orders(["a", "a"], 3)
+    with pytest.raises(ValueError):
+        ab_stats.round_orders(["a", "b"], 0)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_pairing_resolves_a_shift_that_drift_between_rounds_hides(seed):
+    """Each round's process drifts by up to +-20 us (as session 28's rows did between processes); the variant is a
+    fixed 5 us lower plus 1 us of noise. The unpaired medians overlap, the paired differences resolve it."""
+    rng = random.Random(seed)
+    shift = -5.0
+    drift = [rng.uniform(-20, 20) for _ in range(8)]
+    base = [50 + d + rng.uniform(-1, 1) for d in drift]
+    other = [50 + d + shift + rng.uniform(-1, 1) for d in drift]
+    c = ab_stats.compare(base, other)
+    assert c["verdict"] == "lower"
+    assert c["diff_lo"] <= shift + 1 and c["diff_hi"] >= shift - 1  # the interval holds the true shift
+    assert c["diff_hi"] < 0 and c["below"] == 8 and c["above"] == 0
+    # The same figures unpaired (shuffled rounds) do not settle it: the drift swamps the shift.
+    shuffled = other[:]
+    random.Random(seed + 100).shuffle(shuffled)
+    assert abs(statistics_median(base) - statistics_median(shuffled)) < 20
+
+
+def statistics_median(v):
+    import statistics
+
+    return statistics.median(v)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_no_shift_is_unresolved_and_higher_is_higher(seed):
+    rng = random.Random(40 + seed)
+    drift = [rng.uniform(-20, 20) for _ in range(8)]
+    base = [60 + d + rng.uniform(-2, 2) for d in drift]
+    same = [60 + d + rng.uniform(-2, 2) for d in drift]
+    c = ab_stats.compare(base, same)
+    assert c["diff_lo"] <= 0 <= c["diff_hi"], c
+    assert c["verdict"] == "unresolved"
+    higher = [60 + d + 8 + rng.uniform(-2, 2) for d in drift]
+    h = ab_stats.compare(base, higher)
+    assert h["verdict"] == "higher" and h["diff_lo"] > 0
+
+
+def test_missing_rounds_are_left_out_and_few_pairs_stay_unresolved():
+    nan = float("nan")
+    c = ab_stats.compare([10.0, nan, 12.0, 11.0], [5.0, 6.0, nan, 4.0])
+    assert c["pairs"] == 2 and c["verdict"] == "unresolved"  # two pairs cannot settle anything
+    assert c["diff_median"] == pytest.approx(-6.0)
+    with pytest.raises(ValueError):
+        ab_stats.compare([1.0, 2.0], [1.0])
+
+
+def test_collect_pairs_rows_by_round_and_marks_missing_rows():
+    rounds = [
+        {"a": [{"case": "x", "W": 8, "coll": "rs", "host_us": 40.0}], "b": [{"case": "x", "W": 8, "coll": "rs",
+                                                                           "host_us": 35.0}]},
+        {"a": [{"case": "x", "W": 8, "coll": "rs", "host_us": 44.0}], "b": []},
+    ]
+    got = ab_stats.collect(rounds, "host_us")
+    assert list(got) == [("x", 8, "rs")]
+    assert got[("x", 8, "rs")]["a"] == [40.0, 44.0]
+    b = got[("x", 8, "rs")]["b"]
+    assert b[0] == 35.0 and b[1] != b[1]  # NaN where round 1's process had no row
+
+
+def test_parse_variant():
+    assert host_ab.parse_variant("fence:NCCL_TIDE_FENCE_ONCE=1") == ("fence", {"NCCL_TIDE_FENCE_ONCE": "1"})
+    assert host_ab.parse_variant("base") == ("base", {})
+    assert host_ab.parse_variant("old:NCCL_TIDE_LIBRARY_PATH=/x/lib.so,TIDE_BENCH_OLD_LIBRARY=1")[1] == {
+        "NCCL_TIDE_LIBRARY_PATH": "/x/lib.so", "TIDE_BENCH_OLD_LIBRARY": "1"}
+    for bad in ("", ":A=1", "a b:X=1", "v:NOEQUALS", "v:=1", "v:NCCL_NVLS_ENABLE=1"):
+        with pytest.raises(ValueError):
+            host_ab.parse_variant(bad)
+
+
+CHILD = r'''
+import argparse, json, os, random, sys
+ap = argparse.ArgumentParser()
+ap.add_argument("--json")
+ap.add_argument("--route")
+ap.add_argument("--samples", type=int)
+ap.add_argument("--only")
+a = ap.parse_args()
+if os.environ.get("NCCL_NVLS_ENABLE") != "0" or os.environ.get("TORCH_SYMM_MEM_DISABLE_MULTICAST") != "1":
+    sys.exit(3)
+if os.environ.get("STANDIN_FAIL") == "1":
+    print("stand-in failure", file=sys.stderr)
+    sys.exit(5)
+# The machine drifts between rounds (every process of one round shares an offset: two processes per round, the
+# counter file numbers them), each process scatters a little on its own, and the variant shifts it by STANDIN_SHIFT.
+counter = os.environ["STANDIN_COUNTER"]
+n = int(open(counter).read()) if os.path.exists(counter) else 0
+open(counter, "w").write(str(n + 1))
+drift = random.Random(n // 2).uniform(-15, 15)
+rng = random.Random(os.getpid())
+shift = float(os.environ.get("STANDIN_SHIFT", "0"))
+rows = [{"case": "64 params", "W": 8, "coll": "rs", "host_us": 50 + drift + shift + rng.uniform(-0.5, 0.5),
+         "gpu_us": 900 + rng.uniform(-1, 1), "samples": a.samples, "only": a.only}]
+with open(a.json, "w") as f:
+    json.dump(rows, f)
+'''
+
+
+def test_main_runs_rounds_with_each_variants_environment(tmp_path, capsys, monkeypatch):
+    child = tmp_path / "child.py"
+    child.write_text(CHILD)
+    out = tmp_path / "ab.json"
+    monkeypatch.setenv("STANDIN_COUNTER", str(tmp_path / "counter"))
+    rc = host_ab.main(["--variant", "base", "--variant", "faster:STANDIN_SHIFT=-6", "--rounds", "6",
+                       "--child", str(child), "--samples", "9", "--only", "64 params", "--json", str(out)])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert res["orders"][0] == ["base", "faster"] and res["orders"][1] == ["faster", "base"]
+    assert all(r["base"][0]["samples"] == 9 and r["base"][0]["only"] == "64 params" for r in res["rounds"])
+    host = [s for s in res["summary"] if s["metric"] == "host_us"]
+    assert len(host) == 1 and host[0]["verdict"] == "lower" and host[0]["pairs"] == 6
+    assert -7.5 < host[0]["diff_median"] < -4.5
+    gpu = [s for s in res["summary"] if s["metric"] == "gpu_us"]
+    assert gpu[0]["verdict"] in ("unresolved", "lower", "higher") and abs(gpu[0]["diff_median"]) < 2.5
+    assert "lower (6 pairs)" in capsys.readouterr().out
+
+
+def test_main_reports_a_failing_variant_and_exits_1(tmp_path, capsys, monkeypatch):
+    child = tmp_path / "child.py"
+    child.write_text(CHILD)
+    out = tmp_path / "ab.json"
+    monkeypatch.setenv("STANDIN_COUNTER", str(tmp_path / "counter"))
+    rc = host_ab.main(["--variant", "base", "--variant", "broken:STANDIN_FAIL=1", "--rounds", "3",
+                       "--child", str(child), "--json", str(out)])
+    assert rc == 1
+    res = json.loads(out.read_text())
+    assert len(res["failures"]) == 3 and all(f["variant"] == "broken" for f in res["failures"])
+    assert "rc 5" in res["failures"][0]["why"] and "stand-in failure" in res["failures"][0]["why"]
+    assert all(s["pairs"] == 0 and s["verdict"] == "unresolved" for s in res["summary"])
+    assert "FAILED" in capsys.readouterr().out
+
+
+def test_main_refuses_multicast_and_single_variants(capsys):
+    assert host_ab.main(["--variant", "a:NCCL_NVLS_ENABLE=1", "--variant", "b"]) == 2
+    assert host_ab.main(["--variant", "a", "--rounds", "2"]) == 2
