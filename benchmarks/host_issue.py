@@ -157,6 +157,8 @@ def run(args, rows_out=None) -> int:
     from nccl_tide.perf import issue_cost as ic
 
     rows = [] if rows_out is None else rows_out
+    route_on = os.environ.get("NCCL_TIDE_EAGER_GRAPHS", "1") == "1"
+    token_rs_chunks = int(_N.param_value("NCCL_TIDE_TOKEN_RS_CHUNKS"))
     print(f"# torch {torch.__version__}, device {torch.cuda.get_device_name(0)}, nccl_tide {nccl_tide.__version__}")
     print(f"{'case':<18}{'W':>3}{'P':>4}{'coll':>5}{'chunks':>7}{'host us/rank':>14}{'iqr':>8}{'valid':>6}{'gpu us':>10}"
           f"{'replay us/rank':>16}{'floor':>7}" + (f"{'last':>8}{'others':>8}" if args.per_rank else ""))
@@ -199,9 +201,12 @@ def run(args, rows_out=None) -> int:
                 grads = [tensors(torch, numels, dev, name.endswith(" rev")) for _ in range(w)]
                 outs = [torch.empty(l0.rs_out_numel, dtype=torch.float32, device=dev) for _ in range(w)]
                 prep = ic.prepare_reduce_scatter(world, layouts, grads, outs, op_code("sum"), to_dtype("fp32").code)
-            # Copy entries per rank-stream per call are about P * W; keep a sample under ~600 of them so the device
-            # queue never fills (a full queue makes the host wait for the GPU and voids the sample).
-            calls = max(1, min(args.calls, 600 // (len(numels) * w)))
+            # Eager copy entries per rank-stream per call are about P * W; keep a sample under ~600 of them so the
+            # device queue never fills (a full queue makes the host wait for the GPU and voids the sample). On the
+            # graph route a call is a few graph launches per rank whatever P and W, and --calls stands: at 64
+            # parameters and W = 8 the cap left one call per sample, the noisiest figure of the table (session 29).
+            graph_route = route_on and (coll == "ag" or l0.rs_num_chunks <= token_rs_chunks)
+            calls = args.calls if graph_route else max(1, min(args.calls, 600 // (len(numels) * w)))
             h = ic.host_issue_us(prep, calls=calls, samples=args.samples)
             if args.per_rank:  # a second measurement, so that host_us keeps its method (no timer reads per call)
                 split = ic.host_issue_us(prep, calls=calls, samples=args.samples, per_rank=True)
@@ -209,6 +214,7 @@ def run(args, rows_out=None) -> int:
             g = ic.gpu_latency_us(prep, samples=args.samples)
             world.synchronize()
             row = {"case": name, "W": w, "P": len(numels), "coll": coll, "chunks": l0.rs_num_chunks if coll == "rs" else 0,
+                   "calls": calls,
                    **h, **g}
             if coll == "ag":
                 # A graph-captured replay of the same call (one graph per virtual rank): host cost of the launches.
