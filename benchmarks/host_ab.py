@@ -1,6 +1,6 @@
 """A/B of library settings or builds in host_issue's rows, paired by round so that a few us can be told from noise.
 
-    python benchmarks/host_ab.py --variant fence:NCCL_TIDE_FENCE_ONCE=1 --variant nofence:NCCL_TIDE_FENCE_ONCE=0 \
+    python benchmarks/host_ab.py --variant pairs:NCCL_TIDE_PAIR_TOKENS=1 --variant nopairs:NCCL_TIDE_PAIR_TOKENS=0 \
         [--rounds 6] [--only "64 params"] [--samples 15] [--json FILE] [-- CHILD ARGS]
 
 Why (issue 15, session 29): a parameter is read once per process, so two settings cannot alternate inside one; and

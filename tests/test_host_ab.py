@@ -87,7 +87,7 @@ def test_collect_pairs_rows_by_round_and_marks_missing_rows():
 
 
 def test_parse_variant():
-    assert host_ab.parse_variant("fence:NCCL_TIDE_FENCE_ONCE=1") == ("fence", {"NCCL_TIDE_FENCE_ONCE": "1"})
+    assert host_ab.parse_variant("pairs:NCCL_TIDE_PAIR_TOKENS=1") == ("pairs", {"NCCL_TIDE_PAIR_TOKENS": "1"})
     assert host_ab.parse_variant("base") == ("base", {})
     assert host_ab.parse_variant("old:NCCL_TIDE_LIBRARY_PATH=/x/lib.so,TIDE_BENCH_OLD_LIBRARY=1")[1] == {
         "NCCL_TIDE_LIBRARY_PATH": "/x/lib.so", "TIDE_BENCH_OLD_LIBRARY": "1"}

@@ -125,16 +125,6 @@ const Def kDefs[kNumParams] = {
      "instead of 33 operations). Session 28 (an H100): the replay took no less host time, and the GPU time"
      " rose 3-4 us at 2 ranks and fell 25 us at 8. 0 (the default): all-gathers use no SM for flags.",
      0, 1, nullptr, "0 or 1"},
-    {"NCCL_TIDE_FENCE_ONCE", Type::kBool, "bool", "0",
-     "1: in the token programs (captures, the eager graph route), token resets and phase words (nobody "
-     "waits for them) are written with `CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER`, and in a run of token "
-     "writes with no wait or such write between, only the first carries the memory barrier "
-     "(`CU_STREAM_WRITE_VALUE_DEFAULT`, a fence for everything the stream issued before it). Each barrier "
-     "waits for the writes in flight: microseconds per flag while copies run (session 28). It assumes a "
-     "write without a barrier stays ordered after what an earlier barrier fenced, which CUDA does not "
-     "document. 0 (the default until it has run on a GPU): every flag write carries its own barrier. Local"
-     " to each rank.",
-     0, 1, nullptr, "0 or 1"},
 };
 
 struct Entry {
@@ -370,7 +360,6 @@ bool signalKernels() { return loggedState().entries[kSignalKernels].value != 0; 
 bool mergeFlagBatches() { return loggedState().entries[kMergeFlagBatches].value != 0; }
 bool pairTokens() { return loggedState().entries[kPairTokens].value != 0; }
 bool agSignalKernels() { return loggedState().entries[kAgSignalKernels].value != 0; }
-bool fenceOnce() { return loggedState().entries[kFenceOnce].value != 0; }
 
 tideResult_t status(Id id) {
   if (id < 0 || id >= kNumParams) return fail(tideInvalidArgument, kComponent, "parameter index %d out of range", id);

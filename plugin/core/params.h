@@ -39,8 +39,7 @@ enum Id : int {
   kMergeFlagBatches = 16,  // NCCL_TIDE_MERGE_FLAG_BATCHES
   kPairTokens = 17,        // NCCL_TIDE_PAIR_TOKENS
   kAgSignalKernels = 18,   // NCCL_TIDE_AG_SIGNAL_KERNELS
-  kFenceOnce = 19,         // NCCL_TIDE_FENCE_ONCE
-  kNumParams = 20
+  kNumParams = 19
 };
 
 // Typed accessors (effective values: environment if valid, else default).
@@ -67,7 +66,6 @@ bool signalKernels();             // NCCL_TIDE_SIGNAL_KERNELS: RS graphs write f
 bool mergeFlagBatches();          // NCCL_TIDE_MERGE_FLAG_BATCHES: adjacent flag batches in a graph as one memop node
 bool pairTokens();                // NCCL_TIDE_PAIR_TOKENS: token barriers waited for / reset two words per memop
 bool agSignalKernels();           // NCCL_TIDE_AG_SIGNAL_KERNELS: AG graphs write flags by a kernel node too
-bool fenceOnce();                 // NCCL_TIDE_FENCE_ONCE: relaxed resets/phases, one barrier per run of flag writes
 
 // NCCL_TIDE_TOKEN_RS_CHUNKS's default (a macro: the registry holds it as text). 2 until session 24, when 64 passed
 // every tests/gpu file on an H100; the layout agreement salts its key only for other values, and mismatch reports

@@ -79,10 +79,9 @@ void describe(const Program& p, std::vector<char>* t) {
           const FlagOp& x = p.flags[f];
           char name[64];
           wordName(x.word, name, sizeof(name));
-          append(t, "  %s rank %d word %d (%s) %s %s%+lld%s%s\n", x.kind == FlagOp::kWait ? "wait " : "write", x.owner,
+          append(t, "  %s rank %d word %d (%s) %s %s%+lld%s\n", x.kind == FlagOp::kWait ? "wait " : "write", x.owner,
                  x.word, name, x.kind == FlagOp::kWait ? ">=" : "=", valName(x.base),
-                 static_cast<long long>(x.delta), x.pairNext ? " (paired with the next: one 64-bit op, an equality wait)" : "",
-                 x.relaxed ? " (relaxed)" : "");
+                 static_cast<long long>(x.delta), x.pairNext ? " (paired with the next: one 64-bit op, an equality wait)" : "");
         }
       } else if (op.kind == Op::kCopies) {
         const CopySeg& c = p.copies[op.begin];

@@ -106,11 +106,6 @@ struct FlagOp {
   // owner resets them. An interpreter with 64-bit memops issues the two as one (a wait for equality of both words,
   // a write of both), one operation instead of two; read one by one they mean what they always mean.
   bool pairNext = false;
-  // A write to the rank's own array that nobody waits for (a token reset to 0, a phase word): it need not be ordered
-  // after the writes issued before it (CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER; a memop write's default barrier
-  // costs the GPU microseconds once copies are in flight, session 28 run 28.1), only before the tokens this rank
-  // sends later, which their own barriers (or the signal kernel's ordered prefix) give.
-  bool relaxed = false;
   uint32_t value(uint64_t epoch, uint64_t task) const {
     uint64_t b = base == Val::kEpoch ? epoch : base == Val::kTask ? task : 0;
     return static_cast<uint32_t>(b + static_cast<uint64_t>(delta));

@@ -47,7 +47,7 @@ void singleNode(const Layout& l, const Options& opt, Builder& b) {
 void captured(const Layout& l, bool pairs, Builder& b) {
   const int W = l.worldSize, me = l.rank;
   b.at(Lane::kCaller, -1);
-  b.relaxedWrite(me, word::kCapAgPhase, 1);
+  b.write(me, word::kCapAgPhase, Val::kConst, 1);
   for (int d = 0; d < W; ++d) {
     if (d != me) b.write(d, word::kCapAgReady + me, Val::kConst, 1);
   }
@@ -57,7 +57,7 @@ void captured(const Layout& l, bool pairs, Builder& b) {
   // are barriered memop writes that wait for the copies in flight (session 28 run 28.1: 20-28 us per AG at W = 8),
   // and the AG's flags are memops (NCCL_TIDE_AG_SIGNAL_KERNELS is 0).
   b.tokenResets(me, word::kCapAgReady, W, pairs);
-  b.relaxedWrite(me, word::kCapAgPhase, 2);
+  b.write(me, word::kCapAgPhase, Val::kConst, 2);
   for (int i = 0; i < l.nParams; ++i) {
     const ParamLayout& p = l.params[i];
     for (int k = 0; k < W; ++k) {
@@ -71,7 +71,7 @@ void captured(const Layout& l, bool pairs, Builder& b) {
   b.at(Lane::kCaller, 1);  // round 2: waits only for round 1's done writes
   b.tokenWaits(me, word::kCapAgDone, W, pairs);
   b.tokenResets(me, word::kCapAgDone, W, pairs);
-  b.relaxedWrite(me, word::kCapAgPhase, 0);
+  b.write(me, word::kCapAgPhase, Val::kConst, 0);
 }
 
 // Bytes [offset, offset + bytes) of block `blockRank` (packed send-buffer layout), own slot -> peer's slot, one

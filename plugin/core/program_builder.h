@@ -30,11 +30,6 @@ class Builder {
 
   void wait(int owner, int word, Val base, int64_t delta) { flag(FlagOp::kWait, owner, word, base, delta, -1); }
   void write(int owner, int word, Val base, int64_t delta) { flag(FlagOp::kWrite, owner, word, base, delta, -1); }
-  // A write of a constant to `owner`'s own word that no rank waits for (a reset, a phase): FlagOp::relaxed.
-  void relaxedWrite(int owner, int word, int64_t value) {
-    flag(FlagOp::kWrite, owner, word, Val::kConst, value, -1);
-    p_->flags.back().relaxed = true;
-  }
   // Transport operations (cross a node boundary): a signal to / a wait for the signal of `peer`.
   void signalTo(int peer, int word, Val base, int64_t delta) { flag(FlagOp::kWrite, peer, word, base, delta, peer); }
   void waitSignalFrom(int peer, int owner, int word, Val base, int64_t delta) {
@@ -99,12 +94,8 @@ class Builder {
     o->end = static_cast<uint32_t>(p_->flags.size());
   }
 
-  // Resets (writes of 0 to the owner's own words) are relaxed writes (FlagOp::relaxed).
   void tokens(FlagOp::Kind kind, int owner, int base, int W, int64_t value, bool includeOwn, bool pairs) {
-    auto one = [&](int word) {
-      flag(kind, owner, word, Val::kConst, value, -1);
-      p_->flags.back().relaxed = kind == FlagOp::kWrite && value == 0;
-    };
+    auto one = [&](int word) { flag(kind, owner, word, Val::kConst, value, -1); };
     if (!pairs) {
       for (int s = 0; s < W; ++s) {
         if (s != owner || includeOwn) one(base + s);

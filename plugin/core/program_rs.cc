@@ -134,7 +134,7 @@ void singleNode(const Layout& l, const Geometry& g, Mode mode, Builder& b) {
 void capturedEntry(const Geometry& g, Lane pushLane, bool pairs, Builder& b) {
   const int W = g.W, me = g.me;
   b.at(Lane::kCaller, -1);
-  b.relaxedWrite(me, word::kCapRsPhase, 1);
+  b.write(me, word::kCapRsPhase, Val::kConst, 1);
   for (int d = 0; d < W; ++d) {
     if (d != me) b.write(d, word::kCapRsEnter + me, Val::kConst, 1);
   }
@@ -156,7 +156,7 @@ void capturedPush(const Layout& l, const Geometry& g, int k, bool own, bool pair
   }
   b.close();
   if (k == 0) {
-    b.relaxedWrite(me, word::kCapRsPhase, 2);
+    b.write(me, word::kCapRsPhase, Val::kConst, 2);
     b.tokenResets(me, word::kCapRsEnter, W, pairs);
   }
   for (int d = 0; d < W; ++d) {
@@ -182,10 +182,10 @@ void captured(const Layout& l, const Geometry& g, bool pairs, Builder& b) {
   for (int k = 0; k < g.numChunks; ++k) capturedReduce(g, k, false, pairs, b);
   for (int k = 0; k < g.numChunks; ++k) {  // each chunk's bank (chunks 0 and 1: one each)
     for (int s = 0; s < g.W; ++s) {
-      if (s != g.me) b.relaxedWrite(g.me, word::capRsFull(k) + s, 0);
+      if (s != g.me) b.write(g.me, word::capRsFull(k) + s, Val::kConst, 0);
     }
   }
-  b.relaxedWrite(g.me, word::kCapRsPhase, 0);
+  b.write(g.me, word::kCapRsPhase, Val::kConst, 0);
 }
 
 // Replay-safe constant tokens with more chunks (K > 2) than staging buffers (nb = 2), on two lanes
@@ -223,13 +223,13 @@ void capturedPipelined(const Layout& l, const Geometry& g, bool pairs, Builder& 
   // and every full token (K) by the reduce just issued, which waited this rank's own last full token, written after
   // that push: no write of this call can land after these resets, and the next call's come after the next entry.
   // Both parity banks of each kind (K > 2: chunks of both parities, consumed tokens of chunks 0 .. K - 3).
-  for (int s = 0; s < W; ++s) b.relaxedWrite(me, word::kCapRsFull + s, 0);
-  for (int s = 0; s < W; ++s) b.relaxedWrite(me, word::kCapRsFullOdd + s, 0);
-  for (int d = 0; d < W; ++d) b.relaxedWrite(me, word::kCapRsConsumed + d, 0);
+  for (int s = 0; s < W; ++s) b.write(me, word::kCapRsFull + s, Val::kConst, 0);
+  for (int s = 0; s < W; ++s) b.write(me, word::kCapRsFullOdd + s, Val::kConst, 0);
+  for (int d = 0; d < W; ++d) b.write(me, word::kCapRsConsumed + d, Val::kConst, 0);
   if (K > 3) {
-    for (int d = 0; d < W; ++d) b.relaxedWrite(me, word::kCapRsConsumedOdd + d, 0);
+    for (int d = 0; d < W; ++d) b.write(me, word::kCapRsConsumedOdd + d, Val::kConst, 0);
   }
-  b.relaxedWrite(me, word::kCapRsPhase, 0);
+  b.write(me, word::kCapRsPhase, Val::kConst, 0);
 }
 
 // Several nodes. Task t = k * N + m: chunk k of this rank's rail owner on node m. See docs/architecture.md.

@@ -44,37 +44,6 @@ uint64_t valuesKey(const CallValues& v) {
   return k * 0x9e3779b97f4a7c15ull ^ divisor;
 }
 
-// NCCL_TIDE_FENCE_ONCE=1 (docs/architecture.md "Memory barriers on flag writes"): the batch's relaxed writes
-// (prog::FlagOp::relaxed: resets, phases) lose their barrier, and in a run of writes with no wait between, only the
-// first write that needs ordering after the earlier work keeps its memory barrier (CU_STREAM_WRITE_VALUE_DEFAULT: a fence before the write, scoped to the stream, which orders
-// everything issued before it ahead of everything after it); the run's later writes carry
-// CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER. Nothing that writes data can be issued between two operations of one
-// batch, so the one fence covers them all; a wait or a relaxed write ends the run (what the wait observed, and the
-// relaxed write, are ordered only by the next barrier). An assumption, not CUDA's documented contract: that a write
-// without a barrier is still ordered after the writes an earlier barrier of its stream fenced (the documentation
-// says only that it may be reordered with writes issued before it). Hence NCCL_TIDE_FENCE_ONCE, default 0, and only
-// in token programs (captures, the eager graph route), never across nodes. Why: each barrier waits for the writes
-// in flight, microseconds per flag once copies are running (session 28, run 28.1: 5 more barriered writes per
-// all-gather cost 20-28 us of GPU time at W = 8). Without it every write keeps MemOpBatch::add's default barrier.
-void fenceOncePerRun(MemOpBatch* m) {
-  bool fenced = false;
-  for (size_t i = 0; i < m->params.size(); ++i) {
-    CUstreamBatchMemOpParams& p = m->params[i];
-    const bool write = p.operation == CU_STREAM_MEM_OP_WRITE_VALUE_32 || p.operation == CU_STREAM_MEM_OP_WRITE_VALUE_64;
-    if (!write) {
-      fenced = false;
-      continue;
-    }
-    if (m->ops[i].relaxed) {  // no barrier of its own: the next token must order it
-      p.writeValue.flags = CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER;
-      fenced = false;
-      continue;
-    }
-    if (fenced) p.writeValue.flags = CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER;
-    fenced = true;
-  }
-}
-
 // captureGraph, once more if it failed because the runtime refused a strided run's 2D copy during it (a refusal may
 // invalidate the capture; from then on runs go row by row, copyRunsRefused).
 bool captureWithRunsFallback(cudaStream_t s, const std::function<bool(cudaStream_t)>& enqueue, cudaGraphExec_t* out,
@@ -129,7 +98,6 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
           }
         }
         if (m.kernelFrom == SIZE_MAX) m.kernelFrom = m.params.size();
-        if (params::fenceOnce() && p.mode == prog::Mode::kCaptured && !op.crossNode) fenceOncePerRun(&m);
         it.index = static_cast<int>(bp->memops_.size());
         bp->memops_.push_back(std::move(m));
       } else if (op.kind == prog::Op::kCopies) {

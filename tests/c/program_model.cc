@@ -598,15 +598,6 @@ void checkFlagBatches(const Program& p, int rank) {
     if (writesOnly && t != op.begin) {
       die("a write-only flag batch of rank " + std::to_string(rank) + "'s token program writes one word twice");
     }
-    // A relaxed write (no memory barrier on the GPU) must be one nobody waits for: 0 or a phase, in the rank's own
-    // array, so that only the barriers of the tokens sent after it order it (FlagOp::relaxed).
-    for (uint32_t f = op.begin; f < op.end; ++f) {
-      const FlagOp& x = p.flags[f];
-      const bool phase = x.word == word::kCapAgPhase || x.word == word::kCapRsPhase;
-      if (x.relaxed && (x.kind != FlagOp::kWrite || x.owner != p.rank || x.base != Val::kConst || (x.delta != 0 && !phase))) {
-        die("rank " + std::to_string(rank) + ": a relaxed write to word " + std::to_string(x.word) + " that a rank may wait for");
-      }
-    }
   }
 }
 

@@ -317,13 +317,6 @@ def test_ag_signal_kernels_other_setting_in_a_subprocess(torch_cuda, cuda_lib):
                              "all_gather_graph_route or strided_runs or captured_all_gather or captured_ag_and_rs", 10)
 
 
-@pytest.mark.skipif(not route_on(), reason="NCCL_TIDE_EAGER_GRAPHS=0")
-def test_fence_once_other_setting_in_a_subprocess(torch_cuda, cuda_lib):
-    """Every graph test with NCCL_TIDE_FENCE_ONCE flipped: one memory barrier per run of flag writes (1) or one per
-    write (0), bit-exact with the host executor either way."""
-    _flipped_in_a_subprocess("NCCL_TIDE_FENCE_ONCE", GRAPH_TESTS, GRAPH_TESTS_N)
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Interleaving: graph route, epoch protocol and user captures on one world
 # ----------------------------------------------------------------------------------------------------------------
