@@ -1,4 +1,4 @@
-# Sourced by the per-session device scripts (ci/gpu_session25.sh .. ci/gpu_session29.sh): what every such call needs.
+# Sourced by the per-session device scripts (ci/gpu_session25.sh .. ci/gpu_session30.sh): what every such call needs.
 # Before sourcing set TAG (the work folder's and the archive's name) and parts; afterwards the script has
 #   $O (= $OUT, where the archive goes), $W (the work folder; subfolders as `session_dirs` makes them),
 #   left (seconds to TIDE_GPU_DEADLINE_S, default 540), want PART, build SRC DIR LOG, env_txt,

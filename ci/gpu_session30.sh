@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Session 30's first device call (< 10 min), written at the end of session 29 (its one call, 29.1, ran the graph and
+# token test files; test_eager_graphs stopped at the removed NCCL_TIDE_FENCE_ONCE test, so its last five tests and
+# every other tests/gpu file have not run on this library). Parts, in this order (default: all share):
+#   all:   every tests/gpu file, the flag-touching ones first (gpu_job.sh's limits; the deadline may cut the last).
+#   share: issue 16's one-rank shares on the final tree (8B and 70B layers, W = 8, 370 GB/s, 31 runs): the AG share
+#          without its own-shard copy with incoming copies from the host (copy engines, as NVLink writes would be),
+#          then the RS share beside the 32-CTA NCCL-like baseline with incoming copies from the device. Worth its time
+#          on an H200 (the issue's device; sessions 20-29 measured H100s only).
+#   ab:    benchmarks/host_ab.py with AB_VARIANTS (e.g. "base:NCCL_TIDE_X=0 new:NCCL_TIDE_X=1"), AB_ROUNDS rounds
+#          (default 6), host_issue --route on --only "$AB_ONLY" (default "64 params") --samples 15.
+# Everything is archived as $OUT/$TAG.tgz. TIDE_GPU_DEADLINE_S: default 560.
+TAG=${TAG:-session30} parts="${*:-all share}"
+: "${TIDE_GPU_DEADLINE_S:=560}"
+source "$(dirname "$0")/gpu_session_lib.sh"
+session_dirs host tests share
+build_tree
+if want all; then
+  run_test_files test_eager_graphs:260 test_graph_capture:60 test_graph_capture_multiprocess:200 test_pending_waits:40 \
+    test_cuda_collectives:60 test_multiprocess:100 test_virtual_nodes:60 test_eager_call_order:120 test_abort:60 \
+    test_faults:90 test_faults_multiprocess:80 test_concurrency_gpu:60 test_cuda_properties:60 test_interposer_gpu:80 \
+    test_hardening_gpu:200 test_fsdp_native:90 test_reduce_kernel_gpu:80 test_share_gpu:60 test_perf_gpu:200
+fi
+if want share; then
+  S="python3 benchmarks/share.py --out $W/share --ranks 8 --link-gbps 370 --runs 31 --order gemm-after-first"
+  for L in llama3-8b-layer llama3-70b-layer; do
+    run "share/${L}_ag" 70 $S --layouts $L --tag ag_host --incoming-source host --sides ag-share-incoming
+    run "share/${L}_rs" 70 $S --layouts $L --tag rs_device --incoming-source device --sides rs-share,nccl-like-32
+  done
+  grep -hE "^\[share\]|^#  " "$W"/share/*.log | cut -c1-220
+fi
+if want ab; then
+  [ -n "${AB_VARIANTS:-}" ] || { echo "ab: set AB_VARIANTS"; archive; exit 2; }
+  v=(); for x in $AB_VARIANTS; do v+=(--variant "$x"); done
+  run host/ab 420 python3 benchmarks/host_ab.py "${v[@]}" --rounds "${AB_ROUNDS:-6}" --only "${AB_ONLY:-64 params}" \
+    --samples 15 --child-timeout 120 --json "$W/host/ab.json"
+  grep -E "^#|^(flat|llama|64)" "$W/host/ab.log" | cut -c1-170 | tail -30
+fi
+archive
