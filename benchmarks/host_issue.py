@@ -73,7 +73,10 @@ def tensors(torch, numels, dev, reverse):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
-    ap.add_argument("--calls", type=int, default=6)
+    # HOST_ISSUE_CALLS: the default of --calls from the environment, so that benchmarks/host_ab.py can A/B it
+    # (its variants differ only in environment): e.g. 1 against 6 calls per sample (session 29).
+    ap.add_argument("--calls", type=int, default=int(os.environ.get("HOST_ISSUE_CALLS", "6")),
+                    help="calls per rank per sample (default 6, or HOST_ISSUE_CALLS)")
     ap.add_argument("--samples", type=int, default=11)
     ap.add_argument("--only", default=None, help="substring of case names to run")
     ap.add_argument("--per-rank", action="store_true",

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Session 30's first device call (< 10 min), written at the end of session 29 (its one call, 29.1, ran the graph and
 # token test files; test_eager_graphs stopped at the removed NCCL_TIDE_FENCE_ONCE test, so its last five tests and
-# every other tests/gpu file have not run on this library). Parts, in this order (default: all share):
+# every other tests/gpu file have not run on this library). Parts, in this order (default: all):
 #   all:   every tests/gpu file, the flag-touching ones first (gpu_job.sh's limits; the deadline may cut the last).
 #   share: issue 16's one-rank shares on the final tree (8B and 70B layers, W = 8, 370 GB/s, 31 runs): the AG share
 #          without its own-shard copy with incoming copies from the host (copy engines, as NVLink writes would be),
 #          then the RS share beside the 32-CTA NCCL-like baseline with incoming copies from the device. Worth its time
 #          on an H200 (the issue's device; sessions 20-29 measured H100s only).
+#   calls: issue 15's 64-parameter rows at 1 call per sample (what host_issue gave them until session 29: the P x W
+#          cap) against 6 (what the Llama rows had), host_ab.py, 4 rounds, --only "64 params": is part of the
+#          64-parameter RS's extra host time over the Llama RS the sample's single call (a fresh gate per call)?
 #   ab:    benchmarks/host_ab.py with AB_VARIANTS (e.g. "base:NCCL_TIDE_X=0 new:NCCL_TIDE_X=1"), AB_ROUNDS rounds
 #          (default 6), host_issue --route on --only "$AB_ONLY" (default "64 params") --samples 15.
-# Everything is archived as $OUT/$TAG.tgz. TIDE_GPU_DEADLINE_S: default 560.
-TAG=${TAG:-session30} parts="${*:-all share}"
+# Everything is archived as $OUT/$TAG.tgz. TIDE_GPU_DEADLINE_S: default 560. `all` alone takes about 8 minutes.
+TAG=${TAG:-session30} parts="${*:-all}"
 : "${TIDE_GPU_DEADLINE_S:=560}"
 source "$(dirname "$0")/gpu_session_lib.sh"
 session_dirs host tests share
@@ -28,6 +31,12 @@ if want share; then
     run "share/${L}_rs" 70 $S --layouts $L --tag rs_device --incoming-source device --sides rs-share,nccl-like-32
   done
   grep -hE "^\[share\]|^#  " "$W"/share/*.log | cut -c1-220
+fi
+if want calls; then
+  run host/ab_calls 300 python3 benchmarks/host_ab.py --variant calls1:HOST_ISSUE_CALLS=1 \
+    --variant calls6:HOST_ISSUE_CALLS=6 --rounds 4 --only "64 params" --samples 15 --child-timeout 70 \
+    --json "$W/host/ab_calls.json"
+  grep -E "^#|^(flat|llama|64)" "$W/host/ab_calls.log" | cut -c1-170 | tail -30
 fi
 if want ab; then
   [ -n "${AB_VARIANTS:-}" ] || { echo "ab: set AB_VARIANTS"; archive; exit 2; }
