@@ -71,11 +71,15 @@ def tensors(torch, numels, dev, reverse):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--json", default=None)
     # HOST_ISSUE_CALLS: the default of --calls from the environment, so that benchmarks/host_ab.py can A/B it
     # (its variants differ only in environment): e.g. 1 against 6 calls per sample (session 29).
-    ap.add_argument("--calls", type=int, default=int(os.environ.get("HOST_ISSUE_CALLS", "6")),
+    calls_env = os.environ.get("HOST_ISSUE_CALLS", "6")
+    if not calls_env.isdigit() or int(calls_env) < 1:
+        print(f"HOST_ISSUE_CALLS must be a positive integer (got {calls_env!r})", file=sys.stderr)
+        return 2
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--calls", type=int, default=int(calls_env),
                     help="calls per rank per sample (default 6, or HOST_ISSUE_CALLS)")
     ap.add_argument("--samples", type=int, default=11)
     ap.add_argument("--only", default=None, help="substring of case names to run")
