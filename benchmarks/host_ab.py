@@ -8,8 +8,10 @@ on the device machines a row's median moves between processes about as much as t
 (session 28: the Llama RS 33.2 and 51.5 us per rank in two runs of one library, within-run IQR up to 22 us).
 Here every variant runs in a fresh process per round, the rounds alternate the order (A B, B A, ...), and each
 variant is compared with the first (the base) by its per-round differences: the median difference, a 90%
-bootstrap interval of it, how many rounds it was below / above, and a verdict ("lower", "higher", "unresolved")
-from whether the interval excludes 0 (benchmarks/ab_stats.py). Pairing cancels what drifts between rounds (the
+distribution-free interval of it (the sign test's: it needs 5 rounds or more to exclude 0), how many rounds it was
+below / above, the fewest valid samples behind any of the row's figures, and a verdict ("lower", "higher",
+"unresolved") from whether the interval excludes 0 (benchmarks/ab_stats.py), per row and metric, with no
+correction for the number of rows. Pairing cancels what drifts between rounds (the
 machine, its clocks, its neighbours); what scatters process by process on its own only more rounds shrink, and the
 interval shows how far they got. Rounds cost about one process start each (CUDA,
 the loopback worlds, warm-up): --only keeps them short.
@@ -35,13 +37,14 @@ import ab_stats  # noqa: E402
 
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 METRICS = ("host_us", "replay_host_us", "gpu_us")
+VALID = {"host_us": "valid_samples", "replay_host_us": "valid_samples", "gpu_us": "gpu_valid_samples"}
 
 
 def parse_variant(text: str):
     """NAME[:VAR=VALUE[,VAR=VALUE...]] -> (name, {var: value})."""
     name, _, spec = text.partition(":")
-    if not name or any(c in name for c in " /"):
-        raise ValueError(f"variant {text!r}: a name without spaces or '/' comes first")
+    if not name or any(c in name for c in " /="):
+        raise ValueError(f"variant {text!r}: a name without spaces, '/' or '=' comes first (NAME:VAR=VALUE)")
     env = {}
     for item in filter(None, spec.split(",")):
         var, eq, val = item.partition("=")
@@ -76,6 +79,16 @@ def run_child(cmd, env, timeout_s):
         return rows, None
 
 
+def write_json(path, variants, orders, cmd, rounds, failures, summary):
+    """Everything so far (summary None: rounds still running); rewritten after every round and at the end."""
+    if not path:
+        return
+    with open(path + ".tmp", "w") as f:
+        json.dump({"variants": [{"name": n, "env": e} for n, e in variants], "orders": orders, "child": cmd,
+                   "rounds": rounds, "failures": failures, "summary": summary}, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     child_args = None
@@ -90,7 +103,7 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=15, help="host_issue's --samples per process")
     ap.add_argument("--child", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "host_issue.py"))
     ap.add_argument("--child-timeout", type=float, default=300.0)
-    ap.add_argument("--level", type=float, default=0.9, help="two-sided level of the bootstrap interval")
+    ap.add_argument("--level", type=float, default=0.9, help="two-sided level of the median's interval")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     try:
@@ -100,6 +113,8 @@ def main(argv=None) -> int:
         print(f"host_ab: {e}", file=sys.stderr)
         return 2
     envs = dict(variants)
+    if args.rounds % 2:
+        print(f"# note: {args.rounds} rounds, an odd number: the variants' positions are not balanced", flush=True)
     if child_args is None:
         child_args = ["--route", "on", "--samples", str(args.samples)] + (["--only", args.only] if args.only else [])
     cmd = [sys.executable, args.child] + child_args
@@ -107,7 +122,7 @@ def main(argv=None) -> int:
     for r, order in enumerate(orders):
         rnd = {}
         for name in order:
-            env = dict(os.environ, **MULTICAST_OFF, **envs[name])
+            env = {**os.environ, **MULTICAST_OFF, **envs[name]}
             rows, why = run_child(cmd, env, args.child_timeout)
             if why:
                 failures.append({"round": r, "variant": name, "why": why})
@@ -118,27 +133,29 @@ def main(argv=None) -> int:
                       flush=True)
             rnd[name] = rows
         rounds.append(rnd)
+        write_json(args.json, variants, orders, cmd, rounds, failures, None)  # what a killed run leaves
     base = variants[0][0]
     summary = []
     print(f"\n# {len(orders)} rounds, order alternating; each variant against {base}: medians over rounds, the median "
-          f"of the per-round differences [{args.level:.0%} bootstrap interval], rounds below / above {base}")
-    print(f"{'case':<18}{'W':>3}{'coll':>5}  {'metric':<15}{'variant':<12}{base:>10}{'variant':>10}{'diff':>9}"
-          f"{'interval':>18}{'below/above':>13}  verdict")
+          f"of the per-round differences [{args.level:.0%} interval], rounds below / above {base}")
+    print(f"{'case':<18}{'W':>3}{'coll':>5}  {'metric':<15}{'variant':<12}{base:>10}{'it':>10}{'diff':>9}"
+          f"{'interval':>18}{'below/above':>13}{'valid':>7}  verdict")
     for metric in METRICS:
+        valid = ab_stats.collect(rounds, VALID[metric])
         for key, per in ab_stats.collect(rounds, metric).items():
+            counts = [v for vals in valid.get(key, {}).values() for v in vals if v == v]
+            fewest = int(min(counts)) if counts else -1
             for name, _ in variants[1:]:
                 c = ab_stats.compare(per.get(base, [float("nan")] * len(rounds)),
                                      per.get(name, [float("nan")] * len(rounds)), level=args.level)
                 summary.append({"case": key[0], "W": key[1], "coll": key[2], "metric": metric, "base": base,
-                                "variant": name, **c, "base_rounds": per.get(base), "variant_rounds": per.get(name)})
+                                "variant": name, **c, "base_rounds": per.get(base), "variant_rounds": per.get(name),
+                                "fewest_valid_samples": fewest})
                 interval = f"[{c['diff_lo']:.1f}, {c['diff_hi']:.1f}]"
                 print(f"{str(key[0]):<18}{key[1]!s:>3}{str(key[2]):>5}  {metric:<15}{name:<12}{c['base_median']:>10.1f}"
                       f"{c['other_median']:>10.1f}{c['diff_median']:>+9.1f}{interval:>18}"
-                      f"{str(c['below']) + '/' + str(c['above']):>13}  {c['verdict']} ({c['pairs']} pairs)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"variants": [{"name": n, "env": e} for n, e in variants], "orders": orders, "child": cmd,
-                       "rounds": rounds, "failures": failures, "summary": summary}, f, indent=1)
+                      f"{str(c['below']) + '/' + str(c['above']):>13}{fewest:>7}  {c['verdict']} ({c['pairs']} pairs)")
+    write_json(args.json, variants, orders, cmd, rounds, failures, summary)
     if failures:
         print(f"# {len(failures)} child process(es) failed; their rounds are left out of the pairs", file=sys.stderr)
         return 1

@@ -74,7 +74,7 @@ def main() -> int:
     # HOST_ISSUE_CALLS: the default of --calls from the environment, so that benchmarks/host_ab.py can A/B it
     # (its variants differ only in environment): e.g. 1 against 6 calls per sample (session 29).
     calls_env = os.environ.get("HOST_ISSUE_CALLS", "6")
-    if not calls_env.isdigit() or int(calls_env) < 1:
+    if not calls_env.isascii() or not calls_env.isdecimal() or int(calls_env) < 1:
         print(f"HOST_ISSUE_CALLS must be a positive integer (got {calls_env!r})", file=sys.stderr)
         return 2
     ap = argparse.ArgumentParser()
@@ -130,8 +130,10 @@ def main() -> int:
 
     token_rs_chunks = int(_N.param_value("NCCL_TIDE_TOKEN_RS_CHUNKS"))
     print("\n# eager graph route off vs on, same run: host us per rank per call (median), GPU us per call of the world")
+    # calls: per sample, off / on: the eager (off) route keeps the P x W cap, so at 64 parameters and W = 8 its
+    # samples are single calls and the on route's 6 (the ratio then mixes the two; benchmarks/RESULTS.md session 29)
     print(f"{'case':<18}{'W':>3}{'P':>4}{'coll':>5}{'chunks':>7}{'route':>7}{'host off':>10}{'host on':>10}"
-          f"{'off/on':>8}{'gpu off':>10}{'gpu on':>10}")
+          f"{'off/on':>8}{'gpu off':>10}{'gpu on':>10}{'calls':>8}")
     merged = []
     for r in rows_on:
         o = off.get((r["case"], r["W"], r["coll"]), {})
@@ -139,7 +141,8 @@ def main() -> int:
         h_off, h_on = o.get("host_us", float("nan")), r.get("host_us", float("nan"))
         ratio = h_off / h_on if h_on and h_on == h_on and h_off == h_off else float("nan")
         print(f"{r['case']:<18}{r['W']:>3}{r['P']:>4}{r['coll']:>5}{r['chunks']:>7}{route:>7}{h_off:>10.1f}"
-              f"{h_on:>10.1f}{ratio:>8.1f}{o.get('gpu_us', float('nan')):>10.1f}{r.get('gpu_us', float('nan')):>10.1f}")
+              f"{h_on:>10.1f}{ratio:>8.1f}{o.get('gpu_us', float('nan')):>10.1f}{r.get('gpu_us', float('nan')):>10.1f}"
+              f"{str(o.get('calls', '?')) + '/' + str(r.get('calls', '?')):>8}")
         merged.append({"case": r["case"], "W": r["W"], "P": r["P"], "coll": r["coll"], "chunks": r["chunks"],
                        "route": route, "off": o, "on": r})
     if on_json:

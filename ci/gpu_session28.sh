@@ -7,7 +7,9 @@
 #          (resets and phases without a memory barrier); test_eager_graphs runs the AG graph tests with
 #          NCCL_TIDE_AG_SIGNAL_KERNELS flipped (1) in a subprocess.
 # Run 28.1 (TAG session28) ran this before the relaxed writes (and with new1 old new0 only); run 28.2 (TAG
-# session28b) with them and NCCL_TIDE_FENCE_ONCE (nofence: 0). The old library ignores NCCL_TIDE_FENCE_ONCE (unknown).
+# session28b) with them and NCCL_TIDE_FENCE_ONCE (nofence: 0). The old library ignores NCCL_TIDE_FENCE_ONCE (unknown),
+# and since session 29 so does main (removed: the v2 memop API refuses its flag), so fence and nofence now run the
+# same library the same way.
 #   ab:    benchmarks/host_issue.py --route on (every row: AG replay and census, RS host time, GPU time), alternating
 #          new/AG signal kernels 1, old (76fa1d1, session 27's final code, from build/old76.tar: carry it), new/0,
 #          and the same again: what the kernel tails save the RS (new/0 vs old) and the AG (new/1 vs new/0), and what

@@ -8,7 +8,7 @@
 #          then the RS share beside the 32-CTA NCCL-like baseline with incoming copies from the device. Worth its time
 #          on an H200 (the issue's device; sessions 20-29 measured H100s only).
 #   calls: issue 15's 64-parameter rows at 1 call per sample (what host_issue gave them until session 29: the P x W
-#          cap) against 6 (what the Llama rows had), host_ab.py, 4 rounds, --only "64 params": is part of the
+#          cap) against 6 (what the Llama rows had), host_ab.py, 6 rounds, --only "64 params": is part of the
 #          64-parameter RS's extra host time over the Llama RS the sample's single call (a fresh gate per call)?
 #   ab:    benchmarks/host_ab.py with AB_VARIANTS (e.g. "base:NCCL_TIDE_X=0 new:NCCL_TIDE_X=1"), AB_ROUNDS rounds
 #          (default 6), host_issue --route on --only "$AB_ONLY" (default "64 params") --samples 15.
@@ -33,8 +33,8 @@ if want share; then
   grep -hE "^\[share\]|^#  " "$W"/share/*.log | cut -c1-220
 fi
 if want calls; then
-  run host/ab_calls 300 python3 benchmarks/host_ab.py --variant calls1:HOST_ISSUE_CALLS=1 \
-    --variant calls6:HOST_ISSUE_CALLS=6 --rounds 4 --only "64 params" --samples 15 --child-timeout 70 \
+  run host/ab_calls 420 python3 benchmarks/host_ab.py --variant calls1:HOST_ISSUE_CALLS=1 \
+    --variant calls6:HOST_ISSUE_CALLS=6 --rounds 6 --only "64 params" --samples 15 --child-timeout 70 \
     --json "$W/host/ab_calls.json"
   grep -E "^#|^(flat|llama|64)" "$W/host/ab_calls.log" | cut -c1-170 | tail -30
 fi
