@@ -6,7 +6,7 @@
 #   share: issue 16's one-rank shares on the final tree (8B and 70B layers, W = 8, 370 GB/s, 31 runs): the AG share
 #          without its own-shard copy with incoming copies from the host (copy engines, as NVLink writes would be),
 #          then the RS share beside the 32-CTA NCCL-like baseline with incoming copies from the device. Worth its time
-#          on an H200 (the issue's device; sessions 20-29 measured H100s only).
+#          on an H200 (the issue's device; no H200 ran since session 19).
 #   calls: issue 15's 64-parameter rows at 1 call per sample (what host_issue gave them until session 29: the P x W
 #          cap) against 6 (what the Llama rows had), host_ab.py, 6 rounds, --only "64 params": is part of the
 #          64-parameter RS's extra host time over the Llama RS the sample's single call (a fresh gate per call)?
