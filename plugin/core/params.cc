@@ -12,6 +12,8 @@
 
 #include "errors.h"
 
+extern char** environ;  // POSIX: the process environment, scanned once for NCCL_TIDE_* names nobody reads
+
 namespace tide {
 namespace params {
 namespace {
@@ -243,7 +245,35 @@ bool strictWhenInvalid(Id id) {
          id == kTokenRsChunks;
 }
 
-// Logs, once per process, every value that came from the environment.
+// NCCL_TIDE_* variables that are not parameters of this library but are read elsewhere (docs/env.md, "Read by the
+// Python package only" and "Read by the build scripts"): not reported as unknown.
+constexpr const char* kReadElsewhere[] = {"NCCL_TIDE_LIBRARY_PATH", "NCCL_TIDE_FSDP", "NCCL_TIDE_FSDP_CAST_IN_PLACE",
+                                          "NCCL_TIDE_OFFLINE"};
+
+bool knownName(const char* name, size_t n) {
+  for (const Def& d : kDefs) {
+    if (strlen(d.name) == n && strncmp(d.name, name, n) == 0) return true;
+  }
+  for (const char* k : kReadElsewhere) {
+    if (strlen(k) == n && strncmp(k, name, n) == 0) return true;
+  }
+  return false;
+}
+
+// A NCCL_TIDE_* variable nobody reads is a setting the user believes in and TIDE ignores (session 29: a removed
+// switch, NCCL_TIDE_FENCE_ONCE, would have been ignored silently): one WARN each, once per process.
+void warnUnknownNames() {
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    if (strncmp(*e, "NCCL_TIDE_", 10) != 0) continue;
+    const char* eq = strchr(*e, '=');
+    const size_t n = eq != nullptr ? static_cast<size_t>(eq - *e) : strlen(*e);
+    if (knownName(*e, n)) continue;
+    TIDE_WARN(kComponent, "%.*s is not a TIDE parameter and is ignored (docs/env.md lists them)", static_cast<int>(n),
+              *e);
+  }
+}
+
+// Logs, once per process, every value that came from the environment, and the NCCL_TIDE_* names nobody reads.
 const State& loggedState() {
   const State& st = state();
   if (!gLogged.exchange(true)) {
@@ -260,6 +290,7 @@ const State& loggedState() {
                   kDefs[i].form, kDefs[i].defaultValue);
       }
     }
+    warnUnknownNames();
   }
   return st;
 }
