@@ -34,8 +34,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ab_stats  # noqa: E402
+from nccl_tide.perf.gpu import NO_MULTICAST_ENV  # noqa: E402  (DESIGN.md section 6)
 
-MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 METRICS = ("host_us", "replay_host_us", "gpu_us")
 VALID = {"host_us": "valid_samples", "replay_host_us": "valid_samples", "gpu_us": "gpu_valid_samples"}
 
@@ -50,8 +50,8 @@ def parse_variant(text: str):
         var, eq, val = item.partition("=")
         if not eq or not var:
             raise ValueError(f"variant {text!r}: {item!r} is not VAR=VALUE")
-        if var in MULTICAST_OFF and val != MULTICAST_OFF[var]:
-            raise ValueError(f"variant {text!r}: {var} must stay {MULTICAST_OFF[var]} (NVLink multicast is off limits)")
+        if var in NO_MULTICAST_ENV and val != NO_MULTICAST_ENV[var]:
+            raise ValueError(f"variant {text!r}: {var} must stay {NO_MULTICAST_ENV[var]} (NVLink multicast is off limits)")
         env[var] = val
     return name, env
 
@@ -122,7 +122,7 @@ def main(argv=None) -> int:
     for r, order in enumerate(orders):
         rnd = {}
         for name in order:
-            env = {**os.environ, **MULTICAST_OFF, **envs[name]}
+            env = {**os.environ, **NO_MULTICAST_ENV, **envs[name]}
             rows, why = run_child(cmd, env, args.child_timeout)
             if why:
                 failures.append({"round": r, "variant": name, "why": why})

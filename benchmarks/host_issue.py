@@ -124,11 +124,6 @@ def main() -> int:
     if rc != 0:
         return rc
     off = {(r["case"], r["W"], r["coll"]): r for r in off_rows}
-    # The most chunks of a token RS in force (the library's value, default included; read after run() loaded it,
-    # since the library reads its parameters once): RSs of more take the epoch protocol whatever the route.
-    from nccl_tide import _native as _N
-
-    token_rs_chunks = int(_N.param_value("NCCL_TIDE_TOKEN_RS_CHUNKS"))
     print("\n# eager graph route off vs on, same run: host us per rank per call (median), GPU us per call of the world")
     # calls: per sample, off / on: the eager (off) route keeps the P x W cap, so at 64 parameters and W = 8 its
     # samples are single calls and the on route's 6 (the ratio then mixes the two; benchmarks/RESULTS.md session 29)
@@ -137,7 +132,7 @@ def main() -> int:
     merged = []
     for r in rows_on:
         o = off.get((r["case"], r["W"], r["coll"]), {})
-        route = "graph" if r["coll"] == "ag" or r["chunks"] <= token_rs_chunks else "epoch"
+        route = r["route"]  # run()'s: RSs of more chunks than the token limit take the epoch protocol either way
         h_off, h_on = o.get("host_us", float("nan")), r.get("host_us", float("nan"))
         ratio = h_off / h_on if h_on and h_on == h_on and h_off == h_off else float("nan")
         print(f"{r['case']:<18}{r['W']:>3}{r['P']:>4}{r['coll']:>5}{r['chunks']:>7}{route:>7}{h_off:>10.1f}"
@@ -168,6 +163,8 @@ def run(args, rows_out=None) -> int:
 
     rows = [] if rows_out is None else rows_out
     route_on = os.environ.get("NCCL_TIDE_EAGER_GRAPHS", "1") == "1"
+    # The most chunks of a token RS in force (the library's value, default included): RSs of more take the epoch
+    # protocol whatever the route.
     token_rs_chunks = int(_N.param_value("NCCL_TIDE_TOKEN_RS_CHUNKS"))
     print(f"# torch {torch.__version__}, device {torch.cuda.get_device_name(0)}, nccl_tide {nccl_tide.__version__}")
     print(f"{'case':<18}{'W':>3}{'P':>4}{'coll':>5}{'chunks':>7}{'host us/rank':>14}{'iqr':>8}{'valid':>6}{'gpu us':>10}"
@@ -215,8 +212,8 @@ def run(args, rows_out=None) -> int:
             # device queue never fills (a full queue makes the host wait for the GPU and voids the sample). On the
             # graph route a call is a few graph launches per rank whatever P and W, and --calls stands: at 64
             # parameters and W = 8 the cap left one call per sample, the noisiest figure of the table (session 29).
-            graph_route = route_on and (coll == "ag" or l0.rs_num_chunks <= token_rs_chunks)
-            calls = args.calls if graph_route else max(1, min(args.calls, 600 // (len(numels) * w)))
+            takes_tokens = coll == "ag" or l0.rs_num_chunks <= token_rs_chunks
+            calls = args.calls if route_on and takes_tokens else max(1, min(args.calls, 600 // (len(numels) * w)))
             h = ic.host_issue_us(prep, calls=calls, samples=args.samples)
             if args.per_rank:  # a second measurement, so that host_us keeps its method (no timer reads per call)
                 split = ic.host_issue_us(prep, calls=calls, samples=args.samples, per_rank=True)
@@ -224,7 +221,7 @@ def run(args, rows_out=None) -> int:
             g = ic.gpu_latency_us(prep, samples=args.samples)
             world.synchronize()
             row = {"case": name, "W": w, "P": len(numels), "coll": coll, "chunks": l0.rs_num_chunks if coll == "rs" else 0,
-                   "calls": calls,
+                   "calls": calls, "route": "graph" if takes_tokens else "epoch",
                    **h, **g}
             if coll == "ag":
                 # A graph-captured replay of the same call (one graph per virtual rank): host cost of the launches.

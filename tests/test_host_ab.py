@@ -146,15 +146,25 @@ with open(a.json, "w") as f:
 '''
 
 
-def test_main_runs_rounds_with_each_variants_environment(tmp_path, capsys, monkeypatch):
+@pytest.fixture
+def run_stand_in(tmp_path, monkeypatch):
+    """host_ab.main with the stand-in child and a JSON output: returns (exit status, the JSON)."""
     child = tmp_path / "child.py"
     child.write_text(CHILD)
     out = tmp_path / "ab.json"
     monkeypatch.setenv("STANDIN_COUNTER", str(tmp_path / "counter"))
-    rc = host_ab.main(["--variant", "base", "--variant", "faster:STANDIN_SHIFT=-6,NCCL_NVLS_ENABLE=0", "--rounds", "6",
-                       "--child", str(child), "--samples", "9", "--only", "64 params", "--json", str(out)])
+
+    def run(args):
+        rc = host_ab.main(args + ["--child", str(child), "--json", str(out)])
+        return rc, json.loads(out.read_text())
+
+    return run
+
+
+def test_main_runs_rounds_with_each_variants_environment(run_stand_in, capsys):
+    rc, res = run_stand_in(["--variant", "base", "--variant", "faster:STANDIN_SHIFT=-6,NCCL_NVLS_ENABLE=0",
+                            "--rounds", "6", "--samples", "9", "--only", "64 params"])
     assert rc == 0
-    res = json.loads(out.read_text())
     assert res["orders"][0] == ["base", "faster"] and res["orders"][1] == ["faster", "base"]
     assert all(r["base"][0]["samples"] == 9 and r["base"][0]["only"] == "64 params" for r in res["rounds"])
     host = [s for s in res["summary"] if s["metric"] == "host_us"]
@@ -166,15 +176,9 @@ def test_main_runs_rounds_with_each_variants_environment(tmp_path, capsys, monke
     assert "lower (6 pairs)" in capsys.readouterr().out
 
 
-def test_main_reports_a_failing_variant_and_exits_1(tmp_path, capsys, monkeypatch):
-    child = tmp_path / "child.py"
-    child.write_text(CHILD)
-    out = tmp_path / "ab.json"
-    monkeypatch.setenv("STANDIN_COUNTER", str(tmp_path / "counter"))
-    rc = host_ab.main(["--variant", "base", "--variant", "broken:STANDIN_FAIL=1", "--rounds", "3",
-                       "--child", str(child), "--json", str(out)])
+def test_main_reports_a_failing_variant_and_exits_1(run_stand_in, capsys):
+    rc, res = run_stand_in(["--variant", "base", "--variant", "broken:STANDIN_FAIL=1", "--rounds", "3"])
     assert rc == 1
-    res = json.loads(out.read_text())
     assert len(res["failures"]) == 3 and all(f["variant"] == "broken" for f in res["failures"])
     assert "rc 5" in res["failures"][0]["why"] and "stand-in failure" in res["failures"][0]["why"]
     assert all(s["pairs"] == 0 and s["verdict"] == "unresolved" for s in res["summary"])

@@ -95,21 +95,20 @@ class Builder {
   }
 
   void tokens(FlagOp::Kind kind, int owner, int base, int W, int64_t value, bool includeOwn, bool pairs) {
-    auto one = [&](int word) { flag(kind, owner, word, Val::kConst, value, -1); };
     if (!pairs) {
       for (int s = 0; s < W; ++s) {
-        if (s != owner || includeOwn) one(base + s);
+        if (s != owner || includeOwn) flag(kind, owner, base + s, Val::kConst, value, -1);
       }
       return;
     }
     for (int s = 0; s < W; s += 2) {
       const bool lo = s != owner || includeOwn, hi = s + 1 < W && (s + 1 != owner || includeOwn);  // has a writer
       if (lo && hi) {
-        one(base + s);
+        flag(kind, owner, base + s, Val::kConst, value, -1);
         p_->flags.back().pairNext = true;
-        one(base + s + 1);
+        flag(kind, owner, base + s + 1, Val::kConst, value, -1);
       } else if (lo || hi) {  // one word with a writer: one 32-bit operation, as without pairs
-        one(base + s + (lo ? 0 : 1));
+        flag(kind, owner, base + s + (lo ? 0 : 1), Val::kConst, value, -1);
       }  // neither (world size 1): nothing to wait for or reset
     }
   }
