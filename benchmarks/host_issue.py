@@ -24,6 +24,10 @@ rank, nccl_tide.perf.issue_cost.prepare_launch_floor): the replay's cost above t
 Under each AG row a "#" line gives rank 0's replay graph by node kind (memop nodes with their operations, memcpy,
 kernel, ...) and its edges (issue_cost.graph_census, session 26), to read the replay's host time against.
 
+Flat AG rows also time the same copies (every rank's send buffer into every rank's slot, its own row included) as
+ONE hinted cudaMemcpyBatchAsync on one stream, no flags (issue_cost.prepare_copy_floor; JSON copy_floor_gpu_us),
+and print "AG / copy": issue 15 asks a 64 MiB AG within 1.15x of it.
+
 --per-rank: a second measurement per row times each rank's call apart: "last" (us per call of the last rank, whose
 call also issues every rank's deferred rounds on loopback: W x rounds graph launches) and "others" (the mean of the
 other ranks' calls: lookup, checks, announce). Session 24 added it to find where the RS rows' host time goes.
@@ -223,6 +227,17 @@ def run(args, rows_out=None) -> int:
             row = {"case": name, "W": w, "P": len(numels), "coll": coll, "chunks": l0.rs_num_chunks if coll == "rs" else 0,
                    "calls": calls, "route": "graph" if takes_tokens else "epoch",
                    **h, **g}
+            if coll == "ag" and len(numels) == 1:
+                # Issue 15's GPU target: a flat AG within 1.15x of the same copies as one hinted batch copy (no flags).
+                try:
+                    floor = ic.prepare_copy_floor(world, ic.flat_all_gather_copies(l0, slots, sends))
+                    cf = ic.gpu_latency_us(floor, samples=args.samples)
+                    row["copy_floor_gpu_us"] = cf["gpu_us"]
+                    print(f"#   {name}, W {w}: the same copies as one hinted batch copy: {cf['gpu_us']:.1f} us of GPU "
+                          f"time; AG / copy = {g['gpu_us'] / cf['gpu_us']:.3f}", flush=True)
+                except Exception as e:  # report, do not hide
+                    row["copy_floor_error"] = str(e)[:200]
+                    print(f"#   {name}, W {w}: copy floor failed ({row['copy_floor_error']})", flush=True)
             if coll == "ag":
                 # A graph-captured replay of the same call (one graph per virtual rank): host cost of the launches.
                 try:

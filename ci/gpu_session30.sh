@@ -10,6 +10,9 @@
 #   calls: issue 15's 64-parameter rows at 1 call per sample (what host_issue gave them until session 29: the P x W
 #          cap) against 6 (what the Llama rows had), host_ab.py, 6 rounds, --only "64 params": is part of the
 #          64-parameter RS's extra host time over the Llama RS the sample's single call (a fresh gate per call)?
+#   table: (added in session 30) issue 15's whole host_issue table in 12 processes: host_ab.py with two identical
+#          variants (an A/A: its verdicts must come out unresolved, and each row gets 12 process medians), 6 rounds;
+#          flat AG rows also time the same copies as one hinted batch copy (the 1.15x GPU target).
 #   ab:    benchmarks/host_ab.py with AB_VARIANTS (e.g. "base:NCCL_TIDE_X=0 new:NCCL_TIDE_X=1"), AB_ROUNDS rounds
 #          (default 6), host_issue --route on --only "$AB_ONLY" (default "64 params") --samples 15.
 # Everything is archived as $OUT/$TAG.tgz. TIDE_GPU_DEADLINE_S: default 560. `all` alone takes about 8 minutes.
@@ -37,6 +40,11 @@ if want calls; then
     --variant calls6:HOST_ISSUE_CALLS=6 --rounds 6 --only "64 params" --samples 15 --child-timeout 70 \
     --json "$W/host/ab_calls.json"
   grep -E "^#|^(flat|llama|64)" "$W/host/ab_calls.log" | cut -c1-170 | tail -30
+fi
+if want table; then
+  run host/ab_table 520 python3 benchmarks/host_ab.py --variant a:HOST_ISSUE_CALLS=6 --variant b:HOST_ISSUE_CALLS=6 \
+    --rounds 6 --samples 15 --child-timeout 120 --json "$W/host/ab_table.json"
+  grep -E "^#|^(flat|llama|64)" "$W/host/ab_table.log" | grep -v "^# round" | cut -c1-170 | tail -40
 fi
 if want ab; then
   [ -n "${AB_VARIANTS:-}" ] || { echo "ab: set AB_VARIANTS"; archive; exit 2; }

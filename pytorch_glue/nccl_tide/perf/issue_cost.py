@@ -15,7 +15,7 @@ gpu us is the world's time on one GPU, while host us is what one rank's process 
 import ctypes
 import statistics
 import time
-from typing import Callable, List
+from typing import Callable, List, Sequence, Tuple
 
 GATE_CYCLES = 400_000_000  # ~200 ms at H200 clocks: longer than any issue loop measured here (the cap)
 _CYCLES_PER_US = 2_000  # torch.cuda._sleep spins in clock cycles; about 2 GHz (an estimate: validity is checked)
@@ -336,6 +336,41 @@ def _graph_per_rank(world, enqueue, keep) -> PreparedCalls:
             lib.cuGraphExecDestroy(e)
 
     p.close = close
+    return p
+
+
+def flat_all_gather_copies(layout, slots, sendbufs) -> List[Tuple[int, int, int]]:
+    """(dst, src, bytes) of the copies a flat all-gather makes on one GPU: every rank's send buffer into every rank's
+    slot at that rank's row (its own row included). The bytes the TIDE AG moves, for prepare_copy_floor."""
+    (p,) = layout.params
+    shard = p.shard_numel * p.elem_size
+    total = p.numel * p.elem_size
+    out = []
+    for d in range(len(slots)):
+        base = int(slots[d].data_ptr()) + p.slot_offset
+        for s in range(len(sendbufs)):
+            n = min(shard, total - s * shard)
+            if n > 0:
+                out.append((base + s * shard, int(sendbufs[s].data_ptr()) + p.send_offset, n))
+    return out
+
+
+def prepare_copy_floor(world, copies: Sequence[Tuple[int, int, int]]) -> PreparedCalls:
+    """The GPU floor of an all-gather (issue 15: a 64 MiB flat AG within 1.15x of it): the same copies as ONE hinted
+    cudaMemcpyBatchAsync (the library's copy-engine path, tideBenchCopy) on rank 0's stream, no flags. For
+    gpu_latency_us; its host time means nothing (one call for the world)."""
+    from .. import _bench as B
+
+    lib = B.lib()
+    n = len(copies)
+    if n == 0:
+        raise ValueError("prepare_copy_floor: no copies")
+    dst = (ctypes.c_void_p * n)(*[c[0] for c in copies])
+    src = (ctypes.c_void_p * n)(*[c[1] for c in copies])
+    nb = (ctypes.c_size_t * n)(*[c[2] for c in copies])
+    stream = ctypes.c_void_p(int(world.streams[0].cuda_stream))
+    p = PreparedCalls(world, [lambda: lib.tideBenchCopy(n, dst, src, nb, stream)])
+    p._keep = (dst, src, nb, stream)
     return p
 
 
