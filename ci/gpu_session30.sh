@@ -13,6 +13,9 @@
 #   table: (added in session 30) issue 15's whole host_issue table in 12 processes: host_ab.py with two identical
 #          variants (an A/A: its verdicts must come out unresolved, and each row gets 12 process medians), 6 rounds;
 #          flat AG rows also time the same copies as one hinted batch copy (the 1.15x GPU target).
+#   machine: (session 30) the machine's unit costs and the host rows in one call: benchmarks/host_cost_probe.cu
+#          (kernel launch, one-node graph, round-like graphs), host_issue --route on --per-rank (the last rank's
+#          call apart), host_issue_ipc.py --ranks 2 (one process per rank): host figures moved 2x between machines.
 #   ab:    benchmarks/host_ab.py with AB_VARIANTS (e.g. "base:NCCL_TIDE_X=0 new:NCCL_TIDE_X=1"), AB_ROUNDS rounds
 #          (default 6), host_issue --route on --only "$AB_ONLY" (default "64 params") --samples 15.
 # Everything is archived as $OUT/$TAG.tgz. TIDE_GPU_DEADLINE_S: default 560. `all` alone takes about 8 minutes.
@@ -45,6 +48,14 @@ if want table; then
   run host/ab_table 520 python3 benchmarks/host_ab.py --variant a:HOST_ISSUE_CALLS=6 --variant b:HOST_ISSUE_CALLS=6 \
     --rounds 6 --samples 15 --child-timeout 120 --json "$W/host/ab_table.json"
   grep -E "^#|^(flat|llama|64)" "$W/host/ab_table.log" | grep -v "^# round" | cut -c1-170 | tail -40
+fi
+if want machine; then
+  nvcc -O2 -arch=sm_90 benchmarks/host_cost_probe.cu -o "$W/host/host_cost_probe" > "$W/host/probe_build.log" 2>&1 \
+    && run host/probe 90 "$W/host/host_cost_probe"
+  run host/per_rank 120 python3 benchmarks/host_issue.py --route on --per-rank --samples 15 --json "$W/host/per_rank.json"
+  run host/ipc2 110 python3 benchmarks/host_issue_ipc.py --ranks 2 --samples 9 --json "$W/host/ipc2.json"
+  tail -25 "$W/host/probe.log"; grep -E "^(flat|llama|64)" "$W/host/per_rank.log" | cut -c1-150
+  grep -E "^(flat|llama|64)" "$W/host/ipc2.log" | cut -c1-150
 fi
 if want ab; then
   [ -n "${AB_VARIANTS:-}" ] || { echo "ab: set AB_VARIANTS"; archive; exit 2; }
