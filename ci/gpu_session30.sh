@@ -16,6 +16,7 @@
 #   machine: (session 30) the machine's unit costs and the host rows in one call: benchmarks/host_cost_probe.cu
 #          (kernel launch, one-node graph, round-like graphs), host_issue --route on --per-rank (the last rank's
 #          call apart), host_issue_ipc.py --ranks 2 (one process per rank): host figures moved 2x between machines.
+#   table3: (session 30) host_issue --route on, the whole table, in 3 processes one after another (about 80 s).
 #   ab:    benchmarks/host_ab.py with AB_VARIANTS (e.g. "base:NCCL_TIDE_X=0 new:NCCL_TIDE_X=1"), AB_ROUNDS rounds
 #          (default 6), host_issue --route on --only "$AB_ONLY" (default "64 params") --samples 15.
 # Everything is archived as $OUT/$TAG.tgz. TIDE_GPU_DEADLINE_S: default 560. `all` alone takes about 8 minutes.
@@ -56,6 +57,12 @@ if want machine; then
   run host/ipc2 110 python3 benchmarks/host_issue_ipc.py --ranks 2 --samples 9 --json "$W/host/ipc2.json"
   tail -25 "$W/host/probe.log"; grep -E "^(flat|llama|64)" "$W/host/per_rank.log" | cut -c1-150
   grep -E "^(flat|llama|64)" "$W/host/ipc2.log" | cut -c1-150
+fi
+if want table3; then
+  for k in 1 2 3; do
+    run host/table3_$k 60 python3 benchmarks/host_issue.py --route on --samples 15 --json "$W/host/table3_$k.json"
+  done
+  grep -E "^(flat|llama|64)|hinted" "$W/host/table3_1.log" | cut -c1-150
 fi
 if want ab; then
   [ -n "${AB_VARIANTS:-}" ] || { echo "ab: set AB_VARIANTS"; archive; exit 2; }
