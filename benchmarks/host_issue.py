@@ -28,6 +28,9 @@ Flat AG rows also time the same copies (every rank's send buffer into every rank
 ONE hinted cudaMemcpyBatchAsync on one stream, no flags (issue_cost.prepare_copy_floor; JSON copy_floor_gpu_us),
 and print "AG / copy": issue 15 asks a 64 MiB AG within 1.15x of it.
 
+Every row also records the launch floor of its world size ("floor_us") and its host time in floors ("host_floors";
+AG rows "replay_floors"): host rows moved 2x between two H100 machines in session 30 and agreed in floors.
+
 --per-rank: a second measurement per row times each rank's call apart: "last" (us per call of the last rank, whose
 call also issues every rank's deferred rounds on loopback: W x rounds graph launches) and "others" (the mean of the
 other ranks' calls: lookup, checks, announce). Session 24 added it to find where the RS rows' host time goes.
@@ -227,6 +230,11 @@ def run(args, rows_out=None) -> int:
             row = {"case": name, "W": w, "P": len(numels), "coll": coll, "chunks": l0.rs_num_chunks if coll == "rs" else 0,
                    "calls": calls, "route": "graph" if takes_tokens else "epoch",
                    **h, **g}
+            # The same figure in launch floors of this process (session 30: host rows moved 2x between machines, in
+            # floors they agreed within about 10%), so that rows of different machines can be compared.
+            fl = floors.get(w, float("nan"))
+            row["floor_us"] = fl
+            row["host_floors"] = h["host_us"] / fl if fl == fl and fl > 0 else float("nan")
             if coll == "ag" and len(numels) == 1:
                 # Issue 15's GPU target: a flat AG within 1.15x of the same copies as one hinted batch copy (no flags).
                 try:
@@ -244,6 +252,9 @@ def run(args, rows_out=None) -> int:
                     graphs = ic.prepare_graph_replays(prep)
                     row["replay_host_us"] = ic.host_issue_us(graphs, calls=calls, samples=args.samples)["host_us"]
                     row["replay_floor_us"] = floors.get(w, float("nan"))
+                    row["replay_floors"] = (row["replay_host_us"] / row["replay_floor_us"]
+                                            if row["replay_floor_us"] == row["replay_floor_us"]
+                                            and row["replay_floor_us"] > 0 else float("nan"))
                     row["replay_census"] = graphs.census
                     graphs.close()
                 except Exception as e:  # report, do not hide: the row says why

@@ -138,7 +138,10 @@ open(counter, "w").write(str(n + 1))
 drift = random.Random(n // 2).uniform(-15, 15)
 rng = random.Random(os.getpid())
 shift = float(os.environ.get("STANDIN_SHIFT", "0"))
-rows = [{"case": "64 params", "W": 8, "coll": "rs", "host_us": 50 + drift + shift + rng.uniform(-0.5, 0.5),
+# The machine's launch floor drifts with it (host_floors = host_us / floor takes the drift out).
+floor = 2.5 * (1 + drift / 50)
+host = (50 + shift + rng.uniform(-0.5, 0.5)) * (1 + drift / 50)
+rows = [{"case": "64 params", "W": 8, "coll": "rs", "host_us": host, "host_floors": host / floor,
          "gpu_us": 900 + rng.uniform(-1, 1), "samples": a.samples, "only": a.only,
          "valid_samples": a.samples, "gpu_valid_samples": a.samples}]
 with open(a.json, "w") as f:
@@ -173,6 +176,9 @@ def test_main_runs_rounds_with_each_variants_environment(run_stand_in, capsys):
     gpu = [s for s in res["summary"] if s["metric"] == "gpu_us"]
     assert abs(gpu[0]["diff_median"]) < 2.5  # the variant does not shift the GPU figure
     assert host[0]["fewest_valid_samples"] == 9  # the stand-in reports its --samples as valid
+    floors = [s for s in res["summary"] if s["metric"] == "host_floors"]
+    assert len(floors) == 1 and floors[0]["verdict"] == "lower"
+    assert -2.8 < floors[0]["diff_median"] < -2.0  # -6 us over a 2.5 us floor, the drift divided out
     assert "lower (6 pairs)" in capsys.readouterr().out
 
 
