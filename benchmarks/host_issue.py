@@ -169,10 +169,6 @@ def run(args, rows_out=None) -> int:
     from nccl_tide.perf import issue_cost as ic
 
     rows = [] if rows_out is None else rows_out
-    route_on = os.environ.get("NCCL_TIDE_EAGER_GRAPHS", "1") == "1"
-    # The most chunks of a token RS in force (the library's value, default included): RSs of more take the epoch
-    # protocol whatever the route.
-    token_rs_chunks = int(_N.param_value("NCCL_TIDE_TOKEN_RS_CHUNKS"))
     print(f"# torch {torch.__version__}, device {torch.cuda.get_device_name(0)}, nccl_tide {nccl_tide.__version__}")
     print(f"{'case':<18}{'W':>3}{'P':>4}{'coll':>5}{'chunks':>7}{'host us/rank':>14}{'iqr':>8}{'valid':>6}{'gpu us':>10}"
           f"{'replay us/rank':>16}{'floor':>7}" + (f"{'last':>8}{'others':>8}" if args.per_rank else ""))
@@ -215,12 +211,11 @@ def run(args, rows_out=None) -> int:
                 grads = [tensors(torch, numels, dev, name.endswith(" rev")) for _ in range(w)]
                 outs = [torch.empty(l0.rs_out_numel, dtype=torch.float32, device=dev) for _ in range(w)]
                 prep = ic.prepare_reduce_scatter(world, layouts, grads, outs, op_code("sum"), to_dtype("fp32").code)
-            # Eager copy entries per rank-stream per call are about P * W; keep a sample under ~600 of them so the
-            # device queue never fills (a full queue makes the host wait for the GPU and voids the sample). On the
-            # graph route a call is a few graph launches per rank whatever P and W, and --calls stands: at 64
-            # parameters and W = 8 the cap left one call per sample, the noisiest figure of the table (session 29).
-            takes_tokens = coll == "ag" or l0.rs_num_chunks <= token_rs_chunks
-            calls = args.calls if route_on and takes_tokens else max(1, min(args.calls, 600 // (len(numels) * w)))
+            # The call's route decides the calls per sample (issue_cost.calls_per_sample: the P x W cap for eager
+            # epoch calls, --calls on the graph route, where one call per sample overstated the 64-parameter rows
+            # by 1.4-16.5 us per rank: session 30).
+            takes_tokens = ic.takes_graph_route(l0, coll)
+            calls = ic.calls_per_sample(len(numels) * w, takes_tokens, args.calls)
             h = ic.host_issue_us(prep, calls=calls, samples=args.samples)
             if args.per_rank:  # a second measurement, so that host_us keeps its method (no timer reads per call)
                 split = ic.host_issue_us(prep, calls=calls, samples=args.samples, per_rank=True)

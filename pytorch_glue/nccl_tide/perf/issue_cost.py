@@ -374,6 +374,32 @@ def prepare_copy_floor(world, copies: Sequence[Tuple[int, int, int]]) -> Prepare
     return p
 
 
+def takes_graph_route(layout, coll: str, params=None) -> bool:
+    """Whether an eager call of `layout` is replayed from the library's graphs (docs/architecture.md "Eager calls as
+    graph replays"): NCCL_TIDE_EAGER_GRAPHS on, one node, and for RS at most NCCL_TIDE_TOKEN_RS_CHUNKS chunks. Such a
+    call is a few graph launches per rank whatever P and W, so the P x W cap of calls_per_sample does not apply.
+    `params` (name -> value text) replaces the library's values (tests); default: _native.param_value."""
+    if params is None:
+        from .. import _native as N
+
+        get = N.param_value
+    else:
+        get = params.__getitem__
+    if get("NCCL_TIDE_EAGER_GRAPHS") != "1" or layout.n_nodes != 1:
+        return False
+    return coll == "ag" or layout.rs_num_chunks <= int(get("NCCL_TIDE_TOKEN_RS_CHUNKS"))
+
+
+def calls_per_sample(copies: int, graph_route: bool, calls: int = 6) -> int:
+    """Calls issued back to back per host sample. Eager (epoch) calls enqueue about `copies` copy entries per rank
+    and call: keep a sample under ~600 so the device queue never fills (a full queue makes the host wait for the GPU
+    and voids the sample). Graph-route calls keep `calls`: one call per sample prices the first call after the gate
+    too, 1.4-16.5 us per rank more than a call in a run of six (benchmarks/RESULTS.md session 30)."""
+    if graph_route:
+        return calls
+    return max(1, min(calls, 600 // max(1, copies)))
+
+
 def prepare_graph_replays(prepared: PreparedCalls) -> PreparedCalls:
     """Captures every rank's call of `prepared` into a graph of its own and returns PreparedCalls whose calls launch
     those graphs (one cuGraphLaunch per rank). close() destroys them."""
@@ -423,6 +449,7 @@ def prepare_comm_all_gather(comm, layout, slot, sendbuf=None, shards=None) -> Pr
             ctypes.c_void_p(int(one.streams[0].cuda_stream)))
     p = PreparedCalls(one, [lambda: lib.tideAllGather(*args)])
     p.copies = layout.n_params * layout.world_size
+    p.graph_route = takes_graph_route(layout, "ag")
     p._keep = table
     return p
 
@@ -437,5 +464,6 @@ def prepare_comm_reduce_scatter(comm, layout, grads, out, op_code: int, out_code
             ctypes.c_float(scale), None, ctypes.c_void_p(int(one.streams[0].cuda_stream)))
     p = PreparedCalls(one, [lambda: lib.tideReduceScatter(*args)])
     p.copies = layout.n_params * layout.world_size
+    p.graph_route = takes_graph_route(layout, "rs")
     p._keep = table
     return p

@@ -217,6 +217,7 @@ class LoopbackBackend:
 
                 prep = issue_cost.prepare_all_gather(world, lays, slots, sendbufs=send)
                 prep.copies = len(lay.params) * W  # copy entries per rank and call, about
+                prep.graph_route = issue_cost.takes_graph_route(lay, "ag")
                 return prep
 
             return Bench(call, check, note="", cleanup=lambda: world.free_slot(slots), prepare_issue=prepare_issue)
@@ -315,6 +316,7 @@ class LoopbackBackend:
                     world, lays, grads, outs, op_code(case.op), to_dtype(case.out_dtype.name).code, scale=case.scale
                 )
                 prep.copies = len(lay.params) * W
+                prep.graph_route = issue_cost.takes_graph_route(lay, "rs")
                 return prep
 
             return Bench(call, check, note="", cleanup=lambda: refs.clear(), prepare_issue=prepare_issue)

@@ -109,12 +109,12 @@ def measure(
 
             try:  # an extra column: its failure is reported in the JSON, never fails the row
                 prep = bench.prepare_issue()
-                calls = max(1, min(6, 600 // max(1, getattr(prep, "copies", 1))))
+                calls = issue_cost.calls_per_sample(getattr(prep, "copies", 1), getattr(prep, "graph_route", False))
                 hi = issue_cost.host_issue_us(prep, calls=calls, samples=5)
                 host_us = hi["host_us"] if hi["valid_samples"] else None
                 gl = issue_cost.gpu_latency_us(prep, samples=5)
                 gpu_us = gl["gpu_us"] if gl["gpu_valid_samples"] else None
-                detail["issue_cost"] = {**hi, **gl}
+                detail["issue_cost"] = {**hi, **gl, "calls": calls}
             except Exception as e:
                 detail["issue_cost"] = {"error": f"{type(e).__name__}: {e}"[:300]}
         if detail:

@@ -1,4 +1,4 @@
-"""issue_cost.flat_all_gather_copies: the copies a flat AG makes (no GPU; stand-in tensors and layout)."""
+"""issue_cost rules checked without a GPU: the copies a flat AG makes (copy floor) and the calls per host sample."""
 
 import random
 from types import SimpleNamespace
@@ -52,3 +52,27 @@ def test_an_empty_trailing_row_is_left_out():
     copies = ic.flat_all_gather_copies(lay, [_Buf(1 << 20)] * 8, [_Buf((s + 1) << 24) for s in range(8)])
     assert len(copies) == 8 * 5
     assert sorted({n for _, _, n in copies}) == [2, 4]
+
+
+# -- calls per host sample: the P x W cap only off the graph route (session 30) ------------------------------------
+
+@pytest.mark.parametrize("seed", range(4))
+def test_graph_route_rule(seed):
+    rng = random.Random(seed)
+    limit = rng.choice([2, 4, 64])
+    params = {"NCCL_TIDE_EAGER_GRAPHS": "1", "NCCL_TIDE_TOKEN_RS_CHUNKS": str(limit)}
+    chunks = rng.randrange(1, 100)
+    one_node = SimpleNamespace(n_nodes=1, rs_num_chunks=chunks)
+    assert ic.takes_graph_route(one_node, "ag", params)
+    assert ic.takes_graph_route(one_node, "rs", params) == (chunks <= limit)
+    two_nodes = SimpleNamespace(n_nodes=2, rs_num_chunks=1)
+    assert not ic.takes_graph_route(two_nodes, "ag", params) and not ic.takes_graph_route(two_nodes, "rs", params)
+    off = dict(params, NCCL_TIDE_EAGER_GRAPHS="0")
+    assert not ic.takes_graph_route(one_node, "ag", off) and not ic.takes_graph_route(one_node, "rs", off)
+
+
+def test_calls_per_sample_caps_only_eager_calls():
+    assert ic.calls_per_sample(512, True) == 6  # 64 parameters at W = 8 on the graph route
+    assert ic.calls_per_sample(512, False) == 1  # the same eager: one call per sample (queue bound)
+    assert ic.calls_per_sample(72, False) == 6 and ic.calls_per_sample(150, False) == 4
+    assert ic.calls_per_sample(10_000, False, calls=9) == 1 and ic.calls_per_sample(3, True, calls=9) == 9
