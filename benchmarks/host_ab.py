@@ -20,8 +20,8 @@ A variant is NAME[:VAR=VALUE[,VAR=VALUE...]]; its variables are set in its proce
 NCCL_TIDE_LIBRARY_PATH=/path/libnccl-tide.so, with TIDE_BENCH_OLD_LIBRARY=1 for one that lacks newer functions).
 The child is benchmarks/host_issue.py --route on (override with --child; it must accept --json FILE and write a list
 of rows with "case", "W", "coll" and numeric metrics); arguments after "--" go to it (default: --samples and --only
-from here). Compared metrics: host_us, replay_host_us, gpu_us, host_floors (host_us over the same process's launch
-floor, which takes drift of the machine's launch speed between processes out of a pair). Exit status 1 if any child failed (its round's
+from here). Compared metrics: host_us, replay_host_us, gpu_us, host_floors (host_us over the same process's one
+launch-floor reading: comparable across machines; on one machine it takes no drift out, session 30). Exit status 1 if any child failed (its round's
 figures are left out of the pairs and the failure is printed), else 0.
 """
 

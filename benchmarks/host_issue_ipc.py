@@ -106,9 +106,10 @@ def _rank(rank, world, port, args, out_path):
                         prep = ic.prepare_comm_reduce_scatter(comm, lay, grads, out, op_code("sum"),
                                                               to_dtype("fp32").code)
                         keep.append((grads, out))
-                    calls = max(1, min(args.calls, 600 // (len(numels) * world)))
+                    # host_issue's rule (issue_cost.calls_per_sample): the P x W cap only for eager epoch calls
+                    calls = ic.calls_per_sample(prep.copies, prep.graph_route, args.calls)
                     h = ic.host_issue_us(prep, calls=calls, samples=args.samples)
-                    row = {"case": name, "W": world, "P": len(numels), "coll": coll,
+                    row = {"case": name, "W": world, "P": len(numels), "coll": coll, "calls": calls,
                            "chunks": lay.rs_num_chunks if coll == "rs" else 0, **h}
                     if coll == "ag":  # a captured RS needs Slot-Reuse staging (own staging may grow): AG only
                         try:

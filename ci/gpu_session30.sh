@@ -11,7 +11,7 @@
 #          cap) against 6 (what the Llama rows had), host_ab.py, 6 rounds, --only "64 params": is part of the
 #          64-parameter RS's extra host time over the Llama RS the sample's single call (a fresh gate per call)?
 #   table: (added in session 30) issue 15's whole host_issue table in 12 processes: host_ab.py with two identical
-#          variants (an A/A: its verdicts must come out unresolved, and each row gets 12 process medians), 6 rounds;
+#          variants (an A/A: about 3% of its verdicts come out resolved by chance at 6 pairs; each row gets 12 process medians), 6 rounds;
 #          flat AG rows also time the same copies as one hinted batch copy (the 1.15x GPU target).
 #   machine: (session 30) the machine's unit costs and the host rows in one call: benchmarks/host_cost_probe.cu
 #          (kernel launch, one-node graph, round-like graphs), host_issue --route on --per-rank (the last rank's
@@ -52,7 +52,7 @@ if want table; then
 fi
 if want machine; then
   nvcc -O2 -arch=sm_90 benchmarks/host_cost_probe.cu -o "$W/host/host_cost_probe" > "$W/host/probe_build.log" 2>&1 \
-    && run host/probe 90 "$W/host/host_cost_probe"
+    && run host/probe 150 "$W/host/host_cost_probe"
   run host/per_rank 120 python3 benchmarks/host_issue.py --route on --per-rank --samples 15 --json "$W/host/per_rank.json"
   run host/ipc2 110 python3 benchmarks/host_issue_ipc.py --ranks 2 --samples 9 --json "$W/host/ipc2.json"
   tail -25 "$W/host/probe.log"; grep -E "^(flat|llama|64)" "$W/host/per_rank.log" | cut -c1-150

@@ -341,18 +341,12 @@ def _graph_per_rank(world, enqueue, keep) -> PreparedCalls:
 
 def flat_all_gather_copies(layout, slots, sendbufs) -> List[Tuple[int, int, int]]:
     """(dst, src, bytes) of the copies a flat all-gather makes on one GPU: every rank's send buffer into every rank's
-    slot at that rank's row (its own row included). The bytes the TIDE AG moves, for prepare_copy_floor."""
+    slot at that rank's row (its own row included), each a whole padded shard, as the library's AG copies them
+    (plugin/core/program_ag.cc: shardBytes per pair, row s at slotOffset + s * shardBytes). For prepare_copy_floor."""
     (p,) = layout.params
     shard = p.shard_numel * p.elem_size
-    total = p.numel * p.elem_size
-    out = []
-    for d in range(len(slots)):
-        base = int(slots[d].data_ptr()) + p.slot_offset
-        for s in range(len(sendbufs)):
-            n = min(shard, total - s * shard)
-            if n > 0:
-                out.append((base + s * shard, int(sendbufs[s].data_ptr()) + p.send_offset, n))
-    return out
+    return [(int(slots[d].data_ptr()) + p.slot_offset + s * shard, int(sendbufs[s].data_ptr()) + p.send_offset, shard)
+            for d in range(len(slots)) for s in range(len(sendbufs))]
 
 
 def prepare_copy_floor(world, copies: Sequence[Tuple[int, int, int]]) -> PreparedCalls:
