@@ -20,8 +20,9 @@ A variant is NAME[:VAR=VALUE[,VAR=VALUE...]]; its variables are set in its proce
 NCCL_TIDE_LIBRARY_PATH=/path/libnccl-tide.so, with TIDE_BENCH_OLD_LIBRARY=1 for one that lacks newer functions).
 The child is benchmarks/host_issue.py --route on (override with --child; it must accept --json FILE and write a list
 of rows with "case", "W", "coll" and numeric metrics); arguments after "--" go to it (default: --samples and --only
-from here). Compared metrics: host_us, replay_host_us, gpu_us, host_floors (host_us over the same process's one
-launch-floor reading: comparable across machines; on one machine it takes no drift out, session 30). Exit status 1 if any child failed (its round's
+from here). Compared metrics: host_us, replay_host_us, gpu_us, host_floors and replay_floors (host_us and
+replay_host_us over the same process's one launch-floor reading: comparable across machines; on one machine they
+take no drift out, session 30). Exit status 1 if any child failed (its round's
 figures are left out of the pairs and the failure is printed), else 0.
 """
 
@@ -37,9 +38,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ab_stats  # noqa: E402
 from nccl_tide.perf.gpu import NO_MULTICAST_ENV  # noqa: E402  (DESIGN.md section 6)
 
-METRICS = ("host_us", "replay_host_us", "gpu_us", "host_floors")
+METRICS = ("host_us", "replay_host_us", "gpu_us", "host_floors", "replay_floors")
 VALID = {"host_us": "valid_samples", "replay_host_us": "valid_samples", "gpu_us": "gpu_valid_samples",
-         "host_floors": "valid_samples"}
+         "host_floors": "valid_samples", "replay_floors": "valid_samples"}
 
 
 def parse_variant(text: str):
@@ -153,9 +154,10 @@ def main(argv=None) -> int:
                 summary.append({"case": key[0], "W": key[1], "coll": key[2], "metric": metric, "base": base,
                                 "variant": name, **c, "base_rounds": per.get(base), "variant_rounds": per.get(name),
                                 "fewest_valid_samples": fewest})
-                interval = f"[{c['diff_lo']:.1f}, {c['diff_hi']:.1f}]"
-                print(f"{str(key[0]):<18}{key[1]!s:>3}{str(key[2]):>5}  {metric:<15}{name:<12}{c['base_median']:>10.1f}"
-                      f"{c['other_median']:>10.1f}{c['diff_median']:>+9.1f}{interval:>18}"
+                d = 2 if metric.endswith("_floors") else 1  # floors are a few units: two decimals
+                interval = f"[{c['diff_lo']:.{d}f}, {c['diff_hi']:.{d}f}]"
+                print(f"{str(key[0]):<18}{key[1]!s:>3}{str(key[2]):>5}  {metric:<15}{name:<12}{c['base_median']:>10.{d}f}"
+                      f"{c['other_median']:>10.{d}f}{c['diff_median']:>+9.{d}f}{interval:>18}"
                       f"{str(c['below']) + '/' + str(c['above']):>13}{fewest:>7}  {c['verdict']} ({c['pairs']} pairs)")
     write_json(args.json, variants, orders, cmd, rounds, failures, summary)
     if failures:
