@@ -79,6 +79,11 @@ def tensors(torch, numels, dev, reverse):
     return out
 
 
+def in_floors(us: float, floor_us: float) -> float:
+    """us in launch floors; NaN without a valid floor."""
+    return us / floor_us if floor_us == floor_us and floor_us > 0 else float("nan")
+
+
 def main() -> int:
     # HOST_ISSUE_CALLS: the default of --calls from the environment, so that benchmarks/host_ab.py can A/B it
     # (its variants differ only in environment): e.g. 1 against 6 calls per sample (session 29).
@@ -216,8 +221,7 @@ def run(args, rows_out=None) -> int:
             # The call's route decides the calls per sample (issue_cost.calls_per_sample: the P x W cap for eager
             # epoch calls, --calls on the graph route, where one call per sample overstated the 64-parameter rows
             # by 1.4-16.5 us per rank: session 30).
-            takes_tokens = ic.takes_graph_route(l0, coll)
-            calls = ic.calls_per_sample(len(numels) * w, takes_tokens, args.calls)
+            calls = ic.calls_per_sample(prep.copies, prep.graph_route, args.calls)
             h = ic.host_issue_us(prep, calls=calls, samples=args.samples)
             if args.per_rank:  # a second measurement, so that host_us keeps its method (no timer reads per call)
                 split = ic.host_issue_us(prep, calls=calls, samples=args.samples, per_rank=True)
@@ -225,13 +229,12 @@ def run(args, rows_out=None) -> int:
             g = ic.gpu_latency_us(prep, samples=args.samples)
             world.synchronize()
             row = {"case": name, "W": w, "P": len(numels), "coll": coll, "chunks": l0.rs_num_chunks if coll == "rs" else 0,
-                   "calls": calls, "route": "graph" if takes_tokens else "epoch",
+                   "calls": calls, "route": "graph" if prep.graph_route else "epoch",
                    **h, **g}
             # The same figure in launch floors of this process (session 30: host rows moved 2x between two machines;
             # in floors the W = 8 rows agreed within 1-7%, the W = 2 ones within 10-24%): a cross-machine reading.
-            fl = floors.get(w, float("nan"))
-            row["floor_us"] = fl
-            row["host_floors"] = h["host_us"] / fl if fl == fl and fl > 0 else float("nan")
+            row["floor_us"] = floors.get(w, float("nan"))
+            row["host_floors"] = in_floors(h["host_us"], row["floor_us"])
             if coll == "ag" and len(numels) == 1:
                 # Issue 15's GPU target: a flat AG within 1.15x of the same copies as one hinted batch copy (no flags).
                 try:
@@ -251,9 +254,7 @@ def run(args, rows_out=None) -> int:
                     graphs = ic.prepare_graph_replays(prep)
                     row["replay_host_us"] = ic.host_issue_us(graphs, calls=calls, samples=args.samples)["host_us"]
                     row["replay_floor_us"] = floors.get(w, float("nan"))
-                    row["replay_floors"] = (row["replay_host_us"] / row["replay_floor_us"]
-                                            if row["replay_floor_us"] == row["replay_floor_us"]
-                                            and row["replay_floor_us"] > 0 else float("nan"))
+                    row["replay_floors"] = in_floors(row["replay_host_us"], row["replay_floor_us"])
                     row["replay_census"] = graphs.census
                     graphs.close()
                 except Exception as e:  # report, do not hide: the row says why

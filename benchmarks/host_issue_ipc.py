@@ -106,7 +106,6 @@ def _rank(rank, world, port, args, out_path):
                         prep = ic.prepare_comm_reduce_scatter(comm, lay, grads, out, op_code("sum"),
                                                               to_dtype("fp32").code)
                         keep.append((grads, out))
-                    # host_issue's rule (issue_cost.calls_per_sample): the P x W cap only for eager epoch calls
                     calls = ic.calls_per_sample(prep.copies, prep.graph_route, args.calls)
                     h = ic.host_issue_us(prep, calls=calls, samples=args.samples)
                     row = {"case": name, "W": world, "P": len(numels), "coll": coll, "calls": calls,

@@ -588,7 +588,7 @@ struct Programs {
 // signal kernel, whose threads store in no particular order beyond its ordered prefix (plugin/cuda/signal_kernel.h;
 // --kernel-order runs them so). Checked on every token program the model compiles: each write-only batch is such a
 // tail as a whole (so none keeps a memop node).
-void checkFlagBatches(const Program& p, int rank) {
+void checkWriteBatchesDistinct(const Program& p, int rank) {
   for (const Op& op : p.ops) {
     if (op.kind != Op::kFlags || op.begin == op.end) continue;
     bool writesOnly = true;
@@ -649,8 +649,8 @@ void prepare(World& w, const std::vector<std::unique_ptr<Layout>>& layouts, Mode
     if (rsTokens && compileReduceScatter(*layouts[r], tok, &P->rsT[r]) != tideSuccess) {
       die("compileReduceScatter (tokens) failed");
     }
-    if (rsTokens) checkFlagBatches(P->rsT[r], r);
-    if (agTokens) checkFlagBatches(P->agT[r], r);  // NCCL_TIDE_AG_SIGNAL_KERNELS may carry them as kernels
+    if (rsTokens) checkWriteBatchesDistinct(P->rsT[r], r);
+    if (agTokens) checkWriteBatchesDistinct(P->agT[r], r);  // NCCL_TIDE_AG_SIGNAL_KERNELS may carry them as kernels
     checkPairs(P->agT[r]);
     checkPairs(P->rsT[r]);
     mutate(&P->ag[r]);

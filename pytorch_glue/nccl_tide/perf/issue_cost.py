@@ -33,6 +33,10 @@ class PreparedCalls:
     def __init__(self, world, fns: List[Callable[[], int]]):
         self.world = world
         self.fns = fns
+        # What calls_per_sample needs (set by the prepare_* functions from the layout, _describe): copy entries per
+        # rank and call of an eager (epoch) call, about, and whether the call takes the graph route.
+        self.copies = 1
+        self.graph_route = False
 
     def issue_all(self) -> None:
         for f in self.fns:  # inline (not issue_one): host_us stays comparable with earlier sessions' rows
@@ -69,7 +73,7 @@ def prepare_all_gather(world, layouts, slots, sendbufs=None, shards=None) -> Pre
             table = N.pointer_table([int(t.data_ptr()) for t in shards[r]])
         keep.append((slot, stream, send, table))
         fns.append(lambda c=comm, h=h, s=send, t=table, sl=slot, st=stream: lib.tideAllGather(c, h, s, t, sl, st))
-    p = PreparedCalls(world, fns)
+    p = _describe(PreparedCalls(world, fns), layouts[0], "ag")
     p._keep = keep
     return p
 
@@ -95,7 +99,7 @@ def prepare_reduce_scatter(
                 c, h, t, o, out_code, op_code, ctypes.c_float(scale), s, st
             )
         )
-    p = PreparedCalls(world, fns)
+    p = _describe(PreparedCalls(world, fns), layouts[0], "rs")
     p._keep = keep
     return p
 
@@ -384,6 +388,13 @@ def takes_graph_route(layout, coll: str, params=None) -> bool:
     return coll == "ag" or layout.rs_num_chunks <= int(get("NCCL_TIDE_TOKEN_RS_CHUNKS"))
 
 
+def _describe(p: PreparedCalls, layout, coll: str) -> PreparedCalls:
+    """Sets p.copies (P x W copy entries per rank and call of an eager call, about) and p.graph_route."""
+    p.copies = layout.n_params * layout.world_size
+    p.graph_route = takes_graph_route(layout, coll)
+    return p
+
+
 def calls_per_sample(copies: int, graph_route: bool, calls: int = 6) -> int:
     """Calls issued back to back per host sample. Eager (epoch) calls enqueue about `copies` copy entries per rank
     and call: keep a sample under ~600 so the device queue never fills (a full queue makes the host wait for the GPU
@@ -441,9 +452,7 @@ def prepare_comm_all_gather(comm, layout, slot, sendbuf=None, shards=None) -> Pr
     table = None if shards is None else N.pointer_table([int(t.data_ptr()) for t in shards])
     args = (comm.handle, layout.handle, send, table, ctypes.c_void_p(int(slot.data_ptr())),
             ctypes.c_void_p(int(one.streams[0].cuda_stream)))
-    p = PreparedCalls(one, [lambda: lib.tideAllGather(*args)])
-    p.copies = layout.n_params * layout.world_size
-    p.graph_route = takes_graph_route(layout, "ag")
+    p = _describe(PreparedCalls(one, [lambda: lib.tideAllGather(*args)]), layout, "ag")
     p._keep = table
     return p
 
@@ -456,8 +465,6 @@ def prepare_comm_reduce_scatter(comm, layout, grads, out, op_code: int, out_code
     table = N.pointer_table([int(g.data_ptr()) for g in grads])
     args = (comm.handle, layout.handle, table, ctypes.c_void_p(int(out.data_ptr())), out_code, op_code,
             ctypes.c_float(scale), None, ctypes.c_void_p(int(one.streams[0].cuda_stream)))
-    p = PreparedCalls(one, [lambda: lib.tideReduceScatter(*args)])
-    p.copies = layout.n_params * layout.world_size
-    p.graph_route = takes_graph_route(layout, "rs")
+    p = _describe(PreparedCalls(one, [lambda: lib.tideReduceScatter(*args)]), layout, "rs")
     p._keep = table
     return p

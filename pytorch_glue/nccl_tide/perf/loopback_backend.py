@@ -215,10 +215,7 @@ class LoopbackBackend:
             def prepare_issue():
                 from . import issue_cost
 
-                prep = issue_cost.prepare_all_gather(world, lays, slots, sendbufs=send)
-                prep.copies = len(lay.params) * W  # copy entries per rank and call, about
-                prep.graph_route = issue_cost.takes_graph_route(lay, "ag")
-                return prep
+                return issue_cost.prepare_all_gather(world, lays, slots, sendbufs=send)
 
             return Bench(call, check, note="", cleanup=lambda: world.free_slot(slots), prepare_issue=prepare_issue)
 
@@ -312,12 +309,9 @@ class LoopbackBackend:
                 from ..dtypes import op_code
                 from . import issue_cost
 
-                prep = issue_cost.prepare_reduce_scatter(
+                return issue_cost.prepare_reduce_scatter(
                     world, lays, grads, outs, op_code(case.op), to_dtype(case.out_dtype.name).code, scale=case.scale
                 )
-                prep.copies = len(lay.params) * W
-                prep.graph_route = issue_cost.takes_graph_route(lay, "rs")
-                return prep
 
             return Bench(call, check, note="", cleanup=lambda: refs.clear(), prepare_issue=prepare_issue)
 

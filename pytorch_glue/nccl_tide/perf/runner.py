@@ -109,7 +109,7 @@ def measure(
 
             try:  # an extra column: its failure is reported in the JSON, never fails the row
                 prep = bench.prepare_issue()
-                calls = issue_cost.calls_per_sample(getattr(prep, "copies", 1), getattr(prep, "graph_route", False))
+                calls = issue_cost.calls_per_sample(prep.copies, prep.graph_route)
                 hi = issue_cost.host_issue_us(prep, calls=calls, samples=5)
                 host_us = hi["host_us"] if hi["valid_samples"] else None
                 gl = issue_cost.gpu_latency_us(prep, samples=5)
