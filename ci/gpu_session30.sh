@@ -17,6 +17,7 @@
 #          (kernel launch, one-node graph, round-like graphs), host_issue --route on --per-rank (the last rank's
 #          call apart), host_issue_ipc.py --ranks 2 (one process per rank): host figures moved 2x between machines.
 #   table3: (session 30) host_issue --route on, the whole table, in 3 processes one after another (about 80 s).
+#   ipc:   (session 31) host_issue_ipc.py --ranks 2 alone (one process per rank, the calls rule of session 30).
 #   perf:  test_perf_gpu alone (tide-perf's host column took issue_cost.calls_per_sample after run 30.1).
 #   ab:    benchmarks/host_ab.py with AB_VARIANTS (e.g. "base:NCCL_TIDE_X=0 new:NCCL_TIDE_X=1"), AB_ROUNDS rounds
 #          (default 6), host_issue --route on --only "$AB_ONLY" (default "64 params") --samples 15.
@@ -64,6 +65,10 @@ if want table3; then
     run host/table3_$k 60 python3 benchmarks/host_issue.py --route on --samples 15 --json "$W/host/table3_$k.json"
   done
   grep -E "^(flat|llama|64)|hinted" "$W/host/table3_1.log" | cut -c1-150
+fi
+if want ipc; then
+  run host/ipc2 110 python3 benchmarks/host_issue_ipc.py --ranks 2 --samples 9 --json "$W/host/ipc2.json"
+  grep -E "^(flat|llama|64)" "$W/host/ipc2.log" | cut -c1-150
 fi
 if want perf; then
   run_test_files test_perf_gpu:200
