@@ -12,6 +12,12 @@ if the gate was still closed when the loop ended; median over samples), and for 
 replaying a graph that captured the call (one cuGraphLaunch; a captured RS needs Slot-Reuse staging, which these
 cases do not use). Rank 0 prints every rank's median and the maximum.
 
+Each RS row also runs with Slot-Reuse staging (a slot of rs_staging_bytes): `slot us` is that eager call and `slot
+replay` the same call captured into a user graph and launched (one cuGraphLaunch; the graph's nodes by kind are
+printed under the row), so `slot us` - `slot replay` is what the call costs outside its graph launch (checks,
+binding lookup, the announce, the library's own graph launch against the user's). `floor` is each process's launch
+floor (a one-node graph, issue_cost.prepare_launch_floor) read before the rows: the host's launch speed.
+
 GPU latency is not measured: the processes' contexts time-slice one GPU, so device time here is not one GPU's share
 of a node (benchmarks/share.py measures that). Cases as host_issue.py's, at W = --ranks: flat AG/RS of 1 and 64 MiB
 of gathered output, one Llama-3.1-8B layer (AG from per-parameter shards, RS of 4 chunks), 64 parameters (AG from
@@ -79,6 +85,9 @@ def _rank(rank, world, port, args, out_path):
                 "token_rs_chunks": int(N.param_value("NCCL_TIDE_TOKEN_RS_CHUNKS")),
                 "eager_graphs": N.param_value("NCCL_TIDE_EAGER_GRAPHS")}
         with torch.cuda.stream(stream):
+            fl = ic.prepare_launch_floor(ic._OneRank(comm))
+            meta["floor_us"] = ic.host_issue_us(fl, calls=args.calls, samples=args.samples)["host_us"]
+            fl.close()
             for name, numels, chunks in cases(world):
                 if args.only and args.only not in name:
                     continue
@@ -118,6 +127,21 @@ def _rank(rank, world, port, args, out_path):
                             graphs.close()
                         except Exception as e:  # report, do not hide: the row says why
                             row["replay_error"] = f"{type(e).__name__}: {str(e)[:160]}"
+                    if coll == "rs":  # Slot-Reuse staging: eager, then captured and replayed
+                        stag = comm.alloc_slot(lay.rs_staging_bytes)
+                        try:
+                            ps = ic.prepare_comm_reduce_scatter(comm, lay, grads, out, op_code("sum"),
+                                                                to_dtype("fp32").code, staging=stag)
+                            row["slot_host_us"] = ic.host_issue_us(ps, calls=calls, samples=args.samples)["host_us"]
+                            graphs = ic.prepare_graph_replays(ps)
+                            row["replay_host_us"] = ic.host_issue_us(graphs, calls=calls,
+                                                                     samples=args.samples)["host_us"]
+                            row["replay_census"] = graphs.census[0]
+                            graphs.close()
+                        except Exception as e:  # report, do not hide: the row says why
+                            row["replay_error"] = f"{type(e).__name__}: {str(e)[:160]}"
+                        comm.synchronize(timeout=60)
+                        comm.free_slot(stag)
                     comm.synchronize(timeout=60)
                     rows.append(row)
                     if coll == "ag":
@@ -187,24 +211,30 @@ def main() -> int:
     print(f"# {args.ranks} processes on one GPU over CUDA IPC; torch {m.get('torch')}, device {m.get('device')}, "
           f"nccl_tide {m.get('nccl_tide')}, NCCL_TIDE_TOKEN_RS_CHUNKS {m.get('token_rs_chunks')}, "
           f"NCCL_TIDE_EAGER_GRAPHS {m.get('eager_graphs')}")
+    floors = [rep["meta"].get("floor_us", float("nan")) for rep in reports]
     print("# host us per call of each rank's process (median over valid samples); max over ranks; replay: the call "
-          "captured into a user graph, one cuGraphLaunch")
+          "captured into a user graph, one cuGraphLaunch (RS: with Slot-Reuse staging, as `slot us`); launch floor "
+          "per rank: " + " ".join(f"{x:.2f}" for x in floors))
     print(f"{'case':<16}{'W':>3}{'P':>4}{'coll':>5}{'chunks':>7}{'host us max':>13}{'per rank':>28}{'valid min':>10}"
-          f"{'replay max':>12}")
+          f"{'replay max':>12}{'slot us max':>12}")
     merged = []
     for i, row in enumerate(reports[0]["rows"]):
         per = [rep["rows"][i] for rep in reports if i < len(rep["rows"])]
         hosts = [p["host_us"] for p in per]
         replays = [p.get("replay_host_us", float("nan")) for p in per]
-        entry = dict(row, host_us_per_rank=hosts, host_us_max=_max(hosts),
+        slots = [p.get("slot_host_us", float("nan")) for p in per]
+        entry = dict(row, host_us_per_rank=hosts, host_us_max=_max(hosts), slot_host_us_per_rank=slots,
+                     slot_host_us_max=_max(slots), floor_us_per_rank=floors,
                      valid_min=min(p["valid_samples"] for p in per), replay_host_us_per_rank=replays,
                      replay_host_us_max=_max(replays), replay_errors=[p.get("replay_error") for p in per
                                                                     if p.get("replay_error")])
         merged.append(entry)
         per_txt = " ".join(f"{h:.1f}" for h in hosts)
         print(f"{row['case']:<16}{row['W']:>3}{row['P']:>4}{row['coll']:>5}{row['chunks']:>7}{entry['host_us_max']:>13.1f}"
-              f"{per_txt:>28}{entry['valid_min']:>10}{entry['replay_host_us_max']:>12.1f} "
+              f"{per_txt:>28}{entry['valid_min']:>10}{entry['replay_host_us_max']:>12.1f}{entry['slot_host_us_max']:>12.1f} "
               f"{entry['replay_errors'][0] if entry['replay_errors'] else ''}", flush=True)
+        if row.get("replay_census") and row["coll"] == "rs":
+            print(f"#   {row['case']}, RS: rank 0's replay graph: {ic.format_census(row['replay_census'])}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"meta": m, "ranks": args.ranks, "rows": merged}, f, indent=1)

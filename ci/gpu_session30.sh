@@ -18,6 +18,8 @@
 #          call apart), host_issue_ipc.py --ranks 2 (one process per rank): host figures moved 2x between machines.
 #   table3: (session 30) host_issue --route on, the whole table, in 3 processes one after another (about 80 s).
 #   ipc:   (session 31) host_issue_ipc.py --ranks 2 alone (one process per rank, the calls rule of session 30).
+#   ipc8:  (session 31) host_issue_ipc.py --ranks 8 (eight processes on one GPU: W = 8 as one GPU of a node sees it).
+#   probe: (session 31) benchmarks/host_cost_probe.cu alone (the machine's unit costs).
 #   perf:  test_perf_gpu alone (tide-perf's host column took issue_cost.calls_per_sample after run 30.1).
 #   ab:    benchmarks/host_ab.py with AB_VARIANTS (e.g. "base:NCCL_TIDE_X=0 new:NCCL_TIDE_X=1"), AB_ROUNDS rounds
 #          (default 6), host_issue --route on --only "$AB_ONLY" (default "64 params") --samples 15.
@@ -68,7 +70,16 @@ if want table3; then
 fi
 if want ipc; then
   run host/ipc2 110 python3 benchmarks/host_issue_ipc.py --ranks 2 --samples 9 --json "$W/host/ipc2.json"
-  grep -E "^(flat|llama|64)" "$W/host/ipc2.log" | cut -c1-150
+  grep -E "^#|^(flat|llama|64)" "$W/host/ipc2.log" | cut -c1-170
+fi
+if want ipc8; then
+  run host/ipc8 200 python3 benchmarks/host_issue_ipc.py --ranks 8 --samples 9 --timeout 190 --json "$W/host/ipc8.json"
+  grep -E "^#|^(flat|llama|64)" "$W/host/ipc8.log" | cut -c1-170
+fi
+if want probe; then
+  nvcc -O2 -arch=sm_90 benchmarks/host_cost_probe.cu -o "$W/host/host_cost_probe" > "$W/host/probe_build.log" 2>&1 \
+    && run host/probe 150 "$W/host/host_cost_probe"
+  tail -25 "$W/host/probe.log"
 fi
 if want perf; then
   run_test_files test_perf_gpu:200

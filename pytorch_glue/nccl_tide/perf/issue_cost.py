@@ -457,14 +457,18 @@ def prepare_comm_all_gather(comm, layout, slot, sendbuf=None, shards=None) -> Pr
     return p
 
 
-def prepare_comm_reduce_scatter(comm, layout, grads, out, op_code: int, out_code: int, scale: float = 1.0):
+def prepare_comm_reduce_scatter(comm, layout, grads, out, op_code: int, out_code: int, scale: float = 1.0,
+                                staging=None):
+    """One rank's RS through a pointer table; staging: a slot region of layout.rs_staging_bytes (Slot-Reuse, which a
+    captured RS needs) or None for the comm's own staging."""
     from .. import _native as N
 
     lib = N.lib()
     one = _OneRank(comm)
     table = N.pointer_table([int(g.data_ptr()) for g in grads])
+    stag = None if staging is None else ctypes.c_void_p(int(staging.data_ptr()))
     args = (comm.handle, layout.handle, table, ctypes.c_void_p(int(out.data_ptr())), out_code, op_code,
-            ctypes.c_float(scale), None, ctypes.c_void_p(int(one.streams[0].cuda_stream)))
+            ctypes.c_float(scale), stag, ctypes.c_void_p(int(one.streams[0].cuda_stream)))
     p = _describe(PreparedCalls(one, [lambda: lib.tideReduceScatter(*args)]), layout, "rs")
     p._keep = table
     return p
