@@ -207,6 +207,13 @@ def main() -> int:
             rc = 1
     if not reports:
         return rc
+    return report(reports, args, rc)
+
+
+def report(reports, args, rc=0) -> int:
+    """Prints the table (and writes --json) from the ranks' reports; returns rc."""
+    from nccl_tide.perf.issue_cost import format_census
+
     m = reports[0]["meta"]
     print(f"# {args.ranks} processes on one GPU over CUDA IPC; torch {m.get('torch')}, device {m.get('device')}, "
           f"nccl_tide {m.get('nccl_tide')}, NCCL_TIDE_TOKEN_RS_CHUNKS {m.get('token_rs_chunks')}, "
@@ -223,21 +230,21 @@ def main() -> int:
         hosts = [p["host_us"] for p in per]
         replays = [p.get("replay_host_us", float("nan")) for p in per]
         slots = [p.get("slot_host_us", float("nan")) for p in per]
-        entry = dict(row, host_us_per_rank=hosts, host_us_max=_max(hosts), slot_host_us_per_rank=slots,
-                     slot_host_us_max=_max(slots), floor_us_per_rank=floors,
-                     valid_min=min(p["valid_samples"] for p in per), replay_host_us_per_rank=replays,
-                     replay_host_us_max=_max(replays), replay_errors=[p.get("replay_error") for p in per
-                                                                    if p.get("replay_error")])
-        merged.append(entry)
-        per_txt = " ".join(f"{h:.1f}" for h in hosts)
-        print(f"{row['case']:<16}{row['W']:>3}{row['P']:>4}{row['coll']:>5}{row['chunks']:>7}{entry['host_us_max']:>13.1f}"
-              f"{per_txt:>28}{entry['valid_min']:>10}{entry['replay_host_us_max']:>12.1f}{entry['slot_host_us_max']:>12.1f} "
-              f"{entry['replay_errors'][0] if entry['replay_errors'] else ''}", flush=True)
-        if row.get("replay_census") and row["coll"] == "rs":
-            print(f"#   {row['case']}, RS: rank 0's replay graph: {ic.format_census(row['replay_census'])}", flush=True)
-    if args.json:
+        merged.append(dict(row, host_us_per_rank=hosts, host_us_max=_max(hosts), slot_host_us_per_rank=slots,
+                           slot_host_us_max=_max(slots), floor_us_per_rank=floors,
+                           valid_min=min(p["valid_samples"] for p in per), replay_host_us_per_rank=replays,
+                           replay_host_us_max=_max(replays),
+                           replay_errors=[p.get("replay_error") for p in per if p.get("replay_error")]))
+    if args.json:  # first: a failure below loses no figure
         with open(args.json, "w") as f:
             json.dump({"meta": m, "ranks": args.ranks, "rows": merged}, f, indent=1)
+    for e in merged:
+        per_txt = " " + " ".join(f"{h:.1f}" for h in e["host_us_per_rank"])
+        print(f"{e['case']:<16}{e['W']:>3}{e['P']:>4}{e['coll']:>5}{e['chunks']:>7}{e['host_us_max']:>13.1f}"
+              f"{per_txt:>28}{e['valid_min']:>10}{e['replay_host_us_max']:>12.1f}{e['slot_host_us_max']:>12.1f}  "
+              f"{e['replay_errors'][0] if e['replay_errors'] else ''}", flush=True)
+        if e.get("replay_census") and e["coll"] == "rs":
+            print(f"#   {e['case']}, RS: rank 0's replay graph: {format_census(e['replay_census'])}", flush=True)
     return rc
 
 
