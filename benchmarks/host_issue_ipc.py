@@ -1,16 +1,17 @@
 """Host issue time per rank per call when each rank is its own process (CUDA IPC peer memory), issue 15.
 
-    python benchmarks/host_issue_ipc.py [--ranks 2] [--json FILE] [--samples 9] [--only SUBSTRING]
+    python benchmarks/host_issue_ipc.py [--ranks 2] [--device-per-rank] [--json FILE] [--samples 9] [--only SUBSTRING]
 
 benchmarks/host_issue.py measures loopback worlds, where one process issues every rank's call and the ranks share
 the device's hardware queues: the library then issues a token program in issue rounds (one graph launch per round
 per rank, docs/architecture.md "More chunks than buffers"). A real node runs one process per GPU; this benchmark
-runs that shape on one GPU: --ranks processes on cuda:0, a gloo bootstrap, CUDA IPC peer memory
+runs that shape on one GPU: --ranks processes on cuda:0 (with --device-per-rank rank r on cuda:r, a node's shape:
+written in session 31, not yet run, no multi-GPU machine was lent), a gloo bootstrap, CUDA IPC peer memory
 (Comm.from_bootstrap, as tests/gpu/test_multiprocess.py). Each process measures its own host time per call with
 nccl_tide.perf.issue_cost (its stream gated behind a sleeping kernel, prebuilt ctypes arguments, a sample counts only
-if the gate was still closed when the loop ended; median over samples), and for the AG also the host time of
-replaying a graph that captured the call (one cuGraphLaunch; a captured RS needs Slot-Reuse staging, which these
-cases do not use). Rank 0 prints every rank's median and the maximum.
+if the gate was still closed when the loop ended; median over samples), and also the host time of replaying a
+graph that captured the call (one cuGraphLaunch; for the RS, the Slot-Reuse call below, since a captured RS needs
+Slot-Reuse staging). Rank 0 prints every rank's median and the maximum.
 
 Each RS row also runs with Slot-Reuse staging (a slot of rs_staging_bytes): `slot us` is that eager call and `slot
 replay` the same call captured into a user graph and launched (one cuGraphLaunch; the graph's nodes by kind are
@@ -76,11 +77,12 @@ def _rank(rank, world, port, args, out_path):
 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=120))
-        torch.cuda.set_device(0)
-        dev = torch.device("cuda", 0)
-        comm = Comm.from_bootstrap(rank, world, device=0)
+        d = rank if args.device_per_rank else 0
+        torch.cuda.set_device(d)
+        dev = torch.device("cuda", d)
+        comm = Comm.from_bootstrap(rank, world, device=d)
         stream = torch.cuda.Stream(device=dev)  # not the legacy default stream: the replay rows capture on it
-        meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name(0),
+        meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name(d),
                 "nccl_tide": nccl_tide.__version__,
                 "token_rs_chunks": int(N.param_value("NCCL_TIDE_TOKEN_RS_CHUNKS")),
                 "eager_graphs": N.param_value("NCCL_TIDE_EAGER_GRAPHS")}
@@ -162,6 +164,8 @@ def _rank(rank, world, port, args, out_path):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--device-per-rank", action="store_true",
+                    help="rank r on cuda:r (a node's shape: no GPU shared between processes) instead of all on cuda:0")
     ap.add_argument("--json", default=None)
     ap.add_argument("--calls", type=int, default=6)
     ap.add_argument("--samples", type=int, default=9)
@@ -171,6 +175,12 @@ def main() -> int:
     if args.ranks < 2:
         print("--ranks must be at least 2", file=sys.stderr)
         return 2
+    if args.device_per_rank:
+        import torch
+
+        if torch.cuda.device_count() < args.ranks:
+            print(f"--device-per-rank needs {args.ranks} GPUs; {torch.cuda.device_count()} visible", file=sys.stderr)
+            return 2
     import tempfile
 
     import torch.multiprocessing as mp
@@ -215,7 +225,8 @@ def report(reports, args, rc=0) -> int:
     from nccl_tide.perf.issue_cost import format_census
 
     m = reports[0]["meta"]
-    print(f"# {args.ranks} processes on one GPU over CUDA IPC; torch {m.get('torch')}, device {m.get('device')}, "
+    where = "one GPU each" if getattr(args, "device_per_rank", False) else "one GPU"
+    print(f"# {args.ranks} processes on {where} over CUDA IPC; torch {m.get('torch')}, device {m.get('device')}, "
           f"nccl_tide {m.get('nccl_tide')}, NCCL_TIDE_TOKEN_RS_CHUNKS {m.get('token_rs_chunks')}, "
           f"NCCL_TIDE_EAGER_GRAPHS {m.get('eager_graphs')}")
     floors = [rep["meta"].get("floor_us", float("nan")) for rep in reports]
