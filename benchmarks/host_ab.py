@@ -21,8 +21,8 @@ NCCL_TIDE_LIBRARY_PATH=/path/libnccl-tide.so, with TIDE_BENCH_OLD_LIBRARY=1 for 
 The child is benchmarks/host_issue.py --route on (override with --child; it must accept --json FILE and write a list
 of rows with "case", "W", "coll" and numeric metrics); arguments after "--" go to it (default: --samples and --only
 from here). Compared metrics: host_us, replay_host_us, gpu_us, host_floors and replay_floors (host_us and
-replay_host_us over the same process's one launch-floor reading: comparable across machines; on one machine they
-take no drift out, session 30). Exit status 1 if any child failed (its round's
+replay_host_us over the same process's one launch-floor reading; they take no drift out on one machine, and
+session 31 found them no common unit across machines either: a reading kept beside the us). Exit status 1 if any child failed (its round's
 figures are left out of the pairs and the failure is printed), else 0.
 """
 

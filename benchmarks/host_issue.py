@@ -29,9 +29,9 @@ ONE hinted cudaMemcpyBatchAsync on one stream, no flags (issue_cost.prepare_copy
 and print "AG / copy": issue 15 asks a 64 MiB AG within 1.15x of it.
 
 Every row also records the launch floor of its world size ("floor_us") and its host time in floors ("host_floors";
-AG rows "replay_floors"): host rows moved 2x between two H100 machines in session 30; in floors the W = 8 rows
-agreed within 1-7% and the W = 2 rows within 10-24%. One floor reading per world size: a cross-machine reading, not a
-way to take drift out of one machine's processes.
+AG rows "replay_floors"): host rows moved 2x between two H100 machines in session 30, whose W = 8 rows agreed in
+floors within 1-7%; but in session 31 a third machine gave the slow one's rows while its floor read 1.9 us in two
+processes and 3.9 in a third, so a row in floors is a reading to keep beside the us, not a unit hosts agree in.
 
 --per-rank: a second measurement per row times each rank's call apart: "last" (us per call of the last rank, whose
 call also issues every rank's deferred rounds on loopback: W x rounds graph launches) and "others" (the mean of the
@@ -231,8 +231,8 @@ def run(args, rows_out=None) -> int:
             row = {"case": name, "W": w, "P": len(numels), "coll": coll, "chunks": l0.rs_num_chunks if coll == "rs" else 0,
                    "calls": calls, "route": "graph" if prep.graph_route else "epoch",
                    **h, **g}
-            # The same figure in launch floors of this process (session 30: host rows moved 2x between two machines;
-            # in floors the W = 8 rows agreed within 1-7%, the W = 2 ones within 10-24%): a cross-machine reading.
+            # The same figure in launch floors of this process (kept beside the us; session 31: not a unit in which
+            # machines agree, see the module's docstring).
             row["floor_us"] = floors.get(w, float("nan"))
             row["host_floors"] = in_floors(h["host_us"], row["floor_us"])
             if coll == "ag" and len(numels) == 1:

@@ -225,7 +225,7 @@ def report(reports, args, rc=0) -> int:
     from nccl_tide.perf.issue_cost import format_census
 
     m = reports[0]["meta"]
-    where = "one GPU each" if getattr(args, "device_per_rank", False) else "one GPU"
+    where = "one GPU each" if args.device_per_rank else "one GPU"
     print(f"# {args.ranks} processes on {where} over CUDA IPC; torch {m.get('torch')}, device {m.get('device')}, "
           f"nccl_tide {m.get('nccl_tide')}, NCCL_TIDE_TOKEN_RS_CHUNKS {m.get('token_rs_chunks')}, "
           f"NCCL_TIDE_EAGER_GRAPHS {m.get('eager_graphs')}")

@@ -13,12 +13,12 @@
 #   table: (added in session 30) issue 15's whole host_issue table in 12 processes: host_ab.py with two identical
 #          variants (an A/A: about 3% of its verdicts come out resolved by chance at 6 pairs; each row gets 12 process medians), 6 rounds;
 #          flat AG rows also time the same copies as one hinted batch copy (the 1.15x GPU target).
-#   machine: (session 30) the machine's unit costs and the host rows in one call: benchmarks/host_cost_probe.cu
-#          (kernel launch, one-node graph, round-like graphs), host_issue --route on --per-rank (the last rank's
-#          call apart), host_issue_ipc.py --ranks 2 (one process per rank): host figures moved 2x between machines.
+#   machine: (session 30) the machine's unit costs and the host rows in one call: parts per_rank, ipc and probe.
+#   per_rank: host_issue --route on --per-rank (the last rank's call, which issues every rank's rounds, apart).
 #   table3: (session 30) host_issue --route on, the whole table, in 3 processes one after another (about 80 s).
 #   ipc:   (session 31) host_issue_ipc.py --ranks 2 alone (one process per rank, the calls rule of session 30).
-#   ipc8:  (session 31) host_issue_ipc.py --ranks 8 (eight processes on one GPU: W = 8 as one GPU of a node sees it).
+#   ipc8:  (session 31) host_issue_ipc.py --ranks 8 (eight processes sharing one GPU, so launches cost more than on
+#          a node's own GPUs: an upper bound).
 #   probe: (session 31) benchmarks/host_cost_probe.cu alone (the machine's unit costs).
 #   perf:  test_perf_gpu alone (tide-perf's host column took issue_cost.calls_per_sample after run 30.1).
 #   ab:    benchmarks/host_ab.py with AB_VARIANTS (e.g. "base:NCCL_TIDE_X=0 new:NCCL_TIDE_X=1"), AB_ROUNDS rounds
@@ -54,13 +54,10 @@ if want table; then
     --rounds 6 --samples 15 --child-timeout 120 --json "$W/host/ab_table.json"
   grep -E "^#|^(flat|llama|64)" "$W/host/ab_table.log" | grep -v "^# round" | cut -c1-170 | tail -40
 fi
-if want machine; then
-  nvcc -O2 -arch=sm_90 benchmarks/host_cost_probe.cu -o "$W/host/host_cost_probe" > "$W/host/probe_build.log" 2>&1 \
-    && run host/probe 150 "$W/host/host_cost_probe"
+want machine && parts="$parts per_rank ipc probe"  # machine: these three parts (each runs where its block stands)
+if want per_rank; then
   run host/per_rank 120 python3 benchmarks/host_issue.py --route on --per-rank --samples 15 --json "$W/host/per_rank.json"
-  run host/ipc2 110 python3 benchmarks/host_issue_ipc.py --ranks 2 --samples 9 --json "$W/host/ipc2.json"
-  tail -25 "$W/host/probe.log"; grep -E "^(flat|llama|64)" "$W/host/per_rank.log" | cut -c1-150
-  grep -E "^(flat|llama|64)" "$W/host/ipc2.log" | cut -c1-150
+  grep -E "^(flat|llama|64)" "$W/host/per_rank.log" | cut -c1-150
 fi
 if want table3; then
   for k in 1 2 3; do

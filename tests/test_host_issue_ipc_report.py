@@ -32,7 +32,7 @@ def test_report_merges_ranks_and_writes_json_first(tmp_path, capsys):
     reps, census = _reports(rng, 3)
     del reps[2]["rows"][1]["slot_host_us"]  # one rank without a slot figure: the row's max is NaN, not a smaller max
     out = tmp_path / "ipc.json"
-    assert host_issue_ipc.report(reps, types.SimpleNamespace(ranks=3, json=str(out)), rc=0) == 0
+    assert host_issue_ipc.report(reps, types.SimpleNamespace(ranks=3, json=str(out), device_per_rank=False), rc=0) == 0
     rows = json.loads(out.read_text())["rows"]
     ag, rs = rows
     assert ag["host_us_max"] == max(r["rows"][0]["host_us"] for r in reps)
@@ -47,6 +47,6 @@ def test_report_merges_ranks_and_writes_json_first(tmp_path, capsys):
 
 def test_report_without_json_prints_and_keeps_rc(capsys):
     reps, _ = _reports(random.Random(5), 2)
-    assert host_issue_ipc.report(reps, types.SimpleNamespace(ranks=2, json=None), rc=1) == 1
+    assert host_issue_ipc.report(reps, types.SimpleNamespace(ranks=2, json=None, device_per_rank=False), rc=1) == 1
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("llama8b layer")]
     assert len(lines) == 2 and lines[1].split()[4] == "rs"
