@@ -1,99 +1,156 @@
 #!/usr/bin/env bash
-# The GPU job (one H200; not part of CPU CI): build the CUDA library, run tests/gpu bit-exact against the host
-# executor, compute-sanitizer memcheck + racecheck + synccheck on a small case, then the benchmarks if present.
-# Logs go to $OUT (default: ./gpu-out). Exit status: non-zero if the build, the tests or a sanitizer failed.
+# The GPU job: the one script to run on a machine with an NVIDIA GPU (not part of CPU CI).
+#
+#   bash ci/gpu.sh [part ...]        default: nccl build tests perf sanitizer bench, in that order
+#
+# Parts:
+#   nccl       build NCCL from a source tarball: TIDE_NCCL_SRC=path/to/nccl-2.30.7-src.tar.xz with a build.sh next
+#              to it, run as `build.sh SRC_DIR PREFIX` (PREFIX = build/nccl); its headers and library are then used
+#              by the later parts (NCCL_HOME, LD_LIBRARY_PATH). Skipped when TIDE_NCCL_SRC is unset.
+#   build      the CUDA library into TIDE_GPU_BUILD (default build/gpu) for CMAKE_CUDA_ARCHITECTURES (default 90).
+#   tests      every file of tests/gpu (one card) and tests/multirank (several processes), one pytest per file under
+#              its own limit (TIDE_GPU_FILE_TIMEOUT, default 300 s), so a hang costs one file; TIDE_GPU_TESTS="FILE
+#              ..." runs only those files.
+#   perf       tests/gpu/perf_smoke.py and tide-perf's loopback rows (AG and RS, 8 virtual ranks, every
+#              implementation) with JSON in $OUT.
+#   sanitizer  compute-sanitizer memcheck, racecheck and synccheck on tests/gpu/sanitizer_case.py; with
+#              TIDE_GPU_SAN_TESTS="FILE ..." also TIDE_GPU_SAN_TOOL (default memcheck) over those test files, child
+#              processes included (TIDE_GPU_SAN_ARGS adds tool options, e.g. "--report-api-errors no" for tests
+#              whose out-of-memory cases make CUDA calls fail on purpose).
+#   bench      benchmarks/run_all.py --out $OUT (skipped with a message if the tree has no such entry).
+#
+# Every part runs under one deadline, TIDE_GPU_DEADLINE_S seconds from the start (default 540, so the job fits a
+# 10-minute device call): a part or file that would start with less than 20 s left is skipped and says so. Logs go
+# to $OUT (default ./gpu-out): one log per step, env.txt (card, driver, versions, commit) and summary.txt.
+# Exit status: non-zero if any step failed or was cut by its limit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-# NVLink multicast stays off on shared machines (DESIGN.md section 6): keep these set for every child process.
+# NVLink multicast stays off on shared machines: every child process inherits these.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1
 # Loopback worlds keep up to 16 streams busy with cross-stream flag waits: one hardware queue per stream.
-export CUDA_DEVICE_MAX_CONNECTIONS=32
+export CUDA_DEVICE_MAX_CONNECTIONS=32 PYTHONUNBUFFERED=1
+export PATH="/usr/local/cuda/bin:$PATH"
 
 OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
 BUILD="${TIDE_GPU_BUILD:-build/gpu}"
 ARCHS="${CMAKE_CUDA_ARCHITECTURES:-90}"
-export PATH="/usr/local/cuda/bin:$PATH"
+END=$(( $(date +%s) + ${TIDE_GPU_DEADLINE_S:-540} ))
+PARTS="${*:-nccl build tests perf sanitizer bench}"
 status=0
-step() { echo; echo "=== $* ($(date +%T))"; }
+summary=()
 
-step "environment"
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv || true
-nvcc --version | tail -2
-python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))"
+left() { echo $(( END - $(date +%s) )); }
+note() { summary+=("$*"); echo "=== $*"; }
 
-step "build (CMAKE_CUDA_ARCHITECTURES=$ARCHS)"
-if ! { cmake -S . -B "$BUILD" -G Ninja -DTIDE_BUILD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" \
-         -DCMAKE_BUILD_TYPE=Release >"$OUT/build.log" 2>&1 &&
-       cmake --build "$BUILD" -j >>"$OUT/build.log" 2>&1; }; then
-  tail -40 "$OUT/build.log"
-  echo "ci/gpu.sh: build FAILED"
-  exit 1
-fi
-grep -q "CUDA data path ON" "$OUT/build.log" || { echo "ci/gpu.sh: CUDA data path not enabled"; exit 1; }
+# step NAME LIMIT CMD...: CMD under min(LIMIT, time left), log in $OUT/NAME.log; skipped under 20 s left.
+step() {
+  local name=$1 limit=$2 l t0 rc line
+  shift 2
+  l=$(left)
+  if [ "$l" -lt 20 ]; then note "$name: SKIPPED (deadline: $l s left)"; status=1; return 1; fi
+  [ "$l" -lt "$limit" ] && limit=$l
+  echo "=== $name (limit $limit s, $(date +%T))"
+  t0=$(date +%s)
+  timeout -k 5 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  rc=$?
+  line=$(grep -vE "SUMMARY" "$OUT/$name.log" | grep -E "[0-9]+ (passed|failed|error)" | tail -1)
+  note "$name: rc $rc, $(( $(date +%s) - t0 )) s${line:+: $line}"
+  if [ "$rc" -ne 0 ]; then
+    status=1
+    grep -vE "NCCL TIDE (TRACE|INFO)" "$OUT/$name.log" | tail -25
+  fi
+  return "$rc"
+}
+
+part_nccl() {
+  local src="${TIDE_NCCL_SRC:-}" dir tree prefix="$PWD/build/nccl"
+  if [ -z "$src" ]; then note "nccl: skipped (TIDE_NCCL_SRC not set)"; return; fi
+  dir=$(dirname "$src")
+  if [ ! -f "$src" ] || [ ! -f "$dir/build.sh" ]; then
+    note "nccl: FAILED ($src and $dir/build.sh must both exist)"; status=1; return
+  fi
+  rm -rf build/nccl-src && mkdir -p build/nccl-src "$prefix"
+  tar -xf "$src" -C build/nccl-src || { note "nccl: FAILED (cannot unpack $src)"; status=1; return; }
+  tree=$(ls -d "$PWD"/build/nccl-src/*/ | head -1)
+  step nccl 400 bash "$dir/build.sh" "${tree%/}" "$prefix" || return
+  export NCCL_HOME="$prefix" LD_LIBRARY_PATH="$prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+}
+
+part_build() {
+  step build 400 bash -c "cmake -S . -B '$BUILD' -G Ninja -DTIDE_BUILD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES='$ARCHS' \
+    -DCMAKE_BUILD_TYPE=Release && cmake --build '$BUILD' -j" || return
+  grep -q "CUDA data path ON" "$OUT/build.log" || { note "build: FAILED (CUDA data path not enabled)"; status=1; }
+}
+
+have_library() {
+  [ -f "$BUILD/libnccl-tide.so" ] && return 0
+  note "$1: skipped (no $BUILD/libnccl-tide.so: run the build part)"; status=1; return 1
+}
+
+part_tests() {
+  have_library tests || return
+  local files f lim
+  files="${TIDE_GPU_TESTS:-$(ls tests/gpu/test_*.py tests/multirank/test_*.py 2>/dev/null)}"
+  for f in $files; do
+    lim=${TIDE_GPU_FILE_TIMEOUT:-300}
+    [ "$(left)" -lt "$lim" ] && lim=$(left)
+    # faulthandler dumps every thread's stack 15 s before the file's limit, so a hang shows where it is.
+    step "$(basename "$(dirname "$f")")-$(basename "$f" .py)" "$lim" python3 -m pytest -v -rs -p no:cacheprovider \
+      --durations=10 -o faulthandler_timeout=$(( lim > 30 ? lim - 15 : 15 )) "$f"
+  done
+}
+
+part_perf() {
+  have_library perf || return
+  step perf_smoke 300 python3 tests/gpu/perf_smoke.py
+  local op
+  for op in all_gather reduce_scatter; do
+    step "tide-perf-$op" 150 python3 -m nccl_tide.perf "$op" --backend loopback --ranks 8 -b 1M -e 64M -f 4 -n 10 \
+      -d bf16 --impl all --interfere gemm -J "$OUT/tide-perf-$op.json"
+  done
+}
+
+part_sanitizer() {
+  have_library sanitizer || return
+  local tool
+  for tool in memcheck racecheck synccheck; do
+    step "sanitizer-$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 86 python3 tests/gpu/sanitizer_case.py
+  done
+  if [ -n "${TIDE_GPU_SAN_TESTS:-}" ]; then
+    tool="${TIDE_GPU_SAN_TOOL:-memcheck}"
+    # shellcheck disable=SC2086
+    step "sanitizer-$tool-tests" 600 compute-sanitizer --tool "$tool" --target-processes all --error-exitcode 86 \
+      ${TIDE_GPU_SAN_ARGS:-} \
+      python3 -m pytest -q -x -p no:cacheprovider $TIDE_GPU_SAN_TESTS
+  fi
+}
+
+part_bench() {
+  have_library bench || return
+  if [ ! -f benchmarks/run_all.py ]; then note "bench: skipped (no benchmarks/run_all.py in this tree)"; return; fi
+  step bench 600 python3 benchmarks/run_all.py --out "$OUT"
+}
+
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  nvcc --version | tail -1
+  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl',
+    torch.cuda.nccl.version() if torch.cuda.is_available() else None)"
+  git rev-parse HEAD; git status --short; } >"$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
 export NCCL_TIDE_LIBRARY_PATH="$PWD/$BUILD/libnccl-tide.so"
 export PYTHONPATH="$PWD/pytorch_glue:$PWD/tests/gpu${PYTHONPATH:+:$PYTHONPATH}"
 
-step "smoke: tests/gpu/sanitizer_case.py without the sanitizer (a hang here stops the job early)"
-timeout -k 5 "${TIDE_GPU_SMOKE_TIMEOUT:-120}" python3 tests/gpu/sanitizer_case.py 2>&1 | tee "$OUT/smoke.log"
-rc=${PIPESTATUS[0]}
-echo "smoke exit status: $rc"
-if [ "$rc" -ne 0 ]; then
-  echo "ci/gpu.sh: smoke FAILED; skipping the rest"
-  exit 1
-fi
-
-step "tests/gpu"
-timeout -k 10 "${TIDE_GPU_TEST_TIMEOUT:-900}" python3 -m pytest -q -rs -p no:cacheprovider tests/gpu --junitxml="$OUT/gpu-tests.xml" \
-  -o junit_family=xunit1 2>&1 | tee "$OUT/gpu-tests.log" | tail -60
-rc=${PIPESTATUS[0]}
-echo "tests/gpu exit status: $rc"
-[ "$rc" -eq 0 ] || status=1
-
-if [ "${TIDE_GPU_SKIP_PERF:-0}" != "1" ]; then
-  step "tests/gpu/perf_smoke.py"
-  timeout -k 10 "${TIDE_GPU_PERF_TIMEOUT:-300}" python3 tests/gpu/perf_smoke.py 2>&1 | tee "$OUT/perf-smoke.log"
-  rc=${PIPESTATUS[0]}
-  echo "perf_smoke exit status: $rc"
-  [ "$rc" -eq 0 ] || status=1
-fi
-
-if [ "${TIDE_GPU_SKIP_SANITIZER:-0}" != "1" ]; then
-  for tool in memcheck racecheck synccheck; do
-    step "compute-sanitizer --tool $tool (tests/gpu/sanitizer_case.py)"
-    timeout -k 10 "${TIDE_GPU_SAN_TIMEOUT:-600}" compute-sanitizer --tool "$tool" --error-exitcode 86 python3 tests/gpu/sanitizer_case.py \
-      >"$OUT/sanitizer-$tool.log" 2>&1
-    rc=$?
-    tail -5 "$OUT/sanitizer-$tool.log"
-    echo "compute-sanitizer $tool exit status: $rc"
-    [ "$rc" -eq 0 ] || status=1
-  done
-fi
-
-# Optional: a sanitizer over whole GPU test files (slow: use a few files), e.g.
-#   TIDE_GPU_SAN_TESTS="tests/gpu/test_cuda_collectives.py tests/gpu/test_virtual_nodes.py" TIDE_GPU_SAN_TOOL=memcheck
-if [ -n "${TIDE_GPU_SAN_TESTS:-}" ]; then
-  tool="${TIDE_GPU_SAN_TOOL:-memcheck}"
-  step "compute-sanitizer --tool $tool over: $TIDE_GPU_SAN_TESTS"
-  # shellcheck disable=SC2086
-  timeout -k 10 "${TIDE_GPU_SAN_SUITE_TIMEOUT:-600}" compute-sanitizer --tool "$tool" --error-exitcode 86 \
-    python3 -m pytest -q -x -p no:cacheprovider $TIDE_GPU_SAN_TESTS >"$OUT/sanitizer-suite-$tool.log" 2>&1
-  rc=$?
-  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$OUT/sanitizer-suite-$tool.log" | tail -5
-  echo "compute-sanitizer $tool (suite) exit status: $rc"
-  [ "$rc" -eq 0 ] || status=1
-fi
-
-if [ -f benchmarks/run_all.py ] && [ "${TIDE_GPU_SKIP_BENCH:-0}" != "1" ]; then
-  step "benchmarks/run_all.py"
-  timeout -k 10 "${TIDE_GPU_BENCH_TIMEOUT:-900}" python3 benchmarks/run_all.py --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -80
-  rc=${PIPESTATUS[0]}
-  echo "benchmarks exit status: $rc"
-  [ "$rc" -eq 0 ] || status=1
-fi
+for part in $PARTS; do
+  case $part in
+    nccl|build|tests|perf|sanitizer|bench) "part_$part" ;;
+    *) note "$part: unknown part (nccl build tests perf sanitizer bench)"; status=1 ;;
+  esac
+done
 
 echo
+echo "=== summary ($(left) s left of the deadline)"
+printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
 echo "ci/gpu.sh: exit $status"
 exit $status
