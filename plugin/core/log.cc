@@ -46,7 +46,7 @@ struct Component {
 };
 constexpr Component kComponents[] = {
     {"API", "INIT"},      {"Cuda", "COLL"},           {"HostAG", "COLL"},   {"HostRS", "COLL"},
-    {"Interposer", "INIT,COLL"}, {"Ipc", "INIT,P2P,ALLOC"}, {"Layout", "INIT"}, {"Multicast", "NVLS"},
+    {"Interposer", "INIT,COLL"}, {"Ipc", "INIT,P2P,ALLOC"}, {"Layout", "INIT"}, {"Multicast", "NVLS"}, {"Nodes", "INIT"},
     {"Nccl", "INIT"},     {"Params", "ENV"},          {"RsPlan", "INIT"},   {"Schedule", "INIT"}};
 constexpr int kNumComponents = static_cast<int>(sizeof(kComponents) / sizeof(kComponents[0]));
 constexpr unsigned kAllComponents = (1u << kNumComponents) - 1;

@@ -11,6 +11,7 @@
 
 #include "../core/errors.h"
 #include "../core/log.h"
+#include "../core/node_map.h"
 #include "../core/params.h"
 #include "cuda_check.h"
 
@@ -86,7 +87,7 @@ uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ULL) 
 
 // What every rank announces at creation.
 struct Hello {
-  uint64_t hostHash;
+  nodes::RankHost host;
   uint64_t configHash;
   int64_t pid;
   int32_t device;
@@ -102,28 +103,41 @@ struct ShareMsg {
   cudaIpcMemHandle_t handle;
 };
 
-}  // namespace
-
-uint64_t hostHash() {
-  char buf[512] = {0};
-  if (gethostname(buf, sizeof(buf) - 1) != 0) snprintf(buf, sizeof(buf), "unknown-host");
-  uint64_t h = fnv1a(buf, strlen(buf));
-  // Containers may share a hostname across machines; the boot id tells kernels apart.
-  if (FILE* f = fopen("/proc/sys/kernel/random/boot_id", "r")) {
-    char id[64] = {0};
-    size_t n = fread(id, 1, sizeof(id) - 1, f);
-    fclose(f);
-    h = fnv1a(id, n, h);
+// TIDE's nodes follow NCCL's hosts (node_map.h). This provider maps every rank's memory through CUDA IPC, so every
+// rank must share one machine, and, unless NCCL_TIDE_RANKS_PER_NODE declares the nodes, one NCCL host: ranks that
+// NCCL calls different hosts are different TIDE nodes, and TIDE has no transport across nodes through NCCL yet.
+tideResult_t checkOneNode(const std::vector<Hello>& all, int worldSize) {
+  std::vector<nodes::RankHost> hosts(worldSize);
+  for (int r = 0; r < worldSize; ++r) hosts[r] = all[r].host;
+  const int declared = params::ranksPerNodeOverride();
+  int ranksPerNode = 0;
+  TIDE_CHECK(nodes::decide(hosts.data(), worldSize, declared, &ranksPerNode));
+  for (int r = 1; r < worldSize; ++r) {
+    if (hosts[r].machine != hosts[0].machine) {
+      return fail(tideUnsupported, kComponent,
+                  "rank %d runs on another machine than rank 0 (hostname and boot id differ): the CUDA IPC provider "
+                  "maps peers' memory within one machine only",
+                  r);
+    }
   }
-  return h;
+  if (declared == 0 && ranksPerNode < worldSize) {
+    return fail(tideUnsupported, kComponent,
+                "the %d ranks are %d NCCL hosts (NCCL_HOSTID, or hostname and boot id): TIDE's nodes follow NCCL's "
+                "hosts, and this build has no TIDE transport across nodes through NCCL; these ranks share one "
+                "machine, so NCCL_TIDE_RANKS_PER_NODE=%d declares them one TIDE node (peer-mapped through CUDA IPC)",
+                worldSize, worldSize / ranksPerNode, worldSize);
+  }
+  return tideSuccess;
 }
+
+}  // namespace
 
 tideResult_t IpcProvider::create(int rank, int worldSize, int device, uint64_t configHash, ExchangeFn exchange,
                                  std::shared_ptr<IpcProvider>* out, std::function<bool()> workLeft) {
   std::shared_ptr<IpcProvider> p(new IpcProvider(rank, worldSize, device, std::move(exchange)));
   p->exchangeWorkLeft_ = std::move(workLeft);
   Hello mine{};
-  mine.hostHash = hostHash();
+  mine.host = nodes::localHost();
   mine.configHash = configHash;
   mine.pid = static_cast<int64_t>(getpid());
   mine.device = device;
@@ -165,13 +179,8 @@ tideResult_t IpcProvider::create(int rank, int worldSize, int device, uint64_t c
                   static_cast<unsigned long long>(all[0].configHash));
     }
   }
+  TIDE_CHECK(checkOneNode(all, worldSize));
   for (int r = 0; r < worldSize; ++r) {
-    if (all[r].hostHash != all[0].hostHash) {
-      return fail(tideUnsupported, kComponent,
-                  "rank %d is on another host than rank 0: the CUDA IPC provider (NCCL 2.28.x) is single-node only; "
-                  "multi-node needs NCCL >= 2.29.2 (window provider)",
-                  r);
-    }
     for (int q = 0; q < r; ++q) {
       if (all[q].pid == all[r].pid) {
         return fail(tideInvalidUsage, kComponent,

@@ -128,9 +128,6 @@ class IpcProvider final : public PeerMemory, public IssuePolicy {
 // thread); *timedOut tells a timeout (tideTimeout) apart from a CUDA error. Also used by the loopback provider.
 tideResult_t boundedDeviceSync(int device, uint64_t ms, bool* timedOut);
 
-// 64-bit hash of this host (hostname and boot id): equal hashes = one node.
-uint64_t hostHash();
-
 }  // namespace cuda
 }  // namespace tide
 

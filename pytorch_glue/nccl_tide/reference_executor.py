@@ -19,6 +19,7 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 
+from ._dist import all_gather_flat
 from .dtypes import dtype as to_dtype
 from .errors import InvalidArgumentError, UnsupportedError
 from .layout import Layout
@@ -99,7 +100,7 @@ class ReferenceExecutor:
         parameter i (shard_numel_i * W elements), written with every rank's shard at
         [s * shard_numel_i, (s + 1) * shard_numel_i). Returns the bytes of temporary buffers.
 
-        Reference data path: one all_gather_into_tensor of the packed buffers, then a copy
+        Reference data path: one flat all-gather of the packed buffers, then a copy
         of each rank's block into the parameter storage (the copy-out TIDE removes).
         """
         self._check(layout)
@@ -113,7 +114,7 @@ class ReferenceExecutor:
             if t.dtype != dt or t.numel() != p.shard_numel * W:
                 raise InvalidArgumentError(f"parameter output {tuple(t.shape)} {t.dtype}: need {p.shard_numel * W}")
         gathered = torch.empty(W * send.numel(), dtype=dt, device=send.device)
-        dist.all_gather_into_tensor(gathered, send.contiguous(), group=self.group)
+        all_gather_flat(gathered, send.contiguous(), group=self.group)
         rows = gathered.view(W, -1)
         with torch.no_grad():
             for o, p, dst in zip(_elem_offsets(layout, "send_offset"), infos, params):

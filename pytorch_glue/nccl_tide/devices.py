@@ -1,0 +1,92 @@
+"""Which GPU a launched rank uses, and the "several ranks per GPU" mode.
+
+By default rank `LOCAL_RANK` uses `cuda:LOCAL_RANK`, one GPU per rank, as torchrun jobs expect; with fewer GPUs than
+local ranks that is an error that names the way out. Several ranks may share a GPU only when asked
+(`ranks_per_gpu=k` or `NCCL_TIDE_RANKS_PER_GPU=k`, k >= 1): rank -> `cuda:(LOCAL_RANK % device_count)`.
+
+NCCL must be told too, because it refuses two ranks of one host on one GPU ("Duplicate GPU detected"):
+* any NCCL: give every rank its own NCCL host, `NCCL_HOSTID=<distinct per rank>` with `NCCL_SOCKET_IFNAME=lo
+  NCCL_IB_DISABLE=1`; the ranks then talk through NCCL's network transport over loopback sockets;
+* NCCL >= 2.30: `NCCL_MULTI_RANK_GPU_ENABLE=1` lets ranks of one host share a GPU (experimental in NCCL).
+Timings of ranks that share a GPU are not a node's: they share its copy engines, SMs and memory bandwidth.
+"""
+
+import os
+from typing import Optional
+
+from .errors import InvalidArgumentError, InvalidUsageError
+
+RANKS_PER_GPU_ENV = "NCCL_TIDE_RANKS_PER_GPU"
+
+SHARED_GPU_CAVEAT = (
+    "ranks share GPUs: correctness, protocol, host cost and memory are real; bandwidth and interference are not a "
+    "node's (the ranks share one GPU's copy engines, SMs and memory)"
+)
+
+NCCL_SHARING_HINT = (
+    "ranks that share a GPU need NCCL told so: NCCL_HOSTID=<distinct per rank> NCCL_SOCKET_IFNAME=lo "
+    "NCCL_IB_DISABLE=1 (any NCCL), or NCCL_MULTI_RANK_GPU_ENABLE=1 (NCCL >= 2.30, ranks of one host)"
+)
+
+
+def ranks_per_gpu(value: Optional[int] = None) -> int:
+    """The requested ranks per GPU: `value` if given, else NCCL_TIDE_RANKS_PER_GPU, else 1 (one GPU per rank)."""
+    source = "ranks_per_gpu"
+    if value is None:
+        text = os.environ.get(RANKS_PER_GPU_ENV, "").strip()
+        if not text:
+            return 1
+        source = RANKS_PER_GPU_ENV
+        try:
+            value = int(text, 10)
+        except ValueError:
+            raise InvalidArgumentError(f"{RANKS_PER_GPU_ENV}={text!r}: need a whole number >= 1") from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgumentError(f"{source}={value!r}: need a whole number >= 1")
+    return value
+
+
+def local_device_index(
+    local_rank: int, local_world: int, device_count: int, ranks_per_gpu_value: Optional[int] = None
+) -> int:
+    """The CUDA device index of local rank `local_rank` of `local_world` on a host with `device_count` GPUs."""
+    k = ranks_per_gpu(ranks_per_gpu_value)
+    if device_count < 1:
+        raise InvalidUsageError("no CUDA device is visible to this process")
+    if not 0 <= local_rank < local_world:
+        raise InvalidArgumentError(f"LOCAL_RANK={local_rank} is outside 0..{local_world - 1}")
+    if local_world > device_count * k:
+        if k == 1:
+            raise InvalidUsageError(
+                f"{local_world} ranks on this host but {device_count} GPU(s): one GPU per rank by default; to let "
+                f"ranks share GPUs, pass --ranks-per-gpu / set {RANKS_PER_GPU_ENV}="
+                f"{-(-local_world // device_count)} ({NCCL_SHARING_HINT})"
+            )
+        raise InvalidUsageError(
+            f"{local_world} ranks on this host need {-(-local_world // device_count)} ranks per GPU on {device_count} "
+            f"GPU(s); {RANKS_PER_GPU_ENV}/--ranks-per-gpu is {k}"
+        )
+    return local_rank % device_count
+
+
+def ranks_share_gpus(local_world: int, device_count: int) -> bool:
+    """True when local ranks outnumber GPUs (what banners and JSON then say: SHARED_GPU_CAVEAT)."""
+    return local_world > device_count
+
+
+def from_environment(ranks_per_gpu_value: Optional[int] = None):
+    """(device index, ranks share GPUs) for this process from LOCAL_RANK / LOCAL_WORLD_SIZE (torchrun's variables)."""
+    import torch
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(local + 1)))
+    count = torch.cuda.device_count()
+    return local_device_index(local, local_world, count, ranks_per_gpu_value), ranks_share_gpus(local_world, count)
+
+
+def explain_nccl_init_error(exc: BaseException) -> Optional[str]:
+    """A clear message for NCCL's refusal of ranks sharing a GPU (NCCL's "Duplicate GPU detected"), else None."""
+    text = str(exc)
+    if "Duplicate GPU" in text or "duplicate GPU" in text:
+        return f"NCCL refused ranks that share a GPU on one NCCL host ({text.strip().splitlines()[0]}): {NCCL_SHARING_HINT}"
+    return None

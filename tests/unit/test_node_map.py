@@ -1,0 +1,25 @@
+"""TIDE's nodes = NCCL's hosts (plugin/core/node_map), through tests/native/node_map_test.cc: NCCL_HOSTID is the
+host identity exactly when set, random worlds split as a direct model says, and NCCL_TIDE_RANKS_PER_NODE groups
+ranks of one machine across NCCL hosts but never across machines."""
+
+import subprocess
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def node_map_exe(repo, tmp_path_factory):
+    out = tmp_path_factory.mktemp("node_map") / "node_map_test"
+    core = repo / "plugin" / "core"
+    srcs = [repo / "tests" / "native" / "node_map_test.cc", core / "node_map.cc", core / "errors.cc", core / "log.cc",
+            core / "params.cc"]
+    cmd = ["g++", "-std=c++17", "-O1", "-Wall", "-Werror", f"-I{repo / 'include'}", f"-I{core}", "-I", str(repo / "plugin")]
+    subprocess.run(cmd + [str(s) for s in srcs] + ["-o", str(out), "-pthread"], check=True, capture_output=True,
+                   text=True)
+    return out
+
+
+def test_nodes_follow_nccl_hosts_unless_declared(node_map_exe):
+    r = subprocess.run([str(node_map_exe), "3000"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "all checks passed (3000 worlds)" in r.stdout
