@@ -1,0 +1,320 @@
+"""W ranks share one GPU in a real NCCL world (torch's NCCL): every rank its own NCCL host (NCCL_HOSTID), the ranks
+talking through NCCL's network transport over loopback sockets. Marker gpu: one card.
+
+* Declared one TIDE node (NCCL_TIDE_RANKS_PER_NODE=W; they share the machine): TIDE's AG and RS through
+  tideCommCreate on torch's ncclComm_t, bit for bit against the host executor on random layouts (odd sizes, mixed
+  dtypes, sum / avg, one node and virtual nodes).
+* Not declared: TIDE's nodes follow NCCL's hosts, so tideCommCreate refuses and says how to declare them.
+* FSDP2, stock and with nccl_tide.fsdp.enable: bit-identical losses, gradients and parameters; peak memory reported.
+* The NCCL_TIDE_ENABLE interposer under plain torch.distributed: eligible all-gathers taken by TIDE, results equal.
+
+Each rank is one process; every rank derives every rank's inputs from seeds, so each checks its own result against
+the host executor without exchanging data.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.gpu]
+
+HERE = Path(__file__).resolve()
+TESTS = HERE.parents[1]
+NCCL_WORLD_ENV = {
+    "NCCL_SOCKET_IFNAME": "lo",
+    "NCCL_IB_DISABLE": "1",
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+    "CUDA_DEVICE_MAX_CONNECTIONS": "32",
+}
+POISON = 0xFF
+
+
+def _rng(*key):
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+def _cases(world):
+    """(kind, numels, rows, dtypes, extra), the same on every rank."""
+    rng = _rng("nccl-hosts", world)
+    cases = []
+    for dts in (["bf16"], ["fp32"], ["bf16", "fp32"]):
+        n = int(rng.integers(1, 5))
+        rows = [int(rng.choice([1, 3, 64])) for _ in range(n)]
+        numels = [int(rng.integers(1, 3000)) * r for r in rows]
+        cases.append(("ag", numels, rows, [dts[int(rng.integers(0, len(dts)))] for _ in range(n)], {}))
+    for gdt, op, chunk in (("bf16", "sum", 4096), ("fp32", "avg", None), ("bf16", "avg", 32)):
+        n = int(rng.integers(1, 5))
+        rows = [int(rng.choice([1, 8])) for _ in range(n)]
+        numels = [int(rng.integers(1, 1500)) * r for r in rows]
+        cases.append(("rs", numels, rows, [gdt] * n, {"op": op, "chunk": chunk}))
+    return cases
+
+
+def _grads(torch, L, case, r):
+    rng = _rng("grads", case, r)
+    out = []
+    for p in L.params:
+        x = rng.standard_normal(p.numel).astype(np.float32) * np.float32(2.0) ** rng.integers(-4, 5, p.numel)
+        t = torch.from_numpy(x.astype(np.float32))
+        out.append(t.to(torch.bfloat16) if p.dtype == "bf16" else t)
+    return out
+
+
+def _collectives(rank, world, report):
+    import nccl_tide
+    import torch
+    from nccl_tide.comm import Comm, nccl_info
+
+    comm = Comm.from_process_group()
+    report["provider"] = comm.provider
+    report["nccl"] = nccl_info()["runtime"]
+    for rpn in sorted({world, max(1, world // 2)}):
+        for ci, (kind, numels, rows, dts, extra) in enumerate(_cases(world)):
+            L = nccl_tide.Layout(numels, dts, world, ranks_per_node=rpn, rank=rank, row_numels=rows,
+                                 rs_chunk_bytes=extra.get("chunk"), pace_bytes=1024 if rpn < world else None)
+            if kind == "ag":
+                sends = [torch.from_numpy(_rng("send", ci, r).integers(0, 256, L.send_bytes, dtype=np.uint8))
+                         for r in range(world)]
+                slot = comm.alloc_slot(L.slot_bytes)
+                slot.fill_(POISON)
+                torch.cuda.synchronize()
+                comm.all_gather(L, slot, sendbuf=sends[rank].cuda())
+                comm.synchronize(timeout=60)
+                got = slot.cpu().numpy()
+                comm.free_slot(slot)
+                dt = {1: np.uint8, 2: np.uint16, 4: np.uint32}
+                shards = [[sends[r][p.send_offset: p.send_offset + p.shard_numel * p.elem_size].numpy()
+                           .view(dt[p.elem_size]) for p in L.params] for r in range(world)]
+                expected = nccl_tide.host_all_gather(L, shards)[rank]
+                touched = np.zeros(got.size, dtype=bool)
+                for i, (p, e) in enumerate(zip(L.params, expected)):
+                    e = np.ascontiguousarray(e).view(np.uint8)
+                    if not np.array_equal(got[p.slot_offset: p.slot_offset + e.size], e):
+                        report["errors"].append(f"AG rpn {rpn} case {ci} param {i} ({p.dtype}) differs")
+                    touched[p.slot_offset: p.slot_offset + e.size] = True
+                if not np.all(got[~touched] == POISON):
+                    report["errors"].append(f"AG rpn {rpn} case {ci}: bytes written outside the parameters")
+            else:
+                every = [_grads(torch, L, ci, r) for r in range(world)]
+                out = torch.full((L.rs_out_numel,), float("nan"), dtype=torch.float32, device="cuda")
+                torch.cuda.synchronize()
+                comm.reduce_scatter(L, [g.cuda() for g in every[rank]], out, op=extra["op"])
+                comm.synchronize(timeout=60)
+                expected = nccl_tide.host_reduce_scatter(L, every, out_dtype="fp32", op=extra["op"])[rank]
+                if not np.array_equal(out.cpu().numpy().view(np.uint32),
+                                      np.ascontiguousarray(expected).view(np.uint32)):
+                    report["errors"].append(f"RS rpn {rpn} case {ci} ({dts[0]} {extra['op']}) differs")
+            report["checked"] += 1
+    comm.close()
+
+
+def _refusal(rank, world, report):
+    from nccl_tide.comm import Comm
+    from nccl_tide.errors import UnsupportedError
+
+    try:
+        Comm.from_process_group().close()
+        report["errors"].append("tideCommCreate accepted ranks on different NCCL hosts without a declaration")
+    except UnsupportedError as e:
+        report["message"] = str(e)
+        report["checked"] += 1
+
+
+def _fsdp(rank, world, report):
+    import torch
+    import torch.nn.functional as F
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    import nccl_tide.fsdp as tfsdp
+    from fsdp_llama import VOCAB, batch, build_model
+
+    dev = torch.device("cuda", 0)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+    def run(tide):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        model = build_model(0).to(dev)
+        for layer in model.layers:
+            fully_shard(layer, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+        handle = tfsdp.enable(model) if tide else None
+        opt = torch.optim.AdamW(model.parameters(), lr=2e-2)
+        losses = []
+        for step in range(6):
+            x, y = (t.to(dev) for t in batch(step, rank))
+            loss = F.cross_entropy(model(x).float().reshape(-1, VOCAB), y.reshape(-1))
+            loss.backward()
+            losses.append(loss.item())
+            opt.step()
+            opt.zero_grad()
+        torch.cuda.synchronize()
+        res = {"losses": losses, "peak_bytes": torch.cuda.max_memory_allocated() - base,
+               "params": [p.to_local().detach().float().cpu() for p in model.parameters()]}
+        if handle is not None:
+            res["stats"] = handle.stats()
+            tfsdp.disable(model)
+        del model, opt
+        return res
+
+    stock, tide = run(False), run(True)
+    report["losses"] = [stock["losses"], tide["losses"]]
+    report["peak_bytes"] = [stock["peak_bytes"], tide["peak_bytes"]]
+    groups = tide["stats"]["tide_groups"]
+    report["tide_calls"] = {k: sum(g[k] for g in groups) for k in ("ag_calls", "rs_calls")}
+    report["stock_groups"] = tide["stats"]["stock_groups"]
+    if stock["losses"] != tide["losses"]:
+        report["errors"].append(f"losses differ: {stock['losses']} vs {tide['losses']}")
+    if not all(torch.equal(a, b) for a, b in zip(stock["params"], tide["params"])):
+        report["errors"].append("parameters after 6 steps differ")
+    report["checked"] += 1
+
+
+def _interposed_all_gather(rank, world, report):
+    import torch
+    import torch.distributed as dist
+
+    g = torch.Generator().manual_seed(99)
+    for numel, dtype in ((3 << 20, torch.float32), ((1 << 20) + 8, torch.bfloat16)):
+        every = [torch.randn(numel, generator=g).to(dtype) for _ in range(world)]
+        out = torch.full((world * numel,), 7.0, dtype=dtype, device="cuda")
+        dist.all_gather_into_tensor(out, every[rank].cuda())
+        torch.cuda.synchronize()
+        if not torch.equal(out.cpu(), torch.cat(every)):
+            report["errors"].append(f"interposed all_gather {dtype} {numel} differs")
+        report["checked"] += 1
+
+
+MODES = {"collectives": _collectives, "refusal": _refusal, "fsdp": _fsdp, "interposer": _interposed_all_gather}
+
+
+def worker(rank, world, port, mode):
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    sys.path.insert(0, str(TESTS))
+    report = {"rank": rank, "mode": mode, "checked": 0, "errors": []}
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120), device_id=torch.device("cuda", 0))
+    try:
+        MODES[mode](rank, world, report)
+    except Exception as e:  # reported, not raised: the parent shows every rank's report
+        import traceback
+
+        report["errors"].append(f"{type(e).__name__}: {e}\n{traceback.format_exc()[-3000:]}")
+    dist.destroy_process_group()
+    print(json.dumps(report))
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def launch(world, mode, env=None, timeout=300, host_of=lambda r: f"tide-test-host-{r}"):
+    from fsdp_llama import free_port
+
+    port = free_port()
+    procs = []
+    for r in range(world):
+        e = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_TIDE_") or k == "NCCL_TIDE_LIBRARY_PATH"}
+        e.update(NCCL_WORLD_ENV, NCCL_HOSTID=host_of(r), **(env or {}))
+        procs.append(subprocess.Popen([sys.executable, str(HERE), "worker", str(r), str(world), str(port), mode],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e))
+    outs = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            out, err = p.communicate()
+            err += f"\n<killed after {timeout} s>"
+        outs.append((p.returncode, out, err))
+    reports = []
+    for r, (rc, out, err) in enumerate(outs):
+        lines = out.strip().splitlines()
+        assert rc == 0 and lines, f"rank {r} exit {rc}:\n{out[-3000:]}\n{err[-5000:]}"
+        reports.append((json.loads(lines[-1]), err))
+    return reports
+
+
+@pytest.fixture(autouse=True)
+def _gpu(torch_cuda, cuda_lib):
+    pass
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_declared_one_node_bit_exact(world):
+    reports = launch(world, "collectives", {"NCCL_TIDE_RANKS_PER_NODE": str(world)})
+    for rep, err in reports:
+        assert not rep["errors"], rep["errors"]
+        assert rep["provider"] == "ipc" and rep["checked"] == len(_cases(world)) * len({world, max(1, world // 2)})
+
+
+def test_undeclared_nccl_hosts_are_refused():
+    for rep, _ in launch(2, "refusal"):
+        assert not rep["errors"] and rep["checked"] == 1, rep
+        assert "NCCL hosts" in rep["message"] and "NCCL_TIDE_RANKS_PER_NODE=2" in rep["message"], rep["message"]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_fsdp2_with_tide_matches_stock(world):
+    reports = launch(world, "fsdp", {"NCCL_TIDE_RANKS_PER_NODE": str(world)}, timeout=400)
+    for rep, _ in reports:
+        assert not rep["errors"], rep["errors"]
+        assert not rep["stock_groups"], rep["stock_groups"]
+        assert rep["tide_calls"]["ag_calls"] > 0 and rep["tide_calls"]["rs_calls"] > 0, rep["tide_calls"]
+    print(json.dumps({"world": world, "peak_bytes_stock_tide": [r["peak_bytes"] for r, _ in reports]}))
+
+
+def test_interposer_takes_eligible_all_gathers():
+    from nccl_tide import _native
+
+    env = {"NCCL_TIDE_RANKS_PER_NODE": "2", "LD_PRELOAD": _native.library_path(), "NCCL_TIDE_ENABLE": "1",
+           "NCCL_TIDE_DEBUG": "TRACE", "NCCL_TIDE_ENABLE_MIN_BYTES": "0"}
+    for rep, err in launch(2, "interposer", env):
+        assert not rep["errors"] and rep["checked"] == 2, rep
+        taken = sum(1 for x in err.splitlines() if "TRACE Interposer: ncclAllGather on" in x and "taken by TIDE" in x)
+        assert taken == 2, err[-4000:]
+
+
+# A libnccl.so.2 of NCCL >= 2.30 (ci/gpu.sh's part `nccl` builds 2.30.7 and sets this): ranks of ONE NCCL host
+# share the GPU with NCCL_MULTI_RANK_GPU_ENABLE=1.
+NCCL_MULTI_RANK = os.environ.get("TIDE_TEST_NCCL_LIBRARY", "")
+needs_multi_rank_nccl = pytest.mark.skipif(
+    not NCCL_MULTI_RANK, reason="set TIDE_TEST_NCCL_LIBRARY to a libnccl.so.2 of NCCL >= 2.30 (bash ci/gpu.sh nccl)"
+)
+MULTI_RANK_ENV = {"LD_PRELOAD": NCCL_MULTI_RANK, "NCCL_MULTI_RANK_GPU_ENABLE": "1"}
+
+
+@needs_multi_rank_nccl
+def test_two_ranks_of_one_nccl_host():
+    for rep, _ in launch(2, "collectives", MULTI_RANK_ENV, host_of=lambda r: "tide-one-host"):
+        assert not rep["errors"], rep["errors"]
+        assert rep["nccl"] >= "2.30" and rep["checked"] == len(_cases(2)) * 2, rep
+
+
+@needs_multi_rank_nccl
+def test_two_nccl_hosts_of_two_ranks():
+    hosts = lambda r: f"tide-host-{r // 2}"  # noqa: E731
+    for rep, _ in launch(4, "refusal", MULTI_RANK_ENV, host_of=hosts):
+        assert not rep["errors"] and "are 2 NCCL hosts" in rep["message"], rep
+    for rep, _ in launch(4, "collectives", dict(MULTI_RANK_ENV, NCCL_TIDE_RANKS_PER_NODE="4"), host_of=hosts):
+        assert not rep["errors"], rep["errors"]
+        assert rep["checked"] == len(_cases(4)) * 2, rep
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 6 and sys.argv[1] == "worker":
+        worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
