@@ -7,6 +7,7 @@ Eager calls on the token route (NCCL_TIDE_EAGER_GRAPHS) run mixed with epoch cal
 remove every wait on one flag word and require the model to fail: each wait protects something the model can see.
 """
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -25,6 +26,7 @@ def model_exe(repo, tmp_path_factory):
         f"-I{repo / 'include'}",
         f"-I{repo / 'plugin' / 'core'}",
         f"-I{repo / 'plugin'}",
+        f"-I{repo / 'tests' / 'native'}",
         str(repo / "tests" / "c" / "program_model.cc"),
         *core,
         "-ldl",
@@ -145,6 +147,39 @@ def test_model_detects_a_missing_consumed_token_wait(model_exe, word):
     r = subprocess.run([str(model_exe), "--token-rs-chunks", "64", "--drop-wait", str(word), "8"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode != 0 and "FAIL:" in r.stderr, r.stdout[-1500:] + r.stderr[-1500:]
+
+
+# nodes x ranks per node of the two-sided model's layouts (program_model --two-sided)
+TWO_SIDED_SPLITS = {"2x4", "4x2", "3x2", "2x3", "5x1", "2x1", "8x8", "16x8"}
+
+
+def test_two_sided_programs_run_bit_exact_over_nccl_p2p_semantics(model_exe):
+    """Options::transport = kTwoSided (plugin/core/p2p_plan.h): every cross-node transfer of the multi-node AG and RS
+    is a p2p group, run with NCCL's semantics (per-pair matching in issue order, rendezvous, a group's transfers
+    posted together, random lane order). Every node split, both issue modes, AG and RS (sum, avg, premul) back to
+    back: bit-exact with the host executor, hazard-free, no deadlock, never more than the pace cap in flight per
+    peer, and no program touching another node's memory or flags."""
+    r = subprocess.run([str(model_exe), "--two-sided", "2"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0 and "all cases passed" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+    lines = [x for x in r.stdout.splitlines() if x.startswith("two-sided case ")]
+    assert {x.split()[3] for x in lines} == TWO_SIDED_SPLITS
+    assert any("mode 0" in x for x in lines) and any("mode 1" in x for x in lines)
+    # pieces: a schedule step below a block, an RS of several chunks, every dtype
+    assert any(int(x.split("steps=")[1].split()[0]) > 50 for x in lines)
+    assert any(int(x.split("chunks=")[1].split()[0]) > 10 for x in lines)
+    assert {"bf16", "fp16", "fp32"} <= {x.split()[5] for x in lines}
+    issued, matched = map(int, re.search(r"p2p transfers issued (\d+), matched (\d+)", r.stdout).groups())
+    assert matched > 10000 and issued == 2 * matched, (issued, matched)
+
+
+@pytest.mark.parametrize("mutant,symptom", [("--p2p-swap", ""), ("--p2p-drop-recv", "p2p match"),
+                                            ("--p2p-split", "deadlock: no lane can run")])
+def test_two_sided_model_detects_a_wrong_order_a_missing_receive_and_ungrouped_cycles(model_exe, mutant, symptom):
+    """Two adjacent p2p groups of a step swapped, each program's first receive dropped, or each group's receives
+    posted as a group of their own after its sends (a rendezvous cycle of the ring: why a step's send and receive
+    are one group): the model must fail (a wrong result, mismatched transfers, or a deadlock)."""
+    r = subprocess.run([str(model_exe), "--two-sided", mutant, "1"], capture_output=True, text=True, timeout=900)
+    assert r.returncode != 0 and "FAIL:" in r.stderr and symptom in r.stderr, r.stdout[-1500:] + r.stderr[-1500:]
 
 
 # Every flag word a program waits on: AG ready/done/rail/finish, RS enter/consumed/pushDone/full/prev/final, and the

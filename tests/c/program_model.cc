@@ -36,6 +36,18 @@
 //                                         rank's waits for its own full / consumed tokens (its lanes' meeting
 //                                         points), or without the fork (its internal lane starting before its caller
 //                                         produced the call's inputs), the model must fail
+//        program_model --two-sided [MUTANT] [seeds]
+//                                         multi-node layouts (2x4, 4x2, 3x2, 2x3, 5x1, 2x1, 8x8, 16x8 nodes x ranks
+//                                         per node; random parameter counts, sizes, dtypes, RS chunks and pace caps)
+//                                         compiled with Options::transport = kTwoSided: every cross-node transfer
+//                                         is a p2p group (Op::kP2p) run with NCCL's p2p semantics
+//                                         (tests/native/nccl_p2p_model.h: per-pair matching in issue order,
+//                                         rendezvous, a group posted at once), AG and RS calls back to back; also
+//                                         checked: no program touches memory or flags of another node, every p2p
+//                                         group is on one lane, at most the pace cap is in flight per peer.
+//                                         MUTANT --p2p-swap | --p2p-drop-recv | --p2p-split: two adjacent groups
+//                                         swapped, each program's first receive dropped, each group's receives
+//                                         posted after its sends; the model must fail
 //        program_model --copy-queue C ENTRIES ISSUE PROTOCOL [seeds]
 //                                         the loopback issue model (docs/notes/levers-after-session16.md): the
 //                                         host issues each virtual rank's call in turn, every copy also enters ONE
@@ -88,6 +100,7 @@
 #include "errors.h"
 #include "host_executor.h"
 #include "layout.h"
+#include "nccl_p2p_model.h"
 #include "program.h"
 
 using namespace tide;
@@ -114,6 +127,62 @@ bool g_singleBanks = false;
 int g_kernelOrder = 0;  // 1 --kernel-order, 2 --kernel-order-swapped
 uint64_t g_kernelTailFlags = 0;  // flags that the reordering put in another position (printed: it ran)
 uint64_t g_pairOps = 0;  // token pairs run as one operation (printed at the end)
+// --two-sided: multi-node programs compiled with Options::transport = kTwoSided, their p2p groups run by P2pNet.
+bool g_twoSided = false;
+// --two-sided's mutants, which the model must catch: kSwap exchanges the first two adjacent p2p groups of a step (a
+// wrong order), kDropRecv removes each program's first receive, kSplit posts each group's receives as a group of
+// their own after its sends (no longer posted together: a rendezvous cycle).
+enum class P2pMutant { kNone, kSwap, kDropRecv, kSplit };
+P2pMutant g_p2pMutant = P2pMutant::kNone;
+uint64_t g_p2pIssued = 0, g_p2pMatched = 0;  // p2p transfers over every run (printed: they ran)
+
+// The p2p mutants (g_p2pMutant) applied to a two-sided program.
+void mutateP2p(Program* p) {
+  if (g_p2pMutant == P2pMutant::kSwap) {
+    for (const Step& st : p->steps) {
+      for (uint32_t o = st.begin; o + 1 < st.end; ++o) {
+        if (p->ops[o].kind == Op::kP2p && p->ops[o + 1].kind == Op::kP2p) {
+          std::swap(p->ops[o], p->ops[o + 1]);
+          return;
+        }
+      }
+    }
+  } else if (g_p2pMutant == P2pMutant::kDropRecv) {
+    for (Op& op : p->ops) {
+      for (uint32_t x = op.kind == Op::kP2p ? op.begin : op.end; x < op.end; ++x) {
+        if (p->p2p[x].kind != P2pXfer::kRecv) continue;
+        p->p2p.erase(p->p2p.begin() + x);
+        for (Op& o : p->ops) {
+          if (o.kind != Op::kP2p) continue;
+          if (o.begin > x) --o.begin;
+          if (o.end > x) --o.end;
+        }
+        return;
+      }
+    }
+  } else if (g_p2pMutant == P2pMutant::kSplit) {
+    std::vector<Op> ops;
+    for (Step& st : p->steps) {
+      const uint32_t b = static_cast<uint32_t>(ops.size());
+      for (uint32_t o = st.begin; o < st.end; ++o) {
+        const Op& op = p->ops[o];
+        uint32_t r = op.begin;
+        while (op.kind == Op::kP2p && r < op.end && p->p2p[r].kind == P2pXfer::kSend) ++r;
+        if (op.kind != Op::kP2p || r == op.begin || r == op.end) {
+          ops.push_back(op);
+          continue;
+        }
+        Op sends = op, recvs = op;
+        sends.end = recvs.begin = r;
+        ops.push_back(sends);
+        ops.push_back(recvs);
+      }
+      st.begin = b;
+      st.end = static_cast<uint32_t>(ops.size());
+    }
+    p->ops = std::move(ops);
+  }
+}
 
 // Reorders the tails of p's flag batches as a signal kernel may store them (g_kernelOrder).
 void reorderKernelTails(Program* p) {
@@ -154,6 +223,7 @@ void mutate(Program* p) {
       if (f.word >= word::kCapRsFullOdd && f.word < word::kWords) f.word -= word::kCapRsFullOdd - word::kCapRsFull;
     }
   }
+  if (p->transport == Transport::kTwoSided) mutateP2p(p);
   if (g_dropWord < 0 && !g_dropOwn) return;
   auto dropped = [&](const FlagOp& f) {
     if (f.kind != FlagOp::kWait) return false;
@@ -228,6 +298,8 @@ struct LaneItem {
   uint32_t subEnd = 0; // end of the part of the flag run this item runs (0: the run's end)
   int chan = -1;       // --channels: the FIFO channel the item was issued into
   uint32_t cost = 0;   // --channels: the entries it holds there until it completes
+  int p2p = -1;        // a p2p group: its id in World::net
+  bool posted = false; // a p2p group: posted (its lane reached it)
 };
 
 struct World {
@@ -244,6 +316,7 @@ struct World {
   std::vector<uint64_t> epochOf, taskOf;  // per call: its epoch and RS task base
   std::mt19937_64 rng;
   uint64_t executed = 0;
+  std::unique_ptr<model::P2pNet> net;  // two-sided programs' p2p groups (NCCL semantics)
   // --copy-queue: one first-in-first-out copy queue shared by every rank's copies, of queueCap entries (0: none).
   struct Queued {
     int lane;
@@ -418,9 +491,34 @@ struct World {
       ++head[x];
       return true;
     }
+    if (op.kind == Op::kP2p) {
+      bool progress = false;
+      if (!it.posted) {
+        it.posted = progress = true;
+        net->post(it.p2p);
+      }
+      if (!net->done(it.p2p)) return progress;
+      ++head[x];
+      return true;
+    }
     reduce(r, call, p.reduces[op.begin]);
     ++head[x];
     return true;
+  }
+
+  // A matched send / receive pair of p2p groups (P2pNet): the bytes land where the receive says, read where the send
+  // says, each in its own rank's memory; staging bytes (running sums) are consumed by their send, as by a put.
+  void moveP2p(int from, const P2pXfer& s, int to, const P2pXfer& d, int call) {
+    if (s.addr.index != from || d.addr.index != to || !tracked(s.addr) || !tracked(d.addr)) {
+      die("a p2p transfer between ranks " + std::to_string(from) + " and " + std::to_string(to) +
+          " addresses memory other than the slot or staging of its own rank");
+    }
+    uint64_t so = 0, dof = 0;
+    Buffer* sb = resolve(call, from, s.addr, s.bytes, &so, "p2p send");
+    Buffer* db = resolve(call, to, d.addr, d.bytes, &dof, "p2p receive");
+    readCheck(from, call, sb, so, s.bytes, s.addr.mem == Mem::kStaging, "p2p send reads a byte not written in this call");
+    writeCheck(to, call, db, dof, d.bytes, true, "p2p receive overwrites a byte not yet consumed");
+    memcpy(&db->bytes[dof], &sb->bytes[so], d.bytes);
   }
 
   void reduce(int r, int call, const ReduceOp& red) {
@@ -601,6 +699,39 @@ void checkWriteBatchesDistinct(const Program& p, int rank) {
   }
 }
 
+// A two-sided program of several nodes touches no memory and no flag of another node (its cross-node transfers are
+// p2p groups, which address only its own memory, and need no cross-node signal), issues all its p2p groups on one
+// lane (NCCL matches in host issue order, which is then the lane's order too), and sends or receives at most the
+// pace cap per transfer.
+void checkTwoSided(const Program& p, const Layout& l) {
+  const int node = p.rank / p.ranksPerNode;
+  auto local = [&](int rank) { return rank / p.ranksPerNode == node; };
+  auto fail = [&](const std::string& what) { die("two-sided program of rank " + std::to_string(p.rank) + ": " + what); };
+  if (p.transport != Transport::kTwoSided) fail("not compiled two-sided");
+  for (const FlagOp& f : p.flags) {
+    if (!local(f.owner)) fail("a flag operation on rank " + std::to_string(f.owner) + " of another node");
+  }
+  for (const CopySeg& c : p.copies) {
+    for (const Addr& a : {c.dst, c.src}) {
+      if ((a.mem == Mem::kSlot || a.mem == Mem::kStaging) && !local(a.index)) fail("a copy touches another node");
+    }
+  }
+  int lane = -1;
+  for (const Step& st : p.steps) {
+    for (uint32_t o = st.begin; o < st.end; ++o) {
+      const Op& op = p.ops[o];
+      if (op.crossNode != (op.kind == Op::kP2p)) fail("a one-sided cross-node operation");
+      if (op.kind != Op::kP2p) continue;
+      if (lane >= 0 && lane != static_cast<int>(st.lane)) fail("p2p groups on both lanes");
+      lane = static_cast<int>(st.lane);
+      for (uint32_t x = op.begin; x < op.end; ++x) {
+        if (p.p2p[x].bytes == 0 || p.p2p[x].bytes > l.paceBytes) fail("a p2p transfer of 0 or above paceBytes");
+        if (local(p.p2p[x].peer)) fail("a p2p transfer inside the node");
+      }
+    }
+  }
+}
+
 void prepare(World& w, const std::vector<std::unique_ptr<Layout>>& layouts, Mode mode, uint64_t seed, uint32_t start,
              const std::vector<Call>& seq, Programs* P) {
   const int W = w.W;
@@ -631,6 +762,11 @@ void prepare(World& w, const std::vector<std::unique_ptr<Layout>>& layouts, Mode
   opt.zeroBytes = 64;  // small, so padding takes several zero copies
   opt.maxTokenRsChunks = g_tokenRsChunks;
   opt.pairTokens = g_pairTokens;
+  opt.transport = g_twoSided ? Transport::kTwoSided : Transport::kOneSided;
+  w.net = std::make_unique<model::P2pNet>(
+      W, l0.paceBytes,
+      [&w](int from, const P2pXfer& s, int to, const P2pXfer& d, int call) { w.moveP2p(from, s, to, d, call); },
+      [](const std::string& m) { die(m); });
   P->ag.resize(W);
   P->rs.resize(W);
   P->agT.resize(W);
@@ -648,6 +784,10 @@ void prepare(World& w, const std::vector<std::unique_ptr<Layout>>& layouts, Mode
     }
     if (rsTokens && compileReduceScatter(*layouts[r], tok, &P->rsT[r]) != tideSuccess) {
       die("compileReduceScatter (tokens) failed");
+    }
+    if (g_twoSided && layouts[r]->nNodes > 1) {
+      checkTwoSided(P->ag[r], *layouts[r]);
+      checkTwoSided(P->rs[r], *layouts[r]);
     }
     if (rsTokens) checkWriteBatchesDistinct(P->rsT[r], r);
     if (agTokens) checkWriteBatchesDistinct(P->agT[r], r);  // NCCL_TIDE_AG_SIGNAL_KERNELS may carry them as kernels
@@ -757,7 +897,9 @@ std::string describeItem(const World& w, int x, const LaneItem& it) {
                f.word, name);
     }
   } else {
-    snprintf(b, sizeof(b), " [rank %d lane %d call %d: op %d]", x / 2, x % 2, it.call, it.op);
+    const bool p2p = it.op >= 0 && it.prog->ops[it.op].kind == Op::kP2p;
+    snprintf(b, sizeof(b), " [rank %d lane %d call %d: op %d%s%.120s]", x / 2, x % 2, it.call, it.op,
+             p2p ? ", p2p group" : "", p2p && it.posted ? w.net->pending(it.p2p).c_str() : "");
   }
   return b;
 }
@@ -795,7 +937,13 @@ uint64_t runCase(const Case& cs, Mode mode, uint64_t seed, uint32_t start, std::
   prepare(w, layouts, mode, seed, start, seq, &P);
   for (size_t c = 0; c < seq.size(); ++c) {
     for (int r = 0; r < cs.W; ++r) {
-      for (auto& [lane, it] : itemsOf(w, P, static_cast<int>(c), r)) w.lanes[lane].push_back(it);
+      for (auto& [lane, it] : itemsOf(w, P, static_cast<int>(c), r)) {
+        if (it.op >= 0 && it.prog->ops[it.op].kind == Op::kP2p) {  // issued in program order, as the host does
+          const Op& op = it.prog->ops[it.op];
+          it.p2p = w.net->issue(r, static_cast<int>(c), it.prog->p2p.data() + op.begin, op.end - op.begin);
+        }
+        w.lanes[lane].push_back(it);
+      }
     }
   }
   const bool sticky = (seed / 2) % 2 == 1;
@@ -803,6 +951,8 @@ uint64_t runCase(const Case& cs, Mode mode, uint64_t seed, uint32_t start, std::
   while (lanesLeft(w)) {
     if (!deviceStep(w, sticky, &lastLane)) dieDeadlock(w, "no lane can run");
   }
+  g_p2pIssued += w.net->issued();
+  g_p2pMatched += w.net->matched();
   return w.executed;
 }
 
@@ -1171,6 +1321,66 @@ int channelMain(int argc, char** argv) {
   return 0;
 }
 
+// --two-sided [--p2p-swap | --p2p-drop-recv | --p2p-split] [seeds] (see the header): random layouts of several
+// node splits, all ranks' two-sided programs over the NCCL p2p model, epoch AG and RS calls back to back.
+int twoSidedMain(int argc, char** argv) {
+  g_twoSided = true;
+  int a = 2;
+  if (argc > a && strncmp(argv[a], "--p2p-", 6) == 0) {
+    const std::string m = argv[a++];
+    g_p2pMutant = m == "--p2p-swap" ? P2pMutant::kSwap : m == "--p2p-drop-recv" ? P2pMutant::kDropRecv
+                  : m == "--p2p-split" ? P2pMutant::kSplit : P2pMutant::kNone;
+    if (g_p2pMutant == P2pMutant::kNone) die("unknown option " + m);
+  }
+  const int seeds = argc > a ? atoi(argv[a]) : 3;
+  // nodes x ranks per node; layouts per split (fewer for the large worlds)
+  const struct { int N, R, layouts; } splits[] = {{2, 4, 4}, {4, 2, 4}, {3, 2, 4}, {2, 3, 2}, {5, 1, 2},
+                                                  {2, 1, 2}, {8, 8, 2}, {16, 8, 1}};
+  const tideDataType_t dtypes[] = {tideBfloat16, tideFloat16, tideFloat32};
+  const uint64_t chunks[] = {8, 64, 300, 1024, 4096, 1 << 20};
+  const uint64_t paces[] = {8, 100, 512, 1000, 4096, 1 << 20};
+  std::mt19937_64 rng(20240611);
+  const Call agC{Kind::kAg, false, tideSum, tideFloat32};
+  const std::vector<Call> seq = {agC,
+                                 Call{Kind::kRs, true, tideSum, tideFloat32},
+                                 Call{Kind::kRs, false, tideAvg, tideBfloat16},
+                                 agC,
+                                 Call{Kind::kRs, true, tidePremulSum, tideFloat16},
+                                 Call{Kind::kRs, false, tideAvg, tideFloat32},
+                                 agC};
+  int ci = 0;
+  for (const auto& sp : splits) {
+    const int W = sp.N * sp.R;
+    for (int li = 0; li < sp.layouts; ++li, ++ci) {
+      Case c;
+      c.W = W;
+      c.R = sp.R;
+      c.dtype = dtypes[rng() % 3];
+      const int nParams = 1 + static_cast<int>(rng() % 5);
+      for (int i = 0; i < nParams; ++i) c.numels.push_back(1 + rng() % (W >= 64 ? 700 : 3000));  // odd sizes too
+      // Large worlds: chunks and pieces of at least 1000 bytes, so that a run takes seconds
+      c.chunkBytes = chunks[rng() % 6];
+      c.paceBytes = paces[rng() % 6];
+      if (W >= 64) c.chunkBytes = std::max<uint64_t>(c.chunkBytes, 1024), c.paceBytes = std::max<uint64_t>(c.paceBytes, 1000);
+      const auto ls = makeLayouts(c);
+      for (Mode mode : {Mode::kInOrder, Mode::kDeferred}) {
+        for (int s = 0; s < seeds; ++s) {
+          const uint32_t start = (s % 2) ? 0xFFFFFFF0u : 0u;
+          const uint64_t n = runCase(c, mode, 7000 + 97 * ci + 17 * s + static_cast<int>(mode), start, seq);
+          printf("two-sided case %d %dx%d P=%d %s pace %" PRIu64 " chunks=%d steps=%d mode %d seed %d: ok (%" PRIu64
+                 " scheduler steps)\n",
+                 ci, sp.N, sp.R, nParams, dtype::name(c.dtype), ls[0]->paceBytes, ls[0]->rs.numChunks,
+                 ls[0]->schedule.length, static_cast<int>(mode), s, n);
+          fflush(stdout);
+        }
+      }
+    }
+  }
+  printf("p2p transfers issued %" PRIu64 ", matched %" PRIu64 "\n", g_p2pIssued, g_p2pMatched);
+  printf("all cases passed\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc > 2 && strcmp(argv[1], "--token-rs-chunks") == 0) {  // a leading option, before any other
     g_tokenRsChunks = atoi(argv[2]);
@@ -1202,6 +1412,7 @@ int main(int argc, char** argv) {
   }
   g_fold = foldAll;
   if (argc > 1 && strcmp(argv[1], "--copy-queue") == 0) return queueMain(argc, argv);
+  if (argc > 1 && strcmp(argv[1], "--two-sided") == 0) return twoSidedMain(argc, argv);
   if (argc > 1 && strcmp(argv[1], "--channels") == 0) return channelMain(argc, argv);
   int seeds = 4;
   if (argc > 2 && strcmp(argv[1], "--drop-wait") == 0) {

@@ -3,8 +3,12 @@
  * Build: cc -shared -fPIC -Wl,-soname,libnccl.so.2 -DSTUB_VERSION=23203 recording_stub_nccl.c -o <dir>/libnccl.so.2
  * Like real NCCL, each collective is defined as pncclXxx with a weak ncclXxx alias (NCCL_API in NCCL's core.h), and
  * ncclGetVersion reports STUB_VERSION. ncclAllGatherConfig / ncclReduceScatterConfig exist only for
- * STUB_VERSION >= 23102 (2.31.2). Every collective, group and communicator-teardown call appends one line with all of its arguments to
- * the file named by STUB_NCCL_LOG (opened per call, so the order is the order of the calls), then returns 0. */
+ * STUB_VERSION >= 23102 (2.31.2). Every collective, point-to-point, group and communicator-teardown call appends one line with all
+ * of its arguments to the file named by STUB_NCCL_LOG (opened per call, so the order is the order of the calls), then
+ * returns 0, except that -DSTUB_FAIL_PEER=P makes ncclSend / ncclRecv with peer P return ncclInvalidArgument (4).
+ * -DSTUB_BASE_QUERIES adds the rest of what TIDE requires of the 2.28 base (ncclGetErrorString, ncclCommCount,
+ * ncclCommUserRank, ncclCommCuDevice, ncclCommGetAsyncError), so that libnccl-tide resolves the stub
+ * (tests/native/nccl_p2p_binding_test.cc); the interposer tests build it without them. */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,6 +69,55 @@ int pncclGroupEnd(void) {
   record("GE");
   return 0;
 }
+
+#ifndef STUB_FAIL_PEER
+#define STUB_FAIL_PEER (-1)
+#endif
+
+NCCL_API(int, ncclSend, const void* sendbuff, size_t count, int datatype, int peer, void* comm, void* stream);
+int pncclSend(const void* sendbuff, size_t count, int datatype, int peer, void* comm, void* stream) {
+  record("SEND %p %zu %d %d %p %p", sendbuff, count, datatype, peer, comm, stream);
+  return peer == STUB_FAIL_PEER ? 4 : 0;
+}
+
+NCCL_API(int, ncclRecv, void* recvbuff, size_t count, int datatype, int peer, void* comm, void* stream);
+int pncclRecv(void* recvbuff, size_t count, int datatype, int peer, void* comm, void* stream) {
+  record("RECV %p %zu %d %d %p %p", recvbuff, count, datatype, peer, comm, stream);
+  return peer == STUB_FAIL_PEER ? 4 : 0;
+}
+
+#ifdef STUB_BASE_QUERIES
+NCCL_API(const char*, ncclGetErrorString, int result);
+const char* pncclGetErrorString(int result) { return result == 4 ? "stub: invalid argument" : "stub: other"; }
+
+NCCL_API(int, ncclCommCount, void* comm, int* count);
+int pncclCommCount(void* comm, int* count) {
+  (void)comm;
+  *count = 2;
+  return 0;
+}
+
+NCCL_API(int, ncclCommUserRank, void* comm, int* rank);
+int pncclCommUserRank(void* comm, int* rank) {
+  (void)comm;
+  *rank = 0;
+  return 0;
+}
+
+NCCL_API(int, ncclCommCuDevice, void* comm, int* device);
+int pncclCommCuDevice(void* comm, int* device) {
+  (void)comm;
+  *device = 0;
+  return 0;
+}
+
+NCCL_API(int, ncclCommGetAsyncError, void* comm, int* asyncError);
+int pncclCommGetAsyncError(void* comm, int* asyncError) {
+  (void)comm;
+  *asyncError = 0;
+  return 0;
+}
+#endif
 
 NCCL_API(int, ncclCommFinalize, void* comm);
 int pncclCommFinalize(void* comm) {
