@@ -5,6 +5,8 @@ seeds, counters that wrap around 2^32) for world sizes 2-64 and node splits 1xW,
 and checks termination, bit-exact results against the host executor, and read/overwrite hazards on staging and slots.
 Eager calls on the token route (NCCL_TIDE_EAGER_GRAPHS) run mixed with epoch calls on one comm. The mutation cases
 remove every wait on one flag word and require the model to fail: each wait protects something the model can see.
+Multi-node layouts compiled for the two-sided transport (p2p groups, plugin/core/p2p_plan.h) run with NCCL's p2p
+semantics (tests/native/nccl_p2p_model.h), and their mutants (wrong order, missing receive, ungrouped cycle) fail.
 """
 
 import re
