@@ -160,10 +160,13 @@ def test_two_sided_programs_run_bit_exact_over_nccl_p2p_semantics(model_exe):
     is a p2p group, run with NCCL's semantics (per-pair matching in issue order, rendezvous, a group's transfers
     posted together, random lane order). Every node split, both issue modes, AG and RS (sum, avg, premul) back to
     back: bit-exact with the host executor, hazard-free, no deadlock, never more than the pace cap in flight per
-    peer, and no program touching another node's memory or flags."""
+    peer, no program touching another node's memory or flags, and the receives (sends) covering exactly the bytes
+    the one-sided puts write (read)."""
     r = subprocess.run([str(model_exe), "--two-sided", "2"], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0 and "all cases passed" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
-    lines = [x for x in r.stdout.splitlines() if x.startswith("two-sided case ")]
+    land = [x for x in r.stdout.splitlines() if "transfers land where the puts land" in x]
+    lines = [x for x in r.stdout.splitlines() if x.startswith("two-sided case ") and x not in land]
+    assert len(land) == len({x.split()[2] for x in lines})  # receives write where the puts wrote, every layout
     assert {x.split()[3] for x in lines} == TWO_SIDED_SPLITS
     assert any("mode 0" in x for x in lines) and any("mode 1" in x for x in lines)
     # pieces: a schedule step below a block, an RS of several chunks, every dtype

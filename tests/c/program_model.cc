@@ -91,6 +91,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -1321,6 +1322,57 @@ int channelMain(int argc, char** argv) {
   return 0;
 }
 
+// Receives land where the one-sided puts land, and sends read where they read: per rank and memory kind, the bytes
+// covered by the two-sided programs' receives (sends) equal those of the one-sided programs' cross-node copy
+// destinations (sources), for AG and RS in both issue modes. Returns the bytes compared.
+uint64_t checkWhereTheyLand(const std::vector<std::unique_ptr<Layout>>& ls) {
+  using Spans = std::map<std::pair<int, int>, std::vector<std::pair<uint64_t, uint64_t>>>;  // (rank, mem) -> spans
+  auto merged = [](Spans s) {
+    for (auto& [key, v] : s) {
+      std::sort(v.begin(), v.end());
+      std::vector<std::pair<uint64_t, uint64_t>> m;
+      for (const auto& x : v) {
+        if (!m.empty() && x.first <= m.back().second) m.back().second = std::max(m.back().second, x.second);
+        else m.push_back(x);
+      }
+      v = m;
+    }
+    return s;
+  };
+  auto add = [](Spans& s, int rank, const Addr& a, uint64_t bytes) {
+    s[{rank, static_cast<int>(a.mem)}].push_back({a.offset, a.offset + bytes});
+  };
+  uint64_t bytes = 0;
+  for (Mode mode : {Mode::kInOrder, Mode::kDeferred}) {
+    for (int coll = 0; coll < 2; ++coll) {
+      Spans putTo, putFrom, recvInto, sendFrom;
+      for (const auto& l : ls) {
+        Options opt;
+        opt.mode = mode;
+        Program one, two;
+        auto compile = coll == 0 ? compileAllGather : compileReduceScatter;
+        if (compile(*l, opt, &one) != tideSuccess) die("compile (one-sided) failed");
+        opt.transport = Transport::kTwoSided;
+        if (compile(*l, opt, &two) != tideSuccess) die("compile (two-sided) failed");
+        for (const Op& op : one.ops) {
+          for (uint32_t c = op.kind == Op::kCopies && op.crossNode ? op.begin : op.end; c < op.end; ++c) {
+            add(putTo, one.copies[c].dst.index, one.copies[c].dst, one.copies[c].bytes);
+            add(putFrom, l->rank, one.copies[c].src, one.copies[c].bytes);
+          }
+        }
+        for (const P2pXfer& x : two.p2p) {
+          add(x.kind == P2pXfer::kRecv ? recvInto : sendFrom, l->rank, x.addr, x.bytes);
+          bytes += x.bytes;
+        }
+      }
+      if (merged(putTo) != merged(recvInto) || merged(putFrom) != merged(sendFrom)) {
+        die(std::string(coll == 0 ? "AG" : "RS") + ": two-sided transfers do not cover the bytes the puts move");
+      }
+    }
+  }
+  return bytes;
+}
+
 // --two-sided [--p2p-swap | --p2p-drop-recv | --p2p-split] [seeds] (see the header): random layouts of several
 // node splits, all ranks' two-sided programs over the NCCL p2p model, epoch AG and RS calls back to back.
 int twoSidedMain(int argc, char** argv) {
@@ -1363,6 +1415,8 @@ int twoSidedMain(int argc, char** argv) {
       c.paceBytes = paces[rng() % 6];
       if (W >= 64) c.chunkBytes = std::max<uint64_t>(c.chunkBytes, 1024), c.paceBytes = std::max<uint64_t>(c.paceBytes, 1000);
       const auto ls = makeLayouts(c);
+      const uint64_t compared = checkWhereTheyLand(ls);
+      printf("two-sided case %d: transfers land where the puts land (%" PRIu64 " bytes)\n", ci, compared);
       for (Mode mode : {Mode::kInOrder, Mode::kDeferred}) {
         for (int s = 0; s < seeds; ++s) {
           const uint32_t start = (s % 2) ? 0xFFFFFFF0u : 0u;

@@ -72,7 +72,8 @@ class P2pNet {
     }
   }
 
-  // Every transfer of the group completed; then its bytes are no longer in flight (call once).
+  // Whether every transfer of the group has completed. The first true also takes the group's bytes out of flight:
+  // the lane then moves past the group and asks no more.
   bool done(int id) {
     Group& g = groups_[id];
     for (const Entry& e : g.xfers) {
