@@ -1,4 +1,4 @@
-"""Where the memory at the peak of an FSDP2 training step goes: stock FSDP2 vs TIDE, per allocation (issue 17).
+"""Where the memory at the peak of an FSDP2 training step goes: stock FSDP2 vs TIDE, per allocation.
 
 Usage, from the repo root, on one GPU, with libnccl-tide.so built with CUDA (about 1 minute per variant on an H200):
 
@@ -8,8 +8,8 @@ Usage, from the repo root, on one GPU, with libnccl-tide.so built with CUDA (abo
     python benchmarks/fsdp_memory_probe.py --variants stock,tide,tide-dedicated --out all.json
     python benchmarks/fsdp_memory_probe.py --show fsdp_memory_probe.json   # print a saved result again
 
-Model and step are nccl_tide.bench.fsdp_step's (its VariantRun: Llama-style, bf16 params, fp32 reduce, AdamW, world
-size 1; same defaults: --layers 4 --hidden 4096 --seq 2048 --tokens 8192; --slot-pool 2 as in issue 17). Each variant
+Model and step are fsdp_step.py's (its VariantRun: Llama-style, bf16 params, fp32 reduce, AdamW, world
+size 1; same defaults: --layers 4 --hidden 4096 --seq 2048 --tokens 8192; --slot-pool 2). Each variant
 runs in a FRESH subprocess (nothing left from another variant; NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 NVSHMEM_DISABLE_NVLS=1 in its environment) that records torch.cuda.memory._record_memory_history(max_entries=200000,
 Python stacks) from before the model is built, runs --warmup steps and then --steps measured steps, takes
@@ -39,7 +39,7 @@ Exit status: 0 when every variant ran, 1 when one failed (its error and the end 
 something it needs is missing (CUDA, torch's memory history, nccl_tide on the path, the library).
 
 The pure analysis (trace events -> live set at the peak -> groups -> diff) has no torch dependency and is unit-tested
-on a synthetic trace in tests/test_fsdp_memory_probe.py.
+on a synthetic trace in benchmarks/tests/test_fsdp_memory_probe.py.
 """
 
 import argparse
@@ -376,8 +376,8 @@ def _child(a) -> dict:
     import torch
 
     _use_nccl_tide()
-    from nccl_tide.bench import fsdp_step
-    from nccl_tide.bench.model import LlamaConfig
+    import fsdp_step
+    from fsdp_model import LlamaConfig
 
     if not torch.cuda.is_available():
         raise ProbeError("no CUDA device visible in the child process")
@@ -537,7 +537,7 @@ def _checks(variants: List[str]) -> None:
         raise ProbeError(f"torch {torch.__version__} lacks torch.cuda.memory._record_memory_history / _snapshot")
     try:
         pkg_dir = _use_nccl_tide()
-        import nccl_tide.bench.fsdp_step  # noqa: F401
+        import nccl_tide.fsdp  # noqa: F401
     except ImportError as e:
         raise ProbeError(
             f"cannot import nccl_tide from {GLUE} ({e}); run from the repo root with PYTHONPATH=pytorch_glue"

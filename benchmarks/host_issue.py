@@ -173,6 +173,7 @@ def run(args, rows_out=None) -> int:
     from nccl_tide.cuda import LoopbackWorld
     from nccl_tide.dtypes import dtype as to_dtype
     from nccl_tide.dtypes import op_code
+    import issue_graphs as ig
     from nccl_tide.perf import issue_cost as ic
 
     rows = [] if rows_out is None else rows_out
@@ -188,7 +189,7 @@ def run(args, rows_out=None) -> int:
         if w not in worlds:
             # The replay column's floor on this world: a one-node graph per rank through the same ctypes launch path.
             try:
-                fl = ic.prepare_launch_floor(world)
+                fl = ig.prepare_launch_floor(world)
                 floors[w] = ic.host_issue_us(fl, calls=50, samples=args.samples)["host_us"]
                 fl.close()
             except Exception as e:  # report, do not hide
@@ -238,7 +239,7 @@ def run(args, rows_out=None) -> int:
             if coll == "ag" and len(numels) == 1:
                 # Issue 15's GPU target: a flat AG within 1.15x of the same copies as one hinted batch copy (no flags).
                 try:
-                    floor = ic.prepare_copy_floor(world, ic.flat_all_gather_copies(l0, slots, sends))
+                    floor = ig.prepare_copy_floor(world, ig.flat_all_gather_copies(l0, slots, sends))
                     cf = ic.gpu_latency_us(floor, samples=args.samples)
                     if not cf["gpu_us"] > 0:  # NaN (no valid sample) or 0
                         raise RuntimeError(f"no valid GPU time ({cf})")
@@ -251,7 +252,7 @@ def run(args, rows_out=None) -> int:
             if coll == "ag":
                 # A graph-captured replay of the same call (one graph per virtual rank): host cost of the launches.
                 try:
-                    graphs = ic.prepare_graph_replays(prep)
+                    graphs = ig.prepare_graph_replays(prep)
                     row["replay_host_us"] = ic.host_issue_us(graphs, calls=calls, samples=args.samples)["host_us"]
                     row["replay_floor_us"] = floors.get(w, float("nan"))
                     row["replay_floors"] = in_floors(row["replay_host_us"], row["replay_floor_us"])
@@ -266,7 +267,7 @@ def run(args, rows_out=None) -> int:
                   + (f"{h['last_rank_us']:>8.1f}{h['other_ranks_us']:>8.1f}" if args.per_rank else "")
                   + f" {row.get('replay_error', '')}", flush=True)
             if row.get("replay_census"):  # what rank 0's replayed graph holds (issue_cost.graph_census)
-                print(f"#   {name}, W {w}: rank 0's replay graph: {ic.format_census(row['replay_census'][0])}", flush=True)
+                print(f"#   {name}, W {w}: rank 0's replay graph: {ig.format_census(row['replay_census'][0])}", flush=True)
             if coll == "ag":
                 world.free_slot(slots)
             for lay in layouts:

@@ -73,6 +73,7 @@ def _rank(rank, world, port, args, out_path):
         from nccl_tide.comm import Comm
         from nccl_tide.dtypes import dtype as to_dtype
         from nccl_tide.dtypes import op_code
+        import issue_graphs as ig
         from nccl_tide.perf import issue_cost as ic
 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
@@ -87,7 +88,7 @@ def _rank(rank, world, port, args, out_path):
                 "token_rs_chunks": int(N.param_value("NCCL_TIDE_TOKEN_RS_CHUNKS")),
                 "eager_graphs": N.param_value("NCCL_TIDE_EAGER_GRAPHS")}
         with torch.cuda.stream(stream):
-            fl = ic.prepare_launch_floor(ic._OneRank(comm))
+            fl = ig.prepare_launch_floor(ic.OneRank(comm))
             meta["floor_us"] = ic.host_issue_us(fl, calls=args.calls, samples=args.samples)["host_us"]
             fl.close()
             for name, numels, chunks in cases(world):
@@ -123,7 +124,7 @@ def _rank(rank, world, port, args, out_path):
                            "chunks": lay.rs_num_chunks if coll == "rs" else 0, **h}
                     if coll == "ag":  # a captured RS needs Slot-Reuse staging (own staging may grow): AG only
                         try:
-                            graphs = ic.prepare_graph_replays(prep)
+                            graphs = ig.prepare_graph_replays(prep)
                             row["replay_host_us"] = ic.host_issue_us(graphs, calls=calls,
                                                                      samples=args.samples)["host_us"]
                             graphs.close()
@@ -135,7 +136,7 @@ def _rank(rank, world, port, args, out_path):
                             ps = ic.prepare_comm_reduce_scatter(comm, lay, grads, out, op_code("sum"),
                                                                 to_dtype("fp32").code, staging=stag)
                             row["slot_host_us"] = ic.host_issue_us(ps, calls=calls, samples=args.samples)["host_us"]
-                            graphs = ic.prepare_graph_replays(ps)
+                            graphs = ig.prepare_graph_replays(ps)
                             row["replay_host_us"] = ic.host_issue_us(graphs, calls=calls,
                                                                      samples=args.samples)["host_us"]
                             row["replay_census"] = graphs.census[0]
@@ -222,7 +223,7 @@ def main() -> int:
 
 def report(reports, args, rc=0) -> int:
     """Prints the table (and writes --json) from the ranks' reports; returns rc."""
-    from nccl_tide.perf.issue_cost import format_census
+    from issue_graphs import format_census
 
     m = reports[0]["meta"]
     where = "one GPU each" if args.device_per_rank else "one GPU"

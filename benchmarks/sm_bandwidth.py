@@ -166,7 +166,7 @@ def main(argv=None):
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
     a = ap.parse_args(argv)
-    from nccl_tide import _bench as B
+    import bench_lib as B
 
     dev = torch.device("cuda", 0)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count

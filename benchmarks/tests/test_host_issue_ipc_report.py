@@ -4,13 +4,10 @@ CPU only: synthetic rank reports with random figures."""
 
 import json
 import math
-import os
 import random
-import sys
 import types
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-import host_issue_ipc  # noqa: E402
+import host_issue_ipc
 
 
 def _reports(rng, ranks):

@@ -1,4 +1,4 @@
-"""benchmarks/fsdp_memory_probe.py on the CPU (issue 17).
+"""benchmarks/fsdp_memory_probe.py on the CPU.
 
 * The pure analysis on synthetic device traces (the entry format of torch.cuda.memory._snapshot()'s
   device_traces: action / addr / size / frames, frames innermost first): the live set at the peak,
@@ -14,14 +14,22 @@
 import importlib.util
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
 SCRIPT = REPO / "benchmarks" / "fsdp_memory_probe.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _load():
@@ -283,14 +291,14 @@ def _fake_child(variant, out_path, port, binder="alloc"):
     import torch
     import torch.distributed as dist
 
-    from nccl_tide.bench import fsdp_step
+    import fsdp_step
     from nccl_tide.fsdp import _slot_pool
 
     # The markers' plumbing is about slots TIDE allocates (tideSlotAlloc, outside torch's trace): keep the trimming
     # pool on them. The default at world size 1 (binder "torch") puts the slots in torch's own trace, which this fake
     # trace does not have; tests/test_fsdp_slot_trim.py covers that path (and outside_torch_bytes / the hook's bytes).
     _slot_pool.force_binder(binder)
-    from nccl_tide.bench.sim_comm import use_sim_native
+    from sim_comm import use_sim_native
 
     use_sim_native()
     cuda = torch.cuda
@@ -337,19 +345,16 @@ def _fake_child(variant, out_path, port, binder="alloc"):
 
 
 def test_child_plumbing_on_cpu(tmp_path):
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from fsdp_llama import free_port
-
     # The child imports nccl_tide as this process does (CI: the installed package, whose library it needs; a dev
-    # run: PYTHONPATH=pytorch_glue with NCCL_TIDE_LIBRARY_PATH), plus tests/ for this module.
+    # run: PYTHONPATH=pytorch_glue with NCCL_TIDE_LIBRARY_PATH), plus benchmarks/ and its tests/ for this module.
     import nccl_tide
 
     pkg_dir = str(Path(nccl_tide.__file__).resolve().parents[1])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([pkg_dir, str(REPO / "tests")]), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([pkg_dir, str(REPO / "benchmarks"), str(HERE)]), OMP_NUM_THREADS="1")
     docs = {}
     for variant in ("stock", "tide"):
         out = tmp_path / f"{variant}.json"
-        code = (f"import sys; sys.path.insert(0, {str(REPO / 'tests')!r}); import test_fsdp_memory_probe as t; "
+        code = (f"import sys; sys.path[:0] = [{str(REPO / 'benchmarks')!r}, {str(HERE)!r}]; import test_fsdp_memory_probe as t; "
                 f"t._fake_child({variant!r}, {str(out)!r}, {free_port()})")
         p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
@@ -410,15 +415,13 @@ def test_child_plumbing_on_cpu(tmp_path):
 def test_child_torch_binder_slot_bytes(tmp_path):
     """The default pool at world size 1 (binder "torch") is torch memory, in torch's own trace: the probe's TIDE slot
     bytes (resident and the max its table shows) are then the root's dedicated slot only, not the pool's slots."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from fsdp_llama import free_port
 
     import nccl_tide
 
     pkg_dir = str(Path(nccl_tide.__file__).resolve().parents[1])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([pkg_dir, str(REPO / "tests")]), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([pkg_dir, str(REPO / "benchmarks"), str(HERE)]), OMP_NUM_THREADS="1")
     out = tmp_path / "tide.json"
-    code = (f"import sys; sys.path.insert(0, {str(REPO / 'tests')!r}); import test_fsdp_memory_probe as t; "
+    code = (f"import sys; sys.path[:0] = [{str(REPO / 'benchmarks')!r}, {str(HERE)!r}]; import test_fsdp_memory_probe as t; "
             f"t._fake_child('tide', {str(out)!r}, {free_port()}, binder=None)")
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]

@@ -106,7 +106,7 @@ def test_help_has_a_line_and_default_for_every_flag(capsys):
         perf_main(["--help"])
     assert e.value.code == 0
     text = capsys.readouterr().out
-    from nccl_tide.perf.cli import parser
+    from nccl_tide.perf.options import parser
 
     p = parser()
     fmt = p._get_formatter()
@@ -129,7 +129,7 @@ def test_version(capsys):
 
 def test_layout_header_shows_the_layout_size(capsys):
     from nccl_tide.dtypes import dtype
-    from nccl_tide.perf.cli import model_bytes
+    from nccl_tide.perf.collectives import model_bytes
 
     from nccl_tide.models import MODELS
 
