@@ -29,8 +29,8 @@ What it prints per variant, for the measured steps:
     markers they are constant (stats()["slot_pool"]["resident_slot_bytes"]). This is what the device holds; for
     stock it equals the torch peak. Compare this one; the table shows the slot bytes resident at that peak;
   * the live bytes at the device peak grouped by their most informative frame (the innermost frame in nccl_tide/,
-    torch/distributed/fsdp/ or this script, else the innermost Python frame; allocations made by the autograd engine
-    with no Python frame form one group), top --top groups in MiB, with the phase the peak fell in;
+    torch/distributed/fsdp/, the step benchmark or this script, else the innermost Python frame; allocations made by
+    the autograd engine with no Python frame form one group), top --top groups in MiB, with the phase the peak fell in;
 then a diff table: groups larger in tide than in stock (or absent in stock), and the largest savings.
 The JSON (--out) holds all of it, plus per variant the peaks over warm-up and measured steps together, the live-set
 check at the start of the measured steps, TIDE's stats and the child's log file name (<out>.<variant>.log).
@@ -59,7 +59,8 @@ MAX_ENTRIES = 200000
 MARK_FN = "_probe_mark"
 MARK_BYTES = 512
 SLOT_MARK = "slots:"  # marker label prefix: TIDE slot bytes resident from this event on
-FOCUS = ("nccl_tide/", "torch/distributed/fsdp/", "fsdp_memory_probe.py")
+# Files whose frames name an allocation: the package, FSDP2, and the step benchmark this probe runs.
+FOCUS = ("nccl_tide/", "torch/distributed/fsdp/", "fsdp_memory_probe.py", "fsdp_step.py", "fsdp_model.py")
 NO_FRAME = "<no Python frame: autograd engine / C++>"
 SLOT_GROUP = "TIDE slots (tideSlotAlloc, resident: pool + dedicated)"
 CHILD_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -485,10 +486,10 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--variants", default="stock,tide", help=f"comma list of {', '.join(VARIANTS)} (default stock,tide)")
     p.add_argument("--out", default="fsdp_memory_probe.json", help="JSON result (children's logs: <out>.<variant>.log)")
-    p.add_argument("--slot-pool", type=int, default=2, help="tide: nccl_tide.fsdp.enable(slot_pool=N) (issue 17: 2)")
+    p.add_argument("--slot-pool", type=int, default=2, help="tide: nccl_tide.fsdp.enable(slot_pool=N) (default 2)")
     p.add_argument("--slot-trim", choices=["auto", "on", "off", "all"], default="auto",
                    help="tide: enable(slot_trim=None|True|False|'all') (auto: on at world size 1, the pool's slots "
-                   "freed at the end of forward; off: the slots stay allocated, as measured in issue 17; all: also at "
+                   "freed at the end of forward; off: the slots stay allocated, as the step benchmark measures by default; all: also at "
                    "the end of backward, the root's slot too)")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--hidden", type=int, default=4096)
@@ -659,7 +660,7 @@ def report(doc: dict, top: int = 20) -> str:
         w = r["analysis"]["windows"]["measured"]
         out.append(f"\n## {name}: live bytes at the device peak ({_mib(w['device_peak_bytes'])} MiB, "
                    f"{w['device_peak_phase']}), top {top} of {w['n_groups']} groups")
-        head = ("MiB", "count", "group (innermost frame in nccl_tide/, torch/distributed/fsdp/, this probe)")
+        head = ("MiB", "count", "group (innermost frame in nccl_tide/, torch/distributed/fsdp/, the step benchmark, this probe)")
         out.append(_table(head, [(_mib(g["bytes"]), str(g["count"]), g["group"]) for g in w["device_groups"][:top]]))
         chk = r["analysis"]["live_bytes_at_measure"]
         out.append(f"check: live at the first measured step {_mib(chk)} MiB (trace) vs torch.cuda.memory_allocated "

@@ -224,7 +224,7 @@ class VariantRun:
     `reason` is set (and nothing else kept) when the variant cannot run. close() disables TIDE, drops every reference
     and runs gc.collect(): FSDP2 modules live in reference cycles (module -> FSDPState -> hooks -> module), so dropping
     the last name does not free the sharded parameters; a variant measured after another one used to count the earlier
-    variants' models in its peak (issue 17: about 4.2 GiB of fp32 sharded parameters per earlier variant at 1.13B
+    variants' models in its peak (about 4.2 GiB of fp32 sharded parameters per earlier variant at 1.13B
     parameters)."""
 
     def __init__(self, variant: str, cfg: LlamaConfig, a, rank: int, device):

@@ -1,4 +1,4 @@
-"""Host issue time per rank per call when each rank is its own process (CUDA IPC peer memory), issue 15.
+"""Host issue time per rank per call when each rank is its own process (CUDA IPC peer memory).
 
     python benchmarks/host_issue_ipc.py [--ranks 2] [--device-per-rank] [--json FILE] [--samples 9] [--only SUBSTRING]
 
@@ -6,7 +6,7 @@ benchmarks/host_issue.py measures loopback worlds, where one process issues ever
 the device's hardware queues: the library then issues a token program in issue rounds (one graph launch per round
 per rank, docs/architecture.md "More chunks than buffers"). A real node runs one process per GPU; this benchmark
 runs that shape on one GPU: --ranks processes on cuda:0 (with --device-per-rank rank r on cuda:r, a node's shape:
-written in session 31, not yet run, no multi-GPU machine was lent), a gloo bootstrap, CUDA IPC peer memory
+not yet run on a multi-GPU machine), a gloo bootstrap, CUDA IPC peer memory
 (Comm.from_bootstrap, as tests/gpu/test_multiprocess.py). Each process measures its own host time per call with
 nccl_tide.perf.issue_cost (its stream gated behind a sleeping kernel, prebuilt ctypes arguments, a sample counts only
 if the gate was still closed when the loop ended; median over samples), and also the host time of replaying a
@@ -17,7 +17,7 @@ Each RS row also runs with Slot-Reuse staging (a slot of rs_staging_bytes): `slo
 replay` the same call captured into a user graph and launched (one cuGraphLaunch; the graph's nodes by kind are
 printed under the row), so `slot us` - `slot replay` is what the call costs outside its graph launch (checks,
 binding lookup, the announce, the library's own graph launch against the user's). `floor` is each process's launch
-floor (a one-node graph, issue_cost.prepare_launch_floor) read before the rows: the host's launch speed.
+floor (a one-node graph, issue_graphs.prepare_launch_floor) read before the rows: the host's launch speed.
 
 GPU latency is not measured: the processes' contexts time-slice one GPU, so device time here is not one GPU's share
 of a node (benchmarks/share.py measures that). Cases as host_issue.py's, at W = --ranks: flat AG/RS of 1 and 64 MiB

@@ -45,7 +45,7 @@ MiB = 1 << 20
 # frames, innermost first (as torch records them)
 F_MODEL = [
     {"filename": "/site/torch/nn/modules/linear.py", "line": 125, "name": "forward"},
-    {"filename": "/repo/pytorch_glue/nccl_tide/bench/model.py", "line": 57, "name": "forward"},
+    {"filename": "/repo/benchmarks/fsdp_model.py", "line": 57, "name": "forward"},
     {"filename": "/site/torch/nn/modules/module.py", "line": 1750, "name": "_call_impl"},
 ]
 FS = "/site/torch/distributed/fsdp/_fully_shard"
@@ -92,7 +92,7 @@ def test_block_rounding_and_frame_choice():
     assert probe.block_bytes(1) == 512 and probe.block_bytes(512) == 512 and probe.block_bytes(513) == 1024
     assert probe.block_bytes(1000, rounding=0) == 1000
     # innermost frame in nccl_tide/ (the model file), not torch's nn.Linear frame
-    assert probe.group_key(F_MODEL) == "nccl_tide/bench/model.py:57:forward"
+    assert probe.group_key(F_MODEL) == "benchmarks/fsdp_model.py:57:forward"
     assert probe.group_key(F_FSDP) == "torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:598:foreach_reduce"
     assert probe.group_key(F_TIDE_RS) == "nccl_tide/fsdp/_group.py:700:allocate"
     assert probe.group_key(F_OPT) == "torch/optim/adam.py:600:_multi_tensor_adam"  # no focus frame: innermost .py
@@ -129,7 +129,7 @@ def test_live_set_at_the_peak():
     assert probe.live_bytes_at(ev, 1) == 150 * MiB and probe.live_bytes_at(ev, 8) == 70 * MiB
     groups = probe.group_live(res["live"])
     assert [(g["group"], g["bytes"], g["count"]) for g in groups] == [
-        ("nccl_tide/bench/model.py:57:forward", 100 * MiB, 1),
+        ("benchmarks/fsdp_model.py:57:forward", 100 * MiB, 1),
         ("nccl_tide/fsdp/_group.py:700:allocate", 60 * MiB, 1),
     ]
     assert groups[0]["example"][0] == "torch/nn/modules/linear.py:125:forward"
@@ -253,7 +253,7 @@ def test_diff_and_report():
     less = {r["group"]: (r["delta"], r["only"]) for r in d["less"]}
     # stock peaks in backward (the activations), tide in the optimizer step (its slots are resident)
     assert more == {probe.SLOT_GROUP: (400 * MiB, "tide"), group_of(F_OPT): (400 * MiB, "tide")}
-    assert less == {"nccl_tide/bench/model.py:57:forward": (-500 * MiB, "stock")}
+    assert less == {"benchmarks/fsdp_model.py:57:forward": (-500 * MiB, "stock")}
     assert d["more"][0]["group"] == probe.SLOT_GROUP
     def var(a):
         return {"ok": True, "analysis": a, "torch_max_memory_allocated": 1, "allocated_at_measure": 1,

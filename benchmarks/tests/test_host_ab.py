@@ -24,7 +24,7 @@ def test_round_orders_alternate_and_reject_bad_input():
 
 @pytest.mark.parametrize("seed", range(5))
 def test_pairing_resolves_a_shift_that_drift_between_rounds_hides(seed):
-    """Each round's process drifts by up to +-20 us (as session 28's rows did between processes); the variant is a
+    """Each round's process drifts by up to +-20 us (as rows did between processes on an H100); the variant is a
     fixed 5 us lower plus 1 us of noise. Unpaired, the two sets of figures overlap; paired, the shift resolves."""
     rng = random.Random(seed)
     shift = -5.0

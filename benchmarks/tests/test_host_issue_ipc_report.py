@@ -1,4 +1,4 @@
-"""benchmarks/host_issue_ipc.py's report (session 31): the ranks' reports merged per row (max over ranks, NaN if a
+"""benchmarks/host_issue_ipc.py's report: the ranks' reports merged per row (max over ranks, NaN if a
 rank has no figure), the JSON written before anything is printed, the RS rows' slot and replay columns and census.
 CPU only: synthetic rank reports with random figures."""
 

@@ -46,7 +46,7 @@ def test_share_mode_runs_and_checks(torch_cuda, tmp_path):
         assert unpaced["unit_ms"]["median"] < paced["unit_ms"]["median"]
     # SM time: AG share runs no kernel; RS share only the library's reduce, each chunk's paced to the next chunk's
     # arrival (reduce_kernel.h: 4 bf16 inputs -> fp32 at 370 GB/s with a full chunk next: 370 * 12/6 = 740 GB/s,
-    # x 1.2 headroom, ceil(888 / kReduceCtaGBps = 66) = 14 CTAs (10 with session 17's 94 and 1.25); the first
+    # x 1.2 headroom, ceil(888 / kReduceCtaGBps = 66) = 14 CTAs (10 with a rate of 94 and 1.25); the first
     # chunk's shape is reported), the last one a drain of at most kReduceMaxPacedCtas = 32 CTAs (fewer for a small
     # last chunk: one CTA per MiB of traffic); the baseline its CTAs.
     assert by["ag-share"]["sm"]["kernel_us"] == 0
@@ -85,7 +85,7 @@ print("OK" if ok else f"WRONG {st}")
 
 
 def test_pacer_transfer_of_more_pieces_than_the_stream_queues(torch_cuda, cuda_lib):
-    """Session 17's 1 MiB-piece Llama-70B run hung: the pacer's thread learned of a transfer's pieces only once all
+    """A 1 MiB-piece Llama-70B run once hung: the pacer's thread learned of a transfer's pieces only once all
     were enqueued, and enqueueing blocked when the stream's queue filled behind the first unreleased wait. Pieces
     now reach the thread as they are enqueued. In a child process, so that a regression fails instead of hanging."""
     import subprocess
@@ -124,9 +124,9 @@ print("OK" if equal and counts and paced else f"WRONG equal={equal} counts={coun
 
 
 def test_pacer_transfers_on_two_streams_arriving_out_of_order(torch_cuda, cuda_lib):
-    """The RS share paces each staging buffer's chunks on a stream of its own (session 26). Here the later transfer's
+    """The RS share paces each staging buffer's chunks on a stream of its own. Here the later transfer's
     stream reports its arrival first and the earlier one's while the thread still releases the earlier transfer:
-    with one shared arrival word (before session 26) the earlier report overwrote the later one, and the thread,
+    with one shared arrival word the earlier report overwrote the later one, and the thread,
     then waiting for the later transfer, never saw it arrive (a hang). Both transfers still take the link's time.
     In a child process, so that a regression fails instead of hanging."""
     import subprocess

@@ -317,7 +317,7 @@ def test_reduce_shape_rule(native):
     traffic = n * (2 * W + 4)
     assert sh["bytes"] == traffic and sh["vector"] and sh["threads"] == 512
     # 8 bf16 inputs -> fp32 at 370 GB/s: 529 GB/s of reduce traffic, x 1.2 headroom = 634 GB/s, 10 CTAs of
-    # kReduceCtaGBps = 66 GB/s (session 26: a CTA's rate beside the arrivals; 8 CTAs with session 17's 94 alone).
+    # kReduceCtaGBps = 66 GB/s (a CTA's rate beside the arrivals; 8 CTAs with the 94 GB/s of a CTA alone).
     assert sh["ctas"] == _rule_ctas(W, 2, 4, False) == 10
     units, per_cta = n // 8, (8 << 20) // (8 * 20)  # 8-element vectors; whole vectors in about 8 MiB
     assert sh["launches"] == math.ceil(math.ceil(units / per_cta) / 10) == 3  # 21 CTAs of <= 8 MiB, 10 at a time
@@ -328,7 +328,7 @@ def test_reduce_shape_rule(native):
     sh = B.reduce_shape(B.reduce_args(256, 4096 * 2, W, 4096, 4096))
     assert (sh["ctas"], sh["launches"]) == (1, 1)
     # Medium (20 MB of traffic, under 10 CTAs x 8 MiB): the paced grid all the same, in one launch; ceil(T / 8 MiB)
-    # = 3 CTAs would fall behind the arrivals (session 24's rule did that).
+    # = 3 CTAs would fall behind the arrivals (an earlier rule did that).
     n = 1_000_000
     sh = B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096))
     assert (sh["ctas"], sh["launches"]) == (10, 1)
@@ -382,7 +382,7 @@ def test_reduce_shape_deadline_and_drain(native):
     assert B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=4096))["ctas"] == min(32, _sm_count())
     assert B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=0))["ctas"] == min(32, _sm_count())
     # A drain of a chunk under 32 x 8 MiB of traffic (a Llama-8B layer's last chunk, about 6.8 M elements per rank:
-    # 136 MB) still gets the 32 CTAs (17 at 8 MiB each before session 25).
+    # 136 MB) still gets the 32 CTAs (17 at 8 MiB each under an earlier rule).
     m = 6_815_744
     sh = B.reduce_shape(B.reduce_args(256, m * 2, W, m, 4096, following_bytes=0))
     assert (sh["ctas"], sh["launches"]) == (min(32, _sm_count()), 1)

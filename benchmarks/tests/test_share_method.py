@@ -88,7 +88,7 @@ def test_harness_enqueue_order(order, expected):
 
 
 def test_side_first_order_enqueues_the_gemm_late_when_the_queue_fills():
-    """The session-17 failure: with more side work than the driver queues, the host blocks in the side's enqueue
+    """The failure this guards: with more side work than the driver queues, the host blocks in the side's enqueue
     until the GPU (past the gate) has drained some, and the GEMM lands on its stream at an uncontrolled point. The
     default order puts it there after the first unit, before any blocking."""
     h, side, q = _harness(depth=2)

@@ -98,13 +98,13 @@ def test_loopback_all_impls(coll, tmp_path):
         if x["impl"] != "tide":
             assert "stand-in" in x["note"]
     tide = [x for x in got if x["impl"] == "tide"]
-    # Issue cost columns (issue 15): host issue time per rank and device time of one call, TIDE rows only.
+    # Issue cost columns: host issue time per rank and device time of one call, TIDE rows only.
     assert all(float(x["host"]) > 0 and float(x["gpu"]) > 0 for x in tide), tide
     assert all(x["host"] == "N/A" for x in got if x["impl"] != "tide")
     if coll == "all_gather":
         # No kernel of the library's own: the only kernels allowed are copies (a replayed graph's memcpy nodes
         # appear as "memcpy32_post" kernels). The SM column is not 0 on loopback: same-device copies run on SMs
-        # on the H200, eager or graphed (benchmarks/copy_engine_probe.cu, tests/gpu/RUNS.md session 18), and the
+        # on the H200, eager or graphed (benchmarks/copy_engine_probe.cu), and the
         # column counts them (perf/gpu.py); a node's peer copies are copy-engine work.
         names = [d.get("profile", {}).get("kernel_names") or {} for d in
                  json.loads(js.read_text()).get("extras", {}).get("detail", []) if d.get("impl") == "tide"]
@@ -164,8 +164,8 @@ def test_loopback_interfere_gemm_and_model_layout(tmp_path):
     assert [x["impl"] for x in got] == ["tide", "fsdp2"] * 2
     for x in got:
         assert x["wrong"] == "0" and 0.5 < float(x["gemm"]) < 50, x
-    # DESIGN.md section 9: the side work spans the GEMM in every run, host-bound loopback calls included (8 ranks
-    # at 1 MiB issue for longer than the GPU runs them: before session 19 no such run was covered)
+    # The interference method: the side work spans the GEMM in every run, host-bound loopback calls included (8 ranks
+    # at 1 MiB issue for longer than the GPU runs them)
     inter = [d["interference"] for d in json.loads(js.read_text())["extras"]["detail"] if "interference" in d]
     assert len(inter) == 4 and all(i["covered_runs"] == i["runs"] == 5 for i in inter), inter
     r = run(perf("reduce_scatter --ranks 2 --layout llama3-8b-layer -d bf16 -c 1 --impl tide,fsdp2"), timeout=180)
@@ -199,7 +199,7 @@ def test_torchrun_world_size_1(coll, tmp_path):
         elif x["impl"] == "nccl-ce":
             assert x["time"] == "N/A" and ("world size 1" in x["note"] or "reduce-scatter" in x["note"])
         else:  # tide over the process group's NCCL communicator: runs, or says why
-            # (a TIDE failure here belongs to the NCCL binding, issue 4: the row must say so, the run goes on)
+            # (a TIDE failure here belongs to the NCCL binding: the row must say so, the run goes on)
             assert x["wrong"] == "0" or x["note"].startswith(("not run", "failed")), x
     doc = json.loads(js.read_text())
     assert doc["backend"] == "torchrun" and doc["config"]["nranks"] == 1

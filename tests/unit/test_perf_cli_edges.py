@@ -1,4 +1,4 @@
-"""tide-perf's rough edges (issue 18 item 6) and its nccl-tests compatibility (issue 20): every bad flag gets a
+"""tide-perf's rough edges and its nccl-tests compatibility: every bad flag gets a
 one-line `tide-perf: error:` and exit status 2 before any work; rows and JSON read like nccl-tests'."""
 
 import json

@@ -94,7 +94,7 @@ def measure(
             gx = inter["slowdown"]
             detail["interference"] = inter
             if inter["covered_runs"] < inter["runs"] or inter["late_runs"]:
-                # the GEMM figure is then not the DESIGN.md section 9 measurement: say so in the row
+                # the GEMM figure is then not the interference method's measurement: say so in the row
                 ended = inter["runs"] - inter["covered_runs"]
                 uncovered = f"GEMM: side work ended first in {ended} of {inter['runs']} runs"
                 late = f", {inter['late_runs']} late" if inter["late_runs"] else ""
