@@ -230,3 +230,12 @@ def test_min_busbw_okay_words(capsys, tmp_path):
 
 def test_negative_size_long_form(capsys):
     expect_usage_error(capsys, ["all_gather", *HOST, "--minbytes", "-2M"], ["invalid size '-2M'"])
+
+
+def test_share_is_not_a_tide_perf_command(capsys):
+    """One rank's share is a benchmark of the repository: `tide-perf share` says where it went, exit status 2."""
+    with pytest.raises(SystemExit) as e:
+        perf_main(["share", "both", "--ranks", "8"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tide-perf: error:") and "python benchmarks/share" in err and len(err.splitlines()) == 1
