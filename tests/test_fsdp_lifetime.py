@@ -6,12 +6,12 @@ Two leaks, each of which kept a whole model (its fp32 sharded parameters above a
   handle, whose GroupStates held their FSDPParamGroup, which holds its modules: the value kept its
   own key alive, so an enabled model was never freed, disable() or not, gc.collect() or not (also
   through NATIVE_SLOTS while enabled). GroupState now holds the group weakly.
-* nccl_tide.bench.fsdp_step: FSDP2 modules live in reference cycles, so dropping the last name of a
+* benchmarks/fsdp_step.py: FSDP2 modules live in reference cycles, so dropping the last name of a
   model does not free it; variants measured in one process counted the earlier variants' models.
   VariantRun.close() collects them.
 
 CPU, gloo, world sizes 1 and 2, the reference executor and the native executor over the simulated
-tideComm (nccl_tide.bench.sim_comm). Each case drops a model in a fresh worker and checks weak
+tideComm (benchmarks/sim_comm.py). Each case drops a model in a fresh worker and checks weak
 references to the model and to one sharded parameter's local tensor.
 
 Run by hand: python tests/test_fsdp_lifetime.py worker <rank> <world> <port>
@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # sim_comm.py: the simulated tideComm
 from fsdp_llama import batch, build_model, init_worker, launch  # noqa: E402
 
 pytest.importorskip("torch")
@@ -79,9 +80,9 @@ def _train_and_drop(rank, executor, disable, slot_pool=None):
 
 
 def _bench_variant(variant):
-    """nccl_tide.bench.fsdp_step.VariantRun on CPU: its close() must free the model without any help."""
-    from nccl_tide.bench import fsdp_step
-    from nccl_tide.bench.model import LlamaConfig
+    """benchmarks/fsdp_step.py.VariantRun on CPU: its close() must free the model without any help."""
+    import fsdp_step
+    from fsdp_model import LlamaConfig
 
     a = fsdp_step.parser().parse_args(["--seq", "8", "--tokens", "16", "--slot-pool", "2"])
     cfg = LlamaConfig(layers=4, hidden=64, heads=4, kv_heads=2, ffn=96, vocab=97)
@@ -99,7 +100,7 @@ def _bench_variant(variant):
 
 def worker(rank, world, port):
     init_worker(rank, world, port)
-    from nccl_tide.bench.sim_comm import use_sim_native
+    from sim_comm import use_sim_native
 
     use_sim_native()  # executor="native" over the simulated tideComm
     res = {}

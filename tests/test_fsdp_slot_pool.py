@@ -1,5 +1,5 @@
 """The native executor's slot pool (nccl_tide/fsdp/_slot_pool.py) on CPU, gloo, 2 and 4 ranks,
-through the simulated tideComm (nccl_tide.bench.sim_comm, _SimComm in test_fsdp_training.py: slots torch cannot resize,
+through the simulated tideComm (benchmarks/sim_comm.py, _SimComm in test_fsdp_training.py: slots torch cannot resize,
 every slot poisoned with NaN before a TIDE-AG writes it, RS staging poisoned with NaN).
 
 Each case trains the same model three times from the same seed: stock FSDP2, native with one

@@ -7,7 +7,7 @@ learns from FSDP2's schedule (the last reshard before a forward/backward switch)
 at the next all-gather that needs one: by default (slot_trim=True / None, SlotPool.trim_phases =
 TRIM_DEFAULT) only at the end of forward, where that peak lies; with slot_trim="all" (TRIM_ALL) also at the
 end of backward (the optimizer step). Checked here on CPU/gloo through the simulated tideComm
-(nccl_tide.bench.sim_comm: every slot poisoned with NaN before an AG writes it, RS staging poisoned):
+(benchmarks/sim_comm.py: every slot poisoned with NaN before an AG writes it, RS staging poisoned):
 
 * host-only: the pool's learning and accounting on a scripted schedule (no FSDP2, no processes), for the
   default and for "all";
@@ -40,6 +40,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # sim_comm.py: the simulated tideComm
 from fsdp_llama import batch, build_model, init_worker, launch  # noqa: E402
 from test_fsdp_training import _bitexact, _compare  # noqa: E402
 
@@ -527,7 +528,7 @@ def _dropped_root_kept_block(comms, rank):
 
 def worker(rank, world, port):
     init_worker(rank, world, port)
-    from nccl_tide.bench.sim_comm import use_sim_native
+    from sim_comm import use_sim_native
 
     comms = use_sim_native()
     res = {}

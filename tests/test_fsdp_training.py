@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # sim_comm.py: the simulated tideComm
 from fsdp_llama import VOCAB, batch, build_model, launch, run_worker  # noqa: E402
 from test_fsdp_parity import _bits_equal, _maxdiff, _shard, _StockCounter  # noqa: E402
 
@@ -131,8 +132,8 @@ def _run_with_reload(rank, executor):
     return out
 
 
-from nccl_tide.bench.sim_comm import SimComm as _SimComm  # noqa: E402, F401  (moved to the package: fsdp_step uses it)
-from nccl_tide.bench.sim_comm import use_sim_native as _use_sim_native  # noqa: E402
+from sim_comm import SimComm as _SimComm  # noqa: E402, F401  (benchmarks/fsdp_step.py uses it too)
+from sim_comm import use_sim_native as _use_sim_native  # noqa: E402
 
 
 def _compare(stock, tide):

@@ -1,5 +1,5 @@
-"""python -m nccl_tide.bench.fsdp_step --mode pool-check (CPU, gloo, 2 and 4 ranks): the native
-executor's slot pool over the simulated tideComm against stock FSDP2 (nccl_tide/bench/pool_check.py)."""
+"""python benchmarks/fsdp_step.py --mode pool-check (CPU, gloo, 2 and 4 ranks): the native executor's slot pool
+over the simulated tideComm against stock FSDP2 (benchmarks/fsdp_pool_check.py)."""
 
 import json
 import os
@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from nccl_tide.bench.pool_check import last_bit_only
+from fsdp_pool_check import last_bit_only
 
 pytest.importorskip("torch")
+BENCHMARKS = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.timeout(300)
@@ -22,7 +23,7 @@ def test_pool_check_2_and_4_ranks(tmp_path):
     pkg_root = str(Path(nccl_tide.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([pkg_root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     proc = subprocess.run(
-        [sys.executable, "-m", "nccl_tide.bench.fsdp_step", "--mode", "pool-check", "--worlds", "2,4", "-J", str(out)],
+        [sys.executable, str(BENCHMARKS / "fsdp_step.py"), "--mode", "pool-check", "--worlds", "2,4", "-J", str(out)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=280,
     )
     assert proc.returncode == 0, proc.stdout[-4000:]
@@ -46,7 +47,7 @@ def test_pool_check_2_and_4_ranks(tmp_path):
 
 
 def test_pool_check_problems_catch_a_bad_run():
-    from nccl_tide.bench.pool_check import problems
+    from fsdp_pool_check import problems
 
     good = {
         "world": 4, "k": 2, "losses_equal": True, "params_bitequal": True, "grads_bitequal": False,

@@ -17,7 +17,7 @@ ANCHOR = {"llama3-70b-layer": {"copy_out_ms": 0.90, "copy_in_ms": (2.3, 2.6), "d
 
 
 def _ops():
-    from ..perf.loopback_backend import chunk_cat_impl, copy_out_impl
+    from nccl_tide.perf.loopback_backend import chunk_cat_impl, copy_out_impl
 
     return copy_out_impl(), chunk_cat_impl()
 
@@ -25,7 +25,7 @@ def _ops():
 def _time_ms(fn, iters: int, warmup: int = 3) -> dict:
     import torch
 
-    from ..perf.gpu import sleep
+    from nccl_tide.perf.gpu import sleep
 
     for _ in range(warmup):
         fn()
@@ -48,8 +48,8 @@ def measure(model: str, world: int, iters: int = 20, sm_time: bool = True, devic
     device: default the current CUDA device; params: [(name, shape)] instead of the named layout (tests)."""
     import torch
 
-    from ..models import model_params
-    from ..perf.gpu import sm_time as profile_sm
+    from nccl_tide.models import model_params
+    from nccl_tide.perf.gpu import sm_time as profile_sm
 
     (out_name, copy_out), (in_name, chunk_cat) = _ops()
     params = model_params(model) if params is None else params

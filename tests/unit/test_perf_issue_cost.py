@@ -1,11 +1,14 @@
-"""nccl_tide.perf.issue_cost.host_issue_us(per_rank=True) (session 24): the last rank's call is timed apart from
-the others', so that on loopback (where the last rank's call issues every rank's deferred rounds) the rounds'
-launches and the per-call bookkeeping can be told apart. Runs on the CPU: the gate and the device are stand-ins,
-the "calls" are Python functions of known, different durations."""
+"""nccl_tide.perf.issue_cost (tide-perf's host and gpu columns) on the CPU.
+
+host_issue_us(per_rank=True): the last rank's call is timed apart from the others', so that on loopback (where the
+last rank's call issues every rank's deferred rounds) the rounds' launches and the per-call bookkeeping can be told
+apart; the gate and the device are stand-ins, the "calls" are Python functions of known, different durations. And
+the calls per host sample: the P x W cap applies only off the graph route."""
 
 import random
 import time
 import types
+from types import SimpleNamespace
 
 import pytest
 
@@ -97,3 +100,27 @@ def test_failed_call_raises(stand_ins, monkeypatch):
         prep.issue_one(1)
     with pytest.raises(RuntimeError, match="stand-in failure"):
         prep.issue_all()
+
+
+# -- calls per host sample: the P x W cap only off the graph route ---------------------------------------------------
+
+@pytest.mark.parametrize("limit", [2, 4, 64])
+def test_graph_route_rule(limit):
+    params = {"NCCL_TIDE_EAGER_GRAPHS": "1", "NCCL_TIDE_TOKEN_RS_CHUNKS": str(limit)}
+    for chunks, graph in ((1, True), (limit, True), (limit + 1, False)):
+        one_node = SimpleNamespace(n_nodes=1, rs_num_chunks=chunks)
+        assert ic.takes_graph_route(one_node, "ag", params)
+        assert ic.takes_graph_route(one_node, "rs", params) is graph
+        off = dict(params, NCCL_TIDE_EAGER_GRAPHS="0")
+        assert not ic.takes_graph_route(one_node, "ag", off) and not ic.takes_graph_route(one_node, "rs", off)
+    two_nodes = SimpleNamespace(n_nodes=2, rs_num_chunks=1)
+    assert not ic.takes_graph_route(two_nodes, "ag", params) and not ic.takes_graph_route(two_nodes, "rs", params)
+
+
+def test_calls_per_sample_caps_only_eager_calls():
+    assert ic.calls_per_sample(512, True) == 6  # 64 parameters at W = 8 on the graph route
+    assert ic.calls_per_sample(512, False) == 1  # the same eager: one call per sample (queue bound)
+    assert ic.calls_per_sample(72, False) == 6 and ic.calls_per_sample(150, False) == 4
+    assert ic.calls_per_sample(300, False) == 2 and ic.calls_per_sample(301, False) == 1  # ~600 entries a sample
+    assert ic.calls_per_sample(100, False) == 6 and ic.calls_per_sample(101, False) == 5
+    assert ic.calls_per_sample(10_000, False, calls=9) == 1 and ic.calls_per_sample(3, True, calls=9) == 9

@@ -1,29 +1,38 @@
-"""tide-perf share (nccl_tide.perf.share, issue 16) runs on the GPU: every side's output is right (AG slot byte
+"""One rank's share (benchmarks/share/) runs on the GPU: every side's output is right (AG slot byte
 for byte, RS bit for bit against the left fold, the baseline too), the paced shares take at least the link-rate
 floor and the unpaced ones less, SM time is accounted, and the side work covered the GEMM."""
 
 import json
+import os
 
 import pytest
 
 pytestmark = pytest.mark.gpu
 
+BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _env() -> dict:
+    """The environment of a child python that imports bench_lib as the tests here do."""
+    path = [BENCHMARKS] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+
 
 def test_share_mode_runs_and_checks(torch_cuda, tmp_path):
-    from nccl_tide.perf import share
+    from share import cli, sides
 
     out = tmp_path / "share.json"
-    rc = share.main(["both", "--ranks", "4", "--layout", "llama3-8b-layer", "--runs", "5", "--link-gbps", "370",
-                     "--sides", ",".join(share.SIDES), "-J", str(out)])
+    rc = cli.main(["both", "--ranks", "4", "--layout", "llama3-8b-layer", "--runs", "5", "--link-gbps", "370",
+                     "--sides", ",".join(sides.SIDES), "-J", str(out)])
     res = json.loads(out.read_text())
     assert not res["errors"], res["errors"]
     assert rc == 0
     by = {d["side"]: d for d in res["sides"]}
-    assert set(by) == set(share.SIDES)
+    assert set(by) == set(sides.SIDES)
     for name in ("ag-share", "ag-share-unpaced", "rs-share", "rs-share-unpaced", "rs-share-serial", "nccl-like-16",
                  "nccl-like-32"):
         assert by[name]["check"]["ok"], (name, by[name]["check"])
-    # The timeline mapped every chunk's copies and reduce launches (share._timeline: bytes and launch counts add up)
+    # The timeline mapped every chunk's copies and reduce launches (timeline.unit_timeline: bytes and launch counts add up)
     for name in ("rs-share", "rs-share-serial"):
         tl = by[name]["timeline"]
         assert "error" not in tl and len(tl["rows"]) == res["rs_num_chunks"] >= 2, (name, tl)
@@ -37,7 +46,7 @@ def test_share_mode_runs_and_checks(torch_cuda, tmp_path):
         assert unpaced["unit_ms"]["median"] < paced["unit_ms"]["median"]
     # SM time: AG share runs no kernel; RS share only the library's reduce, each chunk's paced to the next chunk's
     # arrival (reduce_kernel.h: 4 bf16 inputs -> fp32 at 370 GB/s with a full chunk next: 370 * 12/6 = 740 GB/s,
-    # x 1.2 headroom, ceil(888 / kReduceCtaGBps = 66) = 14 CTAs (10 with session 17's 94 and 1.25); the first
+    # x 1.2 headroom, ceil(888 / kReduceCtaGBps = 66) = 14 CTAs (10 with a rate of 94 and 1.25); the first
     # chunk's shape is reported), the last one a drain of at most kReduceMaxPacedCtas = 32 CTAs (fewer for a small
     # last chunk: one CTA per MiB of traffic); the baseline its CTAs.
     assert by["ag-share"]["sm"]["kernel_us"] == 0
@@ -53,7 +62,7 @@ def test_share_mode_runs_and_checks(torch_cuda, tmp_path):
 
 _MANY_PIECES = r"""
 import sys, torch
-from nccl_tide import _bench as B
+import bench_lib as B
 from nccl_tide.cuda import new_streams
 (s,), _ = new_streams(1, 0)
 n = 16 << 20  # 4096 pieces of 4 KiB: 8192 stream operations, several times what the driver queues on one stream
@@ -76,21 +85,20 @@ print("OK" if ok else f"WRONG {st}")
 
 
 def test_pacer_transfer_of_more_pieces_than_the_stream_queues(torch_cuda, cuda_lib):
-    """Session 17's 1 MiB-piece Llama-70B run hung: the pacer's thread learned of a transfer's pieces only once all
+    """A 1 MiB-piece Llama-70B run once hung: the pacer's thread learned of a transfer's pieces only once all
     were enqueued, and enqueueing blocked when the stream's queue filled behind the first unreleased wait. Pieces
     now reach the thread as they are enqueued. In a child process, so that a regression fails instead of hanging."""
-    import os
     import subprocess
     import sys
 
     r = subprocess.run([sys.executable, "-c", _MANY_PIECES], capture_output=True, text=True, timeout=90,
-                       env=dict(os.environ))
+                       env=_env())
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), (r.stdout[-2000:], r.stderr[-2000:])
 
 
 _TWO_STREAMS = r"""
 import sys, time, torch
-from nccl_tide import _bench as B
+import bench_lib as B
 from nccl_tide.cuda import new_streams
 (a, b), _ = new_streams(2, 0)
 n = 32 << 20
@@ -116,15 +124,14 @@ print("OK" if equal and counts and paced else f"WRONG equal={equal} counts={coun
 
 
 def test_pacer_transfers_on_two_streams_arriving_out_of_order(torch_cuda, cuda_lib):
-    """The RS share paces each staging buffer's chunks on a stream of its own (session 26). Here the later transfer's
+    """The RS share paces each staging buffer's chunks on a stream of its own. Here the later transfer's
     stream reports its arrival first and the earlier one's while the thread still releases the earlier transfer:
-    with one shared arrival word (before session 26) the earlier report overwrote the later one, and the thread,
+    with one shared arrival word the earlier report overwrote the later one, and the thread,
     then waiting for the later transfer, never saw it arrive (a hang). Both transfers still take the link's time.
     In a child process, so that a regression fails instead of hanging."""
-    import os
     import subprocess
     import sys
 
     r = subprocess.run([sys.executable, "-c", _TWO_STREAMS], capture_output=True, text=True, timeout=90,
-                       env=dict(os.environ))
+                       env=_env())
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), (r.stdout[-2000:], r.stderr[-2000:])

@@ -1,9 +1,9 @@
-"""CPU/gloo check of the native executor's slot pool (python -m nccl_tide.bench.fsdp_step --mode pool-check).
+"""CPU/gloo check of the native executor's slot pool (python benchmarks/fsdp_step.py --mode pool-check).
 
-For each world size, W processes on gloo train a small Llama-style model (nccl_tide.bench.model,
+For each world size, W processes on gloo train a small Llama-style model (fsdp_model.py,
 fully_shard per block and on the root, bf16 params, fp32 reduce, AdamW) twice from the same seed:
 stock FSDP2, then nccl_tide.fsdp.enable(executor="native", slot_pool=K) over the simulated tideComm
-(nccl_tide.bench.sim_comm: the real slot pool, binder, events and Slot-Reuse; data moved by the
+(sim_comm.py: the real slot pool, binder, events and Slot-Reuse; data moved by the
 reference executor). It asserts, on every rank:
 
 * the model stays bit-identical to stock (losses and parameters; the sharded fp32 gradients too at
@@ -27,7 +27,7 @@ import subprocess
 import sys
 from typing import List
 
-from .model import LlamaConfig
+from fsdp_model import LlamaConfig
 
 CFG = LlamaConfig(layers=4, hidden=64, heads=4, kv_heads=2, ffn=96, vocab=67)
 STEPS = 3
@@ -38,7 +38,7 @@ def _build(rank_seed: int = 0):
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from .model import build
+    from fsdp_model import build
 
     model = build(CFG, seed=rank_seed, device=torch.device("cpu"))
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -74,7 +74,7 @@ class _HeldCounter:
         from torch.distributed.fsdp import FSDPModule
         from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pgm
 
-        from ..fsdp import _param_groups
+        from nccl_tide.fsdp import _param_groups
 
         self.pgm = pgm
         self.by_params = {}
@@ -112,7 +112,7 @@ def worker(rank: int, world: int, port: int, k: int) -> None:
 
     import nccl_tide.fsdp as tfsdp
 
-    from .sim_comm import use_sim_native
+    from sim_comm import use_sim_native
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     torch.manual_seed(0)
@@ -215,7 +215,7 @@ def run(worlds: List[int], k: int, timeout: float = 240.0) -> tuple:
         env = dict(os.environ, OMP_NUM_THREADS="1")
         procs = [
             subprocess.Popen(
-                [sys.executable, "-m", "nccl_tide.bench.pool_check", "worker", str(r), str(world), str(port), str(k)],
+                [sys.executable, os.path.abspath(__file__), "worker", str(r), str(world), str(port), str(k)],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,

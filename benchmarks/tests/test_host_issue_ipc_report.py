@@ -1,16 +1,13 @@
-"""benchmarks/host_issue_ipc.py's report (session 31): the ranks' reports merged per row (max over ranks, NaN if a
+"""benchmarks/host_issue_ipc.py's report: the ranks' reports merged per row (max over ranks, NaN if a
 rank has no figure), the JSON written before anything is printed, the RS rows' slot and replay columns and census.
 CPU only: synthetic rank reports with random figures."""
 
 import json
 import math
-import os
 import random
-import sys
 import types
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-import host_issue_ipc  # noqa: E402
+import host_issue_ipc
 
 
 def _reports(rng, ranks):

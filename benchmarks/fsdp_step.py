@@ -1,7 +1,7 @@
 """FSDP2 training-step benchmark: stock FSDP2, FSDP2 with symmetric memory, and TIDE, on one Llama-style model.
 
-    torchrun --nproc_per_node 8 -m nccl_tide.bench.fsdp_step --layers 8 --hidden 4096 --seq 4096 --tokens 16384
-    python -m nccl_tide.bench.fsdp_step --mode layout-cost --models llama3-70b-layer,llama3-8b-layer --worlds 8,64
+    torchrun --nproc_per_node 8 benchmarks/fsdp_step.py --layers 8 --hidden 4096 --seq 4096 --tokens 16384
+    python benchmarks/fsdp_step.py --mode layout-cost --models llama3-70b-layer,llama3-8b-layer --worlds 8,64
 
 step mode (needs CUDA; under torchrun, or one process = world size 1): bf16 parameters for compute, fp32 master
 weights and fp32 gradient reduction (MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)), fully_shard per
@@ -21,9 +21,9 @@ per-allocation breakdown of the peak, benchmarks/fsdp_memory_probe.py.
 Shares are summed kernel durations / step time; kernels on other streams overlap compute, so they are loads, not a
 critical path. Variants that cannot run print a row saying why.
 
-layout-cost mode (one GPU): nccl_tide.bench.layout_cost (per-layer copy-out / copy-in of stock FSDP2 vs TIDE's none).
+layout-cost mode (one GPU): fsdp_layout_cost.py (per-layer copy-out / copy-in of stock FSDP2 vs TIDE's none).
 
-pool-check mode (CPU, gloo; nccl_tide.bench.pool_check): per world size (--worlds, default 2,4) stock FSDP2 vs the
+pool-check mode (CPU, gloo; fsdp_pool_check.py): per world size (--worlds, default 2,4) stock FSDP2 vs the
 native executor over a simulated tideComm with --slot-pool (default 2) slots; asserts bit identity to stock and that
 the pool's peak slot bytes equal the bytes of the groups stock FSDP2 holds unsharded at once (exit 1 otherwise).
 
@@ -40,7 +40,7 @@ import statistics
 import sys
 from typing import List, Optional
 
-from .model import LlamaConfig
+from fsdp_model import LlamaConfig
 
 VARIANTS = ("stock", "symm", "tide", "tide-dedicated")
 NO_CUDA = (
@@ -50,7 +50,7 @@ NO_CUDA = (
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m nccl_tide.bench.fsdp_step", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python benchmarks/fsdp_step.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--mode", choices=["step", "layout-cost", "pool-check"], default="step")
     p.add_argument(
         "--variants",
@@ -124,9 +124,10 @@ def summarize_trace(events, steps: int, sm_count: int = 0) -> dict:
 
     comm_sm_us sums the communication kernels' durations, which counts a kernel stretched by the compute it shares
     the GPU with (or one of few CTAs running long) as fully as one holding every SM. With sm_count > 0,
-    comm_sm_weighted_us also weighs each by min(1, CTAs / SMs) (nccl_tide.perf.share.occupancy_weighted_us, the
-    measure of issue 16; the grid from the trace's "grid" argument; a kernel without it counts as holding every SM)."""
-    from ..perf.share import occupancy_weighted_us
+    comm_sm_weighted_us also weighs each by min(1, CTAs / SMs) (share.method.occupancy_weighted_us, the
+    share benchmark's measure; the grid from the trace's "grid" argument; a kernel without it counts as holding every
+    SM)."""
+    from share.method import occupancy_weighted_us
 
     comm = ("ag", "rs", "comm", "tide")  # the kernel classes of communication
     out = {k: 0.0 for k in (*comm, "layout", "compute", "memcpy")}
@@ -223,13 +224,13 @@ class VariantRun:
     `reason` is set (and nothing else kept) when the variant cannot run. close() disables TIDE, drops every reference
     and runs gc.collect(): FSDP2 modules live in reference cycles (module -> FSDPState -> hooks -> module), so dropping
     the last name does not free the sharded parameters; a variant measured after another one used to count the earlier
-    variants' models in its peak (issue 17: about 4.2 GiB of fp32 sharded parameters per earlier variant at 1.13B
+    variants' models in its peak (about 4.2 GiB of fp32 sharded parameters per earlier variant at 1.13B
     parameters)."""
 
     def __init__(self, variant: str, cfg: LlamaConfig, a, rank: int, device):
         import torch
 
-        from .model import build
+        from fsdp_model import build
 
         self.variant, self.cfg = variant, cfg
         self.device = torch.device(device)
@@ -329,7 +330,7 @@ def run_variant(variant: str, cfg: LlamaConfig, a, rank: int, world: int, device
         loss = None
         # one more step for memory alone: torch's peak + TIDE's slot bytes outside torch at that moment
         # (fsdp/_slot_pool.MemoryMeter: exact, read at every slot bind/unbind; stock: torch's peak)
-        from ..fsdp import _slot_pool
+        from nccl_tide.fsdp import _slot_pool
 
         torch.cuda.synchronize()
         meter = _slot_pool.start_meter(device)
@@ -367,7 +368,7 @@ def run_variant(variant: str, cfg: LlamaConfig, a, rank: int, world: int, device
 
 
 def _profile(step, steps: int) -> dict:
-    from ..perf.gpu import profiled_events
+    from nccl_tide.perf.gpu import profiled_events
 
     import torch
 
@@ -432,7 +433,7 @@ def step_table(rows: List[dict]) -> str:
 
 
 def _versions() -> dict:
-    from ..perf.gpu import versions
+    from nccl_tide.perf.gpu import versions
 
     return versions()
 
@@ -450,7 +451,7 @@ class _Watchdog:
 
     def _fire(self):
         msg = f"variant {self.variant} did not finish within {self.seconds:.0f} s (hung?)"
-        print(f"nccl_tide.bench.fsdp_step: {msg}; exiting with status 3", file=sys.stderr, flush=True)
+        print(f"fsdp_step: {msg}; exiting with status 3", file=sys.stderr, flush=True)
         if self.json_path:
             doc = dict(
                 self.doc, results=self.rows + [{"variant": self.variant, "ran": False, "reason": f"hung: {msg}"}]
@@ -470,16 +471,16 @@ class _Watchdog:
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     a = parser().parse_args(argv)
-    from ..perf.gpu import no_multicast_env
+    from nccl_tide.perf.gpu import no_multicast_env
 
     no_multicast_env()
     try:
         import torch
     except ImportError:
-        print("nccl_tide.bench.fsdp_step: needs PyTorch: pip install torch", file=sys.stderr)
+        print("fsdp_step: needs PyTorch: pip install torch", file=sys.stderr)
         return 2
-    if a.mode == "pool-check":  # CPU, gloo: nccl_tide.bench.pool_check
-        from . import pool_check
+    if a.mode == "pool-check":  # CPU, gloo
+        import fsdp_pool_check as pool_check
 
         worlds = [int(x) for x in (a.worlds or "2,4").split(",") if x]
         k = 2 if a.slot_pool is None else a.slot_pool
@@ -497,15 +498,15 @@ def main(argv: Optional[List[str]] = None) -> int:
                 json.dump({"mode": a.mode, "torch": torch.__version__, "results": rows, "failures": failures}, f, indent=2)
         return 1 if failures or not rows else 0
     if not torch.cuda.is_available():
-        print(f"nccl_tide.bench.fsdp_step: {NO_CUDA}", file=sys.stderr)
+        print(f"fsdp_step: {NO_CUDA}", file=sys.stderr)
         return 2
     doc = {
-        "command_line": "python -m nccl_tide.bench.fsdp_step " + " ".join(shlex.quote(x) for x in argv),
+        "command_line": "python benchmarks/fsdp_step.py " + " ".join(shlex.quote(x) for x in argv),
         "mode": a.mode,
         "versions": _versions(),
     }
     if a.mode == "layout-cost":
-        from . import layout_cost
+        import fsdp_layout_cost as layout_cost
 
         rows = []
         for m in [x for x in a.models.split(",") if x]:
@@ -528,7 +529,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     bad = [v for v in variants if v not in VARIANTS]
     if bad:
         print(
-            f"nccl_tide.bench.fsdp_step: unknown --variants {bad}; choose from {', '.join(VARIANTS)}", file=sys.stderr
+            f"fsdp_step: unknown --variants {bad}; choose from {', '.join(VARIANTS)}", file=sys.stderr
         )
         return 2
     dist, rank, world, device = _init_dist()

@@ -1,5 +1,5 @@
 """A simulated tideComm on CPU/gloo for the native executor's FSDP2 glue (tests and the
-CPU pool check of nccl_tide.bench.fsdp_step): nccl_tide.fsdp.enable(executor="native")
+CPU pool check of fsdp_step.py): nccl_tide.fsdp.enable(executor="native")
 runs its real slot, pool, event and Slot-Reuse code while data moves with the reference
 executor (torch.distributed collectives). Not a fast path, not a CUDA path.
 """

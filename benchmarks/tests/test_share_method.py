@@ -1,4 +1,4 @@
-"""One rank's share (nccl_tide.perf.share, issue 16): the interference method of DESIGN.md section 9 on the CPU.
+"""One rank's share (benchmarks/share/): the interference method on the CPU.
 
 Where the harness enqueues the GEMM (after the first side unit, before the others), how a run is judged valid
 (side work outlasting the GEMM, GEMM enqueued before the GPU started, no gap in the side work), the stream
@@ -13,9 +13,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from nccl_tide.perf import share
+from share import cli, harness, method, plan
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -63,7 +63,7 @@ def _harness(depth, runs=3):
     cuda = SimpleNamespace(synchronize=lambda: None, Event=lambda enable_timing=False: _Event(q, enable_timing),
                            stream=lambda s: contextlib.nullcontext())
     g = SimpleNamespace(torch=SimpleNamespace(cuda=cuda), sleep_ms=lambda ms, stream=None: None)
-    h = share.Harness.__new__(share.Harness)
+    h = harness.Harness.__new__(harness.Harness)
     h.g, h.runs, h.gs, h.head = g, runs, _Stream(), _Stream()
     h.gemm = lambda: q.log.append("gemm")
 
@@ -88,7 +88,7 @@ def test_harness_enqueue_order(order, expected):
 
 
 def test_side_first_order_enqueues_the_gemm_late_when_the_queue_fills():
-    """The session-17 failure: with more side work than the driver queues, the host blocks in the side's enqueue
+    """The failure this guards: with more side work than the driver queues, the host blocks in the side's enqueue
     until the GPU (past the gate) has drained some, and the GEMM lands on its stream at an uncontrolled point. The
     default order puts it there after the first unit, before any blocking."""
     h, side, q = _harness(depth=2)
@@ -97,9 +97,9 @@ def test_side_first_order_enqueues_the_gemm_late_when_the_queue_fills():
     h, side, q = _harness(depth=2)
     new = h.beside(side, 3, 0.1, "gemm-after-first")
     assert new["gemm_late"] == [False] * 3 and new["run_valid"] == [True] * 3
-    s = share.beside_summary(new, 1.0)
+    s = method.beside_summary(new, 1.0)
     assert s["valid_runs"] == 3 and s["gemm_late_runs"] == 0
-    s = share.beside_summary(old, 1.0)
+    s = method.beside_summary(old, 1.0)
     assert s["valid_runs"] == 0 and s["gemm_late_runs"] == 3
 
 
@@ -120,26 +120,26 @@ def test_beside_summary_takes_the_valid_runs():
             "side_gap": [False, False, False, False]}
     runs["run_valid"] = [m > 0 and not la and not gp for m, la, gp in zip(runs["margins"], runs["gemm_late"],
                                                                           runs["side_gap"])]
-    s = share.beside_summary(runs, 0.5)
+    s = method.beside_summary(runs, 0.5)
     assert s["valid_runs"] == 2 and s["gemm_late_runs"] == 1 and s["covered_runs"] == 3
     assert s["slowdown"] == pytest.approx(1.05 / 0.5)  # median of the valid 1.0 and 1.1
     assert s["slowdown_all"] == pytest.approx(1.15 / 0.5)
     assert s["with_ms"]["n"] == 2 and s["margin_ms"]["n"] == 4
     none = dict(runs, run_valid=[False] * 4)
-    assert share.beside_summary(none, 0.5)["with_ms"]["n"] == 4  # falls back to every run, valid_runs says 0
+    assert method.beside_summary(none, 0.5)["with_ms"]["n"] == 4  # falls back to every run, valid_runs says 0
     with pytest.raises(ValueError):
-        share.beside_summary(dict(runs, margins=[1.0]), 0.5)
+        method.beside_summary(dict(runs, margins=[1.0]), 0.5)
     with pytest.raises(ValueError):
-        share.beside_summary(runs, 0.0)
+        method.beside_summary(runs, 0.0)
 
 
 def test_paced_stream_ops_count_the_pieces():
     # one transfer of 10 MiB in 4 MiB pieces: 3 pieces, a wait and a copy batch each, one arrival write
-    assert share.paced_stream_ops([[10 << 20]], 4 << 20) == 3 * 2 + 1
-    assert share.paced_stream_ops([[4 << 20], [1, 2]], 4 << 20) == (2 + 1) + (2 + 1)
-    assert share.paced_stream_ops([[]], 4 << 20) == 0
+    assert plan.paced_stream_ops([[10 << 20]], 4 << 20) == 3 * 2 + 1
+    assert plan.paced_stream_ops([[4 << 20], [1, 2]], 4 << 20) == (2 + 1) + (2 + 1)
+    assert plan.paced_stream_ops([[]], 4 << 20) == 0
     with pytest.raises(ValueError):
-        share.paced_stream_ops([[1]], 0)
+        plan.paced_stream_ops([[1]], 0)
 
 
 def test_llama70b_paced_share_is_four_times_the_stream_ops_of_8b(native):
@@ -152,34 +152,33 @@ def test_llama70b_paced_share_is_four_times_the_stream_ops_of_8b(native):
     for name in ("llama3-8b-layer", "llama3-70b-layer"):
         numels, rows = numels_and_rows(model_params(name))
         lay = Layout(numels, "bf16", 8, rank=0, row_numels=rows)
-        _, incoming = share.ag_plan(lay.params, 8, lambda s: 1 << 40, 0, 1 << 41)
-        ops[name] = share.paced_stream_ops([[c[2] for c in incoming]], 4 << 20)
+        _, incoming = plan.ag_plan(lay.params, 8, lambda s: 1 << 40, 0, 1 << 41)
+        ops[name] = plan.paced_stream_ops([[c[2] for c in incoming]], 4 << 20)
         assert ops[name] == 2 * math.ceil(sum(c[2] for c in incoming) / (4 << 20)) + 1
     assert 150 < ops["llama3-8b-layer"] < 250 and 600 < ops["llama3-70b-layer"] < 800
     assert 3 * ops["llama3-70b-layer"] > 2000 > 3 * ops["llama3-8b-layer"]
 
 
 def test_incoming_source_accounting_and_validation():
-    assert share.incoming_hbm_bytes(10, 100, "device") == 20 + 200
-    assert share.incoming_hbm_bytes(10, 100, "host") == 20 + 100  # the write into this GPU's HBM only
-    assert share.source_tag("device") == "" and "host" in share.source_tag("host")
+    assert plan.incoming_hbm_bytes(10, 100, "device") == 20 + 200
+    assert plan.incoming_hbm_bytes(10, 100, "host") == 20 + 100  # the write into this GPU's HBM only
+    assert plan.source_tag("device") == "" and "host" in plan.source_tag("host")
     with pytest.raises(ValueError):
-        share.incoming_hbm_bytes(1, 1, "peer")
-    a = share.parser().parse_args([])
+        plan.incoming_hbm_bytes(1, 1, "peer")
+    a = cli.parser().parse_args([])
     assert a.incoming_source == "device" and a.order == "gemm-after-first"
-    a = share.parser().parse_args(["--incoming-source", "host", "--order", "side-first"])
-    assert share.validate(a) is None
+    a = cli.parser().parse_args(["--incoming-source", "host", "--order", "side-first"])
+    assert cli.validate(a) is None
     for key, bad in (("incoming_source", "peer"), ("order", "gemm-first")):
-        b = share.parser().parse_args([])
+        b = cli.parser().parse_args([])
         setattr(b, key, bad)
-        assert "--" + key.replace("_", "-") in share.validate(b)
+        assert "--" + key.replace("_", "-") in cli.validate(b)
 
 
 def test_reduce_rate_constant_matches_the_recorded_figures():
     """kReduceCtaGBps is the per-CTA rate of the reduce beside the arrivals it keeps pace with, at the grid size its
-    own rule picks (10 CTAs for 8 bf16 inputs at 370 GB/s): session 26 run 26.4's share timelines (H100) measured
-    64.5-67.0 GB/s per CTA at 10 CTAs and 66.7-68.5 at 8, each run's median over its full chunks (benchmarks/RESULTS.md
-    session 26)."""
+    own rule picks (10 CTAs for 8 bf16 inputs at 370 GB/s): share timelines on an H100 measured 64.5-67.0 GB/s per
+    CTA at 10 CTAs and 66.7-68.5 at 8, each run's median over its full chunks."""
     text = (REPO / "plugin/cuda/reduce_kernel.h").read_text()
     rate = float(re.search(r"constexpr double kReduceCtaGBps = ([0-9.]+);", text).group(1))
     headroom = float(re.search(r"constexpr double kReducePaceHeadroom = ([0-9.]+);", text).group(1))

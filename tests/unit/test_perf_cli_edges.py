@@ -1,4 +1,4 @@
-"""tide-perf's rough edges (issue 18 item 6) and its nccl-tests compatibility (issue 20): every bad flag gets a
+"""tide-perf's rough edges and its nccl-tests compatibility: every bad flag gets a
 one-line `tide-perf: error:` and exit status 2 before any work; rows and JSON read like nccl-tests'."""
 
 import json
@@ -106,7 +106,7 @@ def test_help_has_a_line_and_default_for_every_flag(capsys):
         perf_main(["--help"])
     assert e.value.code == 0
     text = capsys.readouterr().out
-    from nccl_tide.perf.cli import parser
+    from nccl_tide.perf.options import parser
 
     p = parser()
     fmt = p._get_formatter()
@@ -129,7 +129,7 @@ def test_version(capsys):
 
 def test_layout_header_shows_the_layout_size(capsys):
     from nccl_tide.dtypes import dtype
-    from nccl_tide.perf.cli import model_bytes
+    from nccl_tide.perf.collectives import model_bytes
 
     from nccl_tide.models import MODELS
 
@@ -230,3 +230,12 @@ def test_min_busbw_okay_words(capsys, tmp_path):
 
 def test_negative_size_long_form(capsys):
     expect_usage_error(capsys, ["all_gather", *HOST, "--minbytes", "-2M"], ["invalid size '-2M'"])
+
+
+def test_share_is_not_a_tide_perf_command(capsys):
+    """One rank's share is a benchmark of the repository: `tide-perf share` says where it went, exit status 2."""
+    with pytest.raises(SystemExit) as e:
+        perf_main(["share", "both", "--ranks", "8"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tide-perf: error:") and "python benchmarks/share" in err and len(err.splitlines()) == 1

@@ -1,7 +1,7 @@
-"""One rank's share (nccl_tide.perf.share, issue 16): the pure-Python logic on the CPU.
+"""One rank's share (benchmarks/share/): the pure-Python logic on the CPU.
 
 Pacing timeline (the mirror of plugin/cuda/bench_pacer.cc), piece cutting, occupancy-weighted SM time, the link
-floor, argument validation and the tide-perf hook; the AG and RS copy plans replayed on a byte arena and reduced
+floor, argument validation and the command line; the AG and RS copy plans replayed on a byte arena and reduced
 in the documented order, bit for bit against the host executor; include/tide_bench.h bound and laid out as C
 sees it; the reduce kernel's shape rule through the library (host-only function).
 """
@@ -15,12 +15,12 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from nccl_tide.perf import cli, share
+from share import cli, gpu, harness, method, plan, profile, timeline
 
 
 def test_link_release_times_follow_the_rate_and_the_arrivals():
     rate = 100.0  # bytes per second
-    rel = share.link_release_times([[100, 100, 50], [100], [200]], rate, [0.0, 1.0, 10.0])
+    rel = plan.link_release_times([[100, 100, 50], [100], [200]], rate, [0.0, 1.0, 10.0])
     assert rel[0] == pytest.approx([1.0, 2.0, 2.5])  # a piece lands once its bytes crossed the link
     assert rel[1] == pytest.approx([3.5])  # arrived at 1.0 while the link was busy until 2.5: no overlap
     assert rel[2] == pytest.approx([12.0])  # arrived late (10.0): the link idled, then 200 bytes at the rate
@@ -28,120 +28,120 @@ def test_link_release_times_follow_the_rate_and_the_arrivals():
     flat = [t for r in rel for t in r]
     assert all(b > a for a, b in zip(flat, flat[1:]))
     with pytest.raises(ValueError):
-        share.link_release_times([[1]], 0.0, [0.0])
+        plan.link_release_times([[1]], 0.0, [0.0])
     with pytest.raises(ValueError):
-        share.link_release_times([[1], [2]], 1.0, [0.0])
+        plan.link_release_times([[1], [2]], 1.0, [0.0])
     with pytest.raises(ValueError):
-        share.link_release_times([[0]], 1.0, [0.0])
+        plan.link_release_times([[0]], 1.0, [0.0])
 
 
 def test_cut_pieces_covers_the_transfer():
-    assert share.cut_pieces([10, 7, 3], 8) == [8, 8, 4]
-    assert share.cut_pieces([16], 8) == [8, 8]
-    assert share.cut_pieces([], 8) == []
+    assert plan.cut_pieces([10, 7, 3], 8) == [8, 8, 4]
+    assert plan.cut_pieces([16], 8) == [8, 8]
+    assert plan.cut_pieces([], 8) == []
     rng = np.random.default_rng(3)
     sizes = list(rng.integers(1, 10000, 50))
-    pieces = share.cut_pieces(sizes, 4096)
+    pieces = plan.cut_pieces(sizes, 4096)
     assert sum(pieces) == sum(sizes) and all(0 < p <= 4096 for p in pieces)
     with pytest.raises(ValueError):
-        share.cut_pieces([1], 0)
+        plan.cut_pieces([1], 0)
 
 
 def test_chunk_spans_assign_copies_by_bytes():
     ev = [(0.0, 2.0, 100), (5.0, 6.0, 50), (7.0, 9.0, 50), (20.0, 21.0, 30), (22.0, 30.0, 70)]
-    sp = share.chunk_spans(ev, [200, 100])
+    sp = timeline.chunk_spans(ev, [200, 100])
     assert sp == [(0.0, 9.0, 3), (20.0, 30.0, 2)]
-    assert share.chunk_spans(ev, [100, 100, 100])[0] == (0.0, 2.0, 1)
-    empty = share.chunk_spans([(1.0, 2.0, 10)], [10, 0])
+    assert timeline.chunk_spans(ev, [100, 100, 100])[0] == (0.0, 2.0, 1)
+    empty = timeline.chunk_spans([(1.0, 2.0, 10)], [10, 0])
     assert empty[0] == (1.0, 2.0, 1) and empty[1][2] == 0
     with pytest.raises(ValueError, match="bytes"):
-        share.chunk_spans(ev, [200, 99])
+        timeline.chunk_spans(ev, [200, 99])
     # an empty copy after the last byte, and empty chunks at the end, stay in range
-    assert share.chunk_spans(ev + [(40.0, 41.0, 0)], [200, 100, 0])[2] == (40.0, 41.0, 1)
+    assert timeline.chunk_spans(ev + [(40.0, 41.0, 0)], [200, 100, 0])[2] == (40.0, 41.0, 1)
     with pytest.raises(ValueError, match="no chunks"):
-        share.chunk_spans([], [])
+        timeline.chunk_spans([], [])
 
 
 def test_streams_told_apart_by_bytes():
-    share.check_streams_distinct(100, [700, 600])
+    timeline.check_streams_distinct(100, [700, 600])
     with pytest.raises(ValueError, match="told apart"):
-        share.check_streams_distinct(100, [100])  # W = 2: own and incoming carry the same bytes
+        timeline.check_streams_distinct(100, [100])  # W = 2: own and incoming carry the same bytes
 
 
 def test_gate_kernel_names():
-    assert share.is_gate_kernel("void at::cuda::(anonymous namespace)::spin_kernel(long)")
-    assert share.is_gate_kernel("sleep_kernel") and not share.is_gate_kernel("reduceVecKernel<Bf16, float>")
+    assert profile.is_gate_kernel("void at::cuda::(anonymous namespace)::spin_kernel(long)")
+    assert profile.is_gate_kernel("sleep_kernel") and not profile.is_gate_kernel("reduceVecKernel<Bf16, float>")
 
 
 def test_launch_spans_and_rows():
     ks = [(10.0, 20.0, 8), (21.0, 30.0, 8), (40.0, 45.0, 32)]
-    red = share.launch_spans(ks, [2, 1])
+    red = timeline.launch_spans(ks, [2, 1])
     assert red == [(10.0, 30.0, 8), (40.0, 45.0, 32)]
     with pytest.raises(ValueError, match="kernels"):
-        share.launch_spans(ks, [2, 2])
-    rows = share.timeline_rows([(0.0, 9.0, 3), (12.5, 38.0, 2)], [(0.0, 1.0, 1), (11.0, 12.0, 1)], red, 47.0)
+        timeline.launch_spans(ks, [2, 2])
+    rows = timeline.timeline_rows([(0.0, 9.0, 3), (12.5, 38.0, 2)], [(0.0, 1.0, 1), (11.0, 12.0, 1)], red, 47.0)
     assert rows[1]["gap_before_us"] == pytest.approx(3.5) and rows[1]["tail_us"] == pytest.approx(9.0)
     assert rows[0]["red_ctas"] == 8 and "tail_us" not in rows[0] and "gap_before_us" not in rows[0]
-    lines = share.timeline_lines("TIDE-RS share", rows, 47.0, 40.0)
+    lines = timeline.timeline_lines("TIDE-RS share", rows, 47.0, 40.0)
     assert "link floor 40.0" in lines[0] and "gap before    3.5" in lines[2] and "(32 CTAs)" in lines[2]
 
 
 def test_occupancy_weighting():
     # 4 CTAs of 132 SMs for 100 us = 100 * 4/132; a full grid counts once; more CTAs than SMs count once.
-    got = share.occupancy_weighted_us([(100.0, 4), (10.0, 132), (10.0, 264), (5.0, 0)], 132)
+    got = method.occupancy_weighted_us([(100.0, 4), (10.0, 132), (10.0, 264), (5.0, 0)], 132)
     assert got == pytest.approx(100 * 4 / 132 + 10 + 10)
-    assert share.occupancy_weighted_us([], 132) == 0
+    assert method.occupancy_weighted_us([], 132) == 0
     with pytest.raises(ValueError):
-        share.occupancy_weighted_us([(1.0, 1)], 0)
+        method.occupancy_weighted_us([(1.0, 1)], 0)
     # The issue's comparison: a 32-CTA persistent kernel over T against G CTAs over t.
-    base = share.occupancy_weighted_us([(1000.0, 32)], 132)
+    base = method.occupancy_weighted_us([(1000.0, 32)], 132)
     assert base == pytest.approx(1000 * 32 / 132)
 
 
 def test_link_floor_and_side_ops():
-    assert share.link_floor_s("rs", 8, 8e9, 370e9) == pytest.approx(7 / 8 * 8e9 / 370e9)
+    assert plan.link_floor_s("rs", 8, 8e9, 370e9) == pytest.approx(7 / 8 * 8e9 / 370e9)
     with pytest.raises(ValueError):
-        share.link_floor_s("x", 8, 1, 1)
-    assert share.side_ops_for(1.0, 0.17) == 3
-    assert share.side_ops_for(0.01, 0.17) == 152
-    assert share.side_ops_for(0.0001, 0.17) == 200
+        plan.link_floor_s("x", 8, 1, 1)
+    assert method.side_ops_for(1.0, 0.17) == 3
+    assert method.side_ops_for(0.01, 0.17) == 152
+    assert method.side_ops_for(0.0001, 0.17) == 200
 
 
 def _args(**kw):
-    a = share.parser().parse_args([])
+    a = cli.parser().parse_args([])
     for k, v in kw.items():
         setattr(a, k, v)
     return a
 
 
 def test_validation_and_cli_hook(capsys):
-    assert share.validate(_args()) is None
-    assert "--link-gbps" in share.validate(_args(link_gbps=0.0))
-    assert "--link-gbps" in share.validate(_args(link_gbps=float("inf")))
-    assert "--ranks" in share.validate(_args(ranks=1))
-    assert "--ranks" in share.validate(_args(ranks=16))
-    assert "--piece-bytes" in share.validate(_args(piece_bytes=1000))
-    assert "--runs" in share.validate(_args(runs=0))
-    assert "unknown --sides" in share.validate(_args(sides=["rs-share", "bogus"]))
+    assert cli.validate(_args()) is None
+    assert "--link-gbps" in cli.validate(_args(link_gbps=0.0))
+    assert "--link-gbps" in cli.validate(_args(link_gbps=float("inf")))
+    assert "--ranks" in cli.validate(_args(ranks=1))
+    assert "--ranks" in cli.validate(_args(ranks=16))
+    assert "--piece-bytes" in cli.validate(_args(piece_bytes=1000))
+    assert "--runs" in cli.validate(_args(runs=0))
+    assert "unknown --sides" in cli.validate(_args(sides=["rs-share", "bogus"]))
     # the drain-cap sides: a positive CTA count, written plainly
-    assert share.validate(_args(sides=["rs-share", "rs-share-drain64", "rs-share-drain1"])) is None
+    assert cli.validate(_args(sides=["rs-share", "rs-share-drain64", "rs-share-drain1"])) is None
     # (non-ASCII digits too: "²" passes str.isdigit() but int() refuses it, "١٢" is int 12 written otherwise)
     for bad in ("rs-share-drain", "rs-share-drain0", "rs-share-drain064", "rs-share-drain2000", "rs-share-drainx",
                 "rs-share-drain\u00b2", "rs-share-drain\u0661\u0662", "rs-share-drain\uff11"):
-        assert "unknown --sides" in share.validate(_args(sides=[bad])), bad
-    assert "collective" in share.validate(_args(collective="all_reduce"))
-    a = share.parser().parse_args(["reduce_scatter", "--link-gbps", "200", "--piece-bytes", "2MiB", "--sides",
+        assert "unknown --sides" in cli.validate(_args(sides=[bad])), bad
+    assert "collective" in cli.validate(_args(collective="all_reduce"))
+    a = cli.parser().parse_args(["reduce_scatter", "--link-gbps", "200", "--piece-bytes", "2MiB", "--sides",
                                    "rs-share,nccl-like-32"])
-    assert a.piece_bytes == 2 << 20 and a.link_gbps == 200 and share._wanted(a) == ["rs-share", "nccl-like-32"]
-    assert share._wanted(share.parser().parse_args(["all_gather"])) == ["ag-share", "ag-share-unpaced",
+    assert a.piece_bytes == 2 << 20 and a.link_gbps == 200 and cli.wanted_sides(a) == ["rs-share", "nccl-like-32"]
+    assert cli.wanted_sides(cli.parser().parse_args(["all_gather"])) == ["ag-share", "ag-share-unpaced",
                                                                        "ag-loopback"]
-    assert share.parse_bytes("4M") == 4 << 20 and share.parse_bytes("64K") == 65536
+    assert plan.parse_bytes("4M") == 4 << 20 and plan.parse_bytes("64K") == 65536
     with pytest.raises(Exception):
-        share.parse_bytes("lots")
-    # tide-perf share: bad input exits 2 with the reason, before touching a GPU.
-    assert cli.main(["share", "--link-gbps", "-5"]) == 2
+        plan.parse_bytes("lots")
+    # bad input exits 2 with the reason, before touching a GPU.
+    assert cli.main(["--link-gbps", "-5"]) == 2
     assert "--link-gbps" in capsys.readouterr().err
-    assert share.MIN_RUNS == 31 and share.parser().parse_args([]).runs == 31
+    assert method.MIN_RUNS == 31 and cli.parser().parse_args([]).runs == 31
 
 
 def test_summary_rows():
@@ -151,7 +151,7 @@ def test_summary_rows():
         {"side": "nccl-like-32", "name": "NCCL-like 32", "slowdown": 1.7, "sm": {"sm_weighted_us": 200.0}},
         {"side": "ag-share", "name": "TIDE-AG share", "slowdown": 1.05, "sm": {"sm_weighted_us": 0.0}},
     ]}
-    rows = {r["metric"]: r for r in share.summarize(res)}
+    rows = {r["metric"]: r for r in cli.summarize(res)}
     assert rows["GEMM slowdown beside TIDE-RS share"]["met"] is True
     assert rows["GEMM slowdown beside TIDE-AG share"]["met"] is False
     assert rows["RS share end to end / link floor"]["met"] is False
@@ -180,7 +180,7 @@ def test_ag_plan_fills_every_slot_position_once():
     rng = np.random.default_rng(5)
     arena[: send_bytes * W] = rng.integers(0, 256, send_bytes * W, dtype=np.uint8)
     slot0 = send_bytes * W
-    own, inc = share.ag_plan(params, W, lambda s: s * send_bytes, 0, slot0)
+    own, inc = plan.ag_plan(params, W, lambda s: s * send_bytes, 0, slot0)
     assert len(own) == len(params) and len(inc) == len(params) * (W - 1)
     written = np.zeros(slot_bytes, dtype=np.int32)
     for dst, src, nb in own + inc:
@@ -226,7 +226,7 @@ def test_rs_chunk_plan_reduces_like_the_host_executor(native):
         for x, o in zip(grads[0], g_off):
             arena[o:o + x.numel() * 2] = x.view(torch.uint8).numpy()
         arena[img0:stag0] = images.reshape(-1).view(torch.uint8).numpy()
-        plans, nb = share.rs_chunk_plan(lay.params, W, chunk, M, g_off[:-1], lambda s: img0 + (s - 1) * M * 2, stag0,
+        plans, nb = plan.rs_chunk_plan(lay.params, W, chunk, M, g_off[:-1], lambda s: img0 + (s - 1) * M * 2, stag0,
                                         zeros0, 64)
         assert nb == nb_buf and len(plans) == lay.rs_num_chunks
         out = torch.full((M,), float("nan"))
@@ -254,7 +254,7 @@ def _bench_header_functions(repo):
 
 
 def test_bench_header_is_bound(native, repo):
-    from nccl_tide import _bench as B
+    import bench_lib as B
 
     protos = _bench_header_functions(repo)
     assert len(protos) == 8
@@ -267,7 +267,7 @@ def test_bench_header_is_bound(native, repo):
 
 
 def test_bench_struct_layout_matches_c(tmp_path, repo):
-    from nccl_tide import _bench as B
+    import bench_lib as B
 
     cls = B.tideBenchReduceArgs_t
     lines = ["#include <cstdio>", "#include <cstddef>", '#include "tide_bench.h"', "int main() {",
@@ -307,7 +307,7 @@ def _rule_ctas(n_src, in_size, out_size, prev, link_gbps=370.0, sms=132, cta_gbp
 
 
 def test_reduce_shape_rule(native):
-    from nccl_tide import _bench as B
+    import bench_lib as B
     from nccl_tide.errors import InvalidArgumentError
 
     if not _cuda_built(B):
@@ -317,7 +317,7 @@ def test_reduce_shape_rule(native):
     traffic = n * (2 * W + 4)
     assert sh["bytes"] == traffic and sh["vector"] and sh["threads"] == 512
     # 8 bf16 inputs -> fp32 at 370 GB/s: 529 GB/s of reduce traffic, x 1.2 headroom = 634 GB/s, 10 CTAs of
-    # kReduceCtaGBps = 66 GB/s (session 26: a CTA's rate beside the arrivals; 8 CTAs with session 17's 94 alone).
+    # kReduceCtaGBps = 66 GB/s (a CTA's rate beside the arrivals; 8 CTAs with the 94 GB/s of a CTA alone).
     assert sh["ctas"] == _rule_ctas(W, 2, 4, False) == 10
     units, per_cta = n // 8, (8 << 20) // (8 * 20)  # 8-element vectors; whole vectors in about 8 MiB
     assert sh["launches"] == math.ceil(math.ceil(units / per_cta) / 10) == 3  # 21 CTAs of <= 8 MiB, 10 at a time
@@ -328,7 +328,7 @@ def test_reduce_shape_rule(native):
     sh = B.reduce_shape(B.reduce_args(256, 4096 * 2, W, 4096, 4096))
     assert (sh["ctas"], sh["launches"]) == (1, 1)
     # Medium (20 MB of traffic, under 10 CTAs x 8 MiB): the paced grid all the same, in one launch; ceil(T / 8 MiB)
-    # = 3 CTAs would fall behind the arrivals (session 24's rule did that).
+    # = 3 CTAs would fall behind the arrivals (an earlier rule did that).
     n = 1_000_000
     sh = B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096))
     assert (sh["ctas"], sh["launches"]) == (10, 1)
@@ -366,7 +366,7 @@ def test_reduce_shape_rule(native):
 
 def test_reduce_shape_deadline_and_drain(native):
     """The next chunk's arrival is a reduce's deadline (following_bytes); the last reduce is a drain."""
-    from nccl_tide import _bench as B
+    import bench_lib as B
     from nccl_tide.errors import InvalidArgumentError
 
     if not _cuda_built(B):
@@ -382,7 +382,7 @@ def test_reduce_shape_deadline_and_drain(native):
     assert B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=4096))["ctas"] == min(32, _sm_count())
     assert B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=0))["ctas"] == min(32, _sm_count())
     # A drain of a chunk under 32 x 8 MiB of traffic (a Llama-8B layer's last chunk, about 6.8 M elements per rank:
-    # 136 MB) still gets the 32 CTAs (17 at 8 MiB each before session 25).
+    # 136 MB) still gets the 32 CTAs (17 at 8 MiB each under an earlier rule).
     m = 6_815_744
     sh = B.reduce_shape(B.reduce_args(256, m * 2, W, m, 4096, following_bytes=0))
     assert (sh["ctas"], sh["launches"]) == (min(32, _sm_count()), 1)
@@ -415,11 +415,11 @@ def test_reduce_shape_follows_nccl_tide_link_gbps(native):
     import subprocess
     import sys
 
-    from nccl_tide import _bench as B
+    import bench_lib as B
 
     if not _cuda_built(B):
         pytest.skip("library built without CUDA: the shape rule lives in plugin/cuda")
-    code = ("from nccl_tide import _bench as B; n = 8 << 20\n"
+    code = ("import bench_lib as B; n = 8 << 20\n"
             "try:\n    print(B.reduce_shape(B.reduce_args(256, n * 2, 8, n, 4096))['ctas'])\n"
             "except Exception as e:\n    print('ERR', e)\n")
     env = dict(os.environ)
@@ -436,7 +436,7 @@ def test_reduce_shape_follows_nccl_tide_link_gbps(native):
 # ---------------------------------------------------------------------------------------------------------------
 # The whole share run on the CPU: the GPU pieces replaced by host stand-ins that really move and fold the bytes
 # (copies by memmove at the planned addresses, the reduce and the baseline as fp32 left folds), so that every
-# Python path of nccl_tide.perf.share.run (sides, checks, timing, harness, summary, JSON) executes and the
+# Python path of share.cli.run (sides, checks, timing, harness, summary, JSON) executes and the
 # shares' own output checks pass.
 # ---------------------------------------------------------------------------------------------------------------
 
@@ -494,13 +494,13 @@ def test_share_run_end_to_end_with_host_stand_ins(monkeypatch, tmp_path, native,
     import ctypes as C
     import json
 
-    from nccl_tide import _bench as B
+    import bench_lib as B
     from nccl_tide import models
 
     monkeypatch.setitem(models.MODELS, "tiny-test-layer", models._llama_layer(48, 136, 3, 1, 16))
-    monkeypatch.setattr(share, "GEMM_MKN", (16, 32, 64))
+    monkeypatch.setattr(harness, "GEMM_MKN", (16, 32, 64))
 
-    class FakeGpu(share._Gpu):
+    class FakeGpu(gpu.Gpu):
         def __init__(self):
             self.torch = torch
             self.dev = torch.device("cpu")
@@ -536,7 +536,7 @@ def test_share_run_end_to_end_with_host_stand_ins(monkeypatch, tmp_path, native,
 
         def paced_copy(self, copies, stream):
             fake_copy(copies, stream)
-            released.append(len(share.cut_pieces([c[2] for c in copies], self.piece_bytes)))
+            released.append(len(plan.cut_pieces([c[2] for c in copies], self.piece_bytes)))
 
         def stats(self):
             return {"pieces_released": sum(released), "pieces_enqueued": sum(released), "transfers": len(released)}
@@ -560,9 +560,11 @@ def test_share_run_end_to_end_with_host_stand_ins(monkeypatch, tmp_path, native,
             fn()
         return list(trace)
 
-    monkeypatch.setattr(share, "_Gpu", FakeGpu)
-    monkeypatch.setattr(share, "_profile", lambda g, fn, iters=3: (fn(), [("reduce", 5.0, 4, {})], [(1.0, True)])[1:])
-    monkeypatch.setattr(share, "_trace", fake_trace)
+    fake_profile = lambda g, fn, iters=3: (fn(), [("reduce", 5.0, 4, {})], [(1.0, True)])[1:]  # noqa: E731
+    monkeypatch.setattr(cli, "Gpu", FakeGpu)
+    monkeypatch.setattr(cli, "profile_unit", fake_profile)
+    monkeypatch.setattr(harness, "profile_unit", fake_profile)
+    monkeypatch.setattr(timeline, "trace", fake_trace)
     monkeypatch.setattr(B, "copy", fake_copy)
     monkeypatch.setattr(B, "Pacer", FakePacer)
     monkeypatch.setattr(B, "reduce", fake_reduce)
@@ -578,7 +580,7 @@ def test_share_run_end_to_end_with_host_stand_ins(monkeypatch, tmp_path, native,
     out = tmp_path / "share.json"
     sides = ("ag-share,ag-share-unpaced,ag-share-incoming,rs-share,rs-share-unpaced,rs-share-serial,nccl-like-16,"
              "nccl-like-32")
-    rc = share.main(["both", "--ranks", "4", "--layout", "tiny-test-layer", "--runs", "3", "--sides", sides,
+    rc = cli.main(["both", "--ranks", "4", "--layout", "tiny-test-layer", "--runs", "3", "--sides", sides,
                      "--rs-chunk-bytes", "4096", "--order", order, "--incoming-source", source, "-J", str(out)])
     res = json.loads(out.read_text())
     assert not res["errors"], res["errors"]
@@ -627,7 +629,7 @@ def test_share_run_end_to_end_with_host_stand_ins(monkeypatch, tmp_path, native,
 def test_pacer_arguments_are_checked_before_the_library(gbps, piece):
     """Out-of-range link rates and piece sizes never reach tideBenchPacerCreate (a negative or >= 2**64 size would
     wrap in ctypes' size_t)."""
-    from nccl_tide import _bench as B
+    import bench_lib as B
 
     with pytest.raises(ValueError, match="link rate|piece_bytes"):
         B.Pacer(gbps, piece)
@@ -636,11 +638,11 @@ def test_pacer_arguments_are_checked_before_the_library(gbps, piece):
 def test_sm_summary_reports_same_device_copies_apart_from_weighted_kernel_time():
     from types import SimpleNamespace
 
-    from nccl_tide.perf.share import _sm_summary
+    from share.profile import sm_summary
 
     g = SimpleNamespace(n_sm=132)
     kernels = [("tide_reduce", 10.0, 66, {}), ("sleep_kernel", 100.0, 1, {})]
     mem = [(4.0, True), (30.0, False), (2.0, True)]  # two same-device copies (on SMs), one peer copy
-    s = _sm_summary(g, kernels, mem, iters=2)
+    s = sm_summary(g, kernels, mem, iters=2)
     assert s["kernel_us"] == 5.0 and s["sm_weighted_us"] == 2.5  # the sleep gate is excluded; 66/132 of 10 us / 2
     assert s["memcpy_us"] == 18.0 and s["local_copy_us"] == 3.0 and s["memcpy_per_unit"] == 1.5

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from nccl_tide.perf.cli import parse_size
+from nccl_tide.perf.options import parse_size
 
 # size count type redop root impl | oop time algbw busbw #wrong | ip time algbw busbw #wrong | SM GEMM [note]
 # A data row: nccl-tests' 13 columns in nccl-tests' places (size count type redop root, 4 out-of-place, 4 in-place),

@@ -3,7 +3,6 @@
 on CPU tensors through a torch model of the loopback world and a one-rank gloo group."""
 
 import json
-import os
 import subprocess
 import sys
 
@@ -156,12 +155,13 @@ def test_cli_loopback_virtual_nodes_header_rows_and_json(coll, monkeypatch, tmp_
     """The CLI around a multi-node loopback run: the topology and busbw lines, the rows that cannot mean anything on
     virtual nodes (RS stand-ins, nccl-ce) printed as not run with their reason, ranks_per_node / nodes in the JSON."""
     from nccl_tide.perf import cli, gpu, loopback_backend, runner
+    from nccl_tide.perf.collectives import COLLECTIVES
 
     measured = []
 
     def fake_measure(backend, impl, spec, size, count, type_name, redop, world, o, extras):
         measured.append(impl)
-        alg, bus = runner.bw(size, world, 10.0)
+        alg, bus = COLLECTIVES[spec.collective].bandwidth(size, world, 10.0)
         return report.Row(
             size, count, type_name, redop, -1, report.Variant(10.0, alg, bus, 0), report.NA, impl=impl, sm_us=0.0
         )
@@ -538,93 +538,6 @@ def test_gemm_slowdown_holds_the_gpu_until_everything_is_enqueued(monkeypatch):
     calls = []
     r = gemm().slowdown(lambda: calls.append(1), unit_ms=0.5, barrier=lambda: None)
     assert r["side_calls"] == k0 and len(calls) == 6 * k0 and r["late_runs"] == 0 and r["side_call_gpu_ms"] is None
-
-
-def test_fsdp_step_kernel_classes():
-    from nccl_tide.bench.fsdp_step import classify_kernel, summarize_trace
-
-    assert classify_kernel("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == "ag"
-    assert classify_kernel("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL") == "rs"
-    assert classify_kernel("ncclDevKernel_Generic") == "comm"
-    assert classify_kernel("void at::native::split_with_sizes_copy_out_contiguous_no_cast_kernel<...>") == "layout"
-    assert (
-        classify_kernel("void at::native::(anonymous namespace)::chunk_cat_cuda_kernel<float, c10::BFloat16>")
-        == "layout"
-    )
-    assert classify_kernel("sm90_xmma_gemm_bf16bf16_bf16f32") == "compute"
-    assert classify_kernel("tide::reduceKernel<__nv_bfloat16, float>") == "tide"
-    ev = [
-        {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllGather_RING_LL", "dur": 30.0},
-        {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_ReduceScatter_Sum_f32", "dur": 50.0},
-        {"ph": "X", "cat": "kernel", "name": "chunk_cat_cuda_kernel", "dur": 20.0},
-        {"ph": "X", "cat": "kernel", "name": "tide_rs_reduce", "dur": 4.0},
-        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy PtoP", "dur": 16.0},
-    ]
-    s = summarize_trace(ev, steps=2)
-    assert s["ag_us"] == 15.0 and s["rs_us"] == 25.0 and s["layout_us"] == 10.0 and s["memcpy_us"] == 8.0
-    assert s["comm_sm_us"] == 15.0 + 25.0 + 2.0
-    assert "comm_sm_weighted_us" not in s  # no SM count given
-
-
-def test_fsdp_step_comm_sm_time_weighted_by_grid():
-    """comm_sm_weighted_us: each communication kernel's duration x min(1, CTAs / SMs), the grid read from the trace;
-    compute and layout kernels do not count; a kernel without a grid counts as holding every SM."""
-    import random
-
-    from nccl_tide.bench.fsdp_step import summarize_trace
-
-    rng = random.Random(2417)
-    sms, steps = 132, 3
-    ev, expect = [], 0.0
-    for _ in range(40):
-        name = rng.choice(["tide::reduceKernel<bf16, float>", "ncclDevKernel_ReduceScatter_Sum_f32", "gemm_bf16",
-                           "chunk_cat_cuda_kernel"])
-        dur = rng.uniform(1.0, 500.0)
-        grid = [rng.randint(1, 300), rng.choice([1, 2]), 1]
-        ev.append({"ph": "X", "cat": "kernel", "name": name, "dur": dur, "args": {"grid": grid}})
-        if "gemm" not in name and "chunk_cat" not in name:
-            expect += dur * min(1.0, grid[0] * grid[1] / sms)
-    ev.append({"ph": "X", "cat": "kernel", "name": "tide_no_grid", "dur": 7.0})
-    expect += 7.0
-    s = summarize_trace(ev, steps=steps, sm_count=sms)
-    assert abs(s["comm_sm_weighted_us"] - expect / steps) < 1e-9 * max(1.0, expect)
-    assert s["comm_sm_weighted_us"] < s["comm_sm_us"]  # some grids hold fewer than every SM
-    # 32 CTAs for 4x as long hold the same weighted SM time as 128 CTAs: the measure a world-1 cast shape is judged by
-    a = summarize_trace([{"ph": "X", "cat": "kernel", "name": "tide_k", "dur": 400.0, "args": {"grid": [32, 1, 1]}}],
-                        1, sm_count=128)
-    b = summarize_trace([{"ph": "X", "cat": "kernel", "name": "tide_k", "dur": 100.0, "args": {"grid": [128, 1, 1]}}],
-                        1, sm_count=128)
-    assert a["comm_sm_weighted_us"] == b["comm_sm_weighted_us"] == 100.0 and a["comm_sm_us"] == 4 * b["comm_sm_us"]
-
-
-def test_fsdp_step_without_cuda_fails_clearly():
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    for args in ([], ["--mode", "layout-cost"]):
-        r = subprocess.run(
-            [sys.executable, "-m", "nccl_tide.bench.fsdp_step", *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-        )
-        assert r.returncode == 2, r.stdout + r.stderr
-        assert "needs a CUDA GPU" in r.stderr and "Traceback" not in r.stderr
-
-
-def test_fsdp_step_model_matches_the_layer_layouts():
-    """The benchmark's Llama blocks have exactly the parameters (order and shapes) of nccl_tide.models' layers."""
-    torch = pytest.importorskip("torch")
-    from nccl_tide.bench.model import LlamaConfig, build
-    from nccl_tide.models import _llama_layer
-
-    cfg = LlamaConfig(layers=2, hidden=64, heads=4, kv_heads=2, ffn=96, vocab=50)
-    m = build(cfg, device="meta")
-    got = [(n, tuple(p.shape)) for n, p in m.layers[0].named_parameters()]
-    assert got == [(n, tuple(s)) for n, s in _llama_layer(64, 96, 4, 2, 16)]
-    assert sum(p.numel() for p in m.parameters()) == cfg.n_params()
-    small = build(cfg)
-    out = small(torch.randint(0, 50, (2, 5)))
-    assert out.shape == (2, 5, 50) and torch.isfinite(out).all()
 
 
 def test_matplotlib_is_an_optional_extra(repo):

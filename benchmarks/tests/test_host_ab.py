@@ -1,17 +1,14 @@
-"""benchmarks/host_ab.py and benchmarks/ab_stats.py (session 29): variants in fresh processes, rounds in alternating
+"""benchmarks/host_ab.py and benchmarks/ab_stats.py: variants in fresh processes, rounds in alternating
 order, paired per-round differences with a distribution-free interval for their median. CPU only: the child is a stand-in script whose figures
 depend on its variant's environment."""
 
 import json
-import os
 import random
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-import ab_stats  # noqa: E402
-import host_ab  # noqa: E402
+import ab_stats
+import host_ab
 
 
 def test_round_orders_alternate_and_reject_bad_input():
@@ -27,7 +24,7 @@ def test_round_orders_alternate_and_reject_bad_input():
 
 @pytest.mark.parametrize("seed", range(5))
 def test_pairing_resolves_a_shift_that_drift_between_rounds_hides(seed):
-    """Each round's process drifts by up to +-20 us (as session 28's rows did between processes); the variant is a
+    """Each round's process drifts by up to +-20 us (as rows did between processes on an H100); the variant is a
     fixed 5 us lower plus 1 us of noise. Unpaired, the two sets of figures overlap; paired, the shift resolves."""
     rng = random.Random(seed)
     shift = -5.0

@@ -1,4 +1,4 @@
-"""benchmarks/fsdp_memory_probe.py on the CPU (issue 17).
+"""benchmarks/fsdp_memory_probe.py on the CPU.
 
 * The pure analysis on synthetic device traces (the entry format of torch.cuda.memory._snapshot()'s
   device_traces: action / addr / size / frames, frames innermost first): the live set at the peak,
@@ -14,14 +14,22 @@
 import importlib.util
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
 SCRIPT = REPO / "benchmarks" / "fsdp_memory_probe.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _load():
@@ -37,7 +45,7 @@ MiB = 1 << 20
 # frames, innermost first (as torch records them)
 F_MODEL = [
     {"filename": "/site/torch/nn/modules/linear.py", "line": 125, "name": "forward"},
-    {"filename": "/repo/pytorch_glue/nccl_tide/bench/model.py", "line": 57, "name": "forward"},
+    {"filename": "/repo/benchmarks/fsdp_model.py", "line": 57, "name": "forward"},
     {"filename": "/site/torch/nn/modules/module.py", "line": 1750, "name": "_call_impl"},
 ]
 FS = "/site/torch/distributed/fsdp/_fully_shard"
@@ -84,7 +92,7 @@ def test_block_rounding_and_frame_choice():
     assert probe.block_bytes(1) == 512 and probe.block_bytes(512) == 512 and probe.block_bytes(513) == 1024
     assert probe.block_bytes(1000, rounding=0) == 1000
     # innermost frame in nccl_tide/ (the model file), not torch's nn.Linear frame
-    assert probe.group_key(F_MODEL) == "nccl_tide/bench/model.py:57:forward"
+    assert probe.group_key(F_MODEL) == "benchmarks/fsdp_model.py:57:forward"
     assert probe.group_key(F_FSDP) == "torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:598:foreach_reduce"
     assert probe.group_key(F_TIDE_RS) == "nccl_tide/fsdp/_group.py:700:allocate"
     assert probe.group_key(F_OPT) == "torch/optim/adam.py:600:_multi_tensor_adam"  # no focus frame: innermost .py
@@ -121,7 +129,7 @@ def test_live_set_at_the_peak():
     assert probe.live_bytes_at(ev, 1) == 150 * MiB and probe.live_bytes_at(ev, 8) == 70 * MiB
     groups = probe.group_live(res["live"])
     assert [(g["group"], g["bytes"], g["count"]) for g in groups] == [
-        ("nccl_tide/bench/model.py:57:forward", 100 * MiB, 1),
+        ("benchmarks/fsdp_model.py:57:forward", 100 * MiB, 1),
         ("nccl_tide/fsdp/_group.py:700:allocate", 60 * MiB, 1),
     ]
     assert groups[0]["example"][0] == "torch/nn/modules/linear.py:125:forward"
@@ -245,7 +253,7 @@ def test_diff_and_report():
     less = {r["group"]: (r["delta"], r["only"]) for r in d["less"]}
     # stock peaks in backward (the activations), tide in the optimizer step (its slots are resident)
     assert more == {probe.SLOT_GROUP: (400 * MiB, "tide"), group_of(F_OPT): (400 * MiB, "tide")}
-    assert less == {"nccl_tide/bench/model.py:57:forward": (-500 * MiB, "stock")}
+    assert less == {"benchmarks/fsdp_model.py:57:forward": (-500 * MiB, "stock")}
     assert d["more"][0]["group"] == probe.SLOT_GROUP
     def var(a):
         return {"ok": True, "analysis": a, "torch_max_memory_allocated": 1, "allocated_at_measure": 1,
@@ -283,14 +291,14 @@ def _fake_child(variant, out_path, port, binder="alloc"):
     import torch
     import torch.distributed as dist
 
-    from nccl_tide.bench import fsdp_step
+    import fsdp_step
     from nccl_tide.fsdp import _slot_pool
 
     # The markers' plumbing is about slots TIDE allocates (tideSlotAlloc, outside torch's trace): keep the trimming
     # pool on them. The default at world size 1 (binder "torch") puts the slots in torch's own trace, which this fake
     # trace does not have; tests/test_fsdp_slot_trim.py covers that path (and outside_torch_bytes / the hook's bytes).
     _slot_pool.force_binder(binder)
-    from nccl_tide.bench.sim_comm import use_sim_native
+    from sim_comm import use_sim_native
 
     use_sim_native()
     cuda = torch.cuda
@@ -337,19 +345,16 @@ def _fake_child(variant, out_path, port, binder="alloc"):
 
 
 def test_child_plumbing_on_cpu(tmp_path):
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from fsdp_llama import free_port
-
     # The child imports nccl_tide as this process does (CI: the installed package, whose library it needs; a dev
-    # run: PYTHONPATH=pytorch_glue with NCCL_TIDE_LIBRARY_PATH), plus tests/ for this module.
+    # run: PYTHONPATH=pytorch_glue with NCCL_TIDE_LIBRARY_PATH), plus benchmarks/ and its tests/ for this module.
     import nccl_tide
 
     pkg_dir = str(Path(nccl_tide.__file__).resolve().parents[1])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([pkg_dir, str(REPO / "tests")]), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([pkg_dir, str(REPO / "benchmarks"), str(HERE)]), OMP_NUM_THREADS="1")
     docs = {}
     for variant in ("stock", "tide"):
         out = tmp_path / f"{variant}.json"
-        code = (f"import sys; sys.path.insert(0, {str(REPO / 'tests')!r}); import test_fsdp_memory_probe as t; "
+        code = (f"import sys; sys.path[:0] = [{str(REPO / 'benchmarks')!r}, {str(HERE)!r}]; import test_fsdp_memory_probe as t; "
                 f"t._fake_child({variant!r}, {str(out)!r}, {free_port()})")
         p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
@@ -410,15 +415,13 @@ def test_child_plumbing_on_cpu(tmp_path):
 def test_child_torch_binder_slot_bytes(tmp_path):
     """The default pool at world size 1 (binder "torch") is torch memory, in torch's own trace: the probe's TIDE slot
     bytes (resident and the max its table shows) are then the root's dedicated slot only, not the pool's slots."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from fsdp_llama import free_port
 
     import nccl_tide
 
     pkg_dir = str(Path(nccl_tide.__file__).resolve().parents[1])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([pkg_dir, str(REPO / "tests")]), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([pkg_dir, str(REPO / "benchmarks"), str(HERE)]), OMP_NUM_THREADS="1")
     out = tmp_path / "tide.json"
-    code = (f"import sys; sys.path.insert(0, {str(REPO / 'tests')!r}); import test_fsdp_memory_probe as t; "
+    code = (f"import sys; sys.path[:0] = [{str(REPO / 'benchmarks')!r}, {str(HERE)!r}]; import test_fsdp_memory_probe as t; "
             f"t._fake_child('tide', {str(out)!r}, {free_port()}, binder=None)")
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
