@@ -1,6 +1,6 @@
 """The eager graph route's host-side logic (issue 15; docs/architecture.md "Eager calls as graph replays"): which
 eager calls take the token protocol (a pure function of what every rank agrees on) and when a rank captures its
-graph (second call with the same binding and values), through tests/c/eager_route_test.cc; and the switch
+graph (second call with the same binding and values), through tests/native/eager_route_test.cc; and the switch
 NCCL_TIDE_EAGER_GRAPHS in the parameter registry (default 1 since session 18, strict: an invalid value is an error, never silently
 the default, because it picks the wire protocol)."""
 
@@ -17,7 +17,7 @@ def route_exe(repo, tmp_path_factory):
     out = tmp_path_factory.mktemp("eager_route") / "eager_route_test"
     core = repo / "plugin" / "core"
     cmd = ["g++", "-std=c++17", "-O1", f"-I{repo / 'include'}", f"-I{core}",
-           str(repo / "tests" / "c" / "eager_route_test.cc"), str(core / "eager_route.cc"), "-o", str(out)]
+           str(repo / "tests" / "native" / "eager_route_test.cc"), str(core / "eager_route.cc"), "-o", str(out)]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     return Path(out)
 

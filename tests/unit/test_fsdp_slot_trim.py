@@ -39,8 +39,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fsdp_llama import batch, build_model, init_worker, launch  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: fsdp_llama, multirank.harness
+from fsdp_llama import batch, build_model, init_worker  # noqa: E402
+from multirank.harness import run_script  # noqa: E402
 from test_fsdp_training import _bitexact, _compare  # noqa: E402
 
 pytest.importorskip("torch")
@@ -552,12 +553,12 @@ def worker(rank, world, port):
 # ------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def w1():
-    return launch(SCRIPT, 1, [], timeout=240)
+    return run_script(SCRIPT, 1, [], timeout=240)
 
 
 @pytest.fixture(scope="module")
 def w2():
-    return launch(SCRIPT, 2, [], timeout=240)
+    return run_script(SCRIPT, 2, [], timeout=240)
 
 
 def _pool_stats(st):

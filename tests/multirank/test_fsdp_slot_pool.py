@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fsdp_llama import build_model, launch, run_worker  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: fsdp_llama, multirank.harness
+from fsdp_llama import build_model, run_worker  # noqa: E402
+from multirank.harness import run_script  # noqa: E402
 from test_fsdp_parity import _StockCounter  # noqa: E402
 from test_fsdp_training import _bitexact, _close4, _compare, _run_accum, _use_sim_native  # noqa: E402
 
@@ -176,7 +177,7 @@ EXPECT_FALLBACK = {"fb1", "fb2fwd"}
 
 
 def _launch(world, names):
-    ranks = launch(SCRIPT, world, [";".join(CASES[n] for n in names)], timeout=280)
+    ranks = run_script(SCRIPT, world, [";".join(CASES[n] for n in names)], timeout=280)
     return {res["name"]: [r["results"][i] for r in ranks] for i, res in enumerate(ranks[0]["results"])}
 
 

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fsdp_llama import VOCAB, batch, build_model, launch, run_worker  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: fsdp_llama, multirank.harness
+from fsdp_llama import VOCAB, batch, build_model, run_worker  # noqa: E402
+from multirank.harness import run_script  # noqa: E402
 from test_fsdp_parity import _bits_equal, _maxdiff, _shard, _StockCounter  # noqa: E402
 
 pytest.importorskip("torch")
@@ -212,7 +213,7 @@ def worker(rank, world, port, cases):
 # pytest side
 # ------------------------------------------------------------------------------------------
 def _launch(world, cases):
-    ranks = launch(SCRIPT, world, [";".join(cases)], timeout=240)
+    ranks = run_script(SCRIPT, world, [";".join(cases)], timeout=240)
     assert not any(r["patched_at_exit"] for r in ranks)
     return {res["name"]: [r["results"][i] for r in ranks] for i, res in enumerate(ranks[0]["results"])}
 
@@ -334,7 +335,7 @@ if __name__ == "__main__":
 def test_gpu_native_test_rehearsed_on_cpu(tmp_path):
     """tests/gpu/test_fsdp_native.py's worker and assertions on CPU (gloo, world 1, the reference
     executor standing in for native): the GPU test's plumbing cannot first fail on the GPU."""
-    sys.path.insert(0, str(SCRIPT.parent / "gpu"))
+    sys.path.insert(0, str(SCRIPT.parents[1] / "gpu"))
     import test_fsdp_native as gpu_test
 
     rep = gpu_test.launch(tmp_path, "cpu")
