@@ -153,10 +153,10 @@ def worker(port: int, out_path: str, mode: str) -> None:
             return {"losses": losses, "grads": grads, "params": params, "param_dtype_in_forward": seen.get("dtype")}
 
         def run(executor, raf=True, accum=1, after_disable=False, slot_pool=3, binder=None, slot_trim=False):
-            from nccl_tide.fsdp import _slot_pool
+            from nccl_tide.fsdp import _pool_plan, _slot_binders
 
-            _slot_pool.force_binder(binder)
-            _slot_pool.POOL_SMALL_GROUPS = slot_pool == 2  # the pool cases (tiny groups)
+            _slot_binders.force_binder(binder)
+            _pool_plan.POOL_SMALL_GROUPS = slot_pool == 2  # the pool cases (tiny groups)
             model = build(raf)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -207,16 +207,16 @@ def worker(port: int, out_path: str, mode: str) -> None:
             report["native_poolswap_stats"] = nat_pool_swap["stats"]
             report["native_poolswap_vs_native"] = compare(nat_pool_swap, nat)
         if gpu:
-            from nccl_tide.fsdp import _slot_pool
+            from nccl_tide.fsdp import _slot_memory
 
             # the pool's memory, measured: torch's peak (bound slots included) + slot bytes outside torch
             mem = {}
             for name, kw in (("dedicated", {"slot_pool": 0}), ("pool", {"slot_pool": 2}),
                              ("pooltrim", {"slot_pool": 2, "slot_trim": True})):
                 torch.cuda.synchronize()
-                _slot_pool.start_meter(dev)
+                _slot_memory.start_meter(dev)
                 r = run(native, **kw)
-                m = _slot_pool.stop_meter()
+                m = _slot_memory.stop_meter()
                 mem[name] = {"peak_bytes": m.read(), "events": m.events, "resident": r["stats"]["slot_pool"]}
             report["native_pool_memory"] = mem
 
@@ -342,7 +342,7 @@ def check(rep: dict, gpu: bool) -> None:
     # groups hit one of the 2 slots or fell back to stock FSDP2 (backward holds the root, a block
     # and the prefetched block: 3 > 2), same numbers as dedicated slots
     def check_pool(pst, binder):
-        from nccl_tide.fsdp._slot_pool import alloc_request
+        from nccl_tide.fsdp._slot_binders import alloc_request
 
         sp = pst["slot_pool"]
         assert sp["binder"] == binder and sp["bind_failures"] == 0, sp

@@ -10,7 +10,7 @@ show which groups reached FSDP2's own all-gather / copy-in: exactly the excluded
 
 Case string: name,attr=<experts attribute>,edp=<0|1 experts on their own mesh>,sep=<0|1 experts fully_shard'ed>
 
-Run by hand: python tests/test_fsdp_filter.py worker <rank> <world> <port> <cases>
+Run by hand: python tests/multirank/test_fsdp_filter.py worker <rank> <world> <port> <cases>
 """
 
 import logging

@@ -14,7 +14,7 @@ CPU, gloo, world sizes 1 and 2, the reference executor and the native executor o
 tideComm (nccl_tide.bench.sim_comm). Each case drops a model in a fresh worker and checks weak
 references to the model and to one sharded parameter's local tensor.
 
-Run by hand: python tests/test_fsdp_lifetime.py worker <rank> <world> <port>
+Run by hand: python tests/multirank/test_fsdp_lifetime.py worker <rank> <world> <port>
 """
 
 import gc

@@ -13,7 +13,7 @@ and parameters. What the tolerances rest on:
   after which the two runs drift apart at bf16 resolution. Grads are compared at fp32
   rounding level in step 0 and at bf16 resolution of the update afterwards.
 
-Run by hand: python tests/test_fsdp_parity.py worker <rank> <world> <port> <case>
+Run by hand: python tests/multirank/test_fsdp_parity.py worker <rank> <world> <port> <case>
 """
 
 import sys

@@ -7,7 +7,7 @@ TIDE-RS output bit for bit: sum / avg / premul, bf16 / fp16 / fp32 gradients, fp
 bf16 outputs, one node and 2 nodes of 2 (which changes the accumulation order), with and
 without a caller-provided staging buffer. Outputs are poisoned (NaN) first.
 
-Run by hand: python tests/test_fsdp_reference_executor.py worker <rank> <world> <port> <what>
+Run by hand: python tests/multirank/test_fsdp_reference_executor.py worker <rank> <world> <port> <what>
 """
 
 import json

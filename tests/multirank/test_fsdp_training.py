@@ -10,7 +10,7 @@ all-gather is a byte copy; for 2 ranks fp32 a + b == b + a, /2 is exact; for 1 r
 is the exact bf16 -> fp32 conversion FSDP2's copy-in does); for 4 ranks step-0 gradients
 within 2^-22 of the largest gradient, later steps at bf16 resolution of the update.
 
-Run by hand: python tests/test_fsdp_training.py worker <rank> <world> <port> <cases>
+Run by hand: python tests/multirank/test_fsdp_training.py worker <rank> <world> <port> <cases>
 """
 
 import sys

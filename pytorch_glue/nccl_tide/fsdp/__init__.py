@@ -29,9 +29,9 @@ from .._log import get_logger
 from .. import fsdp_switch
 from ..errors import InvalidArgumentError, InvalidUsageError
 from ..reference_executor import get_executor
-from . import _adapter, _patch, _slot_pool
+from . import _adapter, _patch, _slot_memory, _slot_pool
 from ._group import GroupState, cast_in_place_setting, static_reason
-from ._slot_pool import build_pools, reshards_after_forward
+from ._pool_plan import build_pools, reshards_after_forward
 from ._warn import TideFSDPWarning, warn_once
 
 __all__ = ["TideFSDPHandle", "TideFSDPWarning", "disable", "enable", "free_dropped", "handle_of", "stats"]
@@ -131,7 +131,7 @@ class TideFSDPHandle:
                 "slot_capacity": max((p.capacity for p in shared), default=0),
                 "peak_held": sum(p.peak_held for p in shared),
                 "bind_failures": sum(p.bind_failures for p in shared),
-                "outside_torch_bytes": _slot_pool.outside_torch_bytes(),
+                "outside_torch_bytes": _slot_memory.outside_torch_bytes(),
             }
             if self.pools
             else None,
