@@ -11,7 +11,7 @@ from nccl_tide import _native as N
 from nccl_tide.comm import Comm
 from nccl_tide.errors import first_pending_wait
 
-HEADER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "include", "tide.h")
+HEADER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "include", "tide.h")
 
 
 def _host_only(lib) -> bool:

@@ -193,7 +193,7 @@ def test_native_threads_c_driver(native, tmp_path):
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         pytest.skip("no C++ compiler")
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     tsan = os.environ.get("TIDE_TSAN_LIBRARY")
     lib = tsan or native.library_path()
     libdir = os.path.dirname(lib)

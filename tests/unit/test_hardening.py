@@ -23,7 +23,7 @@ from nccl_tide.errors import InvalidArgumentError, TideError, UnsupportedError
 from nccl_tide.host import host_all_gather, host_reduce_scatter
 from nccl_tide.layout import Layout
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 UNDER_ASAN = "asan" in os.environ.get("LD_PRELOAD", "")
 
 

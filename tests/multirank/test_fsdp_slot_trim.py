@@ -28,7 +28,7 @@ end of backward (the optimizer step). Checked here on CPU/gloo through the simul
   free_dropped()/enable()/disable() (never inside garbage collection; collective at world 2), its GroupStates
   leave NATIVE_SLOTS, and the patches are removed.
 
-Run by hand: python tests/unit/test_fsdp_slot_trim.py worker <rank> <world> <port>
+Run by hand: python tests/multirank/test_fsdp_slot_trim.py worker <rank> <world> <port>
 """
 
 import gc
