@@ -1,7 +1,7 @@
-"""tideCommAbort on a GPU (issue 10 "a parent NCCL communicator aborted while TIDE work is queued: TIDE calls fail
-cleanly, resources released, no hang"; issue 4 "an aborted or revoked parent makes TIDE calls fail cleanly").
+"""tideCommAbort on a GPU: with a parent NCCL communicator aborted while TIDE work is queued, TIDE calls fail
+cleanly, resources are released, nothing hangs; an aborted or revoked parent makes TIDE calls fail cleanly.
 
-* IPC, 2 processes on cuda:0 (gloo bootstrap, as tests/gpu/test_faults_multiprocess.py): after a normal AG, rank 1
+* IPC, 2 processes on cuda:0 (gloo bootstrap, as tests/multirank/test_faults_multiprocess.py): after a normal AG, rank 1
   never makes the next AG while rank 0 has it queued (its stream waits for rank 1's agReady). Rank 0's debug dump
   names that wait; rank 0's tideCommAbort returns within NCCL_TIDE_TIMEOUT_MS (3 s) plus slack and releases the
   handle; rank 1 (device idle) aborts too; both processes exit with status 0 within the spawn deadline.

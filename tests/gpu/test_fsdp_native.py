@@ -20,7 +20,7 @@ fp32 reduce, AdamW, STEPS steps. Runs, each from the same seed:
             far below one allocator segment, so the test turns off build_pools' size rule;
             (slot_trim=False: the slots stay allocated, as before trimming);
   pooltrim  the same pool with slot_trim=True (what slot_trim=None picks at world size 1; binder "torch": the slots
-            are torch caching-allocator memory, issue 17): the slots are freed at the
+            are torch caching-allocator memory): the slots are freed at the
             learned end-of-forward idle point (the default trims there only; slot_trim="all" also at the end
             of backward) and allocated again at the next AG (tideSlotFree / tideSlotAlloc inside the step,
             the slot's MemPool dropped and torch's cache emptied first): no bind failure, no trim blocked by
@@ -45,7 +45,7 @@ not apply param_dtype (it copies the fp32 shard: seen in some releases), stock c
 fp32 and is compared with a bf16-vs-fp32 bound instead (reported as stock_w1_dtype).
 
 The worker also runs on CPU (mode "cpu": gloo, reference executor in place of native) from
-tests/test_fsdp_training.py, so its plumbing is rehearsed where no GPU exists.
+tests/multirank/test_fsdp_training.py, so its plumbing is rehearsed where no GPU exists.
 
     python tests/gpu/test_fsdp_native.py worker <port> <out.json> gpu|cpu
 """
@@ -67,7 +67,7 @@ STEPS = 6
 TORCH_SMALL_ALLOC_TOLERANCE = 256 << 10
 WORKER_TIMEOUT = 200  # seconds: the worker dumps its stacks and exits after this
 LAUNCH_TIMEOUT = 240
-# NVLink multicast stays off on shared machines (DESIGN.md section 6): every process.
+# NVLink multicast stays off on shared machines: every process.
 ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
@@ -385,7 +385,7 @@ def check(rep: dict, gpu: bool) -> None:
         assert trim["resident"]["trims"] > 0 and trim["resident"]["regrows"] > 0, trim
         assert trim["resident"]["peak_resident_slot_bytes"] <= pool["resident"]["peak_resident_slot_bytes"], mem
         assert trim["peak_bytes"] <= pool["peak_bytes"] + TORCH_SMALL_ALLOC_TOLERANCE, mem
-        # trimming, on the GPU, world size 1: the slots are torch memory (binder "torch", issue 17): every trim gave
+        # trimming, on the GPU, world size 1: the slots are torch memory (binder "torch"): every trim gave
         # its blocks back to torch's cache (none blocked) and every regrown slot bound, with no tideSlotAlloc region
         # among the pool's bytes (tide_resident_slot_bytes: the dedicated slots only, none here)
         tst = rep["native_pooltrim_stats"]

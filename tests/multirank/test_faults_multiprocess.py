@@ -1,5 +1,5 @@
-"""Faults across processes (issue 10): 2 processes, each one TIDE rank on cuda:0, CUDA IPC peer memory, gloo
-bootstrap (as tests/gpu/test_multiprocess.py, whose spawn helpers this file reuses).
+"""Faults across processes: 2 processes, each one TIDE rank on cuda:0, CUDA IPC peer memory, gloo
+bootstrap (as test_multiprocess.py), started by multirank.harness.
 
 * Layout mismatch: rank 1 builds its layout with one parameter one element larger; the first all-gather with it
   raises MismatchError on EVERY rank within a bounded time, naming rank 0's and rank 1's layout hashes. The comm keeps
@@ -221,8 +221,8 @@ def _worker(rank, world, port, report):
         torch.cuda.synchronize()
     dist.barrier()
     before = torch.cuda.mem_get_info()[0]
-    # Diagnostics (session 22): free device memory at each point of this case, per rank, with NVML's per-process
-    # use, so that a failed leak check says which process holds what (run 21.7 lost 256 MiB once, cause unknown).
+    # Diagnostics: free device memory at each point of this case, per rank, with NVML's per-process
+    # use, so that a failed leak check says which process holds what.
     trace = report["steps"]["staging_trace"] = [["before", 0.0, before, _gpu_processes()]]
     t_case = time.monotonic()
     dist.barrier()

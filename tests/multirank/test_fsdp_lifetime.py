@@ -1,4 +1,4 @@
-"""Lifetime of TIDE-enabled FSDP2 models (issue 17: +3.7 GiB of torch memory in the step benchmark).
+"""Lifetime of TIDE-enabled FSDP2 models (+3.7 GiB of torch memory in the step benchmark).
 
 Two leaks, each of which kept a whole model (its fp32 sharded parameters above all) alive:
 

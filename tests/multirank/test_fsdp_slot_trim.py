@@ -1,4 +1,4 @@
-"""Slot-pool trimming and the slots of dropped models (issue 17: FSDP2 peak memory at or below stock).
+"""Slot-pool trimming and the slots of dropped models (FSDP2 peak memory at or below stock).
 
 The device peak of a step (H200, world size 1, 4 Llama layers, slot_pool=2) fell in backward before the
 first block's all-gather: stock FSDP2 holds no block there, TIDE held its two pool slots, unbound. A

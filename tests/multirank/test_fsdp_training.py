@@ -2,7 +2,7 @@
 activation checkpointing, a state_dict save/load round trip, and shard world size 1.
 
 Gradient accumulation without reduce and both reshard_after_forward modes are covered by
-tests/test_fsdp_parity.py (cases accum, raf0, accum4); this file does not repeat them.
+tests/multirank/test_fsdp_parity.py (cases accum, raf0, accum4); this file does not repeat them.
 
 Each case compares with stock FSDP2 from the same seed in the same process group, with the
 tolerances of test_fsdp_parity.py (see its docstring): bit-identical for 1 and 2 ranks (the
@@ -315,7 +315,7 @@ def test_native_executor_glue_simulated(world, case, request):
         assert res["sim"]["staging_used"] == sum(g["rs_staging_in_slot"] for g in st["tide_groups"]), res
         # The default (slot_trim=None) trims where the shard world size is 1: there the 3 groups are pooled in torch
         # memory (binder "torch", no tideSlotAlloc: the comm holds no slot); elsewhere no trimming, 3 groups <= K = 3,
-        # a dedicated slot each, all allocated while enabled (tests/test_fsdp_slot_trim.py covers trimming)
+        # a dedicated slot each, all allocated while enabled (tests/multirank/test_fsdp_slot_trim.py covers trimming)
         trim = st["slot_pool"]["trim"]
         assert trim is (world == 1), st["slot_pool"]
         assert st["slot_pool"]["binder"] == ("torch" if trim else None), st["slot_pool"]

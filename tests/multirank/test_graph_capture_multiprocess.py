@@ -1,5 +1,5 @@
 """TIDE-AG and TIDE-RS captured into CUDA graphs across processes (issue 10): W processes, each one TIDE rank on
-cuda:0 over CUDA IPC (gloo bootstrap, as tests/gpu/test_multiprocess.py, whose spawn helpers this file reuses).
+cuda:0 over CUDA IPC (gloo bootstrap, as tests/multirank/test_multiprocess.py; started by multirank.harness).
 
 Each rank captures one graph with torch.cuda.graph (global capture mode, PyTorch's default) holding two all-gathers
 (mixed sizes; and 8 parameters of one size from a packed send buffer, which the library copies as strided 2D runs

@@ -6,7 +6,7 @@ ProcessGroupNCCL (tideCommCreate on its ncclComm_t).
 
 run_world(..., mode="cpu") runs the same spawning, gloo bootstrap and gather/check plumbing without CUDA (the
 "device" results come from the host executor, and the bootstrap callback is exercised directly): the CPU suite uses
-it (tests/test_nccl_bootstrap.py) so this file's logic is rehearsed where no GPU exists.
+it (tests/multirank/test_nccl_bootstrap.py) so this file's logic is rehearsed where no GPU exists.
 """
 
 import os

@@ -122,7 +122,7 @@ static void rsTest(int W, int R, int nP, tideDataType_t outT, tideRedOp_t op, ui
   tideLayoutDestroy(x.l);
 }
 
-// Issue 18: checked handles (destroyed, double destroy, garbage, wrong type), a destroy racing host AGs on other
+// checked handles (destroyed, double destroy, garbage, wrong type), a destroy racing host AGs on other
 // threads, misaligned bf16 buffers, canonical NaN results. Under ASan (leak detection on) and valgrind.
 static void handleTests() {
   uint64_t n[1] = {64}; tideDataType_t dt[1] = {tideFloat32};

@@ -1,4 +1,4 @@
-"""tideCommAbort without a GPU (issue 10 "parent NCCL communicator aborted while TIDE work is queued", issue 4):
+"""tideCommAbort without a GPU ("parent NCCL communicator aborted while TIDE work is queued"):
 the entry point exists in every build, NULL is a no-op (as tideCommDestroy), a host-only build answers tideUnsupported
 for a non-NULL handle without touching it, and the Python wrappers are idempotent. tests/gpu/test_abort.py covers
 the real teardown (an IPC rank aborted while its AG waits for a peer that never calls; a loopback world after use)."""

@@ -1,4 +1,4 @@
-"""Regression tests of issue 18 (a bad-input probe): handles, threads, integers, alignment, NaN bits, messages.
+"""Regression tests of a bad-input probe: handles, threads, integers, alignment, NaN bits, messages.
 
 Cases that crashed the process before the fix (use after destroy, double destroy, garbage handles, a close racing a
 call) run in a child interpreter, so that a regression fails one test instead of killing the run. docs/reliability.md

@@ -1,4 +1,4 @@
-"""The LD_PRELOAD interposer (plugin/api/interposer.cc, issue 5), on CPU against a recording stub libnccl.so.2.
+"""The LD_PRELOAD interposer (plugin/api/interposer.cc), on CPU against a recording stub libnccl.so.2.
 
 tests/native/interposer_test.c makes NCCL calls (grouped and not, every argument distinct) with libnccl-tide.so preloaded,
 two ways: an executable linked with the stub (global scope), and a library linked with the stub that the executable

@@ -1,4 +1,4 @@
-"""The parent NCCL communicator's health (issue 10, "parent NCCL communicator aborted"), against stub libnccl builds
+"""The parent NCCL communicator's health ("parent NCCL communicator aborted"), against stub libnccl builds
 (tests/native/stub_nccl with -DSTUB_ASYNC_ERROR=N, no GPU).
 
 tideCommCreate, and every exchange of an NCCL-bootstrapped TIDE comm (slot alloc/free, own-staging growth, a new

@@ -225,7 +225,7 @@ def enable(
       step. stats()["slot_pool"]["trim_at"] names the points. None (default): on where every
       native group's shard world size is 1, off otherwise; there the pool's slots are torch memory (binder
       "torch": a trim is a stream-ordered free into torch's caching allocator, a regrow an allocation from it, no
-      device synchronize, no driver call; issue 17, docs/fsdp.md "Trimming"). False: the slots stay allocated.
+      device synchronize, no driver call; docs/fsdp.md "Trimming"). False: the slots stay allocated.
       True at world size > 1 makes every trim and regrow a collective tideSlotFree / tideSlotAlloc (a device
       synchronize and an IPC exchange) inside the step.
     module_filter: None (every FSDP module), or a callable (qualified_name, module) -> bool called

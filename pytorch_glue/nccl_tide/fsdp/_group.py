@@ -150,7 +150,7 @@ class GroupState:
     strong reference from here would let the handle registry (nccl_tide.fsdp._handles, a
     WeakKeyDictionary whose values are the handles) or NATIVE_SLOTS keep the whole model alive
     (its sharded parameters, gradients, everything) after the user dropped it, enabled or not
-    (issue 17). The group holds this state through its comms, so it lives as long as the model.
+   . The group holds this state through its comms, so it lives as long as the model.
     """
 
     def __init__(self, pg, label: str, executor, slot_reuse: bool, ranks_per_node: Optional[int]):

@@ -144,7 +144,7 @@ class _SwapBinder(_Binder):
 
 
 class _TorchBinder(_Binder):
-    """Shard world size 1 with trimming (issue 17): the slots are torch caching-allocator memory on the pool's home
+    """Shard world size 1 with trimming: the slots are torch caching-allocator memory on the pool's home
     stream (the current stream at enable(): the one FSDP2 computes on and allocates its unsharded parameters and the
     step's activations on), not tideSlotAlloc regions. Nothing maps a slot at world size 1, so TIDE takes any device
     memory as a slot there (include/tide.h; the library's slotRegion). A trim is then dropping the memory: the

@@ -31,7 +31,7 @@ Trimming (SlotPool(trim=True); enable(slot_trim=...), default on where the shard
 slots are given back between the phases of a step. FSDP2 holds no pooled group from the last reshard of forward to
 the first all-gather of backward (the loss, the head and its backward run there: the usual peak of a step) and from
 the last reshard of backward to the next forward (the optimizer step); a pool that keeps its K slots allocated in
-the first gap costs K slots at that peak, which stock FSDP2 does not pay (issue 17). The pool learns these idle
+the first gap costs K slots at that peak, which stock FSDP2 does not pay. The pool learns these idle
 points from the schedule itself: a release that leaves no slot held, followed by an acquire of the other phase
 (forward vs backward, FSDP2's TrainingState of the groups), is a trim point; from then on, reaching it frees every
 unbound slot (tideSlotFree, after the releasing group's RS at the end of backward, so Slot-Reuse keeps its staging
