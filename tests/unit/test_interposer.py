@@ -1,9 +1,9 @@
-"""The LD_PRELOAD interposer (plugin/api/interposer.cc, issue 5), on CPU against a recording stub libnccl.so.2.
+"""The LD_PRELOAD interposer (plugin/api/interposer.cc), on CPU against a recording stub libnccl.so.2.
 
-tests/c/interposer_test.c makes NCCL calls (grouped and not, every argument distinct) with libnccl-tide.so preloaded,
+tests/native/interposer_test.c makes NCCL calls (grouped and not, every argument distinct) with libnccl-tide.so preloaded,
 two ways: an executable linked with the stub (global scope), and a library linked with the stub that the executable
 dlopen()s RTLD_LOCAL (the stub is then invisible to RTLD_NEXT, as NCCL is under torch). The stub
-(tests/stub_nccl/recording_stub_nccl.c) appends each call with all its arguments to a log; the program prints the
+(tests/native/stub_nccl/recording_stub_nccl.c) appends each call with all its arguments to a log; the program prints the
 lines it expects. Equal lists = every call reached NCCL unchanged and in order. No GPU anywhere: nothing skips.
 """
 
@@ -15,8 +15,8 @@ import subprocess
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-STUB_SRC = os.path.join(HERE, "stub_nccl", "recording_stub_nccl.c")
-TEST_SRC = os.path.join(HERE, "c", "interposer_test.c")
+STUB_SRC = os.path.join(HERE, "..", "native", "stub_nccl", "recording_stub_nccl.c")
+TEST_SRC = os.path.join(HERE, "..", "native", "interposer_test.c")
 NCCL_NAMES = {"ncclAllGather", "ncclReduceScatter", "ncclAllGatherConfig", "ncclReduceScatterConfig",
               "ncclGroupStart", "ncclGroupEnd", "ncclCommFinalize", "ncclCommDestroy", "ncclCommAbort"}
 # With NCCL_TIDE_ENABLE=1 the first eligible call tries to create a TIDE comm over the stub, which cannot work (no

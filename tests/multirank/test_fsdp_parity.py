@@ -13,7 +13,7 @@ and parameters. What the tolerances rest on:
   after which the two runs drift apart at bf16 resolution. Grads are compared at fp32
   rounding level in step 0 and at bf16 resolution of the update afterwards.
 
-Run by hand: python tests/test_fsdp_parity.py worker <rank> <world> <port> <case>
+Run by hand: python tests/multirank/test_fsdp_parity.py worker <rank> <world> <port> <case>
 """
 
 import sys
@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fsdp_llama import VOCAB, batch, build_model, launch, run_worker  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: fsdp_llama, multirank.harness
+from fsdp_llama import VOCAB, batch, build_model, run_worker  # noqa: E402
+from multirank.harness import run_script  # noqa: E402
 
 pytest.importorskip("torch")
 
@@ -255,14 +256,14 @@ W4_CASES = ["parity4,check=1", "accum4,accum=2,raf=0"]
 
 @pytest.fixture(scope="module")
 def w2():
-    ranks = launch(SCRIPT, 2, [";".join(W2_CASES)], timeout=240)
+    ranks = run_script(SCRIPT, 2, [";".join(W2_CASES)], timeout=240)
     assert not any(r["patched_at_exit"] for r in ranks)  # every disable() removed the patches
     return {res["name"]: [r["results"][i] for r in ranks] for i, res in enumerate(ranks[0]["results"])}
 
 
 @pytest.fixture(scope="module")
 def w4():
-    ranks = launch(SCRIPT, 4, [";".join(W4_CASES)], timeout=240)
+    ranks = run_script(SCRIPT, 4, [";".join(W4_CASES)], timeout=240)
     return {res["name"]: [r["results"][i] for r in ranks] for i, res in enumerate(ranks[0]["results"])}
 
 

@@ -1,4 +1,4 @@
-"""Regression tests of issue 18 (a bad-input probe): handles, threads, integers, alignment, NaN bits, messages.
+"""Regression tests of a bad-input probe: handles, threads, integers, alignment, NaN bits, messages.
 
 Cases that crashed the process before the fix (use after destroy, double destroy, garbage handles, a close racing a
 call) run in a child interpreter, so that a regression fails one test instead of killing the run. docs/reliability.md
@@ -23,7 +23,7 @@ from nccl_tide.errors import InvalidArgumentError, TideError, UnsupportedError
 from nccl_tide.host import host_all_gather, host_reduce_scatter
 from nccl_tide.layout import Layout
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 UNDER_ASAN = "asan" in os.environ.get("LD_PRELOAD", "")
 
 

@@ -1,6 +1,6 @@
 /* Caller side of the interposer tests (tests/test_interposer.py drives it; no GPU, no real NCCL).
  *
- * Built three ways from this one file, against the recording stub libnccl.so.2 (tests/stub_nccl/recording_stub_nccl.c):
+ * Built three ways from this one file, against the recording stub libnccl.so.2 (tests/native/stub_nccl/recording_stub_nccl.c):
  *   interposer_linked:  an executable linked with the stub (-lnccl), calling NCCL the way a C/C++ program does;
  *   libcaller.so:       -DTIDE_TEST_CALLER_LIB, a shared library linked with the stub (like libtorch_cuda.so);
  *   interposer_dlopen:  -DTIDE_TEST_DLOPEN, an executable NOT linked with NCCL that dlopen()s libcaller.so with

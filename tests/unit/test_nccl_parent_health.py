@@ -1,5 +1,5 @@
-"""The parent NCCL communicator's health (issue 10, "parent NCCL communicator aborted"), against stub libnccl builds
-(tests/stub_nccl with -DSTUB_ASYNC_ERROR=N, no GPU).
+"""The parent NCCL communicator's health ("parent NCCL communicator aborted"), against stub libnccl builds
+(tests/native/stub_nccl with -DSTUB_ASYNC_ERROR=N, no GPU).
 
 tideCommCreate, and every exchange of an NCCL-bootstrapped TIDE comm (slot alloc/free, own-staging growth, a new
 layout, destroy), first asks ncclCommGetAsyncError; a communicator in error (a failed peer, an abort in progress) gets
@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-STUB_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stub_nccl", "stub_nccl.c")
+STUB_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "native", "stub_nccl", "stub_nccl.c")
 
 PROBE = r"""
 import ctypes, sys

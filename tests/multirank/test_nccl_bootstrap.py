@@ -1,13 +1,8 @@
-"""CPU rehearsal of tests/gpu/test_multiprocess.py: the same process spawning, gloo bootstrap, the ctypes bootstrap
+"""CPU rehearsal of tests/multirank/test_multiprocess.py: the same process spawning, gloo bootstrap, the ctypes bootstrap
 all-gather callback (nccl_tide.comm.make_gloo_allgather) and the rank-0 gather-and-compare plumbing, with the device
 results replaced by the host executor's. Also the Python-side argument checks of nccl_tide.comm that need no GPU."""
 
-import os
-import sys
-
 import pytest
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu"))
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402

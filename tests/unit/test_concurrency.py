@@ -183,7 +183,7 @@ def test_last_error_is_thread_local():
 
 
 def test_native_threads_c_driver(native, tmp_path):
-    """tests/c/concurrency_driver.cc: 8 native threads (no GIL anywhere) on the C API, every result checked. With
+    """tests/native/concurrency_driver.cc: 8 native threads (no GIL anywhere) on the C API, every result checked. With
     TIDE_TSAN_LIBRARY set to a libnccl-tide.so built with -DTIDE_SANITIZE=thread, the driver is built with
     -fsanitize=thread against it and any ThreadSanitizer report fails the test."""
     import os
@@ -193,7 +193,7 @@ def test_native_threads_c_driver(native, tmp_path):
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         pytest.skip("no C++ compiler")
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     tsan = os.environ.get("TIDE_TSAN_LIBRARY")
     lib = tsan or native.library_path()
     libdir = os.path.dirname(lib)
@@ -209,7 +209,7 @@ def test_native_threads_c_driver(native, tmp_path):
             *flags,
             "-I",
             os.path.join(repo, "include"),
-            os.path.join(repo, "tests", "c", "concurrency_driver.cc"),
+            os.path.join(repo, "tests", "native", "concurrency_driver.cc"),
             "-o",
             exe,
             *link,

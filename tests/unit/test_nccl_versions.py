@@ -1,4 +1,4 @@
-"""NCCL symbol resolution by runtime version, against stub libnccl.so.2 builds (tests/stub_nccl, no GPU).
+"""NCCL symbol resolution by runtime version, against stub libnccl.so.2 builds (tests/native/stub_nccl, no GPU).
 
 Each case runs in a fresh process: the stub is loaded first (RTLD_GLOBAL, soname libnccl.so.2, as torch would load
 the real one), then libnccl-tide.so finds it with RTLD_NOLOAD. Every stub function except ncclGetVersion aborts, so a
@@ -15,7 +15,7 @@ import sys
 import pytest
 from nccl_tide import _native as N
 
-STUB_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stub_nccl", "stub_nccl.c")
+STUB_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "native", "stub_nccl", "stub_nccl.c")
 
 BASE = ["mem_alloc", "window_register"]
 V229 = BASE + ["lsa_multimem", "lsa_pointers", "put_signal", "query_properties", "win_get_user_ptr"]

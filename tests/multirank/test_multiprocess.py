@@ -6,19 +6,17 @@ ProcessGroupNCCL (tideCommCreate on its ncclComm_t).
 
 run_world(..., mode="cpu") runs the same spawning, gloo bootstrap and gather/check plumbing without CUDA (the
 "device" results come from the host executor, and the bootstrap callback is exercised directly): the CPU suite uses
-it (tests/test_nccl_bootstrap.py) so this file's logic is rehearsed where no GPU exists.
+it (tests/multirank/test_nccl_bootstrap.py) so this file's logic is rehearsed where no GPU exists.
 """
 
-import json
 import os
-import socket
 import sys
 import time
-import traceback
 import zlib
 
 import numpy as np
 import pytest
+from multirank.harness import init_gloo, run_ranks
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(240)]
 
@@ -27,12 +25,6 @@ SPAWN_TIMEOUT = float(os.environ.get("TIDE_MP_TIMEOUT", "90"))
 # A worker still running after this many seconds prints every Python thread's stack and its comm's debug dump (flag
 # words, pending waits, where the host thread is) to stderr, so that a later outer kill cannot lose the evidence.
 WATCHDOG = float(os.environ.get("TIDE_MP_WATCHDOG", "45"))
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rng(*key):
@@ -105,29 +97,19 @@ def _start_watchdog(rank, state):
     return t
 
 
-def _worker(rank, world, port, out_dir, mode, rpn=None):
-    """One rank (rpn: the layouts' ranks per node; None = one node, fewer = virtual nodes across processes). Writes out_dir/rank<r>.json: {"ok": bool, "checked": n, "errors": [...], ...}, and prints the
-    report to stderr before exiting (the pytest summary that would show it can be lost to an outer kill)."""
+def _worker(rank, world, port, report, mode, rpn=None):
+    """One rank (rpn: the layouts' ranks per node; None = one node, fewer = virtual nodes across processes). Adds
+    "checked" (comparisons made) to its report."""
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
-    report = {"rank": rank, "ok": False, "checked": 0, "errors": []}
+    report["checked"] = 0
     state = {"step": "start", "comm": None}
     watchdog = _start_watchdog(rank, state)
     try:
-        import datetime
-
         import nccl_tide
         import torch
-        import torch.distributed as dist
-        from nccl_tide import _native as N
         from nccl_tide.comm import Comm, make_gloo_allgather
 
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world,
-            timeout=datetime.timedelta(seconds=60),
-        )
+        dist = init_gloo(rank, world, port)
         gpu = mode == "gpu"
         # The bootstrap callback itself, directly: rank r contributes bytes r*7 .. r*7+12.
         import ctypes
@@ -257,50 +239,13 @@ def _worker(rank, world, port, out_dir, mode, rpn=None):
             comm.close()
         dist.barrier()
         dist.destroy_process_group()
-        report["ok"] = not report["errors"]
-        _ = N  # keep the import (library loaded in this process)
-    except BaseException:
-        report["errors"].append(traceback.format_exc())
-    watchdog.cancel()
-    _say(rank, f"report at step {state['step']}: {json.dumps(report, indent=1)}")
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(report, f)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0 if report["ok"] else 1)
-
-
-def spawn(fn, nprocs, args, timeout):
-    """torch.multiprocessing spawn with a deadline: a hang kills every process and fails."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
-    deadline = time.monotonic() + timeout
-    try:
-        while not ctx.join(timeout=1):
-            if time.monotonic() > deadline:
-                for p in ctx.processes:
-                    if p.is_alive():
-                        p.kill()
-                pytest.fail(f"{nprocs} processes still running after {timeout:.0f} s (cross-process hang)")
-    except mp.ProcessExitedException as e:
-        return e.exit_code
-    return 0
+    finally:
+        watchdog.cancel()
+        _say(rank, f"stopped at step {state['step']}")
 
 
 def run_world(world, tmp_path, mode="gpu", rpn=None):
-    out_dir = str(tmp_path)
-    rc = spawn(_worker, world, (world, free_port(), out_dir, mode, rpn), SPAWN_TIMEOUT)
-    reports = []
-    for r in range(world):
-        path = os.path.join(out_dir, f"rank{r}.json")
-        assert os.path.exists(path), f"rank {r} wrote no report (exit status {rc})"
-        with open(path) as f:
-            reports.append(json.load(f))
-    errors = [e for rep in reports for e in rep["errors"]]
-    assert not errors, "\n".join(errors[:10])
-    assert rc == 0
-    assert all(rep["ok"] for rep in reports)
+    reports = run_ranks(_worker, world, (mode, rpn), tmp_path, SPAWN_TIMEOUT)
     assert reports[0]["checked"] >= 1 + (len(_cases(world)) * world if mode == "gpu" else 0)
     return reports
 
@@ -323,77 +268,63 @@ def test_processes_virtual_nodes_2x2(torch_cuda, cuda_lib, tmp_path):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _nccl1_worker(rank, port, out_dir):
-    report = {"ok": False, "errors": []}
-    try:
-        import datetime
+def _nccl1_worker(rank, world, port, report):
+    import datetime
 
-        import nccl_tide
-        import torch
-        import torch.distributed as dist
-        from nccl_tide.comm import Comm, nccl_info
+    import nccl_tide
+    import torch
+    import torch.distributed as dist
+    from nccl_tide.comm import Comm, nccl_info
 
-        torch.cuda.set_device(0)
-        dist.init_process_group(
-            "nccl",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=0,
-            world_size=1,
-            timeout=datetime.timedelta(seconds=60),
-            device_id=torch.device("cuda", 0),
-        )
-        info = nccl_info()
-        report["info"] = info
-        comm = Comm.from_process_group()
-        report["provider"] = comm.provider
-        assert (comm.rank, comm.world_size) == (0, 1)
-        rng = _rng("nccl1")
-        # AG, W=1: the slot is the shard (bf16 and fp32 params).
-        L = nccl_tide.Layout([1000, 3, 64 * 5], ["bf16", "fp32", "bf16"], 1, rank=0, row_numels=[1, 1, 64])
-        send = torch.from_numpy(rng.integers(0, 256, size=L.send_bytes, dtype=np.uint8))
-        slot = comm.alloc_slot(L.slot_bytes)
-        slot.fill_(POISON)
+    torch.cuda.set_device(0)
+    dist.init_process_group(
+        "nccl",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=0,
+        world_size=1,
+        timeout=datetime.timedelta(seconds=60),
+        device_id=torch.device("cuda", 0),
+    )
+    info = nccl_info()
+    report["info"] = info
+    comm = Comm.from_process_group()
+    report["provider"] = comm.provider
+    assert (comm.rank, comm.world_size) == (0, 1)
+    rng = _rng("nccl1")
+    # AG, W=1: the slot is the shard (bf16 and fp32 params).
+    L = nccl_tide.Layout([1000, 3, 64 * 5], ["bf16", "fp32", "bf16"], 1, rank=0, row_numels=[1, 1, 64])
+    send = torch.from_numpy(rng.integers(0, 256, size=L.send_bytes, dtype=np.uint8))
+    slot = comm.alloc_slot(L.slot_bytes)
+    slot.fill_(POISON)
+    torch.cuda.synchronize()
+    comm.all_gather(L, slot, sendbuf=send.cuda())
+    comm.synchronize(timeout=30)
+    got = slot.cpu().numpy()
+    for p in L.params:
+        n = p.shard_numel * p.elem_size
+        if not np.array_equal(
+            got[p.slot_offset : p.slot_offset + n], send[p.send_offset : p.send_offset + n].numpy()
+        ):
+            report["errors"].append(f"AG W=1 param of {p.dtype}: slot != shard")
+    # RS, W=1: sum and avg into fp32, own and Slot-Reuse staging.
+    for op, use_slot in [("sum", False), ("avg", True)]:
+        RL = nccl_tide.Layout([5000, 17], ["bf16", "bf16"], 1, rank=0, rs_chunk_bytes=4096)
+        grads = [_float_data(torch, rng, p.numel, "bf16") for p in RL.params]
+        exp = np.ascontiguousarray(nccl_tide.host_reduce_scatter(RL, [grads], out_dtype="fp32", op=op)[0])
+        out = torch.full((RL.rs_out_numel,), float("nan"), device="cuda")
+        staging = comm.alloc_slot(RL.rs_staging_bytes) if use_slot else None
         torch.cuda.synchronize()
-        comm.all_gather(L, slot, sendbuf=send.cuda())
+        comm.reduce_scatter(RL, [g.cuda() for g in grads], out, op=op, staging=staging)
         comm.synchronize(timeout=30)
-        got = slot.cpu().numpy()
-        for p in L.params:
-            n = p.shard_numel * p.elem_size
-            if not np.array_equal(
-                got[p.slot_offset : p.slot_offset + n], send[p.send_offset : p.send_offset + n].numpy()
-            ):
-                report["errors"].append(f"AG W=1 param of {p.dtype}: slot != shard")
-        # RS, W=1: sum and avg into fp32, own and Slot-Reuse staging.
-        for op, use_slot in [("sum", False), ("avg", True)]:
-            RL = nccl_tide.Layout([5000, 17], ["bf16", "bf16"], 1, rank=0, rs_chunk_bytes=4096)
-            grads = [_float_data(torch, rng, p.numel, "bf16") for p in RL.params]
-            exp = np.ascontiguousarray(nccl_tide.host_reduce_scatter(RL, [grads], out_dtype="fp32", op=op)[0])
-            out = torch.full((RL.rs_out_numel,), float("nan"), device="cuda")
-            staging = comm.alloc_slot(RL.rs_staging_bytes) if use_slot else None
-            torch.cuda.synchronize()
-            comm.reduce_scatter(RL, [g.cuda() for g in grads], out, op=op, staging=staging)
-            comm.synchronize(timeout=30)
-            if not np.array_equal(out.cpu().numpy().view(np.uint8), exp.view(np.uint8)):
-                report["errors"].append(f"RS W=1 {op}: differs from the host executor")
-        comm.close()
-        dist.destroy_process_group()
-        report["ok"] = not report["errors"]
-    except BaseException:
-        report["errors"].append(traceback.format_exc())
-    with open(os.path.join(out_dir, "nccl1.json"), "w") as f:
-        json.dump(report, f)
-    sys.stdout.flush()
-    os._exit(0 if report["ok"] else 1)
+        if not np.array_equal(out.cpu().numpy().view(np.uint8), exp.view(np.uint8)):
+            report["errors"].append(f"RS W=1 {op}: differs from the host executor")
+    comm.close()
+    dist.destroy_process_group()
 
 
 def test_nccl_communicator_of_size_one(torch_cuda, cuda_lib, tmp_path):
-    rc = spawn(_nccl1_worker, 1, (free_port(), str(tmp_path)), SPAWN_TIMEOUT)
-    path = tmp_path / "nccl1.json"
-    assert path.exists(), f"no report (exit status {rc})"
-    rep = json.loads(path.read_text())
+    (rep,) = run_ranks(_nccl1_worker, 1, (), tmp_path, SPAWN_TIMEOUT)
     print("NCCL info:", rep.get("info"), "provider:", rep.get("provider"))
-    assert not rep["errors"], "\n".join(rep["errors"])
-    assert rc == 0 and rep["ok"]
     info = rep["info"]
     assert 22800 <= info["runtime_version"] < 23300
     # 2.28.x: no host-side window pointers -> the IPC provider; newer NCCL would call for windows (not built yet:

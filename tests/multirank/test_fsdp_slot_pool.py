@@ -13,7 +13,7 @@ the no-free-slot fallback where prefetching needs more than K slots (stock AG co
 
 Case string: name,k=K,layers=N,raf=<T|F per block>,root=<T|F|auto>,accum=A,fwd=<prefetch depth>
 
-Run by hand: python tests/test_fsdp_slot_pool.py worker <rank> <world> <port> <cases>
+Run by hand: python tests/multirank/test_fsdp_slot_pool.py worker <rank> <world> <port> <cases>
 """
 
 import os
@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fsdp_llama import build_model, launch, run_worker  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: fsdp_llama, multirank.harness
+from fsdp_llama import build_model, run_worker  # noqa: E402
+from multirank.harness import run_script  # noqa: E402
 from test_fsdp_parity import _StockCounter  # noqa: E402
 from test_fsdp_training import _bitexact, _close4, _compare, _run_accum, _use_sim_native  # noqa: E402
 
@@ -68,10 +69,10 @@ def _build(opts):
 def _native(opts, rank, k, counter):
     import nccl_tide.fsdp as tfsdp
 
-    from nccl_tide.fsdp import _slot_pool
+    from nccl_tide.fsdp import _slot_binders
 
     comms = _use_sim_native()
-    _slot_pool.force_binder(opts.get("bind"))  # None: the default (alloc, emulated on CPU)
+    _slot_binders.force_binder(opts.get("bind"))  # None: the default (alloc, emulated on CPU)
     model = _build(opts)
     counter.take()
     os.environ["NCCL_TIDE_FSDP_CAST_IN_PLACE"] = opts.get("cast", "1")  # read by enable()
@@ -91,7 +92,7 @@ def _native(opts, rank, k, counter):
         "ag_in_place": comm.ag_in_place,  # shards the AG found in their own slot position
         "ag_params": sum(g["ag_calls"] * g["n_params"] for g in out["stats"]["tide_groups"]),
     }
-    _slot_pool.force_binder(None)
+    _slot_binders.force_binder(None)
     tfsdp.disable(model)
     sim.update(live_after_disable=comm.live_slots, freed_empty=comm.freed_empty)
     more = _run_accum(model, rank, 1, 1)  # stock FSDP2 again after disable()
@@ -176,7 +177,7 @@ EXPECT_FALLBACK = {"fb1", "fb2fwd"}
 
 
 def _launch(world, names):
-    ranks = launch(SCRIPT, world, [";".join(CASES[n] for n in names)], timeout=280)
+    ranks = run_script(SCRIPT, world, [";".join(CASES[n] for n in names)], timeout=280)
     return {res["name"]: [r["results"][i] for r in ranks] for i, res in enumerate(ranks[0]["results"])}
 
 
@@ -192,7 +193,7 @@ def w4():
 
 def _check(res, world):
     name, k, opts = res["name"], res["k"], res["opts"]
-    from nccl_tide.fsdp._slot_pool import block_size
+    from nccl_tide.fsdp._slot_binders import block_size
 
     raf, root = opts["raf"], opts["root"]
     pins = [int(x) for x in opts.get("pin", "").split("+") if x]

@@ -2,7 +2,7 @@
 activation checkpointing, a state_dict save/load round trip, and shard world size 1.
 
 Gradient accumulation without reduce and both reshard_after_forward modes are covered by
-tests/test_fsdp_parity.py (cases accum, raf0, accum4); this file does not repeat them.
+tests/multirank/test_fsdp_parity.py (cases accum, raf0, accum4); this file does not repeat them.
 
 Each case compares with stock FSDP2 from the same seed in the same process group, with the
 tolerances of test_fsdp_parity.py (see its docstring): bit-identical for 1 and 2 ranks (the
@@ -10,7 +10,7 @@ all-gather is a byte copy; for 2 ranks fp32 a + b == b + a, /2 is exact; for 1 r
 is the exact bf16 -> fp32 conversion FSDP2's copy-in does); for 4 ranks step-0 gradients
 within 2^-22 of the largest gradient, later steps at bf16 resolution of the update.
 
-Run by hand: python tests/test_fsdp_training.py worker <rank> <world> <port> <cases>
+Run by hand: python tests/multirank/test_fsdp_training.py worker <rank> <world> <port> <cases>
 """
 
 import sys
@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # sim_comm.py: the simulated tideComm
-from fsdp_llama import VOCAB, batch, build_model, launch, run_worker  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: fsdp_llama, multirank.harness
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # sim_comm.py: the simulated tideComm
+from fsdp_llama import VOCAB, batch, build_model, run_worker  # noqa: E402
+from multirank.harness import run_script  # noqa: E402
 from test_fsdp_parity import _bits_equal, _maxdiff, _shard, _StockCounter  # noqa: E402
 
 pytest.importorskip("torch")
@@ -213,7 +214,7 @@ def worker(rank, world, port, cases):
 # pytest side
 # ------------------------------------------------------------------------------------------
 def _launch(world, cases):
-    ranks = launch(SCRIPT, world, [";".join(cases)], timeout=240)
+    ranks = run_script(SCRIPT, world, [";".join(cases)], timeout=240)
     assert not any(r["patched_at_exit"] for r in ranks)
     return {res["name"]: [r["results"][i] for r in ranks] for i, res in enumerate(ranks[0]["results"])}
 
@@ -315,7 +316,7 @@ def test_native_executor_glue_simulated(world, case, request):
         assert res["sim"]["staging_used"] == sum(g["rs_staging_in_slot"] for g in st["tide_groups"]), res
         # The default (slot_trim=None) trims where the shard world size is 1: there the 3 groups are pooled in torch
         # memory (binder "torch", no tideSlotAlloc: the comm holds no slot); elsewhere no trimming, 3 groups <= K = 3,
-        # a dedicated slot each, all allocated while enabled (tests/test_fsdp_slot_trim.py covers trimming)
+        # a dedicated slot each, all allocated while enabled (tests/multirank/test_fsdp_slot_trim.py covers trimming)
         trim = st["slot_pool"]["trim"]
         assert trim is (world == 1), st["slot_pool"]
         assert st["slot_pool"]["binder"] == ("torch" if trim else None), st["slot_pool"]
@@ -335,7 +336,7 @@ if __name__ == "__main__":
 def test_gpu_native_test_rehearsed_on_cpu(tmp_path):
     """tests/gpu/test_fsdp_native.py's worker and assertions on CPU (gloo, world 1, the reference
     executor standing in for native): the GPU test's plumbing cannot first fail on the GPU."""
-    sys.path.insert(0, str(SCRIPT.parent / "gpu"))
+    sys.path.insert(0, str(SCRIPT.parents[1] / "gpu"))
     import test_fsdp_native as gpu_test
 
     rep = gpu_test.launch(tmp_path, "cpu")

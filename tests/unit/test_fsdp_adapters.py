@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-DATA = Path(__file__).resolve().parent / "data" / "fsdp_sources"
+DATA = Path(__file__).resolve().parents[1] / "data" / "fsdp_sources"
 RELEASES = ["2.11", "2.12", "2.13", "2.14", "2.15"]  # each has an adapter (ADAPTERS)
 UNSUPPORTED = []  # recorded releases without an adapter (stock FSDP2 with a warning)
 

@@ -3,13 +3,12 @@ at most the bound for a peer that never joins and returns tideTimeout (9), which
 as tideTimeout; with both ranks present it exchanges normally under the same bound."""
 
 import os
-import socket
-import subprocess
 import sys
 import textwrap
 import time
 
 import pytest
+from multirank.harness import free_port, run_processes
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
@@ -44,31 +43,12 @@ WORKER = textwrap.dedent(
 )
 
 
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(native, mode, timeout_ms):
-    env = dict(os.environ, NCCL_TIDE_LIBRARY_PATH=native.library_path(), NCCL_TIDE_TIMEOUT_MS=str(timeout_ms))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in [env.get("PYTHONPATH", ""), *sys.path] if p)
-    port = _port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", WORKER, str(r), str(port), mode],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for r in range(2)
-    ]
-    outs = []
-    for p in procs:
-        o, e = p.communicate(timeout=90)
-        outs.append((p.returncode, o, e))
-    return outs
+    env = {"NCCL_TIDE_LIBRARY_PATH": native.library_path(), "NCCL_TIDE_TIMEOUT_MS": str(timeout_ms)}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [os.environ.get("PYTHONPATH", ""), *sys.path] if p)
+    port = free_port()
+    outs = run_processes(lambda r: [sys.executable, "-c", WORKER, r, port, mode], 2, 90, env=env, merge_stderr=False)
+    return [(o.returncode, o.stdout, o.stderr) for o in outs]
 
 
 def test_absent_peer_times_out_within_the_bound(native):

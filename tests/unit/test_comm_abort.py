@@ -1,4 +1,4 @@
-"""tideCommAbort without a GPU (issue 10 "parent NCCL communicator aborted while TIDE work is queued", issue 4):
+"""tideCommAbort without a GPU ("parent NCCL communicator aborted while TIDE work is queued"):
 the entry point exists in every build, NULL is a no-op (as tideCommDestroy), a host-only build answers tideUnsupported
 for a non-NULL handle without touching it, and the Python wrappers are idempotent. tests/gpu/test_abort.py covers
 the real teardown (an IPC rank aborted while its AG waits for a peer that never calls; a loopback world after use)."""
@@ -11,7 +11,7 @@ from nccl_tide import _native as N
 from nccl_tide.comm import Comm
 from nccl_tide.errors import first_pending_wait
 
-HEADER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "include", "tide.h")
+HEADER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "include", "tide.h")
 
 
 def _host_only(lib) -> bool:

@@ -1,4 +1,4 @@
-"""The step-program protocol on the CPU model (tests/c/program_model.cc; docs/architecture.md "Step programs").
+"""The step-program protocol on the CPU model (tests/native/program_model.cc; docs/architecture.md "Step programs").
 
 The model runs the programs of every rank of a layout together (random interleavings of each rank's two lanes, many
 seeds, counters that wrap around 2^32) for world sizes 2-64 and node splits 1xW, 2x4, 4x2, 3x2, 2x3, 5x1, 8x8, 6x8,
@@ -29,7 +29,7 @@ def model_exe(repo, tmp_path_factory):
         f"-I{repo / 'plugin' / 'core'}",
         f"-I{repo / 'plugin'}",
         f"-I{repo / 'tests' / 'native'}",
-        str(repo / "tests" / "c" / "program_model.cc"),
+        str(repo / "tests" / "native" / "program_model.cc"),
         *core,
         "-ldl",
         "-lpthread",

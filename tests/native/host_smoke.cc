@@ -1,6 +1,6 @@
 // Host-side smoke test of the C API (core engineer's self-check; pytest covers the same ground via ctypes).
 // Build: cmake -S . -B /tmp/b -DTIDE_BUILD_CUDA=OFF && cmake --build /tmp/b &&
-//   g++ -std=c++17 -O2 -Iinclude -Iplugin/core tests/c/host_smoke.cc plugin/core/dtype.cc -L/tmp/b -lnccl-tide \
+//   g++ -std=c++17 -O2 -Iinclude -Iplugin/core tests/native/host_smoke.cc plugin/core/dtype.cc -L/tmp/b -lnccl-tide \
 //   -Wl,-rpath,/tmp/b -o /tmp/host_smoke && /tmp/host_smoke
 // Checks: fp16/bf16 conversions against _Float16 and nearest-even by hand; host AG byte-exact over 16 world/rpn
 // shapes x 4 pacing caps (incl. 3, 5, 6, 12, 13 nodes); host RS bit-exact to an independent loop in the documented
@@ -122,7 +122,7 @@ static void rsTest(int W, int R, int nP, tideDataType_t outT, tideRedOp_t op, ui
   tideLayoutDestroy(x.l);
 }
 
-// Issue 18: checked handles (destroyed, double destroy, garbage, wrong type), a destroy racing host AGs on other
+// checked handles (destroyed, double destroy, garbage, wrong type), a destroy racing host AGs on other
 // threads, misaligned bf16 buffers, canonical NaN results. Under ASan (leak detection on) and valgrind.
 static void handleTests() {
   uint64_t n[1] = {64}; tideDataType_t dt[1] = {tideFloat32};

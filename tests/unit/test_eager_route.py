@@ -1,7 +1,7 @@
-"""The eager graph route's host-side logic (issue 15; docs/architecture.md "Eager calls as graph replays"): which
+"""The eager graph route's host-side logic (docs/architecture.md "Eager calls as graph replays"): which
 eager calls take the token protocol (a pure function of what every rank agrees on) and when a rank captures its
-graph (second call with the same binding and values), through tests/c/eager_route_test.cc; and the switch
-NCCL_TIDE_EAGER_GRAPHS in the parameter registry (default 1 since session 18, strict: an invalid value is an error, never silently
+graph (second call with the same binding and values), through tests/native/eager_route_test.cc; and the switch
+NCCL_TIDE_EAGER_GRAPHS in the parameter registry (default 1, strict: an invalid value is an error, never silently
 the default, because it picks the wire protocol)."""
 
 import os
@@ -17,7 +17,7 @@ def route_exe(repo, tmp_path_factory):
     out = tmp_path_factory.mktemp("eager_route") / "eager_route_test"
     core = repo / "plugin" / "core"
     cmd = ["g++", "-std=c++17", "-O1", f"-I{repo / 'include'}", f"-I{core}",
-           str(repo / "tests" / "c" / "eager_route_test.cc"), str(core / "eager_route.cc"), "-o", str(out)]
+           str(repo / "tests" / "native" / "eager_route_test.cc"), str(core / "eager_route.cc"), "-o", str(out)]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     return Path(out)
 
@@ -63,7 +63,7 @@ def test_switch_rejects_other_values(native, value):
 
 @pytest.mark.parametrize("value,expected", [(None, "64"), ("2", "2"), ("3", "3"), ("64", "64"), ("4096", "4096")])
 def test_token_rs_chunk_limit_parses(native, value, expected):
-    """NCCL_TIDE_TOKEN_RS_CHUNKS: the most chunks of a token RS (default 64 since session 24), an integer from 2 to
+    """NCCL_TIDE_TOKEN_RS_CHUNKS: the most chunks of a token RS (default 64), an integer from 2 to
     4096."""
     out = _describe(value, "NCCL_TIDE_TOKEN_RS_CHUNKS")
     assert out[:3] == ["ok", "64", expected], out

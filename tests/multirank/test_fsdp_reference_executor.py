@@ -7,7 +7,7 @@ TIDE-RS output bit for bit: sum / avg / premul, bf16 / fp16 / fp32 gradients, fp
 bf16 outputs, one node and 2 nodes of 2 (which changes the accumulation order), with and
 without a caller-provided staging buffer. Outputs are poisoned (NaN) first.
 
-Run by hand: python tests/test_fsdp_reference_executor.py worker <rank> <world> <port> <what>
+Run by hand: python tests/multirank/test_fsdp_reference_executor.py worker <rank> <world> <port> <what>
 """
 
 import json
@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fsdp_llama import init_worker, launch  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: fsdp_llama, multirank.harness
+from fsdp_llama import init_worker  # noqa: E402
+from multirank.harness import run_script  # noqa: E402
 
 pytest.importorskip("torch")
 SCRIPT = Path(__file__).resolve()
@@ -140,7 +141,7 @@ def worker(rank, world, port, what):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("world", [2, 4])
 def test_reference_executor_matches_host_executor(world):
-    ranks = launch(SCRIPT, world, ["executor,api" if world == 2 else "executor"], timeout=240)
+    ranks = run_script(SCRIPT, world, ["executor,api" if world == 2 else "executor"], timeout=240)
     # 6 layouts x (1 or 2 node splits) x 3 ops x 2 output dtypes x (staging or not)
     n_splits = len({world, max(1, world // 2)})
     assert all(r["checked"] == 6 * n_splits * 3 * 2 * 2 for r in ranks), ranks

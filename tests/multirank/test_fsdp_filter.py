@@ -10,7 +10,7 @@ show which groups reached FSDP2's own all-gather / copy-in: exactly the excluded
 
 Case string: name,attr=<experts attribute>,edp=<0|1 experts on their own mesh>,sep=<0|1 experts fully_shard'ed>
 
-Run by hand: python tests/test_fsdp_filter.py worker <rank> <world> <port> <cases>
+Run by hand: python tests/multirank/test_fsdp_filter.py worker <rank> <world> <port> <cases>
 """
 
 import logging
@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fsdp_llama import VOCAB, launch, run_worker  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: fsdp_llama, multirank.harness
+from fsdp_llama import VOCAB, run_worker  # noqa: E402
+from multirank.harness import run_script  # noqa: E402
 from test_fsdp_parity import _StockCounter  # noqa: E402
 from test_fsdp_training import _bitexact, _compare, _run_accum, _use_sim_native  # noqa: E402
 
@@ -360,7 +361,7 @@ BLOCKS = [f"layers.{i}" for i in range(LAYERS)]
 
 @pytest.fixture(scope="module")
 def w2():
-    ranks = launch(SCRIPT, 2, [";".join(CASES)], timeout=280)
+    ranks = run_script(SCRIPT, 2, [";".join(CASES)], timeout=280)
     assert not any(r["patched_at_exit"] for r in ranks)  # every disable() removed the patches
     return {res["name"]: [r["results"][i] for r in ranks] for i, res in enumerate(ranks[0]["results"])}
 

@@ -2,7 +2,7 @@
  *
  * Build: cc -shared -fPIC -Wl,-soname,libnccl.so.2 -DSTUB_VERSION=22809 stub_nccl.c -o <dir>/libnccl.so.2
  * It exports ncclGetVersion (returning STUB_VERSION) and exactly the entry points that NCCL release exports (per
- * shared/reference/nccl_api.md section 0): 2.28 base, + 2.29.2 windows pointers/RMA/properties, + 2.31.2 per-collective
+ * the NCCL API reference): 2.28 base, + 2.29.2 windows pointers/RMA/properties, + 2.31.2 per-collective
  * config. Every function other than ncclGetVersion aborts loudly: resolving the library must call nothing else,
  * and an entry point missing from the stub can never be called by accident (the test checks the exit status).
  * -DSTUB_ASYNC_ERROR=N: ncclCommGetAsyncError reports NCCL error N for any communicator (a failed/aborting parent),

@@ -1,5 +1,5 @@
 """TIDE-AG and TIDE-RS captured into CUDA graphs across processes (issue 10): W processes, each one TIDE rank on
-cuda:0 over CUDA IPC (gloo bootstrap, as tests/gpu/test_multiprocess.py, whose spawn helpers this file reuses).
+cuda:0 over CUDA IPC (gloo bootstrap, as tests/multirank/test_multiprocess.py; started by multirank.harness).
 
 Each rank captures one graph with torch.cuda.graph (global capture mode, PyTorch's default) holding two all-gathers
 (mixed sizes; and 8 parameters of one size from a packed send buffer, which the library copies as strided 2D runs
@@ -13,16 +13,12 @@ staging buffers, whose pushes the library forks onto a second branch of the user
 chunks than buffers"); its eager calls between replays take the same program as the library's own graphs.
 """
 
-import json
 import os
-import sys
-import traceback
 
 import numpy as np
 import pytest
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import test_multiprocess as mpt  # noqa: E402  (spawn, free_port, _rng, _float_data, _gather_bytes: read-only reuse)
+import test_multiprocess as mpt  # _rng, _float_data, _gather_bytes
+from multirank.harness import init_gloo, run_ranks
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(240)]
 
@@ -146,83 +142,69 @@ class Round:
         return errors
 
 
-def _worker(rank, world, port, out_dir):
+def _worker(rank, world, port, report):
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
-    report = {"rank": rank, "ok": False, "errors": [], "steps": {}}
-    try:
-        import datetime
+    report["steps"] = {}
+    import nccl_tide
+    import torch
+    from nccl_tide.comm import Comm
+    from nccl_tide.errors import UnsupportedError
 
-        import nccl_tide
-        import torch
-        import torch.distributed as dist
-        from nccl_tide.comm import Comm
-        from nccl_tide.errors import UnsupportedError
+    dist = init_gloo(rank, world, port)
+    torch.cuda.set_device(0)
+    comm = Comm.from_bootstrap(rank, world, device=0)
+    rd = Round(torch, dist, nccl_tide, comm, rank, world)
+    fresh = nccl_tide.Layout([777, 64 * 3], "bf16", world, rank=rank, row_numels=[1, 64])
+    fresh_slot = comm.alloc_slot(fresh.slot_bytes)
+    fresh_send = torch.empty(fresh.send_bytes, dtype=torch.uint8, device="cuda")
 
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-            timeout=datetime.timedelta(seconds=60),
-        )
-        torch.cuda.set_device(0)
-        comm = Comm.from_bootstrap(rank, world, device=0)
-        rd = Round(torch, dist, nccl_tide, comm, rank, world)
-        fresh = nccl_tide.Layout([777, 64 * 3], "bf16", world, rank=rank, row_numels=[1, 64])
-        fresh_slot = comm.alloc_slot(fresh.slot_bytes)
-        fresh_send = torch.empty(fresh.send_bytes, dtype=torch.uint8, device="cuda")
+    rd.new_inputs()
+    rd.collectives()  # eager: agrees on the layouts
+    report["errors"] += rd.check("eager before capture")
 
-        rd.new_inputs()
-        rd.collectives()  # eager: agrees on the layouts
-        report["errors"] += rd.check("eager before capture")
-
-        stream = torch.cuda.Stream()
-        graph = torch.cuda.CUDAGraph()
-        refused = []
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph, stream=stream):
-            try:
-                comm.all_gather(fresh, fresh_slot, sendbuf=fresh_send)
-            except UnsupportedError as e:
-                refused.append("has not been used by an eager collective" in str(e))
-            try:
-                comm.reduce_scatter(rd.rs[0], rd.grads[0], rd.outs[0], op="sum")  # own staging
-            except UnsupportedError as e:
-                refused.append("Slot-Reuse" in str(e))
-            rd.collectives()
-        report["steps"]["refused"] = refused
-        report["steps"]["rs_chunks"] = [L.rs_num_chunks for L in rd.rs]
-        report["steps"]["token_rs_chunks"] = rd.token_rs_chunks
-        if refused != [True, True]:
-            report["errors"].append(f"capture-time refusals: {refused} (want [True, True])")
-
-        for it in range(REPLAYS):
-            rd.new_inputs()
-            graph.replay()
-            report["errors"] += rd.check(f"replay {it}")
-            if it % 3 == 2:  # eager between replays (eager and captured calls use separate flag words)
-                rd.poison()
-                rd.collectives()
-                report["errors"] += rd.check(f"eager after replay {it}")
-        rd.new_inputs()
-        for _ in range(4):  # back to back, no host synchronization
-            graph.replay()
-        report["errors"] += rd.check("back-to-back replays")
-        report["steps"]["replays"] = REPLAYS + 4
-
-        rd.poison()
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    refused = []
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph, stream=stream):
+        try:
+            comm.all_gather(fresh, fresh_slot, sendbuf=fresh_send)
+        except UnsupportedError as e:
+            refused.append("has not been used by an eager collective" in str(e))
+        try:
+            comm.reduce_scatter(rd.rs[0], rd.grads[0], rd.outs[0], op="sum")  # own staging
+        except UnsupportedError as e:
+            refused.append("Slot-Reuse" in str(e))
         rd.collectives()
-        comm.all_gather(fresh, fresh_slot, sendbuf=fresh_send)  # the refused layout still agrees eagerly
-        report["errors"] += rd.check("eager after all replays")
-        torch.cuda.synchronize()
-        del graph
-        comm.close()
-        dist.barrier()
-        dist.destroy_process_group()
-        report["ok"] = not report["errors"]
-    except BaseException:
-        report["errors"].append(traceback.format_exc())
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(report, f)
-    print(f"[capture rank {rank}] {json.dumps(report)[:2000]}", file=sys.stderr, flush=True)
-    os._exit(0 if report["ok"] else 1)
+    report["steps"]["refused"] = refused
+    report["steps"]["rs_chunks"] = [L.rs_num_chunks for L in rd.rs]
+    report["steps"]["token_rs_chunks"] = rd.token_rs_chunks
+    if refused != [True, True]:
+        report["errors"].append(f"capture-time refusals: {refused} (want [True, True])")
+
+    for it in range(REPLAYS):
+        rd.new_inputs()
+        graph.replay()
+        report["errors"] += rd.check(f"replay {it}")
+        if it % 3 == 2:  # eager between replays (eager and captured calls use separate flag words)
+            rd.poison()
+            rd.collectives()
+            report["errors"] += rd.check(f"eager after replay {it}")
+    rd.new_inputs()
+    for _ in range(4):  # back to back, no host synchronization
+        graph.replay()
+    report["errors"] += rd.check("back-to-back replays")
+    report["steps"]["replays"] = REPLAYS + 4
+
+    rd.poison()
+    rd.collectives()
+    comm.all_gather(fresh, fresh_slot, sendbuf=fresh_send)  # the refused layout still agrees eagerly
+    report["errors"] += rd.check("eager after all replays")
+    torch.cuda.synchronize()
+    del graph
+    comm.close()
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("world,token_rs_chunks", [(2, None), (3, None), (3, "8")])
@@ -239,14 +221,7 @@ def test_captured_collectives_replay_across_processes(torch_cuda, cuda_lib, tmp_
         monkeypatch.delenv("NCCL_TIDE_TOKEN_RS_CHUNKS", raising=False)
     else:
         monkeypatch.setenv("NCCL_TIDE_TOKEN_RS_CHUNKS", token_rs_chunks)
-    rc = mpt.spawn(_worker, world, (world, mpt.free_port(), str(tmp_path)), 60)  # 3 cases inside the file's limit
-    reports = []
-    for r in range(world):
-        path = tmp_path / f"rank{r}.json"
-        assert path.exists(), f"rank {r} wrote no report (exit status {rc})"
-        reports.append(json.loads(path.read_text()))
-    errors = [e for rep in reports for e in rep["errors"]]
-    assert not errors, "\n".join(errors[:10])
+    reports = run_ranks(_worker, world, (), tmp_path, 60)  # 3 cases inside the file's limit
     for rep in reports:
         assert rep["steps"]["refused"] == [True, True]
         assert rep["steps"]["replays"] == REPLAYS + 4
@@ -254,4 +229,3 @@ def test_captured_collectives_replay_across_processes(torch_cuda, cuda_lib, tmp_
         limit = rep["steps"]["token_rs_chunks"]
         assert token_rs_chunks is None or limit == int(token_rs_chunks), limit
         assert rep["steps"]["rs_chunks"] == ([1, 2, 4] if limit >= 4 else [1, 2])
-    assert rc == 0

@@ -1,4 +1,4 @@
-"""Slot-pool trimming and the slots of dropped models (issue 17: FSDP2 peak memory at or below stock).
+"""Slot-pool trimming and the slots of dropped models (FSDP2 peak memory at or below stock).
 
 The device peak of a step (H200, world size 1, 4 Llama layers, slot_pool=2) fell in backward before the
 first block's all-gather: stock FSDP2 holds no block there, TIDE held its two pool slots, unbound. A
@@ -28,7 +28,7 @@ end of backward (the optimizer step). Checked here on CPU/gloo through the simul
   free_dropped()/enable()/disable() (never inside garbage collection; collective at world 2), its GroupStates
   leave NATIVE_SLOTS, and the patches are removed.
 
-Run by hand: python tests/test_fsdp_slot_trim.py worker <rank> <world> <port>
+Run by hand: python tests/multirank/test_fsdp_slot_trim.py worker <rank> <world> <port>
 """
 
 import gc
@@ -39,9 +39,10 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # sim_comm.py: the simulated tideComm
-from fsdp_llama import batch, build_model, init_worker, launch  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: fsdp_llama, multirank.harness
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # sim_comm.py: the simulated tideComm
+from fsdp_llama import batch, build_model, init_worker  # noqa: E402
+from multirank.harness import run_script  # noqa: E402
 from test_fsdp_training import _bitexact, _compare  # noqa: E402
 
 pytest.importorskip("torch")
@@ -84,7 +85,8 @@ def _scripted(trim, steps, eval_steps=0):
     """Forward A, B (one held at a time), backward B + prefetch A (two held), RS after each release;
     then `eval_steps` forward-only steps. `trim`: False, True (the default points: end of forward) or "all"
     (end of forward and end of backward). Returns the pool and its residency after every event."""
-    from nccl_tide.fsdp._slot_pool import TRIM_ALL, TRIM_DEFAULT, SlotPool, _Binder
+    from nccl_tide.fsdp._slot_binders import _Binder
+    from nccl_tide.fsdp._slot_pool import TRIM_ALL, TRIM_DEFAULT, SlotPool
 
     class _NoBind(_Binder):
         name = "test"
@@ -177,7 +179,8 @@ def test_trim_all_scripted():
 
 
 def test_trim_phases_checked():
-    from nccl_tide.fsdp._slot_pool import SlotPool, _Binder
+    from nccl_tide.fsdp._slot_binders import _Binder
+    from nccl_tide.fsdp._slot_pool import SlotPool
 
     with pytest.raises(ValueError, match="trim_phases"):
         SlotPool(_Exec(), 1000, 1, "t", shared=True, binder=_Binder(), trim=True, trim_phases={"F", "X"})
@@ -301,7 +304,8 @@ def test_torch_binder_relocated_unbind_waits_for_the_release_event():
 
     import torch
 
-    from nccl_tide.fsdp._slot_pool import SlotPool, _TorchBinder
+    from nccl_tide.fsdp._slot_binders import _TorchBinder
+    from nccl_tide.fsdp._slot_pool import SlotPool
 
     heap = _FakeHeap({})
     cap = 4 << 20
@@ -368,7 +372,7 @@ def _train(model, rank, steps, comm=None, probes=None):
     out = {"losses": [], "grads": []}
     hook = None
     if comm is not None:
-        from nccl_tide.fsdp._slot_pool import resident_bytes
+        from nccl_tide.fsdp._slot_memory import resident_bytes
 
         def probe(where):  # every slot byte resident now (tideSlotAlloc'd or, binder "torch", torch's), and TIDE's
             probes[where].append(resident_bytes())
@@ -393,7 +397,7 @@ def _train(model, rank, steps, comm=None, probes=None):
 
 def _native(comms, rank, trim):
     import nccl_tide.fsdp as tfsdp
-    from nccl_tide.fsdp import _slot_pool
+    from nccl_tide.fsdp import _slot_memory
 
     model = _shard(build_model(0, layers=BLOCKS))
     h = tfsdp.enable(model, executor="native", slot_pool=K, slot_trim=trim)
@@ -425,19 +429,19 @@ def _native(comms, rank, trim):
 
     def on_resident(nbytes):  # the hook's bytes are TIDE's (tideSlotAlloc); every slot byte alongside
         resident.append(nbytes)
-        resident_all.append(_slot_pool.resident_bytes())
+        resident_all.append(_slot_memory.resident_bytes())
 
-    _slot_pool.residency_hooks.append(on_resident)
+    _slot_memory.residency_hooks.append(on_resident)
     probes = {"fwd_end": [], "bwd_end": [], "fwd_end_tide": [], "bwd_end_tide": []}
     calls0 = (comm.slot_allocs, comm.slot_frees, comm.foreign_ag, comm.foreign_staging)
     try:
         out = _train(model, rank, STEPS, comm, probes)
     finally:
-        _slot_pool.residency_hooks.remove(on_resident)
+        _slot_memory.residency_hooks.remove(on_resident)
     calls = [now - was for now, was in zip((comm.slot_allocs, comm.slot_frees, comm.foreign_ag, comm.foreign_staging),
                                            calls0)]
     out["stats"] = h.stats()
-    outside_after = _slot_pool.outside_torch_bytes()
+    outside_after = _slot_memory.outside_torch_bytes()
     dedicated = sum(p.capacity for p in h.pools if p.solo or not p.shared)  # the root's slot, own or dedicated
     tfsdp.disable(model)
     comm.free_slot = orig_free
@@ -553,12 +557,12 @@ def worker(rank, world, port):
 # ------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def w1():
-    return launch(SCRIPT, 1, [], timeout=240)
+    return run_script(SCRIPT, 1, [], timeout=240)
 
 
 @pytest.fixture(scope="module")
 def w2():
-    return launch(SCRIPT, 2, [], timeout=240)
+    return run_script(SCRIPT, 2, [], timeout=240)
 
 
 def _pool_stats(st):

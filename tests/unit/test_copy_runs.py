@@ -1,5 +1,5 @@
 """Strided runs of a copy list (plugin/core/copy_runs.h; docs/architecture.md "Strided copies"): the planner that
-turns a captured program's copies into 2D copies, through tests/c/copy_runs_test.cc. Random copy lists (groups,
+turns a captured program's copies into 2D copies, through tests/native/copy_runs_test.cc. Random copy lists (groups,
 widths, strides, overlapping and repeated sources) and the all-gather's own pattern: the runs write exactly the
 bytes the copies write, respect the pitch limits, and P parameters of one size pushed to W ranks become W runs."""
 
@@ -14,7 +14,7 @@ def runs_exe(repo, tmp_path_factory):
     out = tmp_path_factory.mktemp("copy_runs") / "copy_runs_test"
     core = repo / "plugin" / "core"
     cmd = ["g++", "-std=c++17", "-O1", "-Wall", "-Werror", f"-I{repo / 'include'}", f"-I{core}",
-           str(repo / "tests" / "c" / "copy_runs_test.cc"), str(core / "copy_runs.cc"), "-o", str(out)]
+           str(repo / "tests" / "native" / "copy_runs_test.cc"), str(core / "copy_runs.cc"), "-o", str(out)]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     return Path(out)
 

@@ -1,4 +1,4 @@
-"""Lifetime of TIDE-enabled FSDP2 models (issue 17: +3.7 GiB of torch memory in the step benchmark).
+"""Lifetime of TIDE-enabled FSDP2 models (+3.7 GiB of torch memory in the step benchmark).
 
 Two leaks, each of which kept a whole model (its fp32 sharded parameters above all) alive:
 
@@ -14,7 +14,7 @@ CPU, gloo, world sizes 1 and 2, the reference executor and the native executor o
 tideComm (benchmarks/sim_comm.py). Each case drops a model in a fresh worker and checks weak
 references to the model and to one sharded parameter's local tensor.
 
-Run by hand: python tests/test_fsdp_lifetime.py worker <rank> <world> <port>
+Run by hand: python tests/multirank/test_fsdp_lifetime.py worker <rank> <world> <port>
 """
 
 import gc
@@ -26,9 +26,10 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # sim_comm.py: the simulated tideComm
-from fsdp_llama import batch, build_model, init_worker, launch  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: fsdp_llama, multirank.harness
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # sim_comm.py: the simulated tideComm
+from fsdp_llama import batch, build_model, init_worker  # noqa: E402
+from multirank.harness import run_script  # noqa: E402
 
 pytest.importorskip("torch")
 
@@ -123,12 +124,12 @@ def worker(rank, world, port):
 
 @pytest.fixture(scope="module")
 def w1():
-    return launch(SCRIPT, 1, [], timeout=240)
+    return run_script(SCRIPT, 1, [], timeout=240)
 
 
 @pytest.fixture(scope="module")
 def w2():
-    return launch(SCRIPT, 2, [], timeout=240)
+    return run_script(SCRIPT, 2, [], timeout=240)
 
 
 @pytest.mark.parametrize("world", [1, 2])

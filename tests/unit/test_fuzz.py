@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-FUZZ = Path(__file__).resolve().parent / "fuzz"
+FUZZ = Path(__file__).resolve().parents[1] / "fuzz"
 sys.path.insert(0, str(FUZZ))
 
 import fuzz as F  # noqa: E402
