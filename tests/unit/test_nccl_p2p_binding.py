@@ -1,5 +1,5 @@
 """The NCCL binding of two-sided p2p groups (plugin/nccl/p2p_group.h), on CPU against the recording stub libnccl
-(tests/stub_nccl/recording_stub_nccl.c), through tests/native/nccl_p2p_binding_test.cc.
+(tests/native/stub_nccl/recording_stub_nccl.c), through tests/native/nccl_p2p_binding_test.cc.
 
 No C API path reaches the binding without a GPU (a TIDE communicator needs one), so the program calls the binding
 directly: it loads the stub as a framework loads NCCL (RTLD_GLOBAL), resolves it by version with nccl::resolve(),
@@ -38,7 +38,7 @@ def build(repo, tmp_path_factory):
             d.mkdir()
             extra = [] if fail_peer is None else [f"-DSTUB_FAIL_PEER={fail_peer}"]
             subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libnccl.so.2", f"-DSTUB_VERSION={code}",
-                            "-DSTUB_BASE_QUERIES", *extra, str(repo / "tests" / "stub_nccl" / "recording_stub_nccl.c"),
+                            "-DSTUB_BASE_QUERIES", *extra, str(repo / "tests" / "native" / "stub_nccl" / "recording_stub_nccl.c"),
                             "-o", str(d / "libnccl.so.2")], check=True)
             stubs[key] = d / "libnccl.so.2"
         return stubs[key]
