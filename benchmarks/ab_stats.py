@@ -1,7 +1,7 @@
-"""Paired A/B statistics for benchmarks whose figures drift between processes (issue 15, session 29).
+"""Paired A/B statistics for benchmarks whose figures drift between processes.
 
 A library parameter is read once per process, so two settings cannot alternate inside one process; and on the
-device machines a row's median moves between processes by as much as the differences we look for (session 28: the
+device machines a row's median moves between processes by as much as the differences we look for (on an H100: the
 Llama RS took 33.2 and 51.5 us per rank in two runs of the same library). benchmarks/host_ab.py therefore runs each
 variant in fresh processes, in rounds whose order alternates, and pairs the variants' figures by round: the
 difference of one round cancels whatever drifted between rounds. This module turns those rounds into a verdict per
@@ -31,7 +31,7 @@ def median_interval(values: Sequence[float], level: float = 0.9) -> tuple:
     (x_(k), x_(n-k+1)) with the largest k such that P(Binomial(n, 1/2) <= k - 1) <= (1 - level) / 2, the interval the
     sign test inverts. Exact for any continuous distribution, so few rounds give a wide interval instead of a false
     verdict (a percentile bootstrap of the median, used first, called 16% of no-effect cases at 4 pairs "resolved"
-    at a nominal 10%: the session 29 review). With too few values for any k (n < 5 at 90%) the interval is
+    at a nominal 10%). With too few values for any k (n < 5 at 90%) the interval is
     (-inf, inf)."""
     vals = sorted(v for v in values if v == v)  # drop NaN
     if not 0 < level < 1:

@@ -1,4 +1,4 @@
-"""Benchmark 1 (issue 3): AG placement, TIDE CE writes in place vs FSDP2's copy-out.
+"""Benchmark: AG placement, TIDE CE writes in place vs FSDP2's copy-out.
 
 FSDP2 all-gathers into one flat rank-major buffer and then copies it out into every
 parameter's storage (torch.ops.fsdp.split_with_sizes_copy, pytorch_fsdp2.md 1.3-1.4). TIDE's CE

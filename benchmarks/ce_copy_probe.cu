@@ -1,4 +1,4 @@
-// Probe for the interference benchmark: one same-device copy issued exactly as DESIGN.md section 9 measured it
+// Probe for the interference benchmark: one same-device copy issued exactly as the interference method measures it
 // (cudaMemcpyBatchAsync with cudaMemcpyFlagPreferOverlapWithCompute), or as a plain cudaMemcpyAsync, on a caller's
 // stream. Built by the benchmark on the GPU machine (nvcc -shared), loaded with ctypes; not part of the library.
 #include <cuda_runtime.h>

@@ -1,7 +1,7 @@
 // Which engine runs a device-to-device copy on this GPU: a copy engine, or SMs (a kernel)?
 //
 // Why: the eager-graph route (NCCL_TIDE_EAGER_GRAPHS=1) captures copies as graph memcpy nodes, and tide-perf showed
-// kernel time in TIDE all-gather rows with it on (tests/gpu/RUNS.md, session 17). TIDE promises SM-free transport,
+// kernel time in TIDE all-gather rows with it on (as measured on an H200). TIDE promises SM-free transport,
 // so every form of copy the library may issue (eager, batched with the overlap hint, captured, explicit nodes,
 // memsets) is checked here the same way.
 //

@@ -1,4 +1,4 @@
-"""Where the memory at the peak of an FSDP2 training step goes: stock FSDP2 vs TIDE, per allocation (issue 17).
+"""Where the memory at the peak of an FSDP2 training step goes: stock FSDP2 vs TIDE, per allocation.
 
 Usage, from the repo root, on one GPU, with libnccl-tide.so built with CUDA (about 1 minute per variant on an H200):
 
@@ -8,8 +8,8 @@ Usage, from the repo root, on one GPU, with libnccl-tide.so built with CUDA (abo
     python benchmarks/fsdp_memory_probe.py --variants stock,tide,tide-dedicated --out all.json
     python benchmarks/fsdp_memory_probe.py --show fsdp_memory_probe.json   # print a saved result again
 
-Model and step are nccl_tide.bench.fsdp_step's (its VariantRun: Llama-style, bf16 params, fp32 reduce, AdamW, world
-size 1; same defaults: --layers 4 --hidden 4096 --seq 2048 --tokens 8192; --slot-pool 2 as in issue 17). Each variant
+Model and step are fsdp_step.py's (its VariantRun: Llama-style, bf16 params, fp32 reduce, AdamW, world
+size 1; same defaults: --layers 4 --hidden 4096 --seq 2048 --tokens 8192; --slot-pool 2). Each variant
 runs in a FRESH subprocess (nothing left from another variant; NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 NVSHMEM_DISABLE_NVLS=1 in its environment) that records torch.cuda.memory._record_memory_history(max_entries=200000,
 Python stacks) from before the model is built, runs --warmup steps and then --steps measured steps, takes
@@ -29,8 +29,8 @@ What it prints per variant, for the measured steps:
     markers they are constant (stats()["slot_pool"]["resident_slot_bytes"]). This is what the device holds; for
     stock it equals the torch peak. Compare this one; the table shows the slot bytes resident at that peak;
   * the live bytes at the device peak grouped by their most informative frame (the innermost frame in nccl_tide/,
-    torch/distributed/fsdp/ or this script, else the innermost Python frame; allocations made by the autograd engine
-    with no Python frame form one group), top --top groups in MiB, with the phase the peak fell in;
+    torch/distributed/fsdp/, the step benchmark or this script, else the innermost Python frame; allocations made by
+    the autograd engine with no Python frame form one group), top --top groups in MiB, with the phase the peak fell in;
 then a diff table: groups larger in tide than in stock (or absent in stock), and the largest savings.
 The JSON (--out) holds all of it, plus per variant the peaks over warm-up and measured steps together, the live-set
 check at the start of the measured steps, TIDE's stats and the child's log file name (<out>.<variant>.log).
@@ -39,7 +39,7 @@ Exit status: 0 when every variant ran, 1 when one failed (its error and the end 
 something it needs is missing (CUDA, torch's memory history, nccl_tide on the path, the library).
 
 The pure analysis (trace events -> live set at the peak -> groups -> diff) has no torch dependency and is unit-tested
-on a synthetic trace in tests/test_fsdp_memory_probe.py.
+on a synthetic trace in benchmarks/tests/test_fsdp_memory_probe.py.
 """
 
 import argparse
@@ -59,7 +59,8 @@ MAX_ENTRIES = 200000
 MARK_FN = "_probe_mark"
 MARK_BYTES = 512
 SLOT_MARK = "slots:"  # marker label prefix: TIDE slot bytes resident from this event on
-FOCUS = ("nccl_tide/", "torch/distributed/fsdp/", "fsdp_memory_probe.py")
+# Files whose frames name an allocation: the package, FSDP2, and the step benchmark this probe runs.
+FOCUS = ("nccl_tide/", "torch/distributed/fsdp/", "fsdp_memory_probe.py", "fsdp_step.py", "fsdp_model.py")
 NO_FRAME = "<no Python frame: autograd engine / C++>"
 SLOT_GROUP = "TIDE slots (tideSlotAlloc, resident: pool + dedicated)"
 CHILD_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -376,8 +377,8 @@ def _child(a) -> dict:
     import torch
 
     _use_nccl_tide()
-    from nccl_tide.bench import fsdp_step
-    from nccl_tide.bench.model import LlamaConfig
+    import fsdp_step
+    from fsdp_model import LlamaConfig
 
     if not torch.cuda.is_available():
         raise ProbeError("no CUDA device visible in the child process")
@@ -485,10 +486,10 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--variants", default="stock,tide", help=f"comma list of {', '.join(VARIANTS)} (default stock,tide)")
     p.add_argument("--out", default="fsdp_memory_probe.json", help="JSON result (children's logs: <out>.<variant>.log)")
-    p.add_argument("--slot-pool", type=int, default=2, help="tide: nccl_tide.fsdp.enable(slot_pool=N) (issue 17: 2)")
+    p.add_argument("--slot-pool", type=int, default=2, help="tide: nccl_tide.fsdp.enable(slot_pool=N) (default 2)")
     p.add_argument("--slot-trim", choices=["auto", "on", "off", "all"], default="auto",
                    help="tide: enable(slot_trim=None|True|False|'all') (auto: on at world size 1, the pool's slots "
-                   "freed at the end of forward; off: the slots stay allocated, as measured in issue 17; all: also at "
+                   "freed at the end of forward; off: the slots stay allocated, as the step benchmark measures by default; all: also at "
                    "the end of backward, the root's slot too)")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--hidden", type=int, default=4096)
@@ -537,7 +538,7 @@ def _checks(variants: List[str]) -> None:
         raise ProbeError(f"torch {torch.__version__} lacks torch.cuda.memory._record_memory_history / _snapshot")
     try:
         pkg_dir = _use_nccl_tide()
-        import nccl_tide.bench.fsdp_step  # noqa: F401
+        import nccl_tide.fsdp  # noqa: F401
     except ImportError as e:
         raise ProbeError(
             f"cannot import nccl_tide from {GLUE} ({e}); run from the repo root with PYTHONPATH=pytorch_glue"
@@ -659,7 +660,7 @@ def report(doc: dict, top: int = 20) -> str:
         w = r["analysis"]["windows"]["measured"]
         out.append(f"\n## {name}: live bytes at the device peak ({_mib(w['device_peak_bytes'])} MiB, "
                    f"{w['device_peak_phase']}), top {top} of {w['n_groups']} groups")
-        head = ("MiB", "count", "group (innermost frame in nccl_tide/, torch/distributed/fsdp/, this probe)")
+        head = ("MiB", "count", "group (innermost frame in nccl_tide/, torch/distributed/fsdp/, the step benchmark, this probe)")
         out.append(_table(head, [(_mib(g["bytes"]), str(g["count"]), g["group"]) for g in w["device_groups"][:top]]))
         chk = r["analysis"]["live_bytes_at_measure"]
         out.append(f"check: live at the first measured step {_mib(chk)} MiB (trace) vs torch.cuda.memory_allocated "

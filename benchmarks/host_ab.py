@@ -3,9 +3,9 @@
     python benchmarks/host_ab.py --variant pairs:NCCL_TIDE_PAIR_TOKENS=1 --variant nopairs:NCCL_TIDE_PAIR_TOKENS=0 \
         [--rounds 6] [--only "64 params"] [--samples 15] [--json FILE] [-- CHILD ARGS]
 
-Why (issue 15, session 29): a parameter is read once per process, so two settings cannot alternate inside one; and
+Why: a parameter is read once per process, so two settings cannot alternate inside one; and
 on the device machines a row's median moves between processes about as much as the differences in question
-(session 28: the Llama RS 33.2 and 51.5 us per rank in two runs of one library, within-run IQR up to 22 us).
+(on an H100: the Llama RS 33.2 and 51.5 us per rank in two runs of one library, within-run IQR up to 22 us).
 Here every variant runs in a fresh process per round, the rounds alternate the order (A B, B A, ...), and each
 variant is compared with the first (the base) by its per-round differences: the median difference, a 90%
 distribution-free interval of it (the sign test's: it needs 5 rounds or more to exclude 0), how many rounds it was
@@ -22,7 +22,7 @@ The child is benchmarks/host_issue.py --route on (override with --child; it must
 of rows with "case", "W", "coll" and numeric metrics); arguments after "--" go to it (default: --samples and --only
 from here). Compared metrics: host_us, replay_host_us, gpu_us, host_floors and replay_floors (host_us and
 replay_host_us over the same process's one launch-floor reading; they take no drift out on one machine, and
-session 31 found them no common unit across machines either: a reading kept beside the us). Exit status 1 if any child failed (its round's
+they are no common unit across machines either: a reading kept beside the us). Exit status 1 if any child failed (its round's
 figures are left out of the pairs and the failure is printed), else 0.
 """
 
@@ -36,7 +36,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ab_stats  # noqa: E402
-from nccl_tide.perf.gpu import NO_MULTICAST_ENV  # noqa: E402  (DESIGN.md section 6)
+from nccl_tide.perf.gpu import NO_MULTICAST_ENV  # noqa: E402  (never NVLink multicast on shared machines)
 
 METRICS = ("host_us", "replay_host_us", "gpu_us", "host_floors", "replay_floors")
 VALID = {"host_us": "valid_samples", "replay_host_us": "valid_samples", "gpu_us": "gpu_valid_samples",

@@ -2,7 +2,7 @@
 // the host runs ahead of the GPU (nothing here waits for the device). Prints one line per call kind:
 //   name  n  us_per_call  us_per_item
 // It answers: what does one cudaMemcpyBatchAsync entry, one cuStreamBatchMemOp op, one pointer query cost on the
-// host? The floor under tide-perf's `host us` column (issue 15). Build: nvcc -O2 -arch=sm_90 host_cost_probe.cu -o p
+// host? The floor under tide-perf's `host us` column. Build: nvcc -O2 -arch=sm_90 host_cost_probe.cu -o p
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -261,7 +261,7 @@ int main() {
     row("cudaEventRecord + cudaStreamWaitEvent", 1, us);
     CK(cudaStreamSynchronize(s2));
 
-    // cudaGraphLaunch of graphs shaped like one issue round of a token RS (session 22: is a round's fork what its
+    // cudaGraphLaunch of graphs shaped like one issue round of a token RS (is a round's fork what its
     // launch costs?): a wait batch, `nc` memcpy nodes, a kernel, a write batch; "chain": all in one line; "forked":
     // the copies on a second branch (event fork and join), as a captured two-lane round is.
     std::vector<CUstreamBatchMemOpParams> waitOp(1), writeOp(1);
@@ -322,7 +322,7 @@ int main() {
         row(name, nc, launchUs());
       }
     }
-    // Session 24: on loopback the last rank's call launches every rank's round graphs, rank after rank, one stream
+    // On loopback the last rank's call launches every rank's round graphs, rank after rank, one stream
     // each, and cost about 7 us per launch (host_issue --per-rank) where one round-like graph relaunched on one stream
     // costs about 3: does alternating between 8 graphs on 8 streams cost more? The chained round-like graph (8
     // copies), 8 instances on 8 gated streams, launched in turn (per launch).
@@ -358,7 +358,7 @@ int main() {
         CK(cudaStreamDestroy(rs[k]));
       }
     }
-    // Per-node cost by kind (session 23: does the reduce's launch split, up to 26 kernel launches per rank in a
+    // Per-node cost by kind (does the reduce's launch split, up to 26 kernel launches per rank in a
     // Llama-8B RS of 4 chunks at 2 MiB per CTA, cost host time in a round graph? Do separate flag batches?): a chain
     // of k kernel nodes; a chain of k memop nodes of one op each; one memop node of k ops.
     for (int kind = 0; kind < 3; ++kind) {
@@ -377,7 +377,7 @@ int main() {
         row(kNames[kind], k, launchUs());
       }
     }
-    // Session 25 (the next lever for loopback's deferred rounds, not built): one graph holding round g of all 8 ranks
+    // A lever for loopback's deferred rounds (not built in the library): one graph holding round g of all 8 ranks
     // instead of 8 graphs. Each branch starts at an external event wait (the rank's stream, recorded just before the
     // launch) and ends at an external event record that the rank's stream waits for after it, so no rank waits for
     // another's round. Per round: 8 cudaEventRecord + 1 cudaGraphLaunch + 8 cudaStreamWaitEvent; printed per rank (/ 8)

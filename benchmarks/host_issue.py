@@ -1,4 +1,4 @@
-"""Host issue time per rank per call, apart from GPU latency, for TIDE-AG and TIDE-RS on loopback worlds (issue 15).
+"""Host issue time per rank per call, apart from GPU latency, for TIDE-AG and TIDE-RS on loopback worlds.
 
     python benchmarks/host_issue.py [--json FILE] [--route both|on|off]
 
@@ -6,36 +6,37 @@ Cases: flat AG/RS (one parameter) of 1 and 64 MiB of gathered output at W = 2 an
 (9 parameters, bf16) AG from per-parameter shards and RS with 4 pipeline chunks; a 64-parameter layout at W = 2
 and 8, its shards and gradients allocated one by one ("64 params": the caching allocator places them back to back,
 so the library's graphs copy them as strided runs, docs/architecture.md "Strided copies") and as views of one
-buffer in reverse parameter order ("64 params rev": no strided run can form, one graph node per copy as before
-session 21): the two rows compare the runs with the plain copies in one run. Method: nccl_tide.perf.issue_cost (streams gated behind a sleep kernel, prebuilt ctypes arguments).
+buffer in reverse parameter order ("64 params rev": no strided run can form, one graph node per copy, the plain
+copies): the two rows compare the runs with the plain copies in one run. Method: nccl_tide.perf.issue_cost (streams
+gated behind a sleep kernel, prebuilt ctypes arguments).
 
 --route both (default): the eager graph route (NCCL_TIDE_EAGER_GRAPHS, docs/architecture.md "Eager calls as graph
 replays") off and on in the same run: the cases run first in a child process with NCCL_TIDE_EAGER_GRAPHS=0 (the
 parameter is read once per process), then here with it on, and one table compares them (host us off / on, and the
 GPU time of each, since a replayed graph runs memcpy nodes where the eager call runs batched copies). Cases whose
-program cannot take the route (RS of more chunks than NCCL_TIDE_TOKEN_RS_CHUNKS, default 64 since session 24) run
+program cannot take the route (RS of more chunks than NCCL_TIDE_TOKEN_RS_CHUNKS, default 64) run
 the epoch protocol in both columns and show "epoch" in the route column: with the limit at 2 (ci/gpu_job.sh's
-host_issue_limit2 step, the default until session 24) the Llama and 64-parameter RS rows (4 chunks) do. One process
+host_issue_limit2 step) the Llama and 64-parameter RS rows (4 chunks) do. One process
 issues every rank's call here; benchmarks/host_issue_ipc.py measures one process per rank.
 
 AG rows also time a user-captured replay of the call ("replay us/rank": one graph per rank, one cuGraphLaunch
 each) and, in the same run, its floor ("floor": the same launch path for a graph of one 4-byte memset node per
-rank, nccl_tide.perf.issue_cost.prepare_launch_floor): the replay's cost above the floor is what TIDE's nodes add.
+rank, issue_graphs.prepare_launch_floor): the replay's cost above the floor is what TIDE's nodes add.
 Under each AG row a "#" line gives rank 0's replay graph by node kind (memop nodes with their operations, memcpy,
-kernel, ...) and its edges (issue_cost.graph_census, session 26), to read the replay's host time against.
+kernel, ...) and its edges (issue_graphs.graph_census), to read the replay's host time against.
 
 Flat AG rows also time the same copies (every rank's send buffer into every rank's slot, its own row included) as
-ONE hinted cudaMemcpyBatchAsync on one stream, no flags (issue_cost.prepare_copy_floor; JSON copy_floor_gpu_us),
-and print "AG / copy": issue 15 asks a 64 MiB AG within 1.15x of it.
+ONE hinted cudaMemcpyBatchAsync on one stream, no flags (issue_graphs.prepare_copy_floor; JSON copy_floor_gpu_us),
+and print "AG / copy": the target is a 64 MiB AG within 1.15x of it.
 
 Every row also records the launch floor of its world size ("floor_us") and its host time in floors ("host_floors";
-AG rows "replay_floors"): host rows moved 2x between two H100 machines in session 30, whose W = 8 rows agreed in
-floors within 1-7%; but in session 31 a third machine gave the slow one's rows while its floor read 1.9 us in two
+AG rows "replay_floors"): host rows moved 2x between two H100 machines, whose W = 8 rows agreed in
+floors within 1-7%; but a third machine gave the slow one's rows while its floor read 1.9 us in two
 processes and 3.9 in a third, so a row in floors is a reading to keep beside the us, not a unit hosts agree in.
 
 --per-rank: a second measurement per row times each rank's call apart: "last" (us per call of the last rank, whose
 call also issues every rank's deferred rounds on loopback: W x rounds graph launches) and "others" (the mean of the
-other ranks' calls: lookup, checks, announce). Session 24 added it to find where the RS rows' host time goes.
+other ranks' calls: lookup, checks, announce). It shows where the RS rows' host time goes.
 """
 
 import argparse
@@ -86,7 +87,7 @@ def in_floors(us: float, floor_us: float) -> float:
 
 def main() -> int:
     # HOST_ISSUE_CALLS: the default of --calls from the environment, so that benchmarks/host_ab.py can A/B it
-    # (its variants differ only in environment): e.g. 1 against 6 calls per sample (session 29).
+    # (its variants differ only in environment): e.g. 1 against 6 calls per sample.
     calls_env = os.environ.get("HOST_ISSUE_CALLS", "6")
     if not calls_env.isascii() or not calls_env.isdecimal() or int(calls_env) < 1:
         print(f"HOST_ISSUE_CALLS must be a positive integer (got {calls_env!r})", file=sys.stderr)
@@ -140,7 +141,7 @@ def main() -> int:
     off = {(r["case"], r["W"], r["coll"]): r for r in off_rows}
     print("\n# eager graph route off vs on, same run: host us per rank per call (median), GPU us per call of the world")
     # calls: per sample, off / on: the eager (off) route keeps the P x W cap, so at 64 parameters and W = 8 its
-    # samples are single calls and the on route's 6 (the ratio then mixes the two; benchmarks/RESULTS.md session 29)
+    # samples are single calls and the on route's 6 (the ratio then mixes the two)
     print(f"{'case':<18}{'W':>3}{'P':>4}{'coll':>5}{'chunks':>7}{'route':>7}{'host off':>10}{'host on':>10}"
           f"{'off/on':>8}{'gpu off':>10}{'gpu on':>10}{'calls':>8}")
     merged = []
@@ -173,6 +174,7 @@ def run(args, rows_out=None) -> int:
     from nccl_tide.cuda import LoopbackWorld
     from nccl_tide.dtypes import dtype as to_dtype
     from nccl_tide.dtypes import op_code
+    import issue_graphs as ig
     from nccl_tide.perf import issue_cost as ic
 
     rows = [] if rows_out is None else rows_out
@@ -188,7 +190,7 @@ def run(args, rows_out=None) -> int:
         if w not in worlds:
             # The replay column's floor on this world: a one-node graph per rank through the same ctypes launch path.
             try:
-                fl = ic.prepare_launch_floor(world)
+                fl = ig.prepare_launch_floor(world)
                 floors[w] = ic.host_issue_us(fl, calls=50, samples=args.samples)["host_us"]
                 fl.close()
             except Exception as e:  # report, do not hide
@@ -220,7 +222,7 @@ def run(args, rows_out=None) -> int:
                 prep = ic.prepare_reduce_scatter(world, layouts, grads, outs, op_code("sum"), to_dtype("fp32").code)
             # The call's route decides the calls per sample (issue_cost.calls_per_sample: the P x W cap for eager
             # epoch calls, --calls on the graph route, where one call per sample overstated the 64-parameter rows
-            # by 1.4-16.5 us per rank: session 30).
+            # by 1.4-16.5 us per rank on an H100).
             calls = ic.calls_per_sample(prep.copies, prep.graph_route, args.calls)
             h = ic.host_issue_us(prep, calls=calls, samples=args.samples)
             if args.per_rank:  # a second measurement, so that host_us keeps its method (no timer reads per call)
@@ -231,14 +233,14 @@ def run(args, rows_out=None) -> int:
             row = {"case": name, "W": w, "P": len(numels), "coll": coll, "chunks": l0.rs_num_chunks if coll == "rs" else 0,
                    "calls": calls, "route": "graph" if prep.graph_route else "epoch",
                    **h, **g}
-            # The same figure in launch floors of this process (kept beside the us; session 31: not a unit in which
+            # The same figure in launch floors of this process (kept beside the us; not a unit in which
             # machines agree, see the module's docstring).
             row["floor_us"] = floors.get(w, float("nan"))
             row["host_floors"] = in_floors(h["host_us"], row["floor_us"])
             if coll == "ag" and len(numels) == 1:
-                # Issue 15's GPU target: a flat AG within 1.15x of the same copies as one hinted batch copy (no flags).
+                # The GPU target: a flat AG within 1.15x of the same copies as one hinted batch copy (no flags).
                 try:
-                    floor = ic.prepare_copy_floor(world, ic.flat_all_gather_copies(l0, slots, sends))
+                    floor = ig.prepare_copy_floor(world, ig.flat_all_gather_copies(l0, slots, sends))
                     cf = ic.gpu_latency_us(floor, samples=args.samples)
                     if not cf["gpu_us"] > 0:  # NaN (no valid sample) or 0
                         raise RuntimeError(f"no valid GPU time ({cf})")
@@ -251,7 +253,7 @@ def run(args, rows_out=None) -> int:
             if coll == "ag":
                 # A graph-captured replay of the same call (one graph per virtual rank): host cost of the launches.
                 try:
-                    graphs = ic.prepare_graph_replays(prep)
+                    graphs = ig.prepare_graph_replays(prep)
                     row["replay_host_us"] = ic.host_issue_us(graphs, calls=calls, samples=args.samples)["host_us"]
                     row["replay_floor_us"] = floors.get(w, float("nan"))
                     row["replay_floors"] = in_floors(row["replay_host_us"], row["replay_floor_us"])
@@ -265,8 +267,8 @@ def run(args, rows_out=None) -> int:
                   f"{row.get('replay_host_us', float('nan')):>16.1f}{row.get('replay_floor_us', float('nan')):>7.1f}"
                   + (f"{h['last_rank_us']:>8.1f}{h['other_ranks_us']:>8.1f}" if args.per_rank else "")
                   + f" {row.get('replay_error', '')}", flush=True)
-            if row.get("replay_census"):  # what rank 0's replayed graph holds (issue_cost.graph_census)
-                print(f"#   {name}, W {w}: rank 0's replay graph: {ic.format_census(row['replay_census'][0])}", flush=True)
+            if row.get("replay_census"):  # what rank 0's replayed graph holds (issue_graphs.graph_census)
+                print(f"#   {name}, W {w}: rank 0's replay graph: {ig.format_census(row['replay_census'][0])}", flush=True)
             if coll == "ag":
                 world.free_slot(slots)
             for lay in layouts:

@@ -1,4 +1,4 @@
-"""Host issue time per rank per call when each rank is its own process (CUDA IPC peer memory), issue 15.
+"""Host issue time per rank per call when each rank is its own process (CUDA IPC peer memory).
 
     python benchmarks/host_issue_ipc.py [--ranks 2] [--device-per-rank] [--json FILE] [--samples 9] [--only SUBSTRING]
 
@@ -6,7 +6,7 @@ benchmarks/host_issue.py measures loopback worlds, where one process issues ever
 the device's hardware queues: the library then issues a token program in issue rounds (one graph launch per round
 per rank, docs/architecture.md "More chunks than buffers"). A real node runs one process per GPU; this benchmark
 runs that shape on one GPU: --ranks processes on cuda:0 (with --device-per-rank rank r on cuda:r, a node's shape:
-written in session 31, not yet run, no multi-GPU machine was lent), a gloo bootstrap, CUDA IPC peer memory
+not yet run on a multi-GPU machine), a gloo bootstrap, CUDA IPC peer memory
 (Comm.from_bootstrap, as tests/gpu/test_multiprocess.py). Each process measures its own host time per call with
 nccl_tide.perf.issue_cost (its stream gated behind a sleeping kernel, prebuilt ctypes arguments, a sample counts only
 if the gate was still closed when the loop ended; median over samples), and also the host time of replaying a
@@ -17,7 +17,7 @@ Each RS row also runs with Slot-Reuse staging (a slot of rs_staging_bytes): `slo
 replay` the same call captured into a user graph and launched (one cuGraphLaunch; the graph's nodes by kind are
 printed under the row), so `slot us` - `slot replay` is what the call costs outside its graph launch (checks,
 binding lookup, the announce, the library's own graph launch against the user's). `floor` is each process's launch
-floor (a one-node graph, issue_cost.prepare_launch_floor) read before the rows: the host's launch speed.
+floor (a one-node graph, issue_graphs.prepare_launch_floor) read before the rows: the host's launch speed.
 
 GPU latency is not measured: the processes' contexts time-slice one GPU, so device time here is not one GPU's share
 of a node (benchmarks/share.py measures that). Cases as host_issue.py's, at W = --ranks: flat AG/RS of 1 and 64 MiB
@@ -73,6 +73,7 @@ def _rank(rank, world, port, args, out_path):
         from nccl_tide.comm import Comm
         from nccl_tide.dtypes import dtype as to_dtype
         from nccl_tide.dtypes import op_code
+        import issue_graphs as ig
         from nccl_tide.perf import issue_cost as ic
 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
@@ -87,7 +88,7 @@ def _rank(rank, world, port, args, out_path):
                 "token_rs_chunks": int(N.param_value("NCCL_TIDE_TOKEN_RS_CHUNKS")),
                 "eager_graphs": N.param_value("NCCL_TIDE_EAGER_GRAPHS")}
         with torch.cuda.stream(stream):
-            fl = ic.prepare_launch_floor(ic._OneRank(comm))
+            fl = ig.prepare_launch_floor(ic.OneRank(comm))
             meta["floor_us"] = ic.host_issue_us(fl, calls=args.calls, samples=args.samples)["host_us"]
             fl.close()
             for name, numels, chunks in cases(world):
@@ -123,7 +124,7 @@ def _rank(rank, world, port, args, out_path):
                            "chunks": lay.rs_num_chunks if coll == "rs" else 0, **h}
                     if coll == "ag":  # a captured RS needs Slot-Reuse staging (own staging may grow): AG only
                         try:
-                            graphs = ic.prepare_graph_replays(prep)
+                            graphs = ig.prepare_graph_replays(prep)
                             row["replay_host_us"] = ic.host_issue_us(graphs, calls=calls,
                                                                      samples=args.samples)["host_us"]
                             graphs.close()
@@ -135,7 +136,7 @@ def _rank(rank, world, port, args, out_path):
                             ps = ic.prepare_comm_reduce_scatter(comm, lay, grads, out, op_code("sum"),
                                                                 to_dtype("fp32").code, staging=stag)
                             row["slot_host_us"] = ic.host_issue_us(ps, calls=calls, samples=args.samples)["host_us"]
-                            graphs = ic.prepare_graph_replays(ps)
+                            graphs = ig.prepare_graph_replays(ps)
                             row["replay_host_us"] = ic.host_issue_us(graphs, calls=calls,
                                                                      samples=args.samples)["host_us"]
                             row["replay_census"] = graphs.census[0]
@@ -222,7 +223,7 @@ def main() -> int:
 
 def report(reports, args, rc=0) -> int:
     """Prints the table (and writes --json) from the ranks' reports; returns rc."""
-    from nccl_tide.perf.issue_cost import format_census
+    from issue_graphs import format_census
 
     m = reports[0]["meta"]
     where = "one GPU each" if args.device_per_rank else "one GPU"

@@ -1,10 +1,10 @@
-"""Benchmark 4 (issue 3): how much side work slows a concurrent single-wave GEMM.
+"""Benchmark: how much side work slows a concurrent single-wave GEMM.
 
 A bf16 GEMM (1024x4096 @ 4096x16384, ~0.17 ms alone on an H200) is timed alone and while side
 work runs on other streams: TIDE AG and TIDE RS (loopback 8 virtual ranks, Llama-3.1-8B layer),
 an SM copy (torch copy_ of a 1 GiB buffer) and an SM reduction (bf16 -> fp32 torch.sum over 8 rows).
 
-Method (DESIGN.md section 9): per run, a sleep kernel on a head stream gates the side streams so
+Method: per run, a sleep kernel on a head stream gates the side streams so
 that the CPU can enqueue everything first; the side streams run side op 1, then record events, then
 K-1 more side ops (K chosen from the side op's own time so that they outlast 3x the GEMM time + 1 ms);
 the GEMM stream waits on the events recorded after op 1, then records start, runs the GEMM, records
@@ -29,7 +29,7 @@ from bench_common import (
     time_ms,
 )
 
-METHOD = __doc__.split("Method (DESIGN.md section 9): ")[1].strip().replace("\n", " ")
+METHOD = __doc__.split("Method: ")[1].strip().replace("\n", " ")
 
 
 class Gemm:
@@ -69,7 +69,7 @@ def side_ops(ctx, notes):
     """name -> (setup() -> (unit(), streams, cleanup())). Setups run lazily, one at a time.
 
     TIDE_BENCH_INTERFERENCE_RANKS (comma list, default "8") picks the loopback world sizes;
-    TIDE_BENCH_INTERFERENCE_PROBE=1 adds raw copies issued exactly as DESIGN.md section 9 measured them
+    TIDE_BENCH_INTERFERENCE_PROBE=1 adds raw copies issued exactly as the method measures them
     (hinted batch on 1 and on 8 streams, plain cudaMemcpyAsync on 1 stream), to tell the copy mechanism
     apart from TIDE's own issue pattern."""
     import os

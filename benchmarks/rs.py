@@ -1,4 +1,4 @@
-"""Benchmarks 2 and 3 (issue 3): TIDE reduce-scatter on one H200 (loopback 8 virtual ranks).
+"""Benchmarks: TIDE reduce-scatter on one H200 (loopback 8 virtual ranks).
 
 (2a) phase-2 reduce kernel bandwidth, from torch.profiler kernel durations during a TIDE RS
      (bytes = bf16 staging read + fp32 output written, all 8 ranks), against the device-to-device

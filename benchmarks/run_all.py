@@ -1,11 +1,11 @@
-"""Runs the one-H200 benchmarks of issue 3 and writes DIR/results.json and DIR/results.md.
+"""Runs the one-GPU benchmarks (AG placement, RS, interference) and writes DIR/results.json and DIR/results.md.
 
     python benchmarks/run_all.py --out DIR            # on the GPU (ci/gpu.sh)
     python benchmarks/run_all.py --out DIR --dry-run  # CPU, tiny sizes: checks the code paths
 
 Each benchmark runs inside its own try/except (a failure prints its traceback and the others
 still run); results.json is rewritten after each one, so a crash leaves what was measured.
-The compact summary table comes last on stdout; results.md is a snippet for benchmarks/RESULTS.md.
+The compact summary table comes last on stdout; results.md is a Markdown snippet of the same table.
 """
 
 import argparse
@@ -31,7 +31,7 @@ def _write(out, results):
 def markdown(results, summary, errors):
     e = results["env"]
     lines = [
-        f"### One H200 benchmarks (issue 3), {e['date_utc']} UTC, commit {e.get('git_commit')}",
+        f"### One-GPU benchmarks, {e['date_utc']} UTC, commit {e.get('git_commit')}",
         "",
         f"Command: `{e['command']}`"
         + (" (dry run: CPU, tiny sizes; numbers are meaningless)" if results["dry_run"] else ""),

@@ -1,4 +1,4 @@
-// Micro-benchmark kernels (issue 16, part 2): how many bytes per second ONE SM (one CTA) can move, and how that
+// Micro-benchmark kernels: how many bytes per second ONE SM (one CTA) can move, and how that
 // scales with CTAs, so that the reduce's grid can be sized from it. Built by benchmarks/sm_bandwidth.py with nvcc
 // (-arch=sm_90) into a shared library; every entry point returns a cudaError_t and times `iters` launches with
 // events on a stream of its own; the reduce variants (rv::, smbw_reduce) only enqueue, on the caller's stream.
@@ -148,7 +148,7 @@ void launchCopy(int ctas, int threads, void* dst, const void* src, uint64_t perC
   copyKernel<D><<<ctas, threads, 0, s>>>(static_cast<uint4*>(dst), static_cast<const uint4*>(src), perCta);
 }
 
-// ---- Reduce variants (issue 16, "make the reduce quiet"): bench-only copies of the library's reduce math ----------
+// ---- Reduce variants ("make the reduce quiet"): bench-only copies of the library's reduce math ----------
 // Same fold as plugin/cuda/reduce_kernel.cu's reduceVecKernel for op SUM, bf16 inputs and an fp32 output (no
 // premul, avg or prev): x_s = (float) in_s[k] (exact), acc = x_0, acc = __fadd_rn(acc, x_s) for s = 1 .. nSrc-1,
 // a NaN sum stored as the canonical fp32 NaN; 16-byte path only (every base 16-byte aligned, n a multiple of 8);

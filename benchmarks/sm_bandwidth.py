@@ -1,4 +1,4 @@
-"""Micro-benchmark (issue 16, part 2): one SM's achievable bandwidth, and the library's reduce per CTA.
+"""Micro-benchmark: one SM's achievable bandwidth, and the library's reduce per CTA.
 
 Measured on this GPU, each with CUDA events over several launches of buffers far larger than L2:
 * raw reads by one CTA (LDG.128; threads x independent 16-byte loads in flight per thread), the best shape's
@@ -166,7 +166,7 @@ def main(argv=None):
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
     a = ap.parse_args(argv)
-    from nccl_tide import _bench as B
+    import bench_lib as B
 
     dev = torch.device("cuda", 0)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -254,7 +254,7 @@ def main(argv=None):
     traffic = n * (2 * W + 4)
     lib_out = None
     # G CTAs in one launch: bytes per CTA just above traffic / G; then the library's rule (G = 0) with its own bytes
-    # per CTA (kReduceCtaBytes) and with 2, 4, 8 and 16 MiB per CTA (the launch split's cost: session 22).
+    # per CTA (kReduceCtaBytes) and with 2, 4, 8 and 16 MiB per CTA (the launch split's cost).
     runs = [(G, traffic // G + 8 * (2 * W + 4)) for G in ([1, 2, 3, 4, 6, 8, 16, 32, sms] if not a.quick
                                                           else [1, 4, 8, sms])]
     runs += [(0, 0)] + [(0, mib << 20) for mib in (2, 4, 8, 16)]

@@ -3,7 +3,7 @@
 # (CUDA off: the CUDA runtime and ASan do not mix on a machine without a GPU), then
 #   1. the C-API-level pytest files run against that library (NCCL_TIDE_LIBRARY_PATH), libasan preloaded into
 #      python; leak detection off for the python process only (CPython keeps its allocations at exit by design);
-#   2. tests/c/host_smoke.cc built with the same sanitizers and run WITH leak detection;
+#   2. tests/native/host_smoke.cc built with the same sanitizers and run WITH leak detection;
 #   3. the fuzzer's regression seeds (tests/fuzz) against the same library.
 # Any sanitizer report stops the process with a non-zero exit (halt_on_error), so this script fails.
 # Usage: ci/sanitize.sh   (env: TIDE_SANITIZE_BUILD_DIR, default _build/sanitize)
@@ -33,7 +33,7 @@ asan_common="halt_on_error=1:strict_string_checks=1:detect_stack_use_after_retur
 echo "== sanitize: host_smoke (ASan+UBSan, leak detection on)"
 smoke="${build}/host_smoke"
 g++ -std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined \
-  -Iinclude -Iplugin/core tests/c/host_smoke.cc plugin/core/dtype.cc -L"${build}" -lnccl-tide \
+  -Iinclude -Iplugin/core tests/native/host_smoke.cc plugin/core/dtype.cc -L"${build}" -lnccl-tide \
   -Wl,-rpath,"$(cd "${build}" && pwd)" -o "${smoke}"
 ASAN_OPTIONS="${asan_common}:detect_leaks=1" NCCL_TIDE_DEBUG=NONE "${smoke}" >"${build}/host_smoke.log" 2>&1 || {
   tail -n 60 "${build}/host_smoke.log" >&2

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# valgrind memcheck job (issue 10): tests/c/host_smoke.cc (layouts created, queried and destroyed over many shapes,
+# valgrind memcheck job (issue 10): tests/native/host_smoke.cc (layouts created, queried and destroyed over many shapes,
 # host AG/RS, error paths, parameters, the multicast gate; issue 18: destroyed/garbage handles, a destroy racing
 # host all-gathers on three threads, misaligned buffers, canonical NaN results) against a non-sanitized host-only build. Fails on any
 # memcheck error and on any definitely or indirectly lost block.
@@ -21,7 +21,7 @@ cmake -S . -B "${build}" "${gen[@]}" -DTIDE_BUILD_CUDA=OFF -DTIDE_BUILD_NCCL=OFF
   -DTIDE_STATIC_LIBSTDCXX=OFF >/dev/null
 cmake --build "${build}" -j "$(nproc)"
 dir="$(cd "${build}" && pwd)"
-g++ -std=c++17 -O1 -g -Iinclude -Iplugin/core tests/c/host_smoke.cc plugin/core/dtype.cc -L"${dir}" -lnccl-tide \
+g++ -std=c++17 -O1 -g -Iinclude -Iplugin/core tests/native/host_smoke.cc plugin/core/dtype.cc -L"${dir}" -lnccl-tide \
   -Wl,-rpath,"${dir}" -o "${dir}/host_smoke"
 
 log="${dir}/valgrind.log"

@@ -1,4 +1,5 @@
-"""Shared by tests/test_fsdp*.py: a tiny Llama-style model and a multi-process launcher.
+"""Shared by the FSDP2 tests: a tiny Llama-style model and the body of their gloo workers (started by
+multirank.harness.run_script).
 
 Sizes are chosen so that no dim-0 divides the world sizes used (2, 4), and one parameter
 has fewer rows than ranks (trailing ranks hold only padding).
@@ -6,65 +7,18 @@ has fewer rows than ranks (trailing ranks hold only padding).
 
 import json
 import os
-import socket
-import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from multirank.harness import free_port, init_gloo  # noqa: F401  (free_port: tests/test_fsdp_memory_probe.py)
 
 VOCAB, DIM, HEADS, HIDDEN, LAYERS = 37, 26, 2, 45, 2
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(script: Path, world: int, args, timeout: float = 180.0, env=None):
-    """Runs `python script worker <rank> <world> <port> <args...>` on `world` processes.
-
-    Returns the JSON each rank printed on its last stdout line. Fails (with every rank's
-    output) on a non-zero exit, and kills every rank on timeout: a hang is a failure.
-    """
-    port = free_port()
-    e = dict(os.environ)
-    e.update(env or {})
-    e.setdefault("OMP_NUM_THREADS", "1")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script), "worker", str(r), str(world), str(port), *map(str, args)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=e,
-        )
-        for r in range(world)
-    ]
-    outs, failed = [], False
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            out = (p.communicate()[0] or "") + f"\n<timeout after {timeout} s: killed>"
-            failed = True
-        outs.append(out)
-        failed |= p.returncode != 0
-    if failed:
-        raise AssertionError("\n\n".join(f"--- rank {r} ---\n{o[-6000:]}" for r, o in enumerate(outs)))
-    return [json.loads(o.strip().splitlines()[-1]) for o in outs]
-
-
 def init_worker(rank: int, world: int, port: int):
     import torch
-    import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    return dist
+    return init_gloo(rank, world, port, timeout_s=None)
 
 
 def run_worker(rank: int, world: int, port: int, cases: str, run_case, counter) -> None:

@@ -15,7 +15,7 @@ def test_shims(repo, tmp_path):
     if cxx is None:
         pytest.skip("no C++ compiler")
     exe = tmp_path / "shims"
-    src = [repo / "tests" / "c" / "glibc_shims_test.cc", repo / "plugin" / "compat" / "glibc_shims.cc"]
+    src = [repo / "tests" / "native" / "glibc_shims_test.cc", repo / "plugin" / "compat" / "glibc_shims.cc"]
     subprocess.run([cxx, "-O1", "-std=c++17", "-pthread", *map(str, src), "-o", str(exe)], check=True, timeout=300)
     # The program's own definitions are the ones used (no glibc version of them was bound):
     nm = subprocess.run(["nm", str(exe)], capture_output=True, text=True, check=True).stdout

@@ -136,10 +136,10 @@ def test_models():
 
 
 def test_c_smoke_program(native, repo, tmp_path):
-    """Core's C++ self-check (tests/c/host_smoke.cc), built against the library under test."""
-    src = repo / "tests" / "c" / "host_smoke.cc"
+    """Core's C++ self-check (tests/native/host_smoke.cc), built against the library under test."""
+    src = repo / "tests" / "native" / "host_smoke.cc"
     if not src.exists():
-        pytest.skip("tests/c/host_smoke.cc not present")
+        pytest.skip("tests/native/host_smoke.cc not present")
     lib = Path(N.library_path())
     exe = tmp_path / "host_smoke"
     build = [

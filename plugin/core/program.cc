@@ -66,9 +66,11 @@ void wordName(int w, char* buf, size_t len) {
 }
 
 void describe(const Program& p, std::vector<char>* t) {
-  append(t, "%s rank %d of %d (%d nodes of %d), mode %d: %zu steps, %zu ops, %zu flag ops, %zu copies, %zu reduces\n",
+  append(t, "%s rank %d of %d (%d nodes of %d), mode %d: %zu steps, %zu ops, %zu flag ops, %zu copies, %zu reduces",
          p.coll == Coll::kAllGather ? "AG" : "RS", p.rank, p.worldSize, p.nNodes, p.ranksPerNode,
          static_cast<int>(p.mode), p.steps.size(), p.ops.size(), p.flags.size(), p.copies.size(), p.reduces.size());
+  if (p.transport == Transport::kTwoSided) append(t, ", %zu p2p transfers (two-sided)", p.p2p.size());
+  append(t, "\n");
   for (size_t s = 0; s < p.steps.size(); ++s) {
     const Step& st = p.steps[s];
     append(t, "step %zu lane %s group %d\n", s, st.lane == Lane::kCaller ? "caller" : "internal", st.group);
@@ -89,6 +91,14 @@ void describe(const Program& p, std::vector<char>* t) {
                op.crossNode ? " (put)" : "", memName(c.dst.mem), c.dst.index,
                static_cast<unsigned long long>(c.dst.offset), memName(c.src.mem), c.src.index,
                static_cast<unsigned long long>(c.src.offset), static_cast<unsigned long long>(c.bytes));
+      } else if (op.kind == Op::kP2p) {
+        append(t, "  p2p group of %u:\n", op.end - op.begin);
+        for (uint32_t x = op.begin; x < op.end; ++x) {
+          const P2pXfer& f = p.p2p[x];
+          append(t, "    %s rank %d %s[%d]+%llu (%llu bytes)\n", f.kind == P2pXfer::kSend ? "send to  " : "recv from",
+                 f.peer, memName(f.addr.mem), f.addr.index, static_cast<unsigned long long>(f.addr.offset),
+                 static_cast<unsigned long long>(f.bytes));
+        }
       } else {
         const ReduceOp& r = p.reduces[op.begin];
         append(t, "  reduce %d inputs at %s[%d]+%llu%s -> %s[%d]+%llu, %llu elements\n", r.nInputs,

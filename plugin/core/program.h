@@ -112,6 +112,27 @@ struct FlagOp {
   }
 };
 
+// How the operations that cross a node boundary are carried (Options::transport; docs/protocol.md "Across nodes").
+enum class Transport : uint8_t {
+  // Puts into the peer's memory (copy batches with Op::crossNode) and flag signals / waits with the peer: every
+  // rank's memory peer-mapped (loopback, CUDA IPC), or one-sided RMA (ncclPutSignal / ncclWaitSignal).
+  kOneSided = 0,
+  // Grouped sends and receives (ncclSend / ncclRecv, two-sided): Op::kP2p groups; the receiver posts a receive into
+  // its own memory where the put would have landed, and the group's completion in stream order replaces the
+  // cross-node signals and waits. Built by plugin/core/p2p_plan.h.
+  kTwoSided = 1,
+};
+
+// One side of a two-sided transfer, in this rank's own memory (addr: Mem::kSlot or Mem::kStaging of this rank):
+// send `bytes` at addr to `peer`, or receive `bytes` from `peer` into addr. Like NCCL, a pair's sends and receives
+// match in issue order.
+struct P2pXfer {
+  enum Kind : uint8_t { kSend = 0, kRecv = 1 } kind = kSend;
+  int32_t peer = 0;
+  Addr addr;
+  uint64_t bytes = 0;
+};
+
 struct CopySeg {
   Addr dst, src;
   uint64_t bytes = 0;
@@ -135,12 +156,15 @@ struct ReduceOp {
   uint64_t n = 0;
 };
 
-// One operation: a run [begin, end) of flagOps or copies, or one reduce (begin = its index).
+// One operation: a run [begin, end) of flagOps, copies or p2p transfers, or one reduce (begin = its index).
+// kP2p: one NCCL group on the step's lane (ncclGroupStart, each transfer's ncclSend / ncclRecv in order,
+// ncclGroupEnd); the operations after it on the lane run once every transfer of the group has completed.
 struct Op {
-  enum Kind : uint8_t { kFlags = 0, kCopies = 1, kReduce = 2 } kind = kFlags;
-  // Crosses a node boundary (a put, or a signal / wait of one): issued through the inter-node transport.
+  enum Kind : uint8_t { kFlags = 0, kCopies = 1, kReduce = 2, kP2p = 3 } kind = kFlags;
+  // Crosses a node boundary (a put, or a signal / wait of one; every kP2p group): issued through the inter-node
+  // transport.
   bool crossNode = false;
-  int32_t peer = -1;  // crossNode: the other rank
+  int32_t peer = -1;  // crossNode, except kP2p (whose transfers name their peers): the other rank
   uint32_t begin = 0, end = 0;
 };
 
@@ -163,11 +187,13 @@ struct Program {
   int numBuffers = 0;       // RS: staging buffers
   bool usesInternalLane = false;
   bool needsStaging = false;  // RS: reads kStaging
+  Transport transport = Transport::kOneSided;  // as compiled (only several nodes have kP2p operations)
   std::vector<Step> steps;
   std::vector<Op> ops;
   std::vector<FlagOp> flags;
   std::vector<CopySeg> copies;
   std::vector<ReduceOp> reduces;
+  std::vector<P2pXfer> p2p;
 };
 
 struct Options {
@@ -181,6 +207,8 @@ struct Options {
   // in pairs of words that both have a writer (FlagOp::pairNext): at W = 8 the AG's 45 memop operations become 33
   // (docs/architecture.md "Token pairs"). Local to the rank: the words written to peers are the same either way.
   bool pairTokens = false;
+  // Several nodes: the cross-node operations as one-sided puts and signals, or as two-sided p2p groups.
+  Transport transport = Transport::kOneSided;
 };
 
 // The program of layout.rank. Errors (tideUnsupported with a message that says what to change): a mode the layout

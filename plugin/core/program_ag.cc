@@ -4,6 +4,7 @@
 #include <cinttypes>
 
 #include "errors.h"
+#include "p2p_plan.h"
 #include "program_builder.h"
 #include "schedule.h"
 
@@ -74,25 +75,6 @@ void captured(const Layout& l, bool pairs, Builder& b) {
   b.write(me, word::kCapAgPhase, Val::kConst, 0);
 }
 
-// Bytes [offset, offset + bytes) of block `blockRank` (packed send-buffer layout), own slot -> peer's slot, one
-// segment per parameter it touches (alignment gaps carry nothing).
-void blockRange(const Layout& l, int peer, int blockRank, uint64_t offset, uint64_t bytes, int me, Builder& b) {
-  const uint64_t end = offset + bytes;
-  int lo = 0, hi = l.nParams;  // first parameter whose shard ends after offset (send offsets increase)
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    const ParamLayout& p = l.params[mid];
-    if (p.sendOffset + p.shardBytes <= offset) lo = mid + 1; else hi = mid;
-  }
-  for (int i = lo; i < l.nParams && l.params[i].sendOffset < end; ++i) {
-    const ParamLayout& p = l.params[i];
-    const uint64_t a = std::max(offset, p.sendOffset), e = std::min(end, p.sendOffset + p.shardBytes);
-    if (a >= e) continue;
-    const uint64_t at = slotPos(p, blockRank) + (a - p.sendOffset);
-    b.copy(addr(Mem::kSlot, peer, at), addr(Mem::kSlot, me, at), e - a, peer);
-  }
-}
-
 tideResult_t multiNode(const Layout& l, const Options& opt, Program* prog, Builder& b) {
   const int R = l.ranksPerNode, N = l.nNodes, me = l.rank, n = me / R, q = me % R;
   const int rounds = l.schedule.numRounds;
@@ -101,6 +83,7 @@ tideResult_t multiNode(const Layout& l, const Options& opt, Program* prog, Build
                 rounds, word::kMaxRounds);
   }
   const bool deferred = opt.mode == Mode::kDeferred;
+  const bool twoSided = opt.transport == Transport::kTwoSided;  // p2p groups instead of puts, signals and waits
   const int len = scheduleLength(l);
   std::vector<int> roundPeer(rounds, -1), recvPeer(rounds, -1);  // who this rank sends to / hears from per round
   std::vector<ScheduleStep> steps(len);
@@ -112,12 +95,13 @@ tideResult_t multiNode(const Layout& l, const Options& opt, Program* prog, Build
   for (int k = 0; k < rounds; ++k) {
     if (roundPeer[k] < 0) return fail(tideInternalError, kComponent, "all-gather: round %d has no step", k);
   }
-  // Ranks this rank writes into: the other ranks of its node, then its rail peers of every round.
+  // Ranks this rank writes into: the other ranks of its node, then (one-sided) its rail peers of every round; a
+  // two-sided receive is posted by the receiver itself, in its call.
   std::vector<int> dests;
   for (int x = 0; x < R; ++x) {
     if (x != q) dests.push_back(n * R + x);
   }
-  for (int k = 0; k < rounds; ++k) {
+  for (int k = 0; k < rounds && !twoSided; ++k) {
     if (std::find(dests.begin(), dests.end(), roundPeer[k]) == dests.end()) dests.push_back(roundPeer[k]);
   }
   const Lane lane = deferred ? Lane::kInternal : Lane::kCaller;
@@ -136,15 +120,23 @@ tideResult_t multiNode(const Layout& l, const Options& opt, Program* prog, Build
     const ParamLayout& p = l.params[i];
     b.copy(addr(Mem::kSlot, me, slotPos(p, me)), addr(Mem::kSrc, i, 0), p.shardBytes);
   }
-  // Groups 1 + k: round k of the rail schedule, one put (copy batch) per step of at most paceBytes.
+  // Groups 1 + k: round k of the rail schedule, one put (copy batch) or p2p group per step of at most paceBytes.
   for (int k = 0, x = 0; k < rounds; ++k) {
     b.at(lane, group(1 + k));
     b.close();
     const int peer = roundPeer[k];
+    if (twoSided) {  // a step's receives land before the next step's sends read them (stream order)
+      for (; x < len && steps[x].round == k; ++x) {
+        for (const P2pGroup& g : p2pGroups(l, P2pAt::kAgStep, x)) b.p2p(g);
+      }
+      continue;
+    }
     if (k > 0) b.waitSignalFrom(recvPeer[k - 1], me, word::kAgRail + k - 1, Val::kEpoch, 0);
     for (; x < len && steps[x].round == k; ++x) {
       b.close();
-      blockRange(l, peer, steps[x].sendBlockNode * R + q, steps[x].offset, steps[x].bytes, me, b);
+      for (const Wire& w : agStepWires(l, me, x)) {
+        b.copy(addr(Mem::kSlot, peer, w.offset), addr(Mem::kSlot, me, w.offset), w.bytes, peer);
+      }
     }
     b.close();
     b.signalTo(peer, word::kAgRail + k, Val::kEpoch, 0);
@@ -152,7 +144,7 @@ tideResult_t multiNode(const Layout& l, const Options& opt, Program* prog, Build
   // Group rounds + 1: the blocks of this rail from every node have landed; fan them out inside the node.
   b.at(lane, group(rounds + 1));
   b.close();
-  if (rounds > 0) {
+  if (rounds > 0 && !twoSided) {
     b.waitSignalFrom(recvPeer[rounds - 1], me, word::kAgRail + rounds - 1, Val::kEpoch, 0);
     b.close();
   }
@@ -189,6 +181,7 @@ tideResult_t compileAllGather(const Layout& l, const Options& opt, Program* out)
   p.worldSize = l.worldSize;
   p.ranksPerNode = l.ranksPerNode;
   p.nNodes = l.nNodes;
+  if (l.nNodes > 1) p.transport = opt.transport;
   if (l.ranksPerNode > word::kMaxLocalRanks) {
     return fail(tideUnsupported, kComponent, "all-gather: %d ranks per node exceed the supported %d",
                 l.ranksPerNode, word::kMaxLocalRanks);

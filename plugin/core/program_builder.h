@@ -4,6 +4,8 @@
 #ifndef TIDE_CORE_PROGRAM_BUILDER_H_
 #define TIDE_CORE_PROGRAM_BUILDER_H_
 
+#include <vector>
+
 #include "program.h"
 
 namespace tide {
@@ -59,6 +61,17 @@ class Builder {
   }
   // Ends the open batch: the next copy or flag starts a new operation.
   void close() { open_ = false; }
+
+  // One p2p group (Op::kP2p), an operation of its own; nothing for an empty group.
+  void p2p(const std::vector<P2pXfer>& group) {
+    if (group.empty()) return;
+    Op* o = newOp(Op::kP2p, -1);
+    o->crossNode = true;
+    o->begin = static_cast<uint32_t>(p_->p2p.size());
+    p_->p2p.insert(p_->p2p.end(), group.begin(), group.end());
+    o->end = static_cast<uint32_t>(p_->p2p.size());
+    open_ = false;
+  }
 
   void reduce(const ReduceOp& r) {
     Op* o = newOp(Op::kReduce, -1);

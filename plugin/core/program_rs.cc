@@ -7,6 +7,7 @@
 
 #include "dtype.h"
 #include "errors.h"
+#include "p2p_plan.h"
 #include "program_builder.h"
 
 namespace tide {
@@ -233,11 +234,18 @@ void capturedPipelined(const Layout& l, const Geometry& g, bool pairs, Builder& 
 }
 
 // Several nodes. Task t = k * N + m: chunk k of this rank's rail owner on node m. See docs/architecture.md.
+// twoSided: the running and final sums travel as p2p groups (p2p_plan.h), whose completion on the lane replaces the
+// one-sided protocol's credit waits on the receiver, its puts, and the signals and waits that announce them.
 struct MultiNode {
   const Layout& l;
   const Geometry& g;
   Builder& b;
+  bool twoSided = false;
   int pi = 0;
+
+  void p2p(P2pAt at, int t) {
+    for (const P2pGroup& x : p2pGroups(l, at, t)) b.p2p(x);
+  }
 
   void push(int t) {
     const int k = t / g.N, m = t % g.N;
@@ -257,7 +265,8 @@ struct MultiNode {
     const uint64_t c0 = static_cast<uint64_t>(k) * g.chunk, cnt = std::min(c0 + g.chunk, g.outNumel) - c0;
     const bool last = g.n == g.N - 1, owner = m == g.n;
     for (int x = 0; x < g.R; ++x) b.wait(g.me, word::kRsFull + x, Val::kTask, t + 1);
-    if (g.n > 0) b.waitSignalFrom(g.me - g.R, g.me, word::kRsPrev, Val::kTask, t + 1);
+    if (twoSided) p2p(P2pAt::kRsPrev, t);
+    else if (g.n > 0) b.waitSignalFrom(g.me - g.R, g.me, word::kRsPrev, Val::kTask, t + 1);
     ReduceOp r = foldOf(g, t, cnt);
     const Addr partial = addr(Mem::kStaging, g.me, g.buf(t) + g.partialOffset);
     if (g.n > 0) {
@@ -272,7 +281,9 @@ struct MultiNode {
       r.applyAvg = last;  // AVG divides once, after the last node's add
     }
     b.reduce(r);
-    if (!last) {
+    if (twoSided) {
+      p2p(P2pAt::kRsNext, t);
+    } else if (!last) {
       const int next = g.me + g.R;
       credit(g, t, next, b);
       b.close();
@@ -292,7 +303,8 @@ struct MultiNode {
     const int k = t / g.N, m = t % g.N;
     const uint64_t c0 = static_cast<uint64_t>(k) * g.chunk, cnt = std::min(c0 + g.chunk, g.outNumel) - c0;
     if (m == g.n && g.n != g.N - 1) {
-      b.waitSignalFrom((g.N - 1) * g.R + g.q, g.me, word::kRsFinal, Val::kTask, t + 1);
+      if (twoSided) p2p(P2pAt::kRsFinal, t);
+      else b.waitSignalFrom((g.N - 1) * g.R + g.q, g.me, word::kRsFinal, Val::kTask, t + 1);
       ReduceOp f;
       f.inputs = addr(Mem::kStaging, g.me, g.buf(t) + g.partialOffset);
       f.nInputs = 1;
@@ -389,7 +401,8 @@ tideResult_t compileReduceScatter(const Layout& l, const Options& opt, Program* 
     singleNode(l, g, opt.mode, b);
     if (opt.mode == Mode::kDeferred) p.numGroups = g.numChunks + 1;
   } else {
-    MultiNode mn{l, g, b};
+    p.transport = opt.transport;
+    MultiNode mn{l, g, b, opt.transport == Transport::kTwoSided};
     const int T = static_cast<int>(tasks);
     b.at(Lane::kCaller, -1);
     b.write(g.me, word::kRsEnter, Val::kEpoch, 0);

@@ -694,7 +694,7 @@ class LoopbackWorld:
 
 
 def multicast_allowed() -> bool:
-    """tideMulticastAllowed: the NVLink multicast gate of DESIGN.md section 6 (host only)."""
+    """tideMulticastAllowed: the NVLink multicast gate (host only)."""
     v = ctypes.c_int(-1)
     N.check(N.lib().tideMulticastAllowed(ctypes.byref(v)), "tideMulticastAllowed")
     return bool(v.value)

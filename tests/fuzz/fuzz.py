@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Seeded random fuzzer of the layout/config/plan C API and the host executors (issue 10).
+"""Seeded random fuzzer of the layout/config/plan C API and the host executors.
 
     python tests/fuzz/fuzz.py [--seconds S] [--seed N] [--corpus DIR] [--out DIR] [--replay-only]
 

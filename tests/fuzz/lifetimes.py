@@ -1,4 +1,4 @@
-"""Fuzz cases of issue 18: handle lifetimes across threads, and integer edge values on the Python side.
+"""Fuzz cases of the bad-input probe: handle lifetimes across threads, and integer edge values on the Python side.
 
 * "lifetime": T threads share a pool of layout handles and run random operations on it in random order: create,
   use (tideLayoutGetInfo, a host all-gather that is checked element by element), destroy, reuse of a destroyed

@@ -1,4 +1,4 @@
-"""Concurrency on one GPU (issue 10): independent loopback worlds (an AG world and an RS world, as FSDP's AG and RS
+"""Concurrency on one GPU: independent loopback worlds (an AG world and an RS world, as FSDP's AG and RS
 groups) driven from several Python threads at once, each on its own streams, while another thread creates and
 destroys layouts; every result bit-exact against the host executor. The rules tested are docs/reliability.md's
 "Thread safety": different comms may be used from different threads concurrently; one comm's calls are serialized

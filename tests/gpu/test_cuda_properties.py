@@ -195,7 +195,7 @@ GATE_VARS = ["NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DI
     ],
 )
 def test_multicast_gate(torch_cuda, world4, monkeypatch, env, allowed):
-    """The gate only (DESIGN.md section 6). With it open, loopback has no multicast address: the AG reports multicast
+    """The gate only. With it open, loopback has no multicast address: the AG reports multicast
     unsupported (INFO) and still gathers correctly with unicast copies. Nothing here creates a multicast object."""
     torch = torch_cuda
     from nccl_tide.cuda import multicast_allowed

@@ -20,7 +20,7 @@ fp32 reduce, AdamW, STEPS steps. Runs, each from the same seed:
             far below one allocator segment, so the test turns off build_pools' size rule;
             (slot_trim=False: the slots stay allocated, as before trimming);
   pooltrim  the same pool with slot_trim=True (what slot_trim=None picks at world size 1; binder "torch": the slots
-            are torch caching-allocator memory, issue 17): the slots are freed at the
+            are torch caching-allocator memory): the slots are freed at the
             learned end-of-forward idle point (the default trims there only; slot_trim="all" also at the end
             of backward) and allocated again at the next AG (tideSlotFree / tideSlotAlloc inside the step,
             the slot's MemPool dropped and torch's cache emptied first): no bind failure, no trim blocked by
@@ -45,7 +45,7 @@ not apply param_dtype (it copies the fp32 shard: seen in some releases), stock c
 fp32 and is compared with a bf16-vs-fp32 bound instead (reported as stock_w1_dtype).
 
 The worker also runs on CPU (mode "cpu": gloo, reference executor in place of native) from
-tests/test_fsdp_training.py, so its plumbing is rehearsed where no GPU exists.
+tests/multirank/test_fsdp_training.py, so its plumbing is rehearsed where no GPU exists.
 
     python tests/gpu/test_fsdp_native.py worker <port> <out.json> gpu|cpu
 """
@@ -67,7 +67,7 @@ STEPS = 6
 TORCH_SMALL_ALLOC_TOLERANCE = 256 << 10
 WORKER_TIMEOUT = 200  # seconds: the worker dumps its stacks and exits after this
 LAUNCH_TIMEOUT = 240
-# NVLink multicast stays off on shared machines (DESIGN.md section 6): every process.
+# NVLink multicast stays off on shared machines: every process.
 ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
@@ -153,10 +153,10 @@ def worker(port: int, out_path: str, mode: str) -> None:
             return {"losses": losses, "grads": grads, "params": params, "param_dtype_in_forward": seen.get("dtype")}
 
         def run(executor, raf=True, accum=1, after_disable=False, slot_pool=3, binder=None, slot_trim=False):
-            from nccl_tide.fsdp import _slot_pool
+            from nccl_tide.fsdp import _pool_plan, _slot_binders
 
-            _slot_pool.force_binder(binder)
-            _slot_pool.POOL_SMALL_GROUPS = slot_pool == 2  # the pool cases (tiny groups)
+            _slot_binders.force_binder(binder)
+            _pool_plan.POOL_SMALL_GROUPS = slot_pool == 2  # the pool cases (tiny groups)
             model = build(raf)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -207,16 +207,16 @@ def worker(port: int, out_path: str, mode: str) -> None:
             report["native_poolswap_stats"] = nat_pool_swap["stats"]
             report["native_poolswap_vs_native"] = compare(nat_pool_swap, nat)
         if gpu:
-            from nccl_tide.fsdp import _slot_pool
+            from nccl_tide.fsdp import _slot_memory
 
             # the pool's memory, measured: torch's peak (bound slots included) + slot bytes outside torch
             mem = {}
             for name, kw in (("dedicated", {"slot_pool": 0}), ("pool", {"slot_pool": 2}),
                              ("pooltrim", {"slot_pool": 2, "slot_trim": True})):
                 torch.cuda.synchronize()
-                _slot_pool.start_meter(dev)
+                _slot_memory.start_meter(dev)
                 r = run(native, **kw)
-                m = _slot_pool.stop_meter()
+                m = _slot_memory.stop_meter()
                 mem[name] = {"peak_bytes": m.read(), "events": m.events, "resident": r["stats"]["slot_pool"]}
             report["native_pool_memory"] = mem
 
@@ -342,7 +342,7 @@ def check(rep: dict, gpu: bool) -> None:
     # groups hit one of the 2 slots or fell back to stock FSDP2 (backward holds the root, a block
     # and the prefetched block: 3 > 2), same numbers as dedicated slots
     def check_pool(pst, binder):
-        from nccl_tide.fsdp._slot_pool import alloc_request
+        from nccl_tide.fsdp._slot_binders import alloc_request
 
         sp = pst["slot_pool"]
         assert sp["binder"] == binder and sp["bind_failures"] == 0, sp
@@ -385,7 +385,7 @@ def check(rep: dict, gpu: bool) -> None:
         assert trim["resident"]["trims"] > 0 and trim["resident"]["regrows"] > 0, trim
         assert trim["resident"]["peak_resident_slot_bytes"] <= pool["resident"]["peak_resident_slot_bytes"], mem
         assert trim["peak_bytes"] <= pool["peak_bytes"] + TORCH_SMALL_ALLOC_TOLERANCE, mem
-        # trimming, on the GPU, world size 1: the slots are torch memory (binder "torch", issue 17): every trim gave
+        # trimming, on the GPU, world size 1: the slots are torch memory (binder "torch"): every trim gave
         # its blocks back to torch's cache (none blocked) and every regrown slot bound, with no tideSlotAlloc region
         # among the pool's bytes (tide_resident_slot_bytes: the dedicated slots only, none here)
         tst = rep["native_pooltrim_stats"]

@@ -1,4 +1,4 @@
-"""TIDE-AG and TIDE-RS captured into CUDA graphs and replayed (issue 10), in loopback worlds.
+"""TIDE-AG and TIDE-RS captured into CUDA graphs and replayed, in loopback worlds.
 
 Every virtual rank captures its collective on its own stream into its own graph (begin capture on every rank's
 stream, make every rank's call, end every capture), through the driver API (libcuda via ctypes: no torch graph

@@ -1,4 +1,4 @@
-"""Issue 18 on the GPU: canonical NaN bits from the CUDA reduce kernel, checked comm handles, and comms / worlds /
+"""The bad-input probe on the GPU: canonical NaN bits from the CUDA reduce kernel, checked comm handles, and comms / worlds /
 layouts closed while another thread uses them (loopback worlds on one device).
 
 Runs with ci/gpu_hardening.sh (or ci/gpu_suite.sh tests/gpu/test_hardening_gpu.py:240).

@@ -1,4 +1,4 @@
-"""The NCCL_TIDE_ENABLE interposer on a real NCCL (issue 5; marker gpu, one GPU).
+"""The NCCL_TIDE_ENABLE interposer on a real NCCL (marker gpu, one GPU).
 
 torch.distributed with the NCCL backend at world size 1, libnccl-tide.so in LD_PRELOAD: torch's ncclAllGather /
 ncclReduceScatter calls reach the interposer, eligible ones are run by TIDE (tideCommCreate over torch's NCCL
@@ -45,7 +45,7 @@ SCRIPT = textwrap.dedent(
         if not torch.equal(out, x):
             bad.append(f"all_gather {dtype} {numel}")
     # Reduce-scatter, sum. At world size 1 ProcessGroupNCCL does not call ncclReduceScatter (a single-rank
-    # shortcut, reference/pytorch_fsdp2.md 5.2), so call NCCL the way a C program does: the global symbol (which the
+    # shortcut), so call NCCL the way a C program does: the global symbol (which the
     # preload makes the interposer's) on torch's communicator. fp32 is always eligible; bf16 only with
     # NCCL_TIDE_RS_ACCUM=FP32.
     import ctypes

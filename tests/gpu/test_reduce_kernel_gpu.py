@@ -1,4 +1,4 @@
-"""The reduce kernel (plugin/cuda/reduce_kernel.cu, issue 16 shape: CTAs paced to the link, bounded work, several
+"""The reduce kernel (plugin/cuda/reduce_kernel.cu, shape: CTAs paced to the link, bounded work, several
 launches) on
 given buffers through tideBenchReduce, bit for bit against the host executor (tideHostReduceScatter) across
 sizes, source counts, dtypes, ops, alignments and shape overrides; with a running sum (prev, also in place)

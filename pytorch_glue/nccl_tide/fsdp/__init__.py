@@ -29,9 +29,9 @@ from .._log import get_logger
 from .. import fsdp_switch
 from ..errors import InvalidArgumentError, InvalidUsageError
 from ..reference_executor import get_executor
-from . import _adapter, _patch, _slot_pool
+from . import _adapter, _patch, _slot_memory, _slot_pool
 from ._group import GroupState, cast_in_place_setting, static_reason
-from ._slot_pool import build_pools, reshards_after_forward
+from ._pool_plan import build_pools, reshards_after_forward
 from ._warn import TideFSDPWarning, warn_once
 
 __all__ = ["TideFSDPHandle", "TideFSDPWarning", "disable", "enable", "free_dropped", "handle_of", "stats"]
@@ -131,7 +131,7 @@ class TideFSDPHandle:
                 "slot_capacity": max((p.capacity for p in shared), default=0),
                 "peak_held": sum(p.peak_held for p in shared),
                 "bind_failures": sum(p.bind_failures for p in shared),
-                "outside_torch_bytes": _slot_pool.outside_torch_bytes(),
+                "outside_torch_bytes": _slot_memory.outside_torch_bytes(),
             }
             if self.pools
             else None,
@@ -225,7 +225,7 @@ def enable(
       step. stats()["slot_pool"]["trim_at"] names the points. None (default): on where every
       native group's shard world size is 1, off otherwise; there the pool's slots are torch memory (binder
       "torch": a trim is a stream-ordered free into torch's caching allocator, a regrow an allocation from it, no
-      device synchronize, no driver call; issue 17, docs/fsdp.md "Trimming"). False: the slots stay allocated.
+      device synchronize, no driver call; docs/fsdp.md "Trimming"). False: the slots stay allocated.
       True at world size > 1 makes every trim and regrow a collective tideSlotFree / tideSlotAlloc (a device
       synchronize and an IPC exchange) inside the step.
     module_filter: None (every FSDP module), or a callable (qualified_name, module) -> bool called
@@ -238,6 +238,44 @@ def enable(
     Call between steps (every group sharded), on every rank, with the same arguments.
     Returns the handle (also nccl_tide.fsdp.handle_of(model)); enabling twice is an error.
     """
+    _check_arguments(model, slot_pool, slot_trim, module_filter)
+    free_dropped()  # slots of models dropped while enabled (collective: here, on every rank)
+    killed = fsdp_switch.killed()  # NCCL_TIDE_FSDP=0: every group stock
+    # Nothing is changed before this walk ends: a filter that raises leaves the model stock FSDP2.
+    labels, where, excluded = _walk_fsdp_modules(model, module_filter, killed)
+    selection = _adapter.select()
+    static = {}
+    for pg, _label in labels.values():
+        static[id(pg)] = excluded.get(id(pg)) or selection.reason or static_reason(
+            pg, (DefaultAllGather, DefaultReduceScatter)
+        )
+    candidates = [pg for pg, _ in labels.values() if not static[id(pg)]]
+    if selection.adapter is not None:
+        executor_name, why_stock = _pick_executor(executor, candidates)
+    else:
+        executor_name, why_stock = executor, ""
+    handle = TideFSDPHandle(model, executor_name, slot_reuse, selection.adapter.name if selection.adapter else None)
+    handle.slot_pool = int(slot_pool or 0)
+    stock = _StockGroups(handle)
+    for pg, label in labels.values():
+        reason = static[id(pg)] or why_stock
+        gs = None
+        if not reason:
+            gs, reason = _new_group(pg, label, executor_name, slot_reuse, ranks_per_node, where[id(pg)])
+        if reason:
+            stock.keep(label, reason, asked=id(pg) in excluded)
+        else:
+            handle.groups.append(gs)
+    _assign_slots(handle, slot_trim, stock)
+    stock.report(killed)
+    if handle.groups:
+        _install(handle, model)
+    _handles[model] = handle
+    return handle
+
+
+def _check_arguments(model, slot_pool, slot_trim, module_filter) -> None:
+    """enable()'s argument and state checks: every one before anything changes."""
     if not isinstance(model, nn.Module):
         raise InvalidArgumentError(f"enable() takes the root nn.Module, got {type(model).__name__}")
     if slot_pool is not None and (not isinstance(slot_pool, int) or isinstance(slot_pool, bool) or slot_pool < 0):
@@ -257,13 +295,14 @@ def enable(
         raise InvalidUsageError(
             "nccl_tide.fsdp.enable(): call torch.distributed.init_process_group and fully_shard first"
         )
-    free_dropped()  # slots of models dropped while enabled (collective: here, on every rank)
-    killed = fsdp_switch.killed()  # NCCL_TIDE_FSDP=0: every group stock
-    labels = {}
+
+
+def _walk_fsdp_modules(model, module_filter, killed: bool) -> tuple:
+    """Every FSDP parameter group of `model`, read only: labels (id(pg) -> (pg, module name)), where (id(pg) -> (its
+    FSDPState, whether it has no FSDP ancestor)) and excluded (id(pg) -> why it stays stock: the switch or the
+    module filter)."""
+    labels, where, excluded = {}, {}, {}
     fsdp_names: List[str] = []
-    where = {}  # id(pg) -> (its FSDPState, no FSDP ancestor)
-    excluded = {}  # id(pg) -> why module_filter keeps it stock
-    # Nothing is changed before this walk ends: a filter that raises leaves the model stock FSDP2.
     for name, mod in model.named_modules():
         if isinstance(mod, FSDPModule):
             state = mod._get_fsdp_state()
@@ -276,81 +315,83 @@ def enable(
                 if not keep:
                     excluded[id(pg)] = (f"{fsdp_switch.ENV}=0 (stock FSDP2 for every group)" if killed
                                         else f"module_filter excluded {name or '<root>'}")
-    selection = _adapter.select()
-    static = {}
-    for pg, _label in labels.values():
-        static[id(pg)] = excluded.get(id(pg)) or selection.reason or static_reason(
-            pg, (DefaultAllGather, DefaultReduceScatter)
-        )
-    candidates = [pg for pg, _ in labels.values() if not static[id(pg)]]
-    if selection.adapter is not None:
-        executor_name, why_stock = _pick_executor(executor, candidates)
-    else:
-        executor_name, why_stock = executor, ""
-    handle = TideFSDPHandle(model, executor_name, slot_reuse, selection.adapter.name if selection.adapter else None)
-    handle.slot_pool = int(slot_pool or 0)
-    reasons = {}
-    filtered: List[str] = []
+    return labels, where, excluded
 
-    def keep_stock(label, reason, asked=False):
-        handle.stock.append({"group": label, "reason": reason})
+
+def _new_group(pg, label, executor_name, slot_reuse, ranks_per_node, where) -> tuple:
+    """(GroupState, "") for a group TIDE takes, or (None, why the native executor refused its layout)."""
+    ex = get_executor(executor_name, _shard_group(pg), pg.device)
+    gs = GroupState(pg, label, ex, slot_reuse, ranks_per_node)
+    if gs.native:
+        gs.reshards_after_forward = reshards_after_forward(pg, *where)
+        try:
+            gs._build()  # the layout; slots in _assign_slots
+        except Exception as e:
+            return None, f"layout refused by the native executor: {e}"
+    return gs, ""
+
+
+class _StockGroups:
+    """The groups enable() leaves to stock FSDP2: recorded in handle.stock, then reported once (a warning per
+    reason; module_filter's choices at INFO)."""
+
+    def __init__(self, handle: TideFSDPHandle):
+        self.handle = handle
+        self.reasons = {}  # reason -> labels
+        self.filtered: List[str] = []
+
+    def keep(self, label: str, reason: str, asked: bool = False) -> None:
+        self.handle.stock.append({"group": label, "reason": reason})
         if asked:  # module_filter excluded it: INFO, not a warning
-            if label not in filtered:
-                filtered.append(label)
+            if label not in self.filtered:
+                self.filtered.append(label)
         else:
-            reasons.setdefault(reason, []).append(label)
+            self.reasons.setdefault(reason, []).append(label)
 
-    for pg, label in labels.values():
-        reason = static[id(pg)] or why_stock
-        if not reason:
-            ex = get_executor(executor_name, _shard_group(pg), pg.device)
-            gs = GroupState(pg, label, ex, slot_reuse, ranks_per_node)
-            if gs.native:
-                gs.reshards_after_forward = reshards_after_forward(pg, *where[id(pg)])
-                try:
-                    gs._build()  # the layout; slots below
-                except Exception as e:
-                    reason = f"layout refused by the native executor: {e}"
-        if reason:
-            keep_stock(label, reason, asked=id(pg) in excluded)
-            continue
-        handle.groups.append(gs)
+    def report(self, killed: bool) -> None:
+        for reason, names in self.reasons.items():
+            warn_once(f"nccl_tide.fsdp: keeping stock FSDP2 for {_shown(names)}: {reason}")
+        if killed:
+            _log.info("%s=0: keeping stock FSDP2 for every group (%d module(s))", fsdp_switch.ENV, len(self.filtered))
+        elif self.filtered:
+            _log.info(
+                "module_filter: keeping stock FSDP2 for %s (%d module(s))", _shown(self.filtered), len(self.filtered)
+            )
+
+
+def _assign_slots(handle: TideFSDPHandle, slot_trim, stock: _StockGroups) -> None:
+    """Slots for the native groups: tideSlotAlloc is collective, so every native slot is allocated now, between
+    steps, in the same order on every rank (never inside forward/backward). A group whose slot is refused goes
+    back to stock FSDP2."""
     native = [g for g in handle.groups if g.native]
-    if native:
-        # tideSlotAlloc is collective: every native slot now, between steps, in the same order on
-        # every rank (never inside forward/backward)
-        trim = slot_trim if slot_trim is not None else all(g.world == 1 for g in native)
-        handle.slot_trim = bool(trim) and handle.slot_pool > 0
-        own = handle.slot_trim and slot_trim == "all"
-        # True / None: the end of forward only (the peak lies there; a trim at the end of backward would free slots
-        # for the optimizer step, below that peak, and cost a sync + cudaFree + cudaMalloc per slot per step);
-        # "all": both idle points, plus the own slots of the unpooled groups (runs whose peak is the optimizer step)
-        phases = _slot_pool.TRIM_ALL if own else _slot_pool.TRIM_DEFAULT
-        handle.trim_at = _slot_pool.trim_at(phases) if handle.slot_trim else []
-        handle.pools, failures = build_pools(
-            native, handle.slot_pool, trim=handle.slot_trim, own=own, trim_phases=phases
-        )
-        for g in native:
-            if g in failures:
-                g.uninstall()
-                handle.groups.remove(g)
-                keep_stock(g.label, f"layout or slot refused by the native executor: {failures[g]}")
-            else:
-                g.attach(g.pool)
-    for reason, names in reasons.items():
-        warn_once(f"nccl_tide.fsdp: keeping stock FSDP2 for {_shown(names)}: {reason}")
-    if killed:
-        _log.info("%s=0: keeping stock FSDP2 for every group (%d module(s))", fsdp_switch.ENV, len(filtered))
-    elif filtered:
-        _log.info("module_filter: keeping stock FSDP2 for %s (%d module(s))", _shown(filtered), len(filtered))
-    if handle.groups:
-        _patch.install()
-        for g in handle.groups:
-            g.install()
-        handle._finalizer = weakref.finalize(model, _model_dropped, handle.pools, bool(handle.groups))
-        handle._finalizer.atexit = False  # at exit the comms go with the process
-    _handles[model] = handle
-    return handle
+    if not native:
+        return
+    trim = slot_trim if slot_trim is not None else all(g.world == 1 for g in native)
+    handle.slot_trim = bool(trim) and handle.slot_pool > 0
+    own = handle.slot_trim and slot_trim == "all"
+    # True / None: the end of forward only (the peak lies there; a trim at the end of backward would free slots
+    # for the optimizer step, below that peak, and cost a sync + cudaFree + cudaMalloc per slot per step);
+    # "all": both idle points, plus the own slots of the unpooled groups (runs whose peak is the optimizer step)
+    phases = _slot_pool.TRIM_ALL if own else _slot_pool.TRIM_DEFAULT
+    handle.trim_at = _slot_pool.trim_at(phases) if handle.slot_trim else []
+    handle.pools, failures = build_pools(native, handle.slot_pool, trim=handle.slot_trim, own=own, trim_phases=phases)
+    for g in native:
+        if g in failures:
+            g.uninstall()
+            handle.groups.remove(g)
+            stock.keep(g.label, f"layout or slot refused by the native executor: {failures[g]}")
+        else:
+            g.attach(g.pool)
+
+
+def _install(handle: TideFSDPHandle, model: nn.Module) -> None:
+    """FSDP2's patches and every TIDE group's hooks; the finalizer queues the slots of a model dropped while
+    enabled."""
+    _patch.install()
+    for g in handle.groups:
+        g.install()
+    handle._finalizer = weakref.finalize(model, _model_dropped, handle.pools, bool(handle.groups))
+    handle._finalizer.atexit = False  # at exit the comms go with the process
 
 
 # Models dropped while enabled: (their slot pools, whether they installed the patches), queued by the finalizer and

@@ -20,7 +20,8 @@ from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState
 from ..errors import InvalidArgumentError, InvalidUsageError
 from ..layout import Layout, default_ranks_per_node
 from ..reference_executor import tide_dtype_name
-from ._slot_pool import BindError, pinned
+from ._pool_plan import pinned
+from ._slot_binders import BindError
 from ._warn import warn_once
 
 _RS_GRAD_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -149,7 +150,7 @@ class GroupState:
     strong reference from here would let the handle registry (nccl_tide.fsdp._handles, a
     WeakKeyDictionary whose values are the handles) or NATIVE_SLOTS keep the whole model alive
     (its sharded parameters, gradients, everything) after the user dropped it, enabled or not
-    (issue 17). The group holds this state through its comms, so it lives as long as the model.
+   . The group holds this state through its comms, so it lives as long as the model.
     """
 
     def __init__(self, pg, label: str, executor, slot_reuse: bool, ranks_per_node: Optional[int]):
@@ -270,7 +271,7 @@ class GroupState:
                     f"elements, TIDE's layout {p.shard_numel}"
                 )
         elem = layout.params[0].elem_size
-        if self.native:  # slots: enable() assigns them (_slot_pool.build_pools, collective)
+        if self.native:  # slots: enable() assigns them (_pool_plan.build_pools, collective)
             self.layout, self.dtype = layout, dt
             return
         slot = torch.empty(layout.slot_bytes // elem, dtype=dt, device=pg.device)

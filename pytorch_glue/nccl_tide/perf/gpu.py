@@ -6,9 +6,9 @@
   plus the durations of same-device copies and memsets (trace names "Memcpy DtoD ..." and "Memset ..."): on the H200
   (driver 580, CUDA 13) every same-device device-to-device copy form, the hinted cudaMemcpyBatchAsync included, and
   every memset runs on SMs: none of them runs beside a kernel that holds every SM (benchmarks/copy_engine_probe.cu,
-  tests/gpu/RUNS.md session 18), although the trace files them as copies. Peer copies ("Memcpy PtoP") and
+  as measured on an H200), although the trace files them as copies. Peer copies ("Memcpy PtoP") and
   host<->device copies are copy-engine work and are not SM time;
-* --interfere gemm: DESIGN.md section 9 / benchmarks/interference.py. A single-wave bf16 GEMM (1024x4096x16384) is
+* --interfere gemm: the interference method of benchmarks/interference.py. A single-wave bf16 GEMM (1024x4096x16384) is
   timed alone, then beside K calls of the measured collective on a side stream: the GEMM stream waits for an event
   recorded after the first call, so the side work is running when the GEMM starts and K is chosen so it lasts well
   past the GEMM's end; everything is enqueued behind a GPU sleep sized to the host's enqueue time, so host-bound
@@ -29,9 +29,9 @@ import time
 from typing import Callable, List, Optional
 
 SLEEP_CYCLES = 2_000_000  # ~1 ms at H200 clocks
-GEMM_MKN = (1024, 4096, 16384)  # 128 output tiles of 128x1024: one wave on 132 SMs (DESIGN.md section 9)
+GEMM_MKN = (1024, 4096, 16384)  # 128 output tiles of 128x1024: one wave on 132 SMs
 
-# Never NVLink multicast on the shared machines (DESIGN.md section 6); set in this process and its children.
+# Never NVLink multicast on shared machines; set in this process and its children.
 NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
@@ -165,7 +165,7 @@ def side_ops_for(unit_ms: float, gemm_ms: float) -> int:
 
 
 class Gemm:
-    """The single-wave bf16 GEMM of DESIGN.md section 9 and its alone time (measured once per run)."""
+    """The single-wave bf16 GEMM of the interference method and its alone time (measured once per run)."""
 
     def __init__(self, runs: int = 11):
         import torch
@@ -212,7 +212,7 @@ class Gemm:
         The first side call, the GEMM (waiting for that call) and the other K - 1 calls, in that order, are enqueued
         behind a GPU sleep (the hold) before anything runs, so the side work is as dense as the GPU makes it, not as
         the host issues it: a host-bound call (loopback issues every virtual rank's work from one thread) would
-        otherwise leave the GPU idle between calls and start the GEMM late, after its start event (session 19: no
+        otherwise leave the GPU idle between calls and start the GEMM late, after its start event (without it, no
         loopback run was covered and the GEMM figure was its own launch gap). Untimed first runs size it: run 0
         measures the host's enqueue time (hold = 1 ms + 1.5x it); run 1, without a barrier (one process: nothing else
         must issue the same calls), measures the side work's GPU time per call and re-derives K from it (unit_ms, the
@@ -244,7 +244,7 @@ class Gemm:
                 first.record()
             # The GEMM goes onto its stream right after the first call, before the rest of the side work: however
             # long the host then takes (or blocks on a full stream queue), the GEMM's events cannot be recorded late
-            # (perf/share.py's Harness.beside found that with a 70B share, session 19).
+            # (the share benchmark's harness found that with a 70B share).
             self.stream.wait_event(first)
             with torch.cuda.stream(self.stream):
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

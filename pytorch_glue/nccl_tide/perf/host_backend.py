@@ -18,6 +18,7 @@ from ..dtypes import DType
 from ..errors import InvalidArgumentError
 from ..host import host_all_gather, host_reduce_scatter, poisoned
 from ..layout import Layout
+from .collectives import ALL_GATHER, REDUCE_SCATTER
 from .report import NA, Variant
 
 # Test-only hook: when set, one byte of the checked result is flipped before comparison,
@@ -65,11 +66,6 @@ def _count_wrong(got: np.ndarray, want: np.ndarray) -> int:
     return int(np.count_nonzero(got.view(bits) != want.view(bits)))
 
 
-def _bw(nbytes_total: int, world: int, time_us: float):
-    algbw = nbytes_total / 1e3 / time_us if time_us > 0 else 0.0  # bytes/us/1e3 = GB/s
-    return algbw, algbw * (world - 1) / world
-
-
 def _fill(dst: np.ndarray, byte: int = 0xFF) -> None:
     dst.view(np.uint8)[...] = byte
 
@@ -96,7 +92,7 @@ def all_gather(case: Case, o: Opts):
             host_all_gather(lay, shards, params)
             wrong = check()
         t = _time_us(lambda: host_all_gather(lay, shards, params), o.iters, o.warmup)
-        oop = Variant(t, *_bw(total_bytes, W, t), wrong)
+        oop = Variant(t, *ALL_GATHER.bandwidth(total_bytes, W, t), wrong)
 
         # in-place: each rank's shard is read from its own position in its unsharded storage
         ip_shards = [
@@ -116,7 +112,7 @@ def all_gather(case: Case, o: Opts):
             if o.check:
                 wrong = check()
             t = _time_us(lambda: host_all_gather(lay, ip_shards, params), o.iters, o.warmup)
-            return oop, Variant(t, *_bw(total_bytes, W, t), wrong), None
+            return oop, Variant(t, *ALL_GATHER.bandwidth(total_bytes, W, t), wrong), None
         except InvalidArgumentError as e:
             return oop, NA, f"in-place all-gather not accepted by the host executor: {e.detail}"
 
@@ -149,7 +145,7 @@ def reduce_scatter(case: Case, o: Opts):
             run(grads, outs)
             wrong = check(outs)
         t = _time_us(lambda: run(grads, outs), o.iters, o.warmup)
-        oop = Variant(t, *_bw(total_bytes, W, t), wrong)
+        oop = Variant(t, *REDUCE_SCATTER.bandwidth(total_bytes, W, t), wrong)
 
         # in-place (nccl-tests: recvbuff = sendbuff + rank * recvcount) only means something
         # for one flat tensor whose output type equals its input type.

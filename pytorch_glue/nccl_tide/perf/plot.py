@@ -152,26 +152,3 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 3
     print(f"tide-perf plot: wrote {a.out_file} ({', '.join(drawn) or 'no measured rows'})")
     return 0
-
-
-def share_plot(res: dict, path: str) -> None:
-    """tide-perf share (perf/share.py): GEMM slowdown (median, IQR bars) against the side work's HBM traffic rate,
-    one point per implementation, with the 1.03x / 1.05x targets."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for d in res.get("sides", []):
-        if d.get("hbm_GBps") is None:
-            continue
-        x, y = d["hbm_GBps"], d["slowdown"]
-        ax.errorbar([x], [y], yerr=[[y - d["slowdown_p25"]], [d["slowdown_p75"] - y]], fmt="o", capsize=3,
-                    label=d["name"])
-    ax.axhline(1.05, ls="--", c="gray", lw=0.8)
-    ax.axhline(1.03, ls=":", c="gray", lw=0.8)
-    ax.set_xlabel("side work HBM traffic (GB/s, modelled bytes / unit time alone)")
-    ax.set_ylabel("single-wave GEMM slowdown (median, IQR)")
-    ax.set_title(f"one rank's share, W={res.get('ranks')}, {res.get('layout')}, link {res.get('link_gbps')} GB/s")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-

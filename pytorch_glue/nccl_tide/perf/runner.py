@@ -8,6 +8,7 @@ import traceback
 from typing import Callable, List, NamedTuple, Optional, Tuple
 
 from ..dtypes import DType
+from .collectives import COLLECTIVES
 from .report import NA, Row, Variant
 
 
@@ -33,7 +34,7 @@ class Bench(NamedTuple):
     note: str = ""
     cleanup: Optional[Callable[[], None]] = None
     # TIDE rows on GPU backends: builds the call's prebuilt issue (perf/issue_cost.py) for the host us / gpu us
-    # columns (issue 15), or None.
+    # columns, or None.
     prepare_issue: Optional[Callable[[], object]] = None
 
 
@@ -46,11 +47,6 @@ class MeasureOpts(NamedTuple):
     reduce_time: Callable[[float], float] = lambda t: t  # average over ranks (torchrun)
     reduce_wrong: Callable[[int], int] = lambda n: n  # sum over ranks (torchrun)
     barrier: Optional[Callable[[], None]] = None
-
-
-def bw(nbytes_total: int, world: int, time_us: float) -> Tuple[float, float]:
-    algbw = nbytes_total / 1e3 / time_us if time_us > 0 else 0.0  # bytes/us/1e3 = GB/s
-    return algbw, algbw * (world - 1) / world if world > 1 else 0.0
 
 
 def unavailable_row(size: int, count: int, type_name: str, redop: str, impl: str, reason: str) -> Row:
@@ -84,7 +80,7 @@ def measure(
     try:
         wrong = o.reduce_wrong(bench.check()) if o.check else None
         t = o.reduce_time(gpu_time(bench.call, o))
-        algbw, busbw = bw(size, world, t)
+        algbw, busbw = COLLECTIVES[case.collective].bandwidth(size, world, t)
         sm = None
         detail = {}
         gemm_note = ""
@@ -98,7 +94,7 @@ def measure(
             gx = inter["slowdown"]
             detail["interference"] = inter
             if inter["covered_runs"] < inter["runs"] or inter["late_runs"]:
-                # the GEMM figure is then not the DESIGN.md section 9 measurement: say so in the row
+                # the GEMM figure is then not the interference method's measurement: say so in the row
                 ended = inter["runs"] - inter["covered_runs"]
                 uncovered = f"GEMM: side work ended first in {ended} of {inter['runs']} runs"
                 late = f", {inter['late_runs']} late" if inter["late_runs"] else ""

@@ -1,0 +1,648 @@
+"""One rank's share (benchmarks/share/): the pure-Python logic on the CPU.
+
+Pacing timeline (the mirror of plugin/cuda/bench_pacer.cc), piece cutting, occupancy-weighted SM time, the link
+floor, argument validation and the command line; the AG and RS copy plans replayed on a byte arena and reduced
+in the documented order, bit for bit against the host executor; include/tide_bench.h bound and laid out as C
+sees it; the reduce kernel's shape rule through the library (host-only function).
+"""
+
+import ctypes
+import math
+import os
+import re
+import subprocess
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from share import cli, gpu, harness, method, plan, profile, timeline
+
+
+def test_link_release_times_follow_the_rate_and_the_arrivals():
+    rate = 100.0  # bytes per second
+    rel = plan.link_release_times([[100, 100, 50], [100], [200]], rate, [0.0, 1.0, 10.0])
+    assert rel[0] == pytest.approx([1.0, 2.0, 2.5])  # a piece lands once its bytes crossed the link
+    assert rel[1] == pytest.approx([3.5])  # arrived at 1.0 while the link was busy until 2.5: no overlap
+    assert rel[2] == pytest.approx([12.0])  # arrived late (10.0): the link idled, then 200 bytes at the rate
+    # Never faster than the rate, whatever the arrivals.
+    flat = [t for r in rel for t in r]
+    assert all(b > a for a, b in zip(flat, flat[1:]))
+    with pytest.raises(ValueError):
+        plan.link_release_times([[1]], 0.0, [0.0])
+    with pytest.raises(ValueError):
+        plan.link_release_times([[1], [2]], 1.0, [0.0])
+    with pytest.raises(ValueError):
+        plan.link_release_times([[0]], 1.0, [0.0])
+
+
+def test_cut_pieces_covers_the_transfer():
+    assert plan.cut_pieces([10, 7, 3], 8) == [8, 8, 4]
+    assert plan.cut_pieces([16], 8) == [8, 8]
+    assert plan.cut_pieces([], 8) == []
+    rng = np.random.default_rng(3)
+    sizes = list(rng.integers(1, 10000, 50))
+    pieces = plan.cut_pieces(sizes, 4096)
+    assert sum(pieces) == sum(sizes) and all(0 < p <= 4096 for p in pieces)
+    with pytest.raises(ValueError):
+        plan.cut_pieces([1], 0)
+
+
+def test_chunk_spans_assign_copies_by_bytes():
+    ev = [(0.0, 2.0, 100), (5.0, 6.0, 50), (7.0, 9.0, 50), (20.0, 21.0, 30), (22.0, 30.0, 70)]
+    sp = timeline.chunk_spans(ev, [200, 100])
+    assert sp == [(0.0, 9.0, 3), (20.0, 30.0, 2)]
+    assert timeline.chunk_spans(ev, [100, 100, 100])[0] == (0.0, 2.0, 1)
+    empty = timeline.chunk_spans([(1.0, 2.0, 10)], [10, 0])
+    assert empty[0] == (1.0, 2.0, 1) and empty[1][2] == 0
+    with pytest.raises(ValueError, match="bytes"):
+        timeline.chunk_spans(ev, [200, 99])
+    # an empty copy after the last byte, and empty chunks at the end, stay in range
+    assert timeline.chunk_spans(ev + [(40.0, 41.0, 0)], [200, 100, 0])[2] == (40.0, 41.0, 1)
+    with pytest.raises(ValueError, match="no chunks"):
+        timeline.chunk_spans([], [])
+
+
+def test_streams_told_apart_by_bytes():
+    timeline.check_streams_distinct(100, [700, 600])
+    with pytest.raises(ValueError, match="told apart"):
+        timeline.check_streams_distinct(100, [100])  # W = 2: own and incoming carry the same bytes
+
+
+def test_gate_kernel_names():
+    assert profile.is_gate_kernel("void at::cuda::(anonymous namespace)::spin_kernel(long)")
+    assert profile.is_gate_kernel("sleep_kernel") and not profile.is_gate_kernel("reduceVecKernel<Bf16, float>")
+
+
+def test_launch_spans_and_rows():
+    ks = [(10.0, 20.0, 8), (21.0, 30.0, 8), (40.0, 45.0, 32)]
+    red = timeline.launch_spans(ks, [2, 1])
+    assert red == [(10.0, 30.0, 8), (40.0, 45.0, 32)]
+    with pytest.raises(ValueError, match="kernels"):
+        timeline.launch_spans(ks, [2, 2])
+    rows = timeline.timeline_rows([(0.0, 9.0, 3), (12.5, 38.0, 2)], [(0.0, 1.0, 1), (11.0, 12.0, 1)], red, 47.0)
+    assert rows[1]["gap_before_us"] == pytest.approx(3.5) and rows[1]["tail_us"] == pytest.approx(9.0)
+    assert rows[0]["red_ctas"] == 8 and "tail_us" not in rows[0] and "gap_before_us" not in rows[0]
+    lines = timeline.timeline_lines("TIDE-RS share", rows, 47.0, 40.0)
+    assert "link floor 40.0" in lines[0] and "gap before    3.5" in lines[2] and "(32 CTAs)" in lines[2]
+
+
+def test_occupancy_weighting():
+    # 4 CTAs of 132 SMs for 100 us = 100 * 4/132; a full grid counts once; more CTAs than SMs count once.
+    got = method.occupancy_weighted_us([(100.0, 4), (10.0, 132), (10.0, 264), (5.0, 0)], 132)
+    assert got == pytest.approx(100 * 4 / 132 + 10 + 10)
+    assert method.occupancy_weighted_us([], 132) == 0
+    with pytest.raises(ValueError):
+        method.occupancy_weighted_us([(1.0, 1)], 0)
+    # The issue's comparison: a 32-CTA persistent kernel over T against G CTAs over t.
+    base = method.occupancy_weighted_us([(1000.0, 32)], 132)
+    assert base == pytest.approx(1000 * 32 / 132)
+
+
+def test_link_floor_and_side_ops():
+    assert plan.link_floor_s("rs", 8, 8e9, 370e9) == pytest.approx(7 / 8 * 8e9 / 370e9)
+    with pytest.raises(ValueError):
+        plan.link_floor_s("x", 8, 1, 1)
+    assert method.side_ops_for(1.0, 0.17) == 3
+    assert method.side_ops_for(0.01, 0.17) == 152
+    assert method.side_ops_for(0.0001, 0.17) == 200
+
+
+def _args(**kw):
+    a = cli.parser().parse_args([])
+    for k, v in kw.items():
+        setattr(a, k, v)
+    return a
+
+
+def test_validation_and_cli_hook(capsys):
+    assert cli.validate(_args()) is None
+    assert "--link-gbps" in cli.validate(_args(link_gbps=0.0))
+    assert "--link-gbps" in cli.validate(_args(link_gbps=float("inf")))
+    assert "--ranks" in cli.validate(_args(ranks=1))
+    assert "--ranks" in cli.validate(_args(ranks=16))
+    assert "--piece-bytes" in cli.validate(_args(piece_bytes=1000))
+    assert "--runs" in cli.validate(_args(runs=0))
+    assert "unknown --sides" in cli.validate(_args(sides=["rs-share", "bogus"]))
+    # the drain-cap sides: a positive CTA count, written plainly
+    assert cli.validate(_args(sides=["rs-share", "rs-share-drain64", "rs-share-drain1"])) is None
+    # (non-ASCII digits too: "²" passes str.isdigit() but int() refuses it, "١٢" is int 12 written otherwise)
+    for bad in ("rs-share-drain", "rs-share-drain0", "rs-share-drain064", "rs-share-drain2000", "rs-share-drainx",
+                "rs-share-drain\u00b2", "rs-share-drain\u0661\u0662", "rs-share-drain\uff11"):
+        assert "unknown --sides" in cli.validate(_args(sides=[bad])), bad
+    assert "collective" in cli.validate(_args(collective="all_reduce"))
+    a = cli.parser().parse_args(["reduce_scatter", "--link-gbps", "200", "--piece-bytes", "2MiB", "--sides",
+                                   "rs-share,nccl-like-32"])
+    assert a.piece_bytes == 2 << 20 and a.link_gbps == 200 and cli.wanted_sides(a) == ["rs-share", "nccl-like-32"]
+    assert cli.wanted_sides(cli.parser().parse_args(["all_gather"])) == ["ag-share", "ag-share-unpaced",
+                                                                       "ag-loopback"]
+    assert plan.parse_bytes("4M") == 4 << 20 and plan.parse_bytes("64K") == 65536
+    with pytest.raises(Exception):
+        plan.parse_bytes("lots")
+    # bad input exits 2 with the reason, before touching a GPU.
+    assert cli.main(["--link-gbps", "-5"]) == 2
+    assert "--link-gbps" in capsys.readouterr().err
+    assert method.MIN_RUNS == 31 and cli.parser().parse_args([]).runs == 31
+
+
+def test_summary_rows():
+    res = {"sides": [
+        {"side": "rs-share", "name": "TIDE-RS share", "slowdown": 1.04, "e2e_over_floor": 1.2,
+         "sm": {"sm_weighted_us": 10.0}},
+        {"side": "nccl-like-32", "name": "NCCL-like 32", "slowdown": 1.7, "sm": {"sm_weighted_us": 200.0}},
+        {"side": "ag-share", "name": "TIDE-AG share", "slowdown": 1.05, "sm": {"sm_weighted_us": 0.0}},
+    ]}
+    rows = {r["metric"]: r for r in cli.summarize(res)}
+    assert rows["GEMM slowdown beside TIDE-RS share"]["met"] is True
+    assert rows["GEMM slowdown beside TIDE-AG share"]["met"] is False
+    assert rows["RS share end to end / link floor"]["met"] is False
+    r = rows["RS SM time (occupancy-weighted): 32-CTA baseline / TIDE share"]
+    assert r["value"] == pytest.approx(20.0) and r["met"] is True
+
+
+def _params(numels, rows, world, elem=2):
+    """Layout params as tide.h computes them (tests/tide_ref.py's rules, one dtype)."""
+    out, send, slot, rs = [], 0, 0, 0
+    for n, c in zip(numels, rows):
+        shard = -(-(n // c) // world) * c
+        slot = -(-slot // 256) * 256
+        out.append(SimpleNamespace(numel=n, shard_numel=shard, elem_size=elem, send_offset=send, slot_offset=slot,
+                                   rs_out_offset=rs))
+        send += shard * elem
+        slot += shard * world * elem
+        rs += shard
+    return out, send, slot, rs
+
+
+def test_ag_plan_fills_every_slot_position_once():
+    W = 4
+    params, send_bytes, slot_bytes, _ = _params([3000, 448, 1000, 15], [100, 64, 1, 3], W)
+    arena = np.zeros(send_bytes * W + slot_bytes, dtype=np.uint8)
+    rng = np.random.default_rng(5)
+    arena[: send_bytes * W] = rng.integers(0, 256, send_bytes * W, dtype=np.uint8)
+    slot0 = send_bytes * W
+    own, inc = plan.ag_plan(params, W, lambda s: s * send_bytes, 0, slot0)
+    assert len(own) == len(params) and len(inc) == len(params) * (W - 1)
+    written = np.zeros(slot_bytes, dtype=np.int32)
+    for dst, src, nb in own + inc:
+        arena[dst:dst + nb] = arena[src:src + nb]
+        written[dst - slot0:dst - slot0 + nb] += 1
+    for p in params:
+        sb = p.shard_numel * p.elem_size
+        for s in range(W):
+            got = arena[slot0 + p.slot_offset + s * sb: slot0 + p.slot_offset + (s + 1) * sb]
+            want = arena[s * send_bytes + p.send_offset: s * send_bytes + p.send_offset + sb]
+            assert np.array_equal(got, want)
+            assert (written[p.slot_offset + s * sb: p.slot_offset + (s + 1) * sb] == 1).all()
+
+
+def test_rs_chunk_plan_reduces_like_the_host_executor(native):
+    torch = pytest.importorskip("torch")
+    from nccl_tide import Layout, host_reduce_scatter
+
+    W = 4
+    numels, rows = [3000, 448, 1000, 15, 8192], [100, 64, 1, 3, 1]
+    shapes = [(n // r, r) for n, r in zip(numels, rows)]
+    with Layout(numels, "bf16", W, row_numels=rows, rs_chunk_bytes=4096) as lay:
+        M, chunk = lay.rs_out_numel, lay.rs_chunk_numel
+        assert lay.rs_num_chunks >= 3
+        g = torch.Generator().manual_seed(7)
+        grads = [[torch.randn(s, generator=g).bfloat16().reshape(-1) for s in shapes] for _ in range(W)]
+        want = host_reduce_scatter(lay, grads, "fp32", "sum")[0]
+        # Arena: rank 0's grads, the W-1 images (rank s's elements for rank 0, packed in output order), staging,
+        # a small zero buffer (so that padding, where present, comes in several pieces).
+        g_sizes = [x.numel() * 2 for x in grads[0]]
+        g_off = np.cumsum([0] + g_sizes).tolist()
+        img0 = g_off[-1]
+        images = torch.zeros(W - 1, M, dtype=torch.bfloat16)
+        for s in range(1, W):
+            for p, x in zip(lay.params, grads[s]):
+                k = min(p.shard_numel, p.numel)
+                images[s - 1, p.rs_out_offset:p.rs_out_offset + k] = x[:k]
+        stag0 = img0 + (W - 1) * M * 2
+        nb_buf = 2 if lay.rs_num_chunks > 1 else 1
+        zeros0 = stag0 + nb_buf * W * chunk * 2
+        arena = np.full(zeros0 + 64, 0xAB, dtype=np.uint8)
+        arena[zeros0:] = 0
+        for x, o in zip(grads[0], g_off):
+            arena[o:o + x.numel() * 2] = x.view(torch.uint8).numpy()
+        arena[img0:stag0] = images.reshape(-1).view(torch.uint8).numpy()
+        plans, nb = plan.rs_chunk_plan(lay.params, W, chunk, M, g_off[:-1], lambda s: img0 + (s - 1) * M * 2, stag0,
+                                        zeros0, 64)
+        assert nb == nb_buf and len(plans) == lay.rs_num_chunks
+        out = torch.full((M,), float("nan"))
+        for own, inc, (buf, n, c0) in plans:
+            for dst, src, nbytes in own + inc:
+                arena[dst:dst + nbytes] = arena[src:src + nbytes]
+            x = torch.from_numpy(arena[buf:buf + W * chunk * 2].copy()).view(torch.bfloat16).view(W, chunk)
+            acc = x[0, :n].float()
+            for s in range(1, W):
+                acc = acc + x[s, :n].float()
+            out[c0:c0 + n] = acc
+        want = torch.as_tensor(np.asarray(want, dtype=np.float32))
+        assert not torch.isnan(out).any()
+        assert torch.equal(out.view(torch.int32), want.view(torch.int32))  # bit for bit
+
+
+def _bench_header_functions(repo):
+    text = (repo / "include" / "tide_bench.h").read_text()
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.DOTALL)
+    protos = {}
+    for m in re.finditer(r"^[\w\s\*]*?\b(tide[A-Z]\w*)\s*\(([^;{]*?)\)\s*;", text, flags=re.MULTILINE | re.DOTALL):
+        args = m.group(2).strip()
+        protos[m.group(1)] = 0 if args in ("", "void") else args.count(",") + 1
+    return protos
+
+
+def test_bench_header_is_bound(native, repo):
+    import bench_lib as B
+
+    protos = _bench_header_functions(repo)
+    assert len(protos) == 8
+    assert set(protos) == set(B.SIGNATURES)
+    for name, nargs in protos.items():
+        assert len(B.SIGNATURES[name][1]) == nargs, name
+        assert getattr(B.lib(), name).argtypes == B.SIGNATURES[name][1]
+    # The bench names are exported under the tide* rule, and kept out of the public header.
+    assert not set(protos) & set(native.SIGNATURES)
+
+
+def test_bench_struct_layout_matches_c(tmp_path, repo):
+    import bench_lib as B
+
+    cls = B.tideBenchReduceArgs_t
+    lines = ["#include <cstdio>", "#include <cstddef>", '#include "tide_bench.h"', "int main() {",
+             '  printf("SIZEOF %zu\\n", sizeof(tideBenchReduceArgs_t));']
+    lines += [f'  printf("{f} %zu\\n", offsetof(tideBenchReduceArgs_t, {f}));' for f, _ in cls._fields_]
+    lines += ["  return 0;", "}"]
+    src = tmp_path / "l.cc"
+    src.write_text("\n".join(lines))
+    subprocess.run(["g++", "-std=c++17", f"-I{repo / 'include'}", str(src), "-o", str(tmp_path / "l")], check=True)
+    out = subprocess.run([str(tmp_path / "l")], capture_output=True, text=True, check=True).stdout.split("\n")
+    seen = 0
+    for line in filter(None, out):
+        field, value = line.split()
+        got = ctypes.sizeof(cls) if field == "SIZEOF" else getattr(cls, field).offset
+        assert int(value) == got, line
+        seen += 1
+    assert seen == len(cls._fields_) + 1
+
+
+def _cuda_built(B):
+    try:
+        B.reduce_shape(B.reduce_args(256, 16, 1, 8, 256))
+        return True
+    except Exception as e:  # the host-only build answers tideUnsupported
+        if "without CUDA" in str(e):
+            return False
+        raise
+
+
+def _rule_ctas(n_src, in_size, out_size, prev, link_gbps=370.0, sms=132, cta_gbps=66.0, max_paced=32, headroom=1.2):
+    """reduce_kernel.h's CTA cap, restated: paced to the link (with headroom) when anything arrives, else the whole
+    GPU."""
+    per, incoming = n_src * in_size + out_size + (4 if prev else 0), (n_src - 1) * in_size + (4 if prev else 0)
+    if incoming == 0:
+        return sms
+    return min(max(1, math.ceil(headroom * link_gbps * per / incoming / cta_gbps)), max_paced, sms)
+
+
+def test_reduce_shape_rule(native):
+    import bench_lib as B
+    from nccl_tide.errors import InvalidArgumentError
+
+    if not _cuda_built(B):
+        pytest.skip("library built without CUDA: the shape rule lives in plugin/cuda")
+    W, n = 8, 8 << 20
+    sh = B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096))
+    traffic = n * (2 * W + 4)
+    assert sh["bytes"] == traffic and sh["vector"] and sh["threads"] == 512
+    # 8 bf16 inputs -> fp32 at 370 GB/s: 529 GB/s of reduce traffic, x 1.2 headroom = 634 GB/s, 10 CTAs of
+    # kReduceCtaGBps = 66 GB/s (a CTA's rate beside the arrivals; 8 CTAs with the 94 GB/s of a CTA alone).
+    assert sh["ctas"] == _rule_ctas(W, 2, 4, False) == 10
+    units, per_cta = n // 8, (8 << 20) // (8 * 20)  # 8-element vectors; whole vectors in about 8 MiB
+    assert sh["launches"] == math.ceil(math.ceil(units / per_cta) / 10) == 3  # 21 CTAs of <= 8 MiB, 10 at a time
+    # Huge: the launches per chunk are capped at 16 (CTAs then move more than 8 MiB each).
+    sh = B.reduce_shape(B.reduce_args(256, (64 << 20) * 2, W, 64 << 20, 4096))
+    assert (sh["ctas"], sh["launches"]) == (10, 16)
+    # A small chunk: one CTA, one launch.
+    sh = B.reduce_shape(B.reduce_args(256, 4096 * 2, W, 4096, 4096))
+    assert (sh["ctas"], sh["launches"]) == (1, 1)
+    # Medium (20 MB of traffic, under 10 CTAs x 8 MiB): the paced grid all the same, in one launch; ceil(T / 8 MiB)
+    # = 3 CTAs would fall behind the arrivals (an earlier rule did that).
+    n = 1_000_000
+    sh = B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096))
+    assert (sh["ctas"], sh["launches"]) == (10, 1)
+    # Small (4 MB): one CTA per MiB (kReduceCtaMinBytes), under the paced cap.
+    n = 200_000
+    sh = B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096))
+    assert (sh["ctas"], sh["launches"]) == (math.ceil(n // 8 / ((1 << 20) // 160)), 1) == (4, 1)
+    # World size 1, a 48 MiB cast (bf16 -> fp32): one CTA per MiB on as many SMs, not 6 CTAs of 8 MiB.
+    n = 8 << 20
+    sh = B.reduce_shape(B.reduce_args(256, n * 2, 1, n, 4096))
+    worth = math.ceil(n // 8 / ((1 << 20) // 48))  # whole 48-byte vectors per MiB: 49 CTAs
+    assert worth == 49 and sh["ctas"] == min(worth, _sm_count()) and sh["ctas"] * sh["launches"] >= 6
+    # Two inputs: more reduce traffic per incoming byte (fp32 output), so more CTAs; a running sum (prev) arrives too
+    # (a chunk large enough for 20 CTAs of 8 MiB).
+    n = 32 << 20
+    assert B.reduce_shape(B.reduce_args(256, n * 2, 2, n, 4096))["ctas"] == _rule_ctas(2, 2, 4, False) == 27
+    assert B.reduce_shape(B.reduce_args(256, n * 2, 2, n, 4096, prev=8192))["ctas"] == _rule_ctas(2, 2, 4, True) == 14
+    # One input, no running sum (world size 1): nothing arrives, nothing paces it: the whole GPU (a chunk of 1.5 GiB
+    # of traffic: 192 CTAs of 8 MiB).
+    n = 256 << 20
+    sh = B.reduce_shape(B.reduce_args(256, n * 2, 1, n, 4096))
+    assert sh["ctas"] == _sm_count() and sh["ctas"] > 32
+    # Unaligned bases: the element path. Overrides: maxCtas and bytes per CTA.
+    n = 200_000
+    assert not B.reduce_shape(B.reduce_args(258, n * 2, W, n, 4096))["vector"]
+    sh = B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, max_ctas=16, cta_bytes=1 << 16))
+    assert sh["ctas"] == 16
+    with pytest.raises(InvalidArgumentError):
+        B.reduce_shape(B.reduce_args(256, 16, 0, 8, 256))
+    with pytest.raises(InvalidArgumentError):
+        B.reduce_shape(B.reduce_args(256, 16, 1, 8, 256, max_ctas=-1))
+    with pytest.raises(ValueError):
+        B.reduce_args(256, 16, 1, 8, 256, in_type="int8")
+
+
+def test_reduce_shape_deadline_and_drain(native):
+    """The next chunk's arrival is a reduce's deadline (following_bytes); the last reduce is a drain."""
+    import bench_lib as B
+    from nccl_tide.errors import InvalidArgumentError
+
+    if not _cuda_built(B):
+        pytest.skip("library built without CUDA: the shape rule lives in plugin/cuda")
+    W, n = 8, 32 << 20  # 640 MiB of traffic: 80 CTAs of 8 MiB, so the pace, not the chunk, bounds the grid
+    own_incoming = n * 2 * (W - 1)
+    base = B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096))["ctas"]
+    assert B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=own_incoming))["ctas"] == base == 10
+    # A next chunk of a third of the size arrives three times sooner: three times the rate, 29 CTAs.
+    short = B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=own_incoming // 3))["ctas"]
+    assert short == math.ceil(1.2 * 370 * n * 20 / (own_incoming // 3) / 66) == 29
+    # Tiny next chunk: capped at the paced maximum; nothing after it: the drain, the same cap.
+    assert B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=4096))["ctas"] == min(32, _sm_count())
+    assert B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=0))["ctas"] == min(32, _sm_count())
+    # A drain of a chunk under 32 x 8 MiB of traffic (a Llama-8B layer's last chunk, about 6.8 M elements per rank:
+    # 136 MB) still gets the 32 CTAs (17 at 8 MiB each under an earlier rule).
+    m = 6_815_744
+    sh = B.reduce_shape(B.reduce_args(256, m * 2, W, m, 4096, following_bytes=0))
+    assert (sh["ctas"], sh["launches"]) == (min(32, _sm_count()), 1)
+    # A larger next chunk leaves more time: fewer CTAs.
+    assert B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=own_incoming * 4))["ctas"] == 3
+    # A world of one rank stays unpaced whatever follows (a chunk of more than one CTA of 8 MiB per SM).
+    big = 256 << 20
+    for following in (0, 4096, big * 8):
+        assert B.reduce_shape(B.reduce_args(256, big * 2, 1, big, 4096, following_bytes=following))["ctas"] == (
+            _sm_count())
+    with pytest.raises(InvalidArgumentError):
+        B.reduce_args(256, n * 2, W, n, 4096, following_bytes=-2)
+
+
+def _sm_count():
+    """The SM count the rule uses: the current device's, or 132 (an H200) where the process sees no GPU."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_properties(0).multi_processor_count
+    except ImportError:
+        pass
+    return 132
+
+
+def test_reduce_shape_follows_nccl_tide_link_gbps(native):
+    """NCCL_TIDE_LINK_GBPS sets the pace: twice the rate, about twice the CTAs (10 -> 20); an invalid value is
+    refused by name."""
+    import subprocess
+    import sys
+
+    import bench_lib as B
+
+    if not _cuda_built(B):
+        pytest.skip("library built without CUDA: the shape rule lives in plugin/cuda")
+    code = ("import bench_lib as B; n = 8 << 20\n"
+            "try:\n    print(B.reduce_shape(B.reduce_args(256, n * 2, 8, n, 4096))['ctas'])\n"
+            "except Exception as e:\n    print('ERR', e)\n")
+    env = dict(os.environ)
+    got = {}
+    for v in ("740", "20", "fast"):
+        env["NCCL_TIDE_LINK_GBPS"] = v
+        got[v] = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                timeout=120).stdout.strip()
+    assert got["740"] == str(_rule_ctas(8, 2, 4, False, link_gbps=740)) == "20"
+    assert got["20"] == "1"
+    assert got["fast"].startswith("ERR") and "NCCL_TIDE_LINK_GBPS" in got["fast"], got["fast"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The whole share run on the CPU: the GPU pieces replaced by host stand-ins that really move and fold the bytes
+# (copies by memmove at the planned addresses, the reduce and the baseline as fp32 left folds), so that every
+# Python path of share.cli.run (sides, checks, timing, harness, summary, JSON) executes and the
+# shares' own output checks pass.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class _FakeStream:
+    _n = 0
+
+    def __init__(self):
+        _FakeStream._n += 1
+        self.cuda_stream = 1000 + _FakeStream._n
+
+    def wait_stream(self, other):
+        assert isinstance(other, _FakeStream)
+
+    def wait_event(self, ev):
+        assert isinstance(ev, _FakeEvent)
+
+
+class _FakeEvent:
+    def __init__(self, enable_timing=False):
+        self.t = None
+
+    def record(self, stream=None):
+        import time
+
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, other):
+        return (other.t - self.t) * 1e3
+
+    def query(self):
+        return False  # the stand-in "GPU" runs nothing before synchronize: the host is never late
+
+
+def _bf16_at(addr, n):
+    import ctypes as C
+
+    bits = np.ctypeslib.as_array((C.c_uint16 * n).from_address(addr)).astype(np.uint32) << 16
+    return bits.view(np.float32)
+
+
+def _fold_into(args):
+    import ctypes as C
+
+    n = int(args.n)
+    acc = _bf16_at(args.staging, n).copy()
+    for s in range(1, args.nSrc):
+        acc = (acc + _bf16_at(args.staging + s * args.srcStride, n)).astype(np.float32)
+    np.ctypeslib.as_array((C.c_float * n).from_address(args.out))[:] = acc
+
+
+@pytest.mark.parametrize("order,source", [("gemm-after-first", "device"), ("side-first", "host")])
+def test_share_run_end_to_end_with_host_stand_ins(monkeypatch, tmp_path, native, order, source):
+    torch = pytest.importorskip("torch")
+    import ctypes as C
+    import json
+
+    import bench_lib as B
+    from nccl_tide import models
+
+    monkeypatch.setitem(models.MODELS, "tiny-test-layer", models._llama_layer(48, 136, 3, 1, 16))
+    monkeypatch.setattr(harness, "GEMM_MKN", (16, 32, 64))
+
+    class FakeGpu(gpu.Gpu):
+        def __init__(self):
+            self.torch = torch
+            self.dev = torch.device("cpu")
+            self.n_sm = 132
+
+        def rand(self, n, dtype, seed):
+            return torch.randn(n, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+        def stream(self):
+            return _FakeStream()
+
+        def sleep_ms(self, ms, stream=None):  # as torch.cuda._sleep: ATen's spin kernel, which the timeline skips
+            trace.append({"cat": "kernel", "name": "void at::cuda::(anonymous namespace)::spin_kernel(long)",
+                          "ts": float(len(trace)), "dur": 1.0, "stream": getattr(stream, "cuda_stream", 0), "bytes": 0,
+                          "ctas": 1, "args": {}})
+
+        def images(self, n, seed, source):
+            return self.rand(n, torch.bfloat16, seed)  # no pinned memory without CUDA; the plans are the same
+
+    trace = []  # the stand-in trace: one event per copy and per reduce launch, on a clock of 1 us per event
+
+    def fake_copy(copies, stream):
+        for dst, src, nb in copies:
+            C.memmove(dst, src, nb)
+            trace.append({"cat": "gpu_memcpy", "name": "Memcpy DtoD", "ts": float(len(trace)), "dur": 1.0,
+                          "stream": stream, "bytes": nb, "ctas": 0, "args": {}})
+
+    released = []
+
+    class FakePacer:
+        def __init__(self, gbps, piece_bytes):
+            self.gbps, self.piece_bytes = gbps, piece_bytes
+
+        def paced_copy(self, copies, stream):
+            fake_copy(copies, stream)
+            released.append(len(plan.cut_pieces([c[2] for c in copies], self.piece_bytes)))
+
+        def stats(self):
+            return {"pieces_released": sum(released), "pieces_enqueued": sum(released), "transfers": len(released)}
+
+        def close(self):
+            pass
+
+    kernels = []
+
+    def fake_reduce(args, stream):
+        sh = B.reduce_shape(args)
+        kernels.append(sh["ctas"] if _cuda_built(B) else 1)
+        for _ in range(sh["launches"]):
+            trace.append({"cat": "kernel", "name": "reduce", "ts": float(len(trace)), "dur": 1.0, "stream": stream,
+                          "bytes": 0, "ctas": sh["ctas"], "args": {}})
+        _fold_into(args)
+
+    def fake_trace(g, fn, iters=3):
+        del trace[:]
+        for _ in range(iters):
+            fn()
+        return list(trace)
+
+    fake_profile = lambda g, fn, iters=3: (fn(), [("reduce", 5.0, 4, {})], [(1.0, True)])[1:]  # noqa: E731
+    monkeypatch.setattr(cli, "Gpu", FakeGpu)
+    monkeypatch.setattr(cli, "profile_unit", fake_profile)
+    monkeypatch.setattr(harness, "profile_unit", fake_profile)
+    monkeypatch.setattr(timeline, "trace", fake_trace)
+    monkeypatch.setattr(B, "copy", fake_copy)
+    monkeypatch.setattr(B, "Pacer", FakePacer)
+    monkeypatch.setattr(B, "reduce", fake_reduce)
+    monkeypatch.setattr(B, "persistent_reduce", lambda args, ctas, seconds, stream: _fold_into(args))
+    if not _cuda_built(B):
+        monkeypatch.setattr(B, "reduce_shape", lambda args: {"ctas": 1, "launches": 1, "threads": 512,
+                                                             "vector": True, "bytes": int(args.n) * 20})
+    for name, fn in (("synchronize", lambda *a: None), ("empty_cache", lambda: None),
+                     ("get_device_name", lambda *a: "cpu stand-in"), ("is_available", lambda: True),
+                     ("Event", _FakeEvent), ("stream", lambda s: __import__("contextlib").nullcontext())):
+        monkeypatch.setattr(torch.cuda, name, fn)
+
+    out = tmp_path / "share.json"
+    sides = ("ag-share,ag-share-unpaced,ag-share-incoming,rs-share,rs-share-unpaced,rs-share-serial,nccl-like-16,"
+             "nccl-like-32")
+    rc = cli.main(["both", "--ranks", "4", "--layout", "tiny-test-layer", "--runs", "3", "--sides", sides,
+                     "--rs-chunk-bytes", "4096", "--order", order, "--incoming-source", source, "-J", str(out)])
+    res = json.loads(out.read_text())
+    assert not res["errors"], res["errors"]
+    assert rc == 0
+    assert res["rs_num_chunks"] >= 2  # the two-buffer pipeline and its buffer reuse were exercised
+    by = {d["side"]: d for d in res["sides"]}
+    assert set(by) == set(sides.split(","))
+    for name, d in by.items():
+        assert d["check"]["ok"], (name, d["check"])
+        assert d["with_ms"]["n"] == 3 and d["k_units"] >= 3 and d["hbm_GBps"] > 0
+        assert d["valid_runs"] == 3 and d["gemm_late_runs"] == 0 and d["order"] == order
+    assert by["rs-share"]["link_floor_ms"] > 0 and "e2e_over_floor" in by["rs-share"]
+    assert by["ag-share"]["sm"]["sm_weighted_us"] == pytest.approx(5.0 * 4 / 132 / 3)  # one stand-in kernel per 3 units
+    assert released and kernels
+    # the timeline found every chunk's copies and reduce on their streams, in the order the unit enqueued them
+    # (rs-share: chunk k's incoming copies on stream k % 2, one per staging buffer; rs-share-serial: one stream)
+    for side in ("rs-share", "rs-share-serial"):
+        rows = by[side]["timeline"]["rows"]
+        assert len(rows) == res["rs_num_chunks"]
+        for r in rows:
+            assert r["in_copies"] == 3 and r["in_start_us"] < r["in_end_us"] <= r["own_start_us"] < r["red_start_us"]
+        assert rows[-1]["tail_us"] > 0 and [r["chunk"] for r in rows] == list(range(len(rows)))
+    assert len(by["ag-share"]["timeline"]["rows"]) == 1 and "timeline" not in by["nccl-like-32"]
+    assert res["order"] == order and res["incoming_source"] == source
+    tag = ", incoming from host" if source == "host" else ""
+    assert by["ag-share"]["name"] == "TIDE-AG share" + tag and by["rs-share"]["name"] == "TIDE-RS share" + tag
+    # HBM model: incoming bytes count twice from device images (read + write), once from host images (write)
+    from nccl_tide import Layout
+
+    numels, rows = models.numels_and_rows(models.model_params("tiny-test-layer"))
+    own = sum(p.shard_numel * p.elem_size for p in Layout(numels, "bf16", 4, rank=0, row_numels=rows).params)
+    assert by["ag-share"]["hbm_bytes_per_unit"] == (2 * own + (2 if source == "device" else 1) * 3 * own)
+    # ag-share-incoming: the same incoming copies, no own-shard copy (its slot position is not checked)
+    inc = by["ag-share-incoming"]
+    assert inc["name"] == "TIDE-AG share, incoming only" + tag
+    assert inc["hbm_bytes_per_unit"] == (2 if source == "device" else 1) * 3 * own
+    rows_in = inc["timeline"]["rows"]
+    assert len(rows_in) == 1 and "own_end_us" not in rows_in[0] and rows_in[0]["in_copies"] > 0
+    assert {r["metric"] for r in res["summary"]} >= {"GEMM slowdown beside TIDE-AG share",
+                                                     "RS SM time (occupancy-weighted): 32-CTA baseline / TIDE share"}
+
+
+@pytest.mark.parametrize("gbps,piece", [(0.0, 4096), (float("nan"), 4096), (float("inf"), 4096), (-1.0, 4096),
+                                        (10.0, -1), (10.0, 2**64 + 4096), (10.0, 4095), (10.0, (1 << 30) + 1),
+                                        (10.0, True), (10.0, 4096.0)])
+def test_pacer_arguments_are_checked_before_the_library(gbps, piece):
+    """Out-of-range link rates and piece sizes never reach tideBenchPacerCreate (a negative or >= 2**64 size would
+    wrap in ctypes' size_t)."""
+    import bench_lib as B
+
+    with pytest.raises(ValueError, match="link rate|piece_bytes"):
+        B.Pacer(gbps, piece)
+
+
+def test_sm_summary_reports_same_device_copies_apart_from_weighted_kernel_time():
+    from types import SimpleNamespace
+
+    from share.profile import sm_summary
+
+    g = SimpleNamespace(n_sm=132)
+    kernels = [("tide_reduce", 10.0, 66, {}), ("sleep_kernel", 100.0, 1, {})]
+    mem = [(4.0, True), (30.0, False), (2.0, True)]  # two same-device copies (on SMs), one peer copy
+    s = sm_summary(g, kernels, mem, iters=2)
+    assert s["kernel_us"] == 5.0 and s["sm_weighted_us"] == 2.5  # the sleep gate is excluded; 66/132 of 10 us / 2
+    assert s["memcpy_us"] == 18.0 and s["local_copy_us"] == 3.0 and s["memcpy_per_unit"] == 1.5

@@ -1,0 +1,33 @@
+// p2p groups through NCCL (p2p_group.h).
+#include "p2p_group.h"
+
+#include <sched.h>
+
+namespace tide {
+namespace nccl {
+
+tideResult_t issueGroup(const Lib& lib, ncclComm_t comm, cudaStream_t stream, const P2pCall* calls, size_t n) {
+  if (n == 0) return tideSuccess;
+  ncclResult_t r = lib.groupStart();
+  if (r != kNcclSuccess) return ncclFail(lib, r, "ncclGroupStart");
+  ncclResult_t first = kNcclSuccess;
+  const char* what = nullptr;
+  for (size_t i = 0; i < n && first == kNcclSuccess; ++i) {
+    const P2pCall& c = calls[i];
+    first = c.send ? lib.send(c.buf, c.bytes, kNcclUint8, c.peer, comm, stream)
+                   : lib.recv(c.buf, c.bytes, kNcclUint8, c.peer, comm, stream);
+    what = c.send ? "ncclSend" : "ncclRecv";
+  }
+  r = lib.groupEnd();
+  while (r == kNcclInProgress) {  // nonblocking communicator: the group is being launched
+    sched_yield();
+    const ncclResult_t q = lib.commGetAsyncError(comm, &r);
+    if (q != kNcclSuccess) return ncclFail(lib, q, "ncclCommGetAsyncError");
+  }
+  if (first != kNcclSuccess) return ncclFail(lib, first, what);
+  if (r != kNcclSuccess) return ncclFail(lib, r, "ncclGroupEnd");
+  return tideSuccess;
+}
+
+}  // namespace nccl
+}  // namespace tide

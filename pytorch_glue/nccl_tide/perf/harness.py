@@ -1,0 +1,242 @@
+"""The harness every collective shares (nccl-tests' common.cu in Python): the cases of the size loop or of a model
+layout, one row per (case, implementation) measured on the run's backend, the footer, the JSON and the plot, and
+the exit status. What differs between collectives comes from their descriptor (perf/collectives.py)."""
+
+import os
+import platform
+import re
+import shlex
+import sys
+import time
+from typing import List, NamedTuple, Optional, TextIO, Tuple
+
+from ..errors import TideError
+from ..models import model_params, numels_and_rows
+from . import collectives, host_backend, impls, preamble, report
+from .collectives import BUSBW_FORMULA
+from .options import Options, die
+
+GPU_NOTE = ("GPU backends: in-place variants are not measured (N/A); SM = sum of kernel durations per call "
+            "(torch.profiler), copy-engine transfers use no SMs")
+
+
+class Case(NamedTuple):
+    """One table row's tensors: per parameter its element count, its row length and its shape."""
+
+    numels: List[int]
+    rows: List[int]
+    shapes: List[Tuple[int, ...]]
+
+
+def cases(o: Options, out: TextIO) -> List[Case]:
+    """The model layout's one case, or one flat tensor per size of the size loop (sizes below 16 bytes per rank
+    are skipped with a comment line, as nccl-tests skips them)."""
+    if o.model:
+        params = model_params(o.layout)
+        numels, rows = numels_and_rows(params)
+        out.write(
+            f"# layout: {o.layout} ({len(params)} parameters, {sum(numels)} elements): one row = the whole layer; "
+            "the layout fixes the size, -b/-e/-f/-i are ignored\n"
+        )
+        return [Case(numels, rows, [tuple(s) for _, s in params])]
+    out_cases = []
+    for size in o.sizes():
+        base = collectives.per_rank_count(size, o.dtype.size, o.world)
+        if base == 0:
+            out.write(f"# size {size}: fewer than 16 bytes per rank, skipped\n")
+            continue
+        out_cases.append(Case([base * o.world], [1], [(base * o.world,)]))
+    return out_cases
+
+
+def run(o: Options, gpu_backend, lib_version: str, leader: bool, out: TextIO) -> int:
+    """The whole run after the backend is up: preamble, table, footer, JSON / plot. Returns the exit status."""
+    from .. import __version__
+
+    start_time = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())  # nccl-tests' start_time format (local)
+    versions = {"nccl_tide": __version__, "library": lib_version, "python": platform.python_version()}
+    if gpu_backend is not None:
+        from . import gpu
+
+        versions.update(gpu.versions())
+    table = impls.impl_table(
+        o.backend, o.impls, o.collective.name, nodes=o.nodes if o.backend == "loopback" else 1,
+        copy_op=o.collective.fsdp2_copy_op, out=o.out_dtype.name,
+    )
+    preamble.write(out, o, versions, lib_version, gpu_backend, table)
+    run_cases = cases(o, out)
+    devices = preamble.devices(gpu_backend)
+    preamble.write_devices(out, devices)
+    report.header(out)
+    out.flush()
+
+    rows, notes, extras = measure_all(o, gpu_backend, run_cases, table, out)
+    for note in sorted(notes):
+        out.write(f"# {note}\n")
+    subject = o.impls[0]
+    report.footer(out, rows, o.collective.perf_name, subject=subject, min_busbw=o.min_busbw)
+    out.flush()
+
+    failed = report.total_wrong(rows) or report.busbw_gate_failed(report.avg_busbw(rows, subject), o.min_busbw)
+    if leader and (o.output_file or o.plot):
+        doc = json_doc(o, versions, devices, rows, table, sorted(notes), extras, start_time)
+        if o.output_file:
+            report.write_json(o.output_file, doc)
+        if o.plot:
+            from .plot import PlotUnavailable, plot
+
+            try:
+                plot(doc, o.plot)
+                out.write(f"# plot written to {o.plot}\n")
+            except PlotUnavailable as e:
+                print(str(e), file=sys.stderr)
+                return 3
+    return 1 if failed else 0
+
+
+def measure_all(o: Options, gpu_backend, run_cases: List[Case], table: dict, out: TextIO):
+    """Every (case, impl) row, printed as it is measured. Returns (rows, notes, extras for the JSON)."""
+    rows: List[report.Row] = []
+    notes = set()
+    extras: dict = {}
+    mopts = None
+    if gpu_backend is not None:
+        from . import gpu, runner
+
+        gemm = gpu.Gemm(o.interfere_runs) if o.interfere == "gemm" else None
+        mopts = runner.MeasureOpts(
+            o.iters,
+            o.warmup,
+            o.check,
+            o.sm_time,
+            gemm,
+            reduce_time=getattr(gpu_backend, "reduce_time", lambda t: t),
+            reduce_wrong=getattr(gpu_backend, "reduce_wrong", lambda n: n),
+            barrier=gpu_backend.barrier if o.backend == "torchrun" else None,
+        )
+        if gemm is not None:
+            extras["gemm_alone"] = gemm.alone
+    type_name, redop = o.dtype.nccl_tests_name, o.redop
+    for case in run_cases:
+        count = collectives.rank_count(case.numels, case.rows, o.world)
+        size = count * o.world * o.dtype.size
+        for impl in o.impls:
+            reason = table[impl]["not_run_reason"]
+            if reason:
+                row = report.Row(size, count, type_name, redop, -1, report.NA, report.NA, impl=impl, note=reason,
+                                 ok=False)
+            elif gpu_backend is None:
+                row = _host_row(o, case, size, count, impl, notes)
+            else:
+                from . import runner
+
+                spec = runner.CaseSpec(o.collective.name, case.numels, case.rows, case.shapes, o.dtype, o.out_dtype,
+                                       o.op, o.scale, o.seed)
+                row = runner.measure(gpu_backend, impl, spec, size, count, type_name, redop, o.world, mopts, extras)
+            rows.append(row)
+            out.write(report.row_line(row) + "\n")
+            out.flush()
+    if gpu_backend is not None:
+        notes.add(GPU_NOTE)
+    return rows, notes, extras
+
+
+def _host_row(o: Options, case: Case, size: int, count: int, impl: str, notes: set) -> report.Row:
+    hcase = host_backend.Case(case.numels, case.rows, o.world, o.ranks_per_node, o.pace_bytes)
+    hopts = host_backend.Opts(o.dtype, o.out_dtype, o.op, o.scale, o.iters, o.warmup, o.check, o.seed)
+    try:
+        oop, ip, note = o.collective.run_host(hcase, hopts)
+    except MemoryError:
+        die("out of host memory: the host backend holds every simulated rank; use fewer --ranks or a smaller layout")
+    except TideError as e:
+        die(str(e))
+    if note:
+        notes.add(note)
+    return report.Row(size, count, o.dtype.nccl_tests_name, o.redop, -1, oop, ip, impl=impl)
+
+
+def json_doc(o: Options, versions: dict, devices: list, rows, table: dict, notes: List[str], extras: dict,
+             start_time: str) -> dict:
+    """nccl-tests' JSON keys (head, config) plus tide-perf's (report.build_json merges them)."""
+    lo, hi = o.size_range()
+    config = {
+        "collective": o.collective.perf_name,
+        "command_line": "tide-perf " + " ".join(shlex.quote(x) for x in o.argv),
+        "argv": [sys.executable] + sys.argv,
+        "versions": versions,
+        "backend": o.backend,
+        "backend_choice": o.backend_why,
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "busbw_formula": BUSBW_FORMULA,
+        "config": {
+            "nranks": o.world,
+            "ranks_per_node": o.ranks_per_node,
+            "nodes": o.nodes,
+            "virtual_nodes": o.backend == "loopback" and o.nodes > 1,
+            "pace_bytes": o.eff_pace,
+            "layout": o.layout,
+            "impls": o.impls,
+            "minbytes": lo,
+            "maxbytes": hi,
+            "stepfactor": o.stepfactor,
+            "stepbytes": o.stepbytes,
+            "iters": o.iters,
+            "warmup_iters": o.warmup,
+            "check": o.check,
+            "datatype": o.dtype.nccl_tests_name,
+            "op": o.redop,
+            "out_type": o.out_dtype.name if o.collective.reduces else o.dtype.name,
+            "blocking": o.blocking,
+            "average": o.average,
+            "interfere": o.interfere,
+            "interfere_runs": o.interfere_runs if o.interfere != "none" else None,
+            "sm_time": o.sm_time and o.backend != "host",
+        },
+        "notes": notes,
+        "extras": extras,
+    }
+    head = {
+        "version": report.JSON_FILE_VERSION,
+        "start_time": start_time,
+        "args": ["tide-perf"] + list(o.argv),
+        "env": json_env(),
+        "nccl_version": nccl_version_code(versions.get("nccl_runtime")),
+    }
+    nccl_config = {
+        "nthreads": 1,
+        "ngpus": 0 if o.backend == "host" else 1,
+        "minimum_bytes": lo,
+        "maximum_bytes": hi,
+        **({"step_factor": o.stepfactor} if o.stepfactor > 1 else {"step_bytes": o.stepbytes}),
+        "warmup_iters": o.warmup,
+        "iterations": o.iters,
+        "aggregated_iterations": 1,
+        "validation": o.check,
+        "graph": 0,
+        "blocking_collectives": "true" if o.blocking else "false",
+        "per_iter_timing": "false",
+        "parallel_init": "false",
+    }
+    return report.build_json(
+        config, devices, rows, table, o.impls[0], o.min_busbw, head=head, nccl_config=nccl_config, iters=o.iters,
+        name=o.collective.perf_name,
+    )
+
+
+# Prefixes of the variables -J records under "env". nccl-tests writes the whole environment; tide-perf writes the
+# variables that shape a run, so that a JSON committed next to benchmark results carries no unrelated secrets.
+ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_", "NVSHMEM_", "OMP_", "PYTORCH_", "LD_PRELOAD", "WORLD_SIZE", "RANK",
+                "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def json_env() -> List[str]:
+    return sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith(ENV_PREFIXES))
+
+
+def nccl_version_code(text) -> Optional[int]:
+    """"2.28.9" -> 22809 (NCCL's code, what nccl-tests writes as nccl_version); None when unknown."""
+    m = re.match(r"^(\d+)\.(\d+)\.(\d+)", str(text or ""))
+    if not m:
+        return None
+    major, minor, patch = (int(x) for x in m.groups())
+    return major * 10000 + minor * 100 + patch if (major, minor) >= (2, 9) else major * 1000 + minor * 100 + patch

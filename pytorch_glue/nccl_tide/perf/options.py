@@ -1,0 +1,410 @@
+"""tide-perf's flags: nccl-tests' letters and defaults, their rules, and the Options every later step reads.
+
+The command line is parsed and checked once; resolve() turns it into one Options object (the collective's
+descriptor, the backend, the types, the topology, the size loop, the counts) that travels through the harness.
+Every rule fails before any work with a one-line error and exit status 2.
+"""
+
+import argparse
+import math
+import os
+import re
+import sys
+from dataclasses import dataclass
+from typing import Callable, List, Optional
+
+from ..dtypes import RS_TYPES, DType, op_code
+from ..dtypes import dtype as to_dtype
+from ..errors import TideError
+from ..layout import default_ranks_per_node
+from ..models import MODELS
+from . import collectives, impls
+from .collectives import COLLECTIVES, Collective
+
+SUFFIX = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+# Model layouts are one whole layer per row and simulate every rank in host memory: keep runs short.
+MODEL_DEFAULT_ITERS, MODEL_DEFAULT_WARMUP = 1, 0
+FLAT_DEFAULT_ITERS, FLAT_DEFAULT_WARMUP = 20, 1
+DEFAULT_STEP_BYTES = 1 << 20
+
+
+def die(msg: str) -> "None":
+    print(f"tide-perf: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse_size(text: str) -> int:
+    """nccl-tests' parsesize: an integer with an optional K/M/G suffix (powers of 1024)."""
+    t = text.strip().upper()
+    mult = 1
+    if t and t[-1] in SUFFIX:
+        mult, t = SUFFIX[t[-1]], t[:-1]
+    try:
+        value = int(t) * mult
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid size {text!r}: use an integer with an optional K, M or G suffix"
+        ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: must be >= 0")
+    return value
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every flag's help ends in its default; a help text that states its default itself is left as it is."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "(default" in text or action.default is argparse.SUPPRESS:
+            return text
+        if action.default is None:
+            return text + " (default: none)"
+        return super()._get_help_string(action)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (`tide-perf: error: ...`) and exit status 2, as every other check."""
+
+    def error(self, message):  # noqa: D401
+        print(f"{self.prog}: error: {message} (tide-perf --help lists the flags)", file=sys.stderr)
+        sys.exit(2)
+
+
+def parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
+    p = _Parser(
+        prog="tide-perf",
+        description="nccl-tests-style benchmark of TIDE all-gather / reduce-scatter.",
+        formatter_class=_HelpFormatter,
+        epilog="Backends: host (every rank simulated by the C host executor; no GPU), loopback (N virtual ranks on "
+        "one GPU; --ranks-per-node R < N: N/R virtual nodes, TIDE's inter-node algorithm on one GPU), torchrun (one "
+        "process per GPU, NCCL). auto: no GPU -> host; GPU and WORLD_SIZE -> torchrun; GPU -> loopback. "
+        "busbw = algbw * (W-1)/W for both collectives and any --ranks-per-node (nccl-tests' convention). "
+        "'tide-perf plot FILE.json FILE.png' plots a JSON written with -J.",
+    )
+    names = sorted(COLLECTIVES) + sorted(c.perf_name for c in COLLECTIVES.values())
+    p.add_argument("--version", action="version", version=f"tide-perf {__version__}")
+    p.add_argument("collective", choices=names, help="what to measure")
+    # nccl-tests' flags (same letters, long names and defaults where they mean something here).
+    p.add_argument("-b", "--minbytes", type=parse_size, default="32M", help="smallest size (bytes, K/M/G suffix)")
+    p.add_argument("-e", "--maxbytes", type=parse_size, default="32M", help="largest size (bytes, K/M/G suffix)")
+    p.add_argument("-i", "--stepbytes", type=parse_size, default=None,
+                   help="size increment when -f is not given (default 1M)")
+    p.add_argument("-f", "--stepfactor", type=int, default=None,
+                   help="size multiplication factor, >= 2 (default: step by -i)")
+    p.add_argument("-n", "--iters", type=int, default=None,
+                   help="timed iterations, >= 1 (default 20; 1 for model layouts)")
+    p.add_argument("-w", "--warmup_iters", type=int, default=None,
+                   help="warm-up iterations, >= 0 (default 1; 0 for model layouts)")
+    p.add_argument("-c", "--check", type=int, default=1, choices=[0, 1],
+                   help="1: validate every element against the reference; 0: do not")
+    p.add_argument("-d", "--datatype", default="float",
+                   help="bfloat16|bf16, half|fp16, float|fp32, f8e4m3, f8e5m2, int8, int32")
+    p.add_argument("-o", "--op", default="sum", help="sum, avg or premul (reduce_scatter)")
+    p.add_argument("-z", "--blocking", type=int, default=0, choices=[0, 1],
+                   help="accepted for nccl-tests compatibility; host calls always block, GPU timing syncs per run")
+    p.add_argument("-a", "--average", type=int, default=1, choices=[0, 1, 2, 3],
+                   help="torchrun: 1 average time over ranks, 0 rank 0's (2 min, 3 max: as 1)")
+    p.add_argument("-J", "--output_file", default=None, metavar="FILE.json",
+                   help="write results as JSON (nccl-tests' keys plus tide-perf's) (default: no JSON)")
+    p.add_argument("-t", "--nthreads", type=int, default=1, help="threads per process: 1 only (ranks are simulated "
+                   "or one process per GPU)")
+    p.add_argument("-g", "--ngpus", type=int, default=1, help="GPUs per thread: 1 only (loopback: --ranks virtual "
+                   "ranks on one GPU; torchrun: one GPU per process)")
+    p.add_argument("-G", "--cudagraph", type=int, default=0, help="CUDA graph launches: 0 only (not supported)")
+    p.add_argument("-R", "--local_register", type=int, default=0, help="NCCL buffer registration: 0 only (TIDE "
+                   "moves data between its own slots; -R 1/2 are not supported)")
+    p.add_argument("-x", "--cta_policy", type=int, default=None, help="NCCL CTA policy: not supported (TIDE's "
+                   "transfers use no CTAs; the NCCL rows run with NCCL's default)")
+    p.add_argument("-I", "--per_iter_timing", type=int, default=0, help="per-iteration statistics: 0 only (not "
+                   "supported)")
+    p.add_argument("--plot", default=None, metavar="FILE",
+                   help="plot busbw and SM time vs size (png, pdf, svg, ...; needs matplotlib) (default: no plot)")
+    p.add_argument("--backend", default="auto", help="auto, host, loopback or torchrun")
+    p.add_argument(
+        "--impl", default="tide", help="comma list of tide, nccl, fsdp2, nccl-ce (or all): rows side by side"
+    )
+    p.add_argument("--interfere", default="none", choices=["none", "gemm"], help="gemm: slowdown of a single-wave GEMM")
+    p.add_argument("--interfere-runs", type=int, default=11, help="GEMM runs per median (--interfere gemm), >= 1")
+    p.add_argument("--sm-time", type=int, default=1, choices=[0, 1],
+                   help="GPU backends: 1 measure SM time with torch.profiler")
+    p.add_argument(
+        "--min-busbw",
+        type=float,
+        default=None,
+        help="fail if the first impl's average busbw < 0.9 x this GB/s "
+        "(nccl-tests' NCCL_TESTS_MIN_BW rule; that variable is honoured too) (default: no minimum)",
+    )
+    p.add_argument("--device", type=int, default=0, help="loopback: CUDA device")
+    p.add_argument("--ranks", type=int, default=8, help="world size (host: simulated; loopback: virtual ranks 2..8)")
+    p.add_argument(
+        "--ranks-per-node",
+        type=int,
+        default=None,
+        help="ranks per node R of the layouts; must divide --ranks. host: default the largest divisor of --ranks "
+        "<= 8; loopback: default --ranks (one node), R < --ranks runs TIDE over --ranks/R virtual nodes on one GPU "
+        "(the RS nccl/fsdp2 stand-ins are then not run); torchrun: ignored (default: as said per backend)",
+    )
+    p.add_argument(
+        "--pace-bytes",
+        type=parse_size,
+        default=None,
+        help="host, loopback: the layouts' inter-node pacing cap (bytes per schedule step, K/M/G suffixes); only "
+        "multi-node layouts use it (default: NCCL_TIDE_PACE_BYTES or 8M)",
+    )
+    p.add_argument("--layout", default="flat", choices=["flat"] + sorted(MODELS),
+                   help="flat: one tensor per size; a model: one row = that model layer's parameters")
+    p.add_argument(
+        "--out-type", default="fp32", help="reduce_scatter output type: fp32, bf16, fp16 or 'same' (= -d)"
+    )
+    p.add_argument("--scale", type=float, default=0.3, help="premul scale (finite fp32)")
+    p.add_argument("--seed", type=int, default=1, help="seed of the random inputs")
+    return p
+
+
+# Options that take a value: a value that starts with '-' (e.g. -b -1K) is joined to its flag before argparse
+# sees it, so that it is rejected for what it is rather than as "expected one argument".
+_VALUE_FLAGS = {"-b", "-e", "-i", "-f", "-n", "-w", "-c", "-z", "-a", "-t", "-g", "-G", "-R", "-x", "-I",
+                "--minbytes", "--maxbytes", "--stepbytes", "--stepfactor", "--iters", "--warmup_iters",
+                "--ranks", "--ranks-per-node", "--pace-bytes", "--scale", "--seed", "--min-busbw", "--device",
+                "--interfere-runs"}
+
+
+def join_negative_values(argv: List[str]) -> List[str]:
+    out, k = [], 0
+    while k < len(argv):
+        x = argv[k]
+        if x in _VALUE_FLAGS and k + 1 < len(argv) and re.match(r"^-[0-9.]", argv[k + 1]):
+            out.append(f"{x}={argv[k + 1]}" if x.startswith("--") else x + argv[k + 1])
+            k += 2
+            continue
+        out.append(x)
+        k += 1
+    return out
+
+
+def check_flags(a) -> None:
+    """Every rule the flags must meet on their own, checked before any work (one-line error, exit status 2)."""
+    if a.iters is not None and a.iters < 1:
+        die(f"-n (iterations) must be >= 1, got {a.iters}")
+    if a.warmup_iters is not None and a.warmup_iters < 0:
+        die(f"-w (warm-up iterations) must be >= 0, got {a.warmup_iters}")
+    if a.stepfactor is not None and a.stepfactor < 1:
+        die(f"-f (step factor) must be >= 1, got {a.stepfactor}")
+    if a.layout == "flat":
+        if a.minbytes > a.maxbytes:
+            die(f"-b {a.minbytes} is larger than -e {a.maxbytes}: no size to run")
+        if a.minbytes < a.maxbytes:
+            if (a.stepfactor or 1) > 1 and a.minbytes == 0:
+                die("-b 0 with -f never grows (0 x factor = 0): start at -b >= 1, or step by -i")
+            if a.stepfactor == 1 and a.stepbytes is None:
+                die("-f 1 does not grow the size: give -f >= 2, or -i STEP to add STEP bytes per size")
+            if (a.stepfactor or 1) == 1 and a.stepbytes == 0:
+                die("-i 0 never grows the size: give -i >= 1 or -f >= 2")
+    if a.nthreads != 1:
+        die(f"-t {a.nthreads} is not supported: tide-perf runs one thread per process (host: ranks simulated in "
+            "one thread; torchrun: one process per GPU)")
+    if a.ngpus != 1:
+        die(f"-g {a.ngpus} is not supported: one GPU per process (loopback: --ranks virtual ranks on one GPU; "
+            "torchrun: one process per GPU)")
+    if a.cudagraph != 0:
+        die(f"-G {a.cudagraph} is not supported: tide-perf does not time CUDA graph launches")
+    if a.local_register != 0:
+        die(f"-R {a.local_register} is not supported: TIDE moves data between its own registered slots, and the "
+            "NCCL rows run on unregistered buffers")
+    if a.cta_policy is not None:
+        die("-x (NCCL CTA policy) is not supported: TIDE's transfers use no CTAs and the NCCL rows run with NCCL's "
+            "default policy")
+    if a.per_iter_timing != 0:
+        die(f"-I {a.per_iter_timing} is not supported: tide-perf reports the average time per iteration only")
+    if a.interfere_runs < 1:
+        die(f"--interfere-runs must be >= 1, got {a.interfere_runs}")
+    if not math.isfinite(a.scale):
+        die(f"--scale must be a finite number, got {a.scale}")
+    if a.min_busbw is not None and not (math.isfinite(a.min_busbw) and a.min_busbw >= 0):
+        die(f"--min-busbw must be a finite number >= 0, got {a.min_busbw}")
+    if a.output_file:
+        why = writable_file(a.output_file)
+        if why:
+            die(f"-J {a.output_file}: {why}")
+    if a.plot:
+        from .plot import output_problem
+
+        why = output_problem(a.plot)
+        if why:
+            die(f"--plot {a.plot}: {why}")
+
+
+def writable_file(path: str) -> Optional[str]:
+    """Why `path` cannot be written (None if it can), checked before the run so that no result is lost after it."""
+    if os.path.isdir(path):
+        return "is a directory"
+    if os.path.exists(path):
+        return None if os.access(path, os.W_OK) else "exists and is not writable"
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        return f"directory {parent} does not exist"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"directory {parent} is not writable"
+    return None
+
+
+@dataclass(frozen=True)
+class Options:
+    """One run's settings, resolved from the flags once. `world` and `ranks_per_node` are the torchrun process
+    group's once it is up (dataclasses.replace); until then --ranks and the backend's default topology."""
+
+    collective: Collective
+    argv: List[str]  # as given, for the JSON's command line
+    backend: str  # host | loopback | torchrun
+    backend_why: str
+    impls: List[str]  # --impl in order; the first is the subject of the footer and --min-busbw
+    dtype: DType
+    out_dtype: DType
+    op: str  # sum | avg | premul
+    world: int
+    ranks_per_node: int
+    pace_bytes: Optional[int]  # --pace-bytes, or None for the layouts' own
+    eff_pace: Optional[int]  # the cap the layouts use (None on torchrun)
+    layout: str  # flat | a model
+    minbytes: int
+    maxbytes: int
+    stepfactor: int  # 1: step by stepbytes
+    stepbytes: int
+    iters: int
+    warmup: int
+    check: int
+    blocking: int
+    average: int
+    output_file: Optional[str]
+    plot: Optional[str]
+    interfere: str
+    interfere_runs: int
+    sm_time: bool
+    min_busbw: Optional[float]
+    device: int
+    scale: float
+    seed: int
+
+    @property
+    def model(self) -> bool:
+        return self.layout != "flat"
+
+    @property
+    def redop(self) -> str:
+        return self.collective.redop(self.op)
+
+    @property
+    def nodes(self) -> int:
+        return self.world // self.ranks_per_node
+
+    def sizes(self) -> List[int]:
+        return collectives.sizes(self.minbytes, self.maxbytes, self.stepfactor, self.stepbytes)
+
+    def size_range(self) -> tuple:
+        """(smallest, largest) size of the run: the flags', or a model layout's one row."""
+        if self.model:
+            b = collectives.model_bytes(self.layout, self.world, self.dtype)
+            return b, b
+        return self.minbytes, self.maxbytes
+
+
+def resolve(a, argv: List[str], gpu: Callable[[], bool]) -> Options:
+    """Options from checked flags (check_flags): backend, impls, types, topology, counts. Dies on a conflict."""
+    coll = collectives.by_name(a.collective)
+    if a.backend in ("auto", "loopback") and not os.environ.get("WORLD_SIZE"):
+        # Loopback worlds need one hardware queue per busy stream: set before anything initializes CUDA
+        # (the GPU probe of auto included; nccl_tide/cuda.py explains).
+        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+    try:
+        choice = impls.choose_backend(a.backend, gpu=gpu)
+        wanted = impls.parse_impls(a.impl)
+    except ValueError as e:
+        die(str(e))
+    backend = choice["backend"]
+    if backend == "host" and not any(impls.static_reason(backend, i, coll.name) is None for i in wanted):
+        die(f"--impl {a.impl} measures nothing on the host backend (only tide runs there; nccl, fsdp2 and nccl-ce "
+            "need --backend loopback or torchrun)")
+    if a.interfere != "none" and backend == "host":
+        die("--interfere gemm needs a GPU backend (loopback or torchrun); the host backend has no GPU")
+    if a.plot:  # fail before measuring, not after
+        from .plot import PlotUnavailable, require_matplotlib
+
+        try:
+            require_matplotlib()
+        except PlotUnavailable as e:
+            die(str(e).replace("tide-perf: ", ""))
+
+    try:
+        dt = to_dtype(a.datatype)
+        out_dt = dt if a.out_type == "same" else to_dtype(a.out_type)
+        op = {0: "sum", 1: "avg", 2: "premul"}[op_code(a.op)]
+    except TideError as e:
+        die(e.detail)
+    if coll.reduces and (dt.name not in RS_TYPES or out_dt.name not in RS_TYPES):
+        die(f"reduce_scatter supports -d and --out-type in {', '.join(RS_TYPES)}")
+    if a.ranks < 1:
+        die("--ranks must be >= 1")
+    if a.ranks_per_node is not None:
+        rpn = a.ranks_per_node
+    else:  # loopback: one node unless asked (2..8 ranks: the host default is one node too)
+        rpn = a.ranks if backend == "loopback" else default_ranks_per_node(a.ranks)
+    if rpn < 1 or a.ranks % rpn:
+        die(
+            f"--ranks-per-node {rpn} must divide --ranks {a.ranks} (nodes of equal size; "
+            f"divisors: {', '.join(str(d) for d in range(1, a.ranks + 1) if a.ranks % d == 0)})"
+        )
+    if backend == "loopback" and not 2 <= a.ranks <= 8:
+        die(f"--backend loopback runs 2..8 virtual ranks on one GPU, not --ranks {a.ranks}")
+    pace = None
+    if a.pace_bytes is not None:
+        if backend == "torchrun":
+            die("--pace-bytes sets the host and loopback layouts; torchrun layouts take NCCL_TIDE_PACE_BYTES")
+        if a.pace_bytes < 1:
+            die("--pace-bytes must be >= 1 (leave it out for NCCL_TIDE_PACE_BYTES or the library default)")
+        pace = a.pace_bytes
+    eff_pace = effective_pace(a.ranks, rpn, pace) if backend != "torchrun" else None
+    model = a.layout != "flat"
+    return Options(
+        collective=coll, argv=list(argv), backend=backend, backend_why=choice["why"], impls=wanted,
+        dtype=dt, out_dtype=out_dt, op=op, world=a.ranks, ranks_per_node=rpn, pace_bytes=pace,
+        eff_pace=eff_pace, layout=a.layout, minbytes=a.minbytes, maxbytes=a.maxbytes,
+        stepfactor=a.stepfactor or 1, stepbytes=DEFAULT_STEP_BYTES if a.stepbytes is None else a.stepbytes,
+        iters=a.iters if a.iters is not None else (MODEL_DEFAULT_ITERS if model else FLAT_DEFAULT_ITERS),
+        warmup=a.warmup_iters if a.warmup_iters is not None else (MODEL_DEFAULT_WARMUP if model else FLAT_DEFAULT_WARMUP),
+        check=a.check, blocking=a.blocking, average=a.average, output_file=a.output_file, plot=a.plot,
+        interfere=a.interfere, interfere_runs=a.interfere_runs, sm_time=bool(a.sm_time), min_busbw=min_busbw(a),
+        device=a.device, scale=a.scale, seed=a.seed,
+    )
+
+
+def effective_pace(world: int, rpn: int, pace: Optional[int]) -> int:
+    """The pacing cap the layouts will use (pace, else NCCL_TIDE_PACE_BYTES, else the library default), read from a
+    one-parameter layout of the run's topology; an unusable value ends the run here, before anything is measured."""
+    from ..layout import Layout
+
+    try:
+        with Layout([world], "fp32", world, rpn, pace_bytes=pace) as lay:
+            return int(lay.pace_bytes)
+    except TideError as e:
+        die(e.detail)
+
+
+def min_busbw(a) -> Optional[float]:
+    if a.min_busbw is not None:
+        return a.min_busbw
+    env = os.environ.get("NCCL_TESTS_MIN_BW")
+    if env:
+        try:
+            return float(env)
+        except ValueError:
+            die(f"NCCL_TESTS_MIN_BW={env!r} is not a number")
+    return None
+
+
+def check_some_size_runs(o: Options) -> None:
+    """A flat run whose every size is below 16 bytes per rank would print a header and no row: refuse it."""
+    if not o.model and not any(collectives.per_rank_count(s, o.dtype.size, o.world) for s in o.sizes()):
+        die(f"every size from -b {o.minbytes} to -e {o.maxbytes} is below 16 bytes per rank at {o.world} ranks: "
+            f"nothing to run (no size reaches {16 * o.world} bytes: raise -b, or -e with -f 2)")

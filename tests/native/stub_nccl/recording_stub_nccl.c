@@ -1,0 +1,156 @@
+/* A recording stand-in libnccl.so.2 for the interposer tests (tests/test_interposer.py; no GPU, no real NCCL).
+ *
+ * Build: cc -shared -fPIC -Wl,-soname,libnccl.so.2 -DSTUB_VERSION=23203 recording_stub_nccl.c -o <dir>/libnccl.so.2
+ * Like real NCCL, each collective is defined as pncclXxx with a weak ncclXxx alias (NCCL_API in NCCL's core.h), and
+ * ncclGetVersion reports STUB_VERSION. ncclAllGatherConfig / ncclReduceScatterConfig exist only for
+ * STUB_VERSION >= 23102 (2.31.2). Every collective, point-to-point, group and communicator-teardown call appends one line with all
+ * of its arguments to the file named by STUB_NCCL_LOG (opened per call, so the order is the order of the calls), then
+ * returns 0, except that -DSTUB_FAIL_PEER=P makes ncclSend / ncclRecv with peer P return ncclInvalidArgument (4).
+ * -DSTUB_BASE_QUERIES adds the rest of what TIDE requires of the 2.28 base (ncclGetErrorString, ncclCommCount,
+ * ncclCommUserRank, ncclCommCuDevice, ncclCommGetAsyncError), so that libnccl-tide resolves the stub
+ * (tests/native/nccl_p2p_binding_test.cc); the interposer tests build it without them. */
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#ifndef STUB_VERSION
+#error "define STUB_VERSION, e.g. -DSTUB_VERSION=23203"
+#endif
+
+#define EXPORT __attribute__((visibility("default")))
+#define NCCL_API(ret, func, ...)                                                  \
+  EXPORT ret func(__VA_ARGS__) __attribute__((weak, alias("p" #func)));           \
+  EXPORT ret p##func(__VA_ARGS__)
+
+static void record(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+#include <stdarg.h>
+static void record(const char* fmt, ...) {
+  const char* path = getenv("STUB_NCCL_LOG");
+  if (path == NULL) return;
+  FILE* f = fopen(path, "a");
+  if (f == NULL) abort();
+  va_list ap;
+  va_start(ap, fmt);
+  vfprintf(f, fmt, ap);
+  va_end(ap);
+  fputc('\n', f);
+  fclose(f);
+}
+
+NCCL_API(int, ncclGetVersion, int* version);
+int pncclGetVersion(int* version) {
+  *version = STUB_VERSION;
+  return 0;
+}
+
+NCCL_API(int, ncclAllGather, const void* sendbuff, void* recvbuff, size_t sendcount, int datatype, void* comm,
+         void* stream);
+int pncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, int datatype, void* comm, void* stream) {
+  record("AG %p %p %zu %d %p %p", sendbuff, recvbuff, sendcount, datatype, comm, stream);
+  return 0;
+}
+
+NCCL_API(int, ncclReduceScatter, const void* sendbuff, void* recvbuff, size_t recvcount, int datatype, int op,
+         void* comm, void* stream);
+int pncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, int datatype, int op, void* comm,
+                       void* stream) {
+  record("RS %p %p %zu %d %d %p %p", sendbuff, recvbuff, recvcount, datatype, op, comm, stream);
+  return 0;
+}
+
+NCCL_API(int, ncclGroupStart, void);
+int pncclGroupStart(void) {
+  record("GS");
+  return 0;
+}
+
+NCCL_API(int, ncclGroupEnd, void);
+int pncclGroupEnd(void) {
+  record("GE");
+  return 0;
+}
+
+#ifndef STUB_FAIL_PEER
+#define STUB_FAIL_PEER (-1)
+#endif
+
+NCCL_API(int, ncclSend, const void* sendbuff, size_t count, int datatype, int peer, void* comm, void* stream);
+int pncclSend(const void* sendbuff, size_t count, int datatype, int peer, void* comm, void* stream) {
+  record("SEND %p %zu %d %d %p %p", sendbuff, count, datatype, peer, comm, stream);
+  return peer == STUB_FAIL_PEER ? 4 : 0;
+}
+
+NCCL_API(int, ncclRecv, void* recvbuff, size_t count, int datatype, int peer, void* comm, void* stream);
+int pncclRecv(void* recvbuff, size_t count, int datatype, int peer, void* comm, void* stream) {
+  record("RECV %p %zu %d %d %p %p", recvbuff, count, datatype, peer, comm, stream);
+  return peer == STUB_FAIL_PEER ? 4 : 0;
+}
+
+#ifdef STUB_BASE_QUERIES
+NCCL_API(const char*, ncclGetErrorString, int result);
+const char* pncclGetErrorString(int result) { return result == 4 ? "stub: invalid argument" : "stub: other"; }
+
+NCCL_API(int, ncclCommCount, void* comm, int* count);
+int pncclCommCount(void* comm, int* count) {
+  (void)comm;
+  *count = 2;
+  return 0;
+}
+
+NCCL_API(int, ncclCommUserRank, void* comm, int* rank);
+int pncclCommUserRank(void* comm, int* rank) {
+  (void)comm;
+  *rank = 0;
+  return 0;
+}
+
+NCCL_API(int, ncclCommCuDevice, void* comm, int* device);
+int pncclCommCuDevice(void* comm, int* device) {
+  (void)comm;
+  *device = 0;
+  return 0;
+}
+
+NCCL_API(int, ncclCommGetAsyncError, void* comm, int* asyncError);
+int pncclCommGetAsyncError(void* comm, int* asyncError) {
+  (void)comm;
+  *asyncError = 0;
+  return 0;
+}
+#endif
+
+NCCL_API(int, ncclCommFinalize, void* comm);
+int pncclCommFinalize(void* comm) {
+  record("CF %p", comm);
+  return 0;
+}
+
+NCCL_API(int, ncclCommDestroy, void* comm);
+int pncclCommDestroy(void* comm) {
+  record("CD %p", comm);
+  return 0;
+}
+
+NCCL_API(int, ncclCommAbort, void* comm);
+int pncclCommAbort(void* comm) {
+  record("CA %p", comm);
+  return 0;
+}
+
+#if STUB_VERSION >= 23102
+NCCL_API(int, ncclAllGatherConfig, const void* sendbuff, void* recvbuff, size_t sendcount, int datatype, void* comm,
+         void* stream, const void* config);
+int pncclAllGatherConfig(const void* sendbuff, void* recvbuff, size_t sendcount, int datatype, void* comm,
+                         void* stream, const void* config) {
+  record("AGC %p %p %zu %d %p %p %p", sendbuff, recvbuff, sendcount, datatype, comm, stream, config);
+  return 0;
+}
+
+NCCL_API(int, ncclReduceScatterConfig, const void* sendbuff, void* recvbuff, size_t recvcount, int datatype, int op,
+         void* comm, void* stream, const void* config);
+int pncclReduceScatterConfig(const void* sendbuff, void* recvbuff, size_t recvcount, int datatype, int op,
+                             void* comm, void* stream, const void* config) {
+  record("RSC %p %p %zu %d %d %p %p %p", sendbuff, recvbuff, recvcount, datatype, op, comm, stream, config);
+  return 0;
+}
+#endif

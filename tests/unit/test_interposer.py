@@ -1,0 +1,246 @@
+"""The LD_PRELOAD interposer (plugin/api/interposer.cc), on CPU against a recording stub libnccl.so.2.
+
+tests/native/interposer_test.c makes NCCL calls (grouped and not, every argument distinct) with libnccl-tide.so preloaded,
+two ways: an executable linked with the stub (global scope), and a library linked with the stub that the executable
+dlopen()s RTLD_LOCAL (the stub is then invisible to RTLD_NEXT, as NCCL is under torch). The stub
+(tests/native/stub_nccl/recording_stub_nccl.c) appends each call with all its arguments to a log; the program prints the
+lines it expects. Equal lists = every call reached NCCL unchanged and in order. No GPU anywhere: nothing skips.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STUB_SRC = os.path.join(HERE, "..", "native", "stub_nccl", "recording_stub_nccl.c")
+TEST_SRC = os.path.join(HERE, "..", "native", "interposer_test.c")
+NCCL_NAMES = {"ncclAllGather", "ncclReduceScatter", "ncclAllGatherConfig", "ncclReduceScatterConfig",
+              "ncclGroupStart", "ncclGroupEnd", "ncclCommFinalize", "ncclCommDestroy", "ncclCommAbort"}
+# With NCCL_TIDE_ENABLE=1 the first eligible call tries to create a TIDE comm over the stub, which cannot work (no
+# GPU, and the stub is not a usable NCCL): TIDE turns itself off for that communicator, once, and NCCL gets the call.
+OFF_WARN = "TIDE is off for NCCL communicator 0xc0ffee00 from now on"
+# A library built without CUDA (TIDE_BUILD_CUDA=OFF) says that instead, once, and classifies eligible calls so.
+NO_CUDA = "this libnccl-tide.so is not a CUDA build"
+ELIGIBLE = "eligible: run by TIDE"
+
+
+def cuda_build(stderr):
+    return NO_CUDA not in stderr
+
+
+def _cc():
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.fail("no C compiler (cc) to build the interposer test")
+    return cc
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory):
+    """{stub version: {"linked": exe, "dlopen": exe, "caller": libcaller.so}}, plus "dlopen" for no NCCL."""
+    cc = _cc()
+    root = tmp_path_factory.mktemp("interposer")
+    built = {}
+    for code in (23203, 22809):
+        d = root / str(code)
+        d.mkdir()
+        run = lambda *a: subprocess.run([cc, *map(str, a)], check=True)  # noqa: E731
+        run("-shared", "-fPIC", "-Wl,-soname,libnccl.so.2", f"-DSTUB_VERSION={code}", STUB_SRC, "-o", d / "libnccl.so.2")
+        link = ["-L", d, "-l:libnccl.so.2", f"-Wl,-rpath,{d}", "-ldl"]
+        run("-Wall", "-Wextra", "-Werror", TEST_SRC, *link, "-o", d / "linked")
+        run("-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-DTIDE_TEST_CALLER_LIB", TEST_SRC, *link,
+            "-o", d / "libcaller.so")
+        built[code] = {"linked": d / "linked", "caller": d / "libcaller.so"}
+    dlopen_exe = root / "dlopen"
+    subprocess.run([cc, "-Wall", "-Wextra", "-Werror", "-DTIDE_TEST_DLOPEN", TEST_SRC, "-ldl", "-o", str(dlopen_exe)],
+                   check=True)
+    built["dlopen"] = dlopen_exe
+    return built
+
+
+def run_prog(native, tmp_path, argv, enable, debug="WARN", extra=None):
+    log = tmp_path / "stub.log"
+    if log.exists():
+        log.unlink()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_TIDE_")}
+    env.update(LD_PRELOAD=native.library_path(), STUB_NCCL_LOG=str(log), NCCL_TIDE_DEBUG=debug)
+    if enable is not None:
+        env["NCCL_TIDE_ENABLE"] = enable
+    env.update(extra or {})
+    p = subprocess.run([str(a) for a in argv], capture_output=True, text=True, env=env, timeout=60)
+    logged = log.read_text().splitlines() if log.exists() else []
+    return p, logged
+
+
+def expect_pass_through(p, logged, lib):
+    assert p.returncode == 0, f"rc {p.returncode}\n{p.stdout}\n{p.stderr}"
+    assert "FAIL" not in p.stdout, p.stdout
+    expected = [line[len("EXPECT "):] for line in p.stdout.splitlines() if line.startswith("EXPECT ")]
+    assert len(expected) >= 10
+    assert logged == expected  # same calls, same arguments, same order (groups included)
+    bound = dict(line.split(" ", 2)[1:] for line in p.stdout.splitlines() if line.startswith("BOUND "))
+    assert set(bound) == NCCL_NAMES
+    # The caller's references really went through the interposer (else this test would prove nothing).
+    for name, where in bound.items():
+        assert os.path.realpath(where) == os.path.realpath(lib), (name, where)
+
+
+@pytest.mark.parametrize("enable", [None, "0", "1"])
+@pytest.mark.parametrize("how", ["linked", "dlopen-local"])
+def test_calls_reach_nccl_unchanged(native, programs, tmp_path, enable, how):
+    code = 23203
+    if how == "linked":
+        argv = [programs[code]["linked"], "0"]
+    else:
+        argv = [programs["dlopen"], "0", programs[code]["caller"]]
+    p, logged = run_prog(native, tmp_path, argv, enable)
+    expect_pass_through(p, logged, native.library_path())
+    if how == "dlopen-local":
+        # The stub is not in the global scope: RTLD_NEXT could not have found it; RTLD_NOLOAD did.
+        assert "GLOBAL pncclAllGather hidden" in p.stdout
+    tide_lines = [x for x in p.stderr.splitlines() if "NCCL TIDE " in x]
+    if enable == "1":
+        # Every call still reaches NCCL; the user is told once, for the one communicator with an eligible call.
+        interposer = [x for x in tide_lines if "Interposer:" in x]
+        assert len(interposer) == 1, p.stderr
+        if cuda_build(p.stderr):
+            assert OFF_WARN in interposer[0] and "tideCommCreate failed" in interposer[0], p.stderr
+        else:
+            assert NO_CUDA in interposer[0] and "WARN" in interposer[0], p.stderr
+    else:
+        assert tide_lines == [], p.stderr  # pass-through says nothing
+
+
+def test_enabled_classifies_each_reason_once(native, programs, tmp_path):
+    p, logged = run_prog(native, tmp_path, [programs[23203]["linked"], "0"], "1", debug="INFO")
+    expect_pass_through(p, logged, native.library_path())
+    info = [x for x in p.stderr.splitlines() if "NCCL TIDE INFO Interposer:" in x and "classified:" in x]
+    info += [x for x in p.stderr.splitlines() if "NCCL TIDE WARN Interposer:" in x and NO_CUDA in x]  # said at WARN
+    for reason in ["smaller than NCCL_TIDE_ENABLE_MIN_BYTES", ELIGIBLE if cuda_build(p.stderr) else NO_CUDA,
+                   "op other than ncclSum", "type other than fp32/fp16/bf16", "unknown ncclDataType_t",
+                   "a ...Config call", "without NCCL_TIDE_RS_ACCUM=FP32", "inside ncclGroupStart/ncclGroupEnd"]:
+        assert sum(reason in x for x in info) == 1, (reason, p.stderr)
+    # TRACE: one line per collective call.
+    p, logged = run_prog(native, tmp_path, [programs[23203]["linked"], "0"], "1", debug="TRACE")
+    expect_pass_through(p, logged, native.library_path())
+    trace = [x for x in p.stderr.splitlines() if "NCCL TIDE TRACE Interposer:" in x]
+    assert len(trace) == len([x for x in logged if x.split()[0] in ("AG", "RS", "AGC", "RSC")]), p.stderr
+
+
+def test_min_bytes_param(native, programs, tmp_path):
+    # Threshold 0: no call is too small (all are still passed through).
+    p, logged = run_prog(native, tmp_path, [programs[23203]["linked"], "0"], "1", debug="INFO",
+                         extra={"NCCL_TIDE_ENABLE_MIN_BYTES": "0"})
+    expect_pass_through(p, logged, native.library_path())
+    assert "min bytes 0" in p.stderr
+    assert "smaller than NCCL_TIDE_ENABLE_MIN_BYTES" not in p.stderr
+    # 4G: even the 2 GiB fp16 reduce-scatter is too small; nothing is eligible.
+    p, logged = run_prog(native, tmp_path, [programs[23203]["linked"], "0"], "1", debug="INFO",
+                         extra={"NCCL_TIDE_ENABLE_MIN_BYTES": "4G"})
+    expect_pass_through(p, logged, native.library_path())
+    assert "min bytes 4294967296" in p.stderr
+    assert ELIGIBLE not in p.stderr and NO_CUDA not in p.stderr
+    assert OFF_WARN not in p.stderr  # nothing eligible: no TIDE comm is ever attempted
+
+
+RS_BF16_TRACE = "TRACE Interposer: ncclReduceScatter comm 0xc0ffee00 count 1048576 dtype 9"
+
+
+def test_rs_accum_fp32_makes_half_precision_reduce_scatter_eligible(native, programs, tmp_path):
+    # The 2 MiB bf16 sum is the first call above the threshold: without NCCL_TIDE_RS_ACCUM=FP32 it is left to NCCL
+    # (reason logged), with it it is eligible and is the call that tries (and fails, on the stub) to create the TIDE
+    # comm. Either way NCCL gets every call unchanged.
+    argv = [programs[23203]["linked"], "0"]
+    p, logged = run_prog(native, tmp_path, argv, "1", debug="TRACE")
+    expect_pass_through(p, logged, native.library_path())
+    rs_trace = [x for x in p.stderr.splitlines() if RS_BF16_TRACE in x]
+    assert len(rs_trace) == 1 and "without NCCL_TIDE_RS_ACCUM=FP32" in rs_trace[0], p.stderr
+    p, logged = run_prog(native, tmp_path, argv, "1", debug="TRACE", extra={"NCCL_TIDE_RS_ACCUM": "fp32"})
+    expect_pass_through(p, logged, native.library_path())
+    rs_trace = [x for x in p.stderr.splitlines() if RS_BF16_TRACE in x]
+    if not cuda_build(p.stderr):
+        assert len(rs_trace) == 1 and NO_CUDA in rs_trace[0], p.stderr
+        return
+    assert len(rs_trace) == 1 and ELIGIBLE in rs_trace[0], p.stderr
+    lines = p.stderr.splitlines()
+    off = [i for i, x in enumerate(lines) if OFF_WARN in x]
+    assert len(off) == 1 and lines.index(rs_trace[0]) < off[0], p.stderr  # this call was the first attempt
+    assert "with fp32 accumulation (NCCL_TIDE_RS_ACCUM=FP32)" in p.stderr
+
+
+@pytest.mark.parametrize("enable", [None, "1"])
+def test_nccl_without_config_collectives(native, programs, tmp_path, enable):
+    # NCCL 2.28.9 has no pncclAllGatherConfig: the Config entry points refuse (ncclInvalidUsage = 5) with one WARN
+    # each; the plain collectives still pass through.
+    p, logged = run_prog(native, tmp_path, [programs[22809]["linked"], "5"], enable)
+    expect_pass_through(p, logged, native.library_path())
+    warns = [x for x in p.stderr.splitlines() if "NCCL TIDE WARN Interposer:" in x and "cannot forward" in x]
+    assert len(warns) == 2, p.stderr
+    assert all("NCCL >= 2.31.2" in x and "ncclInvalidUsage" in x for x in warns), p.stderr
+
+
+@pytest.mark.parametrize("enable", [None, "1"])
+def test_no_nccl_loaded_is_an_error_not_a_crash(native, programs, tmp_path, enable):
+    p, logged = run_prog(native, tmp_path, [programs["dlopen"], "0", "nonccl"], enable)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "NONCCL 2 2" in p.stdout  # ncclSystemError, both times
+    warns = [x for x in p.stderr.splitlines() if "no NCCL library (libnccl.so.2) is loaded" in x]
+    assert len(warns) == 1, p.stderr  # once
+    assert logged == []
+
+
+def test_invalid_enable_value_is_pass_through(native, programs, tmp_path):
+    p, logged = run_prog(native, tmp_path, [programs[23203]["linked"], "0"], "yes")
+    expect_pass_through(p, logged, native.library_path())
+    assert "NCCL_TIDE_ENABLE='yes' is not valid" in p.stderr
+    assert OFF_WARN not in p.stderr
+
+
+def test_exports_only_the_interposer_names(native, repo):
+    lib = native.library_path()
+    out = subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True, text=True, check=True).stdout
+    names = {re.sub(r"@.*", "", f[2]) for f in (line.split() for line in out.splitlines()) if len(f) >= 3}
+    assert {n for n in names if n.startswith("nccl") or n.startswith("pnccl")} == NCCL_NAMES
+    assert all(n.startswith("tide") or n in NCCL_NAMES for n in names), sorted(names)
+    r = subprocess.run(["bash", str(repo / "ci" / "check_exports.sh"), lib], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_attach_layout_api(native):
+    """tideAttachLayout / tideDetachLayout (layout-aware interposed calls): argument checks, replace, detach. The
+    calls that use an attachment need a GPU and NCCL (tests/gpu/test_interposer_gpu.py)."""
+    import ctypes
+
+    import nccl_tide
+    import nccl_tide.interposer
+    from nccl_tide import _native as N
+    from nccl_tide.errors import InvalidArgumentError, UnsupportedError
+
+    lib = N.lib()
+    L = nccl_tide.Layout([1000, 3, 64 * 5], "bf16", 4, rank=1, row_numels=[1, 1, 64])
+    comm, buf = ctypes.c_void_p(0xC0FFEE00), ctypes.c_void_p(0x7F0000001000)
+    assert lib.tideAttachLayout(None, buf, L.handle) == N.tideInvalidArgument
+    assert "ncclComm is NULL" in N.last_error()
+    assert lib.tideAttachLayout(comm, None, L.handle) == N.tideInvalidArgument
+    assert lib.tideAttachLayout(comm, buf, None) == N.tideInvalidArgument
+    assert lib.tideDetachLayout(comm, None) == N.tideInvalidArgument
+    rc = lib.tideAttachLayout(comm, buf, L.handle)
+    if rc == N.tideUnsupported:  # a build without CUDA: nothing to attach to
+        assert "not a CUDA build" in N.last_error()
+        with pytest.raises(UnsupportedError):
+            nccl_tide.interposer.attach_layout(0xC0FFEE00, 0x7F0000001000, L)
+        return
+    assert rc == N.tideSuccess, N.last_error()
+    L2 = nccl_tide.Layout([77], "fp32", 4, rank=1)
+    assert lib.tideAttachLayout(comm, buf, L2.handle) == N.tideSuccess  # replaces
+    assert lib.tideDetachLayout(comm, buf) == N.tideSuccess
+    assert lib.tideDetachLayout(comm, buf) == N.tideInvalidArgument  # nothing attached any more
+    assert "no layout is attached" in N.last_error()
+    # The Python wrapper takes addresses (or tensors / process groups) and raises typed errors.
+    nccl_tide.interposer.attach_layout(0xC0FFEE00, 0x7F0000002000, L)
+    nccl_tide.interposer.detach_layout(0xC0FFEE00, 0x7F0000002000)
+    with pytest.raises(InvalidArgumentError, match="no layout is attached"):
+        nccl_tide.interposer.detach_layout(0xC0FFEE00, 0x7F0000002000)
