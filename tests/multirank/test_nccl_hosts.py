@@ -8,24 +8,19 @@ talking through NCCL's network transport over loopback sockets. Marker gpu: one 
 * FSDP2, stock and with nccl_tide.fsdp.enable: bit-identical losses, gradients and parameters; peak memory reported.
 * The NCCL_TIDE_ENABLE interposer under plain torch.distributed: eligible all-gathers taken by TIDE, results equal.
 
-Each rank is one process; every rank derives every rank's inputs from seeds, so each checks its own result against
-the host executor without exchanging data.
+Each rank is one process (multirank.harness); every rank derives every rank's inputs from seeds, so each checks its
+own result against the host executor without exchanging data.
 """
 
 import json
 import os
-import subprocess
-import sys
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
+from multirank.harness import run_ranks
 
 pytestmark = [pytest.mark.gpu]
-
-HERE = Path(__file__).resolve()
-TESTS = HERE.parents[1]
 NCCL_WORLD_ENV = {
     "NCCL_SOCKET_IFNAME": "lo",
     "NCCL_IB_DISABLE": "1",
@@ -198,55 +193,28 @@ def _interposed_all_gather(rank, world, report):
 MODES = {"collectives": _collectives, "refusal": _refusal, "fsdp": _fsdp, "interposer": _interposed_all_gather}
 
 
-def worker(rank, world, port, mode):
+def _rank(rank, world, port, report, mode):
     import datetime
 
     import torch
     import torch.distributed as dist
 
-    sys.path.insert(0, str(TESTS))
-    report = {"rank": rank, "mode": mode, "checked": 0, "errors": []}
+    report["checked"] = 0
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120), device_id=torch.device("cuda", 0))
-    try:
-        MODES[mode](rank, world, report)
-    except Exception as e:  # reported, not raised: the parent shows every rank's report
-        import traceback
-
-        report["errors"].append(f"{type(e).__name__}: {e}\n{traceback.format_exc()[-3000:]}")
+    MODES[mode](rank, world, report)
     dist.destroy_process_group()
-    print(json.dumps(report))
-    sys.stdout.flush()
-    os._exit(0)
 
 
-def launch(world, mode, env=None, timeout=300, host_of=lambda r: f"tide-test-host-{r}"):
-    from fsdp_llama import free_port
-
-    port = free_port()
-    procs = []
-    for r in range(world):
-        e = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_TIDE_") or k == "NCCL_TIDE_LIBRARY_PATH"}
-        e.update(NCCL_WORLD_ENV, NCCL_HOSTID=host_of(r), **(env or {}))
-        procs.append(subprocess.Popen([sys.executable, str(HERE), "worker", str(r), str(world), str(port), mode],
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e))
-    outs = []
-    for p in procs:
-        try:
-            out, err = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            out, err = p.communicate()
-            err += f"\n<killed after {timeout} s>"
-        outs.append((p.returncode, out, err))
-    reports = []
-    for r, (rc, out, err) in enumerate(outs):
-        lines = out.strip().splitlines()
-        assert rc == 0 and lines, f"rank {r} exit {rc}:\n{out[-3000:]}\n{err[-5000:]}"
-        reports.append((json.loads(lines[-1]), err))
-    return reports
+def launch(tmp_path, world, mode, env=None, timeout=300, host_of=lambda r: f"tide-test-host-{r}"):
+    """Runs `mode` on `world` ranks of one GPU, rank r as NCCL host host_of(r). Returns the reports."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    clean = {k: None for k in os.environ if k.startswith("NCCL_TIDE_") and k != "NCCL_TIDE_LIBRARY_PATH"}
+    rank_env = [{"NCCL_HOSTID": host_of(r), "NCCL_TIDE_DEBUG_FILE": str(tmp_path / f"tide-rank{r}.log")}
+                for r in range(world)]
+    return run_ranks(_rank, world, (mode,), tmp_path, timeout, env={**clean, **NCCL_WORLD_ENV, **(env or {})},
+                     rank_env=rank_env)
 
 
 @pytest.fixture(autouse=True)
@@ -255,38 +223,36 @@ def _gpu(torch_cuda, cuda_lib):
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_declared_one_node_bit_exact(world):
-    reports = launch(world, "collectives", {"NCCL_TIDE_RANKS_PER_NODE": str(world)})
-    for rep, err in reports:
-        assert not rep["errors"], rep["errors"]
+def test_declared_one_node_bit_exact(tmp_path, world):
+    for rep in launch(tmp_path, world, "collectives", {"NCCL_TIDE_RANKS_PER_NODE": str(world)}):
         assert rep["provider"] == "ipc" and rep["checked"] == len(_cases(world)) * len({world, max(1, world // 2)})
 
 
-def test_undeclared_nccl_hosts_are_refused():
-    for rep, _ in launch(2, "refusal"):
-        assert not rep["errors"] and rep["checked"] == 1, rep
+def test_undeclared_nccl_hosts_are_refused(tmp_path):
+    for rep in launch(tmp_path, 2, "refusal"):
+        assert rep["checked"] == 1, rep
         assert "NCCL hosts" in rep["message"] and "NCCL_TIDE_RANKS_PER_NODE=2" in rep["message"], rep["message"]
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_fsdp2_with_tide_matches_stock(world):
-    reports = launch(world, "fsdp", {"NCCL_TIDE_RANKS_PER_NODE": str(world)}, timeout=400)
-    for rep, _ in reports:
-        assert not rep["errors"], rep["errors"]
+def test_fsdp2_with_tide_matches_stock(tmp_path, world):
+    reports = launch(tmp_path, world, "fsdp", {"NCCL_TIDE_RANKS_PER_NODE": str(world)}, timeout=400)
+    for rep in reports:
         assert not rep["stock_groups"], rep["stock_groups"]
         assert rep["tide_calls"]["ag_calls"] > 0 and rep["tide_calls"]["rs_calls"] > 0, rep["tide_calls"]
-    print(json.dumps({"world": world, "peak_bytes_stock_tide": [r["peak_bytes"] for r, _ in reports]}))
+    print(json.dumps({"world": world, "peak_bytes_stock_tide": [r["peak_bytes"] for r in reports]}))
 
 
-def test_interposer_takes_eligible_all_gathers():
+def test_interposer_takes_eligible_all_gathers(tmp_path):
     from nccl_tide import _native
 
     env = {"NCCL_TIDE_RANKS_PER_NODE": "2", "LD_PRELOAD": _native.library_path(), "NCCL_TIDE_ENABLE": "1",
            "NCCL_TIDE_DEBUG": "TRACE", "NCCL_TIDE_ENABLE_MIN_BYTES": "0"}
-    for rep, err in launch(2, "interposer", env):
-        assert not rep["errors"] and rep["checked"] == 2, rep
-        taken = sum(1 for x in err.splitlines() if "TRACE Interposer: ncclAllGather on" in x and "taken by TIDE" in x)
-        assert taken == 2, err[-4000:]
+    for rep in launch(tmp_path, 2, "interposer", env):
+        assert rep["checked"] == 2, rep
+        log = (tmp_path / f"tide-rank{rep['rank']}.log").read_text()
+        taken = sum(1 for x in log.splitlines() if "TRACE Interposer: ncclAllGather on" in x and "taken by TIDE" in x)
+        assert taken == 2, log[-4000:]
 
 
 # A libnccl.so.2 of NCCL >= 2.30 (ci/gpu.sh's part `nccl` builds 2.30.7 and sets this): ranks of ONE NCCL host
@@ -299,22 +265,16 @@ MULTI_RANK_ENV = {"LD_PRELOAD": NCCL_MULTI_RANK, "NCCL_MULTI_RANK_GPU_ENABLE": "
 
 
 @needs_multi_rank_nccl
-def test_two_ranks_of_one_nccl_host():
-    for rep, _ in launch(2, "collectives", MULTI_RANK_ENV, host_of=lambda r: "tide-one-host"):
-        assert not rep["errors"], rep["errors"]
+def test_two_ranks_of_one_nccl_host(tmp_path):
+    for rep in launch(tmp_path, 2, "collectives", MULTI_RANK_ENV, host_of=lambda r: "tide-one-host"):
         assert rep["nccl"] >= "2.30" and rep["checked"] == len(_cases(2)) * 2, rep
 
 
 @needs_multi_rank_nccl
-def test_two_nccl_hosts_of_two_ranks():
+def test_two_nccl_hosts_of_two_ranks(tmp_path):
     hosts = lambda r: f"tide-host-{r // 2}"  # noqa: E731
-    for rep, _ in launch(4, "refusal", MULTI_RANK_ENV, host_of=hosts):
-        assert not rep["errors"] and "are 2 NCCL hosts" in rep["message"], rep
-    for rep, _ in launch(4, "collectives", dict(MULTI_RANK_ENV, NCCL_TIDE_RANKS_PER_NODE="4"), host_of=hosts):
-        assert not rep["errors"], rep["errors"]
+    for rep in launch(tmp_path / "refusal", 4, "refusal", MULTI_RANK_ENV, host_of=hosts):
+        assert "are 2 NCCL hosts" in rep["message"], rep
+    declared = dict(MULTI_RANK_ENV, NCCL_TIDE_RANKS_PER_NODE="4")
+    for rep in launch(tmp_path / "declared", 4, "collectives", declared, host_of=hosts):
         assert rep["checked"] == len(_cases(4)) * 2, rep
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 6 and sys.argv[1] == "worker":
-        worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
