@@ -4,9 +4,11 @@
 #   bash ci/gpu.sh [part ...]        default: nccl build tests perf sanitizer bench, in that order
 #
 # Parts:
-#   nccl       build NCCL from a source tarball: TIDE_NCCL_SRC=path/to/nccl-2.30.7-src.tar.xz with a build.sh next
-#              to it, run as `build.sh SRC_DIR PREFIX` (PREFIX = build/nccl); its headers and library are then used
-#              by the later parts (NCCL_HOME, LD_LIBRARY_PATH). Skipped when TIDE_NCCL_SRC is unset.
+#   nccl       build a second NCCL (>= 2.30) for the tests that need one: TIDE_NCCL_BUILD=path/to/build.sh, a script
+#              that takes an output folder and leaves OUT/lib/libnccl.so.2 there (e.g. NCCL 2.30.7 from its source
+#              tarball, built for sm_90). The tests that ask for it (TIDE_TEST_NCCL_LIBRARY, set here) preload it
+#              in their own processes; everything else keeps the process's NCCL. Skipped when TIDE_NCCL_BUILD is
+#              unset.
 #   build      the CUDA library into TIDE_GPU_BUILD (default build/gpu) for CMAKE_CUDA_ARCHITECTURES (default 90).
 #   tests      every file of tests/gpu (one card) and tests/multirank (several processes), one pytest per file under
 #              its own limit (TIDE_GPU_FILE_TIMEOUT, default 300 s), so a hang costs one file; TIDE_GPU_TESTS="FILE
@@ -65,17 +67,12 @@ step() {
 }
 
 part_nccl() {
-  local src="${TIDE_NCCL_SRC:-}" dir tree prefix="$PWD/build/nccl"
-  if [ -z "$src" ]; then note "nccl: skipped (TIDE_NCCL_SRC not set)"; return; fi
-  dir=$(dirname "$src")
-  if [ ! -f "$src" ] || [ ! -f "$dir/build.sh" ]; then
-    note "nccl: FAILED ($src and $dir/build.sh must both exist)"; status=1; return
-  fi
-  rm -rf build/nccl-src && mkdir -p build/nccl-src "$prefix"
-  tar -xf "$src" -C build/nccl-src || { note "nccl: FAILED (cannot unpack $src)"; status=1; return; }
-  tree=$(ls -d "$PWD"/build/nccl-src/*/ | head -1)
-  step nccl 400 bash "$dir/build.sh" "${tree%/}" "$prefix" || return
-  export NCCL_HOME="$prefix" LD_LIBRARY_PATH="$prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  local script="${TIDE_NCCL_BUILD:-}" prefix="$PWD/build/nccl"
+  if [ -z "$script" ]; then note "nccl: skipped (TIDE_NCCL_BUILD not set)"; return; fi
+  [ -f "$script" ] || { note "nccl: FAILED (no $script)"; status=1; return; }
+  step nccl 400 bash "$script" "$prefix" || return
+  [ -f "$prefix/lib/libnccl.so.2" ] || { note "nccl: FAILED (no $prefix/lib/libnccl.so.2)"; status=1; return; }
+  export TIDE_TEST_NCCL_LIBRARY="$prefix/lib/libnccl.so.2"
 }
 
 part_build() {
