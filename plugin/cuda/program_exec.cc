@@ -63,7 +63,7 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
   const prog::Program& p = *bp->prog_;
   bp->signalKernels_ = p.coll == prog::Coll::kReduceScatter ? params::signalKernels() : params::agSignalKernels();
   bp->mergeFlags_ = params::mergeFlagBatches();
-  PeerMemory* mem = comm->memory.get();
+  Provider* provider = comm->provider.get();
   bp->steps_.reserve(p.steps.size());
   for (const prog::Step& st : p.steps) {
     StepItems si;
@@ -84,7 +84,7 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
           if (f >= tail && m.kernelFrom == SIZE_MAX) m.kernelFrom = m.params.size();
           if (f >= tail && f < tail + ordered) m.kernelOrdered = m.params.size() + 1 - m.kernelFrom;
           const prog::FlagOp& x = p.flags[f];
-          uint32_t* a = mem->flags(x.owner) + x.word;
+          uint32_t* a = provider->flags(x.owner) + x.word;
           // A token pair (compiled only where the comm's device has 64-bit memops): one operation for both words.
           const prog::FlagOp* y = x.pairNext && f + 1 < op.end ? &p.flags[f + 1] : nullptr;
           if (y != nullptr && y->kind == x.kind && y->owner == x.owner && y->word == x.word + 1 &&
@@ -109,7 +109,7 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
           const char* from = resolve(b, s.src);
           if (d == from) continue;  // a shard already in place
           // Adjacent in both source and destination (e.g. gradients that happen to be contiguous): one entry. Each
-          // entry of a copy batch costs the host about 3.5 us (benchmarks/RESULTS.md, host cost probe).
+          // entry of a copy batch costs the host about 3.5 us.
           if (!c.dst.empty() && static_cast<char*>(c.dst.back()) + c.bytes.back() == d &&
               static_cast<const char*>(c.src.back()) + c.bytes.back() == from && s.src.mem != prog::Mem::kZeros) {
             c.bytes.back() += s.bytes;
@@ -118,6 +118,7 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
           c.dst.push_back(d);
           c.src.push_back(from);
           c.bytes.push_back(s.bytes);
+          if (op.crossNode) c.peerDst.push_back(s.dst);
           group.push_back(static_cast<uint32_t>(s.dst.mem) << 24 | static_cast<uint32_t>(s.dst.index));
         }
         if (c.dst.empty()) continue;
@@ -175,7 +176,6 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
 tideResult_t BoundProgram::issueStep(const StepItems& s, const CallValues& v, cudaStream_t caller, cudaStream_t side) {
   tideComm* comm = comm_;
   cudaStream_t stream = s.lane == prog::Lane::kCaller ? caller : side;
-  InterNodeTransport* net = nullptr;
   for (const Item& it : s.items) {
     const bool localFlags = it.kind == prog::Op::kFlags && it.peer < 0;
     // In a graph with signal kernels a batch's trailing writes go as a kernel (signal_kernel.h), the operations
@@ -192,8 +192,7 @@ tideResult_t BoundProgram::issueStep(const StepItems& s, const CallValues& v, cu
         MemOpBatch& m = memops_[it.index];
         m.patch(v.epoch, v.task);
         if (it.peer >= 0) {
-          if (!net) net = comm->policy->transport();
-          TIDE_CHECK(net->flags(stream, it.peer, m));
+          TIDE_CHECK(comm->provider->transport()->flags(stream, it.peer, m));
           break;
         }
         if (hold) {  // one memop node with the batches next to it (its ops run in order, as theirs did)
@@ -211,8 +210,7 @@ tideResult_t BoundProgram::issueStep(const StepItems& s, const CallValues& v, cu
       }
       case prog::Op::kCopies:
         if (it.peer >= 0) {
-          if (!net) net = comm->policy->transport();
-          TIDE_CHECK(net->put(stream, it.peer, copies_[it.index], v.batchApi, comm->device));
+          TIDE_CHECK(comm->provider->transport()->put(stream, it.peer, copies_[it.index], v.batchApi, comm->device));
         } else {
           TIDE_CHECK(enqueueCopyBatch(stream, comm->device, copies_[it.index], v.batchApi));
         }
@@ -381,8 +379,8 @@ tideResult_t BoundProgram::issueTokens(const std::shared_ptr<BoundProgram>& self
   if (p.mode != prog::Mode::kCaptured) {
     return fail(tideInternalError, "Cuda", "issueTokens: not a token program");
   }
-  IssuePolicy* pol = bp.comm_->policy.get();
-  if (!pol->defersPushes() || p.numGroups == 0) {
+  SharedQueues* queues = bp.comm_->provider->sharedQueues();
+  if (queues == nullptr || p.numGroups == 0) {
     std::lock_guard<std::mutex> lock(bp.issueMu_);
     return bp.issueTokenSteps(v, stream);
   }
@@ -392,7 +390,7 @@ tideResult_t BoundProgram::issueTokens(const std::shared_ptr<BoundProgram>& self
   // back into this binding.
   const CollKind kind = kindOf(p.coll);
   const int last = p.numGroups - 1;
-  TIDE_CHECK(pol->precheckSteps(kind, v.epoch, last, true));
+  TIDE_CHECK(queues->precheckSteps(kind, v.epoch, last, true));
   std::shared_ptr<RoundGraphs> graphs;
   {
     std::lock_guard<std::mutex> lock(bp.issueMu_);
@@ -440,12 +438,12 @@ tideResult_t BoundProgram::issueTokens(const std::shared_ptr<BoundProgram>& self
       if (s.group < 0) TIDE_CHECK(bp.issueStep(s, v, stream, stream));  // the announce
     }
   }
-  IssuePolicy::IssueFn fn = [self, v, stream, graphs](int g) -> tideResult_t {
+  SharedQueues::IssueFn fn = [self, v, stream, graphs](int g) -> tideResult_t {
     BoundProgram& b = *self;
     std::lock_guard<std::mutex> lock(b.issueMu_);
     return b.issueRound(g, v, stream, graphs);
   };
-  return pol->scheduleSteps(kind, v.epoch, last, std::move(fn));
+  return queues->scheduleSteps(kind, v.epoch, last, std::move(fn));
 }
 
 tideResult_t BoundProgram::issueTokenSteps(const CallValues& v, cudaStream_t stream) {
@@ -505,7 +503,6 @@ tideResult_t BoundProgram::issue(const std::shared_ptr<BoundProgram>& self, cons
                                  prog::Coll coll) {
   BoundProgram& bp = *self;
   const prog::Program& p = *bp.prog_;
-  IssuePolicy* pol = bp.comm_->policy.get();
   const int n = static_cast<int>(bp.steps_.size());
   if (p.mode == prog::Mode::kCaptured) {  // a capture of the caller's (issue() takes token programs only then)
     std::lock_guard<std::mutex> lock(bp.issueMu_);
@@ -517,8 +514,12 @@ tideResult_t BoundProgram::issue(const std::shared_ptr<BoundProgram>& self, cons
   }
   // Deferred: the provider first checks that the groups can be issued (so that no caller-stream wait is enqueued
   // for work that will never come), then the call-time steps, then the groups through the provider.
+  SharedQueues* queues = bp.comm_->provider->sharedQueues();
+  if (queues == nullptr) {
+    return fail(tideInternalError, "Cuda", "a deferred program on a provider without shared queues");
+  }
   const int last = p.numGroups - 1;
-  TIDE_CHECK(pol->precheckSteps(kindOf(coll), v.epoch, last, false));
+  TIDE_CHECK(queues->precheckSteps(kindOf(coll), v.epoch, last, false));
   {
     std::lock_guard<std::mutex> lock(bp.issueMu_);
     for (const StepItems& s : bp.steps_) {
@@ -527,13 +528,13 @@ tideResult_t BoundProgram::issue(const std::shared_ptr<BoundProgram>& self, cons
   }
   // Each group's steps, issued when the provider calls back (possibly from another rank's call); the values are
   // carried by the closure, so a later call of this rank cannot change them.
-  IssuePolicy::IssueFn fn = [self, v, stream](int g) -> tideResult_t {
+  SharedQueues::IssueFn fn = [self, v, stream](int g) -> tideResult_t {
     BoundProgram& b = *self;
     std::lock_guard<std::mutex> lock(b.issueMu_);
     const auto& r = b.groupRange_[g];
     return b.issueSteps(r.first, r.second, v, stream, b.comm_->sideStream);
   };
-  return pol->scheduleSteps(kindOf(coll), v.epoch, last, std::move(fn));
+  return queues->scheduleSteps(kindOf(coll), v.epoch, last, std::move(fn));
 }
 
 tideResult_t ExecCache::program(tideLayout_t layout, prog::Coll coll, const prog::Options& opt,
