@@ -105,6 +105,10 @@ class BoundProgram {
     int next = -1;         // the reduce after it in program order (its inputs arrive while this one runs), or -1
   };
 
+  // A reduce op with the call's pointers (its successor, types and op are set later).
+  static BoundReduce bindReduce(const prog::ReduceOp& r, const Binding& b);
+  // groupRange_ of a deferred program or of a token program's rounds; tideInternalError if a group is not contiguous.
+  tideResult_t mapGroups();
   // One step on its lane's stream: `caller` or `side` (the comm's sideStream for epoch programs; see
   // issueTokenRange for token programs).
   tideResult_t issueStep(const StepItems& s, const CallValues& v, cudaStream_t caller, cudaStream_t side);
