@@ -68,3 +68,50 @@ def test_unparsable_env_value_is_an_error():
     assert failed[0][0] == N.tideInvalidArgument and "NCCL_TIDE_PACE_BYTES" in failed[0][1]
     assert got["NCCL_TIDE_RS_CHUNK_BYTES"] == (0, str(64 << 20))
     assert re.fullmatch(r"\d+", got["NCCL_TIDE_RS_CHUNK_BYTES"][1])
+
+
+def _params_in_subprocess(native, env_extra):
+    """The effective values of the test-only switches, and TIDE's log lines, in a fresh process with env_extra."""
+    code = (
+        "from nccl_tide import _native as N\n"
+        "for n in ('NCCL_TIDE_SIGNAL_KERNELS', 'NCCL_TIDE_MERGE_FLAG_BATCHES', 'NCCL_TIDE_PAIR_TOKENS',\n"
+        "          'NCCL_TIDE_AG_SIGNAL_KERNELS', 'NCCL_TIDE_TEST_SWITCHES'):\n"
+        "    print(n, N.param_value(n))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
+    env.update(NCCL_TIDE_LIBRARY_PATH=native.library_path(), **env_extra)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    values = dict(line.split() for line in out.stdout.splitlines())
+    warns = [x for x in out.stderr.splitlines() if " NCCL TIDE WARN " in x]
+    return values, warns
+
+
+def test_test_only_switches_take_effect_only_behind_the_gate(native):
+    flipped = {"NCCL_TIDE_SIGNAL_KERNELS": "0", "NCCL_TIDE_MERGE_FLAG_BATCHES": "0", "NCCL_TIDE_PAIR_TOKENS": "0",
+               "NCCL_TIDE_AG_SIGNAL_KERNELS": "1"}
+    defaults, warns = _params_in_subprocess(native, {})
+    assert defaults == {"NCCL_TIDE_SIGNAL_KERNELS": "1", "NCCL_TIDE_MERGE_FLAG_BATCHES": "1",
+                        "NCCL_TIDE_PAIR_TOKENS": "1", "NCCL_TIDE_AG_SIGNAL_KERNELS": "0",
+                        "NCCL_TIDE_TEST_SWITCHES": "0"}
+    assert warns == []
+    # Without the gate: the defaults stay in force, one WARN per switch that is set.
+    ignored, warns = _params_in_subprocess(native, flipped)
+    assert ignored == defaults
+    assert len(warns) == len(flipped), warns
+    for name in flipped:
+        assert sum(f"{name} is a test-only switch and is ignored without NCCL_TIDE_TEST_SWITCHES=1" in w
+                   for w in warns) == 1, warns
+    # Behind the gate: every value is taken, silently.
+    taken, warns = _params_in_subprocess(native, dict(flipped, NCCL_TIDE_TEST_SWITCHES="1"))
+    assert taken == dict(flipped, NCCL_TIDE_TEST_SWITCHES="1")
+    assert warns == []
+
+
+def test_a_removed_variable_is_reported_once_and_ignored(native):
+    values, warns = _params_in_subprocess(native, {"NCCL_TIDE_AG_BATCH": "0"})
+    assert values["NCCL_TIDE_TEST_SWITCHES"] == "0"
+    assert len(warns) == 1, warns
+    assert "Params: NCCL_TIDE_AG_BATCH was removed and is ignored: copies use cudaMemcpyBatchAsync" in warns[0]
+    described = [r[0] for r in describe_all()]
+    assert "NCCL_TIDE_AG_BATCH" not in described and "NCCL_TIDE_TEST_SWITCHES" in described

@@ -99,7 +99,7 @@ bool readFlags(tideComm* comm, int timeoutMs, std::vector<uint32_t>* words, std:
   namespace fl = tide::cuda::flag;
   const int W = comm->worldSize;
   std::vector<const uint32_t*> src(W);
-  for (int d = 0; d < W; ++d) src[d] = comm->memory->flags(d);
+  for (int d = 0; d < W; ++d) src[d] = comm->provider->flags(d);
   auto rb = std::make_shared<FlagReadback>();
   rb->words.assign(static_cast<size_t>(W) * fl::kWords, 0);
   const int device = comm->device;
@@ -148,7 +148,7 @@ std::string debugDump(tideComm* comm) {
   std::string out;
   const int W = comm->worldSize, me = comm->rank;
   const char* phase = comm->phase.load(std::memory_order_relaxed);
-  appendf(&out, "TIDE comm dump: rank %d of %d, provider %s, device %d\n", me, W, comm->memory->name(),
+  appendf(&out, "TIDE comm dump: rank %d of %d, provider %s, device %d\n", me, W, comm->provider->name(),
           comm->device);
   std::unique_lock<std::mutex> lock(comm->mu, std::try_to_lock);
   const bool busy = !lock.owns_lock();
@@ -237,8 +237,7 @@ TIDE_EXPORT tideResult_t tideLoopbackCreate(int nRanks, int device, tideComm_t* 
     c->rank = r;
     c->worldSize = nRanks;
     c->device = device;
-    c->memory = ranks[r];
-    c->policy = ranks[r];
+    c->provider = ranks[r];
     tideResult_t res = tide::cuda::commInit(c.get());
     if (res != tideSuccess) {
       tide::cuda::commRelease(c.get());
@@ -307,7 +306,7 @@ TIDE_EXPORT tideResult_t tideCommAbort(tideComm_t handle) {
   comm->closed = true;
   {
     ScopedDevice scoped(comm->device);
-    const bool idle = comm->memory ? comm->memory->abort(bound) : true;
+    const bool idle = comm->provider ? comm->provider->abort(bound) : true;
     // Destroying streams and events does not wait for their work (CUDA releases them once it completes).
     tide::cuda::commRelease(comm.get());
     TIDE_INFO("API", "tideCommAbort: rank %d of %d released%s", comm->rank, comm->worldSize,
@@ -341,7 +340,7 @@ TIDE_EXPORT tideResult_t tideSlotAlloc(tideComm_t handle, size_t bytes, void** p
   std::lock_guard<std::mutex> lock(comm->mu);
   TIDE_CHECK(tide::cuda::checkOpen(comm.get(), handle, "tideSlotAlloc"));
   PhaseGuard phase(comm.get(), "tideSlotAlloc (collective: cudaMalloc, exchange, IPC open)");
-  return comm->memory->slotAlloc(bytes, ptr);
+  return comm->provider->slotAlloc(bytes, ptr);
   TIDE_API_END
 }
 
@@ -353,7 +352,7 @@ TIDE_EXPORT tideResult_t tideSlotFree(tideComm_t handle, void* ptr) {
   std::lock_guard<std::mutex> lock(comm->mu);
   TIDE_CHECK(tide::cuda::checkOpen(comm.get(), handle, "tideSlotFree"));
   PhaseGuard phase(comm.get(), "tideSlotFree (collective: device synchronize, barriers)");
-  return comm->memory->slotFree(ptr);
+  return comm->provider->slotFree(ptr);
   TIDE_API_END
 }
 

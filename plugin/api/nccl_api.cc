@@ -202,8 +202,7 @@ tideResult_t createIpcComm(int rank, int world, int device, const tideConfig_t* 
   c->rank = rank;
   c->worldSize = world;
   c->device = device;
-  c->memory = provider;
-  c->policy = provider;
+  c->provider = provider;
   tideResult_t res = tide::cuda::commInit(c.get());
   if (res != tideSuccess) {
     tide::cuda::commRelease(c.get());
@@ -356,7 +355,7 @@ TIDE_EXPORT tideResult_t tideCommGetProvider(tideComm_t handle, const char** nam
   if (name == nullptr) return tide::fail(tideInvalidArgument, "API", "tideCommGetProvider: name is NULL");
   tide::cuda::CommRef comm;
   TIDE_CHECK(tide::cuda::checkComm(handle, "tideCommGetProvider", &comm));
-  *name = comm->memory->name();
+  *name = comm->provider->name();
   return tideSuccess;
   TIDE_API_END
 }

@@ -20,7 +20,7 @@ namespace prog {
 
 struct RouteInputs {
   bool enabled = false;             // NCCL_TIDE_EAGER_GRAPHS
-  bool providerCapturable = false;  // IssuePolicy::capturable(): the provider can run kCaptured programs
+  bool providerCapturable = false;  // Provider::Traits::capturable: the provider can run kCaptured programs
   Coll coll = Coll::kAllGather;
   int nNodes = 1;                   // the layout's
   int rsNumChunks = 1;              // the layout's RS plan (tideLayoutInfo_t.rsNumChunks)

@@ -52,10 +52,6 @@ const Def kDefs[kNumParams] = {
      "1 allows NVLink multicast, and only if NCCL_NVLS_ENABLE is not 0 and TORCH_SYMM_MEM_DISABLE_MULTICAST and "
      "NVSHMEM_DISABLE_NVLS are unset.",
      0, 1, nullptr, "0 or 1"},
-    {"NCCL_TIDE_AG_BATCH", Type::kBool, "bool", "1",
-     "1 issues all-gather copies with cudaMemcpyBatchAsync when the CUDA runtime has it; 0 uses one cudaMemcpyAsync "
-     "per copy.",
-     0, 1, nullptr, "0 or 1"},
     {"NCCL_TIDE_ENABLE", Type::kBool, "bool", "0",
      "1 lets the preloaded interposer run eligible ncclAllGather/ncclReduceScatter calls through TIDE (docs/usage.md); "
      "0 is pure pass-through.",
@@ -91,47 +87,46 @@ const Def kDefs[kNumParams] = {
     {"NCCL_TIDE_EAGER_GRAPHS", Type::kBool, "bool", "1",
      "1 (the default) runs eager calls whose program can be captured (one node; RS with at most "
      "NCCL_TIDE_TOKEN_RS_CHUNKS chunks) with the token protocol, replaying a CUDA graph the library captured "
-     "(docs/architecture.md, Eager calls as graph replays); 0 keeps the epoch protocol for every eager call. Must "
-     "match on all ranks.",
+     "(docs/architecture.md, Eager calls as graph replays): the least host time per call. 0 issues every eager call's "
+     "operations directly (the epoch protocol): the library captures no graphs of its own (a profile shows each copy "
+     "and flag operation as issued), and on loopback a virtual rank's next call is never refused because its token "
+     "call still waits for a peer. Must match on all ranks.",
      0, 1, nullptr, "0 or 1"},
     {"NCCL_TIDE_TOKEN_RS_CHUNKS", Type::kUint64, "uint64", TIDE_STRINGIFY(TIDE_TOKEN_RS_CHUNKS_DEFAULT),
-     "Most pipeline chunks of a reduce-scatter on the token protocol (eager graph route, CUDA graph capture); an RS of "
-     "more chunks runs the epoch protocol. Above 2 chunks a token RS reuses 2 staging buffers behind consumed tokens "
-     "(docs/architecture.md, More chunks than buffers). The default was 2 until session 24. Must match on all ranks.",
+     "Most pipeline chunks of a reduce-scatter on the token protocol (eager graph route, CUDA graph capture); an "
+     "eager RS of more chunks runs the epoch protocol, and a captured one is refused (tideUnsupported). Raise it to "
+     "capture a larger reduce-scatter without raising rsChunkBytes. Above 2 chunks a token RS reuses 2 staging "
+     "buffers behind consumed tokens (docs/architecture.md, More chunks than buffers). Must match on all ranks.",
      2, 4096, nullptr, "an integer from 2 to 4096"},
+    {"NCCL_TIDE_TEST_SWITCHES", Type::kBool, "bool", "0",
+     "Tests only: 1 lets the test-only switches below take effect (they select the other side of a measured choice "
+     "so that the tests keep both sides working); 0: a test-only switch that is set is ignored, with one WARN.",
+     0, 1, nullptr, "0 or 1"},
     {"NCCL_TIDE_SIGNAL_KERNELS", Type::kBool, "bool", "1",
-     "1 (the default): in the CUDA graphs of a reduce-scatter (eager graph route, captures) the trailing "
-     "writes of each flag batch (a batch of writes only: all of it) are a one-warp kernel node instead of "
-     "stream memory operations (a launched graph's memop nodes cost the host about 0.8 us each, a kernel "
-     "node a few hundredths); 0 keeps memops. Waits are memops either way; all-gathers launch it only with"
-     " NCCL_TIDE_AG_SIGNAL_KERNELS=1.",
+     "Test-only. 1: in the CUDA graphs of a reduce-scatter the trailing writes of each flag batch are a one-warp "
+     "kernel node (a launched graph's memop node costs the host about 0.8 us, a kernel node a few hundredths); 0: "
+     "stream memory operations.",
      0, 1, nullptr, "0 or 1"},
     {"NCCL_TIDE_MERGE_FLAG_BATCHES", Type::kBool, "bool", "1",
-     "1 (the default since session 26): in a CUDA graph of a TIDE collective (a capture, the eager graph route), "
-     "flag batches that follow each other on one stream with nothing between them are captured as one memop node "
-     "(its operations run in order, as the batches did; a captured all-gather holds 2 memop nodes per rank instead "
-     "of 4); 0 keeps one node per batch.",
+     "Test-only. 1: in a CUDA graph of a TIDE collective, flag batches that follow each other on one stream are "
+     "captured as one memop node (a captured all-gather: 2 memop nodes per rank instead of 4); 0: one node per "
+     "batch.",
      0, 1, nullptr, "0 or 1"},
     {"NCCL_TIDE_PAIR_TOKENS", Type::kBool, "bool", "1",
-     "1 (the default): the token programs (captures, the eager graph route) wait for their tokens (all-gather ready "
-     "and done, reduce-scatter enter, full and consumed) and reset the barrier tokens two flag words per 64-bit "
-     "memory operation, where the device has 64-bit stream memory operations: fewer operations at 3 ranks and more "
-     "(a captured all-gather at 8 ranks: 33 instead of 45; the wait batches of a 4-chunk reduce-scatter: 33 instead "
-     "of 63; none fewer at 2 ranks). 0 "
-     "keeps one 32-bit operation per word. Local to each rank (what it writes to peers is the same either way).",
+     "Test-only. 1: the token programs wait for and reset two token words per 64-bit stream memory operation where "
+     "the device has them (a captured all-gather at 8 ranks: 33 operations instead of 45); 0: one 32-bit operation "
+     "per word. Local to each rank.",
      0, 1, nullptr, "0 or 1"},
     {"NCCL_TIDE_AG_SIGNAL_KERNELS", Type::kBool, "bool", "0",
-     "1: in the CUDA graphs of an all-gather too (captures, the eager graph route), the trailing writes of"
-     " each flag batch (the announce, the resets and phase after the ready waits, the done tokens) are "
-     "one-warp kernel nodes instead of memop operations (at 8 ranks 3 kernel nodes and 8 memop operations "
-     "instead of 33 operations). Session 28 (an H100): the replay took no less host time, and the GPU time"
-     " rose 3-4 us at 2 ranks and fell 25 us at 8. 0 (the default): all-gathers use no SM for flags.",
+     "Test-only. 1: in the CUDA graphs of an all-gather too, the trailing writes of each flag batch are one-warp "
+     "kernel nodes (no less host time per replay; more GPU time at 2 ranks); 0: all-gathers use no SM for flags.",
      0, 1, nullptr, "0 or 1"},
 };
 
 struct Entry {
   bool fromEnv = false;
   bool valid = true;
+  bool ignored = false;  // a test-only switch set without NCCL_TIDE_TEST_SWITCHES=1: the default is in force
   uint64_t value = 0;   // bool / bytes / uint64; int64 stored two's complement; string: index into choices
   char text[256] = {0};  // canonical effective value
   char envText[256] = {0};
@@ -206,6 +201,12 @@ bool parseValue(const Def& def, const char* text, Entry* e) {
   return false;
 }
 
+// Switches that select the other side of a measured choice, for the tests that keep both sides working: honoured only
+// with NCCL_TIDE_TEST_SWITCHES=1.
+bool testOnly(Id id) {
+  return id == kSignalKernels || id == kMergeFlagBatches || id == kPairTokens || id == kAgSignalKernels;
+}
+
 // Reads the environment once. Must not log: logging asks for the debug level, which comes from here.
 State load() {
   State st;
@@ -223,6 +224,18 @@ State load() {
     } else {
       e.valid = false;  // keeps the default's value and text
     }
+  }
+  // The test-only switches take their environment value only behind the gate (parsed above: it precedes them).
+  const bool gate = st.entries[kTestSwitches].valid && st.entries[kTestSwitches].value != 0;
+  for (int i = 0; i < kNumParams; ++i) {
+    Entry& e = st.entries[i];
+    if (!testOnly(static_cast<Id>(i)) || !e.fromEnv || gate) continue;
+    Entry dflt;
+    parseValue(kDefs[i], kDefs[i].defaultValue, &dflt);
+    snprintf(dflt.envText, sizeof(dflt.envText), "%s", e.envText);
+    dflt.fromEnv = true;
+    dflt.ignored = true;
+    e = dflt;
   }
   return st;
 }
@@ -260,14 +273,31 @@ bool knownName(const char* name, size_t n) {
   return false;
 }
 
-// A NCCL_TIDE_* variable nobody reads is a setting the user believes in and TIDE ignores (session 29: a removed
-// switch, NCCL_TIDE_FENCE_ONCE, would have been ignored silently): one WARN each, once per process.
+// Parameters this library no longer has, and what it does instead.
+struct Removed {
+  const char* name;
+  const char* instead;
+};
+constexpr Removed kRemoved[] = {
+    {"NCCL_TIDE_AG_BATCH", "copies use cudaMemcpyBatchAsync wherever the CUDA runtime and the stream allow it"},
+};
+
+// A NCCL_TIDE_* variable nobody reads is a setting the user believes in and TIDE ignores (a removed switch, a typo):
+// one WARN each, once per process.
 void warnUnknownNames() {
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     if (strncmp(*e, "NCCL_TIDE_", 10) != 0) continue;
     const char* eq = strchr(*e, '=');
     const size_t n = eq != nullptr ? static_cast<size_t>(eq - *e) : strlen(*e);
     if (knownName(*e, n)) continue;
+    const Removed* removed = nullptr;
+    for (const Removed& r : kRemoved) {
+      if (strlen(r.name) == n && strncmp(r.name, *e, n) == 0) removed = &r;
+    }
+    if (removed != nullptr) {
+      TIDE_WARN(kComponent, "%s was removed and is ignored: %s (docs/env.md)", removed->name, removed->instead);
+      continue;
+    }
     TIDE_WARN(kComponent, "%.*s is not a TIDE parameter and is ignored (docs/env.md lists them)", static_cast<int>(n),
               *e);
   }
@@ -280,7 +310,10 @@ const State& loggedState() {
     for (int i = 0; i < kNumParams; ++i) {
       const Entry& e = st.entries[i];
       if (!e.fromEnv) continue;
-      if (e.valid) {
+      if (e.ignored) {
+        TIDE_WARN(kComponent, "%s is a test-only switch and is ignored without NCCL_TIDE_TEST_SWITCHES=1 (docs/env.md)",
+                  kDefs[i].name);
+      } else if (e.valid) {
         TIDE_INFO(kComponent, "%s=%s (from the environment)", kDefs[i].name, e.text);
       } else if (strictWhenInvalid(static_cast<Id>(i))) {
         TIDE_WARN(kComponent, "%s='%s' is not valid (accepted: %s); the calls that use it fail until it is fixed or "
@@ -378,7 +411,6 @@ const char* debugFileText() { return followOrText(kDebugFile); }
 uint64_t rsChunkBytes() { return loggedState().entries[kRsChunkBytes].value; }
 uint64_t paceBytes() { return loggedState().entries[kPaceBytes].value; }
 bool nvlsRequested() { return loggedState().entries[kNvls].value != 0; }
-bool agBatch() { return loggedState().entries[kAgBatch].value != 0; }
 bool interposerEnabled() { return loggedState().entries[kEnable].value != 0; }
 uint64_t interposerMinBytes() { return loggedState().entries[kEnableMinBytes].value; }
 int ranksPerNodeOverride() { return static_cast<int>(loggedState().entries[kRanksPerNode].value); }

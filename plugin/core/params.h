@@ -24,18 +24,19 @@ enum Id : int {
   kRsChunkBytes = 1,  // NCCL_TIDE_RS_CHUNK_BYTES
   kPaceBytes = 2,     // NCCL_TIDE_PACE_BYTES
   kNvls = 3,          // NCCL_TIDE_NVLS
-  kAgBatch = 4,       // NCCL_TIDE_AG_BATCH
-  kEnable = 5,        // NCCL_TIDE_ENABLE
-  kEnableMinBytes = 6,  // NCCL_TIDE_ENABLE_MIN_BYTES
-  kRanksPerNode = 7,    // NCCL_TIDE_RANKS_PER_NODE
-  kTimeoutMs = 8,       // NCCL_TIDE_TIMEOUT_MS
-  kRsAccum = 9,         // NCCL_TIDE_RS_ACCUM
-  kDebugSubsys = 10,    // NCCL_TIDE_DEBUG_SUBSYS
-  kDebugFile = 11,      // NCCL_TIDE_DEBUG_FILE
-  kLinkGBps = 12,       // NCCL_TIDE_LINK_GBPS
-  kEagerGraphs = 13,    // NCCL_TIDE_EAGER_GRAPHS
-  kTokenRsChunks = 14,  // NCCL_TIDE_TOKEN_RS_CHUNKS
-  kSignalKernels = 15,  // NCCL_TIDE_SIGNAL_KERNELS
+  kEnable = 4,          // NCCL_TIDE_ENABLE
+  kEnableMinBytes = 5,  // NCCL_TIDE_ENABLE_MIN_BYTES
+  kRanksPerNode = 6,    // NCCL_TIDE_RANKS_PER_NODE
+  kTimeoutMs = 7,       // NCCL_TIDE_TIMEOUT_MS
+  kRsAccum = 8,         // NCCL_TIDE_RS_ACCUM
+  kDebugSubsys = 9,     // NCCL_TIDE_DEBUG_SUBSYS
+  kDebugFile = 10,      // NCCL_TIDE_DEBUG_FILE
+  kLinkGBps = 11,       // NCCL_TIDE_LINK_GBPS
+  kEagerGraphs = 12,    // NCCL_TIDE_EAGER_GRAPHS
+  kTokenRsChunks = 13,  // NCCL_TIDE_TOKEN_RS_CHUNKS
+  // Test-only switches (docs/env.md): their environment value counts only with NCCL_TIDE_TEST_SWITCHES=1.
+  kTestSwitches = 14,      // NCCL_TIDE_TEST_SWITCHES
+  kSignalKernels = 15,     // NCCL_TIDE_SIGNAL_KERNELS
   kMergeFlagBatches = 16,  // NCCL_TIDE_MERGE_FLAG_BATCHES
   kPairTokens = 17,        // NCCL_TIDE_PAIR_TOKENS
   kAgSignalKernels = 18,   // NCCL_TIDE_AG_SIGNAL_KERNELS
@@ -53,7 +54,6 @@ const char* debugFileText();
 uint64_t rsChunkBytes();
 uint64_t paceBytes();
 bool nvlsRequested();  // NCCL_TIDE_NVLS=1; only one of the conditions of the multicast gate (see multicast.h)
-bool agBatch();
 bool interposerEnabled();         // NCCL_TIDE_ENABLE: the LD_PRELOAD interposer classifies calls (plugin/api/interposer.cc)
 uint64_t interposerMinBytes();    // NCCL_TIDE_ENABLE_MIN_BYTES: smallest call (bytes) the interposer considers
 int ranksPerNodeOverride();       // NCCL_TIDE_RANKS_PER_NODE: virtual nodes of this many ranks; 0 = discover
@@ -62,14 +62,14 @@ bool rsAccumFp32();               // NCCL_TIDE_RS_ACCUM=FP32: the interposer may
 uint64_t linkGBps();              // NCCL_TIDE_LINK_GBPS: the rate the RS reduce kernel keeps pace with
 bool eagerGraphs();               // NCCL_TIDE_EAGER_GRAPHS: eager calls of capturable programs as graph replays
 int tokenRsChunks();              // NCCL_TIDE_TOKEN_RS_CHUNKS: most RS pipeline chunks of a token (graph) program
+// Test-only switches (their default unless NCCL_TIDE_TEST_SWITCHES=1).
 bool signalKernels();             // NCCL_TIDE_SIGNAL_KERNELS: RS graphs write flags by a kernel node, not a memop node
 bool mergeFlagBatches();          // NCCL_TIDE_MERGE_FLAG_BATCHES: adjacent flag batches in a graph as one memop node
 bool pairTokens();                // NCCL_TIDE_PAIR_TOKENS: token barriers waited for / reset two words per memop
 bool agSignalKernels();           // NCCL_TIDE_AG_SIGNAL_KERNELS: AG graphs write flags by a kernel node too
 
-// NCCL_TIDE_TOKEN_RS_CHUNKS's default (a macro: the registry holds it as text). 2 until session 24, when 64 passed
-// every tests/gpu file on an H100; the layout agreement salts its key only for other values, and mismatch reports
-// name them.
+// NCCL_TIDE_TOKEN_RS_CHUNKS's default (a macro: the registry holds it as text); the layout agreement salts its key
+// only for other values, and mismatch reports name them.
 #define TIDE_TOKEN_RS_CHUNKS_DEFAULT 64
 #define TIDE_STRINGIFY_(x) #x
 #define TIDE_STRINGIFY(x) TIDE_STRINGIFY_(x)

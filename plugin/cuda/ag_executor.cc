@@ -58,7 +58,7 @@ tideResult_t bindAllGather(tideComm* comm, const LayoutView& v, std::shared_ptr<
     }
   }
   size_t zb = 0;
-  b.zeros = static_cast<const char*>(comm->memory->zeros(&zb));
+  b.zeros = static_cast<const char*>(comm->provider->zeros(&zb));
   b.multicast = static_cast<char*>(mc);
   return BoundProgram::bind(comm, std::move(program), b, out);
 }
@@ -84,8 +84,8 @@ tideResult_t allGather(tideComm* comm, tideLayout_t layout, const void* sendbuff
     return fail(tideInvalidArgument, "Cuda", "tideAllGather: slot (%p) is not aligned to TIDE_SLOT_ALIGN (%d)", slot,
                 TIDE_SLOT_ALIGN);
   }
-  PeerMemory* mem = comm->memory.get();
-  IssuePolicy* pol = comm->policy.get();
+  Provider* provider = comm->provider.get();
+  SharedQueues* queues = provider->sharedQueues();
   const bool multi = v.info.nNodes > 1;
   if (cap.active && multi) {
     return fail(tideUnsupported, "Cuda",
@@ -100,25 +100,25 @@ tideResult_t allGather(tideComm* comm, tideLayout_t layout, const void* sendbuff
   const bool tokens = cap.active || eagerTokens(comm, v, false);
   prog::Options opt;
   size_t zeroBytes = 0;
-  (void)mem->zeros(&zeroBytes);
+  (void)provider->zeros(&zeroBytes);
   opt.zeroBytes = zeroBytes;
   opt.mode = tokens ? prog::Mode::kCaptured
-                    : (multi && pol->defersPushes() ? prog::Mode::kDeferred : prog::Mode::kInOrder);
+                    : (multi && queues != nullptr ? prog::Mode::kDeferred : prog::Mode::kInOrder);
   opt.pairTokens = comm->pairTokens;
   void* mc = nullptr;
   if (!tokens && !multi && comm->multicastGate) {
-    mc = mem->multicastPtr(slot, v.info.slotBytes);
+    mc = provider->multicastPtr(slot, v.info.slotBytes);
     if (mc == nullptr && !g_mcNoticeLogged.exchange(true)) {
       TIDE_INFO("Cuda", "multicast gate is open but the %s provider has no multicast address: multicast all-gather "
                         "unsupported here, using unicast copy-engine writes",
-                mem->name());
+                provider->name());
     }
     opt.multicast = mc != nullptr;
   }
 
   std::vector<uintptr_t>& key = comm->keyScratch;
   key.clear();
-  key.push_back(mem->memoryGeneration());
+  key.push_back(provider->memoryGeneration());
   key.push_back(reinterpret_cast<uintptr_t>(slot));
   key.push_back(reinterpret_cast<uintptr_t>(mc));
   key.push_back(reinterpret_cast<uintptr_t>(sendbuff));
@@ -148,11 +148,11 @@ tideResult_t allGather(tideComm* comm, tideLayout_t layout, const void* sendbuff
   CallValues cv;
   cv.batchApi = batchApiFor(stream, cap.active);
   if (cap.active) {
-    TIDE_CHECK(pol->checkCapture(CollKind::kAllGather, cap.id));
+    if (queues != nullptr) TIDE_CHECK(queues->checkCapture(CollKind::kAllGather, cap.id));
     return BoundProgram::issue(bound, cv, stream, prog::Coll::kAllGather);
   }
   const uint64_t epoch = comm->agEpoch + 1;
-  TIDE_CHECK(pol->checkStream(CollKind::kAllGather, epoch, stream));
+  TIDE_CHECK(provider->checkStream(CollKind::kAllGather, epoch, stream));
   comm->agEpoch = epoch;
   cv.epoch = epoch;
   comm->lastAg = tideComm::LastCall{bound, epoch, 0};

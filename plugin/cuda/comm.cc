@@ -47,7 +47,7 @@ tideResult_t commInit(tideComm* comm) {
   comm->ranksPerNode = over > 0 ? over : comm->worldSize;
   if (over > 0 && comm->rank == 0) {
     TIDE_INFO("Cuda", "virtual nodes: %d ranks per node (NCCL_TIDE_RANKS_PER_NODE), %d nodes, provider %s", over,
-              comm->worldSize / over, comm->memory ? comm->memory->name() : "?");
+              comm->worldSize / over, comm->provider ? comm->provider->name() : "?");
   }
   return tideSuccess;
 }
@@ -94,25 +94,25 @@ tideResult_t markCallFailed(tideComm* comm, CollKind kind, uint64_t epoch, tideR
   }
   char cause[320];
   snprintf(cause, sizeof(cause), "%s: %s", tideGetErrorString(res), tideGetLastError());
-  comm->policy->callFailed(kind, epoch, cause);
+  if (SharedQueues* q = comm->provider->sharedQueues()) q->callFailed(kind, epoch, cause);
   TIDE_WARN("Cuda", "rank %d: %s epoch %" PRIu64 " failed part-way; this comm refuses every later call", comm->rank,
             coll, epoch);
   return res;
 }
 
 tideResult_t checkCapturable(const tideComm* comm, const CaptureState& cap, const char* what) {
-  if (!cap.active || comm->policy->capturable()) return tideSuccess;
+  if (!cap.active || comm->provider->traits().capturable) return tideSuccess;
   return fail(tideUnsupported, "Cuda",
               "%s: the stream is being captured into a CUDA graph, and collectives of the %s provider cannot be "
               "captured (docs/architecture.md \"CUDA graphs\"). Run this collective outside the capture (nothing was "
               "enqueued; the capture is still valid)",
-              what, comm->policy->name());
+              what, comm->provider->name());
 }
 
 bool eagerTokens(const tideComm* comm, const LayoutView& view, bool reduceScatter) {
   prog::RouteInputs in;
   in.enabled = comm->eagerGraphs;
-  in.providerCapturable = comm->policy->capturable();
+  in.providerCapturable = comm->provider->traits().capturable;
   in.coll = reduceScatter ? prog::Coll::kReduceScatter : prog::Coll::kAllGather;
   in.nNodes = view.info.nNodes;
   in.rsNumChunks = view.info.rsNumChunks;
@@ -212,7 +212,7 @@ tideComm_t registerComm(std::unique_ptr<tideComm> comm) {
 
 tideResult_t checkComm(tideComm_t handle, const char* fn, CommRef* out) {
   TIDE_CHECK(checkHandle(handle, HandleKind::kComm, fn, "comm", out));
-  if (!(*out)->memory || !(*out)->policy) return fail(tideInvalidUsage, "API", "%s: comm is not initialized", fn);
+  if (!(*out)->provider) return fail(tideInvalidUsage, "API", "%s: comm is not initialized", fn);
   return tideSuccess;
 }
 
@@ -252,7 +252,7 @@ tideResult_t layoutEntry(tideComm* comm, tideLayout_t layout, bool capturing, ti
     agreeKey ^= 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(comm->tokenRsChunks);
   }
   if (comm->agreedLayouts.count(agreeKey) == 0) {
-    if (capturing && comm->policy->agreementExchanges()) {
+    if (capturing && comm->provider->traits().agreementExchanges) {
       return fail(tideUnsupported, "Cuda",
                   "the stream is being captured into a CUDA graph, and this layout (hash %016llx) has not been used by "
                   "an eager collective on this comm yet: its first use checks it against every rank's layout, an "
@@ -260,7 +260,7 @@ tideResult_t layoutEntry(tideComm* comm, tideLayout_t layout, bool capturing, ti
                   "capturing (nothing was enqueued; the capture is still valid)",
                   static_cast<unsigned long long>(v->info.hash));
     }
-    TIDE_CHECK(comm->policy->agreeOnLayout(v->info.hash, comm->eagerGraphs, comm->tokenRsChunks));
+    TIDE_CHECK(comm->provider->agreeOnLayout(v->info.hash, comm->eagerGraphs, comm->tokenRsChunks));
     comm->agreedLayouts.insert(agreeKey);
   }
   if (comm->layoutCache.size() > 256) comm->layoutCache.clear();  // bound programs in flight are kept by their users
@@ -277,11 +277,11 @@ tideResult_t checkLayoutAndStream(tideComm* comm, const LayoutView& view, cudaSt
                 "%s: layout is for rank %d of %d but the comm is rank %d of %d (create one layout per rank)", what,
                 in.rank, in.worldSize, comm->rank, comm->worldSize);
   }
-  if (in.nNodes != 1 && !comm->memory->peerMapsAllRanks()) {
+  if (in.nNodes != 1 && !comm->provider->traits().peerMapsAllRanks) {
     return fail(tideUnsupported, "Cuda",
                 "%s: layout spans %d nodes (ranksPerNode %d) but the %s provider does not map every rank's memory, and "
                 "the NCCL inter-node transports (put/signal, send/recv) are not built yet",
-                what, in.nNodes, in.ranksPerNode, comm->memory->name());
+                what, in.nNodes, in.ranksPerNode, comm->provider->name());
   }
   if (in.nNodes > 1 && (in.worldSize % in.ranksPerNode != 0 || in.nNodes != in.worldSize / in.ranksPerNode)) {
     return fail(tideInternalError, "Cuda", "%s: layout has %d nodes of %d ranks but %d ranks", what, in.nNodes,
@@ -344,7 +344,7 @@ tideResult_t slotRegion(tideComm* comm, const void* local, size_t bytes, int pee
     *out = const_cast<void*>(local);
     return tideSuccess;
   }
-  return comm->memory->peerPtr(local, bytes, peer, what, out);
+  return comm->provider->peerPtr(local, bytes, peer, what, out);
 }
 
 }  // namespace cuda

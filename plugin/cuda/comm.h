@@ -14,7 +14,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "peer_provider.h"
+#include "provider.h"
 #include "reduce_kernel.h"
 #include "tide.h"
 
@@ -46,12 +46,11 @@ struct tideComm {
   // Ranks per node as this comm sees its world: NCCL_TIDE_RANKS_PER_NODE if set (virtual nodes; it must divide the
   // world size), else the real ranks per node (every provider built so far is single-host: the world size). Set by
   // commInit. Informational for the executors: a layout carries its own ranksPerNode, and any split of the world
-  // runs on a provider whose ranks all map each other's memory (PeerMemory::peerMapsAllRanks).
+  // runs on a provider whose ranks all map each other's memory (Provider::Traits::peerMapsAllRanks).
   int ranksPerNode = 0;
-  // This rank's part of its provider (peer_provider.h), both bound to `rank`: where its memory lives and how its
-  // programs are issued (IPC: one object for both; loopback: one view of the shared world for both).
-  std::shared_ptr<tide::cuda::PeerMemory> memory;
-  std::shared_ptr<tide::cuda::IssuePolicy> policy;
+  // This rank's provider (provider.h), bound to `rank`: where its memory lives, its flags and transport, and the
+  // checks around each call (IPC: the rank's own; loopback: one view of the shared world).
+  std::shared_ptr<tide::cuda::Provider> provider;
 
   // Per-comm sequence numbers; every rank makes the same calls in the same order, so they agree across ranks.
   uint64_t agEpoch = 0;
@@ -92,7 +91,7 @@ struct tideComm {
   // a capture takes a side stream that is in no capture or already in its own, and a new one is made otherwise.
   std::vector<cudaStream_t> captureSides;
   cudaEvent_t forkEvent = nullptr, joinEvent = nullptr;
-  // The NVLink multicast gate (DESIGN.md section 6), read once by commInit.
+  // The NVLink multicast gate (docs/env.md, "The multicast gate"), read once by commInit.
   bool multicastGate = false;
   // What the RS reduce kernel keeps pace with (NCCL_TIDE_LINK_GBPS, the device's SMs), read once by commInit.
   tide::cuda::ReducePace reducePace;
@@ -116,7 +115,7 @@ struct tideComm {
     std::shared_ptr<tide::cuda::ExecCache> exec;  // compiled programs and bound pointer sets of this layout
   };
   std::unordered_map<const void*, CacheEntry> layoutCache;
-  // Layout hashes every rank has agreed on (IssuePolicy::agreeOnLayout), keyed by hash rather than by handle, so
+  // Layout hashes every rank has agreed on (Provider::agreeOnLayout), keyed by hash rather than by handle, so
   // a rank that recreates an identical layout object does not start an exchange its peers do not make.
   std::unordered_set<uint64_t> agreedLayouts;
 };
@@ -141,7 +140,7 @@ tideResult_t commInit(tideComm* comm);
 void commRelease(tideComm* comm);
 
 // Cached view of `layout` for this comm (validates nothing about the comm). The first use of a layout's hash agrees
-// on it across ranks (IssuePolicy::agreeOnLayout); while capturing (`capturing`), a layout that still needs an
+// on it across ranks (Provider::agreeOnLayout); while capturing (`capturing`), a layout that still needs an
 // exchanging agreement is refused with tideUnsupported (the capture stays valid).
 // The cache entry is owned by the comm (valid until the next call on this comm).
 tideResult_t layoutEntry(tideComm* comm, tideLayout_t layout, bool capturing, tideComm::CacheEntry** out);
@@ -161,12 +160,12 @@ tideResult_t queryCapture(cudaStream_t stream, const char* what, CaptureState* o
 // tideInvalidUsage naming the reason if an earlier call of this comm failed part-way (tideComm::broken).
 tideResult_t checkUsable(const tideComm* comm, const char* what);
 // An eager call of (kind, epoch) failed with `res` after the comm's epoch advanced: records the comm as unusable
-// (the last error's text is the reason) and tells the provider (IssuePolicy::callFailed: loopback marks the whole
-// world unusable). Returns res.
+// (the last error's text is the reason) and tells a provider with shared queues (SharedQueues::callFailed: loopback
+// marks the whole world unusable). Returns res.
 tideResult_t markCallFailed(tideComm* comm, CollKind kind, uint64_t epoch, tideResult_t res);
 
-// tideUnsupported if cap is active and the comm's provider cannot capture (IssuePolicy::capturable); called by the
-// executors first, before anything else.
+// tideUnsupported if cap is active and the comm's provider cannot capture (Provider::Traits::capturable); called by
+// the executors first, before anything else.
 tideResult_t checkCapturable(const tideComm* comm, const CaptureState& cap, const char* what);
 
 // Whether an eager call of this layout runs the token program (prog::eagerUsesTokens over what every rank agrees

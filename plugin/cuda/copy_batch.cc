@@ -6,7 +6,6 @@
 
 #include "../core/errors.h"
 #include "../core/log.h"
-#include "../core/params.h"
 #include "cuda_check.h"
 #include "driver_ops.h"
 #include "prebuilt.h"
@@ -102,7 +101,7 @@ void CopyBatch::planRuns(const std::vector<uint32_t>& group) {
 }
 
 bool useBatchApi(cudaStream_t stream) {
-  if (g_batchBroken.load(std::memory_order_relaxed) || !params::agBatch()) return false;
+  if (g_batchBroken.load(std::memory_order_relaxed)) return false;
   if (stream == nullptr || stream == cudaStreamLegacy) return false;
   cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &cap) != cudaSuccess) {
@@ -128,7 +127,7 @@ tideResult_t CopyList::enqueue(cudaStream_t stream, int device) const {
 }
 
 bool batchApiFor(cudaStream_t stream, bool capturing) {
-  if (capturing || g_batchBroken.load(std::memory_order_relaxed) || !params::agBatch()) return false;
+  if (capturing || g_batchBroken.load(std::memory_order_relaxed)) return false;
   return stream != nullptr && stream != cudaStreamLegacy;
 }
 

@@ -1,7 +1,7 @@
 // Copy-engine copies: a list of device-to-device copies issued as one cudaMemcpyBatchAsync with
-// cudaMemcpyFlagPreferOverlapWithCompute (DESIGN.md section 9: only the hinted batch API keeps same-device copies off
-// the SMs), or as cudaMemcpyAsync calls when the batch API is disabled (NCCL_TIDE_AG_BATCH=0), unavailable, the
-// stream is being captured, or the stream is the legacy default stream (which the batch API rejects).
+// cudaMemcpyFlagPreferOverlapWithCompute (only the hinted batch API keeps same-device copies off the SMs), or as
+// cudaMemcpyAsync calls when the batch API is unavailable, the stream is being captured, or the stream is the legacy
+// default stream (which the batch API rejects).
 #ifndef TIDE_CUDA_COPY_BATCH_H_
 #define TIDE_CUDA_COPY_BATCH_H_
 

@@ -1,7 +1,5 @@
 #include "internode_transport.h"
 
-#include "issue_policy.h"
-
 namespace tide {
 namespace cuda {
 
@@ -17,8 +15,6 @@ tideResult_t PeerMappedTransport::flags(cudaStream_t stream, int peer, MemOpBatc
   // word is (the same ordering every node-local flag relies on).
   return enqueueMemOps(stream, batch);
 }
-
-InterNodeTransport* IssuePolicy::transport() { return peerMappedTransport(); }
 
 InterNodeTransport* peerMappedTransport() {
   static PeerMappedTransport t;

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "peer_provider.h"
+#include "provider.h"
 
 namespace tide {
 namespace cuda {
@@ -27,8 +27,9 @@ namespace cuda {
 // All-gather of host bytes: `all` receives worldSize blocks of `bytes`, block r from rank r. Blocking, collective.
 using ExchangeFn = std::function<tideResult_t(const void* mine, void* all, size_t bytes)>;
 
-// One rank per process: its PeerMemory and its IssuePolicy are this one object (peer_provider.h).
-class IpcProvider final : public PeerMemory, public IssuePolicy {
+// One rank per process, with its own copy-engine queues: no SharedQueues hook, and a graph may hold several TIDE
+// collectives.
+class IpcProvider final : public Provider {
  public:
   // Collective. configHash must match on every rank (tideMismatch on every rank otherwise); all ranks must be on
   // one host (tideUnsupported otherwise) and in distinct processes (tideInvalidUsage: use tideLoopbackCreate).
@@ -37,29 +38,23 @@ class IpcProvider final : public PeerMemory, public IssuePolicy {
                              std::shared_ptr<IpcProvider>* out, std::function<bool()> workLeft = nullptr);
   ~IpcProvider() override;
 
-  const char* name() const override { return "ipc"; }
-
-  // PeerMemory.
+  // Memory for peers.
   uint64_t memoryGeneration() const override { return memGeneration_.load(std::memory_order_relaxed); }
   tideResult_t slotAlloc(size_t bytes, void** ptr) override;
   tideResult_t slotFree(void* ptr) override;
   tideResult_t peerPtr(const void* local, size_t bytes, int peer, const char* what, void** out) override;
-  uint32_t* flags(int owner) override;
   tideResult_t ownStaging(int owner, uint64_t bytes, uint64_t epoch, void** out) override;
   const void* zeros(size_t* bytes) override;
+  uint32_t* flags(int owner) override;
 
-  // IssuePolicy. Collective: every rank learns every rank's layout hash; tideMismatch on every rank (naming the
-  // ranks and hashes) if they differ.
+  // Collective: every rank learns every rank's layout hash; tideMismatch on every rank (naming the ranks and hashes)
+  // if they differ. A layout must have been agreed on by an eager call before it is captured (agreementExchanges).
   tideResult_t agreeOnLayout(uint64_t layoutHash, bool eagerGraphs, int tokenRsChunks) override;
-  bool agreementExchanges() const override { return true; }
-  // One rank per process with its own copy-engine queues: a graph may hold several TIDE collectives (the default
-  // checkCapture). A layout must have been agreed on by an eager call first (agreementExchanges).
-  bool capturable() const override { return true; }
 
-  // Called before every AG/RS enqueues anything (IssuePolicy::checkStream is the per-call provider hook): runs the
-  // health check, if one is set. The NCCL constructor sets ncclCommGetAsyncError of the parent communicator, so a
-  // parent that reports an error (a failed peer, an abort in progress) makes TIDE calls fail with tideNcclError
-  // instead of enqueueing flag waits for peers that will never come.
+  // Called before every eager AG/RS enqueues anything: runs the health check, if one is set. The NCCL constructor
+  // sets ncclCommGetAsyncError of the parent communicator, so a parent that reports an error (a failed peer, an abort
+  // in progress) makes TIDE calls fail with tideNcclError instead of enqueueing flag waits for peers that will never
+  // come.
   tideResult_t checkStream(CollKind kind, uint64_t epoch, cudaStream_t stream) override;
   using HealthFn = std::function<tideResult_t(const char* what)>;
   void setHealthCheck(HealthFn fn) { health_ = std::move(fn); }
@@ -81,8 +76,10 @@ class IpcProvider final : public PeerMemory, public IssuePolicy {
   bool abort(uint64_t boundMs) override;
 
  private:
+  // Capturable; the layout agreement exchanges; every rank maps every other's memory (one host).
+  static constexpr Traits kTraits{true, true, true};
   IpcProvider(int rank, int world, int device, ExchangeFn exchange)
-      : rank_(rank), world_(world), device_(device), exchange_(std::move(exchange)) {}
+      : Provider("ipc", kTraits), rank_(rank), world_(world), device_(device), exchange_(std::move(exchange)) {}
 
   // A buffer of this rank and its mappings of every peer's matching buffer (peers_[rank_] = own).
   struct Shared {

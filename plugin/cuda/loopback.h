@@ -1,5 +1,5 @@
 // Loopback provider: a world of 2..8 virtual ranks in one process on one device (LoopbackWorld, their shared state),
-// and one thin view per virtual rank (LoopbackRank: its PeerMemory and IssuePolicy).
+// and one thin view per virtual rank (LoopbackRank: its Provider, with the SharedQueues hook).
 //
 // Each virtual rank has its own slots (cudaMalloc per tideSlotAlloc call), its own flag array and its own RS staging;
 // "peer memory" of a rank is the other virtual ranks' allocations: slot k of rank q is the k-th tideSlotAlloc call of
@@ -24,7 +24,7 @@
 #include <utility>
 #include <vector>
 
-#include "peer_provider.h"
+#include "provider.h"
 
 namespace tide {
 namespace cuda {
@@ -36,14 +36,14 @@ class LoopbackRank;
 class LoopbackWorld {
  public:
   static constexpr int kMaxRanks = 8;
-  using IssueFn = IssuePolicy::IssueFn;
+  using IssueFn = SharedQueues::IssueFn;
 
   // Allocates flags and the zero buffer on `device`, and one view per virtual rank (ranks[r] is rank r; the world
   // lives as long as any of them). Errors: tideCudaError, tideOutOfMemory.
   static tideResult_t create(int nRanks, int device, std::vector<std::shared_ptr<LoopbackRank>>* ranks);
   ~LoopbackWorld();
 
-  // One counter for the world (PeerMemory::memoryGeneration): a slot of any virtual rank changes what the others'
+  // One counter for the world (Provider::memoryGeneration): a slot of any virtual rank changes what the others'
   // peerPtr resolves. slotAlloc and slotFree bump it on entry.
   uint64_t memoryGeneration() const { return memGeneration_.load(std::memory_order_relaxed); }
   tideResult_t slotAlloc(int rank, size_t bytes, void** ptr);
@@ -68,7 +68,7 @@ class LoopbackWorld {
   // step count (then the world is marked unusable: that rank's stream already waits for steps that will never be
   // issued). Records numSteps (and whether the program is a token program issued in rounds) for the epoch otherwise.
   tideResult_t precheckSteps(int rank, CollKind kind, uint64_t epoch, int numSteps, bool tokens);
-  // An eager call of `rank` failed after its epoch advanced (IssuePolicy::callFailed): the world is marked unusable.
+  // An eager call of `rank` failed after its epoch advanced (SharedQueues::callFailed): the world is marked unusable.
   void callFailed(int rank, CollKind kind, uint64_t epoch, const char* why);
 
   // tideCommAbort of one virtual rank: the whole world becomes unusable (every later call of any of its ranks fails
@@ -141,15 +141,14 @@ class LoopbackWorld {
   std::map<unsigned long long, CaptureUse> captures_;  // capture id -> the (rank, kind) that captured into it
 };
 
-// Virtual rank `rank` of a world: its PeerMemory and IssuePolicy, each call forwarded to the world with the rank.
-class LoopbackRank final : public PeerMemory, public IssuePolicy {
+// Virtual rank `rank` of a world: its Provider and SharedQueues, each call forwarded to the world with the rank.
+class LoopbackRank final : public Provider, public SharedQueues {
  public:
-  LoopbackRank(std::shared_ptr<LoopbackWorld> world, int rank) : world_(std::move(world)), rank_(rank) {}
+  LoopbackRank(std::shared_ptr<LoopbackWorld> world, int rank)
+      : Provider("loopback", kTraits), world_(std::move(world)), rank_(rank) {}
   // The rank's comm is gone: deferred work of the world that a later call would issue may hold this rank's
   // programs (and through them its destroyed comm), so the world drops it and becomes unusable.
   ~LoopbackRank() override { world_->rankDestroyed(rank_); }
-
-  const char* name() const override { return "loopback"; }
 
   uint64_t memoryGeneration() const override { return world_->memoryGeneration(); }
   tideResult_t slotAlloc(size_t bytes, void** ptr) override { return world_->slotAlloc(rank_, bytes, ptr); }
@@ -157,14 +156,20 @@ class LoopbackRank final : public PeerMemory, public IssuePolicy {
   tideResult_t peerPtr(const void* local, size_t bytes, int peer, const char* what, void** out) override {
     return world_->peerPtr(rank_, local, bytes, peer, what, out);
   }
-  uint32_t* flags(int owner) override { return world_->flags(owner); }
   tideResult_t ownStaging(int owner, uint64_t bytes, uint64_t epoch, void** out) override {
     return world_->ownStaging(rank_, owner, bytes, epoch, out);
   }
   const void* zeros(size_t* bytes) override { return world_->zeros(bytes); }
+  uint32_t* flags(int owner) override { return world_->flags(owner); }
+  // One process, one layout object per rank, ranks submitting one after another: nothing to compare, and no point
+  // at which the ranks could wait for each other.
+  tideResult_t agreeOnLayout(uint64_t, bool, int) override { return tideSuccess; }
+  tideResult_t checkStream(CollKind kind, uint64_t epoch, cudaStream_t stream) override {
+    return world_->checkStream(rank_, kind, epoch, stream);
+  }
   bool abort(uint64_t boundMs) override { return world_->abort(rank_, boundMs); }
+  SharedQueues* sharedQueues() override { return this; }
 
-  bool defersPushes() const override { return true; }
   tideResult_t scheduleSteps(CollKind kind, uint64_t epoch, int numSteps, IssueFn issue) override {
     return world_->scheduleSteps(rank_, kind, epoch, numSteps, std::move(issue));
   }
@@ -174,15 +179,13 @@ class LoopbackRank final : public PeerMemory, public IssuePolicy {
   void callFailed(CollKind kind, uint64_t epoch, const char* why) override {
     world_->callFailed(rank_, kind, epoch, why);
   }
-  bool capturable() const override { return true; }
   tideResult_t checkCapture(CollKind kind, unsigned long long captureId) override {
     return world_->checkCapture(rank_, kind, captureId);
   }
-  tideResult_t checkStream(CollKind kind, uint64_t epoch, cudaStream_t stream) override {
-    return world_->checkStream(rank_, kind, epoch, stream);
-  }
 
  private:
+  // Capturable; no exchange to agree on a layout; every virtual rank maps every other's memory.
+  static constexpr Traits kTraits{true, false, true};
   const std::shared_ptr<LoopbackWorld> world_;
   const int rank_;
 };

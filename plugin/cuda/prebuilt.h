@@ -42,6 +42,9 @@ struct CopyBatch {
   std::vector<void*> dst;
   std::vector<const void*> src;
   std::vector<size_t> bytes;
+  // Cross-node batches only (InterNodeTransport::put): each entry's destination as the program names it (whose slot
+  // or staging, byte offset), parallel to dst; empty for node-local batches.
+  std::vector<prog::Addr> peerDst;
   // The same copies as strided runs (plugin/core/copy_runs.h), kept only when there are fewer runs than copies: what
   // the per-copy path issues (a capture's memcpy nodes, one per run instead of one per copy). planRuns() sets it.
   std::vector<CopyRun> runs;
@@ -62,7 +65,7 @@ inline tideResult_t enqueueMemOps(cudaStream_t stream, MemOpBatch& batch) {
 }
 
 // Enqueues the copies: one cudaMemcpyBatchAsync with cudaMemcpyFlagPreferOverlapWithCompute if batchApi, else one
-// cudaMemcpyAsync each (NCCL_TIDE_AG_BATCH=0, capture, the legacy stream, or a runtime without the batch API), or,
+// cudaMemcpyAsync each (capture, the legacy stream, or a runtime without the batch API), or,
 // when the batch has strided runs, one cudaMemcpy2DAsync per run of several copies.
 tideResult_t enqueueCopyBatch(cudaStream_t stream, int device, const CopyBatch& batch, bool batchApi);
 
@@ -70,7 +73,7 @@ tideResult_t enqueueCopyBatch(cudaStream_t stream, int device, const CopyBatch& 
 // that failed on that refusal is worth one more try.
 bool copyRunsRefused();
 
-// Whether a call on `stream` may use the batch API: not disabled, not the legacy stream, not being captured
+// Whether a call on `stream` may use the batch API: not the legacy stream, not being captured
 // (capturing: cudaMemcpyAsync becomes a memcpy graph node). No driver query.
 bool batchApiFor(cudaStream_t stream, bool capturing);
 

@@ -53,6 +53,63 @@ bool captureWithRunsFallback(cudaStream_t s, const std::function<bool(cudaStream
   return !refusedBefore && copyRunsRefused() && captureGraph(s, enqueue, out, why);
 }
 
+// A flag op of the program as one cuStreamBatchMemOp parameter array: every address through the provider, a token
+// pair as one 64-bit operation.
+MemOpBatch bindFlags(const prog::Program& p, const prog::Op& op, Provider* provider) {
+  MemOpBatch m;
+  // The batch's trailing writes that a graph may carry as a signal kernel, as flag indices (prog::kernelTail)
+  // and then as indices of params (a pair is one of them).
+  uint32_t ordered = 0;
+  const uint32_t tail = prog::kernelTail(p, op, &ordered);
+  m.kernelFrom = SIZE_MAX;
+  for (uint32_t f = op.begin; f < op.end; ++f) {
+    if (f >= tail && m.kernelFrom == SIZE_MAX) m.kernelFrom = m.params.size();
+    if (f >= tail && f < tail + ordered) m.kernelOrdered = m.params.size() + 1 - m.kernelFrom;
+    const prog::FlagOp& x = p.flags[f];
+    uint32_t* a = provider->flags(x.owner) + x.word;
+    // A token pair (compiled only where the comm's device has 64-bit memops): one operation for both words.
+    const prog::FlagOp* y = x.pairNext && f + 1 < op.end ? &p.flags[f + 1] : nullptr;
+    if (y != nullptr && y->kind == x.kind && y->owner == x.owner && y->word == x.word + 1 &&
+        x.base == prog::Val::kConst && y->base == prog::Val::kConst && reinterpret_cast<uintptr_t>(a) % 8 == 0) {
+      m.addPair(x, p.flags[f + 1], a);
+      ++f;
+    } else {
+      prog::FlagOp one = x;
+      one.pairNext = false;  // issued alone: its value is patched per call like any other
+      m.add(one, a);
+    }
+  }
+  if (m.kernelFrom == SIZE_MAX) m.kernelFrom = m.params.size();
+  return m;
+}
+
+// A copy op of the program as one copy batch: segments already in place dropped, adjacent ones merged, strided runs
+// planned for the per-copy path (captures: fewer memcpy nodes).
+CopyBatch bindCopies(const prog::Program& p, const prog::Op& op, const Binding& b) {
+  CopyBatch c;
+  std::vector<uint32_t> group;  // the destination buffer of each entry: where strided runs may form
+  for (uint32_t k = op.begin; k < op.end; ++k) {
+    const prog::CopySeg& s = p.copies[k];
+    char* d = resolve(b, s.dst);
+    const char* from = resolve(b, s.src);
+    if (d == from) continue;  // a shard already in place
+    // Adjacent in both source and destination (e.g. gradients that happen to be contiguous): one entry. Each
+    // entry of a copy batch costs the host about 3.5 us.
+    if (!c.dst.empty() && static_cast<char*>(c.dst.back()) + c.bytes.back() == d &&
+        static_cast<const char*>(c.src.back()) + c.bytes.back() == from && s.src.mem != prog::Mem::kZeros) {
+      c.bytes.back() += s.bytes;
+      continue;
+    }
+    c.dst.push_back(d);
+    c.src.push_back(from);
+    c.bytes.push_back(s.bytes);
+    if (op.crossNode) c.peerDst.push_back(s.dst);
+    group.push_back(static_cast<uint32_t>(s.dst.mem) << 24 | static_cast<uint32_t>(s.dst.index));
+  }
+  if (!c.dst.empty()) c.planRuns(group);
+  return c;
+}
+
 }  // namespace
 
 tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Program> program, const Binding& b,
@@ -63,7 +120,6 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
   const prog::Program& p = *bp->prog_;
   bp->signalKernels_ = p.coll == prog::Coll::kReduceScatter ? params::signalKernels() : params::agSignalKernels();
   bp->mergeFlags_ = params::mergeFlagBatches();
-  PeerMemory* mem = comm->memory.get();
   bp->steps_.reserve(p.steps.size());
   for (const prog::Step& st : p.steps) {
     StepItems si;
@@ -74,73 +130,16 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
       Item it{op.kind, op.crossNode ? op.peer : -1, 0};
       if (op.kind == prog::Op::kFlags) {
         if (op.begin == op.end) continue;
-        MemOpBatch m;
-        // The batch's trailing writes that a graph may carry as a signal kernel, as flag indices (prog::kernelTail)
-        // and then as indices of params (a pair is one of them).
-        uint32_t ordered = 0;
-        const uint32_t tail = prog::kernelTail(p, op, &ordered);
-        m.kernelFrom = SIZE_MAX;
-        for (uint32_t f = op.begin; f < op.end; ++f) {
-          if (f >= tail && m.kernelFrom == SIZE_MAX) m.kernelFrom = m.params.size();
-          if (f >= tail && f < tail + ordered) m.kernelOrdered = m.params.size() + 1 - m.kernelFrom;
-          const prog::FlagOp& x = p.flags[f];
-          uint32_t* a = mem->flags(x.owner) + x.word;
-          // A token pair (compiled only where the comm's device has 64-bit memops): one operation for both words.
-          const prog::FlagOp* y = x.pairNext && f + 1 < op.end ? &p.flags[f + 1] : nullptr;
-          if (y != nullptr && y->kind == x.kind && y->owner == x.owner && y->word == x.word + 1 &&
-              x.base == prog::Val::kConst && y->base == prog::Val::kConst && reinterpret_cast<uintptr_t>(a) % 8 == 0) {
-            m.addPair(x, p.flags[f + 1], a);
-            ++f;
-          } else {
-            prog::FlagOp one = x;
-            one.pairNext = false;  // issued alone: its value is patched per call like any other
-            m.add(one, a);
-          }
-        }
-        if (m.kernelFrom == SIZE_MAX) m.kernelFrom = m.params.size();
         it.index = static_cast<int>(bp->memops_.size());
-        bp->memops_.push_back(std::move(m));
+        bp->memops_.push_back(bindFlags(p, op, comm->provider.get()));
       } else if (op.kind == prog::Op::kCopies) {
-        CopyBatch c;
-        std::vector<uint32_t> group;  // the destination buffer of each entry: where strided runs may form
-        for (uint32_t k = op.begin; k < op.end; ++k) {
-          const prog::CopySeg& s = p.copies[k];
-          char* d = resolve(b, s.dst);
-          const char* from = resolve(b, s.src);
-          if (d == from) continue;  // a shard already in place
-          // Adjacent in both source and destination (e.g. gradients that happen to be contiguous): one entry. Each
-          // entry of a copy batch costs the host about 3.5 us (benchmarks/RESULTS.md, host cost probe).
-          if (!c.dst.empty() && static_cast<char*>(c.dst.back()) + c.bytes.back() == d &&
-              static_cast<const char*>(c.src.back()) + c.bytes.back() == from && s.src.mem != prog::Mem::kZeros) {
-            c.bytes.back() += s.bytes;
-            continue;
-          }
-          c.dst.push_back(d);
-          c.src.push_back(from);
-          c.bytes.push_back(s.bytes);
-          group.push_back(static_cast<uint32_t>(s.dst.mem) << 24 | static_cast<uint32_t>(s.dst.index));
-        }
+        CopyBatch c = bindCopies(p, op, b);
         if (c.dst.empty()) continue;
-        c.planRuns(group);  // for the per-copy path (captures): fewer memcpy nodes
         it.index = static_cast<int>(bp->copies_.size());
         bp->copies_.push_back(std::move(c));
       } else {
-        const prog::ReduceOp& r = p.reduces[op.begin];
-        BoundReduce br;
-        br.op = r;
-        br.args.staging = resolve(b, r.inputs);
-        br.args.srcStride = r.stride;
-        br.args.nSrc = r.nInputs;
-        br.args.n = r.n;
-        br.args.out = resolve(b, r.out);
-        br.args.prev = r.hasPrev ? reinterpret_cast<const float*>(resolve(b, r.prev)) : nullptr;
-        if (r.nInputs == 1 && r.inputsFp32 && !r.hasPrev) {
-          br.asCopy.dst.push_back(br.args.out);
-          br.asCopy.src.push_back(br.args.staging);
-          br.asCopy.bytes.push_back(r.n * sizeof(float));
-        }
         it.index = static_cast<int>(bp->reduces_.size());
-        bp->reduces_.push_back(std::move(br));
+        bp->reduces_.push_back(bindReduce(p.reduces[op.begin], b));
       }
       si.items.push_back(it);
     }
@@ -148,34 +147,57 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
   }
   // Each reduce's deadline is the next one's arrival (reduce_kernel.h, followingBytes); the last has none.
   for (size_t i = 0; i + 1 < bp->reduces_.size(); ++i) bp->reduces_[i].next = static_cast<int>(i + 1);
-  // Deferred groups and token rounds: each group's steps are contiguous in program order (program_*.cc emit them
-  // group by group).
   if (p.mode == prog::Mode::kDeferred || (p.mode == prog::Mode::kCaptured && p.numGroups > 0)) {
-    bp->groupRange_.assign(p.numGroups, {0, 0});
-    std::vector<bool> seen(p.numGroups, false);
-    for (size_t i = 0; i < bp->steps_.size(); ++i) {
-      const int g = bp->steps_[i].group;
-      if (g < 0) continue;
-      if (g >= p.numGroups) return fail(tideInternalError, "Cuda", "program step %zu has group %d of %d", i, g, p.numGroups);
-      auto& r = bp->groupRange_[g];
-      if (!seen[g]) {
-        seen[g] = true;
-        r = {static_cast<int>(i), static_cast<int>(i) + 1};
-      } else if (r.second == static_cast<int>(i)) {
-        r.second = static_cast<int>(i) + 1;
-      } else {
-        return fail(tideInternalError, "Cuda", "program group %d is not contiguous", g);
-      }
-    }
+    TIDE_CHECK(bp->mapGroups());
   }
   *out = std::move(bp);
+  return tideSuccess;
+}
+
+BoundProgram::BoundReduce BoundProgram::bindReduce(const prog::ReduceOp& r, const Binding& b) {
+  BoundReduce br;
+  br.op = r;
+  br.args.staging = resolve(b, r.inputs);
+  br.args.srcStride = r.stride;
+  br.args.nSrc = r.nInputs;
+  br.args.n = r.n;
+  br.args.out = resolve(b, r.out);
+  br.args.prev = r.hasPrev ? reinterpret_cast<const float*>(resolve(b, r.prev)) : nullptr;
+  if (r.nInputs == 1 && r.inputsFp32 && !r.hasPrev) {
+    br.asCopy.dst.push_back(br.args.out);
+    br.asCopy.src.push_back(br.args.staging);
+    br.asCopy.bytes.push_back(r.n * sizeof(float));
+  }
+  return br;
+}
+
+tideResult_t BoundProgram::mapGroups() {
+  // Each group's steps are contiguous in program order (program_*.cc emit them group by group).
+  const prog::Program& p = *prog_;
+  groupRange_.assign(p.numGroups, {0, 0});
+  std::vector<bool> seen(p.numGroups, false);
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    const int g = steps_[i].group;
+    if (g < 0) continue;
+    if (g >= p.numGroups) {
+      return fail(tideInternalError, "Cuda", "program step %zu has group %d of %d", i, g, p.numGroups);
+    }
+    auto& r = groupRange_[g];
+    if (!seen[g]) {
+      seen[g] = true;
+      r = {static_cast<int>(i), static_cast<int>(i) + 1};
+    } else if (r.second == static_cast<int>(i)) {
+      r.second = static_cast<int>(i) + 1;
+    } else {
+      return fail(tideInternalError, "Cuda", "program group %d is not contiguous", g);
+    }
+  }
   return tideSuccess;
 }
 
 tideResult_t BoundProgram::issueStep(const StepItems& s, const CallValues& v, cudaStream_t caller, cudaStream_t side) {
   tideComm* comm = comm_;
   cudaStream_t stream = s.lane == prog::Lane::kCaller ? caller : side;
-  InterNodeTransport* net = nullptr;
   for (const Item& it : s.items) {
     const bool localFlags = it.kind == prog::Op::kFlags && it.peer < 0;
     // In a graph with signal kernels a batch's trailing writes go as a kernel (signal_kernel.h), the operations
@@ -192,8 +214,7 @@ tideResult_t BoundProgram::issueStep(const StepItems& s, const CallValues& v, cu
         MemOpBatch& m = memops_[it.index];
         m.patch(v.epoch, v.task);
         if (it.peer >= 0) {
-          if (!net) net = comm->policy->transport();
-          TIDE_CHECK(net->flags(stream, it.peer, m));
+          TIDE_CHECK(comm->provider->transport()->flags(stream, it.peer, m));
           break;
         }
         if (hold) {  // one memop node with the batches next to it (its ops run in order, as theirs did)
@@ -211,8 +232,7 @@ tideResult_t BoundProgram::issueStep(const StepItems& s, const CallValues& v, cu
       }
       case prog::Op::kCopies:
         if (it.peer >= 0) {
-          if (!net) net = comm->policy->transport();
-          TIDE_CHECK(net->put(stream, it.peer, copies_[it.index], v.batchApi, comm->device));
+          TIDE_CHECK(comm->provider->transport()->put(stream, it.peer, copies_[it.index], v.batchApi, comm->device));
         } else {
           TIDE_CHECK(enqueueCopyBatch(stream, comm->device, copies_[it.index], v.batchApi));
         }
@@ -381,8 +401,8 @@ tideResult_t BoundProgram::issueTokens(const std::shared_ptr<BoundProgram>& self
   if (p.mode != prog::Mode::kCaptured) {
     return fail(tideInternalError, "Cuda", "issueTokens: not a token program");
   }
-  IssuePolicy* pol = bp.comm_->policy.get();
-  if (!pol->defersPushes() || p.numGroups == 0) {
+  SharedQueues* queues = bp.comm_->provider->sharedQueues();
+  if (queues == nullptr || p.numGroups == 0) {
     std::lock_guard<std::mutex> lock(bp.issueMu_);
     return bp.issueTokenSteps(v, stream);
   }
@@ -392,7 +412,7 @@ tideResult_t BoundProgram::issueTokens(const std::shared_ptr<BoundProgram>& self
   // back into this binding.
   const CollKind kind = kindOf(p.coll);
   const int last = p.numGroups - 1;
-  TIDE_CHECK(pol->precheckSteps(kind, v.epoch, last, true));
+  TIDE_CHECK(queues->precheckSteps(kind, v.epoch, last, true));
   std::shared_ptr<RoundGraphs> graphs;
   {
     std::lock_guard<std::mutex> lock(bp.issueMu_);
@@ -440,12 +460,12 @@ tideResult_t BoundProgram::issueTokens(const std::shared_ptr<BoundProgram>& self
       if (s.group < 0) TIDE_CHECK(bp.issueStep(s, v, stream, stream));  // the announce
     }
   }
-  IssuePolicy::IssueFn fn = [self, v, stream, graphs](int g) -> tideResult_t {
+  SharedQueues::IssueFn fn = [self, v, stream, graphs](int g) -> tideResult_t {
     BoundProgram& b = *self;
     std::lock_guard<std::mutex> lock(b.issueMu_);
     return b.issueRound(g, v, stream, graphs);
   };
-  return pol->scheduleSteps(kind, v.epoch, last, std::move(fn));
+  return queues->scheduleSteps(kind, v.epoch, last, std::move(fn));
 }
 
 tideResult_t BoundProgram::issueTokenSteps(const CallValues& v, cudaStream_t stream) {
@@ -505,7 +525,6 @@ tideResult_t BoundProgram::issue(const std::shared_ptr<BoundProgram>& self, cons
                                  prog::Coll coll) {
   BoundProgram& bp = *self;
   const prog::Program& p = *bp.prog_;
-  IssuePolicy* pol = bp.comm_->policy.get();
   const int n = static_cast<int>(bp.steps_.size());
   if (p.mode == prog::Mode::kCaptured) {  // a capture of the caller's (issue() takes token programs only then)
     std::lock_guard<std::mutex> lock(bp.issueMu_);
@@ -517,8 +536,12 @@ tideResult_t BoundProgram::issue(const std::shared_ptr<BoundProgram>& self, cons
   }
   // Deferred: the provider first checks that the groups can be issued (so that no caller-stream wait is enqueued
   // for work that will never come), then the call-time steps, then the groups through the provider.
+  SharedQueues* queues = bp.comm_->provider->sharedQueues();
+  if (queues == nullptr) {
+    return fail(tideInternalError, "Cuda", "a deferred program on a provider without shared queues");
+  }
   const int last = p.numGroups - 1;
-  TIDE_CHECK(pol->precheckSteps(kindOf(coll), v.epoch, last, false));
+  TIDE_CHECK(queues->precheckSteps(kindOf(coll), v.epoch, last, false));
   {
     std::lock_guard<std::mutex> lock(bp.issueMu_);
     for (const StepItems& s : bp.steps_) {
@@ -527,13 +550,13 @@ tideResult_t BoundProgram::issue(const std::shared_ptr<BoundProgram>& self, cons
   }
   // Each group's steps, issued when the provider calls back (possibly from another rank's call); the values are
   // carried by the closure, so a later call of this rank cannot change them.
-  IssuePolicy::IssueFn fn = [self, v, stream](int g) -> tideResult_t {
+  SharedQueues::IssueFn fn = [self, v, stream](int g) -> tideResult_t {
     BoundProgram& b = *self;
     std::lock_guard<std::mutex> lock(b.issueMu_);
     const auto& r = b.groupRange_[g];
     return b.issueSteps(r.first, r.second, v, stream, b.comm_->sideStream);
   };
-  return pol->scheduleSteps(kindOf(coll), v.epoch, last, std::move(fn));
+  return queues->scheduleSteps(kindOf(coll), v.epoch, last, std::move(fn));
 }
 
 tideResult_t ExecCache::program(tideLayout_t layout, prog::Coll coll, const prog::Options& opt,

@@ -5,8 +5,8 @@
 // one ReduceArgs per reduce. A bound program is kept (per layout, per pointer set) and reused while the pointers stay
 // the same; a call only patches the flag values (epoch, RS task base) and the reduce's op/type/scale, then issues.
 // Issue: every step at call time in program order (kInOrder, kCaptured), or the call-time steps now and the issue
-// groups through the provider's scheduleSteps (kDeferred). Cross-node operations go through the provider's
-// InterNodeTransport. Eager calls on the token route (issueTokens) replay a CUDA graph of the bound program
+// groups through the provider's SharedQueues::scheduleSteps (kDeferred). Cross-node operations go through the
+// provider's InterNodeTransport. Eager calls on the token route (issueTokens) replay a CUDA graph of the bound program
 // (graph_replay.h) once the same binding and call values repeat; docs/architecture.md "Eager calls as graph replays".
 #ifndef TIDE_CUDA_PROGRAM_EXEC_H_
 #define TIDE_CUDA_PROGRAM_EXEC_H_
@@ -72,9 +72,9 @@ class BoundProgram {
   // An eager call of a token (kCaptured) program: replays this binding's graph, or captures it first, or issues the
   // steps directly (prog::GraphAmortizer decides; a capture or launch failure falls back to direct issue, logged
   // once). Each is the same operations in the same order on `stream`, so the choice is this rank's alone.
-  // On a provider whose ranks share hardware queues (defersPushes: loopback) the program is issued in its rounds
-  // (the steps' groups; docs/architecture.md "Issue rounds"): the announce (group -1) now, rounds 1 and 2 through
-  // scheduleSteps, round-major over the ranks once every rank has announced, each round that holds copies or
+  // On a provider whose ranks share hardware queues (Provider::sharedQueues: loopback) the program is issued in its
+  // rounds (the steps' groups; docs/architecture.md "Issue rounds"): the announce (group -1) now, rounds 1 and 2
+  // through scheduleSteps, round-major over the ranks once every rank has announced, each round that holds copies or
   // reduces from a graph of that round. Every wait is then enqueued after the writes it waits for, in whatever
   // queues the device puts them.
   static tideResult_t issueTokens(const std::shared_ptr<BoundProgram>& self, const CallValues& v, cudaStream_t stream);
@@ -105,6 +105,10 @@ class BoundProgram {
     int next = -1;         // the reduce after it in program order (its inputs arrive while this one runs), or -1
   };
 
+  // A reduce op with the call's pointers (its successor, types and op are set later).
+  static BoundReduce bindReduce(const prog::ReduceOp& r, const Binding& b);
+  // groupRange_ of a deferred program or of a token program's rounds; tideInternalError if a group is not contiguous.
+  tideResult_t mapGroups();
   // One step on its lane's stream: `caller` or `side` (the comm's sideStream for epoch programs; see
   // issueTokenRange for token programs).
   tideResult_t issueStep(const StepItems& s, const CallValues& v, cudaStream_t caller, cudaStream_t side);

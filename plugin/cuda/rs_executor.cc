@@ -17,21 +17,14 @@
 
 namespace tide {
 namespace cuda {
+namespace {
 
-tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* const* grads, void* out,
-                           tideDataType_t outType, tideRedOp_t op, float scale, void* staging, cudaStream_t stream,
-                           const CaptureState& cap) {
-  static const char* kWhat = "tideReduceScatter";
-  TIDE_CHECK(checkUsable(comm, kWhat));
-  TIDE_CHECK(checkCapturable(comm, cap, kWhat));
-  tideComm::CacheEntry* ent = nullptr;
-  TIDE_CHECK(layoutEntry(comm, layout, cap.active, &ent));
-  const LayoutView& v = *ent->view;
-  TIDE_CHECK(checkLayoutAndStream(comm, v, stream, kWhat));
-  const int me = comm->rank;
+constexpr const char* kWhat = "tideReduceScatter";
+
+// The call's values against the layout: op, output type, scale, one reducible gradient dtype, non-null pointers.
+tideResult_t checkArguments(const LayoutView& v, const void* const* grads, const void* out, tideDataType_t outType,
+                            tideRedOp_t op, float scale) {
   const int nParams = v.info.nParams;
-
-  // Arguments.
   if (static_cast<int>(op) < 0 || static_cast<int>(op) >= static_cast<int>(tideNumRedOps)) {
     return fail(tideInvalidArgument, "Cuda", "%s: op is %d; use tideSum, tideAvg or tidePremulSum", kWhat,
                 static_cast<int>(op));
@@ -58,73 +51,146 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
       }
     }
   }
-  const size_t inElem = dtype::size(inType), outElem = dtype::size(outType);
   if (grads == nullptr) return fail(tideInvalidArgument, "Cuda", "%s: grads is NULL", kWhat);
   if (out == nullptr) return fail(tideInvalidArgument, "Cuda", "%s: out is NULL", kWhat);
+  return tideSuccess;
+}
 
+// Captured into a CUDA graph: what the replay-safe protocol cannot take is refused here, before anything is enqueued
+// or any counter moves (the capture stays valid).
+tideResult_t checkCaptureShape(const tideComm* comm, const LayoutView& v, const void* staging) {
+  if (v.info.nNodes > 1) {
+    return fail(tideUnsupported, "Cuda",
+                "%s: the stream is being captured into a CUDA graph, and layouts of several nodes (%d nodes of %d "
+                "ranks) cannot be captured (their pipeline is issued in steps across ranks and carries per-call task "
+                "numbers). Run this reduce-scatter outside the capture (nothing was enqueued; the capture is still "
+                "valid)",
+                kWhat, v.info.nNodes, v.info.ranksPerNode);
+  }
+  if (staging == nullptr) {
+    return fail(tideUnsupported, "Cuda",
+                "%s: the stream is being captured into a CUDA graph, and a captured reduce-scatter needs Slot-Reuse "
+                "staging (pass a slot region of rsStagingBytes as staging): the comm's own staging may have to "
+                "grow, which allocates and is collective, and cannot happen inside a capture (nothing was "
+                "enqueued; the capture is still valid)",
+                kWhat);
+  }
+  if (v.info.rsNumChunks > 2 && comm->provider->sharedQueues() != nullptr) {
+    return fail(tideUnsupported, "Cuda",
+                "%s: the stream is being captured into a CUDA graph, and on a %s world a captured reduce-scatter "
+                "takes at most 2 pipeline chunks (this layout has %d): with more, a push waits for the other ranks' "
+                "reductions, and a rank's whole graph launched ahead of the next rank's can fill the copy queues "
+                "the ranks share (docs/architecture.md \"More chunks than buffers\"). Create the layout with a "
+                "larger rsChunkBytes, or run this reduce-scatter outside the capture (nothing was enqueued; the "
+                "capture is still valid; eager calls of such a layout issue the token protocol in rounds when "
+                "NCCL_TIDE_TOKEN_RS_CHUNKS allows it, else the epoch protocol)",
+                kWhat, comm->provider->name(), v.info.rsNumChunks);
+  }
+  return tideSuccess;
+}
+
+// The layout's program for this call's protocol (compiled on first use); a compiler refusal while capturing says
+// that the capture is still valid.
+tideResult_t programFor(tideComm* comm, tideComm::CacheEntry* ent, tideLayout_t layout, bool tokens, bool capturing,
+                        std::shared_ptr<const prog::Program>* program, prog::Options* opt) {
+  size_t zeroBytes = 0;
+  (void)comm->provider->zeros(&zeroBytes);
+  opt->zeroBytes = zeroBytes;
+  opt->mode = tokens ? prog::Mode::kCaptured
+                     : (comm->provider->sharedQueues() != nullptr ? prog::Mode::kDeferred : prog::Mode::kInOrder);
+  opt->maxTokenRsChunks = comm->tokenRsChunks;
+  opt->pairTokens = comm->pairTokens;
+  tideResult_t r = ent->exec->program(layout, prog::Coll::kReduceScatter, *opt, program);
+  if (r == tideSuccess || !capturing) return r;
+  const std::string why = tideGetLastError();  // copied: fail() below rewrites the last-error buffer
+  return fail(r, "Cuda",
+              "%s: the stream is being captured into a CUDA graph: %s (nothing was enqueued; the capture is still "
+              "valid)",
+              kWhat, why.c_str());
+}
+
+// The comm's own staging of every rank for RS epoch `epoch`, as this rank addresses it (collective: every rank of the
+// epoch asks for it, and it may grow).
+tideResult_t ownStagingOf(tideComm* comm, uint64_t bytes, uint64_t epoch, std::vector<char*>* own) {
+  comm->phase.store("tideReduceScatter: own staging (collective growth: cudaMalloc, exchange, IPC open)",
+                    std::memory_order_relaxed);
+  for (int d = 0; d < comm->worldSize; ++d) {
+    void* p = nullptr;
+    TIDE_CHECK(comm->provider->ownStaging(d, bytes, epoch, &p));
+    (*own)[d] = static_cast<char*>(p);
+  }
+  return tideSuccess;
+}
+
+// Everything a new pointer set needs: pointer checks, peer addresses of the staging, overlaps; then the binding.
+// own: every rank's own staging when staging is NULL.
+tideResult_t bindReduceScatter(tideComm* comm, const LayoutView& v, std::shared_ptr<const prog::Program> program,
+                               const void* const* grads, void* out, size_t outElem, void* staging,
+                               const std::vector<char*>& own, std::shared_ptr<BoundProgram>* bound) {
+  const int W = comm->worldSize, me = comm->rank, nParams = v.info.nParams;
+  const size_t inElem = dtype::size(v.params[0].dtype);
   const uint64_t outBytes = v.info.rsOutNumel * outElem;
-  const int W = comm->worldSize;
-  PeerMemory* mem = comm->memory.get();
-  IssuePolicy* pol = comm->policy.get();
-
-  // Captured into a CUDA graph: what the replay-safe protocol cannot take is refused here, before anything is
-  // enqueued or any counter moves (the capture stays valid).
-  if (cap.active) {
-    if (v.info.nNodes > 1) {
-      return fail(tideUnsupported, "Cuda",
-                  "%s: the stream is being captured into a CUDA graph, and layouts of several nodes (%d nodes of %d "
-                  "ranks) cannot be captured (their pipeline is issued in steps across ranks and carries per-call task "
-                  "numbers). Run this reduce-scatter outside the capture (nothing was enqueued; the capture is still "
-                  "valid)",
-                  kWhat, v.info.nNodes, v.info.ranksPerNode);
+  Binding b;
+  b.grad.resize(nParams);
+  for (int i = 0; i < nParams; ++i) {
+    char what[64];
+    snprintf(what, sizeof(what), "%s: grads[%d]", kWhat, i);
+    TIDE_CHECK(checkDevicePointer(comm, grads[i], inElem, what));
+    b.grad[i] = static_cast<const char*>(grads[i]);
+  }
+  TIDE_CHECK(checkDevicePointer(comm, out, outElem, "tideReduceScatter: out"));
+  b.stagingOf.resize(W);
+  const char* o = static_cast<const char*>(out);
+  if (staging != nullptr) {
+    for (int d = 0; d < W; ++d) {
+      void* p = nullptr;
+      TIDE_CHECK(slotRegion(comm, staging, v.info.rsStagingBytes, d, "tideReduceScatter: staging", &p));
+      b.stagingOf[d] = static_cast<char*>(p);
     }
-    if (staging == nullptr) {
-      return fail(tideUnsupported, "Cuda",
-                  "%s: the stream is being captured into a CUDA graph, and a captured reduce-scatter needs Slot-Reuse "
-                  "staging (pass a slot region of rsStagingBytes as staging): the comm's own staging may have to "
-                  "grow, which allocates and is collective, and cannot happen inside a capture (nothing was "
-                  "enqueued; the capture is still valid)",
-                  kWhat);
+    if (o < b.stagingOf[me] + v.info.rsStagingBytes && o + outBytes > b.stagingOf[me]) {
+      return fail(tideInvalidArgument, "Cuda", "%s: out overlaps the staging region", kWhat);
     }
-    if (v.info.rsNumChunks > 2 && pol->defersPushes()) {
-      return fail(tideUnsupported, "Cuda",
-                  "%s: the stream is being captured into a CUDA graph, and on a %s world a captured reduce-scatter "
-                  "takes at most 2 pipeline chunks (this layout has %d): with more, a push waits for the other ranks' "
-                  "reductions, and a rank's whole graph launched ahead of the next rank's can fill the copy queues "
-                  "the ranks share (docs/architecture.md \"More chunks than buffers\"). Create the layout with a "
-                  "larger rsChunkBytes, or run this reduce-scatter outside the capture (nothing was enqueued; the "
-                  "capture is still valid; eager calls of such a layout issue the token protocol in rounds when "
-                  "NCCL_TIDE_TOKEN_RS_CHUNKS allows it, else the epoch protocol)",
-                  kWhat, pol->name(), v.info.rsNumChunks);
+  } else {
+    b.stagingOf = own;
+  }
+  // Gradients are read while the output is written (by the kernel, chunk by chunk): they must not overlap.
+  for (int i = 0; i < nParams; ++i) {
+    const char* g = static_cast<const char*>(grads[i]);
+    if (g < o + outBytes && g + v.params[i].numel * inElem > o) {
+      return fail(tideInvalidArgument, "Cuda", "%s: out overlaps grads[%d]", kWhat, i);
     }
   }
+  b.out = static_cast<char*>(out);
+  b.outElem = outElem;
+  size_t zeroBytes = 0;
+  b.zeros = static_cast<const char*>(comm->provider->zeros(&zeroBytes));
+  return BoundProgram::bind(comm, std::move(program), b, bound);
+}
+
+}  // namespace
+
+tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* const* grads, void* out,
+                           tideDataType_t outType, tideRedOp_t op, float scale, void* staging, cudaStream_t stream,
+                           const CaptureState& cap) {
+  TIDE_CHECK(checkUsable(comm, kWhat));
+  TIDE_CHECK(checkCapturable(comm, cap, kWhat));
+  tideComm::CacheEntry* ent = nullptr;
+  TIDE_CHECK(layoutEntry(comm, layout, cap.active, &ent));
+  const LayoutView& v = *ent->view;
+  TIDE_CHECK(checkLayoutAndStream(comm, v, stream, kWhat));
+  TIDE_CHECK(checkArguments(v, grads, out, outType, op, scale));
+  if (cap.active) TIDE_CHECK(checkCaptureShape(comm, v, staging));
+  const int W = comm->worldSize;
+  const size_t outElem = dtype::size(outType);
+
   // Eager calls whose program can be captured (one node, at most NCCL_TIDE_TOKEN_RS_CHUNKS chunks) take the token
   // protocol when the graph route is on: the same decision on every rank (docs/architecture.md "Eager calls as graph
   // replays"). Unlike a capture, an eager token call may use the comm's own staging: its growth runs here, at call
   // time, outside any capture.
   const bool tokens = cap.active || eagerTokens(comm, v, true);
   prog::Options opt;
-  size_t zeroBytes = 0;
-  const char* zeros = static_cast<const char*>(mem->zeros(&zeroBytes));
-  opt.zeroBytes = zeroBytes;
-  opt.mode = tokens ? prog::Mode::kCaptured : (pol->defersPushes() ? prog::Mode::kDeferred : prog::Mode::kInOrder);
-  opt.maxTokenRsChunks = comm->tokenRsChunks;
-  opt.pairTokens = comm->pairTokens;
   std::shared_ptr<const prog::Program> program;
-  {
-    tideResult_t r = ent->exec->program(layout, prog::Coll::kReduceScatter, opt, &program);
-    if (r != tideSuccess) {
-      if (cap.active) {
-        const std::string why = tideGetLastError();  // copied: fail() below rewrites the last-error buffer
-        return fail(r, "Cuda",
-                    "%s: the stream is being captured into a CUDA graph: %s (nothing was enqueued; the capture is "
-                    "still valid)",
-                    kWhat, why.c_str());
-      }
-      return r;
-    }
-  }
-  const uint64_t need = v.info.rsStagingBytes;
+  TIDE_CHECK(programFor(comm, ent, layout, tokens, cap.active, &program, &opt));
   if (staging != nullptr && reinterpret_cast<uintptr_t>(staging) % TIDE_SLOT_ALIGN != 0) {
     return fail(tideInvalidArgument, "Cuda", "%s: staging (%p) is not aligned to TIDE_SLOT_ALIGN (%d)", kWhat, staging,
                 TIDE_SLOT_ALIGN);
@@ -132,81 +198,38 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
 
   TIDE_CHECK(driverOpsInit());
   const uint64_t epoch = comm->rsEpoch + 1;
-  if (!cap.active) TIDE_CHECK(pol->checkStream(CollKind::kReduceScatter, epoch, stream));
-  // Own staging (collective: every rank of the epoch asks for it, and it may grow), as this rank addresses it.
+  if (!cap.active) TIDE_CHECK(comm->provider->checkStream(CollKind::kReduceScatter, epoch, stream));
   std::vector<char*>& own = comm->stagingScratch;
   own.assign(W, nullptr);
-  if (staging == nullptr) {
-    comm->phase.store("tideReduceScatter: own staging (collective growth: cudaMalloc, exchange, IPC open)",
-                      std::memory_order_relaxed);
-    for (int d = 0; d < W; ++d) {
-      void* p = nullptr;
-      TIDE_CHECK(mem->ownStaging(d, need, epoch, &p));
-      own[d] = static_cast<char*>(p);
-    }
-  }
+  if (staging == nullptr) TIDE_CHECK(ownStagingOf(comm, v.info.rsStagingBytes, epoch, &own));
 
+  // The binding of this pointer set: reused, or made now.
   std::vector<uintptr_t>& key = comm->keyScratch;
   key.clear();
-  key.push_back(mem->memoryGeneration());
+  key.push_back(comm->provider->memoryGeneration());
   key.push_back(reinterpret_cast<uintptr_t>(out));
   key.push_back(outElem);
   key.push_back(reinterpret_cast<uintptr_t>(staging));
   if (staging == nullptr) {
     for (int d = 0; d < W; ++d) key.push_back(reinterpret_cast<uintptr_t>(own[d]));
   }
-  for (int i = 0; i < nParams; ++i) key.push_back(reinterpret_cast<uintptr_t>(grads[i]));
+  for (int i = 0; i < v.info.nParams; ++i) key.push_back(reinterpret_cast<uintptr_t>(grads[i]));
   const int coll = static_cast<int>(prog::Coll::kReduceScatter), mode = static_cast<int>(opt.mode);
   std::shared_ptr<BoundProgram> bound = ent->exec->find(coll, mode, 0, key);
   if (!bound) {
-    // A new pointer set: pointer checks, peer addresses of the staging, overlaps; then the binding.
-    Binding b;
-    b.grad.resize(nParams);
-    for (int i = 0; i < nParams; ++i) {
-      char what[64];
-      snprintf(what, sizeof(what), "%s: grads[%d]", kWhat, i);
-      TIDE_CHECK(checkDevicePointer(comm, grads[i], inElem, what));
-      b.grad[i] = static_cast<const char*>(grads[i]);
-    }
-    TIDE_CHECK(checkDevicePointer(comm, out, outElem, "tideReduceScatter: out"));
-    b.stagingOf.resize(W);
-    if (staging != nullptr) {
-      for (int d = 0; d < W; ++d) {
-        void* p = nullptr;
-        TIDE_CHECK(slotRegion(comm, staging, v.info.rsStagingBytes, d, "tideReduceScatter: staging", &p));
-        b.stagingOf[d] = static_cast<char*>(p);
-      }
-      const char* o = static_cast<const char*>(out);
-      if (o < b.stagingOf[me] + v.info.rsStagingBytes && o + outBytes > b.stagingOf[me]) {
-        return fail(tideInvalidArgument, "Cuda", "%s: out overlaps the staging region", kWhat);
-      }
-    } else {
-      b.stagingOf = own;
-    }
-    // Gradients are read while the output is written (by the kernel, chunk by chunk): they must not overlap.
-    const char* o = static_cast<const char*>(out);
-    for (int i = 0; i < nParams; ++i) {
-      const char* g = static_cast<const char*>(grads[i]);
-      if (g < o + outBytes && g + v.params[i].numel * inElem > o) {
-        return fail(tideInvalidArgument, "Cuda", "%s: out overlaps grads[%d]", kWhat, i);
-      }
-    }
-    b.out = static_cast<char*>(out);
-    b.outElem = outElem;
-    b.zeros = zeros;
-    TIDE_CHECK(BoundProgram::bind(comm, std::move(program), b, &bound));
+    TIDE_CHECK(bindReduceScatter(comm, v, std::move(program), grads, out, outElem, staging, own, &bound));
     ent->exec->insert(coll, mode, 0, key, bound);
   }
 
   CallValues cv;
-  cv.inType = inType;
+  cv.inType = v.params[0].dtype;
   cv.outType = outType;
   cv.op = op;
   cv.scale = scale;
   cv.divisor = static_cast<float>(W);
   cv.batchApi = batchApiFor(stream, cap.active);
   if (cap.active) {
-    TIDE_CHECK(pol->checkCapture(CollKind::kReduceScatter, cap.id));
+    if (SharedQueues* q = comm->provider->sharedQueues()) TIDE_CHECK(q->checkCapture(CollKind::kReduceScatter, cap.id));
     return BoundProgram::issue(bound, cv, stream, prog::Coll::kReduceScatter);
   }
   comm->rsEpoch = epoch;
@@ -220,7 +243,7 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
   TIDE_CHECK(markCallFailed(comm, CollKind::kReduceScatter, epoch,
                             tokens ? BoundProgram::issueTokens(bound, cv, stream)
                                    : BoundProgram::issue(bound, cv, stream, prog::Coll::kReduceScatter)));
-  TIDE_TRACE("Cuda", "RS rank %d epoch %" PRIu64 ": %d chunks, program of %zu steps, staging %s%s%s", me, epoch,
+  TIDE_TRACE("Cuda", "RS rank %d epoch %" PRIu64 ": %d chunks, program of %zu steps, staging %s%s%s", comm->rank, epoch,
              v.info.rsNumChunks, bound->program().steps.size(), staging ? "slot" : "own",
              tokens ? ", token protocol " : "", tokens ? bound->lastTokenIssue() : "");
   return tideSuccess;

@@ -1,8 +1,8 @@
-"""Eager TIDE-AG / TIDE-RS as replays of graphs the library captured itself (issue 15; docs/architecture.md "Eager
-calls as graph replays"), on loopback worlds.
+"""Eager TIDE-AG / TIDE-RS as replays of graphs the library captured itself (docs/architecture.md "Eager calls as
+graph replays"), on loopback worlds.
 
 With NCCL_TIDE_EAGER_GRAPHS=1 (the default; these tests skip with NCCL_TIDE_EAGER_GRAPHS=0) an eager single-node AG, or RS of
-at most NCCL_TIDE_TOKEN_RS_CHUNKS chunks (64 by default since session 24; the "pipelined" tests need at least 8 and
+at most NCCL_TIDE_TOKEN_RS_CHUNKS chunks (64 by default; the "pipelined" tests need at least 8 and
 run in a subprocess with 64 where it is lower; test_interleaved_routes needs 2 or 3, in a subprocess where it is
 higher), runs the token
 protocol: the first call with a binding is issued directly, the second is captured into a graph on the comm's
@@ -11,7 +11,7 @@ and poisoned outputs, and is compared bit for bit with the host executor; the de
 its last call, so the tests also check that the graph route was taken when it should be (and not when it should
 not). Interleaved on one world: eager graph-route calls, eager epoch-protocol calls (RS of 4 chunks) and
 user-captured graphs of TIDE calls. The switch off (a subprocess, since the parameter is read once) is exactly the
-epoch protocol.
+epoch protocol. The test-only switches (docs/env.md) are flipped in subprocesses with NCCL_TIDE_TEST_SWITCHES=1.
 """
 
 import ctypes
@@ -275,16 +275,16 @@ def test_signal_kernels_other_setting_in_a_subprocess(torch_cuda, cuda_lib):
     with the host executor either way."""
     other = "0" if SIGNAL_KERNELS else "1"
     _in_a_subprocess(64, "reduce_scatter and (graph_route or pipelined) and not subprocess and not refused",
-                     len(RS_CASES) + len(PIPELINED_CASES), NCCL_TIDE_SIGNAL_KERNELS=other)
+                     len(RS_CASES) + len(PIPELINED_CASES), NCCL_TIDE_TEST_SWITCHES="1", NCCL_TIDE_SIGNAL_KERNELS=other)
 
 
 def _flipped_in_a_subprocess(param, select, n_expected):
-    """This file's and test_graph_capture.py's tests matching `select` in a process with the bool parameter `param`
-    flipped (this process runs them with its own setting); exactly n_expected must pass."""
+    """This file's and test_graph_capture.py's tests matching `select` in a process with the test-only bool switch
+    `param` flipped (this process runs them with its own setting); exactly n_expected must pass."""
     other = "0" if N.param_value(param) == "1" else "1"
     here = os.path.dirname(os.path.abspath(__file__))
     _in_a_subprocess(64, select, n_expected, files=[__file__, os.path.join(here, "test_graph_capture.py")],
-                     **{param: other})
+                     NCCL_TIDE_TEST_SWITCHES="1", **{param: other})
 
 
 # Every graph test of both files: here AG route 3, strided runs 3, RS route and pipelined, the 3 refusals, value and

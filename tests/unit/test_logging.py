@@ -45,17 +45,17 @@ def test_default_is_silent_for_errors_the_caller_gets(native):
 
 def test_default_still_prints_faults_nobody_is_told_about(native):
     # An invalid value of a parameter is replaced by its default: no call fails, so the WARN is printed anyway.
-    p = run(native, {"NCCL_TIDE_AG_BATCH": "yes"})
+    p = run(native, {"NCCL_TIDE_NVLS": "yes"})
     lines = tide_lines(p.stderr)
     assert len(lines) == 1 and LINE.match(lines[0]), p.stderr
-    assert "WARN Params: NCCL_TIDE_AG_BATCH='yes' is not valid" in lines[0]
+    assert "WARN Params: NCCL_TIDE_NVLS='yes' is not valid" in lines[0]
 
 
 def test_an_unknown_nccl_tide_variable_is_reported_once(native):
     # A name nobody reads (a removed switch, a typo) gets one WARN by default; the names the Python package reads
     # (NCCL_TIDE_LIBRARY_PATH is set by run(), NCCL_TIDE_FSDP here) and the registry's do not.
     p = run(native, {"NCCL_TIDE_FENCE_ONCE": "1", "NCCL_TIDE_AG_BACTH": "0", "NCCL_TIDE_FSDP": "1",
-                     "NCCL_TIDE_AG_BATCH": "1"})
+                     "NCCL_TIDE_NVLS": "0"})
     lines = tide_lines(p.stderr)
     assert len(lines) == 2 and all(LINE.match(x) for x in lines), p.stderr
     for name in ("NCCL_TIDE_FENCE_ONCE", "NCCL_TIDE_AG_BACTH"):
