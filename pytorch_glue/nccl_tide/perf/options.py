@@ -468,8 +468,9 @@ def dtype_flag(flag: str, text: str) -> DType:
         die(f"{flag} {text!r}: unknown type; use one of {dtype_spellings()}")
 
 
-def per_iter_flags(a, warn=sys.stderr) -> Tuple[bool, int]:
+def per_iter_flags(a) -> Tuple[bool, int]:
     """-I and -K as nccl-tests takes them: a value it does not support is reported and turned off, not fatal."""
+    warn = sys.stderr
     per_iter, skip = a.per_iter_timing, a.per_iter_skip
     if per_iter not in (0, 1):
         print("per-iteration timing (-I) only supports 0=off or 1=on. Disabling.", file=warn)
