@@ -451,3 +451,58 @@ def test_cli_torchrun_end_to_end_on_gloo(gloo1, monkeypatch, tmp_path, capsys, f
     assert rows["tide"][16] == "not run: no TIDE communicator on the CPU" and "world size 1" in rows["nccl-ce"][16]
     assert rows["nccl"][8] == "0.00"  # busbw x (n-1)/n = 0 at world size 1, as nccl-tests
     assert json.loads(js.read_text())["extras"]["config"]["nranks"] == 1
+
+
+def test_cli_backend_notes_are_header_lines_and_json_notes(monkeypatch, tmp_path, capsys, fake_gpu_timing):
+    """A backend's `notes` (caveats on its timings) are printed as '# ' header lines and kept in extras.notes."""
+    import json
+
+    from nccl_tide.perf import cli
+
+    class Shared(CpuLoopback):
+        notes = ["ranks share GPUs: timings are not a node's"]
+
+    assert loopback_backend.LoopbackBackend.notes == ()  # the default: none
+    monkeypatch.setattr(cli, "check_gpu_backend", lambda backend: None)  # CPU torch here
+    monkeypatch.setattr(loopback_backend, "make", lambda w, d, **kw: Shared(w))
+    js = tmp_path / "n.json"
+    rc = cli.main(["all_gather", "--backend", "loopback", "--ranks", "2", "-b", "4K", "-e", "4K", "-n", "1",
+                   "-J", str(js)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    header = out.split("# Using devices")[0]
+    assert "# ranks share GPUs: timings are not a node's\n" in header
+    assert "ranks share GPUs: timings are not a node's" in json.loads(js.read_text())["extras"]["notes"]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_cli_torchrun_only_rank_0_prints_and_writes(gloo1, monkeypatch, tmp_path, capsys, fake_gpu_timing, rank):
+    """As nccl-tests: rank 0 prints the table and writes the JSON; the other ranks measure in silence."""
+    from nccl_tide.perf import cli, torchrun_backend
+
+    class CpuTorchrun(torchrun_backend.TorchrunBackend):
+        def __init__(self, average=1):
+            self.dist, self.rank, self.W, self.device, self.average = gloo1, rank, 1, torch.device("cpu"), average
+            self._comm, self._comm_error = None, "not run: no TIDE communicator on the CPU"
+
+        def devices(self):
+            return [{"rank": 0, "group": 0, "pid": 1, "hostname": "h", "device": 0, "name": "cpu"}]
+
+        def barrier(self):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(cli, "check_gpu_backend", lambda backend: None)  # CPU torch here
+    monkeypatch.setattr(torchrun_backend, "make", lambda average: CpuTorchrun(average))
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setattr(cli, "_gpu_present", lambda: True)
+    js = tmp_path / "tr.json"
+    rc = cli.main(["all_gather", "-b", "4K", "-e", "4K", "-n", "1", "--impl", "nccl", "-J", str(js)])
+    cap = capsys.readouterr()
+    assert rc == 0 and cap.err == ""
+    if rank == 0:
+        assert "# Collective test concluded: all_gather_perf" in cap.out and js.exists()
+    else:
+        assert cap.out == "" and not js.exists()
