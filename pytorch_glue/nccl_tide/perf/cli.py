@@ -1,7 +1,8 @@
-"""tide-perf command line: nccl-tests' flags, table and exit status.
+"""tide-perf command line: nccl-tests' flags, table, JSON and exit statuses (benchmarks/README.md lists them).
 
-tide-perf all_gather|reduce_scatter [-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP]
-          [-c CHECK] [-d TYPE] [-o OP] [-z BLOCKING] [-a AVERAGE] [-J FILE.json] [--plot FILE.png]
+tide-perf all_gather|reduce_scatter [-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n ITERS] [-m AGG] [-w WARMUP]
+          [-N CYCLES] [-c CHECK] [-d TYPE] [-o OP] [-z BLOCKING] [-a AVERAGE] [-I 0|1] [-K SKIP] [-C 0|1] [-S 0|1]
+          [-M 0|1] [-J FILE.json [--overwrite]] [--plot FILE.png] [--wide]
           [--backend auto|host|loopback|torchrun] [--impl tide,nccl,fsdp2,nccl-ce] [--interfere gemm]
           [--min-busbw GB/s] [--ranks N] [--ranks-per-node R] [--pace-bytes B] [--layout flat|<model>]
 tide-perf plot FILE.json FILE.png
