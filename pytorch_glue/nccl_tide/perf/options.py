@@ -411,7 +411,7 @@ def resolve(a, argv: List[str], gpu: Callable[[], bool]) -> Options:
         except PlotUnavailable as e:
             die(str(e).replace("tide-perf: ", ""))
 
-    dt, out_dt = dtype_flag("-d", a.datatype), None
+    dt = dtype_flag("-d", a.datatype)
     out_dt = dt if a.out_type == "same" else dtype_flag("--out-type", a.out_type)
     try:
         op = {0: "sum", 1: "avg", 2: "premul"}[op_code(a.op or "sum")]
