@@ -43,15 +43,24 @@ class Opts(NamedTuple):
     warmup: int
     check: int
     seed: int
+    agg: int = 1  # calls per timed iteration (-m)
+    per_iter: bool = False  # -I 1: keep each iteration's time
 
 
-def _time_us(fn: Callable[[], None], iters: int, warmup: int) -> float:
-    for _ in range(warmup):
+def _timed(fn: Callable[[], None], o: Opts, total_bytes: int, W: int, coll, wrong: Optional[int]) -> Variant:
+    """The Variant of `fn`: the mean time per call of o.iters iterations of o.agg calls each, after o.warmup calls;
+    with o.per_iter each iteration's time per call as well."""
+    for _ in range(o.warmup):
         fn()
+    laps = []
     t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - t0) / max(iters, 1) * 1e6
+    for _ in range(o.iters):
+        t = time.perf_counter()
+        for _ in range(o.agg):
+            fn()
+        laps.append((time.perf_counter() - t) / o.agg * 1e6)
+    mean = (time.perf_counter() - t0) / (o.iters * o.agg) * 1e6
+    return Variant(mean, *coll.bandwidth(total_bytes, W, mean), wrong, iter_us=laps if o.per_iter else None)
 
 
 def _corrupt(arr: np.ndarray) -> None:
@@ -91,8 +100,7 @@ def all_gather(case: Case, o: Opts):
         if o.check:
             host_all_gather(lay, shards, params)
             wrong = check()
-        t = _time_us(lambda: host_all_gather(lay, shards, params), o.iters, o.warmup)
-        oop = Variant(t, *ALL_GATHER.bandwidth(total_bytes, W, t), wrong)
+        oop = _timed(lambda: host_all_gather(lay, shards, params), o, total_bytes, W, ALL_GATHER, wrong)
 
         # in-place: each rank's shard is read from its own position in its unsharded storage
         ip_shards = [
@@ -111,8 +119,8 @@ def all_gather(case: Case, o: Opts):
             host_all_gather(lay, ip_shards, params)
             if o.check:
                 wrong = check()
-            t = _time_us(lambda: host_all_gather(lay, ip_shards, params), o.iters, o.warmup)
-            return oop, Variant(t, *ALL_GATHER.bandwidth(total_bytes, W, t), wrong), None
+            ip = _timed(lambda: host_all_gather(lay, ip_shards, params), o, total_bytes, W, ALL_GATHER, wrong)
+            return oop, ip, None
         except InvalidArgumentError as e:
             return oop, NA, f"in-place all-gather not accepted by the host executor: {e.detail}"
 
@@ -144,8 +152,7 @@ def reduce_scatter(case: Case, o: Opts):
         if o.check:
             run(grads, outs)
             wrong = check(outs)
-        t = _time_us(lambda: run(grads, outs), o.iters, o.warmup)
-        oop = Variant(t, *REDUCE_SCATTER.bandwidth(total_bytes, W, t), wrong)
+        oop = _timed(lambda: run(grads, outs), o, total_bytes, W, REDUCE_SCATTER, wrong)
 
         # in-place (nccl-tests: recvbuff = sendbuff + rank * recvcount) only means something
         # for one flat tensor whose output type equals its input type.
