@@ -128,8 +128,8 @@ def build_native(out_dir: Path) -> Path:
     subprocess.check_call([_cmake(), "--build", str(build_dir), "--config", "Release"])
 
     built = _built_cuda_major(build_dir)
-    wanted = VARIANTS.get(variant())
-    if wanted and built != wanted:
+    if variant() and built != VARIANTS[variant()]:
+        wanted = VARIANTS[variant()]
         sys.exit(
             f"nccl-tide: TIDE_CUDA={variant()} needs CUDA {wanted}, but CMake built with CUDA {built}; set CUDACXX "
             f"(or PATH) to a CUDA {wanted} nvcc, or pass -DCMAKE_CUDA_COMPILER in CMAKE_ARGS"

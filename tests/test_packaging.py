@@ -70,6 +70,27 @@ def test_sdist_holds_the_native_sources(sdist, repo):
     assert not [n for n in names if n.endswith((".so", ".o", ".pyc")) or n.startswith(("_build/", "build/"))]
 
 
+@pytest.mark.parametrize("variant", ["cu12", "cu13", "cpu", ""])
+def test_variant_is_the_distribution_name(sdist, tmp_path, variant):
+    # TIDE_CUDA picks the build and its name (nccl-tide-cu13, as NVIDIA's wheels); the version stays VERSION's.
+    with tarfile.open(sdist) as t:
+        t.extractall(tmp_path)
+    (src,) = tmp_path.iterdir()
+    code = "import sys; from setuptools import build_meta as b; print(b.prepare_metadata_for_build_wheel(sys.argv[1]))"
+    env = dict(os.environ, TIDE_CUDA=variant)
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=src, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    meta = (tmp_path / r.stdout.strip().splitlines()[-1] / "METADATA").read_text()
+    version = (src / "VERSION").read_text().strip()
+    name = "nccl-tide" + (f"-{variant}" if variant else "")
+    assert f"Name: {name}\n" in meta and f"Version: {version}\n" in meta, meta[:300]
+    env["TIDE_CUDA"] = "cuda13"
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=src, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode != 0 and "TIDE_CUDA must be one of cu12, cu13, cpu" in r.stdout + r.stderr
+
+
 def test_wheel_contents(wheel, repo):
     version = (repo / "VERSION").read_text().strip()
     # PyPI takes no local version (+cu13): a variant is a distribution name (setup.py, TIDE_CUDA), the version plain.
