@@ -40,7 +40,9 @@ def wheel(sdist, tmp_path_factory) -> Path:
         return Path(given)
     out = tmp_path_factory.mktemp("wheel")
     cmd = [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q", "-w", str(out), str(sdist)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    # The sdist's own CMake tree, never the checkout's (a CMake cache belongs to one source directory).
+    env = {k: v for k, v in os.environ.items() if k != "TIDE_BUILD_DIR"}
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     (whl,) = out.glob("nccl_tide*.whl")
     return whl
