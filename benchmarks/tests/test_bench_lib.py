@@ -8,17 +8,13 @@ import math
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
+import bench_lib as B
 import pytest
+from nccl_tide.errors import InvalidArgumentError, LibraryNotFoundError
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import bench_lib as B  # noqa: E402
-from nccl_tide.errors import InvalidArgumentError, LibraryNotFoundError  # noqa: E402
-
 HEADER = REPO / "benchmarks" / "native" / "tide_bench.h"
 
 
