@@ -8,6 +8,7 @@ import math
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import bench_lib as B
