@@ -117,6 +117,7 @@ def build_native(out_dir: Path) -> Path:
         "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
         f"-DPython3_EXECUTABLE={sys.executable}",
         f"-DTIDE_GLIBC_COMPAT={glibc_compat()}",
+        "-DTIDE_BUILD_BENCHMARKS=OFF",  # libnccl-tide-bench.so is never part of the wheel
     ]
     if ninja:
         # Pin the ninja of *this* build: an isolated build's ninja lives in a temp dir that

@@ -133,9 +133,8 @@ tideResult_t load(Lib* lib) {
   sym(h, "ncclReduceScatterConfig", &lib->reduceScatterConfig);
   if (lib->allGatherConfig && lib->reduceScatterConfig) lib->features |= kCollConfig;
 
-  // Provider: windows need the host-side peer pointer queries of 2.29.2. The window provider is not built yet, so
-  // tideCommCreate uses CUDA IPC (single node) on every NCCL, and the reported provider says so: reporting "window"
-  // for a comm that runs on IPC misled readers of nccl_info().
+  // Provider: windows need the host-side peer pointer queries of 2.29.2 (windowCapable). tideCommCreate uses CUDA
+  // IPC (single node) on every NCCL, and the reported provider is the one the comms run on.
   const uint64_t windowNeeds = kMemAlloc | kWindowRegister | kLsaPointers;
   lib->windowCapable = lib->effectiveVersion >= 22902 && lib->has(static_cast<Feature>(windowNeeds));
   lib->provider = "ipc";
