@@ -39,7 +39,7 @@ export TIDE_BUILD_DIR="${shadow}/cmake"
 
 start=$(date +%s)
 # README test command (tests/test_readme.py checks that the two stay identical):
-pip install ".[test]" && python -m pytest -q -rs tests
+pip install ".[test]" && python -m pytest -q -rs tests benchmarks/tests
 rc=$?
 echo "ci/cpu.sh: exit ${rc} after $(( $(date +%s) - start )) s"
 if [ "${rc}" -eq 5 ]; then
