@@ -245,7 +245,7 @@ class Comm:
                     raise InvalidArgumentError(f"shards: {len(shards)} tensors, layout has {len(infos)} params")
                 table = N.pointer_table(
                     [
-                        _ptr(t, f"shards[{i}]", p.shard_numel * p.elem_size)
+                        _ptr(t, f"shards[{i}]", p.shard_numel * p.elem_size, dtype=p.dtype)
                         for i, (t, p) in enumerate(zip(shards, infos))
                     ]
                 )
@@ -274,9 +274,12 @@ class Comm:
             if len(grads) != len(infos):
                 raise InvalidArgumentError(f"grads: {len(grads)} tensors, layout has {len(infos)} params")
             table = N.pointer_table(
-                [_ptr(g, f"grads[{i}]", p.numel * p.elem_size) for i, (g, p) in enumerate(zip(grads, infos))]
+                [
+                    _ptr(g, f"grads[{i}]", p.numel * p.elem_size, dtype=p.dtype)
+                    for i, (g, p) in enumerate(zip(grads, infos))
+                ]
             )
-            out_ptr = _ptr(out, "out", layout.rs_out_numel * odt.size)
+            out_ptr = _ptr(out, "out", layout.rs_out_numel * odt.size, dtype=odt)
             stag = None if staging is None else _ptr(staging, "staging", layout.rs_staging_bytes, at_least=True)
             with layout._use() as lh:  # safe against a concurrent layout.close()
                 N.check(

@@ -48,6 +48,37 @@ ALIASES = {
 # Reduce-scatter accepts these gradient and output types (tide.h).
 RS_TYPES = ("bf16", "fp16", "fp32")
 
+# Element types (numpy dtype or torch dtype names) a buffer of each type may have: the type itself, or for bf16 and
+# fp8 the unsigned integers that hold their bits (numpy has no bf16 or fp8). The element size alone is not enough:
+# float16 read as bf16, or int32 as fp32, is a silently wrong result.
+ELEMENT_TYPES = {
+    "bf16": ("bfloat16", "uint16"),
+    "fp16": ("float16",),
+    "fp32": ("float32",),
+    "fp8_e4m3": ("float8_e4m3fn", "uint8"),
+    "fp8_e5m2": ("float8_e5m2", "uint8"),
+    "int8": ("int8",),
+    "int32": ("int32",),
+}
+
+
+def check_element_type(x, dt: DType, what: str) -> None:
+    """Raises InvalidArgumentError unless numpy array or torch tensor x holds elements of type dt, in this machine's
+    byte order."""
+    if isinstance(x, np.ndarray):
+        if not x.dtype.isnative:
+            raise InvalidArgumentError(
+                f"{what}: byte order of {x.dtype.str} is not this machine's; convert it first "
+                "(x.astype(x.dtype.newbyteorder('=')))"
+            )
+        name = x.dtype.name
+    else:
+        name = str(x.dtype).replace("torch.", "")
+    if name not in ELEMENT_TYPES[dt.name]:
+        raise InvalidArgumentError(
+            f"{what}: {name} elements, but {dt.name} needs {' or '.join(ELEMENT_TYPES[dt.name])} (not reinterpreted)"
+        )
+
 
 def dtype(x) -> DType:
     """Accepts a name ('bf16', 'bfloat16', ...), a tideDataType_t code, a DType or a torch.dtype."""
