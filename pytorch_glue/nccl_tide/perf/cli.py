@@ -628,10 +628,10 @@ def _run(
             elif backend == "host":
                 try:
                     oop, ip, note = run_host(host_backend.Case(numels, prow, world, rpn, pace), hopts)
-                except MemoryError:
+                except MemoryError as e:
                     _die(
-                        "out of host memory: the host backend holds every simulated rank; use fewer --ranks or a "
-                        "smaller layout"
+                        f"out of host memory: {e or 'an allocation failed'}; the host backend holds every simulated "
+                        "rank: use fewer --ranks or a smaller layout"
                     )
                 except TideError as e:
                     _die(str(e))
