@@ -24,7 +24,7 @@ from ._log import get_logger
 from .nccl_cuda import check_cuda_major
 from .cuda import _TORCH_RS_TYPES, _ptr, _SlotMemory
 from .dtypes import dtype as to_dtype
-from .dtypes import op_code
+from .dtypes import op_code, scale_arg
 from ._lifetime import Lifetime
 from .errors import InvalidArgumentError, TideTimeoutError, describe_pending, first_pending_wait
 
@@ -290,7 +290,7 @@ class Comm:
                         out_ptr,
                         odt.code,
                         op_code(op),
-                        float(scale),
+                        scale_arg(scale, op_code(op)),
                         stag,
                         self._stream(stream),
                     ),

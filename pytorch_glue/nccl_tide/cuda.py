@@ -30,7 +30,7 @@ from ._fences import CallerStreamFences
 from ._log import get_logger
 from ._lifetime import Lifetime
 from .dtypes import dtype as to_dtype
-from .dtypes import check_element_type, op_code
+from .dtypes import check_element_type, op_code, scale_arg
 from .errors import InvalidArgumentError, TideTimeoutError, describe_pending, first_pending_wait
 
 _log = get_logger("cuda")
@@ -451,7 +451,8 @@ class LoopbackWorld:
         )
         out_ptr = _ptr(out, f"outs[{rank}]", layout.rs_out_numel * odt.size, dtype=odt)
         stag = None if staging is None else _ptr(staging, f"staging[{rank}]", layout.rs_staging_bytes, at_least=True)
-        op_c, scale_f = op_code(op), float(scale)
+        op_c = op_code(op)
+        scale_f = scale_arg(scale, op_c)
         stream_obj = self._streams[rank] if stream is None else stream
         stream_handle = self._stream_handle(stream_obj)
 

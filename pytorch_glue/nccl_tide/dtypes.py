@@ -3,6 +3,8 @@
 numpy has no bf16 or fp8, so those travel as bit patterns: bf16 as uint16, fp8 as uint8.
 """
 
+import ctypes
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -112,3 +114,19 @@ def op_code(op) -> int:
     if name not in OPS:
         raise InvalidArgumentError(f"unknown reduction op {op!r}; use one of {', '.join(OPS)}")
     return OPS[name]
+
+
+def scale_arg(scale, op: int) -> float:
+    """The scale passed to the library for op (a tideRedOp_t): a real number (not a str or a bool); PREMUL_SUM
+    multiplies by it in fp32, so there it must be finite in fp32; the other ops ignore it (1.0 is passed)."""
+    if isinstance(scale, (str, bytes, bool)):
+        raise InvalidArgumentError(f"scale is {scale!r}; expected a real number")
+    try:
+        value = float(scale)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"scale is {scale!r}; expected a real number") from None
+    if op != N.tidePremulSum:
+        return 1.0
+    if not math.isfinite(ctypes.c_float(value).value):
+        raise InvalidArgumentError(f"scale={scale!r} is not a finite fp32 value (op premul multiplies by it in fp32)")
+    return value

@@ -12,10 +12,10 @@ from typing import Any, List, Optional
 import numpy as np
 
 from . import _native as N
-from .dtypes import RS_TYPES, DType, check_element_type, op_code
+from .dtypes import RS_TYPES, DType, check_element_type, op_code, scale_arg
 from .dtypes import dtype as to_dtype
 from .errors import InvalidArgumentError
-from .layout import Layout
+from .layout import Layout, sequence_arg
 
 POISON_BYTE = 0xFF
 
@@ -50,9 +50,15 @@ def _pointer(x: Any, numel: int, dt: DType, what: str, writable: bool) -> int:
     return ptr
 
 
-def _check_table(table: Sequence, world: int, what: str) -> None:
+def _check_table(table: Sequence, world: int, what: str, per_rank: Optional[int] = None) -> None:
+    """table: one entry per rank; with per_rank, each entry a sequence of that many buffers."""
+    sequence_arg(table, what, "per-rank entries")
     if len(table) != world:
         raise InvalidArgumentError(f"{what}: {len(table)} ranks given, layout has world_size {world}")
+    if per_rank is not None:
+        for r, row in enumerate(table):
+            if len(sequence_arg(row, f"{what}[{r}]", "buffers, one per parameter")) != per_rank:
+                raise InvalidArgumentError(f"{what}[{r}]: {len(row)} buffers given, layout has {per_rank} parameters")
 
 
 def poisoned(numel: int, dt: DType) -> np.ndarray:
@@ -67,14 +73,12 @@ def host_all_gather(layout: Layout, shards: Sequence[Sequence[Any]], params: Opt
     Returns params. Raises InvalidArgumentError before anything is written on bad input.
     """
     W, infos, dts = layout.world_size, layout.params, layout.dtypes
-    _check_table(shards, W, "shards")
+    _check_table(shards, W, "shards", len(infos))
     if params is None:
         params = [[poisoned(p.shard_numel * W, dt) for p, dt in zip(infos, dts)] for _ in range(W)]
-    _check_table(params, W, "params")
+    _check_table(params, W, "params", len(infos))
     src, dst = [], []
     for r in range(W):
-        if len(shards[r]) != len(infos) or len(params[r]) != len(infos):
-            raise InvalidArgumentError(f"rank {r}: need {len(infos)} tensors per rank")
         for i, (p, dt) in enumerate(zip(infos, dts)):
             src.append(_pointer(shards[r][i], p.shard_numel, dt, f"shards[{r}][{i}]", False))
             dst.append(_pointer(params[r][i], p.shard_numel * W, dt, f"params[{r}][{i}]", True))
@@ -101,20 +105,19 @@ def host_reduce_scatter(
     if odt.name not in RS_TYPES:
         raise InvalidArgumentError(f"out_dtype {odt.name}: reduce-scatter writes one of {', '.join(RS_TYPES)}")
     code = op_code(op)
-    _check_table(grads, W, "grads")
+    scale_f = scale_arg(scale, code)
+    _check_table(grads, W, "grads", len(infos))
     if outs is None:
         outs = [poisoned(layout.rs_out_numel, odt) for _ in range(W)]
     _check_table(outs, W, "outs")
     src, dst = [], []
     for r in range(W):
-        if len(grads[r]) != len(infos):
-            raise InvalidArgumentError(f"rank {r}: need {len(infos)} gradients, got {len(grads[r])}")
         for i, (p, dt) in enumerate(zip(infos, dts)):
             src.append(_pointer(grads[r][i], p.numel, dt, f"grads[{r}][{i}]", False))
         dst.append(_pointer(outs[r], layout.rs_out_numel, odt, f"outs[{r}]", True))
     with layout._use() as h:
         N.check(
-            N.lib().tideHostReduceScatter(h, N.pointer_table(src), N.pointer_table(dst), odt.code, code, float(scale)),
+            N.lib().tideHostReduceScatter(h, N.pointer_table(src), N.pointer_table(dst), odt.code, code, scale_f),
             "host_reduce_scatter",
         )
     return outs
