@@ -184,6 +184,7 @@ const Settings* load() {
   // Never freed: lines may be written from static destructors and from any thread, after function statics are
   // gone (a global pointer keeps it reachable, so leak checkers do not report it).
   Settings& s = *new Settings();
+  (void)hostName();  // its magic static is initialized here, under gLoadMu, which fork() waits for
   bool ownLevel = false;
   switch (params::debugSetting()) {
     case params::kDebugNccl: {

@@ -2,13 +2,13 @@
 #include "params.h"
 
 #include <atomic>
-#include <mutex>
 #include <cctype>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <strings.h>
 
 #include "errors.h"

@@ -86,14 +86,15 @@ class Layout:
         self._inflight = 0  # calls of this process using the handle now (see _use)
         self._closing = False
         # Every integer is range-checked here: ctypes would silently wrap an out-of-range one into another value.
-        numels = [N.u64_arg(x, f"numels[{i}]") for i, x in enumerate(sequence_arg(numels, "numels", "integers, one per parameter"))]
+        per_param = "integers, one per parameter"
+        numels = [N.u64_arg(x, f"numels[{i}]") for i, x in enumerate(sequence_arg(numels, "numels", per_param))]
         n = N.int_arg(len(numels), "number of parameters", 0)
         if isinstance(dtypes, (str, DType)) or not hasattr(dtypes, "__len__"):
             dtypes = [dtypes] * n  # one dtype for the whole group
         dts: List[DType] = [to_dtype(d) for d in dtypes]
         if len(dts) != n:
             raise InvalidArgumentError(f"{n} numels but {len(dts)} dtypes")
-        if row_numels is not None and len(sequence_arg(row_numels, "row_numels", "integers, one per parameter")) != n:
+        if row_numels is not None and len(sequence_arg(row_numels, "row_numels", per_param)) != n:
             raise InvalidArgumentError(f"{n} numels but {len(row_numels)} row_numels")
         if row_numels is not None:
             row_numels = [N.u64_arg(x, f"row_numels[{i}]") for i, x in enumerate(row_numels)]
