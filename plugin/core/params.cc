@@ -8,9 +8,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <strings.h>
 
 #include "errors.h"
+#include "fork_guard.h"
 
 extern char** environ;  // POSIX: the process environment, scanned once for NCCL_TIDE_* names nobody reads
 
@@ -240,9 +242,22 @@ State load() {
   return st;
 }
 
+// The one read of the environment, under a lock held across fork() (a function-local static's guard would leave a
+// child forked during the read waiting forever). Never freed, like the log settings that read it.
+std::mutex gStateMu;
+std::atomic<const State*> gState{nullptr};
+[[maybe_unused]] const bool gForkGuarded = forkguard::guard(forkguard::kParams, &gStateMu);
+
 const State& state() {
-  static const State st = load();
-  return st;
+  const State* st = gState.load(std::memory_order_acquire);
+  if (st != nullptr) return *st;
+  std::lock_guard<std::mutex> lock(gStateMu);
+  st = gState.load(std::memory_order_acquire);
+  if (st == nullptr) {
+    st = new State(load());
+    gState.store(st, std::memory_order_release);
+  }
+  return *st;
 }
 
 std::atomic<bool> gLogged{false};

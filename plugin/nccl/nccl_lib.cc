@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "../core/errors.h"
+#include "../core/fork_guard.h"
 #include "../core/log.h"
 
 namespace tide {
@@ -18,6 +19,7 @@ constexpr int kNewestKnownMinor = 32;  // 2.32.x
 std::mutex gMu;
 Lib gLib;
 bool gResolved = false;
+[[maybe_unused]] const bool gForkGuarded = forkguard::guard(forkguard::kNcclBinding, &gMu);
 
 int versionCode(int major, int minor, int patch) {
   return (major <= 2 && minor <= 8) ? major * 1000 + minor * 100 + patch : major * 10000 + minor * 100 + patch;

@@ -226,8 +226,9 @@ def _host_row(o: Options, case: Case, size: int, count: int, impl: str, notes: s
                               agg=o.agg_iters, per_iter=o.per_iter)
     try:
         oop, ip, note = o.collective.run_host(hcase, hopts)
-    except MemoryError:
-        die("out of host memory: the host backend holds every simulated rank; use fewer --ranks or a smaller layout")
+    except MemoryError as e:
+        die(f"out of host memory: {e or 'an allocation failed'}; the host backend holds every simulated rank: use "
+            "fewer --ranks or a smaller layout")
     except TideError as e:
         die(str(e))
     if note:

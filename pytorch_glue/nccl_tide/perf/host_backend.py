@@ -13,6 +13,7 @@ from typing import Callable, List, NamedTuple, Optional
 import numpy as np
 
 from .. import reference as ref
+from .._memory import check_host_memory, host_collective_bytes
 from ..data import random_values, rank_rng
 from ..dtypes import DType
 from ..errors import InvalidArgumentError
@@ -86,6 +87,8 @@ def all_gather(case: Case, o: Opts):
         case.numels, o.dtype.name, W, case.ranks_per_node, row_numels=case.row_numels, pace_bytes=case.pace_bytes
     ) as lay:
         infos = lay.params
+        need = host_collective_bytes(lay, "all_gather", results_copy=bool(o.check))
+        check_host_memory(need, "tide-perf all_gather --backend host")
         shards = [[random_values(rank_rng(o.seed, r), o.dtype, p.shard_numel) for p in infos] for r in range(W)]
         params = [[poisoned(p.shard_numel * W, o.dtype) for p in infos] for _ in range(W)]
         total_bytes = sum(p.shard_numel for p in infos) * W * o.dtype.size
@@ -132,6 +135,8 @@ def reduce_scatter(case: Case, o: Opts):
     ) as lay:
         infos = lay.params
         R = lay.ranks_per_node
+        need = host_collective_bytes(lay, "reduce_scatter", o.out_dtype.size, results_copy=bool(o.check))
+        check_host_memory(need, "tide-perf reduce_scatter --backend host")
         grads = [[random_values(rank_rng(o.seed, r), o.dtype, p.numel) for p in infos] for r in range(W)]
         outs = [poisoned(lay.rs_out_numel, o.out_dtype) for _ in range(W)]
         total_bytes = lay.rs_out_numel * W * o.dtype.size

@@ -2,9 +2,7 @@
 in this process, so a large size times a large world can exceed the machine, and the out-of-memory killer would end
 the run minutes in without a word. Refused up front with both figures instead."""
 
-import os
-from typing import Optional, Tuple
-
+from .._memory import available_host_memory
 from . import collectives
 from .options import EXIT_UNSUPPORTED, Options, die
 
@@ -31,37 +29,10 @@ def host_bytes(o: Options) -> int:
     return S + W * S + (S if o.check else 0)
 
 
-def available_bytes() -> Tuple[Optional[int], str]:
-    """(bytes this process may still allocate, where the figure comes from): MemAvailable, or the memory cgroup's
-    limit less its usage when that is tighter; None when neither says."""
-    best: Tuple[Optional[int], str] = (None, "")
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    best = (int(line.split()[1]) * 1024, "MemAvailable in /proc/meminfo")
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        with open("/proc/self/cgroup") as f:
-            path = next((ln.rstrip("\n").split(":", 2)[2] for ln in f if ln.startswith("0::")), None)
-        if path is not None:
-            d = os.path.join("/sys/fs/cgroup", path.lstrip("/"))
-            with open(os.path.join(d, "memory.max")) as f:
-                limit = f.read().strip()
-            with open(os.path.join(d, "memory.current")) as f:
-                used = int(f.read().strip())
-            if limit.isdigit() and (best[0] is None or int(limit) - used < best[0]):
-                best = (max(int(limit) - used, 0), f"the memory cgroup limit {d}/memory.max less its usage")
-    except (OSError, ValueError, StopIteration):
-        pass
-    return best
-
-
 def check(o: Options) -> None:
     """Refuses a host run whose largest size does not fit (exit 255, as nccl-tests ends on sizes it cannot run)."""
     need = host_bytes(o)
-    avail, source = available_bytes()
+    avail, source = available_host_memory()
     if avail is not None and need > avail:
         die(f"tide-perf {o.collective.name} --backend host needs about {need / GiB:.1f} GiB of host memory for its "
             f"largest size ({largest_case_bytes(o)} bytes at {o.world} ranks, every rank simulated in this process), "
