@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fsdp_llama import batch, build_model, init_worker, launch  # noqa: E402
+from fsdp_llama import batch, build_model, init_worker  # noqa: E402
+from multirank.harness import run_script  # noqa: E402
 
 pytest.importorskip("torch")
 
@@ -56,7 +57,7 @@ def worker(rank, world, port):
 
 
 def test_invalid_ranks_per_node_is_refused_at_enable():
-    (res,) = launch(SCRIPT, 1, [], timeout=240)
+    (res,) = run_script(SCRIPT, 1, [], timeout=240)
     for bad in BAD:
         msg = res[repr(bad)]
         assert msg.startswith(f"ranks_per_node={bad!r}"), (bad, msg)
