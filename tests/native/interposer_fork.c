@@ -1,7 +1,7 @@
 /* fork() while other threads are inside interposed NCCL calls (tests/unit/test_fork_safety.py).
  *
  * Run with libnccl-tide.so preloaded, NCCL_TIDE_ENABLE=1 and linked with the stub libnccl.so.2
- * (tests/stub_nccl/recording_stub_nccl.c). Threads make eligible ncclAllGather / ncclReduceScatter calls on fresh
+ * (tests/native/stub_nccl/recording_stub_nccl.c). Threads make eligible ncclAllGather / ncclReduceScatter calls on fresh
  * communicators and destroy them, so the interposer's state lock, its per-communicator locks and the NCCL binding's
  * lock (a CUDA build tries a TIDE comm for each communicator; it fails over the stub and the call goes to NCCL) are
  * taken and released all the time. The main thread forks children meanwhile; each child makes the same calls once

@@ -16,7 +16,7 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.dirname(HERE)
-STUB_SRC = os.path.join(TESTS, "stub_nccl", "recording_stub_nccl.c")
+STUB_SRC = os.path.join(TESTS, "native", "stub_nccl", "recording_stub_nccl.c")
 FORK_SRC = os.path.join(TESTS, "native", "interposer_fork.c")
 
 CHILD_SCRIPT = textwrap.dedent(
