@@ -50,13 +50,14 @@ ALIASES = {
 # Reduce-scatter accepts these gradient and output types (tide.h).
 RS_TYPES = ("bf16", "fp16", "fp32")
 
-# Element types (numpy dtype or torch dtype names) a buffer of each type may have: the type itself, or for bf16 and
-# fp8 the unsigned integers that hold their bits (numpy has no bf16 or fp8). The element size alone is not enough:
-# float16 read as bf16, or int32 as fp32, is a silently wrong result.
+# Element types (numpy dtype or torch dtype names) a buffer of each type may have: the type itself, or for a
+# floating-point type the unsigned integers of its size, which hold its bits (numpy has no bf16 or fp8, and bit-exact
+# code handles the others as bits too). The element size alone is not enough: float16 read as bf16, or int32 as
+# fp32, is a silently wrong result.
 ELEMENT_TYPES = {
     "bf16": ("bfloat16", "uint16"),
-    "fp16": ("float16",),
-    "fp32": ("float32",),
+    "fp16": ("float16", "uint16"),
+    "fp32": ("float32", "uint32"),
     "fp8_e4m3": ("float8_e4m3fn", "uint8"),
     "fp8_e5m2": ("float8_e5m2", "uint8"),
     "int8": ("int8",),

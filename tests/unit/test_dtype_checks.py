@@ -90,3 +90,10 @@ def test_cuda_path_checks_the_element_type_before_the_device():
         _ptr(torch.ones(8, dtype=torch.float16), "grads[0]", 16, dtype="bf16")
     with pytest.raises(InvalidArgumentError, match=r"out: int32 elements.*fp32"):
         _ptr(torch.ones(8, dtype=torch.int32), "out", 32, dtype="fp32")
+
+
+def test_float_types_as_unsigned_bits_are_accepted(fp32, rng):
+    grads = [[rng.standard_normal(8).astype(np.float32)] for _ in range(W)]
+    as_bits = [[g[0].view(np.uint32)] for g in grads]
+    for a, b in zip(host_reduce_scatter(fp32, grads), host_reduce_scatter(fp32, as_bits)):
+        assert np.array_equal(a, b)
