@@ -15,8 +15,8 @@ replays") off and on in the same run: the cases run first in a child process wit
 parameter is read once per process), then here with it on, and one table compares them (host us off / on, and the
 GPU time of each, since a replayed graph runs memcpy nodes where the eager call runs batched copies). Cases whose
 program cannot take the route (RS of more chunks than NCCL_TIDE_TOKEN_RS_CHUNKS, default 64) run
-the epoch protocol in both columns and show "epoch" in the route column: with the limit at 2 (ci/gpu_job.sh's
-host_issue_limit2 step) the Llama and 64-parameter RS rows (4 chunks) do. One process
+the epoch protocol in both columns and show "epoch" in the route column: with the limit at 2
+(NCCL_TIDE_TOKEN_RS_CHUNKS=2) the Llama and 64-parameter RS rows (4 chunks) do. One process
 issues every rank's call here; benchmarks/host_issue_ipc.py measures one process per rank.
 
 AG rows also time a user-captured replay of the call ("replay us/rank": one graph per rank, one cuGraphLaunch

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fuzz job (issue 10): tests/fuzz/fuzz.py against the ASan+UBSan library (the build of ci/sanitize.sh, reused when
+# Fuzz job: tests/fuzz/fuzz.py against the ASan+UBSan library (the build of ci/sanitize.sh, reused when
 # present): the corpus in tests/fuzz/corpus, then random cases for TIDE_FUZZ_SECONDS (default 90). The seed is
 # random per run and printed (TIDE_FUZZ_SEED=N reproduces a run); a failing case is printed and saved under
 # TIDE_FUZZ_OUT (default _build/fuzz), so is the case that was running when a sanitizer stopped the process

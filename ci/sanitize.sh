@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ASan + UBSan job (issue 10): the host core, host executor and C API built with -fsanitize=address,undefined
+# ASan + UBSan job: the host core, host executor and C API built with -fsanitize=address,undefined
 # (CUDA off: the CUDA runtime and ASan do not mix on a machine without a GPU), then
 #   1. the C-API-level pytest files run against that library (NCCL_TIDE_LIBRARY_PATH), libasan preloaded into
 #      python; leak detection off for the python process only (CPython keeps its allocations at exit by design);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# valgrind memcheck job (issue 10): tests/native/host_smoke.cc (layouts created, queried and destroyed over many shapes,
-# host AG/RS, error paths, parameters, the multicast gate; issue 18: destroyed/garbage handles, a destroy racing
+# valgrind memcheck job: tests/native/host_smoke.cc (layouts created, queried and destroyed over many shapes,
+# host AG/RS, error paths, parameters, the multicast gate; destroyed/garbage handles, a destroy racing
 # host all-gathers on three threads, misaligned buffers, canonical NaN results) against a non-sanitized host-only build. Fails on any
 # memcheck error and on any definitely or indirectly lost block.
 # Usage: ci/valgrind.sh   (env: TIDE_VALGRIND_BUILD_DIR, default _build/valgrind)

@@ -10,7 +10,7 @@
 //
 // The protocol these programs implement (flag words, values, why they are deadlock-free and replay-safe) is
 // described once, in docs/architecture.md ("Step programs"); the compilers point there instead of repeating it.
-// The CUDA interpreter (plugin/cuda/program_exec.cc), the CPU model (tests/c/program_model.cc), the debug dump and the
+// The CUDA interpreter (plugin/cuda/program_exec.cc), the CPU model (tests/native/program_model.cc), the debug dump and the
 // pending-wait report all read programs; nothing else derives offsets or flag values.
 #ifndef TIDE_CORE_PROGRAM_H_
 #define TIDE_CORE_PROGRAM_H_

@@ -1,4 +1,4 @@
-// Which runtime/driver queries keep a global-mode stream capture valid (issue 10, CUDA graph capture).
+// Which runtime/driver queries keep a global-mode stream capture valid (CUDA graph capture).
 //
 // The capture path of tideAllGather / tideReduceScatter validates its arguments while the caller's stream is being
 // captured; a query that the driver treats as illegal during capture fails with cudaErrorStreamCaptureUnsupported and

@@ -245,7 +245,7 @@ def _in_a_subprocess(token_rs_chunks, select, n_expected, files=(), **extra_env)
                NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1", **extra_env)
     env["PYTHONPATH"] = os.pathsep.join(p for p in [env.get("PYTHONPATH", ""), *sys.path] if p)
     # -x: after a hang the GPU is wedged, the rest would only burn time; the child dumps its stacks before the
-    # parent's timeout, which fits inside ci/gpu_job.sh's 260 s for the file and reports what the child printed.
+    # parent's timeout, which fits inside ci/gpu.sh's per-file limit and reports what the child printed.
     try:
         p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-rs", "-p", "no:cacheprovider", "-o",
                             "faulthandler_timeout=110", *(files or [__file__]), *(["-k", select] if select else [])],

@@ -1,7 +1,7 @@
 """The bad-input probe on the GPU: canonical NaN bits from the CUDA reduce kernel, checked comm handles, and comms / worlds /
 layouts closed while another thread uses them (loopback worlds on one device).
 
-Runs with ci/gpu_hardening.sh (or ci/gpu_suite.sh tests/gpu/test_hardening_gpu.py:240).
+Runs in `bash ci/gpu.sh tests` (or alone: TIDE_GPU_TESTS=tests/gpu/test_hardening_gpu.py bash ci/gpu.sh build tests).
 """
 
 import ctypes

@@ -1,4 +1,4 @@
-"""TIDE-AG and TIDE-RS captured into CUDA graphs across processes (issue 10): W processes, each one TIDE rank on
+"""TIDE-AG and TIDE-RS captured into CUDA graphs across processes: W processes, each one TIDE rank on
 cuda:0 over CUDA IPC (gloo bootstrap, as tests/multirank/test_multiprocess.py; started by multirank.harness).
 
 Each rank captures one graph with torch.cuda.graph (global capture mode, PyTorch's default) holding two all-gathers

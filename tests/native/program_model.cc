@@ -49,7 +49,7 @@
 //                                         swapped, each program's first receive dropped, each group's receives
 //                                         posted after its sends; the model must fail
 //        program_model --copy-queue C ENTRIES ISSUE PROTOCOL [seeds]
-//                                         the loopback issue model (docs/notes/levers-after-session16.md): the
+//                                         the loopback issue model (docs/protocol.md, "Shared hardware queues"): the
 //                                         host issues each virtual rank's call in turn, every copy also enters ONE
 //                                         copy queue shared by all ranks (first in, first out: a copy runs only at
 //                                         its head) that holds C entries; a copy batch costs 1 entry (ENTRIES
@@ -68,8 +68,8 @@
 //                                         reduce-scatters alternating, at most N RS chunks). Exit 0, or FAIL with
 //                                         "deadlock" if it can hang.
 //        program_model --channels K MAP C ISSUE PROTOCOL [seeds]
-//                                         the shared-channel model (hypothesis H2 of session 17, about the H200:
-//                                         docs/notes/levers-after-session16.md): the same loopback issue orders and
+//                                         the shared-channel model (a hypothesis about the H200's queues:
+//                                         docs/protocol.md, "Shared hardware queues"): the same loopback issue orders and
 //                                         protocols, but EVERY issued operation (each memop, waits included; each
 //                                         copy batch, costing one entry per copy; each reduce; the model's input
 //                                         and check pseudo-operations) enters one of K first-in-first-out channels
@@ -119,7 +119,7 @@ int g_tokenRsChunks = 2;
 // --pair-tokens: token programs compiled with Options::pairTokens (barrier tokens waited for and reset in pairs).
 bool g_pairTokens = false;
 // --single-rs-banks: a mutant that puts the RS full and consumed tokens of odd chunks back into the even banks (one
-// word per writer for every chunk, as before session 27): with pairs, an equality wait must then be caught.
+// word per writer for every chunk, as an earlier layout had): with pairs, an equality wait must then be caught.
 bool g_singleBanks = false;
 // --kernel-order: every token program's batch tails (prog::kernelTail) run as a signal kernel may store them: its
 // ordered prefix first, then the rest, each part in reverse program order (pairs kept whole). --kernel-order-swapped:
@@ -1235,7 +1235,7 @@ int queueMain(int argc, char** argv) {
     die("--copy-queue: rounds and groups take token programs (token, token-mixed)");
   }
   const int seeds = argc > 6 ? atoi(argv[6]) : 4;
-  // Single-node all-gathers like the H200 runs of session 16: 64 parameters at W = 2 and 8, 9 at W = 8, 16 at W = 4.
+  // Single-node all-gathers like those measured on an H200: 64 parameters at W = 2 and 8, 9 at W = 8, 16 at W = 4.
   const std::vector<uint64_t> p64(64, 300), p9(9, 1000), p16(16, 500);
   std::vector<Case> cases = {{p64, tideBfloat16, 2, 2, 1 << 20, 0},
                              {p16, tideBfloat16, 4, 4, 1 << 20, 0},
@@ -1275,8 +1275,8 @@ int channelMain(int argc, char** argv) {
     die("--channels: rounds and groups take token programs (token, token-mixed)");
   }
   const int seeds = argc > 7 ? atoi(argv[7]) : 4;
-  // The --copy-queue layouts (RS of 1 chunk), 5 parameters at W = 8 (session 17's hang on the H200 with
-  // announce-first), and layouts whose RS takes 2 chunks (the token route's limit).
+  // The --copy-queue layouts (RS of 1 chunk), 5 parameters at W = 8 (a layout that hung on an H200 with
+  // announce-first issue), and layouts whose RS takes 2 chunks (the token route's limit).
   const std::vector<uint64_t> p64(64, 300), p9(9, 1000), p16(16, 500), p5(5, 1000);
   const std::vector<Case> base = {{p64, tideBfloat16, 2, 2, 1 << 20, 0},
                                    {p16, tideBfloat16, 4, 4, 1 << 20, 0},

@@ -205,10 +205,10 @@ def _queue(model_exe, cap, entries, issue, protocol, seeds=3):
 
 
 def test_copy_queue_model_reproduces_the_eager_graph_hang(model_exe):
-    """The loopback issue model (program_model --copy-queue; docs/notes/levers-after-session16.md): with the
+    """The loopback issue model (program_model --copy-queue; docs/protocol.md, "Shared hardware queues"): with the
     token protocol issued rank by rank and one queue entry per copy (a captured graph's memcpy nodes), a shared
     copy queue of 600 entries lets the 9-parameter W=8 all-gather through (576 entries in all) and hangs the
-    64-parameter one (512 per rank), as the eager graph route did on the H200 in session 16."""
+    64-parameter one (512 per rank), as the eager graph route did on an H200."""
     r = _queue(model_exe, 600, "graph", "call", "token")
     assert r.returncode != 0, r.stdout[-2000:]
     assert "the host is blocked on a full copy queue" in r.stderr, r.stderr[-2000:]
@@ -238,11 +238,11 @@ def test_copy_queue_model_announce_first_never_hangs(model_exe, cap, protocol, i
     assert "W=8 P=64" in r.stdout
 
 
-# The shared-channel model (program_model --channels K MAP C ISSUE PROTOCOL [seeds]; docs/notes/
-# levers-after-session16.md, "Session 17"): every operation, waits included, enters one of K FIFO channels, so a wait
+# The shared-channel model (program_model --channels K MAP C ISSUE PROTOCOL [seeds]; docs/protocol.md,
+# "Shared hardware queues"): every operation, waits included, enters one of K FIFO channels, so a wait
 # at a channel's head blocks whatever is queued behind it. A hypothesis (H2) about the H200, not a measurement.
 # Exit 3 when some run hung (every run is reported), 1 on any other failure (a hazard, a wrong result).
-# (W, parameters, RS chunks): the --copy-queue layouts, session 17's 5 parameters at W = 8, RSs of 2 chunks.
+# (W, parameters, RS chunks): the --copy-queue layouts, the 5 parameters at W = 8 that hung on an H200, RSs of 2 chunks.
 CHANNEL_CASES = {(2, 64, 1), (4, 16, 1), (8, 9, 1), (8, 64, 1), (8, 5, 1),
                  (2, 64, 2), (4, 16, 2), (8, 64, 2), (8, 5, 2)}
 
@@ -291,7 +291,7 @@ def test_channel_model_rank_channels_hang_exactly_when_two_ranks_share_one(model
     """Rank r's operations in channel r % K, channels unbounded: a run hangs if and only if K < W, the same for the
     whole program at each call and for announce-first. So if H2 held with this mapping, the H200's passes at W = 2
     and 4 and its announce-first hang at W = 8 would need 4 <= K <= 7, and then the whole-program order, which
-    passed small layouts at W = 8 in session 16, would have hung there too: this mapping cannot explain both."""
+    passed small layouts at W = 8 on an H200, would have hung there too: this mapping cannot explain both."""
     r, runs = _channels(model_exe, k, "rank", 0, issue, "token")
     for key, lines in runs.items():
         assert _hangs(lines) == [k < key[0]] * len(lines), (key, lines)

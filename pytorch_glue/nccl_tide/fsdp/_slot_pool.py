@@ -73,7 +73,7 @@ import torch
 
 from ._slot_binders import _Binder, BindError
 from ._slot_memory import _live_pools, _resident_changed, _tick
-# The benchmarks (nccl_tide.bench) and tools read the meter and pick binders through this module.
+# The benchmarks (benchmarks/fsdp_step.py, the memory probe) and tools read the meter and pick binders through this module.
 from ._slot_binders import force_binder  # noqa: F401
 from ._slot_memory import outside_torch_bytes, resident_bytes, start_meter, stop_meter, tide_resident_bytes  # noqa: F401
 
