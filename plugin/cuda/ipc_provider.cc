@@ -76,15 +76,6 @@ tideResult_t boundedDeviceSync(int device, uint64_t ms, bool* timedOut) {
 
 namespace {
 
-uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ULL) {
-  const unsigned char* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
-
 // What every rank announces at creation.
 struct Hello {
   nodes::RankHost host;
