@@ -1,17 +1,27 @@
 """Builds libnccl-tide.so with CMake and ships it inside the nccl_tide package.
 
-Metadata lives in pyproject.toml; this file only adds the native build step:
-configure + build (Release, Ninja) into _build/cmake-ninja, then copy the library to
-nccl_tide/lib/libnccl-tide.so in the build tree that setuptools turns into the wheel.
+Metadata lives in pyproject.toml; this file adds the native build step (configure + build, Release, Ninja, into
+_build/cmake-ninja, then copy the library to nccl_tide/lib/libnccl-tide.so in the tree setuptools turns into the
+wheel), the build variant's distribution name, and the wheel tag.
+
+Build variants follow NVIDIA's naming (nvidia-nccl-cu12, cupy-cuda12x): the CUDA major is part of the distribution
+name, never of the version, and it is chosen when building, never guessed from the build machine:
+  TIDE_CUDA=cu13   nccl-tide-cu13: the CUDA data path, built with an nvcc of CUDA 13 (the build fails otherwise)
+  TIDE_CUDA=cu12   nccl-tide-cu12: likewise for CUDA 12
+  TIDE_CUDA=cpu    nccl-tide-cpu: host-only (host executor, C API; CUDA entry points answer tideUnsupported)
+  unset            nccl-tide, the source package: builds what TIDE_BUILD_CUDA says (AUTO: the CUDA data path when
+                   CMake finds nvcc, else host-only); `python -m nccl_tide` tells which
+The version is VERSION's, plain, as PyPI requires.
 
 The wheel is py3-none-<platform>: the library is loaded with ctypes, so it does not depend on the CPython ABI.
 On x86_64 Linux the library is linked against glibc 2.28 stand-ins (TIDE_GLIBC_COMPAT, cmake/glibc_stubs.py), so
-the wheel is tagged manylinux_2_28_x86_64 (ci/wheel.sh has auditwheel confirm it). A CUDA build carries the
-CUDA major as a local version, 0.1.0+cu13 (as torch's +cu130 wheels do); a host-only build has none.
+the wheel is tagged manylinux_2_28_x86_64 (ci/wheel.sh has auditwheel confirm it). setuptools stays the backend:
+scikit-build-core would drive CMake as well, but it tags linux_x86_64 and leaves manylinux to `auditwheel repair`,
+and no backend lets the distribution name follow the build variant (PEP 621 forbids a dynamic name).
 
 Environment passed through to CMake:
   CMAKE_ARGS       extra configure arguments (shell-split), e.g. "-DNCCL_ROOT=/opt/nccl"
-  TIDE_BUILD_CUDA  AUTO (default) | ON | OFF
+  TIDE_BUILD_CUDA  AUTO (default) | ON | OFF, for the source package (TIDE_CUDA unset)
   TIDE_GLIBC_COMPAT  glibc version to link for (default 2.28 on x86_64 Linux; "off": the build machine's glibc,
                    and a plain linux_x86_64 tag)
   TIDE_BUILD_DIR   CMake binary directory (default _build/cmake-ninja)
@@ -57,33 +67,30 @@ def _x86_64_linux() -> bool:
     return sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")
 
 
-def _nvcc() -> str:
-    """The nvcc CMake will find (CUDACXX, PATH, /usr/local/cuda), or ""."""
-    for exe in (os.environ.get("CUDACXX"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
-        if exe and os.path.isfile(exe) and os.access(exe, os.X_OK):
-            return exe
-    return ""
+VARIANTS = {"cu12": "12", "cu13": "13", "cpu": ""}  # TIDE_CUDA value: CUDA major it builds ("": host-only)
 
 
-def cuda_major() -> str:
-    """CUDA major of the build ("" for a host-only build), for the local version."""
-    if os.environ.get("TIDE_BUILD_CUDA", "AUTO").upper() == "OFF":
-        return ""
-    nvcc = _nvcc()
-    if not nvcc:
-        return ""
-    try:
-        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    m = re.search(r"release (\d+)\.", out)
-    return m.group(1) if m else ""
+def variant() -> str:
+    """TIDE_CUDA: "cu12", "cu13", "cpu", or "" (the source package)."""
+    value = os.environ.get("TIDE_CUDA", "").strip().lower()
+    if value not in VARIANTS and value != "":
+        sys.exit(f"nccl-tide: TIDE_CUDA must be one of {', '.join(VARIANTS)} or unset (got {value!r})")
+    return value
 
 
-def package_version() -> str:
-    base = (ROOT / "VERSION").read_text().strip()
-    major = cuda_major()
-    return f"{base}+cu{major}" if major else base
+def distribution_name(base: str) -> str:
+    return f"{base}-{variant()}" if variant() else base
+
+
+def build_cuda() -> str:
+    """TIDE_BUILD_CUDA for CMake: what TIDE_CUDA implies, else the environment's (AUTO by default)."""
+    given = os.environ.get("TIDE_BUILD_CUDA", "").strip().upper()
+    if not variant():
+        return given or "AUTO"
+    implied = "ON" if VARIANTS[variant()] else "OFF"
+    if given not in ("", "AUTO", implied):
+        sys.exit(f"nccl-tide: TIDE_CUDA={variant()} builds with TIDE_BUILD_CUDA={implied}, not {given}")
+    return implied
 
 
 def _built_cuda_major(build_dir: Path) -> str:
@@ -97,7 +104,6 @@ def build_native(out_dir: Path) -> Path:
     default_dir = ROOT / "_build" / ("cmake-ninja" if ninja else "cmake-make")
     build_dir = Path(os.environ.get("TIDE_BUILD_DIR", default_dir))
     build_dir.mkdir(parents=True, exist_ok=True)
-    cuda = os.environ.get("TIDE_BUILD_CUDA", "AUTO")
     args = [
         _cmake(),
         "-S",
@@ -105,12 +111,13 @@ def build_native(out_dir: Path) -> Path:
         "-B",
         str(build_dir),
         "-DCMAKE_BUILD_TYPE=Release",
-        f"-DTIDE_BUILD_CUDA={cuda}",
+        f"-DTIDE_BUILD_CUDA={build_cuda()}",
         # The wheel ships the build-tree library: give it the install RPATH (never an
         # absolute build path) so the packaging test's RPATH check holds.
         "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
         f"-DPython3_EXECUTABLE={sys.executable}",
         f"-DTIDE_GLIBC_COMPAT={glibc_compat()}",
+        "-DTIDE_BUILD_BENCHMARKS=OFF",  # libnccl-tide-bench.so is never part of the wheel
     ]
     if ninja:
         # Pin the ninja of *this* build: an isolated build's ninja lives in a temp dir that
@@ -122,11 +129,13 @@ def build_native(out_dir: Path) -> Path:
     subprocess.check_call([_cmake(), "--build", str(build_dir), "--config", "Release"])
 
     built = _built_cuda_major(build_dir)
-    if built != cuda_major():
+    if variant() and built != VARIANTS[variant()]:
+        wanted = VARIANTS[variant()]
         sys.exit(
-            f"nccl-tide: the package version says CUDA {cuda_major() or 'none'} but CMake built with CUDA "
-            f"{built or 'none'}; set CUDACXX (or PATH) to the nvcc CMake should use, or TIDE_BUILD_CUDA=OFF"
+            f"nccl-tide: TIDE_CUDA={variant()} needs CUDA {wanted}, but CMake built with CUDA {built}; set CUDACXX "
+            f"(or PATH) to a CUDA {wanted} nvcc, or pass -DCMAKE_CUDA_COMPILER in CMAKE_ARGS"
         )
+    print(f"nccl-tide: built {'with CUDA ' + built if built else 'host-only'}", flush=True)
     found = sorted(p for p in build_dir.rglob(LIB_NAME) if p.is_file() and not p.is_symlink())
     found = found or sorted(p for p in build_dir.rglob(LIB_NAME + "*") if p.is_file())
     if not found:
@@ -152,6 +161,11 @@ class BinaryDistribution(Distribution):
     def has_ext_modules(self):
         return True
 
+    def parse_config_files(self, *args, **kwargs):
+        super().parse_config_files(*args, **kwargs)
+        # pyproject.toml names the source package; a chosen variant carries its suffix (nccl-tide-cu13).
+        self.metadata.name = distribution_name(self.metadata.name)
+
 
 class BdistWheelPy3None(bdist_wheel):
     """py3-none-<platform>: ctypes loads the library, so any CPython 3 can use it (has_ext_modules would otherwise
@@ -166,6 +180,6 @@ class BdistWheelPy3None(bdist_wheel):
 
 setup(
     distclass=BinaryDistribution,
-    version=package_version(),
+    version=(ROOT / "VERSION").read_text().strip(),
     cmdclass={"build_py": BuildPyWithNative, "bdist_wheel": BdistWheelPy3None},
 )

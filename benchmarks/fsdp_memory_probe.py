@@ -25,7 +25,7 @@ What it prints per variant, for the measured steps:
     bytes allocated at that moment (tideSlotAlloc, resident whether bound or not). A trimming pool
     (enable(slot_trim=...), on at world size 1) frees and allocates slots during the step: the child puts a
     marker labelled "slots:<bytes>" into the trace after every tideSlotAlloc/tideSlotFree of a pool
-    (nccl_tide.fsdp._slot_pool.residency_hooks), so the resident slot bytes are known at every event; without
+    (nccl_tide.fsdp._slot_memory.residency_hooks), so the resident slot bytes are known at every event; without
     markers they are constant (stats()["slot_pool"]["resident_slot_bytes"]). This is what the device holds; for
     stock it equals the torch peak. Compare this one; the table shows the slot bytes resident at that peak;
   * the live bytes at the device peak grouped by their most informative frame (the innermost frame in nccl_tide/,
@@ -119,12 +119,12 @@ def is_slot_bind(e: dict) -> bool:
     """A TIDE pool slot bound under a group's storage (alloc binder: _CudaAllocBinder.bind's resize_ inside the
     slot's MemPool): torch counts it, but its memory is a resident tideSlotAlloc slot. Not the torch binder's moves
     (_TorchBinder._torch_slot_memory, shard world size 1 with trimming): those slots are torch memory, counted here
-    once, and the "slots:" markers leave them out (_slot_pool.tide_resident_bytes)."""
+    once, and the "slots:" markers leave them out (_slot_memory.tide_resident_bytes)."""
     frames = e.get("frames") or ()
     if any(f.get("name") == "_torch_slot_memory" for f in frames):
         return False
     return any(
-        str(f.get("filename", "")).endswith("nccl_tide/fsdp/_slot_pool.py") and f.get("name") == "bind" for f in frames
+        str(f.get("filename", "")).endswith("nccl_tide/fsdp/_slot_binders.py") and f.get("name") == "bind" for f in frames
     )
 
 
@@ -396,12 +396,12 @@ def _child(a) -> dict:
            "model": dict(cfg._asdict(), n_params=cfg.n_params())}
     t0 = time.time()
     _probe_mark("start", device)
-    from nccl_tide.fsdp import _slot_pool
+    from nccl_tide.fsdp import _slot_memory
 
     def slot_mark(nbytes: int) -> None:  # after every tideSlotAlloc / tideSlotFree of a pool: the resident bytes
         _probe_mark(f"{SLOT_MARK}{int(nbytes)}", device)
 
-    _slot_pool.residency_hooks.append(slot_mark)
+    _slot_memory.residency_hooks.append(slot_mark)
     v = fsdp_step.VariantRun(a.child, cfg, a, rank, device)
     if v.reason:
         raise ProbeError(f"variant {a.child} cannot run: {v.reason}")
@@ -421,7 +421,7 @@ def _child(a) -> dict:
         step(k)
     torch.cuda.synchronize()
     out["allocated_at_measure"] = torch.cuda.memory_allocated(device)
-    out["slot_bytes_at_measure"] = _slot_pool.tide_resident_bytes()  # torch binder slots: in the trace
+    out["slot_bytes_at_measure"] = _slot_memory.tide_resident_bytes()  # torch binder slots: in the trace
     _probe_mark("measure", device)
     torch.cuda.reset_peak_memory_stats(device)
     for k in range(a.warmup, a.warmup + a.steps):
@@ -429,7 +429,7 @@ def _child(a) -> dict:
     torch.cuda.synchronize()
     out["torch_max_memory_allocated"] = torch.cuda.max_memory_allocated(device)  # over the measured steps
     _probe_mark("end", device)
-    _slot_pool.residency_hooks.remove(slot_mark)  # disable() frees slots after the snapshot: no markers there
+    _slot_memory.residency_hooks.remove(slot_mark)  # disable() frees slots after the snapshot: no markers there
     out["build_and_steps_s"] = time.time() - t0
     snap = mem._snapshot()
     mem._record_memory_history(enabled=None)

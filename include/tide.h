@@ -378,7 +378,7 @@ tideResult_t tideSlotFree(tideComm_t comm, void* ptr);
  *   slot: start of a slot region of at least slotBytes (inside a tideSlotAlloc allocation,
  *     at the same offset on every rank); parameter i is written at slot + slotOffset_i. On a comm
  *     of world size 1 (nothing is peer-mapped) any device memory of the comm's device serves
- *     (since 0.1, issue 17): the caller owns it and orders its reuse after this call's stream.
+ *     (since 0.1): the caller owns it and orders its reuse after this call's stream.
  * Every rank of the comm must make the matching call. No kernel is launched. Layouts may span
  * several nodes (ranksPerNode < worldSize: the inter-node rail schedule runs over peer-mapped
  * memory, e.g. virtual nodes on one host). The first call with a layout hash new to the comm
@@ -454,7 +454,7 @@ typedef struct {
  * flag readback failed or did not finish). (since 0.2) */
 tideResult_t tideCommGetPendingWaits(tideComm_t comm, tidePendingWait_t* waits, int capacity, int* count);
 
-/* 1 if the NVLink multicast gate of DESIGN.md section 6 is open in this environment:
+/* 1 if the NVLink multicast gate is open in this environment:
  * NCCL_NVLS_ENABLE is not "0", TORCH_SYMM_MEM_DISABLE_MULTICAST and NVSHMEM_DISABLE_NVLS
  * are unset, and NCCL_TIDE_NVLS=1. Host-only; always available. (since 0.1) */
 tideResult_t tideMulticastAllowed(int* allowed);

@@ -3,6 +3,7 @@
 import ctypes
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -87,11 +88,10 @@ def test_missing_library_error_says_what_to_do(tmp_path):
 
 
 def test_version_matches_repo(native, repo):
-    # VERSION, plus +cuXX for a CUDA build (setup.py): the local part names the CUDA major
-    base, _, local = nccl_tide.version.partition("+")
-    assert base == (repo / "VERSION").read_text().strip()
-    assert local == "" or re.fullmatch(r"cu\d+", local), nccl_tide.version
-    assert nccl_tide.library_version() == base
+    # VERSION, plain in every build (PyPI takes no local versions): the CUDA major is in the distribution name.
+    assert nccl_tide.version == (repo / "VERSION").read_text().strip()
+    assert nccl_tide.library_version() == nccl_tide.version
+    assert nccl_tide._distribution in (None, *nccl_tide._DISTRIBUTIONS)
 
 
 def test_error_classes_cover_every_result_code(native):
@@ -158,3 +158,52 @@ def test_c_smoke_program(native, repo, tmp_path):
     subprocess.run(build, check=True, capture_output=True, text=True)
     out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+
+
+def run_info(env_extra=None, block_torch=False, cwd=None):
+    """`python -m nccl_tide` (through runpy with torch made unimportable when block_torch: a faster, torch-less run)."""
+    env = dict(os.environ, **(env_extra or {}))
+    if block_torch:
+        cmd = [sys.executable, "-c", "import runpy, sys; sys.modules['torch'] = None; "
+               "runpy.run_module('nccl_tide', run_name='__main__')"]
+    else:
+        cmd = [sys.executable, "-m", "nccl_tide"]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, cwd=cwd)
+
+
+def test_info_command_reports_version_library_and_build(native):
+    p = run_info()
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith(f"nccl-tide {nccl_tide.version} ("), lines
+    lib = N.library_path()
+    assert f"library: {lib} ({nccl_tide.library_version()})" in lines
+    # Oracle independent of the command's probe: only the host-only build holds cuda_stub.cc's message.
+    host_only = b"was built without CUDA" in Path(lib).read_bytes()
+    assert ("CUDA build: no" if host_only else "CUDA build: yes") in p.stdout, p.stdout
+    assert any(ln.startswith("NCCL: ") for ln in lines) and any(ln.startswith("provider: ") for ln in lines)
+
+
+def test_info_command_finds_nccl_on_the_library_path(native, tmp_path, rng, repo):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.fail("no C compiler (cc) to build the stub libnccl")
+    code = int(rng.choice([22809, 22902, 23203]))  # NCCL 2.28.9, 2.29.2, 2.32.3
+    stub = tmp_path / "libnccl.so.2"
+    subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libnccl.so.2", f"-DSTUB_VERSION={code}",
+                    str(repo / "tests" / "stub_nccl" / "stub_nccl.c"), "-o", str(stub)], check=True, timeout=120)
+    p = run_info({"LD_LIBRARY_PATH": str(tmp_path)}, block_torch=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    text = f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+    assert f"NCCL: {text} at {stub}" in p.stdout, p.stdout
+    assert "provider: ipc" in p.stdout, p.stdout
+
+
+def test_info_command_without_nccl_or_library(native, tmp_path):
+    p = run_info({"LD_LIBRARY_PATH": str(tmp_path)}, block_torch=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    if "NCCL: not found" not in p.stdout:  # a system libnccl.so.2 was found instead
+        assert re.search(r"^NCCL: \d+\.\d+\.\d+ at /", p.stdout, flags=re.M), p.stdout
+    missing = tmp_path / "missing" / "libnccl-tide.so"
+    p = run_info({"NCCL_TIDE_LIBRARY_PATH": str(missing)}, block_torch=True)
+    assert p.returncode == 1 and str(missing) in p.stderr, p.stdout + p.stderr

@@ -22,9 +22,9 @@ def parse_bytes(text: str) -> int:
 
 
 def link_release_times(transfers: Sequence[Sequence[int]], rate_bps: float, arrivals: Sequence[float]) -> List[List[float]]:
-    """The pacer's timeline (include/tide_bench.h), in seconds: transfer t (a list of piece sizes in bytes) starts at
+    """The pacer's timeline (native/tide_bench.h), in seconds: transfer t (a list of piece sizes in bytes) starts at
     t0 = max(arrivals[t], release time of the previous transfer's last piece); its piece j is released at
-    t0 + (bytes of pieces 0..j) / rate. Mirrors plugin/cuda/bench_pacer.cc (LinkPacer::run)."""
+    t0 + (bytes of pieces 0..j) / rate. Mirrors native/bench_pacer.cc (LinkPacer::run)."""
     if not rate_bps > 0:
         raise ValueError("rate must be > 0")
     if len(arrivals) != len(transfers):
@@ -54,7 +54,7 @@ def cut_pieces(sizes: Sequence[int], piece: int) -> List[int]:
 
 def paced_stream_ops(transfers: Sequence[Sequence[int]], piece: int) -> int:
     """Stream operations the pacer enqueues for these transfers (each a list of copy sizes): per piece a flag wait
-    and a copy batch, per transfer one arrival write (plugin/cuda/bench_pacer.cc). The driver queues a bounded
+    and a copy batch, per transfer one arrival write (native/bench_pacer.cc). The driver queues a bounded
     number per stream; past it the enqueueing host thread blocks until the GPU has drained some."""
     return sum(2 * len(p) + 1 for p in (cut_pieces(t, piece) for t in transfers) if p)
 

@@ -58,7 +58,7 @@ F_TIDE_RS = [
     {"filename": f"{FS}/_fsdp_collectives.py", "line": 590, "name": "foreach_reduce"},
 ]
 F_BIND = [
-    {"filename": "/repo/pytorch_glue/nccl_tide/fsdp/_slot_pool.py", "line": 240, "name": "bind"},
+    {"filename": "/repo/pytorch_glue/nccl_tide/fsdp/_slot_binders.py", "line": 240, "name": "bind"},
     {"filename": "/repo/pytorch_glue/nccl_tide/fsdp/_slot_pool.py", "line": 470, "name": "acquire"},
 ]
 F_OPT = [

@@ -1,9 +1,8 @@
 // The CUDA data path of include/tide.h for a library built without CUDA: every call explains how to get it.
-// Compiled only when TIDE_BUILD_CUDA is off (or no CUDA sources exist yet); plugin/api/cuda_api.cc replaces it.
+// Compiled only when the CUDA data path is not built; plugin/api/cuda_api.cc replaces it.
 #include "api_guard.h"
 #include "errors.h"
 #include "tide.h"
-#include "tide_bench.h"
 
 namespace {
 
@@ -60,39 +59,6 @@ TIDE_EXPORT tideResult_t tideCommDebugDump(tideComm_t, char* buf, size_t bytes) 
 
 TIDE_EXPORT tideResult_t tideCommGetPendingWaits(tideComm_t, tidePendingWait_t*, int, int* count) {
   if (count != nullptr) *count = 0;
-  return unsupported(__func__);
-}
-
-// include/tide_bench.h (benchmarks and tests): nothing to run without CUDA.
-TIDE_EXPORT tideResult_t tideBenchReduce(const tideBenchReduceArgs_t*, void*) { return unsupported(__func__); }
-
-TIDE_EXPORT tideResult_t tideBenchReduceShape(const tideBenchReduceArgs_t*, int*, int*, int*, int*, uint64_t*) {
-  return unsupported(__func__);
-}
-
-TIDE_EXPORT tideResult_t tideBenchCopy(int, void* const*, const void* const*, const size_t*, void*) {
-  return unsupported(__func__);
-}
-
-TIDE_EXPORT tideResult_t tideBenchPacerCreate(double, size_t, tideBenchPacer_t* pacer) {
-  if (pacer != nullptr) *pacer = nullptr;
-  return unsupported(__func__);
-}
-
-TIDE_EXPORT tideResult_t tideBenchPacedCopy(tideBenchPacer_t, int, void* const*, const void* const*, const size_t*,
-                                            void*) {
-  return unsupported(__func__);
-}
-
-TIDE_EXPORT tideResult_t tideBenchPacerStats(tideBenchPacer_t, double*, int) { return unsupported(__func__); }
-
-// Destroy(NULL) is a no-op, as for comms; no pacer can exist without CUDA.
-TIDE_EXPORT tideResult_t tideBenchPacerDestroy(tideBenchPacer_t pacer) {
-  if (pacer == nullptr) return tideSuccess;
-  return unsupported(__func__);
-}
-
-TIDE_EXPORT tideResult_t tideBenchPersistentReduce(const tideBenchReduceArgs_t*, int, double, void*) {
   return unsupported(__func__);
 }
 

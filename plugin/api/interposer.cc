@@ -1,8 +1,8 @@
-// The LD_PRELOAD interposer (DESIGN.md section 4 item 3, issue 5): libnccl-tide.so exports ncclAllGather,
-// ncclReduceScatter, ncclAllGatherConfig and ncclReduceScatterConfig (plugin/exports.map; nothing else of NCCL's)
-// and forwards each call to the NCCL already loaded in the process: dlopen("libnccl.so.2", RTLD_NOLOAD) + dlsym of
-// pncclXxx (nccl::loadedSymbol), resolved lazily on the first call. Never RTLD_NEXT: torch loads NCCL as a
-// dependency of an RTLD_LOCAL extension, which RTLD_NEXT from a preloaded library does not see.
+// The LD_PRELOAD interposer: libnccl-tide.so exports ncclAllGather, ncclReduceScatter, ncclAllGatherConfig and
+// ncclReduceScatterConfig (plugin/exports.map; nothing else of NCCL's) and forwards each call to the NCCL already
+// loaded in the process: dlopen("libnccl.so.2", RTLD_NOLOAD) + dlsym of pncclXxx (nccl::loadedSymbol), resolved
+// lazily on the first call. Never RTLD_NEXT: torch loads NCCL as a dependency of an RTLD_LOCAL extension, which
+// RTLD_NEXT from a preloaded library does not see.
 //
 // NCCL_TIDE_ENABLE unset or 0: pure pass-through (the flag is read once and cached; no allocation, no other work).
 // NCCL_TIDE_ENABLE=1: each call is classified (docs/usage.md "Eligibility"); an eligible one is run by TIDE

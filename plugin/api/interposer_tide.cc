@@ -11,6 +11,7 @@
 // same order with the same sizes, so every rank takes them together.
 #include "interposer_tide.h"
 
+#include <atomic>
 #include <cinttypes>
 #include <memory>
 #include <mutex>
@@ -20,6 +21,7 @@
 
 #include "api_guard.h"
 #include "errors.h"
+#include "fork_guard.h"
 #include "handles.h"
 #include "log.h"
 
@@ -69,8 +71,25 @@ struct CommState {
   }
 };
 
+using StateMap = std::unordered_map<void*, std::shared_ptr<CommState>>;
 std::mutex gMu;
-std::unordered_map<void*, std::shared_ptr<CommState>> gStates;
+StateMap* gStates = new StateMap();  // never freed: see forgetStatesInChild
+
+// In a child forked while other threads were in calls: a communicator's lock may be held by a thread that does not
+// exist here, and its TIDE comm belongs to the parent's CUDA context, which the child cannot use. So the child keeps
+// each known communicator with TIDE off (its calls go to NCCL) and never touches the parent's states (leaked: their
+// destructors would call CUDA).
+void forgetStatesInChild() {
+  auto* fresh = new StateMap();
+  for (const auto& kv : *gStates) {
+    auto off = std::make_shared<CommState>();
+    off->off = true;
+    fresh->emplace(kv.first, std::move(off));
+  }
+  gStates = fresh;
+}
+[[maybe_unused]] const bool gStatesForkGuarded =
+    forkguard::guard(forkguard::kInterposerStates, &gMu, forgetStatesInChild);
 
 // Layouts attached with tideAttachLayout, keyed by (communicator, buffer). Its own lock: attaching never waits for
 // a communicator's call in progress.
@@ -108,6 +127,7 @@ tideLayout_t retainLayout(tideLayout_t layout) {
 
 std::mutex gAttachMu;
 std::unordered_map<AttachKey, OwnedLayout, AttachKeyHash> gAttached;
+[[maybe_unused]] const bool gAttachForkGuarded = forkguard::guard(forkguard::kInterposerAttach, &gAttachMu);
 
 // The call's own reference to the layout attached to (comm, buffer); empty if none.
 OwnedLayout attachedLayout(void* ncclComm, const void* buffer) {
@@ -144,23 +164,24 @@ bool viewOf(tideLayout_t layout, AttachedView* v) {
   return true;
 }
 
-std::once_flag gAttachMismatchNotice;
+// The notices said once: flags, not std::call_once, whose state a fork during the call would leave in progress.
+std::atomic<bool> gAttachMismatchNoticed{false};
 
 void attachMismatch(const char* what) {
-  std::call_once(gAttachMismatchNotice, [what] {
+  if (!gAttachMismatchNoticed.exchange(true)) {
     TIDE_INFO(kComponent, "a call on a buffer with an attached layout does not match it (%s): it runs as a flat "
                           "call (said once; TRACE logs each)", what);
-  });
+  }
   TIDE_TRACE(kComponent, "attached layout not used: %s", what);
 }
 
 std::shared_ptr<CommState> stateOf(void* ncclComm, bool create) {
   std::lock_guard<std::mutex> lock(gMu);
-  auto it = gStates.find(ncclComm);
-  if (it != gStates.end()) return it->second;
+  auto it = gStates->find(ncclComm);
+  if (it != gStates->end()) return it->second;
   if (!create) return nullptr;
   auto s = std::make_shared<CommState>();
-  gStates.emplace(ncclComm, s);
+  gStates->emplace(ncclComm, s);
   return s;
 }
 
@@ -253,8 +274,8 @@ bool capturing(void* stream) {
   return st != cudaStreamCaptureStatusNone;
 }
 
-std::once_flag gCaptureNotice;
-std::once_flag gInPlaceNotice;
+std::atomic<bool> gCaptureNoticed{false};
+std::atomic<bool> gInPlaceNoticed{false};
 
 // Common entry: the comm's state, locked, with a comm; nullptr if the call must go to NCCL.
 std::shared_ptr<CommState> enter(void* ncclComm, void* stream, std::unique_lock<std::mutex>* lock) {
@@ -265,10 +286,10 @@ std::shared_ptr<CommState> enter(void* ncclComm, void* stream, std::unique_lock<
     // Not an error: TIDE captures only single-node calls with Slot-Reuse staging and agreed layouts
     // (docs/architecture.md "CUDA graphs"), while the interposer uses own staging and a bounce slot: captured calls
     // stay on NCCL (docs/usage.md).
-    std::call_once(gCaptureNotice, [] {
+    if (!gCaptureNoticed.exchange(true)) {
       TIDE_INFO(kComponent, "a call on a stream under CUDA graph capture goes to NCCL (the interposer does not "
                             "capture TIDE calls); said once");
-    });
+    }
     return nullptr;
   }
   if (!ensureComm(s.get(), ncclComm)) return nullptr;
@@ -354,10 +375,10 @@ int tryReduceScatter(const void* sendbuff, void* recvbuff, size_t count, tideDat
   if (out < in + inBytes && in < out + static_cast<uintptr_t>(count) * elem) {
     // NCCL's in-place form (recvbuff = sendbuff + rank * count): TIDE's outputs may not overlap its inputs. The
     // decision is per rank, so all ranks must call in place or none (docs/usage.md), as programs do.
-    std::call_once(gInPlaceNotice, [] {
+    if (!gInPlaceNoticed.exchange(true)) {
       TIDE_INFO(kComponent, "in-place reduce-scatter calls go to NCCL (TIDE's output may not overlap its input); "
                             "said once");
-    });
+    }
     return kPassToNccl;
   }
   // A layout attached to sendbuff (tideAttachLayout): every parameter's full gradient at its slot offset; else one
@@ -405,10 +426,10 @@ void releaseComm(void* ncclComm, bool collective) {
   std::shared_ptr<CommState> s;
   {
     std::lock_guard<std::mutex> lock(gMu);
-    auto it = gStates.find(ncclComm);
-    if (it == gStates.end()) return;
+    auto it = gStates->find(ncclComm);
+    if (it == gStates->end()) return;
     s = it->second;
-    gStates.erase(it);  // a later communicator at the same address starts afresh
+    gStates->erase(it);  // a later communicator at the same address starts afresh
   }
   std::lock_guard<std::mutex> lock(s->mu);
   if (s->comm == nullptr) return;

@@ -71,7 +71,7 @@ std::vector<CopyRun> splitAtAllocations(const std::vector<CopyRun>& runs, const 
         if (s0 < sb || s0 + r.width > sb + ss || d0 < db || d0 + r.width > db + ds) break;
         ++e;
       }
-      if (e == k) e = k + 1;  // the row itself straddles its allocation: a plain copy, as before runs existed
+      if (e == k) e = k + 1;  // the row itself straddles its allocation: a plain copy of that row
       piece.rows = e - k;
       out.push_back(plain(piece));
       k = e;

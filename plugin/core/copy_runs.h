@@ -1,10 +1,11 @@
-// Strided runs of a copy list (docs/architecture.md "Eager calls as graph replays", "Strided copies"): copies of one
-// width whose destinations and sources each step through memory at one pitch become one 2D copy (cudaMemcpy2DAsync:
-// one driver call, one graph node). A captured program otherwise holds one memcpy node per copy, and a graph's launch
-// costs host time that grows with its nodes (an all-gather of 64 parameters at W = 8 is 512 nodes per rank, whose
-// replay took 18.2 us of its 38.6 us per call: benchmarks/RESULTS.md session 17). For P parameters of one size pushed to W ranks, the AG's
-// copies into each destination rank's slot step by the slot's per-parameter stride and, when the shards are packed
-// (a send buffer, or shards allocated back to back), by the shard stride: P x W nodes become W.
+// Strided runs of a copy list (docs/architecture.md "Eager calls as graph replays", "Strided copies"): copies of
+// one width whose destinations and sources each step through memory at one pitch become one 2D copy
+// (cudaMemcpy2DAsync: one driver call, one graph node). A captured program otherwise holds one memcpy node per
+// copy, and a graph's launch costs host time that grows with its nodes (an all-gather of 64 parameters at W = 8 is
+// 512 nodes per rank, whose replay measured 18.2 us of its 38.6 us per call on an H200). For P parameters of one
+// size pushed to W ranks, the AG's copies into each destination rank's slot step by the slot's per-parameter stride
+// and, when the shards are packed (a send buffer, or shards allocated back to back), by the shard stride: P x W
+// nodes become W.
 // Pure host code: addresses are plain integers here (device pointers in plugin/cuda/program_exec.cc).
 #ifndef TIDE_CORE_COPY_RUNS_H_
 #define TIDE_CORE_COPY_RUNS_H_

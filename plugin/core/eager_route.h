@@ -1,4 +1,4 @@
-// Eager calls as graph replays (issue 15; docs/architecture.md "CUDA graphs", "Eager calls as graph replays").
+// Eager calls as graph replays (docs/architecture.md "CUDA graphs", "Eager calls as graph replays").
 //
 // Two decisions, kept apart because they have different scopes:
 //   * eagerUsesTokens: which wire protocol an eager call uses (the epoch words of the eager programs, or the

@@ -1,9 +1,9 @@
 // Error reporting shared by every layer: one thread-local "last error" message per thread, set by the root cause.
 //
-// The rule (CONVENTIONS.md, Errors): the function that detects a problem calls fail(), which records the message,
-// logs exactly one WARN line for <component> (printed from NCCL_DEBUG=WARN up: the caller gets the message through
-// the return code and tideGetLastError; log.h), and returns the code. Callers higher up propagate the code
-// with TIDE_CHECK and add nothing, so each failure produces one log line with the useful context.
+// The rule: the function that detects a problem calls fail(), which records the message, logs exactly one WARN line
+// for <component> (printed from NCCL_DEBUG=WARN up: the caller gets the message through the return code and
+// tideGetLastError; log.h), and returns the code. Callers higher up propagate the code with TIDE_CHECK and add
+// nothing, so each failure produces one log line with the useful context.
 #ifndef TIDE_CORE_ERRORS_H_
 #define TIDE_CORE_ERRORS_H_
 

@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "errors.h"
+#include "fork_guard.h"
 
 namespace tide {
 namespace handles {
@@ -30,6 +31,9 @@ Registry& registry() {
   static Registry* r = new Registry();
   return *r;
 }
+
+// Created at the library's load, not at first use, and its lock held across fork().
+[[maybe_unused]] const bool gForkGuarded = forkguard::guard(forkguard::kHandles, &registry().mu);
 
 const char* typeName(HandleKind kind) { return kind == HandleKind::kLayout ? "tideLayout_t" : "tideComm_t"; }
 

@@ -8,6 +8,10 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
 #include "dtype.h"
 #include "errors.h"
 #include "host_executor.h"
@@ -18,6 +22,39 @@ namespace {
 
 constexpr const char* kComponent = "HostRS";
 constexpr uint64_t kOutputBit = 1ull << 63;
+
+// The contract is IEEE fp32: subnormals kept, round to nearest even. The calling thread's mode may say otherwise
+// (torch.set_flush_denormal(True), code built with -ffast-math), and the vector unit's control register applies it
+// to every operation here; so the call runs in the default mode and gives the caller's back, exception flags
+// included. On other architectures the default mode is assumed.
+class IeeeFloatMode {
+ public:
+#if defined(__x86_64__) || defined(__i386__)
+  // MXCSR: flush-to-zero (bit 15), denormals-are-zero (bit 6), rounding control (bits 13-14), exception masks
+  // (bits 7-12; all masked, so a NaN input never traps).
+  IeeeFloatMode() : saved_(_mm_getcsr()) { _mm_setcsr(kDefault); }
+  ~IeeeFloatMode() { _mm_setcsr(saved_); }
+
+ private:
+  static constexpr unsigned kDefault = 0x1f80;
+  unsigned saved_;
+#elif defined(__aarch64__)
+  // FPCR: flush-to-zero (bit 24), half-precision flush-to-zero (bit 19), rounding mode (bits 22-23), trap enables
+  // (bits 8-15): all cleared.
+  IeeeFloatMode() : saved_(get()) { set(saved_ & ~kModeBits); }
+  ~IeeeFloatMode() { set(saved_); }
+
+ private:
+  static constexpr uint64_t kModeBits = (1ull << 24) | (1ull << 19) | (3ull << 22) | (0xffull << 8);
+  static uint64_t get() {
+    uint64_t v;
+    __asm__ __volatile__("mrs %0, fpcr" : "=r"(v));
+    return v;
+  }
+  static void set(uint64_t v) { __asm__ __volatile__("msr fpcr, %0" : : "r"(v)); }
+  uint64_t saved_;
+#endif
+};
 
 tideResult_t validate(const Layout& l, const void* const* grads, void* const* outs, tideDataType_t outType,
                       tideRedOp_t op, float scale) {
@@ -97,6 +134,7 @@ void loadContribution(const ParamLayout& p, const void* grad, uint64_t j0, uint6
 tideResult_t hostReduceScatter(const Layout& l, const void* const* grads, void* const* outs, tideDataType_t outType,
                                tideRedOp_t op, float scale) {
   TIDE_CHECK(validate(l, grads, outs, outType, op, scale));
+  const IeeeFloatMode ieee;
   const int R = l.ranksPerNode, N = l.nNodes, W = l.worldSize;
   const size_t outElem = dtype::size(outType);
   uint64_t maxShard = 0;

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 
+#include "fork_guard.h"
 #include "params.h"
 
 namespace tide {
@@ -157,7 +158,9 @@ struct Settings {
 
 std::atomic<const Settings*> gSettings{nullptr};
 std::atomic<DeviceQuery> gDeviceQuery{nullptr};
-std::once_flag gOnce;
+// Taken for the one load of the settings; held across fork() (a child never waits for a load of another thread).
+std::mutex gLoadMu;
+[[maybe_unused]] const bool gForkGuarded = forkguard::guard(forkguard::kLogSettings, &gLoadMu);
 
 // Level words of NCCL_DEBUG; NCCL ignores other values, and so does TIDE (NCCL_DEBUG is NCCL's to validate).
 bool ncclLevel(const char* text, Settings* s) {
@@ -181,6 +184,7 @@ const Settings* load() {
   // Never freed: lines may be written from static destructors and from any thread, after function statics are
   // gone (a global pointer keeps it reachable, so leak checkers do not report it).
   Settings& s = *new Settings();
+  (void)hostName();  // its magic static is initialized here, under gLoadMu, which fork() waits for
   bool ownLevel = false;
   switch (params::debugSetting()) {
     case params::kDebugNccl: {
@@ -242,8 +246,14 @@ const Settings& settings() {
   const Settings* s = gSettings.load(std::memory_order_acquire);
   if (s != nullptr) return *s;
   // Reading the parameters never logs (params::state() is silent), so this cannot recurse.
-  std::call_once(gOnce, [] { gSettings.store(load(), std::memory_order_release); });
-  s = gSettings.load(std::memory_order_acquire);
+  {
+    std::lock_guard<std::mutex> lock(gLoadMu);
+    s = gSettings.load(std::memory_order_acquire);
+    if (s == nullptr) {
+      s = load();
+      gSettings.store(s, std::memory_order_release);
+    }
+  }
   static std::atomic<bool> noted{false};
   if (!s->note.empty() && !noted.exchange(true)) write(kWarn, "Params", "%s", s->note.c_str());
   return *s;

@@ -1,5 +1,5 @@
-// The NVLink multicast gate (DESIGN.md section 6). TIDE never creates multicast objects; it may use multicast
-// addresses that NCCL hands out, and only when this gate is open.
+// The NVLink multicast gate (tideMulticastAllowed, include/tide.h). TIDE never creates multicast objects; it may
+// use multicast addresses that NCCL hands out, and only when this gate is open.
 #ifndef TIDE_CORE_MULTICAST_H_
 #define TIDE_CORE_MULTICAST_H_
 

@@ -8,9 +8,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <strings.h>
 
 #include "errors.h"
+#include "fork_guard.h"
 
 extern char** environ;  // POSIX: the process environment, scanned once for NCCL_TIDE_* names nobody reads
 
@@ -246,9 +248,22 @@ State load() {
   return st;
 }
 
+// The one read of the environment, under a lock held across fork() (a function-local static's guard would leave a
+// child forked during the read waiting forever). Never freed, like the log settings that read it.
+std::mutex gStateMu;
+std::atomic<const State*> gState{nullptr};
+[[maybe_unused]] const bool gForkGuarded = forkguard::guard(forkguard::kParams, &gStateMu);
+
 const State& state() {
-  static const State st = load();
-  return st;
+  const State* st = gState.load(std::memory_order_acquire);
+  if (st != nullptr) return *st;
+  std::lock_guard<std::mutex> lock(gStateMu);
+  st = gState.load(std::memory_order_acquire);
+  if (st == nullptr) {
+    st = new State(load());
+    gState.store(st, std::memory_order_release);
+  }
+  return *st;
 }
 
 std::atomic<bool> gLogged{false};
@@ -266,9 +281,9 @@ bool strictWhenInvalid(Id id) {
 }
 
 // NCCL_TIDE_* variables that are not parameters of this library but are read elsewhere (docs/env.md, "Read by the
-// Python package only" and "Read by the build scripts"): not reported as unknown.
+// Python package only" and "Read by the build scripts"; benchmarks/bench_lib.py): not reported as unknown.
 constexpr const char* kReadElsewhere[] = {"NCCL_TIDE_LIBRARY_PATH", "NCCL_TIDE_FSDP", "NCCL_TIDE_FSDP_CAST_IN_PLACE",
-                                          "NCCL_TIDE_OFFLINE"};
+                                          "NCCL_TIDE_OFFLINE", "NCCL_TIDE_BENCH_LIBRARY_PATH"};
 
 bool knownName(const char* name, size_t n) {
   for (const Def& d : kDefs) {

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "../core/errors.h"
+#include "../core/fork_guard.h"
 #include "../core/log.h"
 
 namespace tide {
@@ -18,6 +19,7 @@ constexpr int kNewestKnownMinor = 32;  // 2.32.x
 std::mutex gMu;
 Lib gLib;
 bool gResolved = false;
+[[maybe_unused]] const bool gForkGuarded = forkguard::guard(forkguard::kNcclBinding, &gMu);
 
 int versionCode(int major, int minor, int patch) {
   return (major <= 2 && minor <= 8) ? major * 1000 + minor * 100 + patch : major * 10000 + minor * 100 + patch;
@@ -133,9 +135,8 @@ tideResult_t load(Lib* lib) {
   sym(h, "ncclReduceScatterConfig", &lib->reduceScatterConfig);
   if (lib->allGatherConfig && lib->reduceScatterConfig) lib->features |= kCollConfig;
 
-  // Provider: windows need the host-side peer pointer queries of 2.29.2. The window provider is not built yet, so
-  // tideCommCreate uses CUDA IPC (single node) on every NCCL, and the reported provider says so: reporting "window"
-  // for a comm that runs on IPC misled readers of nccl_info().
+  // Provider: windows need the host-side peer pointer queries of 2.29.2 (windowCapable). tideCommCreate uses CUDA
+  // IPC (single node) on every NCCL, and the reported provider is the one the comms run on.
   const uint64_t windowNeeds = kMemAlloc | kWindowRegister | kLsaPointers;
   lib->windowCapable = lib->effectiveVersion >= 22902 && lib->has(static_cast<Feature>(windowNeeds));
   lib->provider = "ipc";

@@ -26,19 +26,25 @@ from .host import host_all_gather, host_reduce_scatter
 from .layout import Layout, ParamInfo, Step
 
 
-def _find_version() -> str:
-    # Installed: the distribution's metadata. Source checkout: the repo's VERSION file.
-    try:
-        from importlib.metadata import PackageNotFoundError
-        from importlib.metadata import version as _dist_version
-
-        return _dist_version("nccl-tide")
-    except (ImportError, PackageNotFoundError):
-        repo_version = _Path(__file__).resolve().parents[2] / "VERSION"
-        return repo_version.read_text().strip() if repo_version.is_file() else "0+unknown"
+# The source package and its builds for one CUDA major or host-only (setup.py, TIDE_CUDA) hold this same module.
+_DISTRIBUTIONS = ("nccl-tide", "nccl-tide-cu13", "nccl-tide-cu12", "nccl-tide-cpu")
 
 
-__version__ = _find_version()
+def _find_distribution():
+    """(distribution name, version) of the installed package; (None, the repo's VERSION) in a source checkout."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as _dist_version
+
+    for name in _DISTRIBUTIONS:
+        try:
+            return name, _dist_version(name)
+        except PackageNotFoundError:
+            pass
+    repo_version = _Path(__file__).resolve().parents[2] / "VERSION"
+    return None, (repo_version.read_text().strip() if repo_version.is_file() else "0+unknown")
+
+
+_distribution, __version__ = _find_distribution()
 version = __version__
 
 

@@ -24,7 +24,7 @@ from ._log import get_logger
 from .nccl_cuda import check_cuda_major
 from .cuda import _TORCH_RS_TYPES, _ptr, _SlotMemory
 from .dtypes import dtype as to_dtype
-from .dtypes import op_code
+from .dtypes import op_code, scale_arg
 from ._lifetime import Lifetime
 from .errors import InvalidArgumentError, TideTimeoutError, describe_pending, first_pending_wait
 
@@ -245,7 +245,7 @@ class Comm:
                     raise InvalidArgumentError(f"shards: {len(shards)} tensors, layout has {len(infos)} params")
                 table = N.pointer_table(
                     [
-                        _ptr(t, f"shards[{i}]", p.shard_numel * p.elem_size)
+                        _ptr(t, f"shards[{i}]", p.shard_numel * p.elem_size, dtype=p.dtype)
                         for i, (t, p) in enumerate(zip(shards, infos))
                     ]
                 )
@@ -274,9 +274,12 @@ class Comm:
             if len(grads) != len(infos):
                 raise InvalidArgumentError(f"grads: {len(grads)} tensors, layout has {len(infos)} params")
             table = N.pointer_table(
-                [_ptr(g, f"grads[{i}]", p.numel * p.elem_size) for i, (g, p) in enumerate(zip(grads, infos))]
+                [
+                    _ptr(g, f"grads[{i}]", p.numel * p.elem_size, dtype=p.dtype)
+                    for i, (g, p) in enumerate(zip(grads, infos))
+                ]
             )
-            out_ptr = _ptr(out, "out", layout.rs_out_numel * odt.size)
+            out_ptr = _ptr(out, "out", layout.rs_out_numel * odt.size, dtype=odt)
             stag = None if staging is None else _ptr(staging, "staging", layout.rs_staging_bytes, at_least=True)
             with layout._use() as lh:  # safe against a concurrent layout.close()
                 N.check(
@@ -287,7 +290,7 @@ class Comm:
                         out_ptr,
                         odt.code,
                         op_code(op),
-                        float(scale),
+                        scale_arg(scale, op_code(op)),
                         stag,
                         self._stream(stream),
                     ),

@@ -30,7 +30,7 @@ from ._fences import CallerStreamFences
 from ._log import get_logger
 from ._lifetime import Lifetime
 from .dtypes import dtype as to_dtype
-from .dtypes import op_code
+from .dtypes import check_element_type, op_code, scale_arg
 from .errors import InvalidArgumentError, TideTimeoutError, describe_pending, first_pending_wait
 
 _log = get_logger("cuda")
@@ -171,12 +171,15 @@ class _SlotMemory:
         }
 
 
-def _ptr(t: Any, what: str, nbytes: Optional[int] = None, at_least: bool = False) -> int:
-    """Device address of a contiguous CUDA tensor (or a raw int address), checking its byte size."""
+def _ptr(t: Any, what: str, nbytes: Optional[int] = None, at_least: bool = False, dtype=None) -> int:
+    """Device address of a contiguous CUDA tensor (or a raw int address), checking its byte size and, for a typed
+    buffer (dtype: the layout's or out_dtype), its element type."""
     if isinstance(t, int):
         return t
     if not hasattr(t, "data_ptr"):
         raise InvalidArgumentError(f"{what}: expected a CUDA tensor, got {type(t).__name__}")
+    if dtype is not None:
+        check_element_type(t, to_dtype(dtype), what)
     if t.device.type != "cuda":
         raise InvalidArgumentError(f"{what}: tensor is on {t.device}; the CUDA path needs CUDA tensors")
     if not t.is_contiguous():
@@ -359,7 +362,7 @@ class LoopbackWorld:
                 raise InvalidArgumentError(f"shards[{rank}]: {len(shards)} tensors, layout has {len(infos)} params")
             table = N.pointer_table(
                 [
-                    _ptr(t, f"shards[{rank}][{i}]", p.shard_numel * p.elem_size)
+                    _ptr(t, f"shards[{rank}][{i}]", p.shard_numel * p.elem_size, dtype=p.dtype)
                     for i, (t, p) in enumerate(zip(shards, infos))
                 ]
             )
@@ -441,11 +444,15 @@ class LoopbackWorld:
         if len(grads) != len(infos):
             raise InvalidArgumentError(f"grads[{rank}]: {len(grads)} tensors, layout has {len(infos)} params")
         table = N.pointer_table(
-            [_ptr(g, f"grads[{rank}][{i}]", p.numel * p.elem_size) for i, (g, p) in enumerate(zip(grads, infos))]
+            [
+                _ptr(g, f"grads[{rank}][{i}]", p.numel * p.elem_size, dtype=p.dtype)
+                for i, (g, p) in enumerate(zip(grads, infos))
+            ]
         )
-        out_ptr = _ptr(out, f"outs[{rank}]", layout.rs_out_numel * odt.size)
+        out_ptr = _ptr(out, f"outs[{rank}]", layout.rs_out_numel * odt.size, dtype=odt)
         stag = None if staging is None else _ptr(staging, f"staging[{rank}]", layout.rs_staging_bytes, at_least=True)
-        op_c, scale_f = op_code(op), float(scale)
+        op_c = op_code(op)
+        scale_f = scale_arg(scale, op_c)
         stream_obj = self._streams[rank] if stream is None else stream
         stream_handle = self._stream_handle(stream_obj)
 

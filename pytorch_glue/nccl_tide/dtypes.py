@@ -3,6 +3,8 @@
 numpy has no bf16 or fp8, so those travel as bit patterns: bf16 as uint16, fp8 as uint8.
 """
 
+import ctypes
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -48,6 +50,37 @@ ALIASES = {
 # Reduce-scatter accepts these gradient and output types (tide.h).
 RS_TYPES = ("bf16", "fp16", "fp32")
 
+# Element types (numpy dtype or torch dtype names) a buffer of each type may have: the type itself, or for bf16 and
+# fp8 the unsigned integers that hold their bits (numpy has no bf16 or fp8). The element size alone is not enough:
+# float16 read as bf16, or int32 as fp32, is a silently wrong result.
+ELEMENT_TYPES = {
+    "bf16": ("bfloat16", "uint16"),
+    "fp16": ("float16",),
+    "fp32": ("float32",),
+    "fp8_e4m3": ("float8_e4m3fn", "uint8"),
+    "fp8_e5m2": ("float8_e5m2", "uint8"),
+    "int8": ("int8",),
+    "int32": ("int32",),
+}
+
+
+def check_element_type(x, dt: DType, what: str) -> None:
+    """Raises InvalidArgumentError unless numpy array or torch tensor x holds elements of type dt, in this machine's
+    byte order."""
+    if isinstance(x, np.ndarray):
+        if not x.dtype.isnative:
+            raise InvalidArgumentError(
+                f"{what}: byte order of {x.dtype.str} is not this machine's; convert it first "
+                "(x.astype(x.dtype.newbyteorder('=')))"
+            )
+        name = x.dtype.name
+    else:
+        name = str(x.dtype).replace("torch.", "")
+    if name not in ELEMENT_TYPES[dt.name]:
+        raise InvalidArgumentError(
+            f"{what}: {name} elements, but {dt.name} needs {' or '.join(ELEMENT_TYPES[dt.name])} (not reinterpreted)"
+        )
+
 
 def dtype(x) -> DType:
     """Accepts a name ('bf16', 'bfloat16', ...), a tideDataType_t code, a DType or a torch.dtype."""
@@ -81,3 +114,19 @@ def op_code(op) -> int:
     if name not in OPS:
         raise InvalidArgumentError(f"unknown reduction op {op!r}; use one of {', '.join(OPS)}")
     return OPS[name]
+
+
+def scale_arg(scale, op: int) -> float:
+    """The scale passed to the library for op (a tideRedOp_t): a real number (not a str or a bool); PREMUL_SUM
+    multiplies by it in fp32, so there it must be finite in fp32; the other ops ignore it (1.0 is passed)."""
+    if isinstance(scale, (str, bytes, bool)):
+        raise InvalidArgumentError(f"scale is {scale!r}; expected a real number")
+    try:
+        value = float(scale)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"scale is {scale!r}; expected a real number") from None
+    if op != N.tidePremulSum:
+        return 1.0
+    if not math.isfinite(ctypes.c_float(value).value):
+        raise InvalidArgumentError(f"scale={scale!r} is not a finite fp32 value (op premul multiplies by it in fp32)")
+    return value

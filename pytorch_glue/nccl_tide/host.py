@@ -12,32 +12,32 @@ from typing import Any, List, Optional
 import numpy as np
 
 from . import _native as N
-from .dtypes import RS_TYPES, DType, op_code
+from .dtypes import RS_TYPES, DType, check_element_type, op_code, scale_arg
 from .dtypes import dtype as to_dtype
 from .errors import InvalidArgumentError
-from .layout import Layout
+from .layout import Layout, sequence_arg
 
 POISON_BYTE = 0xFF
 
 
-def _pointer(x: Any, numel: int, elem_size: int, what: str, writable: bool) -> int:
-    """Address of a contiguous CPU buffer of exactly numel elements of elem_size bytes."""
+def _pointer(x: Any, numel: int, dt: DType, what: str, writable: bool) -> int:
+    """Address of a contiguous CPU buffer of exactly numel elements of type dt."""
     if isinstance(x, np.ndarray):
         if not x.flags.c_contiguous:
             raise InvalidArgumentError(f"{what}: numpy array must be C-contiguous")
         if writable and not x.flags.writeable:
             raise InvalidArgumentError(f"{what}: numpy array is read-only")
-        itemsize, size, ptr = x.itemsize, x.size, x.ctypes.data
+        size, ptr = x.size, x.ctypes.data
     elif hasattr(x, "data_ptr") and hasattr(x, "element_size"):  # a torch.Tensor
         if x.device.type != "cpu":
             raise InvalidArgumentError(f"{what}: tensor is on {x.device}; the host executor needs CPU tensors")
         if not x.is_contiguous():
             raise InvalidArgumentError(f"{what}: tensor must be contiguous")
-        itemsize, size, ptr = x.element_size(), x.numel(), x.data_ptr()
+        size, ptr = x.numel(), x.data_ptr()
     else:
         raise InvalidArgumentError(f"{what}: expected a numpy array or a CPU torch tensor, got {type(x).__name__}")
-    if itemsize != elem_size:
-        raise InvalidArgumentError(f"{what}: element size {itemsize} bytes, layout dtype needs {elem_size}")
+    check_element_type(x, dt, what)
+    elem_size = dt.size
     if size != numel:
         raise InvalidArgumentError(f"{what}: {size} elements, layout needs {numel}")
     if numel and not ptr:
@@ -50,9 +50,15 @@ def _pointer(x: Any, numel: int, elem_size: int, what: str, writable: bool) -> i
     return ptr
 
 
-def _check_table(table: Sequence, world: int, what: str) -> None:
+def _check_table(table: Sequence, world: int, what: str, per_rank: Optional[int] = None) -> None:
+    """table: one entry per rank; with per_rank, each entry a sequence of that many buffers."""
+    sequence_arg(table, what, "per-rank entries")
     if len(table) != world:
         raise InvalidArgumentError(f"{what}: {len(table)} ranks given, layout has world_size {world}")
+    if per_rank is not None:
+        for r, row in enumerate(table):
+            if len(sequence_arg(row, f"{what}[{r}]", "buffers, one per parameter")) != per_rank:
+                raise InvalidArgumentError(f"{what}[{r}]: {len(row)} buffers given, layout has {per_rank} parameters")
 
 
 def poisoned(numel: int, dt: DType) -> np.ndarray:
@@ -66,18 +72,16 @@ def host_all_gather(layout: Layout, shards: Sequence[Sequence[Any]], params: Opt
 
     Returns params. Raises InvalidArgumentError before anything is written on bad input.
     """
-    W, infos = layout.world_size, layout.params
-    _check_table(shards, W, "shards")
+    W, infos, dts = layout.world_size, layout.params, layout.dtypes
+    _check_table(shards, W, "shards", len(infos))
     if params is None:
-        params = [[poisoned(p.shard_numel * W, to_dtype(p.dtype)) for p in infos] for _ in range(W)]
-    _check_table(params, W, "params")
+        params = [[poisoned(p.shard_numel * W, dt) for p, dt in zip(infos, dts)] for _ in range(W)]
+    _check_table(params, W, "params", len(infos))
     src, dst = [], []
     for r in range(W):
-        if len(shards[r]) != len(infos) or len(params[r]) != len(infos):
-            raise InvalidArgumentError(f"rank {r}: need {len(infos)} tensors per rank")
-        for i, p in enumerate(infos):
-            src.append(_pointer(shards[r][i], p.shard_numel, p.elem_size, f"shards[{r}][{i}]", False))
-            dst.append(_pointer(params[r][i], p.shard_numel * W, p.elem_size, f"params[{r}][{i}]", True))
+        for i, (p, dt) in enumerate(zip(infos, dts)):
+            src.append(_pointer(shards[r][i], p.shard_numel, dt, f"shards[{r}][{i}]", False))
+            dst.append(_pointer(params[r][i], p.shard_numel * W, dt, f"params[{r}][{i}]", True))
     with layout._use() as h:  # a close() on another thread waits for this call (or this call fails cleanly)
         N.check(N.lib().tideHostAllGather(h, N.pointer_table(src), N.pointer_table(dst)), "host_all_gather")
     return params
@@ -96,25 +100,24 @@ def host_reduce_scatter(
     outs[r] is rank r's packed output: rs_out_numel elements of out_dtype, parameter i at
     params[i].rs_out_offset. op: 'sum', 'avg' or 'premul' (multiply by `scale` first).
     """
-    W, infos = layout.world_size, layout.params
+    W, infos, dts = layout.world_size, layout.params, layout.dtypes
     odt = to_dtype(out_dtype)
     if odt.name not in RS_TYPES:
         raise InvalidArgumentError(f"out_dtype {odt.name}: reduce-scatter writes one of {', '.join(RS_TYPES)}")
     code = op_code(op)
-    _check_table(grads, W, "grads")
+    scale_f = scale_arg(scale, code)
+    _check_table(grads, W, "grads", len(infos))
     if outs is None:
         outs = [poisoned(layout.rs_out_numel, odt) for _ in range(W)]
     _check_table(outs, W, "outs")
     src, dst = [], []
     for r in range(W):
-        if len(grads[r]) != len(infos):
-            raise InvalidArgumentError(f"rank {r}: need {len(infos)} gradients, got {len(grads[r])}")
-        for i, p in enumerate(infos):
-            src.append(_pointer(grads[r][i], p.numel, p.elem_size, f"grads[{r}][{i}]", False))
-        dst.append(_pointer(outs[r], layout.rs_out_numel, odt.size, f"outs[{r}]", True))
+        for i, (p, dt) in enumerate(zip(infos, dts)):
+            src.append(_pointer(grads[r][i], p.numel, dt, f"grads[{r}][{i}]", False))
+        dst.append(_pointer(outs[r], layout.rs_out_numel, odt, f"outs[{r}]", True))
     with layout._use() as h:
         N.check(
-            N.lib().tideHostReduceScatter(h, N.pointer_table(src), N.pointer_table(dst), odt.code, code, float(scale)),
+            N.lib().tideHostReduceScatter(h, N.pointer_table(src), N.pointer_table(dst), odt.code, code, scale_f),
             "host_reduce_scatter",
         )
     return outs

@@ -37,6 +37,25 @@ class Step(NamedTuple):
     bytes: int
 
 
+def sequence_arg(value, what: str, entries: str) -> Sequence:
+    """value if it is a sequence (list, tuple, numpy array, ...), else InvalidArgumentError; a str is not one."""
+    if isinstance(value, (str, bytes)) or not (hasattr(value, "__len__") and hasattr(value, "__getitem__")):
+        raise InvalidArgumentError(f"{what} is {value!r}; expected a sequence of {entries}")
+    return value
+
+
+def _unpickle(args: tuple, pickled_hash: int) -> "Layout":
+    layout = Layout(*args)
+    if layout.hash != pickled_hash:
+        h = layout.hash
+        layout.close()
+        raise InvalidArgumentError(
+            f"unpickled Layout has hash 0x{h:016x}, the pickled one 0x{pickled_hash:016x}: this process's "
+            "NCCL_TIDE_RS_CHUNK_BYTES or NCCL_TIDE_PACE_BYTES differs; pass rs_chunk_bytes and pace_bytes explicitly"
+        )
+    return layout
+
+
 def default_ranks_per_node(world_size: int) -> int:
     """Largest divisor of world_size that is <= 8 (a DGX-style node).
 
@@ -67,14 +86,15 @@ class Layout:
         self._inflight = 0  # calls of this process using the handle now (see _use)
         self._closing = False
         # Every integer is range-checked here: ctypes would silently wrap an out-of-range one into another value.
-        numels = [N.u64_arg(x, f"numels[{i}]") for i, x in enumerate(numels)]
+        per_param = "integers, one per parameter"
+        numels = [N.u64_arg(x, f"numels[{i}]") for i, x in enumerate(sequence_arg(numels, "numels", per_param))]
         n = N.int_arg(len(numels), "number of parameters", 0)
         if isinstance(dtypes, (str, DType)) or not hasattr(dtypes, "__len__"):
             dtypes = [dtypes] * n  # one dtype for the whole group
         dts: List[DType] = [to_dtype(d) for d in dtypes]
         if len(dts) != n:
             raise InvalidArgumentError(f"{n} numels but {len(dts)} dtypes")
-        if row_numels is not None and len(row_numels) != n:
+        if row_numels is not None and len(sequence_arg(row_numels, "row_numels", per_param)) != n:
             raise InvalidArgumentError(f"{n} numels but {len(row_numels)} row_numels")
         if row_numels is not None:
             row_numels = [N.u64_arg(x, f"row_numels[{i}]") for i, x in enumerate(row_numels)]
@@ -102,6 +122,9 @@ class Layout:
             ranks_per_node,
             rank,
         )
+        # What copies and pickles recreate the layout from (each its own handle).
+        self._args = (numels, [d.name for d in dts], world_size, ranks_per_node, rank, row_numels,
+                      rs_chunk_bytes or None, pace_bytes or None)
         config = N.make_config(rs_chunk_bytes, pace_bytes)
         handle = N.tideLayout_t()
         N.check(lib.tideLayoutCreate(ctypes.byref(desc), ctypes.byref(config), ctypes.byref(handle)), "Layout")
@@ -190,6 +213,18 @@ class Layout:
 
     def __exit__(self, *exc):
         self.close()
+
+    # A copy is another Layout of the same arguments, with a handle of its own (sharing the handle would make the
+    # second close() a double destroy). A pickle holds the arguments and the hash; unpickling recreates the layout
+    # and refuses it if the hash differs (another process's NCCL_TIDE_* defaults).
+    def __copy__(self):
+        return Layout(*self._args)
+
+    def __deepcopy__(self, memo):
+        return Layout(*self._args)
+
+    def __reduce__(self):
+        return _unpickle, (self._args, self.hash)
 
     def __del__(self):
         try:

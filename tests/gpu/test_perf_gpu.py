@@ -13,19 +13,20 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-# A data row: nccl-tests' 13 columns in nccl-tests' places (size count type redop root, 4 out-of-place, 4 in-place),
-# then tide-perf's: impl, SM, GEMM, host, gpu, note.
+# A data row with --wide: nccl-tests' 13 columns in nccl-tests' places (size count type redop root, 4 out-of-place,
+# 4 in-place), then tide-perf's: impl, SM, GEMM, host, gpu. A row's note is a `# note IMPL SIZES: text` line.
 ROW = re.compile(
     r"^\s*(\d+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(-?\d+)"
     + r"\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)" * 2
-    + r"\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)(?:\s+(.*?))?\s*$"
+    + r"\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s*$"
 )
+NOTE = re.compile(r"^# note (\S+) (\S+): (.*)$", flags=re.MULTILINE)
 
 
 def by_name(g):
-    """A ROW match's groups as (size, count, type, redop, root, impl, 4 oop, 4 ip, SM, GEMM, note, host, gpu): the
-    impl first, which is how these tests index rows (the table itself puts impl after nccl-tests' columns)."""
-    return g[:5] + (g[13],) + g[5:13] + g[14:16] + (g[18],) + g[16:18]
+    """A ROW match's groups as (size, count, type, redop, root, impl, 4 oop, 4 ip, SM, GEMM, host, gpu): the impl
+    first, which is how these tests index rows (the table itself puts impl after nccl-tests' columns)."""
+    return g[:5] + (g[13],) + g[5:13] + g[14:18]
 ENV = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -53,12 +54,17 @@ def run(args, timeout=180, torchrun=False):
 
 
 def rows(stdout):
+    notes = {}
+    for impl, where, text in NOTE.findall(stdout):
+        for size in (["all"] if where == "all" else where.split(",")):
+            notes[(impl, size)] = text
     out = []
     for line in stdout.splitlines():
         if line and not line.startswith("#"):
             m = ROW.match(line)
             if m:
                 g = by_name(m.groups())
+                note = notes.get((g[5], g[0]), notes.get((g[5], "all")))
                 out.append(
                     {
                         "size": int(g[0]),
@@ -68,17 +74,18 @@ def rows(stdout):
                         "wrong": g[9],
                         "sm": g[14],
                         "gemm": g[15],
-                        "note": g[16] or "",
-                        "host": g[17],
-                        "gpu": g[18],
+                        "note": note or "",
+                        "host": g[16],
+                        "gpu": g[17],
                     }
                 )
     return out
 
 
 def perf(text, *extra):
-    """Arguments of `python -m nccl_tide.perf`: a space-separated string plus extra items (paths)."""
-    return ["-m", "nccl_tide.perf", *text.split(), *map(str, extra)]
+    """Arguments of `python -m nccl_tide.perf`: a space-separated string plus extra items (paths), with --wide: one
+    row per implementation, tide-perf's columns after nccl-tests'."""
+    return ["-m", "nccl_tide.perf", *text.split(), *map(str, extra), "--wide"]
 
 
 @pytest.mark.parametrize("coll", ["all_gather", "reduce_scatter"])
@@ -111,10 +118,12 @@ def test_loopback_all_impls(coll, tmp_path):
         assert names and all("memcpy" in n.lower() or "memset" in n.lower() for ns in names for n in ns), names
     else:
         assert all(float(x["sm"]) > 0.0 for x in tide)  # the phase-2 reduce kernel
-    doc = json.loads(js.read_text())
-    assert doc["backend"] == "loopback" and doc["out_of_bounds"]["count"] == 0
+    full = json.loads(js.read_text())
+    doc = full["extras"]
+    assert doc["backend"] == "loopback" and full["out_of_bounds"]["count"] == 0
     assert doc["versions"]["torch"] and doc["versions"]["device"] and doc["versions"]["cuda_runtime"]
-    assert "nccl_runtime" in doc["versions"] and len(doc["devices"]) == 4
+    assert "nccl_runtime" in doc["versions"] and len(full["config"]["devices"]) == 4
+    assert all(re.match(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}$", d["device_hex"]) for d in full["config"]["devices"])
     assert doc["impls"]["nccl"]["measured_as"].startswith("stand-in")
     assert {x["impl"] for x in doc["results"] if x["ran"]} == {"tide", "nccl", "fsdp2"}
 
@@ -141,8 +150,9 @@ def test_loopback_virtual_nodes(coll, tmp_path):
         assert x["wrong"] == "0" and float(x["time"]) > 0 and float(x["busbw"]) > 0, x
         if x["impl"] != "tide":
             assert "over the same virtual nodes" in x["note"], x
-    doc = json.loads(js.read_text())
-    assert doc["backend"] == "loopback" and doc["out_of_bounds"]["count"] == 0
+    full = json.loads(js.read_text())
+    doc = full["extras"]
+    assert doc["backend"] == "loopback" and full["out_of_bounds"]["count"] == 0
     c = doc["config"]
     assert (c["nranks"], c["ranks_per_node"], c["nodes"], c["virtual_nodes"], c["pace_bytes"]) == (4, 2, 2, True, 65536)
     assert doc["busbw_formula"].startswith("busbw = algbw * (W-1)/W")
@@ -175,9 +185,9 @@ def test_loopback_interfere_gemm_and_model_layout(tmp_path):
 
 
 def test_min_busbw_gate_fails_the_run():
-    """--min-busbw far above anything reachable fails the run (exit 1) with zero wrong elements."""
+    """--min-busbw far above anything reachable fails the run (exit 7, nccl-tests') with zero wrong elements."""
     r = run(perf("all_gather --ranks 2 -b 1M -e 1M -n 2 --min-busbw 1e9"))
-    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 7, r.stdout[-3000:] + r.stderr[-3000:]
     assert "Out of bounds values : 0 OK" in r.stdout and re.search(r"Avg bus bandwidth\s*: \S+ FAILED", r.stdout)
 
 
@@ -201,7 +211,21 @@ def test_torchrun_world_size_1(coll, tmp_path):
         else:  # tide over the process group's NCCL communicator: runs, or says why
             # (a TIDE failure here belongs to the NCCL binding: the row must say so, the run goes on)
             assert x["wrong"] == "0" or x["note"].startswith(("not run", "failed")), x
-    doc = json.loads(js.read_text())
+    doc = json.loads(js.read_text())["extras"]
     assert doc["backend"] == "torchrun" and doc["config"]["nranks"] == 1
+
+
+def test_loopback_per_iteration_timing(tmp_path):
+    """-I 1: one CUDA event between iterations; nccl-tests' per-iteration records in the JSON."""
+    js = tmp_path / "it.json"
+    r = run(perf("all_gather --backend loopback --ranks 4 -b 1M -e 4M -f 4 -n 6 -m 2 -I 1 -K 1 -d bf16 -J", js))
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-6000:]
+    doc = json.loads(js.read_text())
+    for res in doc["results"]:
+        p = res["out_of_place_per_iter"]
+        assert len(p["times_us"]) == 6 and all(t > 0 for t in p["times_us"]) and p["skipped_iterations"] == 1
+        assert p["min_us"] <= p["avg_us"] <= p["max_us"]
+        # the mean of the iterations is the row's time per call
+        assert res["out_of_place"]["time"] == pytest.approx(sum(p["times_us"]) / 6, rel=1e-6)
 
 

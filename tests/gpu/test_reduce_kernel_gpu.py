@@ -1,15 +1,17 @@
-"""The reduce kernel (plugin/cuda/reduce_kernel.cu, shape: CTAs paced to the link, bounded work, several
-launches) on
-given buffers through tideBenchReduce, bit for bit against the host executor (tideHostReduceScatter) across
-sizes, source counts, dtypes, ops, alignments and shape overrides; with a running sum (prev, also in place)
-against the documented order computed on the CPU. Outputs are poisoned first. Also the link pacer and the
-persistent baseline of include/tide_bench.h.
+"""The reduce kernel (plugin/cuda/reduce_kernel.cu; its shape: CTAs paced to the link, bounded work, several
+launches) on given buffers through tideBenchReduce (the benchmark library, benchmarks/bench_lib.py), bit for bit
+against the host executor (tideHostReduceScatter) across sizes, source counts, dtypes, ops, alignments and shape
+overrides; with a running sum (prev, also in place) against the documented order computed on the CPU. Outputs are
+poisoned first.
 """
 
-import time
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 pytestmark = pytest.mark.gpu
 
@@ -67,7 +69,7 @@ CASES = [
 @pytest.mark.parametrize("n,nsrc,it,ot,op,mis,mc,cb", CASES)
 def test_reduce_bit_exact_vs_host_executor(torch_cuda, n, nsrc, it, ot, op, mis, mc, cb):
     torch = torch_cuda
-    from nccl_tide import _bench as B
+    import bench_lib as B
 
     g = torch.Generator(device="cuda").manual_seed(n + nsrc)
     esz = 4 if it == "fp32" else 2
@@ -114,7 +116,7 @@ def test_reduce_refuses_element_misaligned_pointers(torch_cuda, in_off, stride_o
     """A pointer or stride that is not a multiple of its element size is refused with a message, before any launch
     (the device would fault with a sticky misaligned-address error); the context stays usable."""
     torch = torch_cuda
-    from nccl_tide import _bench as B
+    import bench_lib as B
 
     n, nsrc = 1000, 3
     raw = torch.randn(nsrc * n + 64, device="cuda").bfloat16()
@@ -135,7 +137,7 @@ def test_reduce_refuses_element_misaligned_pointers(torch_cuda, in_off, stride_o
 @pytest.mark.parametrize("n,ot,op", [(100_003, "fp32", "sum"), (1 << 20, "fp32", "avg"), (4101, "bf16", "premul")])
 def test_reduce_with_running_sum(torch_cuda, n, ot, op, in_place):
     torch = torch_cuda
-    from nccl_tide import _bench as B
+    import bench_lib as B
 
     if in_place and ot != "fp32":
         pytest.skip("in place needs an fp32 output")
@@ -163,82 +165,3 @@ def test_reduce_with_running_sum(torch_cuda, n, ot, op, in_place):
     got = out.cpu()
     assert not torch.isnan(got.float()).any()
     assert torch.equal(got, want)
-
-
-def test_pacer_paces_without_kernels_and_copies_right(torch_cuda):
-    torch = torch_cuda
-    from nccl_tide import _bench as B
-
-    n = 64 << 20
-    src = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
-    dst = torch.zeros(n, dtype=torch.uint8, device="cuda")
-    pacer = B.Pacer(10.0, 1 << 20)  # 10 GB/s: 64 MiB takes >= 6.7 ms
-    try:
-        s = torch.cuda.Stream()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(s)
-        half = n // 2
-        pacer.paced_copy([(dst.data_ptr(), src.data_ptr(), half),
-                          (dst.data_ptr() + half, src.data_ptr() + half, half)], s.cuda_stream)
-        b.record(s)
-        torch.cuda.synchronize()
-        ms = a.elapsed_time(b)
-        floor = n / 10e9 * 1e3
-        assert floor * 0.97 <= ms <= floor * 1.6 + 2, (ms, floor)
-        assert torch.equal(dst, src)
-        st = pacer.stats()
-        assert st["pieces_released"] == st["pieces_enqueued"] == 64 and st["transfers"] == 1
-        # No kernel ran for it.
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            pacer.paced_copy([(dst.data_ptr(), src.data_ptr(), 8 << 20)], s.cuda_stream)
-            torch.cuda.synchronize()
-        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-                   and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
-        assert not kernels, [e.name for e in kernels]
-    finally:
-        torch.cuda.synchronize()
-        pacer.close()
-
-
-def test_pacer_destroy_releases_blocked_streams(torch_cuda):
-    torch = torch_cuda
-    from nccl_tide import _bench as B
-
-    n = 32 << 20
-    src = torch.ones(n, dtype=torch.uint8, device="cuda")
-    dst = torch.zeros(n, dtype=torch.uint8, device="cuda")
-    pacer = B.Pacer(0.001, 1 << 20)  # 1 MB/s: would take 33 s
-    s = torch.cuda.Stream()
-    pacer.paced_copy([(dst.data_ptr(), src.data_ptr(), n)], s.cuda_stream)
-    time.sleep(0.05)
-    t0 = time.perf_counter()
-    pacer.close()  # releases every piece; the stream drains
-    s.synchronize()
-    assert time.perf_counter() - t0 < 5
-    assert torch.equal(dst, src)
-
-
-def test_persistent_baseline_lasts_the_link_time(torch_cuda):
-    torch = torch_cuda
-    from nccl_tide import _bench as B
-
-    W, n = 8, 1 << 22
-    x = torch.randn(W * n, device="cuda").bfloat16()
-    out = torch.full((n,), float("nan"), device="cuda")
-    args = B.reduce_args(x.data_ptr(), n * 2, W, n, out.data_ptr())
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    B.persistent_reduce(args, 16, 0.004, torch.cuda.current_stream().cuda_stream)
-    b.record()
-    torch.cuda.synchronize()
-    assert 3.9 <= a.elapsed_time(b) <= 8.0
-    xv = x.view(W, n).float()
-    ref = xv[0].clone()
-    for s in range(1, W):
-        ref = ref + xv[s]
-    assert torch.equal(out, ref)
-    with pytest.raises(Exception):
-        B.persistent_reduce(B.reduce_args(x.data_ptr(), n * 2, W, n, out.data_ptr(), op="avg"), 16, 0.001,
-                            torch.cuda.current_stream().cuda_stream)

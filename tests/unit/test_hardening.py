@@ -356,8 +356,8 @@ def test_misaligned_bf16_fp16_buffers_are_refused_in_python(rng):
         outs = [np.empty(l.rs_out_numel, np.uint16), misaligned(l.rs_out_numel, np.uint16, 0)]
         with pytest.raises(InvalidArgumentError, match=r"outs\[1\].*not aligned"):
             host_reduce_scatter(l, grads, out_dtype="bf16", outs=outs)
-        shards = [[np.ones(p.shard_numel, np.uint16) for p in l.params] for _ in range(2)]
-        shards[0][1] = misaligned(l.params[1].shard_numel, np.uint16, 1)
+        shards = [[np.ones(p.shard_numel, t) for p, t in zip(l.params, (np.uint16, np.float16))] for _ in range(2)]
+        shards[0][1] = misaligned(l.params[1].shard_numel, np.float16, 1)
         with pytest.raises(InvalidArgumentError, match=r"shards\[0\]\[1\].*not aligned"):
             host_all_gather(l, shards)
 

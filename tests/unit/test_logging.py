@@ -52,10 +52,11 @@ def test_default_still_prints_faults_nobody_is_told_about(native):
 
 
 def test_an_unknown_nccl_tide_variable_is_reported_once(native):
-    # A name nobody reads (a removed switch, a typo) gets one WARN by default; the names the Python package reads
-    # (NCCL_TIDE_LIBRARY_PATH is set by run(), NCCL_TIDE_FSDP here) and the registry's do not.
+    # A name nobody reads (a removed switch, a typo) gets one WARN by default; the names the Python package and the
+    # benchmarks read (NCCL_TIDE_LIBRARY_PATH is set by run(), NCCL_TIDE_FSDP and NCCL_TIDE_BENCH_LIBRARY_PATH here)
+    # and the registry's do not.
     p = run(native, {"NCCL_TIDE_FENCE_ONCE": "1", "NCCL_TIDE_AG_BACTH": "0", "NCCL_TIDE_FSDP": "1",
-                     "NCCL_TIDE_NVLS": "0"})
+                     "NCCL_TIDE_NVLS": "0", "NCCL_TIDE_BENCH_LIBRARY_PATH": "/nonexistent.so"})
     lines = tide_lines(p.stderr)
     assert len(lines) == 2 and all(LINE.match(x) for x in lines), p.stderr
     for name in ("NCCL_TIDE_FENCE_ONCE", "NCCL_TIDE_AG_BACTH"):

@@ -172,7 +172,8 @@ def test_cli_loopback_virtual_nodes_header_rows_and_json(coll, monkeypatch, tmp_
     monkeypatch.setattr(runner, "measure", fake_measure)
     js = tmp_path / "vn.json"
     args = [coll, "--backend", "loopback", "--ranks", "4", "--ranks-per-node", "2", "--pace-bytes", "1M"]
-    rc = perf_main(args + ["-b", "64K", "-e", "64K", "-n", "1", "-d", "bf16", "--impl", "all", "-J", str(js)])
+    rc = perf_main(args + ["-b", "64K", "-e", "64K", "-n", "1", "-d", "bf16", "--impl", "all", "-J", str(js),
+                             "--wide"])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "# topology: 4 ranks, 2 ranks per node, 2 virtual nodes, pacing cap 1048576 bytes per schedule step" in out
@@ -190,7 +191,7 @@ def test_cli_loopback_virtual_nodes_header_rows_and_json(coll, monkeypatch, tmp_
         assert "no node structure" in [x for x in rows if x[5] == "nccl"][0][16]
     else:
         assert "over the same virtual nodes" in out  # what the AG stand-ins measure here
-    doc = json.loads(js.read_text())
+    doc = json.loads(js.read_text())["extras"]
     c = doc["config"]
     assert (c["nranks"], c["ranks_per_node"], c["nodes"], c["virtual_nodes"]) == (4, 2, 2, True)
     assert c["pace_bytes"] == 1 << 20
@@ -266,7 +267,9 @@ def test_host_rows_for_every_impl_with_reasons(tmp_path):
             assert x[9] == "0" and x[16] is None and float(x[6]) > 0
         else:
             assert x[6:14] == ("N/A",) * 8 and "not run: host backend" in x[16]
-    doc = json.loads(js.read_text())
+    full = json.loads(js.read_text())
+    assert [x["size"] for x in full["results"]] == [4096, 16384]  # nccl-tests' results: the first impl's rows
+    doc = full["extras"]
     assert doc["config"]["impls"] == ["tide", "nccl", "fsdp2", "nccl-ce"]
     assert [x["impl"] for x in doc["results"]] == ["tide", "nccl", "fsdp2", "nccl-ce"] * 2
     assert all(x["ran"] == (x["impl"] == "tide") for x in doc["results"])
@@ -277,42 +280,41 @@ def test_host_rows_for_every_impl_with_reasons(tmp_path):
 
 
 def test_json_schema(tmp_path):
+    """nccl-tests' JSON file version 3 key for key, tide-perf's own keys under `extras` only."""
     js = tmp_path / "ag.json"
     args = ["all_gather", "--ranks", "2", "-b", "1K", "-e", "2K", "-f", "2", "-n", "1", "-J", str(js)]
-    r = tide_perf(*args)
+    r = tide_perf(*args, wide=False)
     assert r.returncode == 0, r.stderr
-    doc = json.loads(js.read_text())
-    for key in (
-        "collective",
-        "command_line",
-        "argv",
-        "versions",
-        "backend",
-        "backend_choice",
-        "date_utc",
-        "config",
-        "devices",
-        "impls",
-        "results",
-        "out_of_bounds",
-        "average_bus_bandwidth",
-        "min_busbw",
-        "min_busbw_ok",
-    ):
+    full = json.loads(js.read_text())
+    assert list(full) == ["version", "start_time", "args", "env", "nccl_version", "config", "results",
+                          "out_of_bounds", "average_bus_bandwidth", "errors", "end_time", "extras"]
+    assert full["version"] == 3
+    assert list(full["config"]) == ["nthreads", "ngpus", "minimum_bytes", "maximum_bytes", "step_factor",
+                                    "warmup_iters", "iterations", "aggregated_iterations", "validation", "graph",
+                                    "blocking_collectives", "per_iter_timing", "per_iter_skip", "parallel_init",
+                                    "devices"]
+    dev = full["config"]["devices"][0]
+    assert list(dev) == ["rank", "group", "pid", "hostname", "device", "device_hex", "device_info"]
+    assert isinstance(dev["device"], int) and len(full["config"]["devices"]) == 2  # one per (simulated) rank
+    assert full["average_bus_bandwidth"]["okay"] == "unchecked"
+    res = full["results"][0]
+    assert list(res) == ["size", "count", "type", "redop", "root", "out_of_place", "in_place", "actual_iterations",
+                         "experiment_name"]
+    assert set(res["out_of_place"]) == {"time", "alg_bw", "bus_bw", "nwrong"}
+    doc = full["extras"]
+    for key in ("collective", "command_line", "argv", "versions", "backend", "backend_choice", "date_utc", "config",
+                "impls", "results", "min_busbw", "notes"):
         assert key in doc, key
     assert doc["command_line"] == "tide-perf " + " ".join(args)
-    assert doc["backend"] == "host" and doc["min_busbw"] is None and doc["min_busbw_ok"] is None
+    assert doc["backend"] == "host" and doc["min_busbw"] is None
     assert {"nccl_tide", "library", "python"} <= set(doc["versions"])
     res = doc["results"][0]
     assert set(res) == {
-        "actual_iterations",
-        "experiment_name",
         "impl",
         "size",
         "count",
         "type",
         "redop",
-        "root",
         "out_of_place",
         "in_place",
         "sm_time_us",
@@ -326,6 +328,8 @@ def test_json_schema(tmp_path):
     assert res["sm_time_us"] is None and res["gemm_slowdown"] is None  # host backend: no GPU figures
     assert res["host_issue_us_per_rank"] is None and res["gpu_latency_us"] is None
     assert doc["config"]["sm_time"] is False and doc["config"]["interfere"] == "none"
+    # no key of nccl-tests' config is repeated in tide-perf's
+    assert not set(doc["config"]) & set(full["config"]) and "devices" not in doc
 
 
 # ------------------------------------------------------------------------------------------------
@@ -341,15 +345,15 @@ def test_min_busbw_gate(tmp_path):
     avg = json.loads(js.read_text())["average_bus_bandwidth"]
     assert avg["bandwidth"] > 0 and avg["okay"] == "unchecked"  # nccl-tests' word when no minimum is set
     high = tide_perf(*base, "--min-busbw", "1e6")
-    assert high.returncode == 1
+    assert high.returncode == 7  # nccl-tests' testNumResults
     assert parse(high.stdout)[1]["Out of bounds values"] == "0"  # failed on bandwidth, not on data
     assert high.stdout.split("Avg bus bandwidth")[1].split("\n")[0].endswith("FAILED")
-    low = tide_perf(*base, "--min-busbw", "1e-6", "-J", str(js))
+    low = tide_perf(*base, "--min-busbw", "1e-6", "-J", str(js), "--overwrite")
     assert low.returncode == 0 and "OK" in low.stdout.split("Avg bus bandwidth")[1].split("\n")[0]
-    assert json.loads(js.read_text())["min_busbw_ok"] is True
+    assert json.loads(js.read_text())["average_bus_bandwidth"]["okay"] == "true"
     # nccl-tests' environment variable works too
     env = tide_perf(*base, env={"NCCL_TESTS_MIN_BW": "1e6"})
-    assert env.returncode == 1
+    assert env.returncode == 7
 
 
 def test_busbw_gate_rule():
@@ -361,7 +365,8 @@ def test_unavailable_rows_do_not_count_in_the_average():
     ok = report.Row(1024, 8, "float", "none", -1, report.Variant(1.0, 2.0, 1.5, 0), report.NA, impl="tide")
     na = report.Row(1024, 8, "float", "none", -1, report.NA, report.NA, impl="nccl", note="not run: x", ok=False)
     assert report.avg_busbw([ok, na]) == 1.5 and report.avg_busbw([ok, na], "nccl") == 0.0
-    assert report.row_line(na).endswith("not run: x") and report.row_line(na).split()[13] == "nccl"
+    assert report.row_line(na).split()[13] == "nccl" and "not run" not in report.row_line(na)
+    assert report.note_lines([ok, na]) == ["# note nccl all: not run: x"]  # the note is a comment line
 
 
 # ------------------------------------------------------------------------------------------------

@@ -302,6 +302,7 @@ def test_cli_loopback_end_to_end_on_a_model_world(coll, monkeypatch, tmp_path, c
             "all",
             "-J",
             str(js),
+            "--wide",
         ]
     )
     out = capsys.readouterr().out
@@ -318,9 +319,10 @@ def test_cli_loopback_end_to_end_on_a_model_world(coll, monkeypatch, tmp_path, c
             assert (r[5] == "tide") == (r[16] is None)
     assert "# impl nccl:" in out and "#   measured as stand-in" in out
     doc = json.loads(js.read_text())
-    assert doc["backend"] == "loopback" and doc["config"]["sm_time"] is True and len(doc["devices"]) == 4
-    assert {"torch", "nccl_header", "nccl_runtime"} <= set(doc["versions"])
-    assert doc["results"][0]["sm_time_us"] == 7.5 and doc["extras"]["detail"][0]["profile"]["kernel_us"] == 7.5
+    extras = doc["extras"]
+    assert extras["backend"] == "loopback" and extras["config"]["sm_time"] is True and len(doc["config"]["devices"]) == 4
+    assert {"torch", "nccl_header", "nccl_runtime"} <= set(extras["versions"])
+    assert extras["results"][0]["sm_time_us"] == 7.5 and doc["extras"]["detail"][0]["profile"]["kernel_us"] == 7.5
     size = doc["results"][0]["size"]
     assert doc["results"][0]["out_of_place"]["alg_bw"] == pytest.approx(size / 1e3 / 50.0)
     assert fake_gpu_timing.count("time") == 6 and fake_gpu_timing.count("sm") == 6
@@ -347,7 +349,7 @@ def test_cli_loopback_virtual_nodes_on_a_model_world(coll, monkeypatch, tmp_path
     monkeypatch.setattr(loopback_backend, "make", make)
     js = tmp_path / "vn.json"
     args = [coll, "--backend", "loopback", "--ranks", "4", "--ranks-per-node", "2", "--pace-bytes", "2K"]
-    rc = cli.main(args + ["-b", "16K", "-e", "64K", "-f", "4", "-n", "1", "-d", "bf16", "--impl", "all", "-J", str(js)])
+    rc = cli.main(args + ["-b", "16K", "-e", "64K", "-f", "4", "-n", "1", "-d", "bf16", "--impl", "all", "-J", str(js), "--wide"])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert (made[0].R, made[0].pace, made[0].nodes) == (2, 2048, 2)
@@ -360,7 +362,8 @@ def test_cli_loopback_virtual_nodes_on_a_model_world(coll, monkeypatch, tmp_path
         else:
             assert r[9] == "0" and r[6] == "50.00", r
     doc = json.loads(js.read_text())
-    assert (doc["config"]["ranks_per_node"], doc["config"]["nodes"], doc["config"]["pace_bytes"]) == (2, 2, 2048)
+    c = doc["extras"]["config"]
+    assert (c["ranks_per_node"], c["nodes"], c["pace_bytes"]) == (2, 2, 2048)
 
 
 def test_cli_loopback_counts_wrong_elements(monkeypatch, capsys, fake_gpu_timing):
@@ -389,10 +392,11 @@ def test_cli_loopback_counts_wrong_elements(monkeypatch, capsys, fake_gpu_timing
             "1",
             "--impl",
             "tide,nccl",
+            "--wide",
         ]
     )
     out = capsys.readouterr().out
-    assert rc == 1 and "Out of bounds values : 2 FAILED" in out
+    assert rc == 7 and "Out of bounds values : 2 FAILED" in out
     assert [r[9] for r in parse_full(out)] == ["1", "1"]
 
 
@@ -436,6 +440,7 @@ def test_cli_torchrun_end_to_end_on_gloo(gloo1, monkeypatch, tmp_path, capsys, f
             "tide,nccl,fsdp2,nccl-ce",
             "-J",
             str(js),
+            "--wide",
         ]
     )
     out = capsys.readouterr().out
@@ -445,4 +450,59 @@ def test_cli_torchrun_end_to_end_on_gloo(gloo1, monkeypatch, tmp_path, capsys, f
     assert rows["nccl"][9] == "0" and rows["fsdp2"][9] == "0"
     assert rows["tide"][16] == "not run: no TIDE communicator on the CPU" and "world size 1" in rows["nccl-ce"][16]
     assert rows["nccl"][8] == "0.00"  # busbw x (n-1)/n = 0 at world size 1, as nccl-tests
-    assert json.loads(js.read_text())["config"]["nranks"] == 1
+    assert json.loads(js.read_text())["extras"]["config"]["nranks"] == 1
+
+
+def test_cli_backend_notes_are_header_lines_and_json_notes(monkeypatch, tmp_path, capsys, fake_gpu_timing):
+    """A backend's `notes` (caveats on its timings) are printed as '# ' header lines and kept in extras.notes."""
+    import json
+
+    from nccl_tide.perf import cli
+
+    class Shared(CpuLoopback):
+        notes = ["ranks share GPUs: timings are not a node's"]
+
+    assert loopback_backend.LoopbackBackend.notes == ()  # the default: none
+    monkeypatch.setattr(cli, "check_gpu_backend", lambda backend: None)  # CPU torch here
+    monkeypatch.setattr(loopback_backend, "make", lambda w, d, **kw: Shared(w))
+    js = tmp_path / "n.json"
+    rc = cli.main(["all_gather", "--backend", "loopback", "--ranks", "2", "-b", "4K", "-e", "4K", "-n", "1",
+                   "-J", str(js)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    header = out.split("# Using devices")[0]
+    assert "# ranks share GPUs: timings are not a node's\n" in header
+    assert "ranks share GPUs: timings are not a node's" in json.loads(js.read_text())["extras"]["notes"]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_cli_torchrun_only_rank_0_prints_and_writes(gloo1, monkeypatch, tmp_path, capsys, fake_gpu_timing, rank):
+    """As nccl-tests: rank 0 prints the table and writes the JSON; the other ranks measure in silence."""
+    from nccl_tide.perf import cli, torchrun_backend
+
+    class CpuTorchrun(torchrun_backend.TorchrunBackend):
+        def __init__(self, average=1):
+            self.dist, self.rank, self.W, self.device, self.average = gloo1, rank, 1, torch.device("cpu"), average
+            self._comm, self._comm_error = None, "not run: no TIDE communicator on the CPU"
+
+        def devices(self):
+            return [{"rank": 0, "group": 0, "pid": 1, "hostname": "h", "device": 0, "name": "cpu"}]
+
+        def barrier(self):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(cli, "check_gpu_backend", lambda backend: None)  # CPU torch here
+    monkeypatch.setattr(torchrun_backend, "make", lambda average: CpuTorchrun(average))
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setattr(cli, "_gpu_present", lambda: True)
+    js = tmp_path / "tr.json"
+    rc = cli.main(["all_gather", "-b", "4K", "-e", "4K", "-n", "1", "--impl", "nccl", "-J", str(js)])
+    cap = capsys.readouterr()
+    assert rc == 0 and cap.err == ""
+    if rank == 0:
+        assert "# Collective test concluded: all_gather_perf" in cap.out and js.exists()
+    else:
+        assert cap.out == "" and not js.exists()

@@ -9,34 +9,46 @@ import sys
 import pytest
 from nccl_tide.perf.options import parse_size
 
-# size count type redop root impl | oop time algbw busbw #wrong | ip time algbw busbw #wrong | SM GEMM [note]
-# A data row: nccl-tests' 13 columns in nccl-tests' places (size count type redop root, 4 out-of-place, 4 in-place),
-# then tide-perf's: impl, SM, GEMM, host, gpu, note.
+# A data row with --wide: nccl-tests' 13 columns in nccl-tests' places (size count type redop root, 4 out-of-place,
+# 4 in-place), then tide-perf's: impl, SM, GEMM, host, gpu. A row's note is a `# note IMPL SIZES: text` line.
 ROW = re.compile(
     r"^\s*(\d+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(-?\d+)"
     + r"\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)" * 2
-    + r"\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)(?:\s+(.*?))?\s*$"
+    + r"\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s*$"
 )
+NOTE = re.compile(r"^# note (\S+) (\S+): (.*)$", flags=re.MULTILINE)
 
 
-def by_name(g):
-    """A ROW match's groups as (size, count, type, redop, root, impl, 4 oop, 4 ip, SM, GEMM, note, host, gpu): the
-    impl first, which is how these tests index rows (the table itself puts impl after nccl-tests' columns)."""
-    return g[:5] + (g[13],) + g[5:13] + g[14:16] + (g[18],) + g[16:18]
-
-
-def tide_perf(*args, env=None, timeout=300):
+def tide_perf(*args, env=None, timeout=300, wide=True):
     e = dict(os.environ)
     e.pop("TIDE_PERF_TEST_CORRUPT", None)
     e.update(env or {})
     return subprocess.run(
-        [sys.executable, "-m", "nccl_tide.perf", *args], capture_output=True, text=True, env=e, timeout=timeout
+        [sys.executable, "-m", "nccl_tide.perf", *args, *(["--wide"] if wide else [])], capture_output=True,
+        text=True, env=e, timeout=timeout
     )
 
 
+def notes(stdout):
+    """{(impl, size): note} of the `# note` lines (SIZES `all` is every size of that impl)."""
+    out = {}
+    for impl, where, text in NOTE.findall(stdout):
+        for size in (["all"] if where == "all" else where.split(",")):
+            out[(impl, size)] = text
+    return out
+
+
 def parse_full(stdout):
-    """Every table row as a tuple: size, count, type, redop, root, impl, 4 oop, 4 ip, SM, GEMM, note."""
-    return [by_name(ROW.match(line).groups()) for line in stdout.splitlines() if line and not line.startswith("#")]
+    """Every --wide table row as a tuple: size, count, type, redop, root, impl, 4 oop, 4 ip, SM, GEMM, note (None
+    without one), host, gpu: the impl first, which is how these tests index rows."""
+    by_row = notes(stdout)
+    rows = []
+    for line in stdout.splitlines():
+        if line and not line.startswith("#"):
+            g = ROW.match(line).groups()
+            note = by_row.get((g[13], g[0]), by_row.get((g[13], "all")))
+            rows.append(g[:5] + (g[13],) + g[5:13] + g[14:16] + (note,) + g[16:18])
+    return rows
 
 
 def parse(stdout, impl="tide"):
@@ -85,7 +97,7 @@ def test_all_gather_table(tmp_path):
     assert avg > 0
     doc = json.loads(js.read_text())
     assert len(doc["results"]) == 4 and doc["results"][0]["out_of_place"]["nwrong"] == 0
-    assert doc["versions"]["nccl_tide"] and "tide-perf all_gather" in doc["command_line"]
+    assert doc["extras"]["versions"]["nccl_tide"] and "tide-perf all_gather" in doc["extras"]["command_line"]
     assert doc["out_of_bounds"]["count"] == 0
     assert doc["average_bus_bandwidth"]["bandwidth"] == pytest.approx(avg, rel=1e-3)
 
@@ -146,7 +158,7 @@ def test_corrupted_result_fails(coll):
     """The test-only hook flips one byte of the checked output: it must be counted and fail the run."""
     args = [coll, "--ranks", "4", "-b", "4K", "-e", "4K", "-d", "bf16", "-n", "1", "-c", "1"]
     r = tide_perf(*args, env={"TIDE_PERF_TEST_CORRUPT": "1"})
-    assert r.returncode != 0
+    assert r.returncode == 7  # nccl-tests' status for wrong elements
     rows, foot = parse(r.stdout)
     assert int(rows[0][8]) == 1
     assert int(foot["Out of bounds values"]) >= 1 and "FAILED" in r.stdout
@@ -177,7 +189,7 @@ def test_model_layout_is_one_row():
         (["--pace-bytes", "4Q"], "invalid size"),
         (["--backend", "torchrun", "--pace-bytes", "4K"], "NCCL_TIDE_PACE_BYTES"),
         (["--min-busbw", "fast"], "invalid float value"),
-        (["-d", "complex"], "unknown dtype"),
+        (["-d", "complex"], "-d 'complex': unknown type"),
         (["-o", "max"], "unknown reduction op"),
         (["--ranks", "6", "--ranks-per-node", "4"], "must divide"),
         (["-b", "12X"], "invalid size"),
@@ -209,7 +221,7 @@ def test_host_multi_node_matches_the_reference(coll, rpn, pace, tmp_path):
         alg, bus = float(x[6]), float(x[7])
         assert abs(bus - alg * 7 / 8) <= 0.011 + alg * 0.01  # nccl-tests' factor whatever the topology
     doc = json.loads(js.read_text())
-    c = doc["config"]
+    c = doc["extras"]["config"]
     assert (c["nranks"], c["ranks_per_node"], c["nodes"], c["virtual_nodes"]) == (8, rpn, nodes, False)
     if pace:
         assert c["pace_bytes"] == parse_size(pace)
@@ -218,7 +230,7 @@ def test_host_multi_node_matches_the_reference(coll, rpn, pace, tmp_path):
 
         with Layout([8], "fp32", 8, rpn) as lay:
             assert c["pace_bytes"] == lay.pace_bytes
-    assert doc["busbw_formula"].startswith("busbw = algbw * (W-1)/W")
+    assert doc["extras"]["busbw_formula"].startswith("busbw = algbw * (W-1)/W")
 
 
 def test_reduce_scatter_rejects_int_types():

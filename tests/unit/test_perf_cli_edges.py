@@ -1,5 +1,6 @@
-"""tide-perf's rough edges and its nccl-tests compatibility: every bad flag gets a
-one-line `tide-perf: error:` and exit status 2 before any work; rows and JSON read like nccl-tests'."""
+"""tide-perf's rough edges and its nccl-tests compatibility: every bad flag gets a one-line `tide-perf: error:`
+before any work, exit status 2 (a bad value) or 255 (bad sizes, an option tide-perf cannot honour: nccl-tests' -1);
+rows and JSON read like nccl-tests'."""
 
 import json
 import subprocess
@@ -18,9 +19,9 @@ def run_inproc(capsys, *args):
     return e.value.code, cap.out, cap.err
 
 
-def expect_usage_error(capsys, args, words):
+def expect_usage_error(capsys, args, words, status=2):
     code, out, err = run_inproc(capsys, *args)
-    assert code == 2, (args, out, err)
+    assert code == status, (args, out, err)
     assert out == "", out  # before any work: not even the header
     lines = [x for x in err.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("tide-perf: error: "), err
@@ -35,37 +36,58 @@ def expect_usage_error(capsys, args, words):
         (["-n", "0"], ["-n", ">= 1", "got 0"]),
         (["-n", "-3"], ["-n", "got -3"]),
         (["-w", "-5"], ["-w", ">= 0", "got -5"]),
-        (["-b", "1G", "-e", "1K"], ["-b 1073741824 is larger than -e 1024"]),
         (["-b", "0", "-e", "4K", "-f", "2"], ["-b 0 with -f never grows"]),  # used to hang
         (["-b", "5", "-e", "5"], ["every size from -b 5 to -e 5 is below 16 bytes per rank"]),  # used to exit 0
         (["-b", "1", "-e", "15", "-f", "2"], ["below 16 bytes per rank", "nothing to run"]),
-        (["-b", "-1K"], ["invalid size '-1K'", ">= 0"]),  # used to say "expected one argument"
-        (["-e", "-4"], ["invalid size '-4'"]),
         (["-f", "0"], ["-f", "got 0"]),
         (["-f", "-2"], ["-f", "got -2"]),
         (["-b", "1K", "-e", "4K", "-f", "1"], ["-f 1 does not grow"]),
         (["-b", "1K", "-e", "4K", "-i", "0"], ["-i 0 never grows"]),
+        (["-m", "0"], ["-m (calls per iteration) must be >= 1, got 0"]),
+        (["-N", "-1"], ["-N (run cycles) must be >= 0"]),
+        (["--seed", "-1"], ["--seed must be in 0..", "got -1"]),  # used to end in a ValueError traceback
         (["--scale", "nan", "-o", "premul"], ["--scale must be a finite number"]),
         (["--scale", "inf"], ["--scale must be a finite number"]),
         (["--min-busbw", "-1"], ["--min-busbw"]),
         (["--impl", "nccl"], ["measures nothing on the host backend"]),
         (["--impl", "nccl,fsdp2"], ["measures nothing on the host backend"]),
-        (["-t", "2"], ["-t 2 is not supported"]),
-        (["-g", "2"], ["-g 2 is not supported"]),
-        (["-G", "1"], ["-G 1 is not supported"]),
-        (["-R", "1"], ["-R 1 is not supported"]),
-        (["-R", "2"], ["-R 2 is not supported"]),
-        (["-x", "0"], ["-x (NCCL CTA policy) is not supported"]),
-        (["-I", "1"], ["-I 1 is not supported"]),
         (["-c", "2"], ["invalid choice"]),
         (["--bogus"], ["unrecognized arguments"]),
         (["-J", "/nonexistent/dir/x.json"], ["-J /nonexistent/dir/x.json", "does not exist"]),
+        (["-J", ""], ["-J ''", "empty path"]),  # used to be ignored
+        (["--plot", ""], ["--plot ''", "empty path"]),
+        (["-J", "/dev/full"], ["-J /dev/full", "not a regular file"]),  # used to end in a traceback after the run
+        (["-J", "/proc/x.json"], ["-J /proc/x.json", "is not writable"]),
+        (["--plot", "/proc/x.png"], ["--plot /proc/x.png", "is not writable"]),
         (["--plot", "x.xyz"], ["--plot x.xyz", "unsupported figure format .xyz"]),
         (["--plot", "/nonexistent/d/x.png"], ["does not exist"]),
     ],
 )
 def test_bad_flags_fail_fast_with_one_line(capsys, args, words):
     expect_usage_error(capsys, ["all_gather", *HOST, *args], words)
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["-b", "1G", "-e", "1K"], ["-b 1073741824 is larger than -e 1024"]),
+        (["-b", "-1K"], ["invalid size '-1K'", ">= 0"]),  # used to say "expected one argument"
+        (["-e", "-4"], ["invalid size '-4'"]),
+        (["-t", "2"], ["-t 2 is not supported by tide-perf"]),
+        (["-g", "2"], ["-g 2 is not supported by tide-perf"]),
+        (["-G", "1"], ["-G 1 is not supported by tide-perf"]),
+        (["-R", "1"], ["-R 1 is not supported by tide-perf"]),
+        (["-R", "2"], ["-R 2 is not supported by tide-perf"]),
+        (["-x", "0"], ["-x (NCCL CTA policy) is not supported by tide-perf"]),
+        (["-D", "1"], ["-D 1 is not supported by tide-perf", "device-API"]),
+        (["-y", "1"], ["-y 1 is not supported by tide-perf", "stream"]),
+        (["-T", "30"], ["-T 30 is not supported by tide-perf", "timeout"]),
+        (["-u", "1"], ["-u 1 is not supported by tide-perf"]),
+    ],
+)
+def test_bad_sizes_and_unsupported_options_exit_255(capsys, args, words):
+    """nccl-tests ends with -1 (255) on sizes it cannot run and on options its build cannot honour (-D, -V)."""
+    expect_usage_error(capsys, ["all_gather", *HOST, *args], words, status=255)
 
 
 def test_json_path_that_is_a_directory(capsys, tmp_path):
@@ -181,19 +203,20 @@ def test_rows_parse_at_nccl_tests_positions(capsys, tmp_path, coll, world):
         assert r["root"] == -1 and r["count"] * 2 * world == r["size"] and r["wrong"] == "0"
         # busbw sits where nccl-tests puts it: algbw x (W-1)/W, to the printed precision
         assert abs(r["busbw"] - r["algbw"] * (world - 1) / world) <= 0.011, r
-        assert r["time"] > 0 and r["rest"][0] == "tide"  # tide-perf's own columns come after nccl-tests'
+        assert r["time"] > 0 and r["rest"] == []  # exactly nccl-tests' 13 columns by default
     # nccl-tests' average runs over the out-of-place and in-place figures of every row
     vals = [r["busbw"] for r in rows] + [r["ip_busbw"] for r in rows if r["ip_busbw"] is not None]
     assert avg is not None and avg == pytest.approx(sum(vals) / len(vals), abs=0.02)
 
     doc = json.loads(js.read_text())
-    # nccl-tests' JSON (file version 2) keys, with its value forms
-    assert doc["version"] == 2 and isinstance(doc["start_time"], str) and isinstance(doc["end_time"], str)
+    # nccl-tests' JSON (file version 3) keys, with its value forms
+    assert doc["version"] == 3 and isinstance(doc["start_time"], str) and isinstance(doc["end_time"], str)
     assert doc["args"][0] == "tide-perf" and all(isinstance(x, str) and "=" in x for x in doc["env"])
     assert "nccl_version" in doc and doc["errors"] == []
     c = doc["config"]
     for key in ("nthreads", "ngpus", "minimum_bytes", "maximum_bytes", "step_factor", "warmup_iters", "iterations",
-                "aggregated_iterations", "validation", "graph", "blocking_collectives", "devices"):
+                "aggregated_iterations", "validation", "graph", "blocking_collectives", "per_iter_timing",
+                "per_iter_skip", "parallel_init", "devices"):
         assert key in c, key
     assert (c["minimum_bytes"], c["maximum_bytes"], c["step_factor"]) == (4096, 65536, 4)
     assert doc["out_of_bounds"] == {"count": 0, "okay": "true"}
@@ -220,16 +243,16 @@ def test_json_env_keeps_only_run_variables(capsys, tmp_path, monkeypatch):
 
 def test_min_busbw_okay_words(capsys, tmp_path):
     js = tmp_path / "g.json"
-    base = ["all_gather", *HOST, "-b", "4K", "-e", "4K", "-J", str(js)]
+    base = ["all_gather", *HOST, "-b", "4K", "-e", "4K", "-J", str(js), "--overwrite"]
     assert perf_main(base + ["--min-busbw", "1e-9"]) == 0
     assert json.loads(js.read_text())["average_bus_bandwidth"]["okay"] == "true"
-    assert perf_main(base + ["--min-busbw", "1e9"]) == 1
+    assert perf_main(base + ["--min-busbw", "1e9"]) == 7  # nccl-tests' testNumResults
     assert json.loads(js.read_text())["average_bus_bandwidth"]["okay"] == "false"
     capsys.readouterr()
 
 
 def test_negative_size_long_form(capsys):
-    expect_usage_error(capsys, ["all_gather", *HOST, "--minbytes", "-2M"], ["invalid size '-2M'"])
+    expect_usage_error(capsys, ["all_gather", *HOST, "--minbytes", "-2M"], ["invalid size '-2M'"], status=255)
 
 
 def test_share_is_not_a_tide_perf_command(capsys):

@@ -150,6 +150,31 @@ def _shard_group(pg):
     return pg.mesh_info.shard_process_group if hasattr(pg.mesh_info, "shard_process_group") else None
 
 
+MAX_RANKS_PER_NODE = 64  # include/tide.h TIDE_MAX_RANKS_PER_NODE
+
+
+def _check_ranks_per_node(ranks_per_node, model) -> None:
+    """enable()'s ranks_per_node: None, or an integer from 1 to 64 that divides the shard world size of every FSDP
+    group of `model` (a layout's node size). Refused here: a layout refused at a group's first all-gather would
+    leave that group silently on stock FSDP2."""
+    if ranks_per_node is None:
+        return
+    usage = f"use an integer from 1 to {MAX_RANKS_PER_NODE} dividing the shard world size, or None (the default)"
+    if not isinstance(ranks_per_node, int) or isinstance(ranks_per_node, bool):
+        raise InvalidArgumentError(f"ranks_per_node={ranks_per_node!r}: {usage}")
+    if not 1 <= ranks_per_node <= MAX_RANKS_PER_NODE:
+        raise InvalidArgumentError(f"ranks_per_node={ranks_per_node!r}: {usage}")
+    for mod in model.modules():
+        if isinstance(mod, FSDPModule):
+            for pg in _param_groups(mod._get_fsdp_state()):
+                group = _shard_group(pg)
+                world = group.size() if group is not None else 1
+                if world % ranks_per_node:
+                    raise InvalidArgumentError(
+                        f"ranks_per_node={ranks_per_node!r} does not divide the shard world size {world}; {usage}"
+                    )
+
+
 def _pick_executor(executor: str, candidates) -> tuple:
     """(executor name, reason) for the groups TIDE can take. 'auto': native when the groups'
     process group is NCCL on CUDA and tideCommCreate succeeds on it, else reference on gloo,
@@ -204,7 +229,8 @@ def enable(
       'reference' (torch.distributed, any backend; gloo on CPU) or 'native' (CUDA + NCCL
       through tideComm; raises UnsupportedError saying why when it cannot be created).
     ranks_per_node: for the layout's RS accumulation order (default: the largest divisor of
-      the shard world size that is <= 8, as nccl_tide.Layout).
+      the shard world size that is <= 8, as nccl_tide.Layout); an integer from 1 to 64 dividing
+      every group's shard world size, else InvalidArgumentError.
     slot_pool: native executor: the groups FSDP2 reshards after forward (and that
       set_keep_unsharded_storage does not pin) share this many slots (each of the largest such
       group's slot_bytes, rounded to the allocator's segment), acquired at each all-gather and released
@@ -238,7 +264,7 @@ def enable(
     Call between steps (every group sharded), on every rank, with the same arguments.
     Returns the handle (also nccl_tide.fsdp.handle_of(model)); enabling twice is an error.
     """
-    _check_arguments(model, slot_pool, slot_trim, module_filter)
+    _check_arguments(model, slot_pool, slot_trim, module_filter, ranks_per_node)
     free_dropped()  # slots of models dropped while enabled (collective: here, on every rank)
     killed = fsdp_switch.killed()  # NCCL_TIDE_FSDP=0: every group stock
     # Nothing is changed before this walk ends: a filter that raises leaves the model stock FSDP2.
@@ -274,7 +300,7 @@ def enable(
     return handle
 
 
-def _check_arguments(model, slot_pool, slot_trim, module_filter) -> None:
+def _check_arguments(model, slot_pool, slot_trim, module_filter, ranks_per_node) -> None:
     """enable()'s argument and state checks: every one before anything changes."""
     if not isinstance(model, nn.Module):
         raise InvalidArgumentError(f"enable() takes the root nn.Module, got {type(model).__name__}")
@@ -295,6 +321,7 @@ def _check_arguments(model, slot_pool, slot_trim, module_filter) -> None:
         raise InvalidUsageError(
             "nccl_tide.fsdp.enable(): call torch.distributed.init_process_group and fully_shard first"
         )
+    _check_ranks_per_node(ranks_per_node, model)
 
 
 def _walk_fsdp_modules(model, module_filter, killed: bool) -> tuple:

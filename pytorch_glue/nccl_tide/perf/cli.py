@@ -1,7 +1,8 @@
-"""tide-perf command line: nccl-tests' flags, table and exit status.
+"""tide-perf command line: nccl-tests' flags, table, JSON and exit statuses (benchmarks/README.md lists them).
 
-tide-perf all_gather|reduce_scatter [-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP]
-          [-c CHECK] [-d TYPE] [-o OP] [-z BLOCKING] [-a AVERAGE] [-J FILE.json] [--plot FILE.png]
+tide-perf all_gather|reduce_scatter [-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n ITERS] [-m AGG] [-w WARMUP]
+          [-N CYCLES] [-c CHECK] [-d TYPE] [-o OP] [-z BLOCKING] [-a AVERAGE] [-I 0|1] [-K SKIP] [-C 0|1] [-S 0|1]
+          [-M 0|1] [-J FILE.json [--overwrite]] [--plot FILE.png] [--wide]
           [--backend auto|host|loopback|torchrun] [--impl tide,nccl,fsdp2,nccl-ce] [--interfere gemm]
           [--min-busbw GB/s] [--ranks N] [--ranks-per-node R] [--pace-bytes B] [--layout flat|<model>]
 tide-perf plot FILE.json FILE.png
@@ -15,14 +16,17 @@ particular to a collective from its descriptor (perf/collectives.py).
 
 import dataclasses
 import os
+import signal
 import sys
 from typing import List, Optional
 
 from .. import _native
 from ..errors import TideError
 from ..layout import default_ranks_per_node
-from . import harness, impls
-from .options import Options, check_flags, check_some_size_runs, die, join_negative_values, parser, resolve
+from . import harness, host_memory, impls
+from .options import (EXIT_INTERRUPTED, Options, check_flags, check_some_size_runs, die, join_negative_values, parser,
+                      resolve)
+from .progress import Progress
 
 # `tide-perf share` measured one rank's share of a node beside a GEMM; that measurement is a benchmark of the
 # repository now, not part of the package.
@@ -72,8 +76,38 @@ def open_backend(o: Options):
     return torchrun_backend.make(o.average)
 
 
+class Terminated(Exception):
+    """SIGTERM, raised in the main thread so that a partly written result file is removed on the way out."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+    """tide-perf's entry point: an interrupted run ends with one line and 128 + the signal, as command-line tools
+    do, never with a traceback."""
+    previous = signal.signal(signal.SIGTERM, _terminate) if _main_thread() else None
+    try:
+        return _main(sys.argv[1:] if argv is None else list(argv))
+    except KeyboardInterrupt:
+        print("\ntide-perf: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Terminated:
+        print("\ntide-perf: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _main(argv: List[str]) -> int:
     if argv and argv[0] == "plot":
         from . import plot
 
@@ -89,15 +123,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         die(str(e))
     if o.backend != "torchrun":  # torchrun: the world size is known once the process group is up (below)
         check_some_size_runs(o)
+    if o.backend == "host":
+        host_memory.check(o)
     gpu_backend = open_backend(o)
+    progress = None
     try:
         if o.backend == "torchrun":  # its layouts use the default topology of its world (--ranks-per-node ignored)
             o = dataclasses.replace(o, world=gpu_backend.W, ranks_per_node=default_ranks_per_node(gpu_backend.W))
             check_some_size_runs(o)
-        leader = o.backend != "torchrun" or gpu_backend.rank == 0
+        leader = o.backend != "torchrun" or gpu_backend.rank == 0  # rank 0 prints, as in nccl-tests
         out = sys.stdout if leader else open(os.devnull, "w")
-        return harness.run(o, gpu_backend, lib_version, leader, out)
+        progress = Progress() if leader else None
+        return harness.run(o, gpu_backend, lib_version, leader, out, progress)
     finally:
+        if progress is not None:
+            progress.close()
         if gpu_backend is not None:
             gpu_backend.close()
 

@@ -93,6 +93,36 @@ def time_call_us(call: Callable[[], None], iters: int, warmup: int) -> float:
     return a.elapsed_time(b) * 1e3 / max(iters, 1)
 
 
+def time_iters_us(call: Callable[[], None], iters: int, warmup: int, agg: int = 1) -> List[float]:
+    """-I 1: the time per call (us) of each of `iters` iterations of `agg` back-to-back calls, one CUDA event
+    between iterations (nothing but the calls runs between two events)."""
+    import torch
+
+    for _ in range(warmup):
+        call()
+    torch.cuda.synchronize()
+    sleep()
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
+    events[0].record()
+    for k in range(iters):
+        for _ in range(agg):
+            call()
+        events[k + 1].record()
+    torch.cuda.synchronize()
+    return [events[k].elapsed_time(events[k + 1]) * 1e3 / agg for k in range(iters)]
+
+
+def pci_hex(index: int) -> str:
+    """nccl-tests' device_hex of a CUDA device, domain:bus:device ("unknown" where torch does not say)."""
+    import torch
+
+    p = torch.cuda.get_device_properties(index)
+    try:
+        return "%04x:%02x:%02x" % (p.pci_domain_id, p.pci_bus_id, p.pci_device_id)
+    except AttributeError:
+        return "unknown"
+
+
 def runs_on_sms(cat: str, name: str) -> bool:
     """Whether a copy/memset trace event (Kineto names: "Memcpy DtoD (Device -> Device)", "Memcpy PtoP (...)",
     "Memcpy HtoD (...)", "Memset (Device)") ran on SMs on this GPU: same-device copies and memsets do (module

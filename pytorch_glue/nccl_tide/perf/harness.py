@@ -2,6 +2,7 @@
 layout, one row per (case, implementation) measured on the run's backend, the footer, the JSON and the plot, and
 the exit status. What differs between collectives comes from their descriptor (perf/collectives.py)."""
 
+import json
 import os
 import platform
 import re
@@ -12,9 +13,9 @@ from typing import List, NamedTuple, Optional, TextIO, Tuple
 
 from ..errors import TideError
 from ..models import model_params, numels_and_rows
-from . import collectives, host_backend, impls, preamble, report
+from . import collectives, host_backend, impls, output, preamble, report, results_json
 from .collectives import BUSBW_FORMULA
-from .options import Options, die
+from .options import EXIT_OUTPUT, EXIT_WRONG, Options, die
 
 GPU_NOTE = ("GPU backends: in-place variants are not measured (N/A); SM = sum of kernel durations per call "
             "(torch.profiler), copy-engine transfers use no SMs")
@@ -49,11 +50,15 @@ def cases(o: Options, out: TextIO) -> List[Case]:
     return out_cases
 
 
-def run(o: Options, gpu_backend, lib_version: str, leader: bool, out: TextIO) -> int:
+def run(o: Options, gpu_backend, lib_version: str, leader: bool, out: TextIO, progress=None) -> int:
     """The whole run after the backend is up: preamble, table, footer, JSON / plot. Returns the exit status."""
     from .. import __version__
 
     start_time = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())  # nccl-tests' start_time format (local)
+    json_path = None
+    if leader and o.output_file:
+        json_path = o.output_file if o.overwrite else output.free_name(o.output_file)
+        out.write(f"# Writing JSON output to {json_path}\n")  # nccl-tests' first line
     versions = {"nccl_tide": __version__, "library": lib_version, "python": platform.python_version()}
     if gpu_backend is not None:
         from . import gpu
@@ -63,39 +68,96 @@ def run(o: Options, gpu_backend, lib_version: str, leader: bool, out: TextIO) ->
         o.backend, o.impls, o.collective.name, nodes=o.nodes if o.backend == "loopback" else 1,
         copy_op=o.collective.fsdp2_copy_op, out=o.out_dtype.name,
     )
-    preamble.write(out, o, versions, lib_version, gpu_backend, table)
+    backend_notes = list(getattr(gpu_backend, "notes", ()) or ())
+    preamble.write(out, o, versions, lib_version, gpu_backend, table, backend_notes)
     run_cases = cases(o, out)
-    devices = preamble.devices(gpu_backend)
+    devices = preamble.devices(gpu_backend, o.world)
     preamble.write_devices(out, devices)
-    report.header(out)
+    layout = report.Table(per_iter=o.per_iter, wide=o.wide, cputime=o.cputime, timestamps=o.timestamps)
+    report.header(out, layout)
     out.flush()
 
-    rows, notes, extras = measure_all(o, gpu_backend, run_cases, table, out)
+    rows, notes, extras = measure_all(o, gpu_backend, run_cases, table, out, layout, progress)
+    for line in report.note_lines(rows if o.wide else [r for r in rows if r.impl == o.impls[0]]):
+        out.write(line + "\n")
     for note in sorted(notes):
         out.write(f"# {note}\n")
     subject = o.impls[0]
     report.footer(out, rows, o.collective.perf_name, subject=subject, min_busbw=o.min_busbw)
+    if o.memory_report:
+        out.write(memory_report(gpu_backend) + "\n")
+    report.finish(out)
     out.flush()
 
     failed = report.total_wrong(rows) or report.busbw_gate_failed(report.avg_busbw(rows, subject), o.min_busbw)
-    if leader and (o.output_file or o.plot):
-        doc = json_doc(o, versions, devices, rows, table, sorted(notes), extras, start_time)
-        if o.output_file:
-            report.write_json(o.output_file, doc)
-        if o.plot:
-            from .plot import PlotUnavailable, plot
-
-            try:
-                plot(doc, o.plot)
-                out.write(f"# plot written to {o.plot}\n")
-            except PlotUnavailable as e:
-                print(str(e), file=sys.stderr)
-                return 3
-    return 1 if failed else 0
+    status = EXIT_WRONG if failed else 0
+    if leader and (json_path or o.plot):
+        notes_all = backend_notes + list(o.flag_notes) + sorted(notes)
+        doc = json_doc(o, versions, devices, rows, table, notes_all, extras, start_time)
+        written = write_outputs(o, doc, json_path, out)
+        if written:
+            return written
+    return status
 
 
-def measure_all(o: Options, gpu_backend, run_cases: List[Case], table: dict, out: TextIO):
-    """Every (case, impl) row, printed as it is measured. Returns (rows, notes, extras for the JSON)."""
+def write_outputs(o: Options, doc: dict, json_path: Optional[str], out: TextIO) -> int:
+    """Writes the JSON and the plot; 0, or the exit status of the first that could not be written (one line on
+    stderr: the run itself finished and printed its table)."""
+    if json_path:
+        data = (json.dumps(doc, indent=2) + "\n").encode()
+        try:
+            written = output.write_whole(json_path, data, o.overwrite)
+        except OSError as e:
+            print(f"tide-perf: error: -J {json_path}: the JSON could not be written: {e.strerror or e}",
+                  file=sys.stderr)
+            return EXIT_OUTPUT
+        if written != json_path:
+            out.write(f"# {json_path} was taken while the run measured: JSON written to {written}\n")
+    if o.plot:
+        from .plot import PlotUnavailable, plot
+
+        try:
+            plot(doc, o.plot)
+        except PlotUnavailable as e:
+            print(str(e), file=sys.stderr)
+            return 3
+        except OSError as e:
+            print(f"tide-perf: error: --plot {o.plot}: the figure could not be written: {e.strerror or e}",
+                  file=sys.stderr)
+            return EXIT_OUTPUT
+        out.write(f"# plot written to {o.plot}\n")
+    return 0
+
+
+def memory_report(gpu_backend) -> str:
+    """-M 1: nccl-tests' memory line. GPU backends: torch's peak allocation on this rank's device; host: the peak
+    resident set of this process (every simulated rank lives in it)."""
+    if gpu_backend is None:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
+        return "# %-20s : Peak resident %s" % ("Host memory usage", mem_string(peak))
+    import torch
+
+    peak = torch.cuda.max_memory_allocated(gpu_backend.device)
+    return "# %-20s : Collective %s | Total  %s" % ("GPU memory usage", mem_string(peak), mem_string(peak))
+
+
+def mem_string(n: int) -> str:
+    """nccl-tests' getMemString: B, KB, MB or GB (powers of 1024), 2, 1 or 0 decimals by magnitude."""
+    amount, unit = float(n), "B"
+    for name, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if abs(amount) >= scale:
+            amount, unit = amount / scale, name
+            break
+    prec = 2 if abs(amount) < 10 else 1 if abs(amount) < 100 else 0
+    return f"{amount:.{prec}f} {unit}"
+
+
+def measure_all(o: Options, gpu_backend, run_cases: List[Case], table: dict, out: TextIO,
+                layout: report.Table = report.Table(wide=True), progress=None):
+    """Every (case, impl) row, -N times over (0: until interrupted), each printed as it is measured (the first
+    impl's only, unless --wide). Returns (rows, notes, extras for the JSON)."""
     rows: List[report.Row] = []
     notes = set()
     extras: dict = {}
@@ -105,7 +167,7 @@ def measure_all(o: Options, gpu_backend, run_cases: List[Case], table: dict, out
 
         gemm = gpu.Gemm(o.interfere_runs) if o.interfere == "gemm" else None
         mopts = runner.MeasureOpts(
-            o.iters,
+            o.iters * o.agg_iters,
             o.warmup,
             o.check,
             o.sm_time,
@@ -113,29 +175,46 @@ def measure_all(o: Options, gpu_backend, run_cases: List[Case], table: dict, out
             reduce_time=getattr(gpu_backend, "reduce_time", lambda t: t),
             reduce_wrong=getattr(gpu_backend, "reduce_wrong", lambda n: n),
             barrier=gpu_backend.barrier if o.backend == "torchrun" else None,
+            per_iter_agg=o.agg_iters if o.per_iter else 0,
+            gather_iters=(lambda t: runner.gather_lists(gpu_backend, t)) if o.backend == "torchrun" else None,
         )
         if gemm is not None:
             extras["gemm_alone"] = gemm.alone
     type_name, redop = o.dtype.nccl_tests_name, o.redop
-    for case in run_cases:
-        count = collectives.rank_count(case.numels, case.rows, o.world)
-        size = count * o.world * o.dtype.size
-        for impl in o.impls:
-            reason = table[impl]["not_run_reason"]
-            if reason:
-                row = report.Row(size, count, type_name, redop, -1, report.NA, report.NA, impl=impl, note=reason,
-                                 ok=False)
-            elif gpu_backend is None:
-                row = _host_row(o, case, size, count, impl, notes)
-            else:
-                from . import runner
+    total = len(run_cases) * len(o.impls)
+    cycle = 0
+    while o.run_cycles == 0 or cycle < o.run_cycles:
+        cycle += 1
+        for k, case in enumerate(run_cases):
+            count = collectives.rank_count(case.numels, case.rows, o.world)
+            size = count * o.world * o.dtype.size
+            for j, impl in enumerate(o.impls):
+                if progress is not None:
+                    cyc = f"cycle {cycle}, " if o.run_cycles != 1 else ""
+                    progress.stage(f"{cyc}row {k * len(o.impls) + j + 1}/{total}: {impl}, {size} bytes")
+                reason = table[impl]["not_run_reason"]
+                if reason:
+                    row = report.Row(size, count, type_name, redop, -1, report.NA, report.NA, impl=impl, note=reason,
+                                     ok=False)
+                elif gpu_backend is None:
+                    row = _host_row(o, case, size, count, impl, notes)
+                else:
+                    from . import runner
 
-                spec = runner.CaseSpec(o.collective.name, case.numels, case.rows, case.shapes, o.dtype, o.out_dtype,
-                                       o.op, o.scale, o.seed)
-                row = runner.measure(gpu_backend, impl, spec, size, count, type_name, redop, o.world, mopts, extras)
-            rows.append(row)
-            out.write(report.row_line(row) + "\n")
-            out.flush()
+                    spec = runner.CaseSpec(o.collective.name, case.numels, case.rows, case.shapes, o.dtype,
+                                           o.out_dtype, o.op, o.scale, o.seed)
+                    row = runner.measure(gpu_backend, impl, spec, size, count, type_name, redop, o.world, mopts,
+                                         extras)
+                if o.timestamps:
+                    row = row._replace(stamp=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime()))
+                rows.append(row)
+                if layout.wide or impl == o.impls[0]:
+                    if progress is not None:
+                        progress.clear()
+                    out.write(report.row_line(row, layout, o.per_iter_skip) + "\n")
+                    out.flush()
+    if progress is not None:
+        progress.clear()
     if gpu_backend is not None:
         notes.add(GPU_NOTE)
     return rows, notes, extras
@@ -143,11 +222,13 @@ def measure_all(o: Options, gpu_backend, run_cases: List[Case], table: dict, out
 
 def _host_row(o: Options, case: Case, size: int, count: int, impl: str, notes: set) -> report.Row:
     hcase = host_backend.Case(case.numels, case.rows, o.world, o.ranks_per_node, o.pace_bytes)
-    hopts = host_backend.Opts(o.dtype, o.out_dtype, o.op, o.scale, o.iters, o.warmup, o.check, o.seed)
+    hopts = host_backend.Opts(o.dtype, o.out_dtype, o.op, o.scale, o.iters, o.warmup, o.check, o.seed,
+                              agg=o.agg_iters, per_iter=o.per_iter)
     try:
         oop, ip, note = o.collective.run_host(hcase, hopts)
-    except MemoryError:
-        die("out of host memory: the host backend holds every simulated rank; use fewer --ranks or a smaller layout")
+    except MemoryError as e:
+        die(f"out of host memory: {e or 'an allocation failed'}; the host backend holds every simulated rank: use "
+            "fewer --ranks or a smaller layout")
     except TideError as e:
         die(str(e))
     if note:
@@ -157,9 +238,33 @@ def _host_row(o: Options, case: Case, size: int, count: int, impl: str, notes: s
 
 def json_doc(o: Options, versions: dict, devices: list, rows, table: dict, notes: List[str], extras: dict,
              start_time: str) -> dict:
-    """nccl-tests' JSON keys (head, config) plus tide-perf's (report.build_json merges them)."""
+    """nccl-tests' JSON (file version 3) with tide-perf's keys under `extras` (perf/results_json.py)."""
     lo, hi = o.size_range()
-    config = {
+    head = {
+        "version": results_json.JSON_FILE_VERSION,
+        "start_time": start_time,
+        "args": ["tide-perf"] + list(o.argv),
+        "env": json_env(),
+        "nccl_version": nccl_version_code(versions.get("nccl_runtime")),
+    }
+    tf = results_json.tf
+    nccl_config = {
+        "nthreads": 1,
+        "ngpus": 0 if o.backend == "host" else 1,
+        "minimum_bytes": lo,
+        "maximum_bytes": hi,
+        **({"step_factor": o.stepfactor} if o.stepfactor > 1 else {"step_bytes": o.stepbytes}),
+        "warmup_iters": o.warmup,
+        "iterations": o.iters,
+        "aggregated_iterations": o.agg_iters,
+        "validation": o.check,
+        "graph": 0,
+        "blocking_collectives": tf(bool(o.blocking)),
+        "per_iter_timing": tf(o.per_iter),
+        "per_iter_skip": o.per_iter_skip,
+        "parallel_init": tf(bool(o.parallel_init)),
+    }
+    tide = {
         "collective": o.collective.perf_name,
         "command_line": "tide-perf " + " ".join(shlex.quote(x) for x in o.argv),
         "argv": [sys.executable] + sys.argv,
@@ -176,51 +281,21 @@ def json_doc(o: Options, versions: dict, devices: list, rows, table: dict, notes
             "pace_bytes": o.eff_pace,
             "layout": o.layout,
             "impls": o.impls,
-            "minbytes": lo,
-            "maxbytes": hi,
-            "stepfactor": o.stepfactor,
-            "stepbytes": o.stepbytes,
-            "iters": o.iters,
-            "warmup_iters": o.warmup,
-            "check": o.check,
             "datatype": o.dtype.nccl_tests_name,
             "op": o.redop,
             "out_type": o.out_dtype.name if o.collective.reduces else o.dtype.name,
-            "blocking": o.blocking,
             "average": o.average,
+            "run_cycles": o.run_cycles,
             "interfere": o.interfere,
             "interfere_runs": o.interfere_runs if o.interfere != "none" else None,
             "sm_time": o.sm_time and o.backend != "host",
         },
         "notes": notes,
-        "extras": extras,
+        "impls": table,
+        **extras,
     }
-    head = {
-        "version": report.JSON_FILE_VERSION,
-        "start_time": start_time,
-        "args": ["tide-perf"] + list(o.argv),
-        "env": json_env(),
-        "nccl_version": nccl_version_code(versions.get("nccl_runtime")),
-    }
-    nccl_config = {
-        "nthreads": 1,
-        "ngpus": 0 if o.backend == "host" else 1,
-        "minimum_bytes": lo,
-        "maximum_bytes": hi,
-        **({"step_factor": o.stepfactor} if o.stepfactor > 1 else {"step_bytes": o.stepbytes}),
-        "warmup_iters": o.warmup,
-        "iterations": o.iters,
-        "aggregated_iterations": 1,
-        "validation": o.check,
-        "graph": 0,
-        "blocking_collectives": "true" if o.blocking else "false",
-        "per_iter_timing": "false",
-        "parallel_init": "false",
-    }
-    return report.build_json(
-        config, devices, rows, table, o.impls[0], o.min_busbw, head=head, nccl_config=nccl_config, iters=o.iters,
-        name=o.collective.perf_name,
-    )
+    return results_json.document(head, nccl_config, devices, rows, o.impls[0], o.min_busbw, o.iters,
+                                 o.collective.perf_name, tide, cputime=o.cputime, skip=o.per_iter_skip)
 
 
 # Prefixes of the variables -J records under "env". nccl-tests writes the whole environment; tide-perf writes the

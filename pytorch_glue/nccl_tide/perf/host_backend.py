@@ -13,6 +13,7 @@ from typing import Callable, List, NamedTuple, Optional
 import numpy as np
 
 from .. import reference as ref
+from .._memory import check_host_memory, host_collective_bytes
 from ..data import random_values, rank_rng
 from ..dtypes import DType
 from ..errors import InvalidArgumentError
@@ -43,15 +44,24 @@ class Opts(NamedTuple):
     warmup: int
     check: int
     seed: int
+    agg: int = 1  # calls per timed iteration (-m)
+    per_iter: bool = False  # -I 1: keep each iteration's time
 
 
-def _time_us(fn: Callable[[], None], iters: int, warmup: int) -> float:
-    for _ in range(warmup):
+def _timed(fn: Callable[[], None], o: Opts, total_bytes: int, W: int, coll, wrong: Optional[int]) -> Variant:
+    """The Variant of `fn`: the mean time per call of o.iters iterations of o.agg calls each, after o.warmup calls;
+    with o.per_iter each iteration's time per call as well."""
+    for _ in range(o.warmup):
         fn()
+    laps = []
     t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - t0) / max(iters, 1) * 1e6
+    for _ in range(o.iters):
+        t = time.perf_counter()
+        for _ in range(o.agg):
+            fn()
+        laps.append((time.perf_counter() - t) / o.agg * 1e6)
+    mean = (time.perf_counter() - t0) / (o.iters * o.agg) * 1e6
+    return Variant(mean, *coll.bandwidth(total_bytes, W, mean), wrong, iter_us=laps if o.per_iter else None)
 
 
 def _corrupt(arr: np.ndarray) -> None:
@@ -77,6 +87,8 @@ def all_gather(case: Case, o: Opts):
         case.numels, o.dtype.name, W, case.ranks_per_node, row_numels=case.row_numels, pace_bytes=case.pace_bytes
     ) as lay:
         infos = lay.params
+        need = host_collective_bytes(lay, "all_gather", results_copy=bool(o.check))
+        check_host_memory(need, "tide-perf all_gather --backend host")
         shards = [[random_values(rank_rng(o.seed, r), o.dtype, p.shard_numel) for p in infos] for r in range(W)]
         params = [[poisoned(p.shard_numel * W, o.dtype) for p in infos] for _ in range(W)]
         total_bytes = sum(p.shard_numel for p in infos) * W * o.dtype.size
@@ -91,8 +103,7 @@ def all_gather(case: Case, o: Opts):
         if o.check:
             host_all_gather(lay, shards, params)
             wrong = check()
-        t = _time_us(lambda: host_all_gather(lay, shards, params), o.iters, o.warmup)
-        oop = Variant(t, *ALL_GATHER.bandwidth(total_bytes, W, t), wrong)
+        oop = _timed(lambda: host_all_gather(lay, shards, params), o, total_bytes, W, ALL_GATHER, wrong)
 
         # in-place: each rank's shard is read from its own position in its unsharded storage
         ip_shards = [
@@ -111,8 +122,8 @@ def all_gather(case: Case, o: Opts):
             host_all_gather(lay, ip_shards, params)
             if o.check:
                 wrong = check()
-            t = _time_us(lambda: host_all_gather(lay, ip_shards, params), o.iters, o.warmup)
-            return oop, Variant(t, *ALL_GATHER.bandwidth(total_bytes, W, t), wrong), None
+            ip = _timed(lambda: host_all_gather(lay, ip_shards, params), o, total_bytes, W, ALL_GATHER, wrong)
+            return oop, ip, None
         except InvalidArgumentError as e:
             return oop, NA, f"in-place all-gather not accepted by the host executor: {e.detail}"
 
@@ -124,6 +135,8 @@ def reduce_scatter(case: Case, o: Opts):
     ) as lay:
         infos = lay.params
         R = lay.ranks_per_node
+        need = host_collective_bytes(lay, "reduce_scatter", o.out_dtype.size, results_copy=bool(o.check))
+        check_host_memory(need, "tide-perf reduce_scatter --backend host")
         grads = [[random_values(rank_rng(o.seed, r), o.dtype, p.numel) for p in infos] for r in range(W)]
         outs = [poisoned(lay.rs_out_numel, o.out_dtype) for _ in range(W)]
         total_bytes = lay.rs_out_numel * W * o.dtype.size
@@ -144,8 +157,7 @@ def reduce_scatter(case: Case, o: Opts):
         if o.check:
             run(grads, outs)
             wrong = check(outs)
-        t = _time_us(lambda: run(grads, outs), o.iters, o.warmup)
-        oop = Variant(t, *REDUCE_SCATTER.bandwidth(total_bytes, W, t), wrong)
+        oop = _timed(lambda: run(grads, outs), o, total_bytes, W, REDUCE_SCATTER, wrong)
 
         # in-place (nccl-tests: recvbuff = sendbuff + rank * recvcount) only means something
         # for one flat tensor whose output type equals its input type.

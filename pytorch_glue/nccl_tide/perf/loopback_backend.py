@@ -15,7 +15,7 @@ Checks (-c 1), before timing, outputs poisoned first: all-gather bit-exact again
 slot, every parameter); reduce-scatter against an fp64 sum of the inputs within gpu.RS_TOL x sum|x_i|.
 """
 
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Sequence
 
 from . import gpu
 from .impls import MULTI_NODE_RS_REASON, loopback_stand_in
@@ -98,6 +98,7 @@ def rs_reference(grads, layout, rank: int, world: int, op: str, scale: float, ou
 
 class LoopbackBackend:
     name = "loopback"
+    notes: Sequence[str] = ()  # caveats on its timings, printed as header lines and written to the JSON
 
     def __init__(
         self, world: int, device: int = 0, ranks_per_node: Optional[int] = None, pace_bytes: Optional[int] = None
@@ -147,6 +148,7 @@ class LoopbackBackend:
                 "pid": os.getpid(),
                 "hostname": socket.gethostname(),
                 "device": self.device.index,
+                "device_hex": gpu.pci_hex(self.device.index),
                 "name": f"{name} (virtual rank {r}" + (f", virtual node {r // R})" if R < self.W else ")"),
             }
             for r in range(self.W)

@@ -11,7 +11,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 from ..dtypes import RS_TYPES, DType, op_code
 from ..dtypes import dtype as to_dtype
@@ -26,11 +26,36 @@ SUFFIX = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 MODEL_DEFAULT_ITERS, MODEL_DEFAULT_WARMUP = 1, 0
 FLAT_DEFAULT_ITERS, FLAT_DEFAULT_WARMUP = 20, 1
 DEFAULT_STEP_BYTES = 1 << 20
+MAX_SEED = (1 << 63) - 1
 
 
-def die(msg: str) -> "None":
+# Exit statuses (benchmarks/README.md lists them). nccl-tests returns -1 (255) for sizes it cannot run and for options
+# its build cannot honour, and testNumResults (7) when elements are wrong or the bandwidth misses NCCL_TESTS_MIN_BW.
+EXIT_USAGE = 2  # a bad flag value or a conflict between flags (argparse's status)
+EXIT_WRONG = 7  # wrong elements, or the average bus bandwidth below 0.9 x --min-busbw (nccl-tests' testNumResults)
+EXIT_OUTPUT = 74  # the run finished but its JSON or plot could not be written (sysexits' EX_IOERR)
+EXIT_INTERRUPTED = 130  # SIGINT (128 + 2)
+EXIT_UNSUPPORTED = 255  # bad sizes, or an option tide-perf cannot honour (nccl-tests' -1)
+
+
+def die(msg: str, status: int = EXIT_USAGE) -> "None":
     print(f"tide-perf: error: {msg}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(status)
+
+
+def unsupported(flag: str, why: str) -> "None":
+    die(f"{flag} is not supported by tide-perf: {why}", EXIT_UNSUPPORTED)
+
+
+def dtype_spellings(names=None) -> str:
+    """The -d spellings, nccl-tests' name first: the same text in --help and in every type error."""
+    from ..dtypes import DTYPES
+
+    out = []
+    for name, dt in DTYPES.items():
+        if names is None or name in names:
+            out.append(name if dt.nccl_tests_name == name else f"{dt.nccl_tests_name}|{name}")
+    return ", ".join(out)
 
 
 def parse_size(text: str) -> int:
@@ -66,8 +91,10 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (`tide-perf: error: ...`) and exit status 2, as every other check."""
 
     def error(self, message):  # noqa: D401
+        # nccl-tests ends with -1 (255) on a size it cannot parse; every other usage error is argparse's 2.
+        status = EXIT_UNSUPPORTED if "invalid size" in message else EXIT_USAGE
         print(f"{self.prog}: error: {message} (tide-perf --help lists the flags)", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(status)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -95,19 +122,40 @@ def parser() -> argparse.ArgumentParser:
                    help="size multiplication factor, >= 2 (default: step by -i)")
     p.add_argument("-n", "--iters", type=int, default=None,
                    help="timed iterations, >= 1 (default 20; 1 for model layouts)")
+    p.add_argument("-m", "--agg_iters", type=int, default=1,
+                   help="calls per timed iteration, >= 1 (TIDE calls are not grouped: they run back to back)")
     p.add_argument("-w", "--warmup_iters", type=int, default=None,
                    help="warm-up iterations, >= 0 (default 1; 0 for model layouts)")
+    p.add_argument("-N", "--run_cycles", type=int, default=1,
+                   help="run the size loop this many times, printing each cycle (0: until interrupted)")
+    p.add_argument("-p", "--parallel_init", type=int, default=0, choices=[0, 1],
+                   help="accepted for nccl-tests compatibility: one thread per process, nothing to initialize "
+                   "in parallel")
     p.add_argument("-c", "--check", type=int, default=1, choices=[0, 1],
                    help="1: validate every element against the reference; 0: do not")
-    p.add_argument("-d", "--datatype", default="float",
-                   help="bfloat16|bf16, half|fp16, float|fp32, f8e4m3, f8e5m2, int8, int32")
-    p.add_argument("-o", "--op", default="sum", help="sum, avg or premul (reduce_scatter)")
-    p.add_argument("-z", "--blocking", type=int, default=0, choices=[0, 1],
+    p.add_argument("-d", "--datatype", default="float", help=dtype_spellings())
+    p.add_argument("-o", "--op", default=None,
+                   help="reduce_scatter: sum, avg or premul (default sum); all_gather does not reduce: ignored")
+    p.add_argument("-r", "--root", type=int, default=0,
+                   help="accepted for nccl-tests compatibility: all_gather and reduce_scatter have no root (-1)")
+    p.add_argument("-z", "--blocking", type=int, default=0, choices=[0, 1, 2, 3],
                    help="accepted for nccl-tests compatibility; host calls always block, GPU timing syncs per run")
+    p.add_argument("-y", "--stream_null", type=int, default=0, choices=[0, 1],
+                   help="0 only: GPU calls run on torch's current stream (not supported: 1, the NULL stream)")
+    p.add_argument("-T", "--timeout", type=int, default=0,
+                   help="0 only (not supported: GPU backends bound each synchronization themselves)")
+    p.add_argument("-C", "--report_cputime", type=int, default=0, choices=[0, 1],
+                   help="1: report CPU time (host backend, whose time is CPU wall time; not supported on GPU "
+                   "backends)")
+    p.add_argument("-S", "--report_timestamps", type=int, default=0, choices=[0, 1],
+                   help="1: end every row with the time it was measured")
     p.add_argument("-a", "--average", type=int, default=1, choices=[0, 1, 2, 3],
                    help="torchrun: 1 average time over ranks, 0 rank 0's (2 min, 3 max: as 1)")
     p.add_argument("-J", "--output_file", default=None, metavar="FILE.json",
-                   help="write results as JSON (nccl-tests' keys plus tide-perf's) (default: no JSON)")
+                   help="write results as nccl-tests' JSON (file version 3; tide-perf's own keys under 'extras'); "
+                   "an existing FILE.json is kept and FILE.json.0, .1, ... written, as nccl-tests does, unless "
+                   "--overwrite (default: no JSON)")
+    p.add_argument("--overwrite", action="store_true", help="-J replaces an existing file (atomically)")
     p.add_argument("-t", "--nthreads", type=int, default=1, help="threads per process: 1 only (ranks are simulated "
                    "or one process per GPU)")
     p.add_argument("-g", "--ngpus", type=int, default=1, help="GPUs per thread: 1 only (loopback: --ranks virtual "
@@ -117,8 +165,22 @@ def parser() -> argparse.ArgumentParser:
                    "moves data between its own slots; -R 1/2 are not supported)")
     p.add_argument("-x", "--cta_policy", type=int, default=None, help="NCCL CTA policy: not supported (TIDE's "
                    "transfers use no CTAs; the NCCL rows run with NCCL's default)")
-    p.add_argument("-I", "--per_iter_timing", type=int, default=0, help="per-iteration statistics: 0 only (not "
-                   "supported)")
+    p.add_argument("-D", "--device_implementation", type=int, default=0,
+                   help="0 only (not supported: TIDE has no NCCL device-API kernels)")
+    p.add_argument("-V", "--device_cta_count", type=int, default=16,
+                   help="accepted for nccl-tests compatibility: only -D > 0 uses it")
+    p.add_argument("-M", "--memory", type=int, default=0, choices=[0, 1],
+                   help="1: report peak memory after the footer (GPU backends: torch's peak allocation; host: "
+                   "peak resident set)")
+    p.add_argument("-u", "--unalign", type=int, default=0,
+                   help="0 only (not supported: TIDE addresses whole rows of each parameter's storage)")
+    p.add_argument("-I", "--per_iter_timing", type=int, default=0,
+                   help="1: time every iteration (i_min i_max i_p99 i_cv%% columns, per-iteration JSON)")
+    p.add_argument("-K", "--per_iter_skip", type=int, default=0,
+                   help="leading iterations left out of the -I statistics")
+    p.add_argument("--wide", type=int, nargs="?", const=1, default=0, choices=[0, 1],
+                   help="1: after nccl-tests' columns, tide-perf's (impl SM GEMM host gpu), one row per "
+                   "implementation of --impl; 0: nccl-tests' columns for the first implementation only")
     p.add_argument("--plot", default=None, metavar="FILE",
                    help="plot busbw and SM time vs size (png, pdf, svg, ...; needs matplotlib) (default: no plot)")
     p.add_argument("--backend", default="auto", help="auto, host, loopback or torchrun")
@@ -159,13 +221,14 @@ def parser() -> argparse.ArgumentParser:
         "--out-type", default="fp32", help="reduce_scatter output type: fp32, bf16, fp16 or 'same' (= -d)"
     )
     p.add_argument("--scale", type=float, default=0.3, help="premul scale (finite fp32)")
-    p.add_argument("--seed", type=int, default=1, help="seed of the random inputs")
+    p.add_argument("--seed", type=int, default=1, help=f"seed of the random inputs, 0..{MAX_SEED}")
     return p
 
 
 # Options that take a value: a value that starts with '-' (e.g. -b -1K) is joined to its flag before argparse
 # sees it, so that it is rejected for what it is rather than as "expected one argument".
-_VALUE_FLAGS = {"-b", "-e", "-i", "-f", "-n", "-w", "-c", "-z", "-a", "-t", "-g", "-G", "-R", "-x", "-I",
+_VALUE_FLAGS = {"-b", "-e", "-i", "-f", "-n", "-w", "-c", "-z", "-a", "-t", "-g", "-G", "-R", "-x", "-I", "-m", "-N",
+                "-p", "-r", "-y", "-T", "-C", "-S", "-D", "-V", "-M", "-u", "-K",
                 "--minbytes", "--maxbytes", "--stepbytes", "--stepfactor", "--iters", "--warmup_iters",
                 "--ranks", "--ranks-per-node", "--pace-bytes", "--scale", "--seed", "--min-busbw", "--device",
                 "--interfere-runs"}
@@ -185,16 +248,21 @@ def join_negative_values(argv: List[str]) -> List[str]:
 
 
 def check_flags(a) -> None:
-    """Every rule the flags must meet on their own, checked before any work (one-line error, exit status 2)."""
+    """Every rule the flags must meet on their own, checked before any work: a one-line error, exit status 2 for a
+    bad value, 255 for bad sizes and for options tide-perf cannot honour (nccl-tests' -1)."""
     if a.iters is not None and a.iters < 1:
         die(f"-n (iterations) must be >= 1, got {a.iters}")
     if a.warmup_iters is not None and a.warmup_iters < 0:
         die(f"-w (warm-up iterations) must be >= 0, got {a.warmup_iters}")
+    if a.agg_iters < 1:
+        die(f"-m (calls per iteration) must be >= 1, got {a.agg_iters}")
+    if a.run_cycles < 0:
+        die(f"-N (run cycles) must be >= 0 (0: until interrupted), got {a.run_cycles}")
     if a.stepfactor is not None and a.stepfactor < 1:
         die(f"-f (step factor) must be >= 1, got {a.stepfactor}")
     if a.layout == "flat":
         if a.minbytes > a.maxbytes:
-            die(f"-b {a.minbytes} is larger than -e {a.maxbytes}: no size to run")
+            die(f"-b {a.minbytes} is larger than -e {a.maxbytes}: no size to run", EXIT_UNSUPPORTED)
         if a.minbytes < a.maxbytes:
             if (a.stepfactor or 1) > 1 and a.minbytes == 0:
                 die("-b 0 with -f never grows (0 x factor = 0): start at -b >= 1, or step by -i")
@@ -202,52 +270,48 @@ def check_flags(a) -> None:
                 die("-f 1 does not grow the size: give -f >= 2, or -i STEP to add STEP bytes per size")
             if (a.stepfactor or 1) == 1 and a.stepbytes == 0:
                 die("-i 0 never grows the size: give -i >= 1 or -f >= 2")
-    if a.nthreads != 1:
-        die(f"-t {a.nthreads} is not supported: tide-perf runs one thread per process (host: ranks simulated in "
-            "one thread; torchrun: one process per GPU)")
-    if a.ngpus != 1:
-        die(f"-g {a.ngpus} is not supported: one GPU per process (loopback: --ranks virtual ranks on one GPU; "
-            "torchrun: one process per GPU)")
-    if a.cudagraph != 0:
-        die(f"-G {a.cudagraph} is not supported: tide-perf does not time CUDA graph launches")
-    if a.local_register != 0:
-        die(f"-R {a.local_register} is not supported: TIDE moves data between its own registered slots, and the "
-            "NCCL rows run on unregistered buffers")
-    if a.cta_policy is not None:
-        die("-x (NCCL CTA policy) is not supported: TIDE's transfers use no CTAs and the NCCL rows run with NCCL's "
-            "default policy")
-    if a.per_iter_timing != 0:
-        die(f"-I {a.per_iter_timing} is not supported: tide-perf reports the average time per iteration only")
+    check_unsupported(a)
     if a.interfere_runs < 1:
         die(f"--interfere-runs must be >= 1, got {a.interfere_runs}")
     if not math.isfinite(a.scale):
         die(f"--scale must be a finite number, got {a.scale}")
+    if not 0 <= a.seed <= MAX_SEED:
+        die(f"--seed must be in 0..{MAX_SEED}, got {a.seed}")
     if a.min_busbw is not None and not (math.isfinite(a.min_busbw) and a.min_busbw >= 0):
         die(f"--min-busbw must be a finite number >= 0, got {a.min_busbw}")
-    if a.output_file:
-        why = writable_file(a.output_file)
+    from .output import output_problem
+
+    for flag, path, kind in (("-J", a.output_file, "json"), ("--plot", a.plot, "plot")):
+        why = None if path is None else output_problem(path, kind)
         if why:
-            die(f"-J {a.output_file}: {why}")
-    if a.plot:
-        from .plot import output_problem
-
-        why = output_problem(a.plot)
-        if why:
-            die(f"--plot {a.plot}: {why}")
+            die(f"{flag} {path or repr(path)}: {why}")
 
 
-def writable_file(path: str) -> Optional[str]:
-    """Why `path` cannot be written (None if it can), checked before the run so that no result is lost after it."""
-    if os.path.isdir(path):
-        return "is a directory"
-    if os.path.exists(path):
-        return None if os.access(path, os.W_OK) else "exists and is not writable"
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        return f"directory {parent} does not exist"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"directory {parent} is not writable"
-    return None
+def check_unsupported(a) -> None:
+    """nccl-tests' options that tide-perf cannot honour: one line saying why, exit 255."""
+    if a.nthreads != 1:
+        unsupported(f"-t {a.nthreads}", "it runs one thread per process (host: ranks simulated in one thread; "
+                    "torchrun: one process per GPU)")
+    if a.ngpus != 1:
+        unsupported(f"-g {a.ngpus}", "one GPU per process (loopback: --ranks virtual ranks on one GPU; torchrun: "
+                    "one process per GPU)")
+    if a.cudagraph != 0:
+        unsupported(f"-G {a.cudagraph}", "it does not time CUDA graph launches")
+    if a.local_register != 0:
+        unsupported(f"-R {a.local_register}", "TIDE moves data between its own registered slots, and the NCCL rows "
+                    "run on unregistered buffers")
+    if a.cta_policy is not None:
+        unsupported("-x (NCCL CTA policy)", "TIDE's transfers use no CTAs and the NCCL rows run with NCCL's "
+                    "default policy")
+    if a.device_implementation != 0:
+        unsupported(f"-D {a.device_implementation}", "TIDE has no NCCL device-API kernels to select")
+    if a.stream_null != 0:
+        unsupported("-y 1", "GPU calls are issued on torch's current stream, and TIDE's copies on its own streams")
+    if a.timeout != 0:
+        unsupported(f"-T {a.timeout}", "the GPU backends bound every synchronization with their own timeout (a "
+                    "row that times out says so), and a host executor call cannot be interrupted")
+    if a.unalign != 0:
+        unsupported(f"-u {a.unalign}", "TIDE addresses whole rows of each parameter's storage from its start")
 
 
 @dataclass(frozen=True)
@@ -274,10 +338,20 @@ class Options:
     stepbytes: int
     iters: int
     warmup: int
+    agg_iters: int  # -m: calls per timed iteration
+    run_cycles: int  # -N: passes over the size loop (0: until interrupted)
     check: int
     blocking: int
     average: int
+    parallel_init: int
+    cputime: bool  # -C 1: the time column is CPU time (host backend)
+    timestamps: bool  # -S 1
+    memory_report: bool  # -M 1
+    per_iter: bool  # -I 1
+    per_iter_skip: int  # -K
+    wide: bool  # tide-perf's columns and one row per implementation
     output_file: Optional[str]
+    overwrite: bool
     plot: Optional[str]
     interfere: str
     interfere_runs: int
@@ -286,6 +360,7 @@ class Options:
     device: int
     scale: float
     seed: int
+    flag_notes: Tuple[str, ...] = ()  # nccl-tests flags accepted with no effect here, said in the header
 
     @property
     def model(self) -> bool:
@@ -336,14 +411,18 @@ def resolve(a, argv: List[str], gpu: Callable[[], bool]) -> Options:
         except PlotUnavailable as e:
             die(str(e).replace("tide-perf: ", ""))
 
+    dt = dtype_flag("-d", a.datatype)
+    out_dt = dt if a.out_type == "same" else dtype_flag("--out-type", a.out_type)
     try:
-        dt = to_dtype(a.datatype)
-        out_dt = dt if a.out_type == "same" else to_dtype(a.out_type)
-        op = {0: "sum", 1: "avg", 2: "premul"}[op_code(a.op)]
+        op = {0: "sum", 1: "avg", 2: "premul"}[op_code(a.op or "sum")]
     except TideError as e:
         die(e.detail)
     if coll.reduces and (dt.name not in RS_TYPES or out_dt.name not in RS_TYPES):
-        die(f"reduce_scatter supports -d and --out-type in {', '.join(RS_TYPES)}")
+        die(f"reduce_scatter supports -d and --out-type in {dtype_spellings(RS_TYPES)}")
+    if a.report_cputime and backend != "host":
+        unsupported("-C 1", "the GPU backends time with CUDA events; the host time to issue a call is the `host` "
+                    "column of --wide")
+    per_iter, skip = per_iter_flags(a)
     if a.ranks < 1:
         die("--ranks must be >= 1")
     if a.ranks_per_node is not None:
@@ -373,10 +452,53 @@ def resolve(a, argv: List[str], gpu: Callable[[], bool]) -> Options:
         stepfactor=a.stepfactor or 1, stepbytes=DEFAULT_STEP_BYTES if a.stepbytes is None else a.stepbytes,
         iters=a.iters if a.iters is not None else (MODEL_DEFAULT_ITERS if model else FLAT_DEFAULT_ITERS),
         warmup=a.warmup_iters if a.warmup_iters is not None else (MODEL_DEFAULT_WARMUP if model else FLAT_DEFAULT_WARMUP),
-        check=a.check, blocking=a.blocking, average=a.average, output_file=a.output_file, plot=a.plot,
+        agg_iters=a.agg_iters, run_cycles=a.run_cycles, check=a.check, blocking=a.blocking, average=a.average,
+        parallel_init=a.parallel_init, cputime=bool(a.report_cputime), timestamps=bool(a.report_timestamps),
+        memory_report=bool(a.memory), per_iter=per_iter, per_iter_skip=skip, wide=bool(a.wide),
+        output_file=a.output_file, overwrite=a.overwrite, plot=a.plot,
         interfere=a.interfere, interfere_runs=a.interfere_runs, sm_time=bool(a.sm_time), min_busbw=min_busbw(a),
-        device=a.device, scale=a.scale, seed=a.seed,
+        device=a.device, scale=a.scale, seed=a.seed, flag_notes=ignored_flags(a, coll),
     )
+
+
+def dtype_flag(flag: str, text: str) -> DType:
+    try:
+        return to_dtype(text)
+    except TideError:
+        die(f"{flag} {text!r}: unknown type; use one of {dtype_spellings()}")
+
+
+def per_iter_flags(a) -> Tuple[bool, int]:
+    """-I and -K as nccl-tests takes them: a value it does not support is reported and turned off, not fatal."""
+    warn = sys.stderr
+    per_iter, skip = a.per_iter_timing, a.per_iter_skip
+    if per_iter not in (0, 1):
+        print("per-iteration timing (-I) only supports 0=off or 1=on. Disabling.", file=warn)
+        per_iter = 0
+    iters = a.iters if a.iters is not None else (MODEL_DEFAULT_ITERS if a.layout != "flat" else FLAT_DEFAULT_ITERS)
+    if skip < 0 or skip >= iters:
+        print(f"per-iteration skip (-K) must be between 0 and {iters - 1}. Disabling.", file=warn)
+        skip = 0
+    if skip and not per_iter:
+        print("per-iteration skip (-K) requires per-iteration timing (-I 1). Disabling.", file=warn)
+        skip = 0
+    return bool(per_iter), skip
+
+
+def ignored_flags(a, coll: Collective) -> Tuple[str, ...]:
+    """nccl-tests flags given a value that means nothing here: each becomes a header line saying so."""
+    notes = []
+    if a.op is not None and not coll.reduces:
+        notes.append(f"-o {a.op} ignored: all_gather does not reduce (redop none, as nccl-tests prints it)")
+    if a.root != 0:
+        notes.append(f"-r {a.root} ignored: {coll.name} has no root (root -1, as nccl-tests prints it)")
+    if a.parallel_init:
+        notes.append("-p 1 ignored: one thread per process, nothing to initialize in parallel")
+    if a.device_cta_count != 16:
+        notes.append(f"-V {a.device_cta_count} ignored: only a device implementation (-D > 0) uses it")
+    if a.blocking:
+        notes.append(f"-z {a.blocking} ignored: host calls always block, and GPU timing synchronizes once per row")
+    return tuple(notes)
 
 
 def effective_pace(world: int, rpn: int, pace: Optional[int]) -> int:

@@ -6,9 +6,13 @@
 matplotlib is imported here only, lazily; it is an optional extra: pip install "nccl-tide[plot]" (or matplotlib).
 """
 
+import io
 import json
 import sys
 from typing import List, Optional
+
+from .options import EXIT_OUTPUT
+from .output import figure_format, output_problem, write_whole
 
 MISSING = "tide-perf: --plot / tide-perf plot need matplotlib, which is not installed: pip install matplotlib"
 
@@ -28,47 +32,57 @@ def _pyplot():
     return plt
 
 
-# What matplotlib's Agg-based savefig writes (matplotlib.backend_bases: get_supported_filetypes of a default canvas).
-FORMATS = ("eps", "jpeg", "jpg", "pdf", "pgf", "png", "ps", "raw", "rgba", "svg", "svgz", "tif", "tiff", "webp")
-
-
-def output_problem(path: str) -> Optional[str]:
-    """Why the figure cannot be written to `path` (None if it can): checked before any work."""
-    import os
-
-    ext = os.path.splitext(path)[1].lower().lstrip(".")
-    if ext not in FORMATS:
-        return f"unsupported figure format {('.' + ext) if ext else '(no extension)'}: use one of " + ", ".join(
-            "." + f for f in FORMATS
-        )
-    parent = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        return "is a directory"
-    if not os.path.isdir(parent):
-        return f"directory {parent} does not exist"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"directory {parent} is not writable"
-    return None
-
-
 def require_matplotlib() -> None:
     """Raises PlotUnavailable (naming the pip command) when matplotlib cannot be imported."""
     _pyplot()
 
 
-def series(doc: dict):
-    """{impl: [(size, busbw, sm_us)]} of the rows that ran (out-of-place figures)."""
-    out = {}
-    for r in doc.get("results", []):
-        impl = r.get("impl", "tide")
+def series(doc) -> dict:
+    """{impl: [(size, busbw, sm_us)]} of the rows that ran (out-of-place figures): tide-perf's every-impl rows
+    (extras.results), or the results of a JSON without them (nccl-tests', labelled by its experiment). Raises
+    ValueError naming the first thing that is not as these files have it."""
+    if not isinstance(doc, dict):
+        raise ValueError("the top level is not an object")
+    extras = doc.get("extras")
+    if isinstance(extras, dict) and "results" in extras:
+        rows, where, default_impl = extras["results"], "extras.results", "tide"
+    elif "results" in doc:
+        rows, where, default_impl = doc["results"], "results", "results"
+    else:
+        raise ValueError("it has no 'results'")
+    if not isinstance(rows, list):
+        raise ValueError(f"'{where}' is not a list")
+    out: dict = {}
+    for k, r in enumerate(rows):
+        what = f"{where}[{k}]"
+        if not isinstance(r, dict):
+            raise ValueError(f"{what} is not an object")
+        impl = r.get("impl", default_impl)
+        size, oop, sm = r.get("size"), r.get("out_of_place"), r.get("sm_time_us")
+        if not isinstance(impl, str):
+            raise ValueError(f"{what}.impl is not a string")
+        if not _number(size) or size < 0:
+            raise ValueError(f"{what}.size is not a size in bytes")
+        if oop is not None and not isinstance(oop, dict):
+            raise ValueError(f"{what}.out_of_place is not an object")
+        bus = (oop or {}).get("bus_bw")
+        if bus is not None and not _number(bus):
+            raise ValueError(f"{what}.out_of_place.bus_bw is not a number")
+        if sm is not None and not _number(sm):
+            raise ValueError(f"{what}.sm_time_us is not a number")
         out.setdefault(impl, [])
-        if r.get("ran", True) and r["out_of_place"].get("bus_bw") is not None:
-            out[impl].append((r["size"], r["out_of_place"]["bus_bw"], r.get("sm_time_us")))
+        if r.get("ran", True) and bus is not None:
+            out[impl].append((size, bus, sm))
     return out
 
 
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")
+
+
 def plot(doc: dict, path: str) -> List[str]:
-    """Writes the figure; returns the impls drawn."""
+    """Writes the figure (whole, through a temporary file: perf/output.py); returns the impls drawn. Raises
+    ValueError on a document series() rejects, OSError when the file cannot be written."""
     plt = _pyplot()
     data = series(doc)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -116,13 +130,24 @@ def plot(doc: dict, path: str) -> List[str]:
             va="center",
             transform=ax2.transAxes,
         )
-    versions = doc.get("versions", {})
-    dev = versions.get("device") or (doc.get("devices") or [{}])[0].get("name") or doc.get("backend", "")
-    fig.suptitle(f"{doc.get('collective', '')} - backend {doc.get('backend', '?')} - {dev}", fontsize=10)
+    fig.suptitle(title(doc), fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=110, format=figure_format(path))
     plt.close(fig)
+    write_whole(path, buf.getvalue(), overwrite=True)
     return drawn
+
+
+def title(doc: dict) -> str:
+    """collective - backend - device, from whichever of them the document has."""
+    extras = doc.get("extras") if isinstance(doc.get("extras"), dict) else {}
+    versions = extras.get("versions") if isinstance(extras.get("versions"), dict) else {}
+    config = doc.get("config") if isinstance(doc.get("config"), dict) else {}
+    devices = config.get("devices") if isinstance(config.get("devices"), list) else []
+    first = devices[0] if devices and isinstance(devices[0], dict) else {}
+    dev = versions.get("device") or first.get("device_info") or ""
+    return f"{extras.get('collective', '')} - backend {extras.get('backend', '?')} - {dev}"
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -132,23 +157,27 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("json_file")
     p.add_argument("out_file")
     a = p.parse_args(argv)
-    why = output_problem(a.out_file)
+    why = output_problem(a.out_file, "plot")
     if why:
-        print(f"tide-perf plot: error: {a.out_file}: {why}", file=sys.stderr)
+        print(f"tide-perf plot: error: {a.out_file or repr(a.out_file)}: {why}", file=sys.stderr)
         return 2
     try:
         with open(a.json_file) as f:
             doc = json.load(f)
-    except (OSError, ValueError) as e:
-        print(f"tide-perf plot: cannot read {a.json_file}: {e}", file=sys.stderr)
-        return 2
-    if not isinstance(doc, dict) or "results" not in doc:
-        print(f"tide-perf plot: {a.json_file} is not a tide-perf JSON (no 'results')", file=sys.stderr)
+        series(doc)
+    except (OSError, ValueError, RecursionError) as e:
+        reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+        print(f"tide-perf plot: error: {a.json_file} is not a tide-perf or nccl-tests JSON: {reason}",
+              file=sys.stderr)
         return 2
     try:
         drawn = plot(doc, a.out_file)
     except PlotUnavailable as e:
         print(str(e), file=sys.stderr)
         return 3
+    except OSError as e:
+        print(f"tide-perf plot: error: {a.out_file}: the figure could not be written: {e.strerror or e}",
+              file=sys.stderr)
+        return EXIT_OUTPUT
     print(f"tide-perf plot: wrote {a.out_file} ({', '.join(drawn) or 'no measured rows'})")
     return 0

@@ -10,7 +10,8 @@ from .collectives import BUSBW_FORMULA
 from .options import Options
 
 
-def write(out: TextIO, o: Options, versions: dict, lib_version: str, gpu_backend, table: dict) -> None:
+def write(out: TextIO, o: Options, versions: dict, lib_version: str, gpu_backend, table: dict,
+          backend_notes=()) -> None:
     from .. import __version__
 
     nccl_h = versions.get("nccl_header", "N/A")
@@ -25,8 +26,15 @@ def write(out: TextIO, o: Options, versions: dict, lib_version: str, gpu_backend
     lo, hi = o.size_range()
     out.write(
         f"# nThread 1 nGpus {0 if o.backend == 'host' else 1} minBytes {lo} maxBytes {hi} step: {step} "
-        f"warmup iters: {o.warmup} iters: {o.iters} agg iters: 1 validation: {o.check} graph: 0 unalign: 0\n"
+        f"warmup iters: {o.warmup} iters: {o.iters} agg iters: {o.agg_iters} validation: {o.check} graph: 0 "
+        "unalign: 0\n"
     )
+    if o.per_iter:
+        clock = "host wall-clock timing" if o.backend == "host" else "CUDA event timing"
+        skip = f"; summary skips first {o.per_iter_skip} iterations" if o.per_iter_skip else ""
+        out.write(f"# Per-Iteration Report: {clock}; i_* uses max over process rows{skip} \n")
+    for note in list(backend_notes) + list(o.flag_notes):
+        out.write(f"# {note}\n")
     world, rpn, nodes = o.world, o.ranks_per_node, o.nodes
     if o.backend == "host":
         out.write(f"# backend: host executor, {world} simulated ranks, {rpn} ranks per node, {nodes} nodes\n")
@@ -64,25 +72,23 @@ def write(out: TextIO, o: Options, versions: dict, lib_version: str, gpu_backend
 
 
 def write_devices(out: TextIO, devices: list) -> None:
+    """nccl-tests' device lines, which its JSON writer parses back: `device` an integer, then [device_hex]."""
     out.write("#\n# Using devices\n")
     for d in devices:
         out.write(
-            "#  Rank %2d Group %2d Pid %6d on %10s device %4s %s\n"
-            % (d["rank"], d["group"], d["pid"], d["hostname"], d["device"], d.get("name", ""))
+            "#  Rank %2d Group %2d Pid %6d on %10s device %2d [%s] %s\n"
+            % (d["rank"], d["group"], d["pid"], d["hostname"], int(d["device"]), d.get("device_hex") or "unknown",
+               d.get("name", ""))
         )
-    out.write("#\n")
 
 
-def devices(gpu_backend) -> list:
+def devices(gpu_backend, world: int) -> list:
+    """One entry per rank. The host backend's ranks are simulated in this process, on no CUDA device (-1)."""
     if gpu_backend is not None:
         return gpu_backend.devices()
+    cpu = platform.processor() or platform.machine()
     return [
-        {
-            "rank": 0,
-            "group": 0,
-            "pid": os.getpid(),
-            "hostname": socket.gethostname(),
-            "device": "host",
-            "name": f"[host] {platform.processor() or platform.machine()} (host executor)",
-        }
+        {"rank": r, "group": 0, "pid": os.getpid(), "hostname": socket.gethostname(), "device": -1,
+         "device_hex": "host", "name": f"{cpu} (host executor, simulated rank {r})"}
+        for r in range(world)
     ]

@@ -1,19 +1,15 @@
-"""nccl-tests output format (src/util.cu of nccl-tests): preamble, table, footer, JSON.
+"""nccl-tests' table and footer (src/util.cu of nccl-tests), as tide-perf prints them.
 
-The row keeps nccl-tests' columns in their places (size count type redop root, then time algbw busbw #wrong
-out-of-place and in-place), so a parser that reads nccl-tests by field position reads tide-perf too. tide-perf's
-own columns follow them: the implementation measured (`impl`), SM time per call (kernel durations plus same-device
-copies and memsets, which run on SMs, from torch.profiler, us: perf/gpu.py), the slowdown of a concurrent single-wave GEMM (`--interfere gemm`) and a free-text note (the
-stand-in measured, or why the row could not run). One table holds every implementation side by side.
-
-The JSON has nccl-tests' keys (file version 2: version, start_time, args, env, nccl_version, config with devices,
-results with out_of_place/in_place {time, alg_bw, bus_bw, nwrong}, out_of_bounds {count, okay},
-average_bus_bandwidth {bandwidth, okay}, errors, end_time; booleans as the strings "true"/"false" as nccl-tests
-writes them) plus tide-perf's keys, which never reuse one of those names.
+By default a row is exactly nccl-tests' 13 columns (size count type redop root, then time algbw busbw #wrong out of
+place and in place), one row per size of the first implementation of --impl, and the column header has as many
+words as a row: parsers that count columns, from either end, read tide-perf as they read nccl-tests. -I 1 adds
+nccl-tests' i_min i_max i_p99 i_cv% after each variant, -S 1 its timestamp. --wide appends tide-perf's own columns
+(impl, SM time per call, the slowdown of a concurrent single-wave GEMM, host issue time, GPU latency) and prints one
+row per implementation. A row's free-text note (the stand-in measured, or why it did not run) is a comment line
+after the table, never a column.
 """
 
-import json
-from typing import Dict, List, NamedTuple, Optional, TextIO
+from typing import Dict, List, NamedTuple, Optional, TextIO, Tuple
 
 
 class Variant(NamedTuple):
@@ -23,6 +19,8 @@ class Variant(NamedTuple):
     algbw: Optional[float]
     busbw: Optional[float]
     wrong: Optional[int]  # None: not checked (-c 0) or variant not available
+    iter_us: Optional[List[float]] = None  # -I 1: each timed iteration (us), the max over processes
+    proc_iter_us: Optional[List[List[float]]] = None  # -I 1 on several processes: each process's iterations
 
 
 NA = Variant(None, None, None, None)
@@ -45,52 +43,103 @@ class Row(NamedTuple):
     # behind a gate, and the device time of one call issued entirely behind the gate.
     host_us: Optional[float] = None
     gpu_us: Optional[float] = None
+    stamp: Optional[str] = None  # -S 1: when the row was measured
+
+
+class Table(NamedTuple):
+    """Which columns the table has."""
+
+    per_iter: bool = False
+    wide: bool = False
+    cputime: bool = False
+    timestamps: bool = False
 
 
 def fit_float(v: Optional[float], width: int) -> str:
-    """%.2f, dropping decimals until it fits `width` (what nccl-tests' getFloatStr does)."""
+    """nccl-tests' getFloatStr: %.2f, dropping decimals until it fits `width`, then exponent notation."""
     if v is None:
         return "N/A".rjust(width)
     for prec in (2, 1, 0):
-        s = f"{v:.{prec}f}"
+        s = f"{v:{width}.{prec}f}"
         if len(s) <= width:
-            return s.rjust(width)
-    return f"{v:.0f}"
+            return s
+    return f"{v:{width}.1e}" if width >= 7 else f"{v:{width}.0e}"
 
 
-_COLS = "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s  %8s  %7s  %6s  %7s  %7s  %s\n"
-# 0-based whitespace-separated fields of a data row (nccl-tests' positions first, then tide-perf's).
-FIELDS = ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
-          "ip_time", "ip_algbw", "ip_busbw", "ip_#wrong", "impl", "SM", "GEMM", "host", "gpu")
+WIDE_COLS = ("impl", "SM", "GEMM", "host", "gpu")
+WIDE_UNITS = ("", "(us)", "(x)", "(us)", "(us)")
+_WIDE_FMT = "  %8s  %7s  %6s  %7s  %7s"
+_HEAD = "# %10s  %12s  %8s  %6s  %6s"
 
 
-def header(out: TextIO) -> None:
-    out.write(
-        "# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          \n"
-        % ("", "", "", "", "")
-    )
-    cols = ("time", "algbw", "busbw", "#wrong")
-    out.write(
-        _COLS % (("size", "count", "type", "redop", "root") + cols + cols + ("impl", "SM", "GEMM", "host", "gpu", "note"))
-    )
-    units = ("(us)", "(GB/s)", "(GB/s)", "")
-    out.write(_COLS % (("(B)", "(elements)", "", "", "") + units + units + ("", "(us)", "(x)", "(us)", "(us)", "")))
+def header(out: TextIO, t: Table = Table()) -> None:
+    """nccl-tests' writeResultHeader: '#', the variant titles, the column names and their units."""
+    time_name = "cputime" if t.cputime else "time"
+    ts_label, ts_fmt, ts_pad = ("timestamp", "%Y-%m-%d %H:%M:%S", 19) if t.timestamps else ("", "", 0)
+    wide_fmt = _WIDE_FMT if t.wide else ""
+    if t.per_iter:
+        title = "              out-of-place (+ per-iteration)                                in-place (+ per-iteration)"
+        fmt = _HEAD + ("  %7s  %6s  %6s  %6s  %7s  %7s  %7s  %7s" * 2) + wide_fmt + " %*s\n"
+        cols = (time_name, "algbw", "busbw", "#wrong", "i_min", "i_max", "i_p99", "i_cv%")
+        units = ("(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)", "(us)", "(%)")
+    else:
+        title = "           out-of-place                       in-place          "
+        fmt = _HEAD + ("  %7s  %6s  %6s  %6s" * 2) + wide_fmt + " %*s\n"
+        cols = (time_name, "algbw", "busbw", "#wrong")
+        units = ("(us)", "(GB/s)", "(GB/s)", "")
+    out.write("#\n")
+    out.write((_HEAD % ("", "", "", "", "")) + title + "\n")
+    wide_cols, wide_units = (WIDE_COLS, WIDE_UNITS) if t.wide else ((), ())
+    out.write(fmt % (("size", "count", "type", "redop", "root") + cols + cols + wide_cols + (ts_pad, ts_label)))
+    out.write(fmt % (("(B)", "(elements)", "", "", "") + units + units + wide_units + (ts_pad, ts_fmt)))
 
 
-def _variant(v: Variant) -> str:
-    wrong = "N/A" if v.wrong is None else "%g" % v.wrong
-    return "  %7s  %6s  %6s  %6s" % (fit_float(v.time_us, 7), fit_float(v.algbw, 6), fit_float(v.busbw, 6), wrong)
+def iter_stats(times_us: List[float], skip: int = 0) -> dict:
+    """nccl-tests' computeIterStats of the iterations after the first `skip` (us): min, max, avg, nearest-rank
+    p50/p95/p99, population stdev and its ratio to the mean in percent."""
+    s = sorted(times_us[skip:])
+    n = len(s)
+    pct = lambda p: s[min(n - 1, (n * p + 99) // 100 - 1)]  # noqa: E731
+    avg = sum(s) / n
+    stdev = (sum((x - avg) ** 2 for x in s) / n) ** 0.5
+    return {"min_us": s[0], "max_us": s[-1], "avg_us": avg, "p50_us": s[n // 2], "p95_us": pct(95),
+            "p99_us": pct(99), "stdev_us": stdev, "cv_pct": stdev / avg * 100.0 if avg > 0 else 0.0}
 
 
-def row_line(r: Row) -> str:
-    line = (
-        "%12li  %12li  %8s  %6s  %6i" % (r.size, r.count, r.type, r.redop, r.root)
-        + _variant(r.oop)
-        + _variant(r.ip)
-        + "  %8s  %7s  %6s" % (r.impl, fit_float(r.sm_us, 7), fit_float(r.gemm_x, 6))
-        + "  %7s  %7s" % (fit_float(r.host_us, 7), fit_float(r.gpu_us, 7))
-    )
-    return line + ("  " + r.note if r.note else "")
+def _variant(v: Variant, t: Table, skip: int) -> str:
+    text = "  %7s  %6s  %6s" % (fit_float(v.time_us, 7), fit_float(v.algbw, 6), fit_float(v.busbw, 6))
+    text += "    N/A" if v.wrong is None else "  %6g" % v.wrong
+    if t.per_iter:
+        st = iter_stats(v.iter_us, skip) if v.iter_us else {}
+        text += "  %7s  %7s  %7s  %7s" % tuple(fit_float(st.get(k), 7) for k in ("min_us", "max_us", "p99_us", "cv_pct"))
+    return text
+
+
+def row_line(r: Row, t: Table = Table(wide=True), skip: int = 0) -> str:
+    line = "%12li  %12li  %8s  %6s  %6s" % (r.size, r.count, r.type, r.redop, "%6i" % r.root)
+    line += _variant(r.oop, t, skip) + _variant(r.ip, t, skip)
+    if t.wide:
+        line += _WIDE_FMT % (r.impl, fit_float(r.sm_us, 7), fit_float(r.gemm_x, 6), fit_float(r.host_us, 7),
+                             fit_float(r.gpu_us, 7))
+    if t.timestamps:
+        line += "%21s" % (r.stamp or "")
+    return line
+
+
+def note_lines(rows: List[Row]) -> List[str]:
+    """The rows' notes as comment lines, one per (impl, note): `# note IMPL SIZES: text`, SIZES `all` when the note
+    is every row's of that impl, else the sizes joined by commas."""
+    by_note: Dict[Tuple[str, str], List[int]] = {}
+    per_impl: Dict[str, int] = {}
+    for r in rows:
+        per_impl[r.impl] = per_impl.get(r.impl, 0) + 1
+        if r.note:
+            by_note.setdefault((r.impl, r.note), []).append(r.size)
+    lines = []
+    for (impl, note), sizes in by_note.items():
+        where = "all" if len(sizes) == per_impl[impl] else ",".join(str(s) for s in sizes)
+        lines.append(f"# note {impl} {where}: {note}")
+    return lines
 
 
 def _busbws(rows: List[Row]) -> List[float]:
@@ -120,8 +169,9 @@ def busbw_gate_failed(avg: float, min_busbw: Optional[float]) -> bool:
 
 
 def footer(out: TextIO, rows: List[Row], name: str, subject: Optional[str] = None, min_busbw=None) -> None:
-    """nccl-tests' footer. 'Avg bus bandwidth' is the subject impl's (the first of --impl); with --min-busbw it ends
-    in OK or FAILED as in nccl-tests. One extra line per impl follows when several were measured."""
+    """nccl-tests' writeResultFooter. 'Avg bus bandwidth' is the subject impl's (the first of --impl); with
+    --min-busbw it ends in OK or FAILED as in nccl-tests. One comment line per impl follows when several were
+    measured. The out-of-bounds count is every measured row's."""
     wrong = total_wrong(rows)
     impls = impl_order(rows)
     subject = subject or (impls[0] if impls else None)
@@ -138,84 +188,7 @@ def footer(out: TextIO, rows: List[Row], name: str, subject: Optional[str] = Non
     out.write(f"# Collective test concluded: {name}\n")
 
 
-def _variant_json(v: Variant) -> dict:
-    return {"time": v.time_us, "alg_bw": v.algbw, "bus_bw": v.busbw, "nwrong": v.wrong}
-
-
-def row_json(r: Row, iters: Optional[int] = None, name: str = "") -> dict:
-    return {
-        "size": r.size,
-        "count": r.count,
-        "type": r.type,
-        "redop": r.redop,
-        "root": "%6i" % r.root,  # nccl-tests writes root as its padded text
-        "out_of_place": _variant_json(r.oop),
-        "in_place": _variant_json(r.ip),
-        "actual_iterations": iters,
-        "experiment_name": name,
-        "impl": r.impl,
-        "sm_time_us": r.sm_us,
-        "gemm_slowdown": r.gemm_x,
-        "host_issue_us_per_rank": r.host_us,
-        "gpu_latency_us": r.gpu_us,
-        "ran": r.ok,
-        "note": r.note,
-    }
-
-
-JSON_FILE_VERSION = 2  # nccl-tests' JSON_FILE_VERSION whose keys these are
-
-
-def _tf(b: bool) -> str:
-    return "true" if b else "false"
-
-
-def build_json(
-    config: dict,
-    devices: list,
-    rows: List[Row],
-    impls: Dict[str, dict],
-    subject: str,
-    min_busbw,
-    head: Optional[dict] = None,
-    nccl_config: Optional[dict] = None,
-    iters: Optional[int] = None,
-    name: str = "",
-) -> dict:
-    """head: nccl-tests' leading keys (version, start_time, args, env, nccl_version); nccl_config: nccl-tests' config
-    keys, merged into config together with devices."""
-    doc = dict(head or {})
-    doc.update(config)
-    cfg = dict(nccl_config or {})
-    cfg.update(doc.get("config", {}))
-    cfg["devices"] = devices
-    doc["config"] = cfg
-    avg = avg_busbw(rows, subject)
-    wrong = total_wrong(rows)
-    doc.update(
-        {
-            "devices": devices,
-            "impls": impls,
-            "results": [row_json(r, iters, name) for r in rows],
-            "out_of_bounds": {"count": wrong, "okay": _tf(wrong == 0)},
-            "average_bus_bandwidth": {
-                "bandwidth": avg,
-                "okay": "unchecked" if min_busbw is None else _tf(not busbw_gate_failed(avg, min_busbw)),
-            },
-            "average_bus_bandwidth_impl": subject,
-            "average_bus_bandwidth_by_impl": {i: avg_busbw(rows, i) for i in impl_order(rows)},
-            "min_busbw": min_busbw,
-            "min_busbw_ok": None if min_busbw is None else not busbw_gate_failed(avg, min_busbw),
-            "errors": [],
-        }
-    )
-    return doc
-
-
-def write_json(path: str, doc: dict) -> None:
-    import time
-
-    doc.setdefault("end_time", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime()))
-    with open(path, "w") as f:
-        json.dump(doc, f, indent=2)
-        f.write("\n")
+def finish(out: TextIO) -> None:
+    """nccl-tests' finalizeFooter and writeErrors: a '#' line, then an empty one (NCCL's last error would go there;
+    tide-perf reports a row's failure in the row's note)."""
+    out.write("#\n\n")

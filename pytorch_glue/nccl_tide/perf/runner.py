@@ -47,6 +47,8 @@ class MeasureOpts(NamedTuple):
     reduce_time: Callable[[float], float] = lambda t: t  # average over ranks (torchrun)
     reduce_wrong: Callable[[int], int] = lambda n: n  # sum over ranks (torchrun)
     barrier: Optional[Callable[[], None]] = None
+    per_iter_agg: int = 0  # -I 1: calls per iteration (-m); 0: time the mean only
+    gather_iters: Optional[Callable[[List[float]], List[List[float]]]] = None  # every process's iterations
 
 
 def unavailable_row(size: int, count: int, type_name: str, redop: str, impl: str, reason: str) -> Row:
@@ -79,7 +81,8 @@ def measure(
     stuck = False  # a collective timed out: never block on the device again in this row
     try:
         wrong = o.reduce_wrong(bench.check()) if o.check else None
-        t = o.reduce_time(gpu_time(bench.call, o))
+        t, laps, proc_laps = gpu_time(bench.call, o)
+        t = o.reduce_time(t)
         algbw, busbw = COLLECTIVES[case.collective].bandwidth(size, world, t)
         sm = None
         detail = {}
@@ -121,7 +124,7 @@ def measure(
             type_name,
             redop,
             -1,
-            Variant(t, algbw, busbw, wrong),
+            Variant(t, algbw, busbw, wrong, iter_us=laps, proc_iter_us=proc_laps),
             NA,
             impl=impl,
             sm_us=sm,
@@ -153,12 +156,25 @@ def measure(
             torch.cuda.empty_cache()
 
 
-def gpu_time(call, o: MeasureOpts) -> float:
+def gpu_time(call, o: MeasureOpts):
+    """(mean time per call, None, None), or with -I 1 (mean, each iteration's max over processes, each process's
+    iterations), as nccl-tests reports per-iteration times."""
     from . import gpu
 
     if o.barrier is not None:
         o.barrier()
-    return gpu.time_call_us(call, o.iters, o.warmup)
+    if not o.per_iter_agg:
+        return gpu.time_call_us(call, o.iters, o.warmup), None, None
+    laps = gpu.time_iters_us(call, o.iters // o.per_iter_agg, o.warmup, o.per_iter_agg)
+    procs = o.gather_iters(laps) if o.gather_iters is not None else [laps]
+    return sum(laps) / len(laps), [max(p[k] for p in procs) for k in range(len(laps))], procs
+
+
+def gather_lists(backend, laps: List[float]) -> List[List[float]]:
+    """Every torchrun process's list, in rank order (torch.distributed.all_gather_object)."""
+    every: List = [None] * backend.W
+    backend.dist.all_gather_object(every, laps)
+    return every
 
 
 def _sm(call) -> dict:

@@ -16,7 +16,7 @@ own output locally (all-gather bit-exact; reduce-scatter within gpu.RS_TOL x sum
 
 import os
 import socket
-from typing import List
+from typing import List, Sequence
 
 from . import gpu
 from .loopback_backend import SYNC_TIMEOUT_S, chunk_cat_impl, copy_out_impl, param_views, rs_reference
@@ -31,6 +31,7 @@ def _torch():
 
 class TorchrunBackend:
     name = "torchrun"
+    notes: Sequence[str] = ()  # caveats on its timings, printed as header lines and written to the JSON
 
     def __init__(self, average: int = 1):
         torch = _torch()

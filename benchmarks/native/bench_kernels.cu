@@ -1,11 +1,11 @@
-// The NCCL-like baseline of the "one rank's share" benchmark (include/tide_bench.h, tideBenchPersistentReduce):
+// The NCCL-like baseline of the "one rank's share" benchmark (tide_bench.h, tideBenchPersistentReduce):
 // a persistent kernel of a fixed number of CTAs that does the node-local reduce (bf16 inputs -> fp32, sum, the
 // documented left fold) spread evenly over a given time, each CTA spinning on %globaltimer until its next step is
 // due, as NCCL's CTAs spin on their peers' flags while data arrives. It holds its SMs for the whole transfer, which
-// is what the issue's baseline measures against; it is not used by any collective.
-#include "../core/errors.h"
+// is what the benchmark's baseline measures against; it is not used by any collective.
 #include "bench_kernels.h"
-#include "cuda_check.h"
+#include "cuda/cuda_check.h"
+#include "errors.h"
 
 namespace tide {
 namespace cuda {

@@ -1,6 +1,6 @@
-// Benchmark-only kernels (include/tide_bench.h): the NCCL-like persistent reduce baseline.
-#ifndef TIDE_CUDA_BENCH_KERNELS_H_
-#define TIDE_CUDA_BENCH_KERNELS_H_
+// Benchmark-only kernels (tide_bench.h): the NCCL-like persistent reduce baseline.
+#ifndef TIDE_BENCH_KERNELS_H_
+#define TIDE_BENCH_KERNELS_H_
 
 #include <cuda_runtime.h>
 
@@ -20,4 +20,4 @@ tideResult_t preloadBenchKernels();
 }  // namespace cuda
 }  // namespace tide
 
-#endif  // TIDE_CUDA_BENCH_KERNELS_H_
+#endif  // TIDE_BENCH_KERNELS_H_

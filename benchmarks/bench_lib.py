@@ -1,17 +1,27 @@
-"""ctypes binding of include/tide_bench.h: internal entry points for benchmarks and tests (not the public API).
+"""ctypes binding of libnccl-tide-bench.so (benchmarks/native/tide_bench.h), the benchmark library.
 
-The single-GPU "one rank's share" benchmark (nccl_tide.perf.share, issue 16) drives the library's own reduce
-kernel on given buffers, its copy-engine copy path, a link pacer (copies paced to a byte rate by stream waits that
-a host thread releases: no SMs) and the NCCL-like persistent reduce baseline through these. Pointers and streams
-are plain integers (tensor.data_ptr(), stream.cuda_stream); every call enqueues on the given stream and returns.
+The single-GPU "one rank's share" benchmark drives the library's own reduce kernel on given buffers, its
+copy-engine copy path, a link pacer (copies paced to a byte rate by stream waits that a host thread releases: no
+SMs) and the NCCL-like persistent reduce baseline through these. Pointers and streams are plain integers
+(tensor.data_ptr(), stream.cuda_stream); every call enqueues on the given stream and returns.
+
+The library is found at $NCCL_TIDE_BENCH_LIBRARY_PATH, else next to the libnccl-tide.so the package uses (a CMake
+build directory: $NCCL_TIDE_LIBRARY_PATH). CMake builds it with the CUDA data path (TIDE_BUILD_BENCHMARKS, on by
+default); the wheel does not ship it.
 """
 
 import ctypes
-from ctypes import POINTER, c_double, c_float, c_int, c_size_t, c_uint64, c_void_p
+import os
+import threading
+from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_size_t, c_uint64, c_void_p
+from pathlib import Path
 from typing import Optional, Sequence, Tuple
 
-from . import _native as N
+from nccl_tide import _native as N
+from nccl_tide.errors import LibraryNotFoundError, error_for
 
+LIB_NAME = "libnccl-tide-bench.so"
+ENV_LIBRARY_PATH = "NCCL_TIDE_BENCH_LIBRARY_PATH"
 TIDE_BENCH_REDUCE_ARGS_VERSION = 2
 _TYPES = {"bf16": N.tideBfloat16, "fp16": N.tideFloat16, "fp32": N.tideFloat32}
 _OPS = {"sum": N.tideSum, "avg": N.tideAvg, "premul": N.tidePremulSum}
@@ -51,24 +61,76 @@ SIGNATURES = {
     "tideBenchPacerStats": (N.tideResult_t, [c_void_p, _P(c_double), c_int]),
     "tideBenchPacerDestroy": (N.tideResult_t, [c_void_p]),
     "tideBenchPersistentReduce": (N.tideResult_t, [_PA, c_int, c_double, c_void_p]),
+    "tideBenchGetLastError": (c_char_p, []),
 }
 
 _bound = None
+_lock = threading.Lock()
 
 
-def lib():
-    """The library with the tide_bench.h signatures set (LibraryNotFoundError if it does not load or lacks them)."""
+def library_path() -> str:
+    """Absolute path of libnccl-tide-bench.so: $NCCL_TIDE_BENCH_LIBRARY_PATH, else next to libnccl-tide.so."""
+    override = os.environ.get(ENV_LIBRARY_PATH)
+    if override:
+        path, where = Path(override), f"${ENV_LIBRARY_PATH}={override}"
+    else:
+        try:
+            product = N.library_path()
+        except LibraryNotFoundError as e:
+            raise LibraryNotFoundError(f"{LIB_NAME}: set ${ENV_LIBRARY_PATH} (or ${N.ENV_LIBRARY_PATH} to a "
+                                       f"build directory's {N.LIB_NAME}); {e}") from e
+        path = Path(product).with_name(LIB_NAME)
+        where = f"{path} (next to {product}; set ${ENV_LIBRARY_PATH} to use another)"
+    if not path.is_file():
+        raise LibraryNotFoundError(
+            f"{LIB_NAME} not found at {where}. It is built by CMake with the CUDA data path "
+            f"(-DTIDE_BUILD_CUDA=ON, TIDE_BUILD_BENCHMARKS on by default) next to {N.LIB_NAME} in the build "
+            f"directory; the wheel does not ship it")
+    return str(path.resolve())
+
+
+def lib() -> ctypes.CDLL:
+    """The benchmark library with the tide_bench.h signatures set (LibraryNotFoundError if it is absent, does not
+    load or lacks one of them)."""
     global _bound
-    if _bound is None:
-        handle = N.lib()
-        for name, (res, args) in SIGNATURES.items():
+    if _bound is not None:
+        return _bound
+    with _lock:
+        if _bound is None:
+            path = library_path()
             try:
-                fn = getattr(handle, name)
-            except AttributeError as e:
-                raise N.LibraryNotFoundError(f"{N.library_path()} does not export {name}: stale library") from e
-            fn.restype, fn.argtypes = res, args
-        _bound = handle
+                handle = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
+            except OSError as e:
+                raise LibraryNotFoundError(f"cannot load {path}: {e}") from e
+            for name, (res, args) in SIGNATURES.items():
+                try:
+                    fn = getattr(handle, name)
+                except AttributeError as e:
+                    raise LibraryNotFoundError(f"{path} does not export {name}: stale library") from e
+                fn.restype, fn.argtypes = res, args
+            _bound = handle
     return _bound
+
+
+def available() -> bool:
+    """Whether libnccl-tide-bench.so is found and loads (a host-only build has none)."""
+    try:
+        lib()
+    except LibraryNotFoundError:
+        return False
+    return True
+
+
+def check(result: int, what: str) -> None:
+    """Raise the typed TideError for a non-success tideResult_t of a tideBench* call (its message is recorded in
+    the benchmark library, not in libnccl-tide.so)."""
+    if result == N.tideSuccess:
+        return
+    raw = lib().tideBenchGetLastError()
+    msg = raw.decode(errors="replace") if raw else f"tideResult_t {result}"
+    if not (msg.startswith(what + ":") or msg.startswith(what + " ")):
+        msg = f"{what}: {msg}"
+    raise error_for(result, msg)
 
 
 def reduce_args(staging: int, src_stride: int, n_src: int, n: int, out: int, in_type: str = "bf16",
@@ -89,12 +151,12 @@ def reduce_args(staging: int, src_stride: int, n_src: int, n: int, out: int, in_
 
 
 def reduce(args: tideBenchReduceArgs_t, stream: int) -> None:
-    N.check(lib().tideBenchReduce(ctypes.byref(args), stream), "tideBenchReduce")
+    check(lib().tideBenchReduce(ctypes.byref(args), stream), "tideBenchReduce")
 
 
 def reduce_shape(args: tideBenchReduceArgs_t) -> dict:
     ctas, launches, threads, vector, nbytes = c_int(), c_int(), c_int(), c_int(), c_uint64()
-    N.check(lib().tideBenchReduceShape(ctypes.byref(args), ctypes.byref(ctas), ctypes.byref(launches),
+    check(lib().tideBenchReduceShape(ctypes.byref(args), ctypes.byref(ctas), ctypes.byref(launches),
                                        ctypes.byref(threads), ctypes.byref(vector), ctypes.byref(nbytes)),
             "tideBenchReduceShape")
     return {"ctas": ctas.value, "launches": launches.value, "threads": threads.value, "vector": bool(vector.value),
@@ -112,11 +174,11 @@ def _tables(copies: Sequence[Tuple[int, int, int]]):
 def copy(copies: Sequence[Tuple[int, int, int]], stream: int) -> None:
     """(dst, src, bytes) copies through the library's copy-engine path (one hinted batch)."""
     n, dst, src, nb = _tables(copies)
-    N.check(lib().tideBenchCopy(n, dst, src, nb, stream), "tideBenchCopy")
+    check(lib().tideBenchCopy(n, dst, src, nb, stream), "tideBenchCopy")
 
 
 def persistent_reduce(args: tideBenchReduceArgs_t, ctas: int, seconds: float, stream: int) -> None:
-    N.check(lib().tideBenchPersistentReduce(ctypes.byref(args), ctas, seconds, stream), "tideBenchPersistentReduce")
+    check(lib().tideBenchPersistentReduce(ctypes.byref(args), ctas, seconds, stream), "tideBenchPersistentReduce")
 
 
 class Pacer:
@@ -133,23 +195,23 @@ class Pacer:
             raise ValueError(f"piece_bytes must be an integer from 4096 to {1 << 30}, got {piece_bytes!r}")
         self.gbps, self.piece_bytes = gbps, piece_bytes
         h = c_void_p()
-        N.check(lib().tideBenchPacerCreate(gbps * 1e9, piece_bytes, ctypes.byref(h)), "tideBenchPacerCreate")
+        check(lib().tideBenchPacerCreate(gbps * 1e9, piece_bytes, ctypes.byref(h)), "tideBenchPacerCreate")
         self._h = h
 
     def paced_copy(self, copies: Sequence[Tuple[int, int, int]], stream: int) -> None:
         """One transfer: its copies land piece by piece, each no earlier than the link could have carried it."""
         n, dst, src, nb = _tables(copies)
-        N.check(lib().tideBenchPacedCopy(self._h, n, dst, src, nb, stream), "tideBenchPacedCopy")
+        check(lib().tideBenchPacedCopy(self._h, n, dst, src, nb, stream), "tideBenchPacedCopy")
 
     def stats(self) -> dict:
         out = (c_double * len(self.STATS))()
-        N.check(lib().tideBenchPacerStats(self._h, out, len(self.STATS)), "tideBenchPacerStats")
+        check(lib().tideBenchPacerStats(self._h, out, len(self.STATS)), "tideBenchPacerStats")
         return dict(zip(self.STATS, list(out)))
 
     def close(self) -> None:
         """Call once the streams that used the pacer are idle (torch.cuda.synchronize())."""
         if self._h:
-            N.check(lib().tideBenchPacerDestroy(self._h), "tideBenchPacerDestroy")
+            check(lib().tideBenchPacerDestroy(self._h), "tideBenchPacerDestroy")
             self._h = c_void_p()
 
     def __del__(self):  # pragma: no cover - best effort

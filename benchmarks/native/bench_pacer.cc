@@ -10,10 +10,10 @@
 #include <chrono>
 #include <vector>
 
-#include "../core/errors.h"
-#include "copy_batch.h"
-#include "cuda_check.h"
-#include "driver_ops.h"
+#include "cuda/copy_batch.h"
+#include "cuda/cuda_check.h"
+#include "cuda/driver_ops.h"
+#include "errors.h"
 
 namespace tide {
 namespace cuda {
@@ -118,8 +118,8 @@ tideResult_t LinkPacer::pacedCopy(int count, void* const* dst, const void* const
   }
   // Each piece is handed to the thread as soon as its wait and copy are on the stream, not after the whole
   // transfer: an enqueue can block once the stream holds as many operations as the driver queues for it (a few
-  // hundred pieces: a Llama-70B layer's AG share is 354 pieces of 4 MiB), and a stream blocked on a piece that the
-  // thread has not been told about would never drain (the 1 MiB-piece run of session 17 hung so). The ids are
+  // hundred pieces: a Llama-70B layer's AG share is 354 pieces of 4 MiB, more of 1 MiB), and a stream blocked on a
+  // piece that the thread has not been told about would never drain. The ids are
   // taken under the lock for the whole transfer, so no other transfer's pieces interleave with this one's.
   uint32_t firstId = 0;
   {

@@ -1,10 +1,10 @@
-// The link model of the single-GPU "one rank's share" benchmark (include/tide_bench.h, issue 16): copy-engine copies
-// paced to a byte rate by stream waits on words in mapped host memory that a host thread releases on time. The pacer
-// runs nothing on the SMs (the waits and the arrival write are stream memory operations, the copies the hinted batch
-// API); the copies themselves, when same-device, ran as SM kernels on the H200 (session 19: they wait behind a
-// kernel that holds every SM); from pinned host memory they are copy-engine work (nccl_tide.perf.share docstring).
-#ifndef TIDE_CUDA_BENCH_PACER_H_
-#define TIDE_CUDA_BENCH_PACER_H_
+// The link model of the single-GPU "one rank's share" benchmark (tide_bench.h): copy-engine copies paced to a byte
+// rate by stream waits on words in mapped host memory that a host thread releases on time. The pacer runs nothing
+// on the SMs (the waits and the arrival write are stream memory operations, the copies the hinted batch API); the
+// copies themselves, when same-device, run as SM kernels on an H200 (they wait behind a kernel that holds every SM),
+// while from pinned host memory they are copy-engine work.
+#ifndef TIDE_BENCH_PACER_H_
+#define TIDE_BENCH_PACER_H_
 
 #include <cuda_runtime.h>
 
@@ -71,4 +71,4 @@ class LinkPacer {
 }  // namespace cuda
 }  // namespace tide
 
-#endif  // TIDE_CUDA_BENCH_PACER_H_
+#endif  // TIDE_BENCH_PACER_H_

@@ -1,13 +1,14 @@
-// Internal entry points for benchmarks and tests (include/tide_bench.h; not the public API). Each checks its
-// arguments, then hands over to plugin/cuda: the reduce launcher the executors use (reduce_kernel.h), the
-// copy-engine path (copy_batch.h), the link pacer (bench_pacer.h) and the persistent baseline (bench_kernels.h).
+// libnccl-tide-bench.so's entry points (tide_bench.h). Each checks its arguments, then hands over to the
+// library's own CUDA pieces, compiled into this library: the reduce launcher the executors use (reduce_kernel.h)
+// and the copy-engine path (copy_batch.h); and to the benchmark's own: the link pacer (bench_pacer.h) and the
+// persistent baseline (bench_kernels.h).
 #include <cuda_runtime.h>
 
 #include <new>
 
 #include "api_guard.h"
-#include "cuda/bench_kernels.h"
-#include "cuda/bench_pacer.h"
+#include "bench_kernels.h"
+#include "bench_pacer.h"
 #include "cuda/copy_batch.h"
 #include "cuda/cuda_check.h"
 #include "cuda/reduce_kernel.h"
@@ -102,6 +103,8 @@ tideResult_t checkStream(void* stream, const char* fn) {
 }  // namespace
 
 extern "C" {
+
+TIDE_EXPORT const char* tideBenchGetLastError(void) { return tide::lastError(); }
 
 TIDE_EXPORT tideResult_t tideBenchReduce(const tideBenchReduceArgs_t* args, void* stream) {
   TIDE_API_BEGIN

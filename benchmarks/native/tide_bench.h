@@ -1,12 +1,12 @@
 /*
- * nccl-tide internal entry points for benchmarks and tests (issue 16: "one rank's share").
+ * libnccl-tide-bench.so: the benchmark library of nccl-tide (benchmarks/native; built with the CUDA data path
+ * unless TIDE_BUILD_BENCHMARKS=OFF, never installed or shipped in the wheel).
  *
- * NOT part of the public API: no stability promise, may change or disappear in any release. They exist so that a
- * single-GPU benchmark can put on one GPU exactly what one GPU of a W-rank node does, with the library's own
- * pieces: its reduce kernel on given buffers (same shape rule as the executors), its copy-engine copy path (the
- * hinted cudaMemcpyBatchAsync of plugin/cuda/copy_batch.h), copies paced to a link rate without SMs, and an
- * NCCL-like persistent reduce for the baseline. Exported under the tide* rule of plugin/exports.map. In a library
- * built without CUDA every function returns tideUnsupported. Python: nccl_tide._bench.
+ * Not an API of nccl-tide: no stability promise. These entry points let a single-GPU benchmark put on one GPU
+ * exactly what one GPU of a W-rank node does, with the library's own pieces, compiled into this library: its
+ * reduce kernel on given buffers (same shape rule as the executors), its copy-engine copy path (the hinted
+ * cudaMemcpyBatchAsync of plugin/cuda/copy_batch.h), copies paced to a link rate without SMs, and an NCCL-like
+ * persistent reduce for the baseline. libnccl-tide.so exports none of them. Python: benchmarks/bench_lib.py.
  */
 #ifndef TIDE_BENCH_H_
 #define TIDE_BENCH_H_
@@ -45,6 +45,10 @@ typedef struct {
   uint64_t ctaBytes; /* 0: the rule's */
   int64_t followingBytes; /* bytes arriving while it runs (its deadline); -1: its own incoming; 0: a drain */
 } tideBenchReduceArgs_t;
+
+/* The message of this library's last failed call on the calling thread ("" if none): its errors are recorded
+ * here, not in libnccl-tide.so's tideGetLastError. */
+const char* tideBenchGetLastError(void);
 
 /* Enqueues the library's reduce kernel(s) on stream (of the current device; NULL: the legacy default stream). */
 tideResult_t tideBenchReduce(const tideBenchReduceArgs_t* args, void* stream);
