@@ -14,7 +14,7 @@ def internode_exe(repo, tmp_path_factory):
     out = tmp_path_factory.mktemp("internode") / "internode_test"
     core = repo / "plugin" / "core"
     srcs = [repo / "tests" / "native" / "internode_test.cc", core / "internode.cc", core / "errors.cc",
-            core / "log.cc", core / "params.cc"]
+            core / "log.cc", core / "params.cc", core / "fork_guard.cc"]
     cmd = ["g++", "-std=c++17", "-O1", "-Wall", "-Werror", f"-I{repo / 'include'}", f"-I{core}", "-I",
            str(repo / "plugin")]
     subprocess.run(cmd + [str(s) for s in srcs] + ["-o", str(out), "-pthread"], check=True, capture_output=True,
