@@ -111,6 +111,7 @@ bool readFlags(tideComm* comm, int timeoutMs, std::vector<uint32_t>* words, std:
       cudaStream_t s = shared;
       if (err == cudaSuccess && s == nullptr) err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
       for (size_t d = 0; d < src.size() && err == cudaSuccess; ++d) {
+        if (src[d] == nullptr) continue;  // another TIDE node's flags, not mapped here: left 0
         err = cudaMemcpyAsync(rb->words.data() + d * fl::kWords, src[d], sizeof(uint32_t) * fl::kWords,
                               cudaMemcpyDeviceToHost, s);
       }
@@ -148,8 +149,8 @@ std::string debugDump(tideComm* comm) {
   std::string out;
   const int W = comm->worldSize, me = comm->rank;
   const char* phase = comm->phase.load(std::memory_order_relaxed);
-  appendf(&out, "TIDE comm dump: rank %d of %d, provider %s, device %d\n", me, W, comm->provider->name(),
-          comm->device);
+  appendf(&out, "TIDE comm dump: rank %d of %d, provider %s, device %d, %d ranks per node, inter-node %s\n", me, W,
+          comm->provider->name(), comm->device, comm->ranksPerNode, tide::internode::name(comm->interNode));
   std::unique_lock<std::mutex> lock(comm->mu, std::try_to_lock);
   const bool busy = !lock.owns_lock();
   if (!busy && comm->closed) {
@@ -183,6 +184,10 @@ std::string debugDump(tideComm* comm) {
     return out;
   }
   for (int d = 0; d < W; ++d) {
+    if (!tide::cuda::mapsPeer(comm, d)) {
+      appendf(&out, "  flags of rank %d: not mapped here (another TIDE node)\n", d);
+      continue;
+    }
     const uint32_t* f = words.data() + static_cast<size_t>(d) * fl::kWords;
     appendf(&out, "  flags of rank %d: agReady %u rsEnter %u rsConsumed %u rsPushDone %u rsPrev %u rsFinal %u "
                   "agFinish %u\n",

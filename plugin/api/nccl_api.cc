@@ -9,6 +9,7 @@
 
 #include "api_guard.h"
 #include "errors.h"
+#include "internode.h"
 #include "log.h"
 #include "nccl/nccl_lib.h"
 #include "params.h"
@@ -28,8 +29,8 @@ constexpr const char* kComponent = "Nccl";
 
 #ifdef TIDE_HAVE_CUDA
 
-// Effective plan knobs of a config (a nonzero field wins, else the NCCL_TIDE_* parameter), hashed: what must match
-// on every rank for their layouts to agree.
+// Effective plan knobs of a config (a nonzero field wins, else the NCCL_TIDE_* parameter) and NCCL_TIDE_INTERNODE,
+// hashed: what must match on every rank for their layouts to agree and their programs to pair.
 tideResult_t configHash(const tideConfig_t* config, uint64_t* hash) {
   uint64_t chunk = 0, pace = 0;
   if (config != nullptr) {
@@ -52,8 +53,10 @@ tideResult_t configHash(const tideConfig_t* config, uint64_t* hash) {
     TIDE_CHECK(tide::params::status(tide::params::kPaceBytes));
     pace = tide::params::paceBytes();
   }
+  TIDE_CHECK(tide::params::status(tide::params::kInterNode));
+  const uint64_t interNode = static_cast<uint64_t>(tide::params::interNode());
   uint64_t h = 1469598103934665603ULL;
-  for (uint64_t v : {chunk, pace, static_cast<uint64_t>(TIDE_CONFIG_VERSION)}) {
+  for (uint64_t v : {chunk, pace, static_cast<uint64_t>(TIDE_CONFIG_VERSION), interNode}) {
     for (int b = 0; b < 8; ++b) {
       h ^= (v >> (8 * b)) & 0xff;
       h *= 1099511628211ULL;
@@ -181,20 +184,30 @@ struct NcclExchange {
   }
 };
 
+// The NCCL communicator a comm is created on, and the process's NCCL (both null for a bootstrap comm).
+struct NcclParent {
+  const tide::nccl::Lib* lib = nullptr;
+  tide::nccl::ncclComm_t comm = nullptr;
+};
+
 // Builds the comm around an IPC provider. On failure *comm stays NULL and nothing leaks. `health`, if set, runs before
 // every AG/RS (IpcProvider::checkStream).
-tideResult_t createIpcComm(int rank, int world, int device, const tideConfig_t* config, tide::cuda::ExchangeFn ex,
-                           tideComm_t* comm, tide::cuda::IpcProvider::HealthFn health = nullptr,
+tideResult_t createIpcComm(int rank, int world, int device, const tideConfig_t* config, NcclParent parent,
+                           tide::cuda::ExchangeFn ex, tideComm_t* comm,
+                           tide::cuda::IpcProvider::HealthFn health = nullptr,
                            tide::cuda::IpcProvider::WorkLeftFn workLeft = nullptr) {
+  const bool overNccl = parent.comm != nullptr;
   uint64_t hash = 0;
   tideResult_t local = configHash(config, &hash);
   // commInit's own parameters are checked here too, before the exchange: a rank that failed alone after its peers
   // had set up would leave them paired with its provider's teardown barrier.
   if (local == tideSuccess) local = tide::params::status(tide::params::kLinkGBps);
   if (local == tideSuccess) local = tide::params::status(tide::params::kRanksPerNode);
+  if (local == tideSuccess) local = tide::internode::checkSetting(tide::params::interNode(), overNccl, "ipc");
   if (local != tideSuccess) hash = ~0ULL;  // still take part in the exchange: the others fail with tideMismatch
   std::shared_ptr<tide::cuda::IpcProvider> provider;
-  tideResult_t r = tide::cuda::IpcProvider::create(rank, world, device, hash, std::move(ex), &provider, workLeft);
+  tideResult_t r =
+      tide::cuda::IpcProvider::create(rank, world, device, hash, overNccl, std::move(ex), &provider, workLeft);
   if (local != tideSuccess) return local;
   TIDE_CHECK(r);
   if (health) provider->setHealthCheck(std::move(health));
@@ -203,6 +216,8 @@ tideResult_t createIpcComm(int rank, int world, int device, const tideConfig_t* 
   c->worldSize = world;
   c->device = device;
   c->provider = provider;
+  c->ncclLib = parent.lib;
+  c->ncclComm = parent.comm;
   tideResult_t res = tide::cuda::commInit(c.get());
   if (res != tideSuccess) {
     tide::cuda::commRelease(c.get());
@@ -273,8 +288,8 @@ TIDE_EXPORT tideResult_t tideCommCreate(struct ncclComm* ncclComm, const tideCon
   TIDE_CHECK(checkDevice(device, "tideCommCreate"));
   if (lib->windowCapable) {
     TIDE_INFO(kComponent,
-              "NCCL %d.%d.%d has the window API, but this build has no window provider yet: using CUDA IPC "
-              "(single node)",
+              "NCCL %d.%d.%d has the window API, but this build has no window provider yet: using CUDA IPC within "
+              "each TIDE node",
               lib->major, lib->minor, lib->patch);
   }
   auto ex = std::make_shared<NcclExchange>();
@@ -283,22 +298,26 @@ TIDE_EXPORT tideResult_t tideCommCreate(struct ncclComm* ncclComm, const tideCon
   ex->device = device;
   ex->world = world;
   tide::cuda::ExchangeFn fn = [ex](const void* mine, void* all, size_t bytes) { return ex->run(mine, all, bytes); };
-  // AG/RS never call NCCL (flags live in IPC memory), but a parent in error means a failed peer: fail the call
-  // instead of enqueueing waits for it. Valid while the ncclComm_t exists (include/tide.h: destroy the TIDE comm
-  // first); ncclCommGetAsyncError only reads the communicator's error state.
+  // A parent in error means a failed peer: fail the call instead of enqueueing waits (or, with the sendrecv
+  // transport, p2p groups) for it. Valid while the ncclComm_t exists (include/tide.h: destroy the TIDE comm first);
+  // ncclCommGetAsyncError only reads the communicator's error state.
   tide::cuda::IpcProvider::HealthFn health = [lib, ncclComm](const char* what) {
     return parentHealth(*lib, ncclComm, what);
   };
   tide::cuda::IpcProvider::WorkLeftFn workLeft = [ex] { return ex->workQueued; };
-  TIDE_CHECK(createIpcComm(rank, world, device, config, std::move(fn), comm, std::move(health), std::move(workLeft)));
+  TIDE_CHECK(createIpcComm(rank, world, device, config, NcclParent{lib, ncclComm}, std::move(fn), comm,
+                           std::move(health), std::move(workLeft)));
   {
     char version[96];
     snprintf(version, sizeof(version), "%s over NCCL %d.%d.%d", TIDE_VERSION_STRING, lib->major, lib->minor,
              lib->patch);
     tide::log::versionOnce(version);
   }
-  TIDE_INFO(kComponent, "tideCommCreate: rank %d of %d on device %d over NCCL %d.%d.%d, provider ipc", rank, world,
-            device, lib->major, lib->minor, lib->patch);
+  tide::cuda::CommRef made;
+  const bool sendrecv = tide::cuda::checkComm(*comm, "tideCommCreate", &made) == tideSuccess &&
+                        made->interNode == tide::internode::Transport::kSendRecv;
+  TIDE_INFO(kComponent, "tideCommCreate: rank %d of %d on device %d over NCCL %d.%d.%d, provider ipc, inter-node %s",
+            rank, world, device, lib->major, lib->minor, lib->patch, sendrecv ? "sendrecv" : "peer-mapped");
   return tideSuccess;
   TIDE_API_END
 }
@@ -345,7 +364,7 @@ TIDE_EXPORT tideResult_t tideCommCreateWithBootstrap(int rank, int worldSize, in
     }
     return tideSuccess;
   };
-  TIDE_CHECK(createIpcComm(rank, worldSize, device, config, std::move(fn), comm));
+  TIDE_CHECK(createIpcComm(rank, worldSize, device, config, NcclParent{}, std::move(fn), comm));
   return tideSuccess;
   TIDE_API_END
 }

@@ -100,6 +100,12 @@ const Def kDefs[kNumParams] = {
      "capture a larger reduce-scatter without raising rsChunkBytes. Above 2 chunks a token RS reuses 2 staging "
      "buffers behind consumed tokens (docs/architecture.md, More chunks than buffers). Must match on all ranks.",
      2, 4096, nullptr, "an integer from 2 to 4096"},
+    {"NCCL_TIDE_INTERNODE", Type::kString, "string", "auto",
+     "What carries the steps between TIDE nodes: auto (peer-mapped copies where every rank maps every other's memory, "
+     "else sendrecv), sendrecv (grouped ncclSend/ncclRecv on NCCL's kernels, which take SMs; also between virtual "
+     "nodes that could be peer-mapped) or rma (ncclPutSignal/ncclWaitSignal: not built, tideCommCreate refuses it). "
+     "Must match on all ranks.",
+     0, 0, "auto|sendrecv|rma", "one of auto, sendrecv, rma"},
     {"NCCL_TIDE_TEST_SWITCHES", Type::kBool, "bool", "0",
      "Tests only: 1 lets the test-only switches below take effect (they select the other side of a measured choice "
      "so that the tests keep both sides working); 0: a test-only switch that is set is ignored, with one WARN.",
@@ -269,8 +275,9 @@ bool strictWhenInvalid(Id id) {
   // NCCL_TIDE_EAGER_GRAPHS picks the wire protocol of eager calls (epoch or token words): a default that differs from
   // what the other ranks use would deadlock.
   // NCCL_TIDE_TOKEN_RS_CHUNKS likewise (which reduce-scatters take the token words).
+  // NCCL_TIDE_INTERNODE picks the programs' cross-node operations (puts and flags, or p2p groups).
   return id == kRsChunkBytes || id == kPaceBytes || id == kRanksPerNode || id == kEagerGraphs ||
-         id == kTokenRsChunks;
+         id == kTokenRsChunks || id == kInterNode;
 }
 
 // NCCL_TIDE_* variables that are not parameters of this library but are read elsewhere (docs/env.md, "Read by the
@@ -434,6 +441,7 @@ bool rsAccumFp32() { return loggedState().entries[kRsAccum].value == 1; }
 uint64_t linkGBps() { return loggedState().entries[kLinkGBps].value; }
 bool eagerGraphs() { return loggedState().entries[kEagerGraphs].value != 0; }
 int tokenRsChunks() { return static_cast<int>(loggedState().entries[kTokenRsChunks].value); }
+InterNodeSetting interNode() { return static_cast<InterNodeSetting>(loggedState().entries[kInterNode].value); }
 bool signalKernels() { return loggedState().entries[kSignalKernels].value != 0; }
 bool mergeFlagBatches() { return loggedState().entries[kMergeFlagBatches].value != 0; }
 bool pairTokens() { return loggedState().entries[kPairTokens].value != 0; }

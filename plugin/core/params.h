@@ -34,13 +34,14 @@ enum Id : int {
   kLinkGBps = 11,       // NCCL_TIDE_LINK_GBPS
   kEagerGraphs = 12,    // NCCL_TIDE_EAGER_GRAPHS
   kTokenRsChunks = 13,  // NCCL_TIDE_TOKEN_RS_CHUNKS
+  kInterNode = 14,      // NCCL_TIDE_INTERNODE
   // Test-only switches (docs/env.md): their environment value counts only with NCCL_TIDE_TEST_SWITCHES=1.
-  kTestSwitches = 14,      // NCCL_TIDE_TEST_SWITCHES
-  kSignalKernels = 15,     // NCCL_TIDE_SIGNAL_KERNELS
-  kMergeFlagBatches = 16,  // NCCL_TIDE_MERGE_FLAG_BATCHES
-  kPairTokens = 17,        // NCCL_TIDE_PAIR_TOKENS
-  kAgSignalKernels = 18,   // NCCL_TIDE_AG_SIGNAL_KERNELS
-  kNumParams = 19
+  kTestSwitches = 15,      // NCCL_TIDE_TEST_SWITCHES
+  kSignalKernels = 16,     // NCCL_TIDE_SIGNAL_KERNELS
+  kMergeFlagBatches = 17,  // NCCL_TIDE_MERGE_FLAG_BATCHES
+  kPairTokens = 18,        // NCCL_TIDE_PAIR_TOKENS
+  kAgSignalKernels = 19,   // NCCL_TIDE_AG_SIGNAL_KERNELS
+  kNumParams = 20
 };
 
 // Typed accessors (effective values: environment if valid, else default).
@@ -62,6 +63,9 @@ bool rsAccumFp32();               // NCCL_TIDE_RS_ACCUM=FP32: the interposer may
 uint64_t linkGBps();              // NCCL_TIDE_LINK_GBPS: the rate the RS reduce kernel keeps pace with
 bool eagerGraphs();               // NCCL_TIDE_EAGER_GRAPHS: eager calls of capturable programs as graph replays
 int tokenRsChunks();              // NCCL_TIDE_TOKEN_RS_CHUNKS: most RS pipeline chunks of a token (graph) program
+// NCCL_TIDE_INTERNODE: what carries the steps between TIDE nodes (plugin/core/internode.h decides with it).
+enum InterNodeSetting : int { kInterNodeAuto = 0, kInterNodeSendRecv = 1, kInterNodeRma = 2 };
+InterNodeSetting interNode();
 // Test-only switches (their default unless NCCL_TIDE_TEST_SWITCHES=1).
 bool signalKernels();             // NCCL_TIDE_SIGNAL_KERNELS: RS graphs write flags by a kernel node, not a memop node
 bool mergeFlagBatches();          // NCCL_TIDE_MERGE_FLAG_BATCHES: adjacent flag batches in a graph as one memop node

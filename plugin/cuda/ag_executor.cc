@@ -37,8 +37,9 @@ tideResult_t bindAllGather(tideComm* comm, const LayoutView& v, std::shared_ptr<
       b.src[i] = static_cast<const char*>(shardPtrs[i]);
     }
   }
-  b.slotOf.resize(W);
+  b.slotOf.assign(W, nullptr);
   for (int r = 0; r < W; ++r) {
+    if (!mapsPeer(comm, r)) continue;  // another TIDE node: reached through the sendrecv transport only
     void* p = nullptr;
     TIDE_CHECK(slotRegion(comm, slot, v.info.slotBytes, r, "tideAllGather: slot", &p));
     b.slotOf[r] = static_cast<char*>(p);
@@ -105,6 +106,7 @@ tideResult_t allGather(tideComm* comm, tideLayout_t layout, const void* sendbuff
   opt.mode = tokens ? prog::Mode::kCaptured
                     : (multi && queues != nullptr ? prog::Mode::kDeferred : prog::Mode::kInOrder);
   opt.pairTokens = comm->pairTokens;
+  opt.transport = programTransport(comm);
   void* mc = nullptr;
   if (!tokens && !multi && comm->multicastGate) {
     mc = provider->multicastPtr(slot, v.info.slotBytes);

@@ -44,12 +44,31 @@ tideResult_t commInit(tideComm* comm) {
                 "NCCL_TIDE_RANKS_PER_NODE=%d does not divide the world size %d; set a divisor (or 0 to discover)", over,
                 comm->worldSize);
   }
-  comm->ranksPerNode = over > 0 ? over : comm->worldSize;
+  const int providerNodes = comm->provider->nodeRanks();
+  comm->ranksPerNode = providerNodes > 0 ? providerNodes : over > 0 ? over : comm->worldSize;
   if (over > 0 && comm->rank == 0) {
     TIDE_INFO("Cuda", "virtual nodes: %d ranks per node (NCCL_TIDE_RANKS_PER_NODE), %d nodes, provider %s", over,
-              comm->worldSize / over, comm->provider ? comm->provider->name() : "?");
+              comm->worldSize / over, comm->provider->name());
   }
+  TIDE_CHECK(params::status(params::kInterNode));
+  internode::World w;
+  w.worldSize = comm->worldSize;
+  w.ranksPerNode = comm->ranksPerNode;
+  w.peerMapsAllRanks = comm->provider->traits().peerMapsAllRanks;
+  w.overNccl = comm->ncclLib != nullptr && comm->ncclComm != nullptr;
+  w.provider = comm->provider->name();
+  char line[512];
+  TIDE_CHECK(internode::choose(params::interNode(), w, &comm->interNode, line, sizeof(line)));
+  TIDE_INFO("Cuda", "rank %d: %s", comm->rank, line);
   return tideSuccess;
+}
+
+bool mapsPeer(const tideComm* comm, int peer) {
+  return comm->provider->traits().peerMapsAllRanks || peer / comm->ranksPerNode == comm->rank / comm->ranksPerNode;
+}
+
+prog::Transport programTransport(const tideComm* comm) {
+  return comm->interNode == internode::Transport::kSendRecv ? prog::Transport::kTwoSided : prog::Transport::kOneSided;
 }
 
 tideResult_t queryCapture(cudaStream_t stream, const char* what, CaptureState* out) {
@@ -277,11 +296,12 @@ tideResult_t checkLayoutAndStream(tideComm* comm, const LayoutView& view, cudaSt
                 "%s: layout is for rank %d of %d but the comm is rank %d of %d (create one layout per rank)", what,
                 in.rank, in.worldSize, comm->rank, comm->worldSize);
   }
-  if (in.nNodes != 1 && !comm->provider->traits().peerMapsAllRanks) {
+  if (!comm->provider->traits().peerMapsAllRanks && comm->ranksPerNode % in.ranksPerNode != 0) {
     return fail(tideUnsupported, "Cuda",
-                "%s: layout spans %d nodes (ranksPerNode %d) but the %s provider does not map every rank's memory, and "
-                "the NCCL inter-node transports (put/signal, send/recv) are not built yet",
-                what, in.nNodes, in.ranksPerNode, comm->provider->name());
+                "%s: the layout's nodes of %d ranks span the comm's TIDE nodes of %d ranks, whose memory the %s "
+                "provider does not map across nodes; create the layout with a ranksPerNode that divides %d (steps "
+                "between its nodes then run over the comm's sendrecv transport)",
+                what, in.ranksPerNode, comm->ranksPerNode, comm->provider->name(), comm->ranksPerNode);
   }
   if (in.nNodes > 1 && (in.worldSize % in.ranksPerNode != 0 || in.nNodes != in.worldSize / in.ranksPerNode)) {
     return fail(tideInternalError, "Cuda", "%s: layout has %d nodes of %d ranks but %d ranks", what, in.nNodes,

@@ -14,6 +14,8 @@
 #include <unordered_set>
 #include <vector>
 
+#include "../core/internode.h"
+#include "../nccl/nccl_lib.h"
 #include "provider.h"
 #include "reduce_kernel.h"
 #include "tide.h"
@@ -43,11 +45,19 @@ struct tideComm {
   int rank = 0;
   int worldSize = 0;
   int device = 0;
-  // Ranks per node as this comm sees its world: NCCL_TIDE_RANKS_PER_NODE if set (virtual nodes; it must divide the
-  // world size), else the real ranks per node (every provider built so far is single-host: the world size). Set by
-  // commInit. Informational for the executors: a layout carries its own ranksPerNode, and any split of the world
-  // runs on a provider whose ranks all map each other's memory (Provider::Traits::peerMapsAllRanks).
+  // Ranks per node as this comm sees its world, set by commInit: the provider's node size (Provider::nodeRanks: IPC
+  // follows NCCL's hosts or NCCL_TIDE_RANKS_PER_NODE), else NCCL_TIDE_RANKS_PER_NODE if set (virtual nodes; it must
+  // divide the world size), else the world size. A layout carries its own ranksPerNode: on a provider whose ranks all
+  // map each other's memory (Provider::Traits::peerMapsAllRanks) any split of the world runs; otherwise a layout's
+  // node must lie within one of the comm's nodes (checkLayoutAndStream).
   int ranksPerNode = 0;
+  // The NCCL communicator the comm was created on (tideCommCreate) and the process's NCCL, through which the
+  // sendrecv transport issues its p2p groups (plugin/nccl/p2p_group.h). Null for loopback and bootstrap comms.
+  const tide::nccl::Lib* ncclLib = nullptr;
+  tide::nccl::ncclComm_t ncclComm = nullptr;
+  // What carries the steps between TIDE nodes, chosen once by commInit (plugin/core/internode.h): the programs of
+  // layouts of several nodes are compiled one-sided (peer-mapped) or two-sided (sendrecv) accordingly.
+  tide::internode::Transport interNode = tide::internode::Transport::kPeerMapped;
   // This rank's provider (provider.h), bound to `rank`: where its memory lives, its flags and transport, and the
   // checks around each call (IPC: the rank's own; loopback: one view of the shared world).
   std::shared_ptr<tide::cuda::Provider> provider;
@@ -133,8 +143,16 @@ tideResult_t checkComm(tideComm_t handle, const char* fn, CommRef* out);
 // With comm->mu held: tideInvalidArgument if another thread destroyed or aborted the comm meanwhile.
 tideResult_t checkOpen(const tideComm* comm, tideComm_t handle, const char* fn);
 
-// Creates the comm's internal stream and events (on the provider's device).
+// Creates the comm's internal stream and events (on the provider's device), reads the comm's parameters and chooses
+// its inter-node transport (one INFO line saying which and why; tideUnsupported if NCCL_TIDE_INTERNODE asks for one
+// this comm cannot have). The provider, and for a comm on an NCCL communicator ncclLib / ncclComm, are set before.
 tideResult_t commInit(tideComm* comm);
+
+// Whether this rank addresses rank `peer`'s memory and flags (the provider maps every rank, or peer is on its node).
+bool mapsPeer(const tideComm* comm, int peer);
+
+// The programs' transport option for this comm (prog::Options::transport).
+prog::Transport programTransport(const tideComm* comm);
 // Releases the internal stream/events (the caller synchronized first). The debug-dump stream goes with the object
 // (~tideComm), since a tideCommDebugDump on another thread may still hold the comm.
 void commRelease(tideComm* comm);
@@ -145,8 +163,8 @@ void commRelease(tideComm* comm);
 // The cache entry is owned by the comm (valid until the next call on this comm).
 tideResult_t layoutEntry(tideComm* comm, tideLayout_t layout, bool capturing, tideComm::CacheEntry** out);
 
-// Checks that layout matches the comm (world size, rank; several nodes only on a provider that maps every rank's
-// memory) and that `stream` belongs to the comm's device. what names the calling function.
+// Checks that layout matches the comm (world size, rank; without peerMapsAllRanks, layout nodes within the comm's
+// nodes) and that `stream` belongs to the comm's device. what names the calling function.
 tideResult_t checkLayoutAndStream(tideComm* comm, const LayoutView& view, cudaStream_t stream, const char* what);
 
 // Whether `stream` is being captured into a CUDA graph (checked before anything else). Captured collectives take

@@ -76,15 +76,6 @@ tideResult_t boundedDeviceSync(int device, uint64_t ms, bool* timedOut) {
 
 namespace {
 
-uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ULL) {
-  const unsigned char* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
-
 // What every rank announces at creation.
 struct Hello {
   nodes::RankHost host;
@@ -103,37 +94,33 @@ struct ShareMsg {
   cudaIpcMemHandle_t handle;
 };
 
-// TIDE's nodes follow NCCL's hosts (node_map.h). This provider maps every rank's memory through CUDA IPC, so every
-// rank must share one machine, and, unless NCCL_TIDE_RANKS_PER_NODE declares the nodes, one NCCL host: ranks that
-// NCCL calls different hosts are different TIDE nodes, and TIDE has no transport across nodes through NCCL yet.
-tideResult_t checkOneNode(const std::vector<Hello>& all, int worldSize) {
+// TIDE's nodes follow NCCL's hosts unless NCCL_TIDE_RANKS_PER_NODE declares them (node_map.h, which also checks that
+// the ranks of one node share a machine). This provider maps, through CUDA IPC, the ranks of the own node only: ranks
+// on other nodes may run on other machines, and steps between nodes go through the NCCL communicator (the comm's
+// sendrecv transport). A comm without one (a caller's bootstrap) must therefore be one node.
+tideResult_t decideNodes(const std::vector<Hello>& all, int worldSize, bool overNccl, int* nodeRanks) {
   std::vector<nodes::RankHost> hosts(worldSize);
   for (int r = 0; r < worldSize; ++r) hosts[r] = all[r].host;
   const int declared = params::ranksPerNodeOverride();
-  int ranksPerNode = 0;
-  TIDE_CHECK(nodes::decide(hosts.data(), worldSize, declared, &ranksPerNode));
-  for (int r = 1; r < worldSize; ++r) {
-    if (hosts[r].machine != hosts[0].machine) {
-      return fail(tideUnsupported, kComponent,
-                  "rank %d runs on another machine than rank 0 (hostname and boot id differ): the CUDA IPC provider "
-                  "maps peers' memory within one machine only",
-                  r);
-    }
-  }
-  if (declared == 0 && ranksPerNode < worldSize) {
+  TIDE_CHECK(nodes::decide(hosts.data(), worldSize, declared, nodeRanks));
+  if (*nodeRanks < worldSize && !overNccl) {
     return fail(tideUnsupported, kComponent,
-                "the %d ranks are %d NCCL hosts (NCCL_HOSTID, or hostname and boot id): TIDE's nodes follow NCCL's "
-                "hosts, and this build has no TIDE transport across nodes through NCCL; these ranks share one "
-                "machine, so NCCL_TIDE_RANKS_PER_NODE=%d declares them one TIDE node (peer-mapped through CUDA IPC)",
-                worldSize, worldSize / ranksPerNode, worldSize);
+                "the %d ranks are %d TIDE nodes (%s), and steps between TIDE nodes run through NCCL (grouped "
+                "ncclSend / ncclRecv), which needs the comm created on an NCCL communicator (tideCommCreate), not on "
+                "a bootstrap; ranks that share one machine can instead be declared one TIDE node with "
+                "NCCL_TIDE_RANKS_PER_NODE=%d",
+                worldSize, worldSize / *nodeRanks,
+                declared > 0 ? "NCCL_TIDE_RANKS_PER_NODE" : "NCCL hosts: NCCL_HOSTID, or hostname and boot id",
+                worldSize);
   }
   return tideSuccess;
 }
 
 }  // namespace
 
-tideResult_t IpcProvider::create(int rank, int worldSize, int device, uint64_t configHash, ExchangeFn exchange,
-                                 std::shared_ptr<IpcProvider>* out, std::function<bool()> workLeft) {
+tideResult_t IpcProvider::create(int rank, int worldSize, int device, uint64_t configHash, bool overNccl,
+                                 ExchangeFn exchange, std::shared_ptr<IpcProvider>* out,
+                                 std::function<bool()> workLeft) {
   std::shared_ptr<IpcProvider> p(new IpcProvider(rank, worldSize, device, std::move(exchange)));
   p->exchangeWorkLeft_ = std::move(workLeft);
   Hello mine{};
@@ -179,10 +166,12 @@ tideResult_t IpcProvider::create(int rank, int worldSize, int device, uint64_t c
                   static_cast<unsigned long long>(all[0].configHash));
     }
   }
-  TIDE_CHECK(checkOneNode(all, worldSize));
+  int nodeRanks = worldSize;
+  TIDE_CHECK(decideNodes(all, worldSize, overNccl, &nodeRanks));
+  p->setNodes(nodeRanks, nodeRanks == worldSize);
   for (int r = 0; r < worldSize; ++r) {
     for (int q = 0; q < r; ++q) {
-      if (all[q].pid == all[r].pid) {
+      if (all[q].pid == all[r].pid && all[q].host.machine == all[r].host.machine) {
         return fail(tideInvalidUsage, kComponent,
                     "ranks %d and %d are in the same process; the IPC provider needs one rank per process (use "
                     "tideLoopbackCreate for several ranks in one process)",
@@ -196,6 +185,7 @@ tideResult_t IpcProvider::create(int rank, int worldSize, int device, uint64_t c
       p->flags_.peers[r] = p->flags_.base;
       continue;
     }
+    if (!p->maps(r)) continue;
     void* q = nullptr;
     cudaError_t err = cudaIpcOpenMemHandle(&q, all[r].flags, cudaIpcMemLazyEnablePeerAccess);
     if (err != cudaSuccess) {
@@ -205,7 +195,8 @@ tideResult_t IpcProvider::create(int rank, int worldSize, int device, uint64_t c
     p->flags_.peers[r] = static_cast<char*>(q);
   }
   p->ready_ = true;
-  TIDE_INFO(kComponent, "rank %d of %d on device %d: IPC provider ready (one node)", rank, worldSize, device);
+  TIDE_INFO(kComponent, "rank %d of %d on device %d: IPC provider ready (%d TIDE nodes of %d ranks; peers mapped: "
+            "those of the own node)", rank, worldSize, device, worldSize / nodeRanks, nodeRanks);
   *out = std::move(p);
   return tideSuccess;
 }
@@ -444,6 +435,7 @@ tideResult_t IpcProvider::share(size_t bytes, const char* what, Shared* out) {
       s.peers[r] = s.base;
       continue;
     }
+    if (!maps(r)) continue;
     void* q = nullptr;
     err = cudaIpcOpenMemHandle(&q, all[r].handle, cudaIpcMemLazyEnablePeerAccess);
     if (err != cudaSuccess) {
@@ -457,7 +449,7 @@ tideResult_t IpcProvider::share(size_t bytes, const char* what, Shared* out) {
   // driver handed back an address inside an earlier mapping (handles sharing one underlying block), the pushes and
   // copies into this buffer would land on the flags or another buffer. Fail loudly instead of corrupting.
   for (int r = 0; r < world_; ++r) {
-    if (r == rank_) continue;
+    if (r == rank_ || !maps(r)) continue;
     const char* lo = s.peers[r];
     const char* hi = lo + bytes;
     auto overlaps = [&](const Shared& o, size_t oBytes) {
@@ -537,6 +529,7 @@ tideResult_t IpcProvider::slotFree(void* ptr) {
 }
 
 tideResult_t IpcProvider::peerPtr(const void* local, size_t bytes, int peer, const char* what, void** out) {
+  if (!maps(peer)) return unmapped(peer, what);
   std::lock_guard<std::mutex> lock(mu_);
   const char* p = static_cast<const char*>(local);
   for (const Shared& s : slots_) {
@@ -559,10 +552,18 @@ tideResult_t IpcProvider::peerPtr(const void* local, size_t bytes, int peer, con
 }
 
 uint32_t* IpcProvider::flags(int owner) {
-  return reinterpret_cast<uint32_t*>(flags_.peers[owner]);
+  return reinterpret_cast<uint32_t*>(flags_.peers[owner]);  // nullptr for an owner on another node
+}
+
+tideResult_t IpcProvider::unmapped(int peer, const char* what) const {
+  return fail(tideInternalError, kComponent,
+              "%s: rank %d addressed the memory of rank %d, which is on another TIDE node (%d ranks per node) and not "
+              "mapped here; steps between nodes go through NCCL",
+              what, rank_, peer, nodeRanks());
 }
 
 tideResult_t IpcProvider::ownStaging(int owner, uint64_t bytes, uint64_t epoch, void** out) {
+  if (!maps(owner)) return unmapped(owner, "own RS staging");
   std::lock_guard<std::mutex> lock(mu_);
   if (staging_.empty() || staging_.back().bytes < bytes) {
     // Collective growth: every rank reaches this point in the same RS call (same layouts in the same order).

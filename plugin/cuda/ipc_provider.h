@@ -1,4 +1,7 @@
-// CUDA IPC provider: one rank per process on one node, peer memory through cudaIpcGetMemHandle/cudaIpcOpenMemHandle.
+// CUDA IPC provider: one rank per process, peer memory through cudaIpcGetMemHandle/cudaIpcOpenMemHandle among the
+// ranks of one TIDE node (node_map.h: NCCL's hosts, or NCCL_TIDE_RANKS_PER_NODE). Created on an NCCL communicator it
+// may span several TIDE nodes, possibly on several machines: a rank then maps only its own node's ranks
+// (peerMapsAllRanks false), and the comm carries the steps between nodes through NCCL (plugin/core/internode.h).
 //
 // Everything TIDE hands to peers (slots, the flag array, the own RS staging) is TIDE's own cudaMalloc memory; its
 // IPC handles travel through a pluggable exchange step, an all-gather of host bytes over the ranks: over an NCCL
@@ -31,11 +34,14 @@ using ExchangeFn = std::function<tideResult_t(const void* mine, void* all, size_
 // collectives.
 class IpcProvider final : public Provider {
  public:
-  // Collective. configHash must match on every rank (tideMismatch on every rank otherwise); all ranks must be on
-  // one host (tideUnsupported otherwise) and in distinct processes (tideInvalidUsage: use tideLoopbackCreate).
-  // workLeft: see setExchangeWorkLeft (set before the creation exchange, so that a failed one counts too).
-  static tideResult_t create(int rank, int worldSize, int device, uint64_t configHash, ExchangeFn exchange,
-                             std::shared_ptr<IpcProvider>* out, std::function<bool()> workLeft = nullptr);
+  // Collective. configHash must match on every rank (tideMismatch on every rank otherwise); the ranks of one TIDE
+  // node must share a machine, several nodes need overNccl (the exchange is an NCCL communicator's, which then
+  // carries the steps between nodes; tideUnsupported otherwise), and ranks of one machine must be in distinct
+  // processes (tideInvalidUsage: use tideLoopbackCreate). workLeft: see setExchangeWorkLeft (set before the creation
+  // exchange, so that a failed one counts too).
+  static tideResult_t create(int rank, int worldSize, int device, uint64_t configHash, bool overNccl,
+                             ExchangeFn exchange, std::shared_ptr<IpcProvider>* out,
+                             std::function<bool()> workLeft = nullptr);
   ~IpcProvider() override;
 
   // Memory for peers.
@@ -76,12 +82,18 @@ class IpcProvider final : public Provider {
   bool abort(uint64_t boundMs) override;
 
  private:
-  // Capturable; the layout agreement exchanges; every rank maps every other's memory (one host).
+  // Capturable; the layout agreement exchanges; every rank maps every other's memory until create() finds several
+  // TIDE nodes.
   static constexpr Traits kTraits{true, true, true};
   IpcProvider(int rank, int world, int device, ExchangeFn exchange)
       : Provider("ipc", kTraits), rank_(rank), world_(world), device_(device), exchange_(std::move(exchange)) {}
 
-  // A buffer of this rank and its mappings of every peer's matching buffer (peers_[rank_] = own).
+  // Whether this rank maps rank r's memory (r is on its TIDE node), and the error for one it does not.
+  bool maps(int r) const { return nodeRanks() == 0 || r / nodeRanks() == rank_ / nodeRanks(); }
+  tideResult_t unmapped(int peer, const char* what) const;
+
+  // A buffer of this rank and its mappings of every peer's matching buffer (peers[rank_] = own; nullptr for ranks on
+  // other nodes).
   struct Shared {
     char* base = nullptr;
     size_t bytes = 0;

@@ -8,6 +8,7 @@
 #include "../core/layout.h"
 #include "../core/log.h"
 #include "../core/params.h"
+#include "../nccl/p2p_group.h"
 #include "graph_replay.h"
 #include "internode_transport.h"
 #include "signal_kernel.h"
@@ -83,6 +84,74 @@ MemOpBatch bindFlags(const prog::Program& p, const prog::Op& op, Provider* provi
   return m;
 }
 
+// Every slot, staging and flag array the program addresses has an address here (a rank on another TIDE node has
+// none without peerMapsAllRanks: two-sided programs never address one), and p2p transfers are in the rank's own
+// memory. tideInternalError naming the first that is not: a compiler bug, never a user error.
+tideResult_t checkAddressed(const tideComm* comm, const prog::Program& p, const Binding& b) {
+  auto base = [&](const prog::Addr& a) -> const char* {
+    if (a.mem == prog::Mem::kSlot) return a.index < static_cast<int>(b.slotOf.size()) ? b.slotOf[a.index] : nullptr;
+    if (a.mem == prog::Mem::kStaging) {
+      return a.index < static_cast<int>(b.stagingOf.size()) ? b.stagingOf[a.index] : nullptr;
+    }
+    return "";  // the rank's own buffers
+  };
+  auto missing = [&](const prog::Addr& a, const char* what) {
+    return fail(tideInternalError, "Cuda",
+                "rank %d's %s program addresses rank %d's %s (%s), which this rank does not map (another TIDE node)",
+                comm->rank, p.coll == prog::Coll::kAllGather ? "AG" : "RS", a.index,
+                a.mem == prog::Mem::kSlot ? "slot" : "staging", what);
+  };
+  for (const prog::CopySeg& c : p.copies) {
+    if (base(c.dst) == nullptr) return missing(c.dst, "a copy's destination");
+    if (base(c.src) == nullptr) return missing(c.src, "a copy's source");
+  }
+  for (const prog::ReduceOp& r : p.reduces) {
+    if (base(r.inputs) == nullptr) return missing(r.inputs, "a reduce's inputs");
+    if (r.hasPrev && base(r.prev) == nullptr) return missing(r.prev, "a reduce's running sum");
+    if (base(r.out) == nullptr) return missing(r.out, "a reduce's output");
+  }
+  for (const prog::P2pXfer& x : p.p2p) {
+    if ((x.addr.mem != prog::Mem::kSlot && x.addr.mem != prog::Mem::kStaging) || x.addr.index != comm->rank) {
+      return fail(tideInternalError, "Cuda", "rank %d's p2p transfer with rank %d is not in its own slot or staging",
+                  comm->rank, x.peer);
+    }
+    if (base(x.addr) == nullptr) return missing(x.addr, "a p2p transfer");
+  }
+  for (const prog::FlagOp& f : p.flags) {
+    if (comm->provider->flags(f.owner) == nullptr) {
+      return fail(tideInternalError, "Cuda",
+                  "rank %d's program addresses rank %d's flags, which this rank does not map (another TIDE node)",
+                  comm->rank, f.owner);
+    }
+  }
+  if (!p.p2p.empty()) {
+    if (comm->ncclLib == nullptr || comm->ncclComm == nullptr) {
+      return fail(tideInternalError, "Cuda", "a two-sided program on a comm without an NCCL communicator");
+    }
+    if (p.mode != prog::Mode::kInOrder) {
+      return fail(tideUnsupported, "Cuda",
+                  "two-sided (sendrecv) programs are issued in program order at the call only; this one was compiled "
+                  "for deferred or captured issue");
+    }
+  }
+  return tideSuccess;
+}
+
+// A p2p op of the program as NCCL calls: each transfer in the rank's own slot or staging (checkAddressed).
+std::vector<nccl::P2pCall> bindP2p(const prog::Program& p, const prog::Op& op, const Binding& b) {
+  std::vector<nccl::P2pCall> calls;
+  for (uint32_t k = op.begin; k < op.end; ++k) {
+    const prog::P2pXfer& x = p.p2p[k];
+    nccl::P2pCall c;
+    c.send = x.kind == prog::P2pXfer::kSend;
+    c.peer = x.peer;
+    c.buf = resolve(b, x.addr);
+    c.bytes = x.bytes;
+    calls.push_back(c);
+  }
+  return calls;
+}
+
 // A copy op of the program as one copy batch: segments already in place dropped, adjacent ones merged, strided runs
 // planned for the per-copy path (captures: fewer memcpy nodes).
 CopyBatch bindCopies(const prog::Program& p, const prog::Op& op, const Binding& b) {
@@ -120,6 +189,7 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
   const prog::Program& p = *bp->prog_;
   bp->signalKernels_ = p.coll == prog::Coll::kReduceScatter ? params::signalKernels() : params::agSignalKernels();
   bp->mergeFlags_ = params::mergeFlagBatches();
+  TIDE_CHECK(checkAddressed(comm, p, b));
   bp->steps_.reserve(p.steps.size());
   for (const prog::Step& st : p.steps) {
     StepItems si;
@@ -137,6 +207,10 @@ tideResult_t BoundProgram::bind(tideComm* comm, std::shared_ptr<const prog::Prog
         if (c.dst.empty()) continue;
         it.index = static_cast<int>(bp->copies_.size());
         bp->copies_.push_back(std::move(c));
+      } else if (op.kind == prog::Op::kP2p) {
+        if (op.begin == op.end) continue;
+        it.index = static_cast<int>(bp->p2p_.size());
+        bp->p2p_.push_back(bindP2p(p, op, b));
       } else {
         it.index = static_cast<int>(bp->reduces_.size());
         bp->reduces_.push_back(bindReduce(p.reduces[op.begin], b));
@@ -262,6 +336,11 @@ tideResult_t BoundProgram::issueStep(const StepItems& s, const CallValues& v, cu
         } else {
           TIDE_CHECK(launchReduce(a, stream, comm->reducePace));
         }
+        break;
+      }
+      case prog::Op::kP2p: {  // one NCCL group on the lane: what follows on it runs once the group has completed
+        const std::vector<nccl::P2pCall>& calls = p2p_[it.index];
+        TIDE_CHECK(nccl::issueGroup(*comm->ncclLib, comm->ncclComm, stream, calls.data(), calls.size()));
         break;
       }
     }

@@ -6,7 +6,8 @@
 // the same; a call only patches the flag values (epoch, RS task base) and the reduce's op/type/scale, then issues.
 // Issue: every step at call time in program order (kInOrder, kCaptured), or the call-time steps now and the issue
 // groups through the provider's SharedQueues::scheduleSteps (kDeferred). Cross-node operations go through the
-// provider's InterNodeTransport. Eager calls on the token route (issueTokens) replay a CUDA graph of the bound program
+// provider's InterNodeTransport; a two-sided program's p2p groups (prog::Op::kP2p: the comm's sendrecv transport)
+// through the comm's NCCL communicator (plugin/nccl/p2p_group.h), in program order at the call (kInOrder only). Eager calls on the token route (issueTokens) replay a CUDA graph of the bound program
 // (graph_replay.h) once the same binding and call values repeat; docs/architecture.md "Eager calls as graph replays".
 #ifndef TIDE_CUDA_PROGRAM_EXEC_H_
 #define TIDE_CUDA_PROGRAM_EXEC_H_
@@ -20,6 +21,7 @@
 
 #include "../core/eager_route.h"
 #include "../core/program.h"
+#include "../nccl/p2p_group.h"
 #include "comm.h"
 #include "prebuilt.h"
 #include "reduce_kernel.h"
@@ -31,8 +33,8 @@ namespace cuda {
 struct Binding {
   std::vector<const char*> src;   // [P] this rank's shards (AG)
   std::vector<const char*> grad;  // [P] this rank's gradients (RS)
-  std::vector<char*> slotOf;      // [W] (AG) every rank's slot region
-  std::vector<char*> stagingOf;   // [W] (RS) every rank's staging
+  std::vector<char*> slotOf;      // [W] (AG) every rank's slot region (nullptr: a rank this rank does not map)
+  std::vector<char*> stagingOf;   // [W] (RS) every rank's staging (likewise)
   char* out = nullptr;            // (RS) packed output
   size_t outElem = 0;             // (RS) bytes per output element (the output type is patched per call)
   const char* zeros = nullptr;
@@ -91,7 +93,7 @@ class BoundProgram {
   struct Item {
     prog::Op::Kind kind;
     int peer;           // cross-node: the transport's peer, else -1
-    int index;          // into memops / copies / reduces
+    int index;          // into memops / copies / reduces / p2p
   };
   struct StepItems {
     prog::Lane lane;
@@ -140,6 +142,7 @@ class BoundProgram {
   std::vector<MemOpBatch> memops_;
   std::vector<CopyBatch> copies_;
   std::vector<BoundReduce> reduces_;
+  std::vector<std::vector<nccl::P2pCall>> p2p_;  // each kP2p op's group, pointers resolved
   std::vector<std::pair<int, int>> groupRange_;  // deferred groups and token rounds: steps [first, second) of each
   // Write-only flag batches in graphs as kernel nodes: RS with NCCL_TIDE_SIGNAL_KERNELS, AG with
   // NCCL_TIDE_AG_SIGNAL_KERNELS.

@@ -48,8 +48,9 @@ class Provider {
     // (layoutEntry); the first eager call with the layout agrees on it.
     bool agreementExchanges = false;
     // Every rank can address every other rank's slots, staging and flags. Then a layout may split the ranks into any
-    // number of (virtual) nodes, the inter-node stage running over the peer-mapped transport. A provider spanning
-    // hosts sets false and hands out a transport that does not need the mapping.
+    // number of (virtual) nodes, the inter-node stage running over the peer-mapped transport. False: a rank maps only
+    // the ranks of its own node (nodeRanks), and steps between nodes go through NCCL (the comm's sendrecv transport,
+    // plugin/core/internode.h).
     bool peerMapsAllRanks = true;
   };
 
@@ -58,6 +59,11 @@ class Provider {
   // "loopback", "ipc": tideCommGetProvider, the debug dump, error messages.
   const char* name() const { return name_; }
   const Traits& traits() const { return traits_; }
+  // The provider's node size: ranks r and q are on one node exactly when r / nodeRanks() == q / nodeRanks() (IPC:
+  // NCCL's hosts or NCCL_TIDE_RANKS_PER_NODE, plugin/core/node_map.h); 0: no node split of its own (loopback: one
+  // device). Without peerMapsAllRanks, peers on other nodes have no address here: peerPtr fails and flags returns
+  // nullptr for them (two-sided programs never address them).
+  int nodeRanks() const { return nodeRanks_; }
   // The transport of cross-node operations (internode_transport.h), chosen when the provider is created.
   InterNodeTransport* transport() const { return transport_; }
 
@@ -88,7 +94,8 @@ class Provider {
 
   // --- Flags ---
 
-  // Device address of `owner`'s flag array (flag::kWords words), as seen by this rank.
+  // Device address of `owner`'s flag array (flag::kWords words), as seen by this rank; nullptr for an owner this rank
+  // does not map (another node, without peerMapsAllRanks).
   virtual uint32_t* flags(int owner) = 0;
 
   // --- Around each call ---
@@ -135,11 +142,18 @@ class Provider {
  protected:
   Provider(const char* name, Traits traits, InterNodeTransport* transport = peerMappedTransport())
       : name_(name), traits_(traits), transport_(transport) {}
+  // While the provider is being created (its node split is known only after the ranks' exchange): the node size, and
+  // whether ranks on other nodes are mapped too.
+  void setNodes(int nodeRanks, bool peerMapsAllRanks) {
+    nodeRanks_ = nodeRanks;
+    traits_.peerMapsAllRanks = peerMapsAllRanks;
+  }
 
  private:
   const char* const name_;
-  const Traits traits_;
+  Traits traits_;
   InterNodeTransport* const transport_;
+  int nodeRanks_ = 0;
 };
 
 // What only a provider whose ranks share one device's hardware queues needs (Provider::sharedQueues): a copy

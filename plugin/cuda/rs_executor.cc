@@ -100,6 +100,7 @@ tideResult_t programFor(tideComm* comm, tideComm::CacheEntry* ent, tideLayout_t 
                      : (comm->provider->sharedQueues() != nullptr ? prog::Mode::kDeferred : prog::Mode::kInOrder);
   opt->maxTokenRsChunks = comm->tokenRsChunks;
   opt->pairTokens = comm->pairTokens;
+  opt->transport = programTransport(comm);
   tideResult_t r = ent->exec->program(layout, prog::Coll::kReduceScatter, *opt, program);
   if (r == tideSuccess || !capturing) return r;
   const std::string why = tideGetLastError();  // copied: fail() below rewrites the last-error buffer
@@ -109,12 +110,13 @@ tideResult_t programFor(tideComm* comm, tideComm::CacheEntry* ent, tideLayout_t 
               kWhat, why.c_str());
 }
 
-// The comm's own staging of every rank for RS epoch `epoch`, as this rank addresses it (collective: every rank of the
-// epoch asks for it, and it may grow).
+// The comm's own staging of every rank this rank maps (the others stay nullptr) for RS epoch `epoch`, as this rank
+// addresses it (collective: every rank of the epoch asks for it, and it may grow).
 tideResult_t ownStagingOf(tideComm* comm, uint64_t bytes, uint64_t epoch, std::vector<char*>* own) {
   comm->phase.store("tideReduceScatter: own staging (collective growth: cudaMalloc, exchange, IPC open)",
                     std::memory_order_relaxed);
   for (int d = 0; d < comm->worldSize; ++d) {
+    if (!mapsPeer(comm, d)) continue;
     void* p = nullptr;
     TIDE_CHECK(comm->provider->ownStaging(d, bytes, epoch, &p));
     (*own)[d] = static_cast<char*>(p);
@@ -139,10 +141,11 @@ tideResult_t bindReduceScatter(tideComm* comm, const LayoutView& v, std::shared_
     b.grad[i] = static_cast<const char*>(grads[i]);
   }
   TIDE_CHECK(checkDevicePointer(comm, out, outElem, "tideReduceScatter: out"));
-  b.stagingOf.resize(W);
+  b.stagingOf.assign(W, nullptr);
   const char* o = static_cast<const char*>(out);
   if (staging != nullptr) {
     for (int d = 0; d < W; ++d) {
+      if (!mapsPeer(comm, d)) continue;  // another TIDE node: reached through the sendrecv transport only
       void* p = nullptr;
       TIDE_CHECK(slotRegion(comm, staging, v.info.rsStagingBytes, d, "tideReduceScatter: staging", &p));
       b.stagingOf[d] = static_cast<char*>(p);

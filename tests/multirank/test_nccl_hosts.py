@@ -4,7 +4,8 @@ talking through NCCL's network transport over loopback sockets. Marker gpu: one 
 * Declared one TIDE node (NCCL_TIDE_RANKS_PER_NODE=W; they share the machine): TIDE's AG and RS through
   tideCommCreate on torch's ncclComm_t, bit for bit against the host executor on random layouts (odd sizes, mixed
   dtypes, sum / avg, one node and virtual nodes).
-* Not declared: TIDE's nodes follow NCCL's hosts, so tideCommCreate refuses and says how to declare them.
+* Not declared: TIDE's nodes follow NCCL's hosts; across them TIDE runs through NCCL (test_nccl_transport.py), and a
+  comm on a caller's bootstrap, which has no NCCL communicator, is refused with what to do.
 * FSDP2, stock and with nccl_tide.fsdp.enable: bit-identical losses, gradients and parameters; peak memory reported.
 * The NCCL_TIDE_ENABLE interposer under plain torch.distributed: eligible all-gathers taken by TIDE, results equal.
 
@@ -63,7 +64,8 @@ def _grads(torch, L, case, r):
     return out
 
 
-def _collectives(rank, world, report):
+def _collectives(rank, world, report, rpns=None):
+    """AG and RS of _cases(world) on layouts of each ranks-per-node in rpns (default: one node and two)."""
     import nccl_tide
     import torch
     from nccl_tide.comm import Comm, nccl_info
@@ -71,7 +73,7 @@ def _collectives(rank, world, report):
     comm = Comm.from_process_group()
     report["provider"] = comm.provider
     report["nccl"] = nccl_info()["runtime"]
-    for rpn in sorted({world, max(1, world // 2)}):
+    for rpn in rpns or sorted({world, max(1, world // 2)}):
         for ci, (kind, numels, rows, dts, extra) in enumerate(_cases(world)):
             L = nccl_tide.Layout(numels, dts, world, ranks_per_node=rpn, rank=rank, row_numels=rows,
                                  rs_chunk_bytes=extra.get("chunk"), pace_bytes=1024 if rpn < world else None)
@@ -111,19 +113,24 @@ def _collectives(rank, world, report):
     comm.close()
 
 
-def _refusal(rank, world, report):
+def _refusal(rank, world, report, bootstrap=True):
+    """The comm creation must fail with UnsupportedError: on a gloo bootstrap (bootstrap), else on torch's NCCL."""
+    import torch.distributed as dist
     from nccl_tide.comm import Comm
     from nccl_tide.errors import UnsupportedError
 
     try:
-        Comm.from_process_group().close()
-        report["errors"].append("tideCommCreate accepted ranks on different NCCL hosts without a declaration")
+        if bootstrap:
+            Comm.from_bootstrap(rank, world, 0, group=dist.new_group(backend="gloo")).close()
+        else:
+            Comm.from_process_group().close()
+        report["errors"].append("the comm was created")
     except UnsupportedError as e:
         report["message"] = str(e)
         report["checked"] += 1
 
 
-def _fsdp(rank, world, report):
+def _fsdp(rank, world, report, ranks_per_node=None):
     import torch
     import torch.nn.functional as F
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -143,7 +150,7 @@ def _fsdp(rank, world, report):
         for layer in model.layers:
             fully_shard(layer, mp_policy=mp)
         fully_shard(model, mp_policy=mp)
-        handle = tfsdp.enable(model) if tide else None
+        handle = tfsdp.enable(model, ranks_per_node=ranks_per_node) if tide else None
         opt = torch.optim.AdamW(model.parameters(), lr=2e-2)
         losses = []
         for step in range(6):
@@ -193,7 +200,7 @@ def _interposed_all_gather(rank, world, report):
 MODES = {"collectives": _collectives, "refusal": _refusal, "fsdp": _fsdp, "interposer": _interposed_all_gather}
 
 
-def _rank(rank, world, port, report, mode):
+def _rank(rank, world, port, report, mode, kwargs):
     import datetime
 
     import torch
@@ -203,17 +210,18 @@ def _rank(rank, world, port, report, mode):
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120), device_id=torch.device("cuda", 0))
-    MODES[mode](rank, world, report)
+    (MODES[mode] if isinstance(mode, str) else mode)(rank, world, report, **kwargs)
     dist.destroy_process_group()
 
 
-def launch(tmp_path, world, mode, env=None, timeout=300, host_of=lambda r: f"tide-test-host-{r}"):
-    """Runs `mode` on `world` ranks of one GPU, rank r as NCCL host host_of(r). Returns the reports."""
+def launch(tmp_path, world, mode, env=None, timeout=300, host_of=lambda r: f"tide-test-host-{r}", **kwargs):
+    """Runs `mode` (a name in MODES, or a module-level function of the same signature) with kwargs on `world` ranks
+    of one GPU, rank r as NCCL host host_of(r). Returns the reports."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     clean = {k: None for k in os.environ if k.startswith("NCCL_TIDE_") and k != "NCCL_TIDE_LIBRARY_PATH"}
     rank_env = [{"NCCL_HOSTID": host_of(r), "NCCL_TIDE_DEBUG_FILE": str(tmp_path / f"tide-rank{r}.log")}
                 for r in range(world)]
-    return run_ranks(_rank, world, (mode,), tmp_path, timeout, env={**clean, **NCCL_WORLD_ENV, **(env or {})},
+    return run_ranks(_rank, world, (mode, kwargs), tmp_path, timeout, env={**clean, **NCCL_WORLD_ENV, **(env or {})},
                      rank_env=rank_env)
 
 
@@ -228,10 +236,12 @@ def test_declared_one_node_bit_exact(tmp_path, world):
         assert rep["provider"] == "ipc" and rep["checked"] == len(_cases(world)) * len({world, max(1, world // 2)})
 
 
-def test_undeclared_nccl_hosts_are_refused(tmp_path):
+def test_bootstrap_across_nccl_hosts_is_refused(tmp_path):
     for rep in launch(tmp_path, 2, "refusal"):
         assert rep["checked"] == 1, rep
-        assert "NCCL hosts" in rep["message"] and "NCCL_TIDE_RANKS_PER_NODE=2" in rep["message"], rep["message"]
+        msg = rep["message"]
+        assert "2 TIDE nodes (NCCL hosts" in msg and "NCCL communicator (tideCommCreate)" in msg, msg
+        assert "NCCL_TIDE_RANKS_PER_NODE=2" in msg, msg
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -272,9 +282,10 @@ def test_two_ranks_of_one_nccl_host(tmp_path):
 
 @needs_multi_rank_nccl
 def test_two_nccl_hosts_of_two_ranks(tmp_path):
+    """Declared one TIDE node; undeclared, the same world runs through NCCL (test_nccl_transport.py)."""
     hosts = lambda r: f"tide-host-{r // 2}"  # noqa: E731
     for rep in launch(tmp_path / "refusal", 4, "refusal", MULTI_RANK_ENV, host_of=hosts):
-        assert "are 2 NCCL hosts" in rep["message"], rep
+        assert "2 TIDE nodes (NCCL hosts" in rep["message"], rep
     declared = dict(MULTI_RANK_ENV, NCCL_TIDE_RANKS_PER_NODE="4")
     for rep in launch(tmp_path / "declared", 4, "collectives", declared, host_of=hosts):
         assert rep["checked"] == len(_cases(4)) * 2, rep

@@ -12,7 +12,7 @@ def node_map_exe(repo, tmp_path_factory):
     out = tmp_path_factory.mktemp("node_map") / "node_map_test"
     core = repo / "plugin" / "core"
     srcs = [repo / "tests" / "native" / "node_map_test.cc", core / "node_map.cc", core / "errors.cc", core / "log.cc",
-            core / "params.cc"]
+            core / "params.cc", core / "fork_guard.cc"]
     cmd = ["g++", "-std=c++17", "-O1", "-Wall", "-Werror", f"-I{repo / 'include'}", f"-I{core}", "-I", str(repo / "plugin")]
     subprocess.run(cmd + [str(s) for s in srcs] + ["-o", str(out), "-pthread"], check=True, capture_output=True,
                    text=True)
