@@ -363,6 +363,13 @@ tideResult_t tideCommAbort(tideComm_t comm);
 /* Rank and world size of a comm. (since 0.1) */
 tideResult_t tideCommGetRank(tideComm_t comm, int* rank, int* worldSize);
 
+/* The comm's TIDE node size: ranks r and q are one node when r / ranksPerNode == q / ranksPerNode. Nodes follow
+ * NCCL's hosts (NCCL_HOSTID honoured as NCCL does), or NCCL_TIDE_RANKS_PER_NODE when set; ranks of one node map
+ * each other's memory, other nodes are reached through the inter-node transport. A layout used on this comm must
+ * have a ranksPerNode that divides it. Errors: tideInvalidArgument (NULL), tideUnsupported (no CUDA build).
+ * (since 0.1) */
+tideResult_t tideCommGetRanksPerNode(tideComm_t comm, int* ranksPerNode);
+
 /* Allocates `bytes` of peer-mapped device memory on this rank (a slot): the same call must be
  * made by every rank of the comm in the same order with the same size (collective for
  * NCCL comms; for a loopback world, once per virtual rank). *ptr is this rank's address.

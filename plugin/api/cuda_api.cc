@@ -336,6 +336,16 @@ TIDE_EXPORT tideResult_t tideCommGetRank(tideComm_t handle, int* rank, int* worl
   TIDE_API_END
 }
 
+TIDE_EXPORT tideResult_t tideCommGetRanksPerNode(tideComm_t handle, int* ranksPerNode) {
+  TIDE_API_BEGIN
+  CommRef comm;
+  TIDE_CHECK(tide::cuda::checkComm(handle, "tideCommGetRanksPerNode", &comm));
+  if (ranksPerNode == nullptr) return tide::fail(tideInvalidArgument, "API", "tideCommGetRanksPerNode: NULL output");
+  *ranksPerNode = comm->ranksPerNode;
+  return tideSuccess;
+  TIDE_API_END
+}
+
 TIDE_EXPORT tideResult_t tideSlotAlloc(tideComm_t handle, size_t bytes, void** ptr) {
   TIDE_API_BEGIN
   CommRef comm;

@@ -38,6 +38,7 @@ TIDE_EXPORT tideResult_t tideCommAbort(tideComm_t comm) {
 }
 
 TIDE_EXPORT tideResult_t tideCommGetRank(tideComm_t, int*, int*) { return unsupported(__func__); }
+TIDE_EXPORT tideResult_t tideCommGetRanksPerNode(tideComm_t, int*) { return unsupported(__func__); }
 
 TIDE_EXPORT tideResult_t tideSlotAlloc(tideComm_t, size_t, void**) { return unsupported(__func__); }
 

@@ -56,7 +56,7 @@ struct CommState {
   std::mutex mu;
   bool off = false;  // TIDE is off for this communicator (creation or a call failed, or it was aborted)
   tideComm_t comm = nullptr;
-  int rank = 0, world = 0, device = 0;
+  int rank = 0, world = 0, ranksPerNode = 0, device = 0;
   void* bounce = nullptr;  // all-gather bounce slot
   size_t bounceBytes = 0;
   // Recorded after each copy-out of the bounce slot; the next all-gather's stream waits for it before it lets peers
@@ -204,6 +204,7 @@ bool ensureComm(CommState* s, void* ncclComm) {
     return false;
   }
   (void)tideCommGetRank(s->comm, &s->rank, &s->world);
+  (void)tideCommGetRanksPerNode(s->comm, &s->ranksPerNode);
   tide::cuda::CommRef ref;
   if (tide::cuda::checkComm(s->comm, "interposer", &ref) == tideSuccess) s->device = ref->device;
   const char* provider = "?";
@@ -232,7 +233,7 @@ tideResult_t layoutFor(CommState* s, int kind, tideDataType_t dtype, uint64_t co
   d.rowNumels = nullptr;
   d.dtypes = &dtype;
   d.worldSize = s->world;
-  d.ranksPerNode = s->world;  // the IPC provider is single-node
+  d.ranksPerNode = s->ranksPerNode;  // the comm's TIDE nodes: a layout must not span them
   d.rank = s->rank;
   tideLayout_t l = nullptr;
   TIDE_CHECK(tideLayoutCreate(&d, nullptr, &l));

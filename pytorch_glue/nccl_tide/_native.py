@@ -215,6 +215,7 @@ SIGNATURES = {
     "tideCommDestroy": (tideResult_t, [tideComm_t]),
     "tideCommAbort": (tideResult_t, [tideComm_t]),
     "tideCommGetRank": (tideResult_t, [tideComm_t, _P(c_int), _P(c_int)]),
+    "tideCommGetRanksPerNode": (tideResult_t, [tideComm_t, _P(c_int)]),
     "tideSlotAlloc": (tideResult_t, [tideComm_t, c_size_t, _P(c_void_p)]),
     "tideSlotFree": (tideResult_t, [tideComm_t, c_void_p]),
     "tideAllGather": (tideResult_t, [tideComm_t, tideLayout_t, c_void_p, _PPV, c_void_p, c_void_p]),

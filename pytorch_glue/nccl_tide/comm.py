@@ -128,6 +128,10 @@ class Comm:
         r, w = ctypes.c_int(), ctypes.c_int()
         N.check(N.lib().tideCommGetRank(handle, ctypes.byref(r), ctypes.byref(w)), "tideCommGetRank")
         self.rank, self.world_size = r.value, w.value
+        n = ctypes.c_int()
+        N.check(N.lib().tideCommGetRanksPerNode(handle, ctypes.byref(n)), "tideCommGetRanksPerNode")
+        # TIDE's node size (NCCL's hosts, or NCCL_TIDE_RANKS_PER_NODE): a layout's ranks_per_node must divide it.
+        self.ranks_per_node = n.value
         self.device = None  # set by the constructors
 
     # -- construction --------------------------------------------------------------------------

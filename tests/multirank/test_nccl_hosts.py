@@ -72,6 +72,7 @@ def _collectives(rank, world, report, rpns=None):
 
     comm = Comm.from_process_group()
     report["provider"] = comm.provider
+    report["comm_ranks_per_node"] = comm.ranks_per_node
     report["nccl"] = nccl_info()["runtime"]
     for rpn in rpns or sorted({world, max(1, world // 2)}):
         for ci, (kind, numels, rows, dts, extra) in enumerate(_cases(world)):
@@ -234,6 +235,7 @@ def _gpu(torch_cuda, cuda_lib):
 def test_declared_one_node_bit_exact(tmp_path, world):
     for rep in launch(tmp_path, world, "collectives", {"NCCL_TIDE_RANKS_PER_NODE": str(world)}):
         assert rep["provider"] == "ipc" and rep["checked"] == len(_cases(world)) * len({world, max(1, world // 2)})
+        assert rep["comm_ranks_per_node"] == world, rep
 
 
 def test_bootstrap_across_nccl_hosts_is_refused(tmp_path):

@@ -60,6 +60,7 @@ def _spanning(rank, world, report):
 def test_each_nccl_host_its_own_node(tmp_path, world):
     for rep in hosts.launch(tmp_path, world, "collectives", INFO, rpns=[1]):
         assert rep["provider"] == "ipc" and rep["checked"] == len(hosts._cases(world)), rep
+        assert rep["comm_ranks_per_node"] == 1, rep
         line = _transport_line(tmp_path, rep["rank"])
         assert f"inter-node transport sendrecv ({world} TIDE nodes of 1 ranks do not map" in line, line
         assert "NCCL's kernels, which use SMs" in line, line
@@ -87,7 +88,8 @@ def test_forced_sendrecv_between_virtual_nodes_of_one_declared_node(tmp_path):
 
 
 def test_fsdp2_across_two_nccl_hosts_matches_stock(tmp_path):
-    for rep in hosts.launch(tmp_path, 2, "fsdp", INFO, timeout=400, ranks_per_node=1):
+    # enable() without ranks_per_node: the layouts take the comm's node size (one rank per NCCL host).
+    for rep in hosts.launch(tmp_path, 2, "fsdp", INFO, timeout=400):
         assert not rep["stock_groups"], rep["stock_groups"]
         assert rep["tide_calls"]["ag_calls"] > 0 and rep["tide_calls"]["rs_calls"] > 0, rep["tide_calls"]
         assert "inter-node transport sendrecv" in _transport_line(tmp_path, rep["rank"])

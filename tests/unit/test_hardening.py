@@ -258,6 +258,7 @@ cuda = {cuda}
 for h, why in [(0x1234560, "never created"), (alive.handle.value, "it is a tideLayout_t")]:
     r, w = ctypes.c_int(), ctypes.c_int()
     calls = [lambda: lib.tideCommGetRank(h, ctypes.byref(r), ctypes.byref(w)),
+             lambda: lib.tideCommGetRanksPerNode(h, ctypes.byref(r)),
              lambda: lib.tideSlotAlloc(h, 4096, ctypes.byref(ctypes.c_void_p())),
              lambda: lib.tideSlotFree(h, ctypes.c_void_p(0x1000)),
              lambda: lib.tideAllGather(h, alive.handle, None, None, None, None),

@@ -164,7 +164,7 @@ class GroupState:
         self.stock_rs = pg._reduce_scatter_comm
         self.world = pg.mesh_info.shard_process_group.size()
         self.rank = pg.mesh_info.shard_process_group.rank()
-        self.ranks_per_node = ranks_per_node or default_ranks_per_node(self.world)
+        self.ranks_per_node = ranks_per_node or self._default_ranks_per_node(executor)
         self.layout: Optional[Layout] = None
         self.dtype: Optional[torch.dtype] = None
         self.slot: Optional[torch.Tensor] = None  # owns the storage; FSDP's views come from it
@@ -185,6 +185,16 @@ class GroupState:
         self.cast_shards_in_place = cast_in_place_setting()
         self.ag_comm = TideAllGather(self)
         self.rs_comm = TideReduceScatter(self)
+
+    def _default_ranks_per_node(self, executor) -> int:
+        """The layout's node size when enable() was given none: the default for the world, unless the executor's comm
+        has smaller TIDE nodes (ranks on different NCCL hosts), whose node size a layout must divide: then the largest
+        divisor of that size that is at most the default."""
+        r = default_ranks_per_node(self.world)
+        comm_nodes = getattr(getattr(executor, "comm", None), "ranks_per_node", None)
+        if comm_nodes and comm_nodes % r:
+            r = max(d for d in range(1, min(r, comm_nodes) + 1) if comm_nodes % d == 0)
+        return r
 
     @property
     def pg(self):
