@@ -121,5 +121,10 @@ def init_nccl_process_group(ranks_per_gpu_value: Optional[int] = None):
         why = explain_nccl_init_error(e, shared)
         if why is None:
             raise
+        if dist.is_initialized():  # the group came up but NCCL did not: leave nothing half set up behind
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
         raise InvalidUsageError(why) from e
     return dist, device, shared
