@@ -89,8 +89,9 @@ class TorchrunBackend:
         self.notes = [SHARED_GPU_CAVEAT] if shares_gpus(self._devices) else []
 
     def describe(self) -> str:
-        gpus = len({gpu_key(d) for d in self.devices()})
-        placed = f"{gpus} GPU(s) shared by {self.W} ranks" if gpus < self.W else "one GPU each"
+        devs = self.devices()
+        gpus = len({gpu_key(d) for d in devs})
+        placed = f"{gpus} GPU(s) shared by {len(devs)} ranks" if gpus < len(devs) else "one GPU each"
         return f"torchrun: {self.W} processes, {placed}, NCCL process group (torch.distributed)"
 
     def _gather_devices(self) -> list:
