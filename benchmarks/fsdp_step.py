@@ -1,6 +1,7 @@
 """FSDP2 training-step benchmark: stock FSDP2, FSDP2 with symmetric memory, and TIDE, on one Llama-style model.
 
     torchrun --nproc_per_node 8 benchmarks/fsdp_step.py --layers 8 --hidden 4096 --seq 4096 --tokens 16384
+    NCCL_MULTI_RANK_GPU_ENABLE=1 torchrun --nproc_per_node 2 benchmarks/fsdp_step.py --ranks-per-gpu 2 (NCCL >= 2.30)
     python benchmarks/fsdp_step.py --mode layout-cost --models llama3-70b-layer,llama3-8b-layer --worlds 8,64
 
 step mode (needs CUDA; under torchrun, or one process = world size 1): bf16 parameters for compute, fp32 master
@@ -19,7 +20,14 @@ double-counts the pool slots bound at torch's peak. Each variant starts after gc
 cycles) and reports start_allocated_GiB, what the earlier variants left allocated (0 unless something leaks); for a
 per-allocation breakdown of the peak, benchmarks/fsdp_memory_probe.py.
 Shares are summed kernel durations / step time; kernels on other streams overlap compute, so they are loads, not a
-critical path. Variants that cannot run print a row saying why.
+critical path. Variants that cannot run print a row saying why. Every variant trains the same model from the same
+seed on the same batches, so its per-step losses are compared with stock's (`loss vs stock`: = when bit-identical,
+else the largest difference; --deterministic makes the compute deterministic so that only communication can differ).
+
+Several ranks per GPU (--ranks-per-gpu K or NCCL_TIDE_RANKS_PER_GPU; nccl_tide.devices): rank -> GPU LOCAL_RANK %
+device count, NCCL told to allow it (each rank its own NCCL host, NCCL_HOSTID, or NCCL_MULTI_RANK_GPU_ENABLE=1 on
+NCCL >= 2.30; benchmarks/README.md) and TIDE's node declared (NCCL_TIDE_RANKS_PER_NODE) where ranks are distinct
+NCCL hosts. The banner and the JSON's notes then say that such step times are not a node's.
 
 layout-cost mode (one GPU): fsdp_layout_cost.py (per-layer copy-out / copy-in of stock FSDP2 vs TIDE's none).
 
@@ -82,6 +90,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--profile-steps", type=int, default=2, help="steps under torch.profiler (0: no SM figures)")
+    p.add_argument(
+        "--ranks-per-gpu",
+        type=int,
+        default=None,
+        help="step mode: let up to this many local ranks share a GPU (NCCL must allow it: NCCL_HOSTID per rank, or "
+        "NCCL_MULTI_RANK_GPU_ENABLE=1 on NCCL >= 2.30) (default: NCCL_TIDE_RANKS_PER_GPU, else one GPU per rank)",
+    )
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="step mode: torch.use_deterministic_algorithms (warn only), so that losses differ only where the "
+        "communication does",
+    )
     p.add_argument("--models", default="llama3-70b-layer,llama3-8b-layer", help="layout-cost: layer layouts")
     p.add_argument("--worlds", default=None, help="layout-cost: simulated world sizes (default 8,64); pool-check: "
                    "gloo world sizes (default 2,4)")
@@ -158,22 +179,49 @@ def summarize_trace(events, steps: int, sm_count: int = 0) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def _init_dist():
-    import torch
-    import torch.distributed as dist
+def _init_dist(ranks_per_gpu: Optional[int] = None):
+    """(torch.distributed, rank, world size, device, ranks share GPUs) of this process (nccl_tide.devices: the rank's
+    GPU, and NCCL's refusal of ranks sharing one explained)."""
+    from nccl_tide.devices import init_nccl_process_group
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local)
-    if not dist.is_initialized():
-        try:
-            dist.init_process_group("nccl", device_id=torch.device("cuda", local))
-        except TypeError:
-            dist.init_process_group("nccl")
-    return dist, dist.get_rank(), dist.get_world_size(), torch.device("cuda", local)
+    dist, device, shared = init_nccl_process_group(ranks_per_gpu)
+    return dist, dist.get_rank(), dist.get_world_size(), device, shared
+
+
+def compare_losses(rows: List[dict]) -> None:
+    """Adds to every variant that ran its per-step losses against stock's: loss_vs_stock = {"equal": bit-identical
+    lists, "max_abs_diff"}, or None where stock did not run (then nothing to compare with)."""
+    stock = next((r for r in rows if r["variant"] == "stock" and r.get("ran")), None)
+    for r in rows:
+        if not r.get("ran") or r is stock:
+            continue
+        if stock is None or len(stock["losses"]) != len(r["losses"]):
+            r["loss_vs_stock"] = None
+            continue
+        diff = max((abs(a - b) for a, b in zip(stock["losses"], r["losses"])), default=0.0)
+        r["loss_vs_stock"] = {"equal": stock["losses"] == r["losses"], "max_abs_diff": diff}
+
+
+def loss_cell(r: dict) -> str:
+    """The table's `loss vs stock`: '=' bit-identical losses, else the largest difference; '-' nothing to compare."""
+    c = r.get("loss_vs_stock")
+    if c is None:
+        return "-"
+    return "=" if c["equal"] else f"max diff {c['max_abs_diff']:.2e}"
+
+
+def shared_gpu_notes(dist, shared: bool, device) -> List[str]:
+    """[SHARED_GPU_CAVEAT] when ranks of any host share a GPU (every rank learns it: one all_reduce), else []."""
+    import torch
+    from nccl_tide.devices import SHARED_GPU_CAVEAT
+
+    flag = torch.tensor([int(shared)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return [SHARED_GPU_CAVEAT] if flag.item() else []
 
 
 def _shard(model, variant: str, slot_pool=None, slot_trim="auto"):
@@ -304,8 +352,9 @@ def run_variant(variant: str, cfg: LlamaConfig, a, rank: int, world: int, device
     row["note"] = v.note
     step = v.step
     try:
+        losses = []  # every step's loss, read after the timed steps (reading one syncs the host with the GPU)
         for _ in range(a.warmup):
-            step()
+            losses.append(step().detach())
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)
         times = []
@@ -315,6 +364,7 @@ def run_variant(variant: str, cfg: LlamaConfig, a, rank: int, world: int, device
             loss = step()
             e.record()
             times.append((s, e))
+            losses.append(loss.detach())
         torch.cuda.synchronize()
         ms = sorted(s.elapsed_time(e) for s, e in times)
         row["step_ms"] = {
@@ -327,7 +377,8 @@ def run_variant(variant: str, cfg: LlamaConfig, a, rank: int, world: int, device
         }
         row["peak_mem_GiB"] = torch.cuda.max_memory_allocated(device) / 2**30  # torch's peak over the timed steps
         row["loss"] = float(loss.item())
-        loss = None
+        row["losses"] = [float(x.item()) for x in losses]
+        loss = losses = None
         # one more step for memory alone: torch's peak + TIDE's slot bytes outside torch at that moment
         # (fsdp/_slot_pool.MemoryMeter: exact, read at every slot bind/unbind; stock: torch's peak)
         from nccl_tide.fsdp import _slot_pool
@@ -397,12 +448,13 @@ def step_table(rows: List[dict]) -> str:
         "torch peak GiB",
         "TIDE slots GiB",
         "peak total GiB",
+        "loss vs stock",
         "note",
     )
     lines = []
     for r in rows:
         if not r.get("ran"):
-            lines.append((r["variant"], "N/A", "", "", "", "", "", "", "", "", "", "", r.get("reason", "")))
+            lines.append((r["variant"], "N/A", "", "", "", "", "", "", "", "", "", "", "", r.get("reason", "")))
             continue
         st, sh, p = r["step_ms"], r.get("share", {}), r.get("profile", {})
         pct = lambda k, sh=sh: f"{100 * sh[k]:.1f}" if k in sh else "-"  # noqa: E731
@@ -420,6 +472,7 @@ def step_table(rows: List[dict]) -> str:
                 f"{r['peak_mem_GiB']:.2f}",
                 f"{r.get('slot_GiB', 0.0):.2f}",
                 f"{r['peak_total_GiB']:.2f}" if "peak_total_GiB" in r else "-",
+                loss_cell(r),
                 _left_over(r) + r.get("note", ""),
             )
         )
@@ -532,10 +585,25 @@ def main(argv: Optional[List[str]] = None) -> int:
             f"fsdp_step: unknown --variants {bad}; choose from {', '.join(VARIANTS)}", file=sys.stderr
         )
         return 2
-    dist, rank, world, device = _init_dist()
+    if a.ranks_per_gpu is not None and a.ranks_per_gpu < 1:
+        print(f"fsdp_step: --ranks-per-gpu must be >= 1, got {a.ranks_per_gpu}", file=sys.stderr)
+        return 2
+    if a.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS' deterministic workspace
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    from nccl_tide.errors import TideError
+
+    try:
+        dist, rank, world, device, shared = _init_dist(a.ranks_per_gpu)
+    except TideError as e:  # no GPU for this rank, or NCCL refused ranks sharing one: say what to set
+        print(f"fsdp_step: {e.detail}", file=sys.stderr)
+        return 2
+    notes = shared_gpu_notes(dist, shared, device)
     cfg = LlamaConfig(a.layers, a.hidden, a.heads, a.kv_heads, a.ffn, a.vocab)
     doc.update(
         {
+            "notes": notes,
+            "deterministic": a.deterministic,
             "world_size": world,
             "model": dict(cfg._asdict(), n_params=cfg.n_params()),
             "seq": a.seq,
@@ -549,12 +617,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         with _Watchdog(a.variant_timeout, v, rows, doc, a.json if rank == 0 else None):
             rows.append(run_variant(v, cfg, a, rank, world, device))
             dist.barrier(device_ids=[device.index])
+    compare_losses(rows)
     if rank == 0:
         print(
             f"# FSDP2 step, world size {world}, {doc['versions'].get('device', '?')}, torch {torch.__version__}, "
             f"NCCL {doc['versions'].get('nccl_torch', '?')}; Llama-style {cfg.layers} layers, hidden {cfg.hidden}, "
             f"{cfg.n_params() / 1e9:.2f}B params, seq {a.seq}, {a.tokens} tokens/GPU; bf16 params, fp32 reduce"
         )
+        for note in notes:
+            print(f"# {note}")
         print(step_table(rows))
         doc["results"] = rows
         if a.json:

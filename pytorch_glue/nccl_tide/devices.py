@@ -84,9 +84,47 @@ def from_environment(ranks_per_gpu_value: Optional[int] = None):
     return local_device_index(local, local_world, count, ranks_per_gpu_value), ranks_share_gpus(local_world, count)
 
 
-def explain_nccl_init_error(exc: BaseException) -> Optional[str]:
-    """A clear message for NCCL's refusal of ranks sharing a GPU (NCCL's "Duplicate GPU detected"), else None."""
-    text = str(exc)
+def explain_nccl_init_error(exc: BaseException, shared: bool = False) -> Optional[str]:
+    """A clear message for NCCL's refusal of ranks sharing a GPU (NCCL's "Duplicate GPU detected"), else None.
+    shared=True (this host's ranks share GPUs): any NCCL setup failure gets the hint, since torch does not always
+    pass NCCL's own reason on."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
     if "Duplicate GPU" in text or "duplicate GPU" in text:
-        return f"NCCL refused ranks that share a GPU on one NCCL host ({text.strip().splitlines()[0]}): {NCCL_SHARING_HINT}"
+        return f"NCCL refused ranks that share a GPU on one NCCL host ({first}): {NCCL_SHARING_HINT}"
+    if shared:
+        return f"NCCL could not set up ranks that share GPUs ({type(exc).__name__}: {first[:300]}): {NCCL_SHARING_HINT}"
     return None
+
+
+def init_nccl_process_group(ranks_per_gpu_value: Optional[int] = None):
+    """torch.distributed's NCCL process group for a launched rank (torchrun's variables) on its device
+    (from_environment), NCCL's communicator set up at once. Returns (torch.distributed, device, ranks share GPUs);
+    NCCL's refusal of ranks sharing a GPU is raised as InvalidUsageError saying what to set."""
+    import torch
+    import torch.distributed as dist
+
+    index, shared = from_environment(ranks_per_gpu_value)
+    torch.cuda.set_device(index)
+    device = torch.device("cuda", index)
+    try:
+        if not dist.is_initialized():
+            try:
+                dist.init_process_group("nccl", device_id=device)
+            except TypeError:  # older torch without device_id
+                dist.init_process_group("nccl")
+        # torch creates NCCL's communicator lazily unless device_id took: one small collective makes NCCL say no
+        # here, where the error can be explained, rather than in the first measured call
+        dist.all_reduce(torch.zeros(1, device=device))
+        torch.cuda.synchronize(device)
+    except Exception as e:
+        why = explain_nccl_init_error(e, shared)
+        if why is None:
+            raise
+        if dist.is_initialized():  # the group came up but NCCL did not: leave nothing half set up behind
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
+        raise InvalidUsageError(why) from e
+    return dist, device, shared

@@ -4,7 +4,8 @@ tide-perf all_gather|reduce_scatter [-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n 
           [-N CYCLES] [-c CHECK] [-d TYPE] [-o OP] [-z BLOCKING] [-a AVERAGE] [-I 0|1] [-K SKIP] [-C 0|1] [-S 0|1]
           [-M 0|1] [-J FILE.json [--overwrite]] [--plot FILE.png] [--wide]
           [--backend auto|host|loopback|torchrun] [--impl tide,nccl,fsdp2,nccl-ce] [--interfere gemm]
-          [--min-busbw GB/s] [--ranks N] [--ranks-per-node R] [--pace-bytes B] [--layout flat|<model>]
+          [--min-busbw GB/s] [--ranks N] [--ranks-per-node R] [--ranks-per-gpu K] [--pace-bytes B]
+          [--layout flat|<model>]
 tide-perf plot FILE.json FILE.png
 
 busbw = algbw * (W - 1) / W for both collectives, nccl-tests' all-gather/reduce-scatter factor, whatever the node
@@ -73,6 +74,10 @@ def open_backend(o: Options):
         return loopback_backend.make(o.world, o.device, ranks_per_node=o.ranks_per_node, pace_bytes=o.pace_bytes)
     from . import torchrun_backend
 
+    if o.ranks_per_gpu is not None:  # the flag is the variable's value for this run (and shows in the JSON's env)
+        from ..devices import RANKS_PER_GPU_ENV
+
+        os.environ[RANKS_PER_GPU_ENV] = str(o.ranks_per_gpu)
     return torchrun_backend.make(o.average)
 
 

@@ -6,23 +6,30 @@ Pure Python (no torch, no GPU): the CPU tests exercise every decision here with 
 import os
 from typing import Dict, List, Mapping, Optional
 
-IMPLS = ("tide", "nccl", "fsdp2", "nccl-ce")
+IMPLS = ("tide", "nccl", "fsdp2", "nccl-ce")  # --impl all
+# Rows asked for by name only: a second reduce-scatter row beside `nccl`, for a comparison of reduce types.
+NAMED_ONLY_IMPLS = ("nccl-dtype",)
 BACKENDS = ("host", "loopback", "torchrun")
 
 DESCRIPTIONS = {
     "tide": "TIDE all-gather / reduce-scatter (copy engines write each parameter's storage; fp32 RS output)",
-    "nccl": "stock ncclAllGather / ncclReduceScatter on flat buffers (torch all_gather_into_tensor / "
-    "reduce_scatter_tensor)",
-    "fsdp2": "the nccl row plus FSDP2's copy-out (split_with_sizes_copy) after AG / fp32 chunk_cat copy-in before RS",
+    "nccl": "stock ncclAllGather / ncclReduceScatter on flat buffers through torch.distributed (RS in --out-type of "
+    "grads cast to it beforehand: fp32 by default, as FSDP2 reduces)",
+    "fsdp2": "the nccl call inside FSDP2's own copy ops: all_gather_copy_in + split_with_sizes_copy copy-out around "
+    "the AG / chunk_cat copy-in (-d -> --out-type) before the RS",
     "nccl-ce": "NCCL's zero-CTA copy-engine AllGather on symmetric windows",
+    "nccl-dtype": "stock ncclReduceScatter in -d's type (bf16 grads reduced in bf16: FSDP2 with reduce_dtype=bf16)",
 }
+NO_AG_DTYPE_ROW = "not run: nccl-dtype is a reduce-scatter row (an all-gather does not reduce: see the nccl row)"
+TORCHRUN_NCCL = "real NCCL rows run on --backend torchrun (ranks may share a GPU there: --ranks-per-gpu)"
 
-# What the loopback backend measures instead of multi-rank NCCL (there is none on one GPU).
+# What the loopback backend measures instead of NCCL: its virtual ranks live in one process, which holds no NCCL
+# communicator between them.
 LOOPBACK_STAND_INS = {
     ("nccl", "all_gather"): "stand-in: flat copy-engine all-gather (TIDE AG of one rank-major flat buffer); "
-    "no multi-rank NCCL on one GPU",
+    "loopback has no NCCL communicator, " + TORCHRUN_NCCL,
     ("nccl", "reduce_scatter"): "stand-in: SM reduction of every rank's flat input (torch.sum over ranks, "
-    "{out}); no multi-rank NCCL on one GPU",
+    "{out}); loopback has no NCCL communicator, " + TORCHRUN_NCCL,
     ("fsdp2", "all_gather"): "stand-in: flat copy-engine all-gather + FSDP2 copy-out ({copy_op}) per rank",
     ("fsdp2", "reduce_scatter"): "stand-in: FSDP2 copy-in ({copy_op}, {out}) per rank + SM reduction",
 }
@@ -32,8 +39,7 @@ LOOPBACK_STAND_INS = {
 # multi-node algorithm; the RS stand-ins have no node structure at all, so they are not run (MULTI_NODE_RS_REASON).
 LOOPBACK_STAND_INS_MULTI_NODE = {
     ("nccl", "all_gather"): "stand-in: flat copy-engine all-gather over the same virtual nodes (TIDE's inter-node "
-    "schedule and node-local fan-out on one rank-major flat buffer); not NCCL's multi-node algorithm, no multi-rank "
-    "NCCL on one GPU",
+    "schedule and node-local fan-out on one rank-major flat buffer); not NCCL's multi-node algorithm",
     ("fsdp2", "all_gather"): "stand-in: flat copy-engine all-gather over the same virtual nodes + FSDP2 copy-out "
     "({copy_op}) per rank; not NCCL's multi-node algorithm",
 }
@@ -86,14 +92,16 @@ def choose_backend(requested: str, env: Optional[Mapping[str, str]] = None, gpu=
 
 
 def parse_impls(text: str) -> List[str]:
-    """Comma list of implementations, in order, without duplicates; 'all' = every one."""
+    """Comma list of implementations, in order, without duplicates; 'all' = IMPLS (NAMED_ONLY_IMPLS by name)."""
     items = [x.strip() for x in str(text).split(",") if x.strip()]
     if items == ["all"]:
         return list(IMPLS)
     out: List[str] = []
     for x in items:
-        if x not in IMPLS:
-            raise ValueError(f"unknown --impl {x!r}; choose from {', '.join(IMPLS)} (comma list) or all")
+        if x not in IMPLS + NAMED_ONLY_IMPLS:
+            raise ValueError(
+                f"unknown --impl {x!r}; choose from {', '.join(IMPLS + NAMED_ONLY_IMPLS)} (comma list) or all"
+            )
         if x not in out:
             out.append(x)
     if not out:
@@ -106,6 +114,8 @@ def static_reason(backend: str, impl: str, collective: str, nodes: int = 1) -> O
     fail at run time, and then its row says why). `nodes` > 1: a multi-node layout (loopback: virtual nodes)."""
     if impl == "nccl-ce" and collective == "reduce_scatter":
         return "not run: NCCL's copy-engine collectives include no reduce-scatter (a reduction needs SMs)"
+    if impl == "nccl-dtype" and collective == "all_gather":
+        return NO_AG_DTYPE_ROW
     if backend == "host":
         if impl == "tide":
             return None
@@ -113,8 +123,10 @@ def static_reason(backend: str, impl: str, collective: str, nodes: int = 1) -> O
     if backend == "loopback" and impl == "nccl-ce":
         return (
             "not run: NCCL's CE AllGather needs NCCL communicators between processes with symmetric windows "
-            "(--backend torchrun, NCCL >= 2.28); no multi-rank NCCL on one GPU"
+            "(--backend torchrun, NCCL >= 2.28); loopback has no NCCL communicator"
         )
+    if backend == "loopback" and impl == "nccl-dtype":
+        return "not run: loopback has no NCCL communicator and its stand-ins reduce in --out-type; " + TORCHRUN_NCCL
     if backend == "loopback" and nodes > 1 and collective == "reduce_scatter" and impl in ("nccl", "fsdp2"):
         return MULTI_NODE_RS_REASON
     return None

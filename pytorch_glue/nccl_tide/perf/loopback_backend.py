@@ -1,8 +1,9 @@
 """Loopback backend of tide-perf: N virtual ranks on one GPU (nccl_tide.cuda.LoopbackWorld).
 
 One call = the collective of every virtual rank (all ranks' work on one device), so time, algbw and busbw are those
-of the whole world on one GPU. There is no multi-rank NCCL on one GPU: the `nccl` and `fsdp2` rows measure the
-closest same-device stand-ins (benchmarks/ag_placement.py and rs.py) and say so in their note; `nccl-ce` cannot run.
+of the whole world on one GPU. One process holds no NCCL communicator between its virtual ranks: the `nccl` and
+`fsdp2` rows measure the closest same-device stand-ins (benchmarks/ag_placement.py and rs.py) and say so in their
+note; `nccl-ce` cannot run (real NCCL rows: the torchrun backend, whose ranks may share a GPU).
 
 Virtual nodes (--ranks-per-node R < --ranks W): every TIDE layout is built with ranks_per_node=R (and the pacing cap
 --pace-bytes), so the CUDA executors run the inter-node algorithm over W/R nodes of R ranks on the one GPU (docs/

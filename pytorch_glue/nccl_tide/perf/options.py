@@ -106,7 +106,7 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=_HelpFormatter,
         epilog="Backends: host (every rank simulated by the C host executor; no GPU), loopback (N virtual ranks on "
         "one GPU; --ranks-per-node R < N: N/R virtual nodes, TIDE's inter-node algorithm on one GPU), torchrun (one "
-        "process per GPU, NCCL). auto: no GPU -> host; GPU and WORLD_SIZE -> torchrun; GPU -> loopback. "
+        "process per rank, NCCL; one GPU per rank unless --ranks-per-gpu). auto: no GPU -> host; GPU and WORLD_SIZE -> torchrun; GPU -> loopback. "
         "busbw = algbw * (W-1)/W for both collectives and any --ranks-per-node (nccl-tests' convention). "
         "'tide-perf plot FILE.json FILE.png' plots a JSON written with -J.",
     )
@@ -185,7 +185,8 @@ def parser() -> argparse.ArgumentParser:
                    help="plot busbw and SM time vs size (png, pdf, svg, ...; needs matplotlib) (default: no plot)")
     p.add_argument("--backend", default="auto", help="auto, host, loopback or torchrun")
     p.add_argument(
-        "--impl", default="tide", help="comma list of tide, nccl, fsdp2, nccl-ce (or all): rows side by side"
+        "--impl", default="tide", help="comma list of tide, nccl, fsdp2, nccl-ce (or all) and nccl-dtype (reduce_scatter "
+        "in -d's type; by name only): rows side by side"
     )
     p.add_argument("--interfere", default="none", choices=["none", "gemm"], help="gemm: slowdown of a single-wave GEMM")
     p.add_argument("--interfere-runs", type=int, default=11, help="GEMM runs per median (--interfere gemm), >= 1")
@@ -199,6 +200,14 @@ def parser() -> argparse.ArgumentParser:
         "(nccl-tests' NCCL_TESTS_MIN_BW rule; that variable is honoured too) (default: no minimum)",
     )
     p.add_argument("--device", type=int, default=0, help="loopback: CUDA device")
+    p.add_argument(
+        "--ranks-per-gpu",
+        type=int,
+        default=None,
+        help="torchrun: let up to this many local ranks share a GPU (rank -> GPU LOCAL_RANK %% device count); "
+        "NCCL must allow it: NCCL_HOSTID distinct per rank with NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1, or "
+        "NCCL_MULTI_RANK_GPU_ENABLE=1 on NCCL >= 2.30 (default: NCCL_TIDE_RANKS_PER_GPU, else one GPU per rank)",
+    )
     p.add_argument("--ranks", type=int, default=8, help="world size (host: simulated; loopback: virtual ranks 2..8)")
     p.add_argument(
         "--ranks-per-node",
@@ -230,7 +239,7 @@ def parser() -> argparse.ArgumentParser:
 _VALUE_FLAGS = {"-b", "-e", "-i", "-f", "-n", "-w", "-c", "-z", "-a", "-t", "-g", "-G", "-R", "-x", "-I", "-m", "-N",
                 "-p", "-r", "-y", "-T", "-C", "-S", "-D", "-V", "-M", "-u", "-K",
                 "--minbytes", "--maxbytes", "--stepbytes", "--stepfactor", "--iters", "--warmup_iters",
-                "--ranks", "--ranks-per-node", "--pace-bytes", "--scale", "--seed", "--min-busbw", "--device",
+                "--ranks", "--ranks-per-node", "--ranks-per-gpu", "--pace-bytes", "--scale", "--seed", "--min-busbw", "--device",
                 "--interfere-runs"}
 
 
@@ -358,6 +367,7 @@ class Options:
     sm_time: bool
     min_busbw: Optional[float]
     device: int
+    ranks_per_gpu: Optional[int]  # --ranks-per-gpu (torchrun), or None for NCCL_TIDE_RANKS_PER_GPU / one per rank
     scale: float
     seed: int
     flag_notes: Tuple[str, ...] = ()  # nccl-tests flags accepted with no effect here, said in the header
@@ -434,6 +444,11 @@ def resolve(a, argv: List[str], gpu: Callable[[], bool]) -> Options:
             f"--ranks-per-node {rpn} must divide --ranks {a.ranks} (nodes of equal size; "
             f"divisors: {', '.join(str(d) for d in range(1, a.ranks + 1) if a.ranks % d == 0)})"
         )
+    if a.ranks_per_gpu is not None and a.ranks_per_gpu < 1:
+        die(f"--ranks-per-gpu must be >= 1, got {a.ranks_per_gpu}")
+    if a.ranks_per_gpu is not None and backend != "torchrun":
+        die(f"--ranks-per-gpu places torchrun's ranks on GPUs; the {backend} backend runs "
+            + ("every virtual rank on one GPU already" if backend == "loopback" else "on no GPU"))
     if backend == "loopback" and not 2 <= a.ranks <= 8:
         die(f"--backend loopback runs 2..8 virtual ranks on one GPU, not --ranks {a.ranks}")
     pace = None
@@ -457,7 +472,7 @@ def resolve(a, argv: List[str], gpu: Callable[[], bool]) -> Options:
         memory_report=bool(a.memory), per_iter=per_iter, per_iter_skip=skip, wide=bool(a.wide),
         output_file=a.output_file, overwrite=a.overwrite, plot=a.plot,
         interfere=a.interfere, interfere_runs=a.interfere_runs, sm_time=bool(a.sm_time), min_busbw=min_busbw(a),
-        device=a.device, scale=a.scale, seed=a.seed, flag_notes=ignored_flags(a, coll),
+        device=a.device, ranks_per_gpu=a.ranks_per_gpu, scale=a.scale, seed=a.seed, flag_notes=ignored_flags(a, coll),
     )
 
 

@@ -1,4 +1,4 @@
-"""torchrun backend of tide-perf: one process per GPU, real NCCL communicators (torch.distributed, backend nccl).
+"""torchrun backend of tide-perf: one process per rank, real NCCL communicators (torch.distributed, backend nccl).
 
     torchrun --nproc_per_node 8 -m nccl_tide.perf all_gather --impl tide,nccl,fsdp2,nccl-ce -b 1M -e 1G -f 2
 
@@ -7,18 +7,27 @@ Rank 0 prints. Per row: time = mean per call on each rank, averaged over ranks (
 own output locally (all-gather bit-exact; reduce-scatter within gpu.RS_TOL x sum|x_i| of an fp64 sum).
 
 * tide: nccl_tide.comm.Comm.from_process_group (tideCommCreate on the process group's ncclComm_t);
-* nccl: all_gather_into_tensor / reduce_scatter_tensor on flat buffers (RS in the --out-type: NCCL reduces in one
-  type, which is why FSDP2 copies bf16 grads into fp32 first);
-* fsdp2: nccl + split_with_sizes_copy copy-out / fp32 chunk_cat copy-in, per parameter of the layout;
-* nccl-ce: all_gather_into_tensor on symmetric buffers (torch symmetric memory, NCCL backend); the row reports the
+* nccl: ncclAllGather / ncclReduceScatter on flat buffers (nccl_tide._dist: torch's all_gather_single /
+  reduce_scatter_single, or the older *_tensor names); RS in --out-type of grads cast to it beforehand (fp32 by
+  default: NCCL reduces in one type, which is why FSDP2 copies bf16 grads into fp32 first);
+* nccl-dtype: reduce-scatter in -d's type (bf16 grads reduced in bf16, FSDP2 with reduce_dtype=bf16);
+* fsdp2: the nccl call inside FSDP2's own copy ops (torch.ops.fsdp.*): all_gather_copy_in of each parameter's
+  shard, the AG, split_with_sizes_copy copy-out; chunk_cat copy-in (-d -> --out-type) before the RS;
+* nccl-ce: NCCL's AllGather on symmetric buffers (torch symmetric memory, NCCL backend); the row reports the
   kernels NCCL launched (0 SM time means the zero-CTA CE path ran).
+
+Ranks may share GPUs when asked (--ranks-per-gpu / NCCL_TIDE_RANKS_PER_GPU; nccl_tide.devices): rank -> GPU
+LOCAL_RANK % device count, and the header and the JSON carry devices.SHARED_GPU_CAVEAT.
 """
 
 import os
 import socket
 from typing import List, Sequence
 
+from .. import _dist
+from ..devices import SHARED_GPU_CAVEAT
 from . import gpu
+from .impls import NO_AG_DTYPE_ROW
 from .loopback_backend import SYNC_TIMEOUT_S, chunk_cat_impl, copy_out_impl, param_views, rs_reference
 from .runner import Bench, CaseSpec, Unavailable
 
@@ -29,33 +38,63 @@ def _torch():
     return torch
 
 
+def _flat_name(dist, collective: str) -> str:
+    """The torch.distributed function nccl_tide._dist calls for a flat all_gather / reduce_scatter (row notes)."""
+    new, old = {"all_gather": ("all_gather_single", "all_gather_into_tensor"),
+                "reduce_scatter": ("reduce_scatter_single", "reduce_scatter_tensor")}[collective]
+    return new if hasattr(dist, new) else old
+
+
+def gpu_key(d: dict) -> tuple:
+    """A devices() entry's GPU: host name and PCI bus id (the CUDA index where the bus id is unknown; an index alone
+    would call GPUs of ranks with different CUDA_VISIBLE_DEVICES the same)."""
+    hexid = d.get("device_hex")
+    return d["hostname"], hexid if hexid not in (None, "unknown") else d["device"]
+
+
+def shares_gpus(devices: list) -> bool:
+    """True when two ranks of the world run on one GPU."""
+    return len({gpu_key(d) for d in devices}) < len(devices)
+
+
+def all_gather_copy_in_impl():
+    """FSDP2's AG copy-in, torch.ops.fsdp.all_gather_copy_in (every parameter's shard into this rank's block of the
+    flat AG output, one foreach copy), as (name, fn(shards, flat_out, sizes, numel, rank) -> input view); None
+    where torch has no such op."""
+    torch = _torch()
+    try:
+        import torch.distributed.fsdp  # noqa: F401  (registers torch.ops.fsdp.*)
+
+        op = torch.ops.fsdp.all_gather_copy_in
+    except Exception:
+        return None
+    return "torch.ops.fsdp.all_gather_copy_in", lambda shards, out, sizes, n, rank: op(shards, out, sizes, n, rank)[0]
+
+
 class TorchrunBackend:
     name = "torchrun"
     notes: Sequence[str] = ()  # caveats on its timings, printed as header lines and written to the JSON
 
     def __init__(self, average: int = 1):
-        torch = _torch()
-        import torch.distributed as dist
+        from ..devices import init_nccl_process_group
 
         gpu.no_multicast_env()
-        self.dist = dist
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local)
-        self.device = torch.device("cuda", local)
-        if not dist.is_initialized():
-            try:
-                dist.init_process_group("nccl", device_id=self.device)
-            except TypeError:  # older torch without device_id
-                dist.init_process_group("nccl")
-        self.rank, self.W = dist.get_rank(), dist.get_world_size()
+        # the device: LOCAL_RANK's, or LOCAL_RANK % device count with NCCL_TIDE_RANKS_PER_GPU (--ranks-per-gpu)
+        self.dist, self.device, _ = init_nccl_process_group()
+        self.rank, self.W = self.dist.get_rank(), self.dist.get_world_size()
         self.average = average
         self._comm = None
         self._comm_error = None
+        self._devices = self._gather_devices()
+        self.notes = [SHARED_GPU_CAVEAT] if shares_gpus(self._devices) else []
 
     def describe(self) -> str:
-        return f"torchrun: {self.W} processes, one GPU each, NCCL process group (torch.distributed)"
+        devs = self.devices()
+        gpus = len({gpu_key(d) for d in devs})
+        placed = f"{gpus} GPU(s) shared by {len(devs)} ranks" if gpus < len(devs) else "one GPU each"
+        return f"torchrun: {self.W} processes, {placed}, NCCL process group (torch.distributed)"
 
-    def devices(self) -> list:
+    def _gather_devices(self) -> list:
         torch = _torch()
         mine = {
             "rank": self.rank,
@@ -63,11 +102,15 @@ class TorchrunBackend:
             "pid": os.getpid(),
             "hostname": socket.gethostname(),
             "device": self.device.index,
+            "device_hex": gpu.pci_hex(self.device.index),
             "name": torch.cuda.get_device_name(self.device),
         }
         allv: List = [None] * self.W
         self.dist.all_gather_object(allv, mine)
         return allv
+
+    def devices(self) -> list:
+        return self._devices
 
     def barrier(self) -> None:
         self.dist.barrier(device_ids=[self.device.index])
@@ -181,12 +224,14 @@ class TorchrunBackend:
 
         if impl == "nccl-ce":
             return self._nccl_ce(send, flat_want, bits)
+        if impl == "nccl-dtype":
+            raise Unavailable(NO_AG_DTYPE_ROW)
 
         # NCCL collectives move bytes here (uint8): NCCL has no 16-bit integer type, and the bytes are what counts.
         flat_out = torch.empty(W * lay.send_bytes, dtype=torch.uint8, device=dev)
 
         def nccl():
-            dist.all_gather_into_tensor(flat_out, send)
+            _dist.all_gather_flat(flat_out, send)
 
         if impl == "nccl":
 
@@ -196,26 +241,49 @@ class TorchrunBackend:
                 torch.cuda.synchronize()
                 return gpu.count_wrong_bits(flat_out.view(bits), flat_want)
 
-            return Bench(nccl, check)
+            return Bench(nccl, check, note=f"torch.distributed.{_flat_name(self.dist, 'all_gather')}")
+
+        # fsdp2: FSDP2's foreach_all_gather and foreach_all_gather_copy_out around the same NCCL call: every
+        # parameter's shard (its own tensor, as FSDP2's sharded parameters are) copied into this rank's block of the
+        # flat output, the all-gather in place from that block, the copy-out into each parameter's storage.
+        cdt = gpu.copy_dtype(case.dtype.name, case.dtype.size)
+        sizes = [p.shard_numel for p in lay.params]
+        shards = [send[p.send_offset : p.send_offset + n * case.dtype.size].view(cdt).clone()
+                  for p, n in zip(lay.params, sizes)]
+        flat_c = flat_out.view(cdt)
+        copy_in = all_gather_copy_in_impl()
+        if copy_in is None:
+            in_name = f"no torch.ops.fsdp.all_gather_copy_in in torch {torch.__version__}: input copied by one torch.cat"
+            block = flat_c[me * S : (me + 1) * S]
+
+            def gather_in():
+                torch.cat(shards, out=block)
+                return block
+
+        else:
+            in_name = copy_in[0]
+
+            def gather_in():
+                return copy_in[1](shards, flat_c, sizes, S, me)
 
         op_name, copy_out = copy_out_impl()
-        sizes = [p.shard_numel for p in lay.params]
         out = torch.empty(lay.slot_bytes, dtype=torch.uint8, device=dev)
-        cdt = gpu.copy_dtype(case.dtype.name, case.dtype.size)
         views = param_views(out, lay, W, cdt)
-        flat2d = flat_out.view(cdt).view(W, S)
+        flat2d = flat_c.view(W, S)
 
         def fsdp2():
-            nccl()
+            _dist.all_gather_flat(flat_c, gather_in())
             copy_out(flat2d, sizes, views)
 
         def check():
             out.fill_(255)
+            flat_out.fill_(255)
             fsdp2()
             torch.cuda.synchronize()
             return wrong_in(out)
 
-        return Bench(fsdp2, check, note=f"copy-out: {op_name}")
+        note = f"copy-in: {in_name}; torch.distributed.{_flat_name(self.dist, 'all_gather')}; copy-out: {op_name}"
+        return Bench(fsdp2, check, note=note)
 
     def _nccl_ce(self, send_u8, flat_want, bits) -> Bench:
         """NCCL's CE AllGather: symmetric buffers registered as NCCL windows (torch symmetric memory, NCCL backend).
@@ -243,7 +311,7 @@ class TorchrunBackend:
         inp.copy_(send_u8)
 
         def call():
-            self.dist.all_gather_into_tensor(out, inp, group=group)
+            _dist.all_gather_flat(out, inp, group=group)
 
         def check():
             out.fill_(255)
@@ -291,7 +359,7 @@ class TorchrunBackend:
             if not cache:
                 cache.append(rs_reference(all_grads, lay, me, W, case.op, case.scale, out))
                 all_grads[:] = [grads if s == me else None for s in range(W)]  # free the others
-            return gpu.count_wrong_close(out, *cache[0], tol)
+            return gpu.count_wrong_close(out, *cache[0], tol)  # tol: of the row's reduce type
 
         if impl == "tide":
             comm = self.comm()
@@ -318,9 +386,15 @@ class TorchrunBackend:
 
             return Bench(call, check, prepare_issue=prepare_issue)
 
+        # nccl, fsdp2: NCCL reduces in --out-type (fp32 by default, FSDP2's reduce_dtype); nccl-dtype: in -d's type
+        # (bf16 grads reduced in bf16), the input never cast.
+        red_name = case.dtype.name if impl == "nccl-dtype" else case.out_dtype.name
+        if impl == "nccl-dtype" and red_name == case.out_dtype.name:
+            raise Unavailable(f"not run: -d is --out-type ({red_name}): the nccl row already reduces in it")
+        tol = gpu.RS_TOL[red_name]
         op_name, chunk_cat = chunk_cat_impl()
-        rsin = torch.empty(W * M, dtype=out_t, device=dev)
-        out = torch.empty(M, dtype=out_t, device=dev)
+        rsin = torch.empty(W * M, dtype=gpu.torch_dtype(red_name), device=dev)
+        out = torch.empty(M, dtype=rsin.dtype, device=dev)
         if case.op == "premul":
             red = dist._make_nccl_premul_sum(case.scale)
         else:
@@ -330,10 +404,10 @@ class TorchrunBackend:
             chunk_cat(grads, W, rsin.view(W, M))
 
         def nccl():
-            dist.reduce_scatter_tensor(out, rsin, op=red)
+            _dist.reduce_scatter_flat(out, rsin, op=red)
 
-        copy_in()
-        call = nccl if impl == "nccl" else (lambda: (copy_in(), nccl()))
+        copy_in()  # nccl, nccl-dtype: the input already in the reduce type (its cast is not timed)
+        call = (lambda: (copy_in(), nccl())) if impl == "fsdp2" else nccl
 
         def check():
             out.fill_(float("nan"))
@@ -343,9 +417,20 @@ class TorchrunBackend:
             torch.cuda.synchronize()
             return wrong_in(out)
 
-        note = f"reduce type {case.out_dtype.name}" + (f"; copy-in: {op_name}" if impl == "fsdp2" else "")
+        note = f"reduce type {red_name}; torch.distributed.{_flat_name(dist, 'reduce_scatter')}"
+        if impl == "fsdp2":
+            note += f"; copy-in: {op_name}"
         return Bench(call, check, note=note)
 
 
 def make(average: int = 1) -> TorchrunBackend:
-    return TorchrunBackend(average)
+    """The backend, its process group up; a rank that cannot get its GPU or whose NCCL refuses ranks sharing a GPU
+    ends the run with one line saying what to set (exit status 2)."""
+    from ..errors import InvalidArgumentError, InvalidUsageError
+    from .options import die
+
+    try:
+        return TorchrunBackend(average)
+    except (InvalidArgumentError, InvalidUsageError) as e:
+        die(e.detail)
+
