@@ -48,7 +48,8 @@ struct Component {
 constexpr Component kComponents[] = {
     {"API", "INIT"},      {"Cuda", "COLL"},           {"HostAG", "COLL"},   {"HostRS", "COLL"},
     {"Interposer", "INIT,COLL"}, {"Ipc", "INIT,P2P,ALLOC"}, {"Layout", "INIT"}, {"Multicast", "NVLS"}, {"Nodes", "INIT"},
-    {"Nccl", "INIT"},     {"Params", "ENV"},          {"RsPlan", "INIT"},   {"Schedule", "INIT"}};
+    {"Nccl", "INIT"},     {"Params", "ENV"},          {"RsPlan", "INIT"},   {"Schedule", "INIT"},
+    {"Python", "INIT"}};  // the Python glue's lines: written by the glue itself, under this same rule (_log.py)
 constexpr int kNumComponents = static_cast<int>(sizeof(kComponents) / sizeof(kComponents[0]));
 constexpr unsigned kAllComponents = (1u << kNumComponents) - 1;
 // Lines from a component missing from the table pass whenever any INFO/TRACE line would.
@@ -231,7 +232,9 @@ const Settings* load() {
     if (nccl[0] != '\0') path = expandPath(nccl) + ".tide";
   }
   if (!path.empty() && s.level != kNone) {
-    FILE* f = fopen(path.c_str(), "w");
+    // Append: the Python glue writes its lines to the same file (pytorch_glue/nccl_tide/_log.py), and ranks that
+    // share a name must not truncate each other's lines.
+    FILE* f = fopen(path.c_str(), "a");
     if (f != nullptr) {
       setvbuf(f, nullptr, _IOLBF, 0);
       s.out = f;

@@ -4,6 +4,9 @@ Importing needs neither torch nor a GPU; the native library loads on first use.
 """
 
 from pathlib import Path as _Path
+from typing import Any as _Any
+from typing import Optional as _Optional
+from typing import Tuple as _Tuple
 
 from . import errors
 from ._native import library_path
@@ -30,7 +33,7 @@ from .layout import Layout, ParamInfo, Step
 _DISTRIBUTIONS = ("nccl-tide", "nccl-tide-cu13", "nccl-tide-cu12", "nccl-tide-cpu")
 
 
-def _find_distribution():
+def _find_distribution() -> _Tuple[_Optional[str], str]:
     """(distribution name, version) of the installed package; (None, the repo's VERSION) in a source checkout."""
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as _dist_version
@@ -48,7 +51,7 @@ _distribution, __version__ = _find_distribution()
 version = __version__
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> _Any:
     # Submodules that need torch load on first use, so `import nccl_tide` never imports torch.
     if name in ("fsdp", "reference_executor"):
         import importlib

@@ -11,7 +11,7 @@ import os
 import threading
 from ctypes import POINTER, c_char_p, c_float, c_int, c_size_t, c_uint, c_uint64, c_void_p
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional, Sequence
 
 from .errors import InvalidArgumentError, LibraryNotFoundError, error_for
 
@@ -303,7 +303,7 @@ U64_MAX = 2**64 - 1
 SIZE_MAX = 2 ** (8 * ctypes.sizeof(c_size_t)) - 1
 
 
-def as_int(value, what: str) -> int:
+def as_int(value: Any, what: str) -> int:
     """value as a Python int: ints, numpy integers, objects with __index__, and integral floats (4.0)."""
     if isinstance(value, bool):
         raise InvalidArgumentError(f"{what} is {value!r}; expected an integer, not a bool")
@@ -316,7 +316,7 @@ def as_int(value, what: str) -> int:
     raise InvalidArgumentError(f"{what} is {value!r}; expected an integer")
 
 
-def int_arg(value, what: str, lo: int = INT_MIN, hi: int = INT_MAX) -> int:
+def int_arg(value: Any, what: str, lo: int = INT_MIN, hi: int = INT_MAX) -> int:
     """A C int argument, refused unless lo <= value <= hi (defaults: the C int range)."""
     v = as_int(value, what)
     if not lo <= v <= hi:
@@ -324,7 +324,7 @@ def int_arg(value, what: str, lo: int = INT_MIN, hi: int = INT_MAX) -> int:
     return v
 
 
-def u64_arg(value, what: str, lo: int = 0, hi: int = U64_MAX) -> int:
+def u64_arg(value: Any, what: str, lo: int = 0, hi: int = U64_MAX) -> int:
     """A C uint64_t argument (size_t: pass hi=SIZE_MAX), refused unless lo <= value <= hi."""
     return int_arg(value, what, lo, hi)
 
@@ -350,7 +350,7 @@ def make_config(rs_chunk_bytes: int = 0, pace_bytes: int = 0) -> tideConfig_t:
     )
 
 
-def pointer_table(ptrs) -> "ctypes.Array":
+def pointer_table(ptrs: Sequence[Any]) -> "ctypes.Array[c_void_p]":
     return (c_void_p * len(ptrs))(*ptrs)
 
 
@@ -402,7 +402,7 @@ def timeout_seconds(builtin: float) -> float:
     return ms / 1000.0 if ms > 0 else builtin
 
 
-def pending_waits(comm_handle, capacity: int = 8) -> list:
+def pending_waits(comm_handle: Any, capacity: int = 8) -> list:
     """tideCommGetPendingWaits: the first unsatisfied wait on each stream of the comm's last AG and RS, as dicts
     {"step" (the word's short name), "owner", "peer" (the rank that writes it), "want", "have", "word",
     "collective", "stream", "where"}. Raises on failure (readback stuck, a call in progress)."""

@@ -15,9 +15,11 @@ reduce_scatter of a larger layout (own staging growth) and close() are collectiv
 same order. nccl_info() reports the NCCL library TIDE found in this process (host only, no GPU needed).
 """
 
+from __future__ import annotations
+
 import ctypes
 import time
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence
 
 from . import _native as N
 from ._log import get_logger
@@ -28,6 +30,11 @@ from .dtypes import op_code, scale_arg
 from ._lifetime import Lifetime
 from .errors import InvalidArgumentError, TideTimeoutError, describe_pending, first_pending_wait
 
+if TYPE_CHECKING:
+    import torch
+
+    from .layout import Layout
+
 _log = get_logger("comm")
 
 # Built-in bounds (seconds) when NCCL_TIDE_TIMEOUT_MS is unset or 0: these Python-side waits are bounded anyway, so that
@@ -35,7 +42,7 @@ _log = get_logger("comm")
 SYNCHRONIZE_TIMEOUT_S = 60.0
 
 
-def _torch():
+def _torch() -> Any:
     try:
         import torch
     except ImportError as e:  # pragma: no cover - depends on the environment
@@ -70,7 +77,7 @@ def nccl_info() -> Dict[str, Any]:
     }
 
 
-def make_gloo_allgather(group=None, world: Optional[int] = None, timeout: Optional[float] = None):
+def make_gloo_allgather(group: Any = None, world: Optional[int] = None, timeout: Optional[float] = None) -> Any:
     """A tideAllGatherFn_t (ctypes callback) doing an all-gather of host bytes over a torch.distributed group (gloo:
     CPU tensors). Errors inside are reported on stderr and returned as 1 (TIDE then fails the call cleanly).
 
@@ -89,7 +96,7 @@ def make_gloo_allgather(group=None, world: Optional[int] = None, timeout: Option
         timeout = N.timeout_seconds(0.0)  # 0: no bound of ours
     bound = datetime.timedelta(seconds=float(timeout)) if timeout and timeout > 0 else None
 
-    def allgather(mine, all_out, nbytes, user):
+    def allgather(mine: int, all_out: int, nbytes: int, user: Any) -> int:
         try:
             src = torch.frombuffer(bytearray(ctypes.string_at(mine, nbytes)), dtype=torch.uint8)
             parts = [torch.empty(nbytes, dtype=torch.uint8) for _ in range(n)]
@@ -120,9 +127,9 @@ def make_gloo_allgather(group=None, world: Optional[int] = None, timeout: Option
 class Comm:
     """One rank's TIDE communicator (tideCommCreate / tideCommCreateWithBootstrap)."""
 
-    def __init__(self, handle: int, keepalive=()):
+    def __init__(self, handle: Optional[int], keepalive: Iterable[Any] = ()) -> None:
         self._life = Lifetime("Comm")
-        self._handle = handle
+        self._handle: Optional[int] = handle
         self._keep = list(keepalive)  # the bootstrap callback must outlive the comm (destroy calls it)
         self._slots: List[int] = []
         r, w = ctypes.c_int(), ctypes.c_int()
@@ -132,11 +139,19 @@ class Comm:
         N.check(N.lib().tideCommGetRanksPerNode(handle, ctypes.byref(n)), "tideCommGetRanksPerNode")
         # TIDE's node size (NCCL's hosts, or NCCL_TIDE_RANKS_PER_NODE): a layout's ranks_per_node must divide it.
         self.ranks_per_node = n.value
-        self.device = None  # set by the constructors
+        self.device: Optional[int] = None  # set by the constructors
 
     # -- construction --------------------------------------------------------------------------
     @classmethod
-    def from_bootstrap(cls, rank: int, world: int, device: int = 0, group=None, config=None, allgather=None):
+    def from_bootstrap(
+        cls,
+        rank: int,
+        world: int,
+        device: int = 0,
+        group: Any = None,
+        config: Optional[N.tideConfig_t] = None,
+        allgather: Any = None,
+    ) -> "Comm":
         """tideCommCreateWithBootstrap with an all-gather over `group` (a torch.distributed gloo group; default the
         world group), or the given ctypes tideAllGatherFn_t."""
         cb = allgather if allgather is not None else make_gloo_allgather(group, world)
@@ -159,7 +174,9 @@ class Comm:
         return c
 
     @classmethod
-    def from_nccl(cls, nccl_comm_ptr: int, device: int, config=None, keepalive=()):
+    def from_nccl(
+        cls, nccl_comm_ptr: int, device: int, config: Optional[N.tideConfig_t] = None, keepalive: Iterable[Any] = ()
+    ) -> "Comm":
         """tideCommCreate on a raw ncclComm_t (an int address)."""
         if not nccl_comm_ptr:
             raise InvalidArgumentError("from_nccl: the ncclComm_t is NULL (has the process group run a collective?)")
@@ -173,7 +190,7 @@ class Comm:
         return c
 
     @classmethod
-    def from_process_group(cls, group=None, config=None):
+    def from_process_group(cls, group: Any = None, config: Optional[N.tideConfig_t] = None) -> "Comm":
         """tideCommCreate on the ncclComm_t of a torch NCCL process group (its backend's _comm_ptr()). The process
         group's communicator is created lazily by torch: a barrier on the group runs first."""
         torch = _torch()
@@ -200,22 +217,23 @@ class Comm:
         with self._life.use():
             name = ctypes.c_char_p()
             N.check(N.lib().tideCommGetProvider(self.handle, ctypes.byref(name)), "tideCommGetProvider")
-            return name.value.decode()
+            return (name.value or b"").decode()
 
     # -- slots ---------------------------------------------------------------------------------
-    def alloc_slot(self, nbytes: int):
+    def alloc_slot(self, nbytes: int) -> "torch.Tensor":
         """tideSlotAlloc (collective); a uint8 CUDA tensor viewing the slot (valid until free_slot/close)."""
         with self._life.use():
             torch = _torch()
             nbytes = N.u64_arg(nbytes, "nbytes", 0, N.SIZE_MAX)
             p = ctypes.c_void_p()
             N.check(N.lib().tideSlotAlloc(self.handle, nbytes, ctypes.byref(p)), "tideSlotAlloc")
-            self._slots.append(p.value)
+            addr = int(p.value or 0)  # a NULL slot is refused by the library
+            self._slots.append(addr)
             dev = torch.device("cuda", self.device)
             with torch.cuda.device(self.device):
-                return torch.as_tensor(_SlotMemory(p.value, int(nbytes)), device=dev)
+                return torch.as_tensor(_SlotMemory(addr, int(nbytes)), device=dev)
 
-    def free_slot(self, slot) -> None:
+    def free_slot(self, slot: Any) -> None:
         """tideSlotFree (collective; synchronizes the device first)."""
         with self._life.use():
             p = int(slot.data_ptr()) if hasattr(slot, "data_ptr") else int(slot)
@@ -225,7 +243,7 @@ class Comm:
             self._slots.remove(p)
 
     # -- collectives ---------------------------------------------------------------------------
-    def _stream(self, stream) -> int:
+    def _stream(self, stream: Any) -> int:
         if stream is None:
             torch = _torch()
             return int(torch.cuda.current_stream(torch.device("cuda", self.device)).cuda_stream)
@@ -233,7 +251,14 @@ class Comm:
             return int(stream.cuda_stream)
         return N.u64_arg(stream, "stream (cudaStream_t address)")
 
-    def all_gather(self, layout, slot, sendbuf=None, shards=None, stream=None) -> None:
+    def all_gather(
+        self,
+        layout: Layout,
+        slot: Any,
+        sendbuf: Any = None,
+        shards: Optional[Sequence[Any]] = None,
+        stream: Any = None,
+    ) -> None:
         """tideAllGather for this rank: sendbuf (packed, send_bytes) or shards[i]; slot (>= slot_bytes)."""
         with self._life.use():
             if (sendbuf is None) == (shards is None):
@@ -245,6 +270,7 @@ class Comm:
                 send_ptr = _ptr(sendbuf, "sendbuf", layout.send_bytes, at_least=True)
             else:
                 infos = layout.params
+                assert shards is not None
                 if len(shards) != len(infos):
                     raise InvalidArgumentError(f"shards: {len(shards)} tensors, layout has {len(infos)} params")
                 table = N.pointer_table(
@@ -260,7 +286,15 @@ class Comm:
                 )
 
     def reduce_scatter(
-        self, layout, grads, out, op="sum", scale: float = 1.0, staging=None, stream=None, out_dtype=None
+        self,
+        layout: Layout,
+        grads: Sequence[Any],
+        out: Any,
+        op: str = "sum",
+        scale: float = 1.0,
+        staging: Any = None,
+        stream: Any = None,
+        out_dtype: Any = None,
     ) -> None:
         """tideReduceScatter for this rank: grads[i] (numel_i elements), out (rs_out_numel elements of fp32, bf16 or
         fp16, from its torch dtype or out_dtype), op 'sum' | 'avg' | 'premul'."""
@@ -312,7 +346,7 @@ class Comm:
             text += f"(tideCommDebugDump failed: {N.last_error()})\n"
         return text
 
-    def synchronize(self, stream=None, timeout: Optional[float] = None) -> None:
+    def synchronize(self, stream: Any = None, timeout: Optional[float] = None) -> None:
         """Waits on the host for `stream` (default: the current torch stream), polling: a cross-process deadlock
         becomes a TideTimeoutError instead of a hang. timeout (seconds) defaults to NCCL_TIDE_TIMEOUT_MS when that is
         set (nonzero), else SYNCHRONIZE_TIMEOUT_S. On timeout the error names the peer and the step (flag) of the
@@ -377,10 +411,10 @@ class Comm:
         self._handle = None
         self._slots = []
 
-    def __enter__(self):
+    def __enter__(self) -> "Comm":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

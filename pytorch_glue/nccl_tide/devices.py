@@ -12,7 +12,7 @@ Timings of ranks that share a GPU are not a node's: they share its copy engines,
 """
 
 import os
-from typing import Optional
+from typing import Optional, Tuple
 
 from .errors import InvalidArgumentError, InvalidUsageError
 
@@ -74,7 +74,7 @@ def ranks_share_gpus(local_world: int, device_count: int) -> bool:
     return local_world > device_count
 
 
-def from_environment(ranks_per_gpu_value: Optional[int] = None):
+def from_environment(ranks_per_gpu_value: Optional[int] = None) -> Tuple[int, bool]:
     """(device index, ranks share GPUs) for this process from LOCAL_RANK / LOCAL_WORLD_SIZE (torchrun's variables)."""
     import torch
 

@@ -82,6 +82,7 @@ class MismatchError(TideError, RuntimeError):
 
 class TideTimeoutError(TideError, TimeoutError):
     code = 9
+    pending: Optional[Dict[str, object]] = None  # the first wait still pending, when the stream could be read
     hint = "a bounded wait expired; a peer rank may be stuck or dead"
 
 

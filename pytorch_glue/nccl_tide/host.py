@@ -7,7 +7,7 @@ or pass your own outputs (numpy or CPU torch), which are written in place.
 """
 
 from collections.abc import Sequence
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Union
 
 import numpy as np
 
@@ -67,7 +67,9 @@ def poisoned(numel: int, dt: DType) -> np.ndarray:
     return out
 
 
-def host_all_gather(layout: Layout, shards: Sequence[Sequence[Any]], params: Optional[List[List[Any]]] = None):
+def host_all_gather(
+    layout: Layout, shards: Sequence[Sequence[Any]], params: Optional[List[List[Any]]] = None
+) -> List[List[Any]]:
     """TIDE-AG over every rank: shards[r][i] (shard_numel_i elements) -> params[r][i] (shard_numel_i * W).
 
     Returns params. Raises InvalidArgumentError before anything is written on bad input.
@@ -90,11 +92,11 @@ def host_all_gather(layout: Layout, shards: Sequence[Sequence[Any]], params: Opt
 def host_reduce_scatter(
     layout: Layout,
     grads: Sequence[Sequence[Any]],
-    out_dtype="fp32",
-    op="sum",
+    out_dtype: Union[str, DType] = "fp32",
+    op: str = "sum",
     scale: float = 1.0,
     outs: Optional[List[Any]] = None,
-):
+) -> List[Any]:
     """TIDE-RS over every rank: grads[r][i] (numel_i elements, bf16/fp16/fp32) -> outs[r].
 
     outs[r] is rank r's packed output: rs_out_numel elements of out_dtype, parameter i at

@@ -8,7 +8,7 @@ import ctypes
 import threading
 from collections.abc import Sequence
 from contextlib import contextmanager
-from typing import List, NamedTuple, Optional
+from typing import Any, Iterator, List, NamedTuple, Optional, Tuple, Union
 
 from . import _native as N
 from .dtypes import DType
@@ -37,7 +37,7 @@ class Step(NamedTuple):
     bytes: int
 
 
-def sequence_arg(value, what: str, entries: str) -> Sequence:
+def sequence_arg(value: Any, what: str, entries: str) -> Sequence:
     """value if it is a sequence (list, tuple, numpy array, ...), else InvalidArgumentError; a str is not one."""
     if isinstance(value, (str, bytes)) or not (hasattr(value, "__len__") and hasattr(value, "__getitem__")):
         raise InvalidArgumentError(f"{what} is {value!r}; expected a sequence of {entries}")
@@ -73,7 +73,7 @@ class Layout:
     def __init__(
         self,
         numels: Sequence[int],
-        dtypes,
+        dtypes: Union[str, DType, Sequence[Union[str, DType]]],
         world_size: int,
         ranks_per_node: Optional[int] = None,
         rank: int = 0,
@@ -90,7 +90,7 @@ class Layout:
         numels = [N.u64_arg(x, f"numels[{i}]") for i, x in enumerate(sequence_arg(numels, "numels", per_param))]
         n = N.int_arg(len(numels), "number of parameters", 0)
         if isinstance(dtypes, (str, DType)) or not hasattr(dtypes, "__len__"):
-            dtypes = [dtypes] * n  # one dtype for the whole group
+            dtypes = [dtypes] * n  # type: ignore[list-item]  # one dtype for the whole group
         dts: List[DType] = [to_dtype(d) for d in dtypes]
         if len(dts) != n:
             raise InvalidArgumentError(f"{n} numels but {len(dts)} dtypes")
@@ -159,7 +159,7 @@ class Layout:
     # either completes or fails with "layout is closed"; the library itself also keeps a layout alive until every
     # C call using it returned (include/tide.h "Handles").
     @property
-    def handle(self):
+    def handle(self) -> ctypes.c_void_p:
         """The tideLayout_t. For a call into the library prefer `with layout._use() as h:` (safe against a
         concurrent close()); a bare handle used after close() is refused by the library (tideInvalidArgument)."""
         if self._handle is None or self._closing:
@@ -171,7 +171,7 @@ class Layout:
         return self._handle is None or self._closing
 
     @contextmanager
-    def _use(self):
+    def _use(self) -> Iterator[ctypes.c_void_p]:
         with self._lock:
             if self._handle is None or self._closing:
                 raise InvalidArgumentError("layout is closed")
@@ -189,7 +189,7 @@ class Layout:
                 self._destroy(h)
 
     @staticmethod
-    def _destroy(h) -> None:
+    def _destroy(h: Optional[ctypes.c_void_p]) -> None:
         if h is not None and h.value:
             N.check(N.lib().tideLayoutDestroy(h), "tideLayoutDestroy")
 
@@ -208,25 +208,25 @@ class Layout:
             h, self._handle = self._handle, None
         self._destroy(h)
 
-    def __enter__(self):
+    def __enter__(self) -> "Layout":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # A copy is another Layout of the same arguments, with a handle of its own (sharing the handle would make the
     # second close() a double destroy). A pickle holds the arguments and the hash; unpickling recreates the layout
     # and refuses it if the hash differs (another process's NCCL_TIDE_* defaults).
-    def __copy__(self):
+    def __copy__(self) -> "Layout":
         return Layout(*self._args)
 
-    def __deepcopy__(self, memo):
+    def __deepcopy__(self, memo: Any) -> "Layout":
         return Layout(*self._args)
 
-    def __reduce__(self):
+    def __reduce__(self) -> Tuple[Any, Tuple[Any, ...]]:
         return _unpickle, (self._args, self.hash)
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self.close()
         except Exception:  # interpreter shutdown: the library may already be gone
@@ -273,7 +273,7 @@ class Layout:
                 )
         return steps
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (
             f"Layout(n_params={self.n_params}, world_size={self.world_size}, ranks_per_node={self.ranks_per_node}, "
             f"send_bytes={self.send_bytes}, slot_bytes={self.slot_bytes}, hash=0x{self.hash:016x})"

@@ -174,3 +174,76 @@ def test_tide_perf_probes_log_no_warn(native):
         p = run(native, {"NCCL_DEBUG": "WARN"}, prog=prog,
                 args=(coll, "--backend", "host", "--ranks", "4", "-b", "4K", "-e", "16K", "-f", "2", "-c", "1"))
         assert tide_lines(p.stderr) == [] and "WARN" not in p.stdout + p.stderr, p.stdout + p.stderr
+
+
+# The glue's lines follow the library's rule as component "Python" (NCCL subsystem INIT, as Layout): a Python TRACE
+# line and the library's Layout TRACE line are shown together or not at all, whatever the variables say.
+BOTH_PROG = r"""
+from nccl_tide._log import get_logger
+get_logger("probe").info("python info")
+get_logger("probe").debug("python trace")
+import nccl_tide as t
+t.Layout([4096, 4096], "fp32", 2).close()
+"""
+
+
+@pytest.mark.parametrize(
+    "extra, shown",
+    [
+        ({"NCCL_DEBUG": "TRACE"}, True),  # NCCL's default INIT,BOOTSTRAP,ENV
+        ({"NCCL_DEBUG": "TRACE", "NCCL_DEBUG_SUBSYS": "COLL"}, False),
+        ({"NCCL_DEBUG": "TRACE", "NCCL_DEBUG_SUBSYS": "^init"}, False),
+        ({"NCCL_DEBUG": "TRACE", "NCCL_DEBUG_SUBSYS": "ENV,INIT"}, True),
+        ({"NCCL_DEBUG": "TRACE", "NCCL_DEBUG_SUBSYS": "^COLL"}, True),
+        ({"NCCL_DEBUG": "TRACE", "NCCL_DEBUG_SUBSYS": "ALL"}, True),
+        ({"NCCL_TIDE_DEBUG": "TRACE"}, True),  # TIDE's own level: every component
+        ({"NCCL_TIDE_DEBUG": "TRACE", "NCCL_TIDE_DEBUG_SUBSYS": "python,Layout"}, True),
+        ({"NCCL_TIDE_DEBUG": "TRACE", "NCCL_TIDE_DEBUG_SUBSYS": "^Python,Layout"}, False),
+        ({"NCCL_TIDE_DEBUG": "TRACE", "NCCL_TIDE_DEBUG_SUBSYS": "Params"}, False),
+        ({"NCCL_DEBUG": "TRACE", "NCCL_DEBUG_SUBSYS": "COLL", "NCCL_TIDE_DEBUG_SUBSYS": "Layout,Python"}, True),
+        ({"NCCL_DEBUG": "TRACE", "NCCL_TIDE_DEBUG_SUBSYS": "NCCL", "NCCL_DEBUG_SUBSYS": "P2P"}, False),  # follow
+        ({"NCCL_DEBUG": "TRACE", "NCCL_TIDE_DEBUG": "WARN"}, False),  # TIDE's level wins
+    ],
+)
+def test_python_and_library_apply_one_component_rule(native, extra, shown):
+    p = run(native, extra, prog=BOTH_PROG)
+    lines = tide_lines(p.stderr)
+    library = any("TRACE Layout: layout: 2 params" in x for x in lines)
+    python = [x for x in lines if " nccl_tide.probe: " in x]
+    assert library == shown, p.stderr
+    assert (" TRACE nccl_tide.probe: python trace" in "\n".join(python)) == shown, p.stderr
+    assert (" INFO nccl_tide.probe: python info" in "\n".join(python)) == shown, p.stderr
+    assert all(LINE.match(x) for x in lines), p.stderr
+    assert not any("unknown component" in x for x in lines), p.stderr  # "Python" is a component of the library's
+
+
+def test_python_lines_go_to_the_librarys_file(native, tmp_path):
+    # NCCL_DEBUG_FILE's .tide sibling holds both sides' lines (same %h/%p expansion); Python writes first, so a library
+    # that truncated the file on opening it would lose the Python line.
+    pattern = str(tmp_path / "nccl.%h.%p.log")
+    p = run(native, {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_FILE": pattern}, prog=BOTH_PROG)
+    assert tide_lines(p.stderr) == [], p.stderr
+    files = list(tmp_path.iterdir())
+    assert len(files) == 1 and files[0].name.endswith(".log.tide"), files
+    lines = tide_lines(files[0].read_text())
+    assert all(LINE.match(x) for x in lines), lines
+    assert " INFO nccl_tide.probe: python info" in lines[0], lines
+    assert any(" INFO Params: NCCL_TIDE_RS_CHUNK_BYTES=65536" in x for x in lines), lines
+    assert not any("python trace" in x for x in lines)  # INFO, not TRACE
+    assert len({x.split(":")[1] for x in lines}) == 1  # one pid, the one in the file name
+    assert files[0].name.split(".")[-3] == lines[0].split(":")[1]
+
+
+def test_the_log_file_is_appended_to(native, tmp_path):
+    # Both sides append: lines already in the file (another rank, an earlier run) stay, and a Python WARNING reaches
+    # the file at the default level, like the library's faults.
+    path = tmp_path / "tide.log"
+    path.write_text("earlier line\n")
+    prog = PY_PROG + "import nccl_tide as t\ntry:\n    t.Layout([0], 'fp32', 2)\nexcept t.InvalidArgumentError:\n    pass\n"
+    p = run(native, {"NCCL_DEBUG": "WARN", "NCCL_TIDE_DEBUG_FILE": str(path)}, prog=prog)
+    assert tide_lines(p.stderr) == [] and "a fault" not in p.stderr, p.stderr
+    text = path.read_text().splitlines()
+    assert text[0] == "earlier line", text
+    assert " WARN nccl_tide.comm: a fault" in text[1], text
+    assert any(" WARN Layout: " in x for x in text[2:]), text
+    assert not any("status line" in x for x in text)

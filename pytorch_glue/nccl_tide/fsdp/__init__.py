@@ -17,7 +17,7 @@ too (an INFO line, not a warning: the caller asked for it). Details: docs/fsdp.m
 
 import gc
 import weakref
-from typing import Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -218,7 +218,7 @@ def enable(
     ranks_per_node: Optional[int] = None,
     slot_pool: Optional[int] = 3,
     module_filter: Optional[Callable[[str, nn.Module], bool]] = None,
-    slot_trim=None,
+    slot_trim: Union[bool, str, None] = None,
 ) -> TideFSDPHandle:
     """Route the FSDP2 collectives of `model` (after fully_shard) through TIDE.
 
@@ -526,6 +526,6 @@ def handle_of(model: nn.Module) -> Optional[TideFSDPHandle]:
     return _handles.get(model)
 
 
-def stats(model: nn.Module) -> Optional[dict]:
+def stats(model: nn.Module) -> Optional[Dict[str, Any]]:
     h = _handles.get(model)
     return h.stats() if h is not None else None
