@@ -191,7 +191,7 @@ def test_info_command_finds_nccl_on_the_library_path(native, tmp_path, rng, repo
     code = int(rng.choice([22809, 22902, 23203]))  # NCCL 2.28.9, 2.29.2, 2.32.3
     stub = tmp_path / "libnccl.so.2"
     subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libnccl.so.2", f"-DSTUB_VERSION={code}",
-                    str(repo / "tests" / "stub_nccl" / "stub_nccl.c"), "-o", str(stub)], check=True, timeout=120)
+                    str(repo / "tests" / "native" / "stub_nccl" / "stub_nccl.c"), "-o", str(stub)], check=True, timeout=120)
     p = run_info({"LD_LIBRARY_PATH": str(tmp_path)}, block_torch=True)
     assert p.returncode == 0, p.stdout + p.stderr
     text = f"{code // 10000}.{code // 100 % 100}.{code % 100}"
