@@ -5,7 +5,7 @@
 // Waits use CU_STREAM_WAIT_VALUE_GEQ, which compares cyclically ((int32_t)(*addr - value) >= 0), so the epoch
 // counters may wrap. Writes use the default flags (with a memory barrier: every write issued earlier in the stream,
 // copies included, is visible before the flag is). CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER is not an option:
-// cuStreamBatchMemOp is the v2 API, which does not support that flag (cuda.h; session 29 on an H100:
+// cuStreamBatchMemOp is the v2 API, which does not support that flag (cuda.h; measured on an H100:
 // CUDA_ERROR_INVALID_VALUE for a batch carrying it).
 #ifndef TIDE_CUDA_DRIVER_OPS_H_
 #define TIDE_CUDA_DRIVER_OPS_H_

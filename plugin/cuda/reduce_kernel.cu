@@ -5,7 +5,7 @@
 // AVG: acc = __fdiv_rn(acc, W); then fp32 out, or RNE narrowing to bf16/fp16; a NaN result is stored as the
 // canonical NaN of the output type, as on the host (plugin/core/dtype.cc). Padding needs no special case: phase 1 fills it with zeros from a zero buffer.
 //
-// Shape (reduce_kernel.h, reduceShape; issue 16): as many CTAs of 512 threads as keep pace with the inputs' arrival
+// Shape (reduce_kernel.h, reduceShape): as many CTAs of 512 threads as keep pace with the inputs' arrival
 // over the links (10 for 8 bf16 inputs at 370 GB/s, with the rule's headroom), each CTA a bounded contiguous slice, then exit; a large chunk is
 // several launches in a row on the stream, so at most that many SMs are held at a time and every SM is free again
 // after each launch (a waiting GEMM gets it). Each CTA keeps many bytes in flight:
@@ -121,7 +121,7 @@ __device__ __forceinline__ float post(float x, const Op& op) { return op.avg ? _
 // The 16-byte path is compiled per op (SUM, PREMUL_SUM, AVG) and for at most / more than kPrefetch sources (kMany):
 // with the op tested at run time inside its unrolled fold and the loop over further sources always present, it
 // used 108 registers (bf16 -> fp32) and one CTA moved 83.5 GB/s, while a bench copy of the same schedule for SUM and
-// at most 8 sources (88 registers) moved 111.0 (benchmarks/sm_bandwidth.py "baseline512", H200, session 17). This
+// at most 8 sources (88 registers) moved 111.0 (benchmarks/sm_bandwidth.py "baseline512", H200). This
 // form uses 92 registers for SUM with 8 bf16 inputs. The scalar path keeps the runtime op (tails, unaligned bases).
 enum OpKind { kOpSum = 0, kOpPremul = 1, kOpAvg = 2 };
 template <int K>

@@ -79,31 +79,30 @@ struct ReducePace {
 // GB/s: T/I = 20/14, 529 GB/s to keep pace, 634 GB/s with the headroom, 10 CTAs. Bit-exactness does not depend on
 // the shape: each element is folded by one thread in the fixed order.
 // The rate one 512-thread CTA of the kernel sustains beside the arrivals it keeps pace with: in one rank's share
-// (benchmarks/share.py, whose timeline times every chunk's reduce) on an H100, session 26 run 26.4, bf16 x 8 -> fp32,
+// (benchmarks/share, whose timeline times every chunk's reduce) on an H100, bf16 x 8 -> fp32,
 // full 32 MiB-output chunks in 3 launches: 66.7-68.5 GB/s per CTA at 8 CTAs, 64.5-67.0 at 10 (each run's median
-// over its full chunks; single chunks 63.2-69.3), while the paced incoming copies ran. Alone (sm_bandwidth) one CTA moves far more, 94.2 GB/s at 8 CTAs on the H200 (session 17,
-// this constant until session 26) and 85.6 at 3 launches on the H100 (session 24); sized by that figure the rule
+// over its full chunks; single chunks 63.2-69.3), while the paced incoming copies ran. Alone (sm_bandwidth) one CTA moves far more, 94.2 GB/s at 8 CTAs on the H200 and
+// 85.6 at 3 launches on the H100; sized by that figure (an earlier value of this constant) the rule
 // gave 8 CTAs, whose reduce of a chunk took as long as the next chunk's arrival (305-320 us against 310), so the
 // pipeline ran at the reduce's pace: the 70B share took 1.056-1.068x the link floor, 1.023-1.025 with 10 CTAs,
 // the GEMM beside it unchanged (1.035-1.039 against 1.038-1.040; 8B 1.097-1.101 against 1.077-1.083).
 constexpr double kReduceCtaGBps = 66.0;
 // The reduce of chunk k must end before chunk k+1 has arrived, or it becomes the pipeline's bottleneck; and the
 // last chunk's reduce is a drain after the last byte arrived. Exactly the arrival rate left one rank's share at
-// 1.49x the link floor (session 15). A fifth more (1.25 until session 26, when kReduceCtaGBps was the rate of a CTA
-// alone): 10 CTAs for 8 inputs, which measured 653 GB/s beside the arrivals, 1.23x the 529 they bring.
+// 1.49x the link floor. A fifth more (1.25 was right while kReduceCtaGBps was the rate of a CTA alone): 10 CTAs for 8 inputs, which measured 653 GB/s beside the arrivals, 1.23x the 529 they bring.
 constexpr double kReducePaceHeadroom = 1.2;
 constexpr int kReduceMaxPacedCtas = 32;
-// Bytes of traffic per CTA: 8 MiB (2 MiB until session 24). Each launch boundary costs the grid's tail and a launch
+// Bytes of traffic per CTA: 8 MiB. Each launch boundary costs the grid's tail and a launch
 // gap: on an H100 the rule's 8-CTA grid of a 32 MiB-output chunk moved 71.6 GB/s per CTA in 11 launches of 2 MiB
-// CTAs, 85.6 in 3 launches of 8 MiB, 95.5 in one (session 24, sm_bandwidth). At 8 MiB that chunk's CTAs live about
+// CTAs, 85.6 in 3 launches of 8 MiB, 95.5 in one (sm_bandwidth). At 8 MiB that chunk's CTAs live about
 // 90 us each: still short beside a GEMM's waves, and every SM is free again between launches. In one rank's share
-// (same run, session 24) 8 MiB CTAs slowed the single-wave GEMM less than 2 MiB ones (8B 1.042 vs 1.057, 70B 1.030
+// (same machine) 8 MiB CTAs slowed the single-wave GEMM less than 2 MiB ones (8B 1.042 vs 1.057, 70B 1.030
 // vs 1.041) and took the 70B RS from 1.17x to 1.08x the link floor (8B unchanged, 1.19x).
 constexpr uint64_t kReduceCtaBytes = 8ull << 20;
-// The least a CTA is given before the grid shrinks below maxCtas. Session 24 sized the grid as ceil(T / ctaBytes),
-// so at 8 MiB a chunk of under maxCtas x 8 MiB of traffic ran on fewer CTAs than its pace asks for (a 32 MiB
+// The least a CTA is given before the grid shrinks below maxCtas. Sizing the grid as ceil(T / ctaBytes) alone,
+// at 8 MiB a chunk of under maxCtas x 8 MiB of traffic ran on fewer CTAs than its pace asks for (a 32 MiB
 // paced chunk on 4 of 8; the drain below 32) and a world of one rank's casts on a fraction of the SMs: the FSDP2
-// step at world size 1 went from stock's 145 ms to 158 (session 25, run 25.1). One MiB is about 11 us of one CTA's
+// step at world size 1 went from stock's 145 ms to 158 (H100). One MiB is about 11 us of one CTA's
 // work: still long beside a launch gap.
 constexpr uint64_t kReduceCtaMinBytes = 1ull << 20;
 constexpr int kReduceMaxLaunches = 16;  // bounds the launches queued per chunk (the stream may be blocked on flags)

@@ -2,8 +2,8 @@
 // NCCL_TIDE_AG_SIGNAL_KERNELS).
 //
 // Why: in a launched graph every memop node after the first costs the host about 0.8 us and every memop operation
-// about 0.25 (session 27's replay census), a kernel node a few hundredths (benchmarks/host_cost_probe.cu, session 24
-// run 24.1). Waits stay memops (a spinning kernel would hold an SM); only writes become kernels: a batch's trailing
+// about 0.25 (a replay census of benchmarks/host_issue.py), a kernel node a few hundredths
+// (benchmarks/host_cost_probe.cu). Waits stay memops (a spinning kernel would hold an SM); only writes become kernels: a batch's trailing
 // writes (prog::kernelTail). A one-warp kernel of a few stores is the only SM work this puts on the all-gather.
 // Issued directly (not in a graph), a memop batch (1.8 us) is cheaper than a kernel launch (about 4), so direct
 // issue keeps memops.
@@ -13,7 +13,7 @@
 // system-scope fence. Within the batch only as `ordered` says: a memop batch applies its writes one after another,
 // the threads of one launch store in any order. So only a batch's trailing writes to distinct words
 // (prog::kernelTail, at bind) may become a kernel, the waits and writes before them staying memops, and no reader
-// may rely on the order of two of them beyond the ordered prefix (tests/c/program_model.cc --kernel-order).
+// may rely on the order of two of them beyond the ordered prefix (tests/native/program_model.cc --kernel-order).
 #ifndef TIDE_CUDA_SIGNAL_KERNEL_H_
 #define TIDE_CUDA_SIGNAL_KERNEL_H_
 
