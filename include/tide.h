@@ -365,8 +365,8 @@ tideResult_t tideCommGetRank(tideComm_t comm, int* rank, int* worldSize);
 
 /* The comm's TIDE node size: ranks r and q are one node when r / ranksPerNode == q / ranksPerNode. Nodes follow
  * NCCL's hosts (NCCL_HOSTID honoured as NCCL does), or NCCL_TIDE_RANKS_PER_NODE when set; ranks of one node map
- * each other's memory, other nodes are reached through the inter-node transport. A layout used on this comm must
- * have a ranksPerNode that divides it. Errors: tideInvalidArgument (NULL), tideUnsupported (no CUDA build).
+ * each other's memory, other nodes are reached through the inter-node transport. When the comm has several nodes,
+ * a layout used on it must have a ranksPerNode that divides it. Errors: tideInvalidArgument (NULL), tideUnsupported (no CUDA build).
  * (since 0.1) */
 tideResult_t tideCommGetRanksPerNode(tideComm_t comm, int* ranksPerNode);
 
@@ -387,8 +387,9 @@ tideResult_t tideSlotFree(tideComm_t comm, void* ptr);
  *     of world size 1 (nothing is peer-mapped) any device memory of the comm's device serves
  *     (since 0.1): the caller owns it and orders its reuse after this call's stream.
  * Every rank of the comm must make the matching call. No kernel is launched. Layouts may span
- * several nodes (ranksPerNode < worldSize: the inter-node rail schedule runs over peer-mapped
- * memory, e.g. virtual nodes on one host). The first call with a layout hash new to the comm
+ * several nodes (ranksPerNode < worldSize: the inter-node rail schedule runs over the comm's
+ * inter-node transport: peer-mapped copies where every rank maps every other, e.g. virtual nodes
+ * on one host, else grouped ncclSend/ncclRecv; see tideCommGetRanksPerNode). The first call with a layout hash new to the comm
  * compares it across ranks (collective through the provider's exchange).
  * CUDA graphs (loopback worlds and tideCommCreate comms; on the latter, a layout must have been
  * used by an eager call first): on a stream
@@ -492,10 +493,10 @@ typedef struct {
   int runtimeVersion;       /* ncclGetVersion of the loaded libnccl, e.g. 22809 for 2.28.9 */
   int effectiveVersion;     /* runtimeVersion, or 23299 for 2.33+ (treated as 2.32, with a warning) */
   uint64_t features;        /* TIDE_NCCL_FEATURE_* bits */
-  const char* provider;     /* peer-memory provider tideCommCreate uses with this NCCL: "ipc" (CUDA IPC, single
+  const char* provider;     /* peer-memory provider tideCommCreate uses with this NCCL: "ipc" (CUDA IPC within a
                                node) in this release, also for NCCL >= 2.29.2 (the "window" provider is not built;
                                TIDE_NCCL_FEATURE_* bits show the window symbols); static string */
-  const char* transport;    /* inter-node transport: "putsignal" (ncclPutSignal/ncclWaitSignal) or "sendrecv" */
+  const char* transport;    /* inter-node transport: "sendrecv" (grouped ncclSend/ncclRecv; one-sided puts not built) */
 } tideNcclInfo_t;
 
 /* Finds the libnccl already loaded in this process (dlopen("libnccl.so.2", RTLD_NOLOAD):
@@ -510,12 +511,14 @@ tideResult_t tideNcclGetInfo(tideNcclInfo_t* info);
  * struct ncclComm*). Collective over the NCCL communicator: every rank calls it. Rank and
  * world come from ncclCommUserRank/ncclCommCount, the device from ncclCommCuDevice; host
  * bytes (host hash, config hash, IPC handles) are exchanged with ncclAllGather on an
- * internal stream. Provider: CUDA IPC of TIDE's own cudaMalloc memory (single node; the
+ * internal stream. Provider: CUDA IPC of TIDE's own cudaMalloc memory within a TIDE node
+ * (NCCL's hosts, or NCCL_TIDE_RANKS_PER_NODE; tideCommGetRanksPerNode), grouped
+ * ncclSend/ncclRecv between nodes (logged once at INFO; they run NCCL's kernels); the
  * window provider of NCCL >= 2.29.2 is not implemented yet, so such NCCL also uses IPC and
  * says so at INFO). config may be NULL. Destroy the TIDE comm (collective, tideCommDestroy)
  * before the NCCL communicator.
  * Errors: tideInvalidArgument, tideUnsupported (no CUDA build, NCCL not loaded or out of
- * range, ranks on several hosts), tideMismatch (configs differ across ranks: on every
+ * range, a node split NCCL's hosts do not allow, NCCL_TIDE_INTERNODE=rma), tideMismatch (configs differ across ranks: on every
  * rank), tideNcclError, tideCudaError. (since 0.1) */
 struct ncclComm;
 tideResult_t tideCommCreate(struct ncclComm* ncclComm, const tideConfig_t* config, tideComm_t* comm);

@@ -55,8 +55,12 @@ tideResult_t configHash(const tideConfig_t* config, uint64_t* hash) {
   }
   TIDE_CHECK(tide::params::status(tide::params::kInterNode));
   const uint64_t interNode = static_cast<uint64_t>(tide::params::interNode());
+  // NCCL_TIDE_RANKS_PER_NODE decides the node split, the peers each rank maps and the transport between nodes:
+  // ranks that disagree must fail at creation, never hang at a first call.
+  TIDE_CHECK(tide::params::status(tide::params::kRanksPerNode));
+  const uint64_t declaredNodes = static_cast<uint64_t>(tide::params::ranksPerNodeOverride());
   uint64_t h = 1469598103934665603ULL;
-  for (uint64_t v : {chunk, pace, static_cast<uint64_t>(TIDE_CONFIG_VERSION), interNode}) {
+  for (uint64_t v : {chunk, pace, static_cast<uint64_t>(TIDE_CONFIG_VERSION), interNode, declaredNodes}) {
     for (int b = 0; b < 8; ++b) {
       h ^= (v >> (8 * b)) & 0xff;
       h *= 1099511628211ULL;

@@ -8,7 +8,7 @@
 // and in the child run the modules' child hooks and then make every lock fresh. The child thus sees every structure
 // in a consistent state, as left by the last thread that released its lock.
 //
-// Not registered: the CUDA paths' locks (one per comm, the IPC provider's, the bench pacer's); CUDA cannot be used
+// Not registered: the CUDA paths' locks (one per comm, the IPC provider's); CUDA cannot be used
 // in a child forked after CUDA was initialized, so nothing in the child can reach them.
 #ifndef TIDE_CORE_FORK_GUARD_H_
 #define TIDE_CORE_FORK_GUARD_H_

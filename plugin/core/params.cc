@@ -63,8 +63,9 @@ const Def kDefs[kNumParams] = {
      "recvcount for reduce-scatter, times the element size).",
      0, kTiB, nullptr, "an integer number of bytes, optionally with K, M, G, T, KiB, MiB, GiB or TiB, up to 1T"},
     {"NCCL_TIDE_RANKS_PER_NODE", Type::kUint64, "uint64", "0",
-     "Virtual nodes: tideCommCreate treats every this many consecutive ranks as one node (must divide the world "
-     "size); 0 discovers the real ranks per node.",
+     "TIDE's nodes: every this many consecutive ranks are one node (must divide the world size; a node's ranks must "
+     "share a machine), also across NCCL hosts; nodes reach each other through the inter-node transport. 0 follows "
+     "NCCL's hosts (NCCL_HOSTID honoured). Must match on every rank.",
      0, 64, nullptr, "an integer from 0 to 64"},
     {"NCCL_TIDE_TIMEOUT_MS", Type::kUint64, "uint64", "0",
      "Bound in milliseconds on TIDE's host-side waits for peers (docs/reliability.md lists them); 0 waits forever.",

@@ -136,11 +136,12 @@ tideResult_t load(Lib* lib) {
   if (lib->allGatherConfig && lib->reduceScatterConfig) lib->features |= kCollConfig;
 
   // Provider: windows need the host-side peer pointer queries of 2.29.2 (windowCapable). tideCommCreate uses CUDA
-  // IPC (single node) on every NCCL, and the reported provider is the one the comms run on.
+  // IPC within a node on every NCCL, and grouped ncclSend / ncclRecv between nodes (the one transport built:
+  // one-sided puts are not).
   const uint64_t windowNeeds = kMemAlloc | kWindowRegister | kLsaPointers;
   lib->windowCapable = lib->effectiveVersion >= 22902 && lib->has(static_cast<Feature>(windowNeeds));
   lib->provider = "ipc";
-  lib->transport = lib->has(kPutSignal) ? "putsignal" : "sendrecv";
+  lib->transport = "sendrecv";
 
   Dl_info info{};
   const char* path = (dladdr(reinterpret_cast<void*>(lib->getVersion), &info) && info.dli_fname) ? info.dli_fname

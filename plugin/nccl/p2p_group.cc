@@ -3,6 +3,11 @@
 
 #include <sched.h>
 
+#include <chrono>
+
+#include "../core/errors.h"
+#include "../core/params.h"
+
 namespace tide {
 namespace nccl {
 
@@ -19,7 +24,16 @@ tideResult_t issueGroup(const Lib& lib, ncclComm_t comm, cudaStream_t stream, co
     what = c.send ? "ncclSend" : "ncclRecv";
   }
   r = lib.groupEnd();
-  while (r == kNcclInProgress) {  // nonblocking communicator: the group is being launched
+  // A nonblocking communicator launches the group in the background; the wait is bounded like TIDE's other host
+  // waits (NCCL_TIDE_TIMEOUT_MS; 0 waits as long as NCCL takes).
+  const uint64_t boundMs = params::timeoutMs();
+  const auto start = std::chrono::steady_clock::now();
+  while (r == kNcclInProgress) {
+    if (boundMs > 0 && std::chrono::steady_clock::now() - start > std::chrono::milliseconds(boundMs)) {
+      return fail(tideTimeout, "Nccl", "ncclGroupEnd of a p2p group still in progress after %llu ms "
+                  "(NCCL_TIDE_TIMEOUT_MS): a peer has not posted its matching sends and receives",
+                  static_cast<unsigned long long>(boundMs));
+    }
     sched_yield();
     const ncclResult_t q = lib.commGetAsyncError(comm, &r);
     if (q != kNcclSuccess) return ncclFail(lib, q, "ncclCommGetAsyncError");

@@ -12,7 +12,7 @@ Timings of ranks that share a GPU are not a node's: they share its copy engines,
 """
 
 import os
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 from .errors import InvalidArgumentError, InvalidUsageError
 
@@ -97,7 +97,7 @@ def explain_nccl_init_error(exc: BaseException, shared: bool = False) -> Optiona
     return None
 
 
-def init_nccl_process_group(ranks_per_gpu_value: Optional[int] = None):
+def init_nccl_process_group(ranks_per_gpu_value: Optional[int] = None) -> Tuple[Any, Any, bool]:
     """torch.distributed's NCCL process group for a launched rank (torchrun's variables) on its device
     (from_environment), NCCL's communicator set up at once. Returns (torch.distributed, device, ranks share GPUs);
     NCCL's refusal of ranks sharing a GPU is raised as InvalidUsageError saying what to set."""

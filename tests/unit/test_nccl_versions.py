@@ -25,8 +25,8 @@ V231 = V229 + ["coll_config"]
 EXPECTED = {
     22809: (sorted(BASE), "ipc", "sendrecv"),
     # The window provider is not built: tideCommCreate uses IPC on every NCCL, and nccl_info() says so.
-    22902: (sorted(V229), "ipc", "putsignal"),
-    23203: (sorted(V231), "ipc", "putsignal"),
+    22902: (sorted(V229), "ipc", "sendrecv"),
+    23203: (sorted(V231), "ipc", "sendrecv"),
 }
 
 PROBE = r"""
@@ -123,7 +123,7 @@ def test_newer_minor_warns_and_behaves_as_2_32(native, stub_dir):
     assert info["runtime_version"] == 23301
     assert info["effective_version"] == 23299
     assert info["features"] == sorted(V231)
-    assert info["provider"] == "ipc" and info["transport"] == "putsignal"
+    assert info["provider"] == "ipc" and info["transport"] == "sendrecv"
     assert "newer than the newest version TIDE knows" in err
 
 

@@ -165,6 +165,12 @@ class GroupState:
         self.world = pg.mesh_info.shard_process_group.size()
         self.rank = pg.mesh_info.shard_process_group.rank()
         self.ranks_per_node = ranks_per_node or self._default_ranks_per_node(executor)
+        comm_nodes = getattr(getattr(executor, "comm", None), "ranks_per_node", None)
+        if ranks_per_node and comm_nodes and comm_nodes % ranks_per_node:
+            raise InvalidArgumentError(
+                f"ranks_per_node={ranks_per_node} does not divide the TIDE node size {comm_nodes} of {label}'s comm "
+                "(ranks on different NCCL hosts are different nodes): pass a divisor of it, or None"
+            )
         self.layout: Optional[Layout] = None
         self.dtype: Optional[torch.dtype] = None
         self.slot: Optional[torch.Tensor] = None  # owns the storage; FSDP's views come from it

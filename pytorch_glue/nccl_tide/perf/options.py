@@ -11,7 +11,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, NoReturn, Optional, Tuple
 
 from ..dtypes import RS_TYPES, DType, op_code
 from ..dtypes import dtype as to_dtype
@@ -38,7 +38,7 @@ EXIT_INTERRUPTED = 130  # SIGINT (128 + 2)
 EXIT_UNSUPPORTED = 255  # bad sizes, or an option tide-perf cannot honour (nccl-tests' -1)
 
 
-def die(msg: str, status: int = EXIT_USAGE) -> "None":
+def die(msg: str, status: int = EXIT_USAGE) -> NoReturn:
     print(f"tide-perf: error: {msg}", file=sys.stderr)
     sys.exit(status)
 
