@@ -47,9 +47,10 @@ echo "== sanitize: pytest (C-API-level tests) against ${lib}"
 # Not here: packaging/fresh-venv tests (they build their own non-sanitized library), tests/gpu, and the FSDP
 # multi-process parity test (torch.distributed under an ASan-preloaded interpreter is slow and tests torch more than
 # TIDE; its host-executor path is covered by test_fsdp_reference_executor.py).
-tests=(tests/test_layout.py tests/test_schedule.py tests/test_host_executor.py tests/test_c_api_errors.py
-       tests/test_env_docs.py tests/test_perf_cli.py tests/test_fsdp_reference_executor.py tests/test_fuzz.py
-       tests/test_concurrency.py tests/test_nccl_parent_health.py tests/test_nccl_versions.py tests/test_hardening.py)
+tests=(tests/unit/test_layout.py tests/unit/test_schedule.py tests/unit/test_host_executor.py
+       tests/unit/test_c_api_errors.py tests/unit/test_env_docs.py tests/unit/test_perf_cli.py
+       tests/multirank/test_fsdp_reference_executor.py tests/unit/test_fuzz.py tests/unit/test_concurrency.py
+       tests/unit/test_nccl_parent_health.py tests/unit/test_nccl_versions.py tests/unit/test_hardening.py)
 NCCL_TIDE_LIBRARY_PATH="${lib}" LD_PRELOAD="${libasan}" ASAN_OPTIONS="${asan_common}:detect_leaks=0" \
   python -m pytest -q -p no:cacheprovider "${tests[@]}"
 
