@@ -6,31 +6,21 @@ Tests marked gpu skip themselves without torch and a CUDA device; the rest run o
 
 import os
 import sys
-import zlib
 from pathlib import Path
 
 os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")  # loopback worlds, before CUDA initializes
 
-import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 BENCHMARKS = Path(__file__).resolve().parents[1]
 REPO = BENCHMARKS.parent
 sys.path.insert(0, str(BENCHMARKS))
+sys.path.insert(0, str(REPO / "tests"))  # the suite's shared fixtures
+from fixtures import _cuda_ok, cuda_lib, native, register_markers, repo, rng, torch_cuda  # noqa: E402, F401
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skips itself without one")
-    config.addinivalue_line("markers", "multigpu: needs >= 2 CUDA GPUs; skips itself without them")
-    config.addinivalue_line("markers", "slow: builds wheels or venvs (still part of the CPU suite)")
-
-
-def _cuda_ok() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
+    register_markers(config)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -40,47 +30,3 @@ def pytest_collection_modifyitems(config, items):
         skip = pytest.mark.skip(reason="needs torch with a CUDA device")
         for item in gpu_items:
             item.add_marker(skip)
-
-
-@pytest.fixture(scope="session")
-def repo() -> Path:
-    return REPO
-
-
-@pytest.fixture(scope="session")
-def native():
-    """nccl_tide._native with the library loaded; fails (never skips) if it cannot load."""
-    from nccl_tide import _native
-
-    _native.lib()
-    return _native
-
-
-@pytest.fixture
-def rng(request) -> np.random.Generator:
-    # Deterministic per test (reproducible failures), different across tests.
-    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
-
-
-@pytest.fixture(scope="session")
-def torch_cuda():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    return torch
-
-
-@pytest.fixture(scope="session")
-def cuda_lib(torch_cuda):
-    """The library must be a CUDA build: a stub build here is a failure, not a skip."""
-    import ctypes
-
-    from nccl_tide import _native
-
-    lib = _native.lib()
-    comms = (ctypes.c_void_p * 2)()
-    res = lib.tideLoopbackCreate(2, 0, comms)
-    assert res == 0, f"tideLoopbackCreate failed ({res}): {_native.last_error()} (is {_native.library_path()} a CUDA build?)"
-    for c in comms:
-        lib.tideCommDestroy(c)
-    return lib

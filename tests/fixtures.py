@@ -1,0 +1,71 @@
+"""Fixtures and checks shared by the conftests of tests/ and benchmarks/tests (both import from here)."""
+
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+MARKERS = (
+    "gpu: needs a CUDA GPU; skips itself without one",
+    "multigpu: needs >= 2 CUDA GPUs; skips itself without them",
+    "slow: builds wheels or venvs (still part of the CPU suite)",
+)
+
+
+def register_markers(config) -> None:
+    for m in MARKERS:
+        config.addinivalue_line("markers", m)
+
+
+def _cuda_ok() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+@pytest.fixture(scope="session")
+def repo() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def native():
+    """nccl_tide._native with the library loaded; fails (never skips) if it cannot load."""
+    from nccl_tide import _native
+
+    _native.lib()
+    return _native
+
+
+@pytest.fixture
+def rng(request) -> np.random.Generator:
+    # Deterministic per test (reproducible failures), different across tests.
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture(scope="session")
+def torch_cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    return torch
+
+
+@pytest.fixture(scope="session")
+def cuda_lib(torch_cuda):
+    """The library must be a CUDA build: a stub build here is a failure, not a skip."""
+    import ctypes
+
+    from nccl_tide import _native
+
+    lib = _native.lib()
+    comms = (ctypes.c_void_p * 2)()
+    res = lib.tideLoopbackCreate(2, 0, comms)
+    assert res == 0, f"tideLoopbackCreate failed ({res}): {_native.last_error()} (is {_native.library_path()} a CUDA build?)"
+    for c in comms:
+        lib.tideCommDestroy(c)
+    return lib
