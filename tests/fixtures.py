@@ -10,7 +10,7 @@ REPO = Path(__file__).resolve().parents[1]
 MARKERS = (
     "gpu: needs a CUDA GPU; skips itself without one",
     "multigpu: needs >= 2 CUDA GPUs; skips itself without them",
-    "slow: builds wheels or venvs (still part of the CPU suite)",
+    "slow: builds wheels, venvs or extensions, or trains a framework example (still part of the CPU suite)",
 )
 
 

@@ -1,0 +1,137 @@
+"""DeepSpeed, Megatron-Core and torchtitan training with TIDE on ONE GPU: the examples of examples/frameworks on 2
+ranks that share the card as 2 NCCL hosts (NCCL_HOSTID per rank, sockets over loopback), declared one TIDE node
+(NCCL_TIDE_RANKS_PER_NODE=2). Marker gpu; each test skips where its framework is not installed
+(bash ci/framework_wheels.sh install DIR).
+
+Every job runs stock and with TIDE, and the per-step losses of every rank must be equal bit for bit: the
+all-gathers TIDE takes are byte copies, and at 2 ranks TIDE's fp32 reduce-scatter fold (docs/architecture.md
+"Accumulation order") is one addition per element, as NCCL's. Should they differ, the stock job runs once more: a
+stock job that does not repeat itself is reported as such, not blamed on TIDE.
+
+With the interposer (LD_PRELOAD=libnccl-tide.so NCCL_TIDE_ENABLE=1, the size threshold at 0 so the small model's
+calls count, every call logged at TRACE into one file per rank), each job must show what docs/usage.md
+("DeepSpeed, Megatron-Core and torchtitan") derives from the frameworks' sources: which collectives TIDE takes,
+and the logged reason for those it passes to NCCL.
+"""
+
+import os
+import re
+from dataclasses import dataclass, field
+
+import pytest
+from framework_examples import missing, run
+
+pytestmark = [pytest.mark.gpu]
+STEPS = 5
+WORLD = 2
+SHARED_GPU_ENV = {
+    # every rank is its own NCCL host, so each is local rank 0 of a one-rank host, as torchrun --nnodes=2
+    # --nproc-per-node=1 would say (DeepSpeed takes LOCAL_RANK as the device index): all on cuda:0
+    "LOCAL_WORLD_SIZE": "1",
+    "NCCL_TIDE_RANKS_PER_NODE": str(WORLD),  # one TIDE node: the ranks map each other's memory (CUDA IPC)
+    "NCCL_SOCKET_IFNAME": "lo",
+    "NCCL_IB_DISABLE": "1",
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+TAKEN = re.compile(r"TRACE Interposer: (ncclAllGather|ncclReduceScatter) on \S+ .* taken by TIDE")
+
+
+@dataclass
+class Job:
+    framework: str
+    args: list
+    ag_taken: bool                      # TIDE takes all-gathers (else none)
+    reasons: list = field(default_factory=list)  # classification / notice lines the interposer must log
+    env: dict = field(default_factory=dict)      # for the TIDE run only
+
+
+JOBS = {
+    # ZeRO-3: parameter all-gathers are single flat calls (taken); the gradient reduce-scatter is in place
+    # (reduce_scatter_coalesced scatters into a chunk of its own input), so even with fp32 accumulation allowed
+    # for its bf16 type it goes to NCCL
+    "deepspeed-zero3": Job("deepspeed", ["--zero", 3], True, ["in-place reduce-scatter calls go to NCCL"],
+                           {"NCCL_TIDE_RS_ACCUM": "FP32"}),
+    # ZeRO-2: the parameter all-gather after each step is one flat call per group (taken); gradients go through
+    # ncclReduce, which never reaches the interposer
+    "deepspeed-zero2": Job("deepspeed", ["--zero", 2], True),
+    # distributed optimizer: every all-gather and reduce-scatter runs inside torch's _coalescing_manager, i.e.
+    # between ncclGroupStart and ncclGroupEnd: none is taken
+    "megatron-distopt": Job("megatron", [], False, ["inside ncclGroupStart/ncclGroupEnd"]),
+    # FSDP2: bf16 parameter all-gathers are single flat calls (taken); the fp32 gradient reduce-scatter carries
+    # PREMUL_SUM (torchtitan sets the divide factor to 1), an op TIDE leaves to NCCL
+    "torchtitan-fsdp2": Job("torchtitan", [], True, ["reduce-scatter with an op other than ncclSum"]),
+}
+
+
+@pytest.fixture(autouse=True)
+def _gpu(torch_cuda, cuda_lib, monkeypatch):
+    for k in list(os.environ):  # only what each test sets reaches the ranks
+        if (k.startswith("NCCL_TIDE_") and k != "NCCL_TIDE_LIBRARY_PATH") or k == "LD_PRELOAD":
+            monkeypatch.delenv(k)
+
+
+def _run(framework, args, tmp_path, tag, env=None):
+    def rank_env(r):
+        return {"LOCAL_RANK": "0", "NCCL_HOSTID": f"tide-fw-host-{r}",
+                "NCCL_TIDE_DEBUG_FILE": str(tmp_path / f"{tag}-rank{r}.log")}
+
+    return run(framework, [*args, "--steps", STEPS], world=WORLD, env={**SHARED_GPU_ENV, **(env or {})},
+               rank_env=rank_env, timeout=420)
+
+
+_STOCK = {}  # (framework, args) -> losses of its stock run, shared by the tests of this file
+
+
+def _stock(framework, args, tmp_path):
+    key = (framework, tuple(args))
+    if key not in _STOCK:
+        _STOCK[key] = _run(framework, [*args, "--tide", "off"], tmp_path, "stock")[1]
+    return _STOCK[key]
+
+
+def _assert_same_losses(framework, args, tmp_path, stock, tide, what):
+    if tide == stock:
+        return
+    _, again = _run(framework, [*args, "--tide", "off"], tmp_path, "stock-again")
+    assert again == stock, f"the stock job does not repeat itself on this machine:\n{stock}\n{again}"
+    pytest.fail(f"{what} changed the losses:\nstock {stock}\nTIDE  {tide}")
+
+
+@pytest.mark.parametrize("name", list(JOBS))
+def test_interposer_matches_stock_and_takes_what_the_sources_say(tmp_path, name):
+    from nccl_tide import _native
+
+    job = JOBS[name]
+    why = missing(job.framework)
+    if why:
+        pytest.skip(why)
+    stock = _stock(job.framework, job.args, tmp_path)
+    env = {"LD_PRELOAD": _native.library_path(), "NCCL_TIDE_ENABLE": "1", "NCCL_TIDE_DEBUG": "TRACE",
+           "NCCL_TIDE_ENABLE_MIN_BYTES": "0", **job.env}
+    _, tide = _run(job.framework, [*job.args, "--tide", "interposer"], tmp_path, "tide", env)
+    _assert_same_losses(job.framework, job.args, tmp_path, stock, tide, "the interposer")
+    for r in range(WORLD):
+        log = (tmp_path / f"tide-rank{r}.log").read_text()
+        taken = [m.group(1) for m in map(TAKEN.search, log.splitlines()) if m]
+        n_ag, n_rs = taken.count("ncclAllGather"), taken.count("ncclReduceScatter")
+        assert (n_ag > 0) == job.ag_taken and n_rs == 0, f"rank {r}: {n_ag} AG, {n_rs} RS taken\n{log[-4000:]}"
+        for reason in job.reasons:
+            assert reason in log, f"rank {r}: no '{reason}' in the log\n{log[-4000:]}"
+        print(f"{name} rank {r}: TIDE took {n_ag} all-gathers, {n_rs} reduce-scatters")
+
+
+def test_torchtitan_with_nccl_tide_fsdp_matches_stock(tmp_path):
+    why = missing("torchtitan")
+    if why:
+        pytest.skip(why)
+    stock = _stock("torchtitan", [], tmp_path)
+    outs, tide = _run("torchtitan", ["--tide", "fsdp"], tmp_path, "fsdp")
+    _assert_same_losses("torchtitan", [], tmp_path, stock, tide, "nccl_tide.fsdp")
+    for o in outs:
+        line = [x for x in o.stdout.splitlines() if x.startswith("TIDE_FSDP ")]
+        assert len(line) == 1, o.stdout[-3000:]
+        stats = line[0]
+        assert '"executor": "native"' in stats and '"stock_groups": 0' in stats, stats
+        assert not re.search(r'"(ag|rs)_calls": 0\b', stats), stats
