@@ -108,7 +108,7 @@ struct NcclExchange {
   bool broken = false;
   // Device work of the current exchange may still be queued on `stream` (from its first enqueue until its event
   // completed). A failure while this is set (a timeout, the parent's async error seen mid-poll, a CUDA error) leaves
-  // the all-gather queued: the provider then treats the device as stuck (IpcProvider::setExchangeWorkLeft).
+  // the all-gather queued: the provider then treats the device as stuck (RankExchange, cuda/rank_exchange.h).
   bool workQueued = false;
 
   ~NcclExchange() {
@@ -198,8 +198,8 @@ struct NcclParent {
 // every AG/RS (IpcProvider::checkStream).
 tideResult_t createIpcComm(int rank, int world, int device, const tideConfig_t* config, NcclParent parent,
                            tide::cuda::ExchangeFn ex, tideComm_t* comm,
-                           tide::cuda::IpcProvider::HealthFn health = nullptr,
-                           tide::cuda::IpcProvider::WorkLeftFn workLeft = nullptr) {
+                           tide::cuda::HealthFn health = nullptr,
+                           tide::cuda::WorkLeftFn workLeft = nullptr) {
   const bool overNccl = parent.comm != nullptr;
   uint64_t hash = 0;
   tideResult_t local = configHash(config, &hash);
@@ -305,10 +305,10 @@ TIDE_EXPORT tideResult_t tideCommCreate(struct ncclComm* ncclComm, const tideCon
   // A parent in error means a failed peer: fail the call instead of enqueueing waits (or, with the sendrecv
   // transport, p2p groups) for it. Valid while the ncclComm_t exists (include/tide.h: destroy the TIDE comm first);
   // ncclCommGetAsyncError only reads the communicator's error state.
-  tide::cuda::IpcProvider::HealthFn health = [lib, ncclComm](const char* what) {
+  tide::cuda::HealthFn health = [lib, ncclComm](const char* what) {
     return parentHealth(*lib, ncclComm, what);
   };
-  tide::cuda::IpcProvider::WorkLeftFn workLeft = [ex] { return ex->workQueued; };
+  tide::cuda::WorkLeftFn workLeft = [ex] { return ex->workQueued; };
   TIDE_CHECK(createIpcComm(rank, world, device, config, NcclParent{lib, ncclComm}, std::move(fn), comm,
                            std::move(health), std::move(workLeft)));
   {
