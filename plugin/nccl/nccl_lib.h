@@ -34,12 +34,13 @@ constexpr int kNcclWinDefault = 0;
 
 // The leading fields of ncclConfig_t (nccl.h), unchanged since NCCL 2.14: what TIDE passes to ncclCommSplit. NCCL
 // copies `size` bytes of it and gives every field that `version` predates its default, so this prefix, with version
-// 2.14.0, is a valid config for every NCCL TIDE supports.
+// 2.14.0, is a valid config for every NCCL TIDE supports: a blocking communicator, everything else NCCL's default.
 struct ConfigPrefix {
   size_t size = sizeof(ConfigPrefix);
   unsigned int magic = 0xcafebeef;  // NCCL_API_MAGIC
   unsigned int version = 21400;     // NCCL_VERSION(2, 14, 0): the fields below, nothing newer
   int blocking = 1;
+  int cgaClusterSize = INT32_MIN;  // NCCL_CONFIG_UNDEF_INT (and a 2.14 config's is reset to the default anyway)
 };
 
 // Feature bits (same values as TIDE_NCCL_FEATURE_* in tide.h).
