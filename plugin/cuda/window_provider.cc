@@ -67,7 +67,12 @@ tideResult_t WindowProvider::create(const nccl::Lib& lib, nccl::ncclComm_t paren
 WindowProvider::~WindowProvider() {
   (void)cudaSetDevice(device_);
   if (mem_ == nullptr) {  // creation did not finish: nothing was shared
-    if (zeros_) (void)cudaFree(zeros_);
+    // After a failed exchange whose all-gather may still be queued, a cudaFree would wait for it: left to exit.
+    if (ex_.stuck()) {
+      ex_.keepResources();
+    } else if (zeros_) {
+      (void)cudaFree(zeros_);
+    }
     (void)cudaGetLastError();
     return;
   }
