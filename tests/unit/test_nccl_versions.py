@@ -150,7 +150,7 @@ def test_forced_window_on_2_28_is_refused(native, stub_dir):
 
 
 def test_window_entry_point_missing_means_ipc(native, stub_dir):
-    """A 2.29+ library without ncclGetPeerDevicePointer: auto stays on IPC, and a forced window names what is missing."""
+    """A 2.29+ library without ncclGetPeerDevicePointer: auto stays on IPC; a forced window names what is missing."""
     stub = stub_dir(23007, "STUB_NO_PEER_POINTERS")
     kind, info, _ = probe(native, stub)
     assert kind == "RESULT", info

@@ -40,9 +40,9 @@ def build(repo, tmp_path_factory):
         if code not in stubs:
             d = root / f"stub_{code}"
             d.mkdir()
+            src = repo / "tests" / "native" / "stub_nccl" / "recording_stub_nccl.c"
             subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libnccl.so.2", f"-DSTUB_VERSION={code}",
-                            "-DSTUB_BASE_QUERIES", str(repo / "tests" / "native" / "stub_nccl" / "recording_stub_nccl.c"),
-                            "-o", str(d / "libnccl.so.2")], check=True)
+                            "-DSTUB_BASE_QUERIES", str(src), "-o", str(d / "libnccl.so.2")], check=True)
             stubs[code] = d / "libnccl.so.2"
         return stubs[code]
 
