@@ -1,4 +1,4 @@
-// The window provider's NCCL side without a GPU (tests/unit/test_nccl_windows.py): loads a recording stub
+// The window provider's NCCL side without a GPU (tests/unit/test_nccl_window_memory.py): loads a recording stub
 // libnccl.so.2 (tests/native/stub_nccl/recording_stub_nccl.c) as a framework would, resolves it with
 // nccl::resolve(), and drives nccl::WindowMemory through a rank's life with a stand-in exchange (every rank agrees,
 // unless a mode makes one disagree). Prints "EXPECT <line>" for every line the stub log must hold, in order (the
