@@ -493,33 +493,38 @@ typedef struct {
   int runtimeVersion;       /* ncclGetVersion of the loaded libnccl, e.g. 22809 for 2.28.9 */
   int effectiveVersion;     /* runtimeVersion, or 23299 for 2.33+ (treated as 2.32, with a warning) */
   uint64_t features;        /* TIDE_NCCL_FEATURE_* bits */
-  const char* provider;     /* peer-memory provider tideCommCreate uses with this NCCL: "ipc" (CUDA IPC within a
-                               node) in this release, also for NCCL >= 2.29.2 (the "window" provider is not built;
-                               TIDE_NCCL_FEATURE_* bits show the window symbols); static string */
+  const char* provider;     /* peer-memory provider tideCommCreate tries with this NCCL and NCCL_TIDE_PROVIDER:
+                               "window" (NCCL windows, NCCL >= 2.29.2; a comm falls back to "ipc" where NCCL
+                               gives no window for its nodes) or "ipc" (CUDA IPC within a node); static string
+                               (since 0.1; "window" since 0.2) */
   const char* transport;    /* inter-node transport: "sendrecv" (grouped ncclSend/ncclRecv; one-sided puts not built) */
 } tideNcclInfo_t;
 
 /* Finds the libnccl already loaded in this process (dlopen("libnccl.so.2", RTLD_NOLOAD):
  * TIDE never loads a second copy), reads its version and resolves its entry points. Host
  * only; needs no GPU. Logs the header and library versions at INFO on first success.
- * Errors: tideInvalidArgument (NULL, bad size/version), tideUnsupported (no libnccl loaded:
- * load it first, e.g. import torch; a version older than 2.28 or not 2.x; a 2.28 entry
- * point missing). (since 0.1) */
+ * Errors: tideInvalidArgument (NULL, bad size/version, an invalid NCCL_TIDE_PROVIDER),
+ * tideUnsupported (no libnccl loaded: load it first, e.g. import torch; a version older than
+ * 2.28 or not 2.x; a 2.28 entry point missing; NCCL_TIDE_PROVIDER=window with an NCCL that
+ * has no windows). (since 0.1) */
 tideResult_t tideNcclGetInfo(tideNcclInfo_t* info);
 
 /* Creates this rank's TIDE communicator over an NCCL communicator (an ncclComm_t, passed as
  * struct ncclComm*). Collective over the NCCL communicator: every rank calls it. Rank and
  * world come from ncclCommUserRank/ncclCommCount, the device from ncclCommCuDevice; host
  * bytes (host hash, config hash, IPC handles) are exchanged with ncclAllGather on an
- * internal stream. Provider: CUDA IPC of TIDE's own cudaMalloc memory within a TIDE node
- * (NCCL's hosts, or NCCL_TIDE_RANKS_PER_NODE; tideCommGetRanksPerNode), grouped
- * ncclSend/ncclRecv between nodes (logged once at INFO; they run NCCL's kernels); the
- * window provider of NCCL >= 2.29.2 is not implemented yet, so such NCCL also uses IPC and
- * says so at INFO). config may be NULL. Destroy the TIDE comm (collective, tideCommDestroy)
- * before the NCCL communicator.
+ * internal stream. Provider within a TIDE node (NCCL's hosts, or NCCL_TIDE_RANKS_PER_NODE;
+ * tideCommGetRanksPerNode), chosen by NCCL_TIDE_PROVIDER (docs/usage.md "Providers"): NCCL
+ * windows (NCCL >= 2.29.2: ncclMemAlloc memory registered with ncclCommWindowRegister, on a
+ * communicator split off per TIDE node when there are several), or CUDA IPC of TIDE's own
+ * cudaMalloc memory, which every rank falls back to where NCCL gives no window for its
+ * nodes; one INFO line names the provider and why. Between nodes: grouped
+ * ncclSend/ncclRecv (logged once at INFO; they run NCCL's kernels). config may be NULL.
+ * Destroy the TIDE comm (collective, tideCommDestroy) before the NCCL communicator.
  * Errors: tideInvalidArgument, tideUnsupported (no CUDA build, NCCL not loaded or out of
- * range, a node split NCCL's hosts do not allow, NCCL_TIDE_INTERNODE=rma), tideMismatch (configs differ across ranks: on every
- * rank), tideNcclError, tideCudaError. (since 0.1) */
+ * range, a node split NCCL's hosts do not allow, NCCL_TIDE_INTERNODE=rma,
+ * NCCL_TIDE_PROVIDER=window where NCCL gives no window), tideMismatch (configs or provider
+ * choices differ across ranks: on every rank), tideNcclError, tideCudaError. (since 0.1) */
 struct ncclComm;
 tideResult_t tideCommCreate(struct ncclComm* ncclComm, const tideConfig_t* config, tideComm_t* comm);
 
@@ -549,8 +554,8 @@ typedef struct {
 tideResult_t tideCommCreateWithBootstrap(int rank, int worldSize, int device, const tideBootstrap_t* bootstrap,
                                          const tideConfig_t* config, tideComm_t* comm);
 
-/* Name of the comm's peer-memory provider ("loopback", "ipc"); a static string.
- * Errors: tideInvalidArgument. (since 0.1) */
+/* Name of the comm's peer-memory provider ("loopback", "ipc", "window"); a static string.
+ * Errors: tideInvalidArgument. (since 0.1; "window" since 0.2) */
 tideResult_t tideCommGetProvider(tideComm_t comm, const char** name);
 
 /* ------------------------------------------------------------------------------------ */

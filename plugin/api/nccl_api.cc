@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "internode.h"
 #include "log.h"
 #include "nccl/nccl_lib.h"
+#include "nccl/provider_choice.h"
 #include "params.h"
 #include "tide.h"
 
@@ -21,6 +23,7 @@
 #include "cuda/comm.h"
 #include "cuda/cuda_check.h"
 #include "cuda/ipc_provider.h"
+#include "cuda/window_provider.h"
 #endif
 
 namespace {
@@ -108,7 +111,7 @@ struct NcclExchange {
   bool broken = false;
   // Device work of the current exchange may still be queued on `stream` (from its first enqueue until its event
   // completed). A failure while this is set (a timeout, the parent's async error seen mid-poll, a CUDA error) leaves
-  // the all-gather queued: the provider then treats the device as stuck (IpcProvider::setExchangeWorkLeft).
+  // the all-gather queued: the provider then treats the device as stuck (RankExchange, cuda/rank_exchange.h).
   bool workQueued = false;
 
   ~NcclExchange() {
@@ -194,27 +197,59 @@ struct NcclParent {
   tide::nccl::ncclComm_t comm = nullptr;
 };
 
-// Builds the comm around an IPC provider. On failure *comm stays NULL and nothing leaks. `health`, if set, runs before
-// every AG/RS (IpcProvider::checkStream).
-tideResult_t createIpcComm(int rank, int world, int device, const tideConfig_t* config, NcclParent parent,
-                           tide::cuda::ExchangeFn ex, tideComm_t* comm,
-                           tide::cuda::IpcProvider::HealthFn health = nullptr,
-                           tide::cuda::IpcProvider::WorkLeftFn workLeft = nullptr) {
+// Builds the comm around the provider chosen for it (plugin/nccl/provider_choice.h): NCCL windows, or CUDA IPC, to
+// which every rank falls back alike when NCCL has no windows for the comm's nodes (unless the window provider was
+// forced). On failure *comm stays NULL and nothing leaks. `health`, if set, runs before every AG/RS
+// (Provider::checkStream); *why says which provider and why, for the INFO line of tideCommCreate.
+tideResult_t createComm(int rank, int world, int device, const tideConfig_t* config, NcclParent parent,
+                        tide::cuda::ExchangeFn ex, tideComm_t* comm, tide::cuda::HealthFn health,
+                        tide::cuda::WorkLeftFn workLeft, std::string* why) {
   const bool overNccl = parent.comm != nullptr;
   uint64_t hash = 0;
+  tide::nccl::ProviderChoice choice;
   tideResult_t local = configHash(config, &hash);
   // commInit's own parameters are checked here too, before the exchange: a rank that failed alone after its peers
   // had set up would leave them paired with its provider's teardown barrier.
   if (local == tideSuccess) local = tide::params::status(tide::params::kLinkGBps);
   if (local == tideSuccess) local = tide::params::status(tide::params::kRanksPerNode);
-  if (local == tideSuccess) local = tide::internode::checkSetting(tide::params::interNode(), overNccl, "ipc");
-  if (local != tideSuccess) hash = ~0ULL;  // still take part in the exchange: the others fail with tideMismatch
-  std::shared_ptr<tide::cuda::IpcProvider> provider;
-  tideResult_t r =
-      tide::cuda::IpcProvider::create(rank, world, device, hash, overNccl, std::move(ex), &provider, workLeft);
-  if (local != tideSuccess) return local;
-  TIDE_CHECK(r);
-  if (health) provider->setHealthCheck(std::move(health));
+  if (local == tideSuccess) local = tide::params::status(tide::params::kProvider);
+  if (local == tideSuccess) local = tide::nccl::chooseProvider(tide::params::provider(), parent.lib, &choice);
+  if (local == tideSuccess) {
+    local = tide::internode::checkSetting(tide::params::interNode(), overNccl, tide::nccl::providerName(choice.kind));
+  }
+  // A rank that failed still takes part in the first exchange (both providers start with the same one), where the
+  // others fail with tideMismatch; the choice is part of the hash, so ranks that chose differently fail alike.
+  hash = local != tideSuccess ? ~0ULL : hash ^ (0x9e3779b97f4a7c15ULL * (1 + static_cast<uint64_t>(choice.kind)));
+  *why = choice.why;
+  std::shared_ptr<tide::cuda::Provider> provider;
+  if (local == tideSuccess && choice.kind == tide::nccl::ProviderKind::kWindow) {
+    std::shared_ptr<tide::cuda::WindowProvider> windows;
+    std::string unavailable;
+    TIDE_CHECK(tide::cuda::WindowProvider::create(*parent.lib, parent.comm, rank, world, device, hash, ex, workLeft,
+                                                  &windows, &unavailable));
+    if (windows != nullptr) {
+      if (health) windows->setHealthCheck(health);
+      *why += "; windows on ";
+      *why += windows->windowsWhere();
+      provider = windows;
+    } else if (choice.forced) {
+      return tide::fail(tideUnsupported, kComponent,
+                        "NCCL_TIDE_PROVIDER=window: %s; unset NCCL_TIDE_PROVIDER (auto) to use CUDA IPC there, or "
+                        "set ipc",
+                        unavailable.c_str());
+    } else {
+      *why = "NCCL has no windows for this comm's TIDE nodes: " + unavailable;
+    }
+  }
+  if (provider == nullptr) {
+    std::shared_ptr<tide::cuda::IpcProvider> ipc;
+    tideResult_t r = tide::cuda::IpcProvider::create(rank, world, device, hash, overNccl, std::move(ex), &ipc,
+                                                     std::move(workLeft));
+    if (local != tideSuccess) return local;
+    TIDE_CHECK(r);
+    if (health) ipc->setHealthCheck(std::move(health));
+    provider = ipc;
+  }
   std::unique_ptr<tideComm> c(new tideComm());
   c->rank = rank;
   c->worldSize = world;
@@ -266,7 +301,10 @@ TIDE_EXPORT tideResult_t tideNcclGetInfo(tideNcclInfo_t* info) {
   info->runtimeVersion = lib->runtimeVersion;
   info->effectiveVersion = lib->effectiveVersion;
   info->features = lib->features;
-  info->provider = lib->provider;
+  TIDE_CHECK(tide::params::status(tide::params::kProvider));
+  tide::nccl::ProviderChoice choice;
+  TIDE_CHECK(tide::nccl::chooseProvider(tide::params::provider(), lib, &choice));
+  info->provider = tide::nccl::providerName(choice.kind);
   info->transport = lib->transport;
   return tideSuccess;
   TIDE_API_END
@@ -290,12 +328,6 @@ TIDE_EXPORT tideResult_t tideCommCreate(struct ncclComm* ncclComm, const tideCon
   r = lib->commCuDevice(ncclComm, &device);
   if (r != tide::nccl::kNcclSuccess) return tide::nccl::ncclFail(*lib, r, "ncclCommCuDevice");
   TIDE_CHECK(checkDevice(device, "tideCommCreate"));
-  if (lib->windowCapable) {
-    TIDE_INFO(kComponent,
-              "NCCL %d.%d.%d has the window API, but this build has no window provider yet: using CUDA IPC within "
-              "each TIDE node",
-              lib->major, lib->minor, lib->patch);
-  }
   auto ex = std::make_shared<NcclExchange>();
   ex->lib = lib;
   ex->comm = ncclComm;
@@ -305,12 +337,11 @@ TIDE_EXPORT tideResult_t tideCommCreate(struct ncclComm* ncclComm, const tideCon
   // A parent in error means a failed peer: fail the call instead of enqueueing waits (or, with the sendrecv
   // transport, p2p groups) for it. Valid while the ncclComm_t exists (include/tide.h: destroy the TIDE comm first);
   // ncclCommGetAsyncError only reads the communicator's error state.
-  tide::cuda::IpcProvider::HealthFn health = [lib, ncclComm](const char* what) {
-    return parentHealth(*lib, ncclComm, what);
-  };
-  tide::cuda::IpcProvider::WorkLeftFn workLeft = [ex] { return ex->workQueued; };
-  TIDE_CHECK(createIpcComm(rank, world, device, config, NcclParent{lib, ncclComm}, std::move(fn), comm,
-                           std::move(health), std::move(workLeft)));
+  tide::cuda::HealthFn health = [lib, ncclComm](const char* what) { return parentHealth(*lib, ncclComm, what); };
+  tide::cuda::WorkLeftFn workLeft = [ex] { return ex->workQueued; };
+  std::string why;
+  TIDE_CHECK(createComm(rank, world, device, config, NcclParent{lib, ncclComm}, std::move(fn), comm, std::move(health),
+                        std::move(workLeft), &why));
   {
     char version[96];
     snprintf(version, sizeof(version), "%s over NCCL %d.%d.%d", TIDE_VERSION_STRING, lib->major, lib->minor,
@@ -318,10 +349,11 @@ TIDE_EXPORT tideResult_t tideCommCreate(struct ncclComm* ncclComm, const tideCon
     tide::log::versionOnce(version);
   }
   tide::cuda::CommRef made;
-  const bool sendrecv = tide::cuda::checkComm(*comm, "tideCommCreate", &made) == tideSuccess &&
-                        made->interNode == tide::internode::Transport::kSendRecv;
-  TIDE_INFO(kComponent, "tideCommCreate: rank %d of %d on device %d over NCCL %d.%d.%d, provider ipc, inter-node %s",
-            rank, world, device, lib->major, lib->minor, lib->patch, sendrecv ? "sendrecv" : "peer-mapped");
+  TIDE_CHECK(tide::cuda::checkComm(*comm, "tideCommCreate", &made));
+  TIDE_INFO(kComponent,
+            "tideCommCreate: rank %d of %d on device %d over NCCL %d.%d.%d, provider %s (%s), inter-node %s", rank,
+            world, device, lib->major, lib->minor, lib->patch, made->provider->name(), why.c_str(),
+            tide::internode::name(made->interNode));
   return tideSuccess;
   TIDE_API_END
 }
@@ -368,7 +400,8 @@ TIDE_EXPORT tideResult_t tideCommCreateWithBootstrap(int rank, int worldSize, in
     }
     return tideSuccess;
   };
-  TIDE_CHECK(createIpcComm(rank, worldSize, device, config, NcclParent{}, std::move(fn), comm));
+  std::string why;
+  TIDE_CHECK(createComm(rank, worldSize, device, config, NcclParent{}, std::move(fn), comm, nullptr, nullptr, &why));
   return tideSuccess;
   TIDE_API_END
 }

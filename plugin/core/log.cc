@@ -49,6 +49,7 @@ constexpr Component kComponents[] = {
     {"API", "INIT"},      {"Cuda", "COLL"},           {"HostAG", "COLL"},   {"HostRS", "COLL"},
     {"Interposer", "INIT,COLL"}, {"Ipc", "INIT,P2P,ALLOC"}, {"Layout", "INIT"}, {"Multicast", "NVLS"}, {"Nodes", "INIT"},
     {"Nccl", "INIT"},     {"Params", "ENV"},          {"RsPlan", "INIT"},   {"Schedule", "INIT"},
+    {"Window", "INIT,P2P,ALLOC"},
     {"Python", "INIT"}};  // the Python glue's lines: written by the glue itself, under this same rule (_log.py)
 constexpr int kNumComponents = static_cast<int>(sizeof(kComponents) / sizeof(kComponents[0]));
 constexpr unsigned kAllComponents = (1u << kNumComponents) - 1;

@@ -78,7 +78,7 @@ const Def kDefs[kNumParams] = {
      "Components whose INFO/TRACE lines are logged, overriding NCCL_DEBUG_SUBSYS: comma-separated TIDE component "
      "names or ALL, a leading ^ excludes them; NCCL follows NCCL_DEBUG_SUBSYS (docs/env.md, Logging).",
      0, 0, nullptr, "comma-separated component names (API, Cuda, HostAG, HostRS, Interposer, Ipc, Layout, Multicast, "
-     "Nccl, Params, RsPlan, Schedule, ALL), optionally starting with ^"},
+     "Nccl, Params, RsPlan, Schedule, Window, ALL), optionally starting with ^"},
     {"NCCL_TIDE_DEBUG_FILE", Type::kString, "string", "NCCL",
      "File for TIDE's lines (%h = host, %p = pid), overriding NCCL_DEBUG_FILE; NCCL writes to NCCL_DEBUG_FILE with "
      ".tide appended when that is set, else to stderr.",
@@ -107,6 +107,13 @@ const Def kDefs[kNumParams] = {
      "nodes that could be peer-mapped) or rma (ncclPutSignal/ncclWaitSignal: not built, tideCommCreate refuses it). "
      "Must match on all ranks.",
      0, 0, "auto|sendrecv|rma", "one of auto, sendrecv, rma"},
+    {"NCCL_TIDE_PROVIDER", Type::kString, "string", "auto",
+     "Where a comm created on an NCCL communicator keeps the memory the ranks of a TIDE node share: auto (NCCL "
+     "windows where the loaded NCCL is 2.29.2 or newer and has symmetric memory for the node's ranks, else CUDA IPC; "
+     "tideCommCreate's INFO line says which and why), ipc (TIDE's own cudaMalloc memory through CUDA IPC) or window "
+     "(ncclMemAlloc memory registered with ncclCommWindowRegister; tideCommCreate fails where NCCL cannot). A comm on "
+     "a caller's bootstrap uses ipc (window is refused there). Must match on all ranks.",
+     0, 0, "auto|ipc|window", "one of auto, ipc, window"},
     {"NCCL_TIDE_TEST_SWITCHES", Type::kBool, "bool", "0",
      "Tests only: 1 lets the test-only switches below take effect (they select the other side of a measured choice "
      "so that the tests keep both sides working); 0: a test-only switch that is set is ignored, with one WARN.",
@@ -277,8 +284,9 @@ bool strictWhenInvalid(Id id) {
   // what the other ranks use would deadlock.
   // NCCL_TIDE_TOKEN_RS_CHUNKS likewise (which reduce-scatters take the token words).
   // NCCL_TIDE_INTERNODE picks the programs' cross-node operations (puts and flags, or p2p groups).
+  // NCCL_TIDE_PROVIDER picks how ranks map each other's memory, a collective choice.
   return id == kRsChunkBytes || id == kPaceBytes || id == kRanksPerNode || id == kEagerGraphs ||
-         id == kTokenRsChunks || id == kInterNode;
+         id == kTokenRsChunks || id == kInterNode || id == kProvider;
 }
 
 // NCCL_TIDE_* variables that are not parameters of this library but are read elsewhere (docs/env.md, "Read by the
@@ -443,6 +451,7 @@ uint64_t linkGBps() { return loggedState().entries[kLinkGBps].value; }
 bool eagerGraphs() { return loggedState().entries[kEagerGraphs].value != 0; }
 int tokenRsChunks() { return static_cast<int>(loggedState().entries[kTokenRsChunks].value); }
 InterNodeSetting interNode() { return static_cast<InterNodeSetting>(loggedState().entries[kInterNode].value); }
+ProviderSetting provider() { return static_cast<ProviderSetting>(loggedState().entries[kProvider].value); }
 bool signalKernels() { return loggedState().entries[kSignalKernels].value != 0; }
 bool mergeFlagBatches() { return loggedState().entries[kMergeFlagBatches].value != 0; }
 bool pairTokens() { return loggedState().entries[kPairTokens].value != 0; }

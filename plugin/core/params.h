@@ -35,13 +35,14 @@ enum Id : int {
   kEagerGraphs = 12,    // NCCL_TIDE_EAGER_GRAPHS
   kTokenRsChunks = 13,  // NCCL_TIDE_TOKEN_RS_CHUNKS
   kInterNode = 14,      // NCCL_TIDE_INTERNODE
+  kProvider = 15,       // NCCL_TIDE_PROVIDER
   // Test-only switches (docs/env.md): their environment value counts only with NCCL_TIDE_TEST_SWITCHES=1.
-  kTestSwitches = 15,      // NCCL_TIDE_TEST_SWITCHES
-  kSignalKernels = 16,     // NCCL_TIDE_SIGNAL_KERNELS
-  kMergeFlagBatches = 17,  // NCCL_TIDE_MERGE_FLAG_BATCHES
-  kPairTokens = 18,        // NCCL_TIDE_PAIR_TOKENS
-  kAgSignalKernels = 19,   // NCCL_TIDE_AG_SIGNAL_KERNELS
-  kNumParams = 20
+  kTestSwitches = 16,      // NCCL_TIDE_TEST_SWITCHES
+  kSignalKernels = 17,     // NCCL_TIDE_SIGNAL_KERNELS
+  kMergeFlagBatches = 18,  // NCCL_TIDE_MERGE_FLAG_BATCHES
+  kPairTokens = 19,        // NCCL_TIDE_PAIR_TOKENS
+  kAgSignalKernels = 20,   // NCCL_TIDE_AG_SIGNAL_KERNELS
+  kNumParams = 21
 };
 
 // Typed accessors (effective values: environment if valid, else default).
@@ -66,6 +67,10 @@ int tokenRsChunks();              // NCCL_TIDE_TOKEN_RS_CHUNKS: most RS pipeline
 // NCCL_TIDE_INTERNODE: what carries the steps between TIDE nodes (plugin/core/internode.h decides with it).
 enum InterNodeSetting : int { kInterNodeAuto = 0, kInterNodeSendRecv = 1, kInterNodeRma = 2 };
 InterNodeSetting interNode();
+// NCCL_TIDE_PROVIDER: where a comm over an NCCL communicator keeps the memory its node's ranks share
+// (plugin/nccl/provider_choice.h decides with it).
+enum ProviderSetting : int { kProviderAuto = 0, kProviderIpc = 1, kProviderWindow = 2 };
+ProviderSetting provider();
 // Test-only switches (their default unless NCCL_TIDE_TEST_SWITCHES=1).
 bool signalKernels();             // NCCL_TIDE_SIGNAL_KERNELS: RS graphs write flags by a kernel node, not a memop node
 bool mergeFlagBatches();          // NCCL_TIDE_MERGE_FLAG_BATCHES: adjacent flag batches in a graph as one memop node

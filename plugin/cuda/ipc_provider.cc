@@ -1,18 +1,9 @@
 #include "ipc_provider.h"
 
-#include <unistd.h>
-
-#include <chrono>
-#include <condition_variable>
 #include <cstdio>
-#include <cstring>
-#include <string>
-#include <thread>
 
 #include "../core/errors.h"
 #include "../core/log.h"
-#include "../core/node_map.h"
-#include "../core/params.h"
 #include "cuda_check.h"
 
 namespace tide {
@@ -34,58 +25,6 @@ size_t ipcAllocBytes(size_t bytes) {
   return (bytes + kIpcGranule - 1) / kIpcGranule * kIpcGranule;
 }
 
-// cudaDeviceSynchronize on a helper thread, waited for at most `ms` milliseconds (0: unbounded, on this thread). A
-// helper that outlives the wait keeps its state alive (shared) and finishes, or not, on its own.
-struct SyncState {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  cudaError_t err = cudaSuccess;
-};
-
-}  // namespace
-
-tideResult_t boundedDeviceSync(int device, uint64_t ms, bool* timedOut) {
-  *timedOut = false;
-  if (ms == 0) {
-    cudaError_t err = cudaDeviceSynchronize();
-    return err == cudaSuccess ? tideSuccess : cudaFail(err, "cudaDeviceSynchronize", __FILE__, __LINE__);
-  }
-  auto st = std::make_shared<SyncState>();
-  try {
-    std::thread([st, device] {
-      cudaError_t err = cudaSetDevice(device);
-      if (err == cudaSuccess) err = cudaDeviceSynchronize();
-      (void)cudaGetLastError();
-      std::lock_guard<std::mutex> lock(st->mu);
-      st->err = err;
-      st->done = true;
-      st->cv.notify_all();
-    }).detach();
-  } catch (const std::exception& e) {
-    return fail(tideSystemError, kComponent, "could not start the device-synchronize thread: %s", e.what());
-  }
-  std::unique_lock<std::mutex> lock(st->mu);
-  if (!st->cv.wait_for(lock, std::chrono::milliseconds(ms), [&] { return st->done; })) {
-    *timedOut = true;
-    return tideTimeout;
-  }
-  if (st->err != cudaSuccess) return cudaFail(st->err, "cudaDeviceSynchronize", __FILE__, __LINE__);
-  return tideSuccess;
-}
-
-namespace {
-
-// What every rank announces at creation.
-struct Hello {
-  nodes::RankHost host;
-  uint64_t configHash;
-  int64_t pid;
-  int32_t device;
-  int32_t ok;  // 0: this rank failed before the exchange (it still takes part, so nobody hangs)
-  cudaIpcMemHandle_t flags;
-};
-
 // One rank's part of a collective allocation.
 struct ShareMsg {
   uint64_t bytes;
@@ -94,41 +33,12 @@ struct ShareMsg {
   cudaIpcMemHandle_t handle;
 };
 
-// TIDE's nodes follow NCCL's hosts unless NCCL_TIDE_RANKS_PER_NODE declares them (node_map.h, which also checks that
-// the ranks of one node share a machine). This provider maps, through CUDA IPC, the ranks of the own node only: ranks
-// on other nodes may run on other machines, and steps between nodes go through the NCCL communicator (the comm's
-// sendrecv transport). A comm without one (a caller's bootstrap) must therefore be one node.
-tideResult_t decideNodes(const std::vector<Hello>& all, int worldSize, bool overNccl, int* nodeRanks) {
-  std::vector<nodes::RankHost> hosts(worldSize);
-  for (int r = 0; r < worldSize; ++r) hosts[r] = all[r].host;
-  const int declared = params::ranksPerNodeOverride();
-  TIDE_CHECK(nodes::decide(hosts.data(), worldSize, declared, nodeRanks));
-  if (*nodeRanks < worldSize && !overNccl) {
-    return fail(tideUnsupported, kComponent,
-                "the %d ranks are %d TIDE nodes (%s), and steps between TIDE nodes run through NCCL (grouped "
-                "ncclSend / ncclRecv), which needs the comm created on an NCCL communicator (tideCommCreate), not on "
-                "a bootstrap; ranks that share one machine can instead be declared one TIDE node with "
-                "NCCL_TIDE_RANKS_PER_NODE=%d",
-                worldSize, worldSize / *nodeRanks,
-                declared > 0 ? "NCCL_TIDE_RANKS_PER_NODE" : "NCCL hosts: NCCL_HOSTID, or hostname and boot id",
-                worldSize);
-  }
-  return tideSuccess;
-}
-
 }  // namespace
 
 tideResult_t IpcProvider::create(int rank, int worldSize, int device, uint64_t configHash, bool overNccl,
-                                 ExchangeFn exchange, std::shared_ptr<IpcProvider>* out,
-                                 std::function<bool()> workLeft) {
-  std::shared_ptr<IpcProvider> p(new IpcProvider(rank, worldSize, device, std::move(exchange)));
-  p->exchangeWorkLeft_ = std::move(workLeft);
-  Hello mine{};
-  mine.host = nodes::localHost();
-  mine.configHash = configHash;
-  mine.pid = static_cast<int64_t>(getpid());
-  mine.device = device;
-  mine.ok = 1;
+                                 ExchangeFn exchange, std::shared_ptr<IpcProvider>* out, WorkLeftFn workLeft) {
+  std::shared_ptr<IpcProvider> p(new IpcProvider(rank, worldSize, device, std::move(exchange), std::move(workLeft)));
+  Hello mine = localHello(configHash, device);
   // The flag array (exported) and the zero buffer (local).
   tideResult_t local = tideSuccess;
   {
@@ -139,7 +49,7 @@ tideResult_t IpcProvider::create(int rank, int worldSize, int device, uint64_t c
     if (err == cudaSuccess) err = cudaMalloc(&p->zeros_, kZeroBytes);
     if (err == cudaSuccess) err = cudaMemset(p->zeros_, 0, kZeroBytes);
     if (err == cudaSuccess) err = cudaDeviceSynchronize();  // memsets on the legacy stream: finish before use
-    if (err == cudaSuccess) err = cudaIpcGetMemHandle(&mine.flags, p->flags_.base);
+    if (err == cudaSuccess) err = cudaIpcGetMemHandle(&mine.ipcFlags, p->flags_.base);
     if (err != cudaSuccess) {
       local = cudaFail(err, "IPC provider setup (flags, zeros)", __FILE__, __LINE__);
       mine.ok = 0;
@@ -149,25 +59,11 @@ tideResult_t IpcProvider::create(int rank, int worldSize, int device, uint64_t c
     p->zeroBytes_ = kZeroBytes;
   }
   std::vector<Hello> all(worldSize);
-  tideResult_t ex = p->exchange(&mine, all.data(), sizeof(Hello));
+  tideResult_t ex = p->ex_.exchange(&mine, all.data(), sizeof(Hello));
   if (ex != tideSuccess) return ex;
   if (local != tideSuccess) return local;
-  for (int r = 0; r < worldSize; ++r) {
-    if (!all[r].ok) {
-      return fail(tideCudaError, kComponent, "rank %d failed to set up its IPC memory; see its log", r);
-    }
-  }
-  for (int r = 0; r < worldSize; ++r) {
-    if (all[r].configHash != all[0].configHash) {
-      return fail(tideMismatch, kComponent,
-                  "config mismatch: rank %d's config hash is %016llx but rank 0's is %016llx; every rank must pass "
-                  "the same tideConfig_t and the same NCCL_TIDE_* plan parameters",
-                  r, static_cast<unsigned long long>(all[r].configHash),
-                  static_cast<unsigned long long>(all[0].configHash));
-    }
-  }
   int nodeRanks = worldSize;
-  TIDE_CHECK(decideNodes(all, worldSize, overNccl, &nodeRanks));
+  TIDE_CHECK(checkHellos(all, worldSize, overNccl, kComponent, &nodeRanks));
   p->setNodes(nodeRanks, nodeRanks == worldSize);
   for (int r = 0; r < worldSize; ++r) {
     for (int q = 0; q < r; ++q) {
@@ -187,7 +83,7 @@ tideResult_t IpcProvider::create(int rank, int worldSize, int device, uint64_t c
     }
     if (!p->maps(r)) continue;
     void* q = nullptr;
-    cudaError_t err = cudaIpcOpenMemHandle(&q, all[r].flags, cudaIpcMemLazyEnablePeerAccess);
+    cudaError_t err = cudaIpcOpenMemHandle(&q, all[r].ipcFlags, cudaIpcMemLazyEnablePeerAccess);
     if (err != cudaSuccess) {
       p->unshare(&p->flags_);
       return cudaFail(err, "cudaIpcOpenMemHandle(peer flags)", __FILE__, __LINE__);
@@ -203,40 +99,39 @@ tideResult_t IpcProvider::create(int rank, int worldSize, int device, uint64_t c
 
 IpcProvider::~IpcProvider() {
   (void)cudaSetDevice(device_);
-  // With device work stuck, the exchange's own resources (the NCCL exchange's buffer and stream) would be freed with
-  // a cudaFree that waits for that work: keep them, like the rest, until process exit (deliberately never deleted).
-  auto keepExchange = [this] {
-    if (exchange_) new ExchangeFn(std::move(exchange_));
-    exchangeWorkLeft_ = nullptr;
-  };
+  const bool stuck = ex_.stuck();
   if (aborted_) {
-    if (deviceStuck_) keepExchange();
+    if (stuck) ex_.keepResources();
     // tideCommAbort: nothing collective. abort() closed the peer mappings if the device went idle; memory exported
     // to peers stays allocated (a peer's queued work may still write into it) until process exit.
-    if (!deviceStuck_ && zeros_) (void)cudaFree(zeros_);
+    if (!stuck && zeros_) (void)cudaFree(zeros_);
     (void)cudaGetLastError();
     TIDE_WARN(kComponent,
               "rank %d: comm aborted; its exported device memory (%zu slots, %zu staging buffers, flags) stays "
               "allocated until the process exits%s",
               rank_, slots_.size(), staging_.size(),
-              deviceStuck_ ? " (device work was still pending: peer mappings were not closed either)" : "");
+              stuck ? " (device work was still pending: peer mappings were not closed either)" : "");
     return;
   }
-  if (ready_ && !deviceStuck_) {
+  if (ready_ && !ex_.stuck()) {
     // Collective (tideCommDestroy on every rank): no rank frees memory that a peer's queued work may still write,
     // and no rank frees exported memory before every importer has closed its mapping (cudaFree of an exported
     // region before cudaIpcCloseMemHandle in the importing process is undefined behaviour).
-    (void)syncDevice("tideCommDestroy");
+    (void)ex_.syncDevice("tideCommDestroy");
   }
-  if (ready_ && !deviceStuck_ && !exchangeBroken_) {
-    if (barrier() != tideSuccess) TIDE_WARN(kComponent, "rank %d: barrier before releasing IPC memory failed", rank_);
+  if (ready_ && !ex_.stuck() && !ex_.broken()) {
+    if (ex_.barrier() != tideSuccess) {
+      TIDE_WARN(kComponent, "rank %d: barrier before releasing IPC memory failed", rank_);
+    }
     for (auto& s : slots_) closePeers(&s);
     for (auto& s : staging_) closePeers(&s);
     closePeers(&flags_);
-    if (barrier() != tideSuccess) TIDE_WARN(kComponent, "rank %d: barrier after closing IPC mappings failed", rank_);
+    if (ex_.barrier() != tideSuccess) {
+      TIDE_WARN(kComponent, "rank %d: barrier after closing IPC mappings failed", rank_);
+    }
   }
-  if (deviceStuck_) {
-    keepExchange();
+  if (ex_.stuck()) {
+    ex_.keepResources();
     // Work that waits on a peer's flag is still queued: cudaFree would block behind it, and the peers may still
     // write into this memory. Leave it to process exit (the job is failing anyway; the NCCL_TIDE_TIMEOUT_MS error
     // said so).
@@ -253,32 +148,16 @@ IpcProvider::~IpcProvider() {
   (void)cudaGetLastError();
 }
 
-tideResult_t IpcProvider::exchange(const void* mine, void* all, size_t bytes) {
-  if (exchangeBroken_) {
-    return fail(tideInvalidUsage, kComponent,
-                "rank %d: an earlier exchange of this comm failed or timed out, so the ranks' collective steps no "
-                "longer line up; destroy this comm (and, over NCCL, abort the NCCL communicator)",
-                rank_);
-  }
-  tideResult_t r = exchange_(mine, all, bytes);
-  if (r != tideSuccess) exchangeBroken_ = true;
-  // A failed NCCL exchange (timeout, parent async error or a CUDA error while its all-gather was queued) leaves that
-  // all-gather kernel queued until the NCCL communicator is aborted; a cudaFree (which synchronizes the device) would
-  // then block. Device memory is left to process exit from here on.
-  if (r == tideTimeout || (r != tideSuccess && exchangeWorkLeft_ && exchangeWorkLeft_())) deviceStuck_ = true;
-  return r;
-}
-
 bool IpcProvider::abort(uint64_t boundMs) {
   std::lock_guard<std::mutex> lock(mu_);
   aborted_ = true;
-  exchangeBroken_ = true;  // nothing collective from here on
+  ex_.markBroken();  // nothing collective from here on
   (void)cudaSetDevice(device_);
-  if (!deviceStuck_) {
+  if (!ex_.stuck()) {
     bool timedOut = false;
     tideResult_t r = boundedDeviceSync(device_, boundMs == 0 ? 1 : boundMs, &timedOut);
     if (timedOut) {
-      deviceStuck_ = true;
+      ex_.markStuck();
       TIDE_WARN(kComponent,
                 "tideCommAbort: rank %d's queued device work did not finish within %llu ms (a peer never signalled, "
                 "or the parent NCCL communicator's kernels are stuck); its memory is left to process exit",
@@ -289,7 +168,7 @@ bool IpcProvider::abort(uint64_t boundMs) {
                 rank_);
     }
   }
-  if (deviceStuck_) return false;
+  if (ex_.stuck()) return false;
   // This device is idle: none of its work reads or writes the peers' memory any more.
   for (auto& s : slots_) closePeers(&s);
   for (auto& s : staging_) closePeers(&s);
@@ -298,90 +177,15 @@ bool IpcProvider::abort(uint64_t boundMs) {
   return true;
 }
 
-tideResult_t IpcProvider::syncDevice(const char* what) {
-  const uint64_t ms = params::timeoutMs();
-  bool timedOut = false;
-  tideResult_t r = boundedDeviceSync(device_, ms, &timedOut);
-  if (timedOut) {
-    deviceStuck_ = true;
-    return fail(tideTimeout, kComponent,
-                "%s: rank %d's queued TIDE work on device %d did not finish within %llu ms (NCCL_TIDE_TIMEOUT_MS): a "
-                "peer has not signalled (it did not make the matching AG/RS call, or it died); nothing was freed. "
-                "tideCommDebugDump names the pending wait",
-                what, rank_, device_, static_cast<unsigned long long>(ms));
-  }
-  return r;
-}
-
 tideResult_t IpcProvider::checkStream(CollKind kind, uint64_t epoch, cudaStream_t stream) {
   (void)epoch;
   (void)stream;
-  if (!health_) return tideSuccess;
-  return health_(kind == CollKind::kAllGather ? "tideAllGather" : "tideReduceScatter");
-}
-
-tideResult_t IpcProvider::barrier() {
-  uint64_t mine = 0;
-  std::vector<uint64_t> all(world_);
-  return exchange(&mine, all.data(), sizeof(mine));
+  return ex_.checkHealth(kind == CollKind::kAllGather);
 }
 
 tideResult_t IpcProvider::agreeOnLayout(uint64_t layoutHash, bool eagerGraphs, int tokenRsChunks) {
   std::lock_guard<std::mutex> lock(mu_);
-  struct Agreed {
-    uint64_t hash;
-    uint64_t eagerGraphs;
-    uint64_t tokenRsChunks;
-  };
-  const Agreed mine{layoutHash, eagerGraphs ? 1ull : 0ull, static_cast<uint64_t>(tokenRsChunks)};
-  std::vector<Agreed> all(world_);
-  TIDE_CHECK(exchange(&mine, all.data(), sizeof(mine)));
-  auto same = [&](int r) {
-    return all[r].hash == all[0].hash && all[r].eagerGraphs == all[0].eagerGraphs &&
-           all[r].tokenRsChunks == all[0].tokenRsChunks;
-  };
-  int differ = 0;
-  for (int r = 0; r < world_; ++r) differ += !same(r);
-  if (differ == 0) return tideSuccess;
-  // One message that every rank builds from the same gathered bytes: rank 0's hash, then up to 8 ranks that differ
-  // from it, as many as fit in 480 bytes (the error buffer holds 1 KiB, and the fixed text about 450 of it).
-  char list[480] = {0};
-  size_t used = 0;
-  int shown = 0;
-  for (int r = 1; r < world_ && shown < 8; ++r) {
-    if (same(r)) continue;
-    char chunks[48] = "";
-    if (all[r].tokenRsChunks != all[0].tokenRsChunks) {
-      snprintf(chunks, sizeof(chunks), " with NCCL_TIDE_TOKEN_RS_CHUNKS=%llu",
-               static_cast<unsigned long long>(all[r].tokenRsChunks));
-    }
-    int n = snprintf(list + used, sizeof(list) - used, "%srank %d has %016llx%s%s", shown ? ", " : "", r,
-                     static_cast<unsigned long long>(all[r].hash),
-                     all[r].eagerGraphs != all[0].eagerGraphs
-                         ? (all[r].eagerGraphs ? " with NCCL_TIDE_EAGER_GRAPHS=1" : " with NCCL_TIDE_EAGER_GRAPHS=0")
-                         : "",
-                     chunks);
-    if (n < 0 || static_cast<size_t>(n) >= sizeof(list) - used) break;
-    used += static_cast<size_t>(n);
-    ++shown;
-  }
-  if (differ > shown) snprintf(list + used, sizeof(list) - used, " and %d more", differ - shown);
-  // Rank 0's limit whenever it differs from another rank's (or is not the default), so the report shows both sides.
-  bool chunksDiffer = false;
-  for (int r = 1; r < world_; ++r) chunksDiffer = chunksDiffer || all[r].tokenRsChunks != all[0].tokenRsChunks;
-  char chunks0[48] = "";
-  if (chunksDiffer || all[0].tokenRsChunks != static_cast<uint64_t>(params::kTokenRsChunksDefault)) {
-    snprintf(chunks0, sizeof(chunks0), " with NCCL_TIDE_TOKEN_RS_CHUNKS=%llu",
-             static_cast<unsigned long long>(all[0].tokenRsChunks));
-  }
-  return fail(tideMismatch, kComponent,
-              "layout mismatch across ranks: rank 0 has layout hash %016llx%s%s (%d of %d ranks agree with it), but "
-              "%s (this is rank %d). Every rank must build the layout from the same parameter numels, dtypes, row "
-              "numels, world size, ranks per node and NCCL_TIDE_* plan parameters, and set NCCL_TIDE_EAGER_GRAPHS "
-              "and NCCL_TIDE_TOKEN_RS_CHUNKS alike",
-              static_cast<unsigned long long>(all[0].hash),
-              all[0].eagerGraphs ? " with NCCL_TIDE_EAGER_GRAPHS=1" : "", chunks0, world_ - differ, world_, list,
-              rank_);
+  return ex_.agreeOnLayout(layoutHash, eagerGraphs, tokenRsChunks);
 }
 
 tideResult_t IpcProvider::share(size_t bytes, const char* what, Shared* out) {
@@ -402,9 +206,9 @@ tideResult_t IpcProvider::share(size_t bytes, const char* what, Shared* out) {
     mine.ok = 0;
   }
   std::vector<ShareMsg> all(world_);
-  tideResult_t ex = exchange(&mine, all.data(), sizeof(ShareMsg));
+  tideResult_t ex = ex_.exchange(&mine, all.data(), sizeof(ShareMsg));
   auto cleanup = [&] {
-    if (p && !deviceStuck_) (void)cudaFree(p);
+    if (p && !ex_.stuck()) (void)cudaFree(p);
     (void)cudaGetLastError();
   };
   if (ex != tideSuccess || local != tideSuccess) {
@@ -512,12 +316,12 @@ tideResult_t IpcProvider::slotFree(void* ptr) {
     if (s.live && s.base == ptr) {
       // Collective: no rank frees its memory while a peer's work may still write into it.
       TIDE_CUDA_CHECK(cudaSetDevice(device_));
-      TIDE_CHECK(syncDevice("tideSlotFree"));
-      TIDE_CHECK(barrier());
+      TIDE_CHECK(ex_.syncDevice("tideSlotFree"));
+      TIDE_CHECK(ex_.barrier());
       // Every rank closes its mappings of the peers' copies before any rank frees its own (freeing exported memory
       // that an importer still maps is undefined behaviour).
       closePeers(&s);
-      TIDE_CHECK(barrier());
+      TIDE_CHECK(ex_.barrier());
       unshare(&s);
       // Drop the dead entry: a trimming slot pool (nccl_tide.fsdp) frees and allocates slots every step, and dead
       // entries would pile up and lengthen every peerPtr lookup. Nothing keeps a pointer into slots_ (mu_ is held).

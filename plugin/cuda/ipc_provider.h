@@ -16,19 +16,15 @@
 
 #include <atomic>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <mutex>
-#include <string>
 #include <vector>
 
 #include "provider.h"
+#include "rank_exchange.h"
 
 namespace tide {
 namespace cuda {
-
-// All-gather of host bytes: `all` receives worldSize blocks of `bytes`, block r from rank r. Blocking, collective.
-using ExchangeFn = std::function<tideResult_t(const void* mine, void* all, size_t bytes)>;
 
 // One rank per process, with its own copy-engine queues: no SharedQueues hook, and a graph may hold several TIDE
 // collectives.
@@ -37,11 +33,10 @@ class IpcProvider final : public Provider {
   // Collective. configHash must match on every rank (tideMismatch on every rank otherwise); the ranks of one TIDE
   // node must share a machine, several nodes need overNccl (the exchange is an NCCL communicator's, which then
   // carries the steps between nodes; tideUnsupported otherwise), and ranks of one machine must be in distinct
-  // processes (tideInvalidUsage: use tideLoopbackCreate). workLeft: see setExchangeWorkLeft (set before the creation
+  // processes (tideInvalidUsage: use tideLoopbackCreate). workLeft: see the constructor (set before the creation
   // exchange, so that a failed one counts too).
   static tideResult_t create(int rank, int worldSize, int device, uint64_t configHash, bool overNccl,
-                             ExchangeFn exchange, std::shared_ptr<IpcProvider>* out,
-                             std::function<bool()> workLeft = nullptr);
+                             ExchangeFn exchange, std::shared_ptr<IpcProvider>* out, WorkLeftFn workLeft = nullptr);
   ~IpcProvider() override;
 
   // Memory for peers.
@@ -62,17 +57,7 @@ class IpcProvider final : public Provider {
   // in progress) makes TIDE calls fail with tideNcclError instead of enqueueing flag waits for peers that will never
   // come.
   tideResult_t checkStream(CollKind kind, uint64_t epoch, cudaStream_t stream) override;
-  using HealthFn = std::function<tideResult_t(const char* what)>;
-  void setHealthCheck(HealthFn fn) { health_ = std::move(fn); }
-
-  // Host-side barrier over the exchange (an all-gather of one word).
-  tideResult_t barrier();
-
-  // Whether the last failed exchange may have left device work queued (the NCCL exchange: its ncclAllGather, which
-  // only an ncclCommAbort ends). If set and it answers true after a failure, the device counts as stuck (as after a
-  // timeout): no cudaFree, no device synchronize afterwards. Unset (caller's callback): only tideTimeout marks it.
-  using WorkLeftFn = std::function<bool()>;
-  void setExchangeWorkLeft(WorkLeftFn fn) { exchangeWorkLeft_ = std::move(fn); }
+  void setHealthCheck(HealthFn fn) { ex_.setHealthCheck(std::move(fn)); }
 
   // tideCommAbort: local, non-collective teardown. No exchange with peers (now or in the destructor); waits for this
   // device's queued work at most boundMs. If the device went idle, this rank's mappings of the peers' memory are
@@ -85,8 +70,13 @@ class IpcProvider final : public Provider {
   // Capturable; the layout agreement exchanges; every rank maps every other's memory until create() finds several
   // TIDE nodes.
   static constexpr Traits kTraits{true, true, true};
-  IpcProvider(int rank, int world, int device, ExchangeFn exchange)
-      : Provider("ipc", kTraits), rank_(rank), world_(world), device_(device), exchange_(std::move(exchange)) {}
+  // workLeft: whether the last failed exchange may have left device work queued (the NCCL exchange: its
+  // ncclAllGather, which only an ncclCommAbort ends). If set and it answers true after a failure, the device counts
+  // as stuck (as after a timeout): no cudaFree, no device synchronize afterwards. Unset (caller's callback): only
+  // tideTimeout marks it.
+  IpcProvider(int rank, int world, int device, ExchangeFn exchange, WorkLeftFn workLeft)
+      : Provider("ipc", kTraits), rank_(rank), world_(world), device_(device),
+        ex_("Ipc", rank, world, device, std::move(exchange), std::move(workLeft)) {}
 
   // Whether this rank maps rank r's memory (r is on its TIDE node), and the error for one it does not.
   bool maps(int r) const { return nodeRanks() == 0 || r / nodeRanks() == rank_ / nodeRanks(); }
@@ -105,26 +95,16 @@ class IpcProvider final : public Provider {
   void unshare(Shared* s);
   // Closes this rank's mappings of the peers' copies of s (its own memory stays allocated).
   void closePeers(Shared* s);
-  // The exchange, with the comm's fault state: after an exchange failed (timeout, callback or NCCL error) the ranks'
-  // exchange sequences may no longer line up, so every later exchange fails at once (tideInvalidUsage) instead of
-  // pairing with a different collective step of a peer.
-  tideResult_t exchange(const void* mine, void* all, size_t bytes);
-  // Waits for this device's queued work, bounded by NCCL_TIDE_TIMEOUT_MS (unbounded when 0): tideTimeout if it is
-  // still running then (a peer never signalled); `what` names the caller.
-  tideResult_t syncDevice(const char* what);
 
   const int rank_;
   const int world_;
   const int device_;
   std::atomic<uint64_t> memGeneration_{0};  // bumped on entry of slotAlloc / slotFree
-  ExchangeFn exchange_;
-  HealthFn health_;
-  bool ready_ = false;  // created on every rank: destruction is collective (a barrier before freeing)
-  bool exchangeBroken_ = false;  // an exchange failed: no further exchange is attempted (see exchange())
-  bool aborted_ = false;         // abort() ran: the destructor makes no exchange and frees only local memory
-  WorkLeftFn exchangeWorkLeft_;
-  bool deviceStuck_ = false;     // a bounded device synchronize timed out: device memory is never freed (a cudaFree
-                                 // would block behind the stuck work), it is left to process exit
+  // The exchange and the comm's fault state: broken (no further exchange), stuck (device memory is never freed: a
+  // cudaFree would block behind the stuck work, it is left to process exit).
+  RankExchange ex_;
+  bool ready_ = false;    // created on every rank: destruction is collective (a barrier before freeing)
+  bool aborted_ = false;  // abort() ran: the destructor makes no exchange and frees only local memory
   std::mutex mu_;
   Shared flags_;
   void* zeros_ = nullptr;
@@ -132,10 +112,6 @@ class IpcProvider final : public Provider {
   std::vector<Shared> slots_;
   std::vector<Shared> staging_;  // generations; the last is current (older ones kept: enqueued work may use them)
 };
-
-// cudaDeviceSynchronize of `device` on a helper thread, waited for at most `ms` milliseconds (0: unbounded, on this
-// thread); *timedOut tells a timeout (tideTimeout) apart from a CUDA error. Also used by the loopback provider.
-tideResult_t boundedDeviceSync(int device, uint64_t ms, bool* timedOut);
 
 }  // namespace cuda
 }  // namespace tide

@@ -3,7 +3,7 @@
 #include "../core/errors.h"
 #include "../core/log.h"
 #include "cuda_check.h"
-#include "ipc_provider.h"  // boundedDeviceSync
+#include "rank_exchange.h"  // boundedDeviceSync
 
 namespace tide {
 namespace cuda {

@@ -3,8 +3,8 @@
 // provider makes around each call. tideComm holds one per rank (comm.h); the executors (ag_executor.cc,
 // rs_executor.cc) and the program interpreter (program_exec.cc) see only this interface.
 //
-// Built: IpcProvider (one rank per process, CUDA IPC; ipc_provider.h) and LoopbackRank (a virtual rank of a
-// single-process world on one device; loopback.h). The interface is internal to the library (C++, not part of
+// Built: IpcProvider (one rank per process, CUDA IPC; ipc_provider.h), WindowProvider (one rank per process, NCCL
+// windows; window_provider.h) and LoopbackRank (a virtual rank of a single-process world on one device; loopback.h). The interface is internal to the library (C++, not part of
 // include/tide.h): it carries no ABI version, and a new provider is built into the library.
 //
 // Required core: memory for peers (slotAlloc .. zeros), flags, the layout agreement, the per-call check and abort.
@@ -56,7 +56,7 @@ class Provider {
 
   virtual ~Provider() = default;
 
-  // "loopback", "ipc": tideCommGetProvider, the debug dump, error messages.
+  // "loopback", "ipc", "window": tideCommGetProvider, the debug dump, error messages.
   const char* name() const { return name_; }
   const Traits& traits() const { return traits_; }
   // The provider's node size: ranks r and q are on one node exactly when r / nodeRanks() == q / nodeRanks() (IPC:
@@ -123,8 +123,8 @@ class Provider {
 
   // --- Optional ---
 
-  // NVLink multicast address of the slot region, or nullptr (the default: no provider built so far has one; an NCCL
-  // provider would hand out only what ncclGetLsaMultimemDevicePointer returns, TIDE never creates multicast
+  // NVLink multicast address of the slot region, or nullptr (the default: no provider built so far has one; the
+  // window provider does not ask NCCL for ncclGetLsaMultimemDevicePointer, and TIDE never creates multicast
   // objects). Before a provider returns one: the multicast program copies each shard to its multicast position,
   // which covers the rank's own position too, so an in-place shard (the FSDP2 glue's cast in place) would be copied
   // onto itself; ag_executor.cc must then keep such calls on unicast copies (and test it on a provider that has one).

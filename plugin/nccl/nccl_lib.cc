@@ -1,12 +1,15 @@
 #include "nccl_lib.h"
 
 #include <dlfcn.h>
+#include <sched.h>
 
+#include <chrono>
 #include <mutex>
 
 #include "../core/errors.h"
 #include "../core/fork_guard.h"
 #include "../core/log.h"
+#include "../core/params.h"
 
 namespace tide {
 namespace nccl {
@@ -15,6 +18,7 @@ namespace {
 constexpr const char* kComponent = "Nccl";
 constexpr int kMinVersion = 22800;     // 2.28.0
 constexpr int kNewestKnownMinor = 32;  // 2.32.x
+constexpr int kWindowVersion = 22902;  // 2.29.2: ncclGetPeerDevicePointer
 
 std::mutex gMu;
 Lib gLib;
@@ -96,6 +100,9 @@ tideResult_t load(Lib* lib) {
   sym(h, "ncclRecv", &lib->recv);
   sym(h, "ncclGroupStart", &lib->groupStart);
   sym(h, "ncclGroupEnd", &lib->groupEnd);
+  sym(h, "ncclCommSplit", &lib->commSplit);
+  sym(h, "ncclCommDestroy", &lib->commDestroy);
+  sym(h, "ncclCommAbort", &lib->commAbort);
   const Req required[] = {
       {"ncclGetErrorString", lib->getErrorString != nullptr}, {"ncclCommCount", lib->commCount != nullptr},
       {"ncclCommUserRank", lib->commUserRank != nullptr},     {"ncclCommCuDevice", lib->commCuDevice != nullptr},
@@ -135,12 +142,13 @@ tideResult_t load(Lib* lib) {
   sym(h, "ncclReduceScatterConfig", &lib->reduceScatterConfig);
   if (lib->allGatherConfig && lib->reduceScatterConfig) lib->features |= kCollConfig;
 
-  // Provider: windows need the host-side peer pointer queries of 2.29.2 (windowCapable). tideCommCreate uses CUDA
-  // IPC within a node on every NCCL, and grouped ncclSend / ncclRecv between nodes (the one transport built:
-  // one-sided puts are not).
+  // Provider: windows need the host-side peer pointer queries of 2.29.2, and a communicator per TIDE node when a comm
+  // has several (windowCapable); NCCL_TIDE_PROVIDER=auto tries them there (plugin/nccl/provider_choice.h), CUDA IPC
+  // otherwise. Between nodes: grouped ncclSend / ncclRecv (the one transport built: one-sided puts are not).
   const uint64_t windowNeeds = kMemAlloc | kWindowRegister | kLsaPointers;
-  lib->windowCapable = lib->effectiveVersion >= 22902 && lib->has(static_cast<Feature>(windowNeeds));
-  lib->provider = "ipc";
+  lib->windowCapable = lib->effectiveVersion >= kWindowVersion && lib->has(static_cast<Feature>(windowNeeds)) &&
+                       lib->commSplit && lib->commDestroy && lib->commAbort;
+  lib->provider = lib->windowCapable ? "window" : "ipc";
   lib->transport = "sendrecv";
 
   Dl_info info{};
@@ -194,6 +202,21 @@ void* loadedSymbol(const char* name) {
 tideResult_t ncclFail(const Lib& lib, ncclResult_t r, const char* what) {
   const char* s = lib.getErrorString ? lib.getErrorString(r) : nullptr;
   return fail(tideNcclError, kComponent, "%s failed: %s (NCCL error %d)", what, s ? s : "unknown error", r);
+}
+
+tideResult_t settle(const Lib& lib, ncclComm_t comm, ncclResult_t r, const char* what) {
+  const uint64_t boundMs = params::timeoutMs();
+  const auto start = std::chrono::steady_clock::now();
+  while (r == kNcclInProgress) {
+    if (boundMs > 0 && std::chrono::steady_clock::now() - start > std::chrono::milliseconds(boundMs)) {
+      return fail(tideTimeout, kComponent, "%s still in progress after %llu ms (NCCL_TIDE_TIMEOUT_MS)", what,
+                  static_cast<unsigned long long>(boundMs));
+    }
+    sched_yield();
+    const ncclResult_t q = lib.commGetAsyncError(comm, &r);
+    if (q != kNcclSuccess) return ncclFail(lib, q, "ncclCommGetAsyncError");
+  }
+  return r == kNcclSuccess ? tideSuccess : ncclFail(lib, r, what);
 }
 
 }  // namespace nccl

@@ -27,6 +27,21 @@ using cudaStream_t = void*;
 constexpr int kNcclSuccess = 0;
 constexpr int kNcclInProgress = 7;
 constexpr int kNcclUint8 = 1;  // ncclDataType_t ncclUint8
+// ncclCommWindowRegister's winFlags: NCCL_WIN_DEFAULT. The window provider registers plain windows: peer pointers
+// need nothing more, while NCCL_WIN_COLL_SYMMETRIC sets up NCCL's symmetric kernels, which on an NVLS system create
+// an NVLink multicast team (TIDE never causes multicast objects to be created).
+constexpr int kNcclWinDefault = 0;
+
+// The leading fields of ncclConfig_t (nccl.h), unchanged since NCCL 2.14: what TIDE passes to ncclCommSplit. NCCL
+// copies `size` bytes of it and gives every field that `version` predates its default, so this prefix, with version
+// 2.14.0, is a valid config for every NCCL TIDE supports: a blocking communicator, everything else NCCL's default.
+struct ConfigPrefix {
+  size_t size = sizeof(ConfigPrefix);
+  unsigned int magic = 0xcafebeef;  // NCCL_API_MAGIC
+  unsigned int version = 21400;     // NCCL_VERSION(2, 14, 0): the fields below, nothing newer
+  int blocking = 1;
+  int cgaClusterSize = INT32_MIN;  // NCCL_CONFIG_UNDEF_INT (and a 2.14 config's is reset to the default anyway)
+};
 
 // Feature bits (same values as TIDE_NCCL_FEATURE_* in tide.h).
 enum Feature : uint64_t {
@@ -46,8 +61,10 @@ struct Lib {
   int effectiveVersion = 0;  // runtimeVersion, or 2.32.99 for a newer minor (behaves as 2.32)
   int major = 0, minor = 0, patch = 0;
   uint64_t features = 0;
-  const char* provider = "";   // the provider tideCommCreate uses: "ipc" (the window provider is not built)
-  bool windowCapable = false;  // >= 2.29.2 with the window symbols: what a window provider would need
+  const char* provider = "";   // the provider tideCommCreate tries with NCCL_TIDE_PROVIDER=auto: "window" or "ipc"
+  // >= 2.29.2 with ncclMemAlloc/Free, ncclCommWindowRegister/Deregister, ncclGetPeerDevicePointer and
+  // ncclCommSplit/Destroy/Abort: what the window provider needs (plugin/cuda/window_provider.h).
+  bool windowCapable = false;
   const char* transport = "";  // "putsignal" or "sendrecv"
 
   // 2.28 base (required).
@@ -62,6 +79,10 @@ struct Lib {
   ncclResult_t (*recv)(void*, size_t, int, int, ncclComm_t, cudaStream_t) = nullptr;
   ncclResult_t (*groupStart)() = nullptr;
   ncclResult_t (*groupEnd)() = nullptr;
+  // In every supported NCCL, needed only by the window provider (a communicator per TIDE node).
+  ncclResult_t (*commSplit)(ncclComm_t, int, int, ncclComm_t*, ConfigPrefix*) = nullptr;
+  ncclResult_t (*commDestroy)(ncclComm_t) = nullptr;
+  ncclResult_t (*commAbort)(ncclComm_t) = nullptr;
   // Optional, by feature.
   ncclResult_t (*memAlloc)(void**, size_t) = nullptr;
   ncclResult_t (*memFree)(void*) = nullptr;
@@ -97,6 +118,11 @@ int headerVersion();
 
 // "ncclXxx failed: <ncclGetErrorString> (<code>)" as tideNcclError.
 tideResult_t ncclFail(const Lib& lib, ncclResult_t r, const char* what);
+
+// The outcome of a call `what` on `comm` that returned r: for a nonblocking communicator's ncclInProgress, polls
+// ncclCommGetAsyncError until the operation settles, at most NCCL_TIDE_TIMEOUT_MS (0: as long as it takes;
+// tideTimeout then). tideSuccess, or ncclFail's error.
+tideResult_t settle(const Lib& lib, ncclComm_t comm, ncclResult_t r, const char* what);
 
 }  // namespace nccl
 }  // namespace tide

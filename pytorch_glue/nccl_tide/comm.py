@@ -59,8 +59,11 @@ def _version_text(code: int) -> str:
 
 
 def nccl_info() -> Dict[str, Any]:
-    """tideNcclGetInfo: versions (codes and text), feature names, provider and transport of the loaded libnccl.
-    Raises UnsupportedError when no libnccl is loaded in this process or its version is outside 2.28-2.32."""
+    """tideNcclGetInfo: versions (codes and text), feature names, provider ("window" or "ipc": what tideCommCreate
+    tries with this NCCL and NCCL_TIDE_PROVIDER) and transport of the loaded libnccl.
+    Raises UnsupportedError when no libnccl is loaded in this process or its version is outside 2.28-2.32, or when
+    NCCL_TIDE_PROVIDER=window asks for windows this NCCL does not have; InvalidArgumentError for an invalid
+    NCCL_TIDE_PROVIDER."""
     info = N.tideNcclInfo_t(ctypes.sizeof(N.tideNcclInfo_t), N.TIDE_NCCL_INFO_VERSION)
     N.check(N.lib().tideNcclGetInfo(ctypes.byref(info)), "tideNcclGetInfo")
     check_cuda_major()  # warns once if the libnccl found is for another CUDA major than torch's

@@ -327,7 +327,7 @@ def test_nccl_communicator_of_size_one(torch_cuda, cuda_lib, tmp_path):
     print("NCCL info:", rep.get("info"), "provider:", rep.get("provider"))
     info = rep["info"]
     assert 22800 <= info["runtime_version"] < 23300
-    # 2.28.x: no host-side window pointers -> the IPC provider; newer NCCL would call for windows (not built yet:
-    # IPC either way, said at INFO).
-    assert info["provider"] == "ipc"  # the window provider is not built: IPC on every NCCL
-    assert rep["provider"] == "ipc"
+    # 2.28.x: no host-side window pointers -> the IPC provider; from 2.29.2 the window provider (one rank: NCCL has
+    # symmetric memory for it, so no fallback).
+    assert info["provider"] == ("window" if info["runtime_version"] >= 22902 else "ipc")
+    assert rep["provider"] == info["provider"]

@@ -2,7 +2,9 @@
 
 Each case runs in a fresh process: the stub is loaded first (RTLD_GLOBAL, soname libnccl.so.2, as torch would load
 the real one), then libnccl-tide.so finds it with RTLD_NOLOAD. Every stub function except ncclGetVersion aborts, so a
-clean exit proves resolution called nothing else, and the reported features prove which symbols were found.
+clean exit proves resolution called nothing else, and the reported features prove which symbols were found. The
+provider reported is the one tideCommCreate tries under NCCL_TIDE_PROVIDER: the window provider from 2.29.2 (where
+the window entry points are there), CUDA IPC before; a forced window where NCCL cannot is refused.
 """
 
 import ctypes
@@ -24,9 +26,9 @@ V231 = V229 + ["coll_config"]
 # version code: (features, provider, transport)
 EXPECTED = {
     22809: (sorted(BASE), "ipc", "sendrecv"),
-    # The window provider is not built: tideCommCreate uses IPC on every NCCL, and nccl_info() says so.
-    22902: (sorted(V229), "ipc", "sendrecv"),
-    23203: (sorted(V231), "ipc", "sendrecv"),
+    22902: (sorted(V229), "window", "sendrecv"),
+    23007: (sorted(V229), "window", "sendrecv"),
+    23203: (sorted(V231), "window", "sendrecv"),
 }
 
 PROBE = r"""
@@ -49,8 +51,8 @@ def stub_dir(tmp_path_factory):
         pytest.fail("no C compiler (cc) to build the stub libnccl")
     root = tmp_path_factory.mktemp("stub_nccl")
 
-    def build(code):
-        d = root / str(code)
+    def build(code, *defines):
+        d = root / "-".join([str(code), *defines])
         if not (d / "libnccl.so.2").exists():
             d.mkdir(exist_ok=True)
             subprocess.run(
@@ -60,6 +62,7 @@ def stub_dir(tmp_path_factory):
                     "-fPIC",
                     "-Wl,-soname,libnccl.so.2",
                     f"-DSTUB_VERSION={code}",
+                    *[f"-D{x}" for x in defines],
                     STUB_SRC,
                     "-o",
                     str(d / "libnccl.so.2"),
@@ -71,8 +74,11 @@ def stub_dir(tmp_path_factory):
     return build
 
 
-def probe(native, stub, debug="WARN"):
-    env = dict(os.environ, NCCL_TIDE_LIBRARY_PATH=native.library_path(), NCCL_TIDE_DEBUG=debug)
+def probe(native, stub, debug="WARN", provider=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_TIDE_")}
+    env.update(NCCL_TIDE_LIBRARY_PATH=native.library_path(), NCCL_TIDE_DEBUG=debug)
+    if provider is not None:
+        env["NCCL_TIDE_PROVIDER"] = provider
     p = subprocess.run([sys.executable, "-c", PROBE, stub], capture_output=True, text=True, env=env, timeout=60)
     assert p.returncode == 0, f"probe died (a stub function was called?): rc {p.returncode}\n{p.stdout}\n{p.stderr}"
     line = [x for x in p.stdout.splitlines() if x.startswith(("RESULT ", "ERROR "))]
@@ -123,8 +129,40 @@ def test_newer_minor_warns_and_behaves_as_2_32(native, stub_dir):
     assert info["runtime_version"] == 23301
     assert info["effective_version"] == 23299
     assert info["features"] == sorted(V231)
-    assert info["provider"] == "ipc" and info["transport"] == "sendrecv"
+    assert info["provider"] == "window" and info["transport"] == "sendrecv"
     assert "newer than the newest version TIDE knows" in err
+
+
+@pytest.mark.parametrize("code,setting,expected", [(22809, "ipc", "ipc"), (22809, "auto", "ipc"),
+                                                   (23007, "ipc", "ipc"), (23007, "window", "window"),
+                                                   (23203, "AUTO", "window")])
+def test_provider_setting(native, stub_dir, code, setting, expected):
+    kind, info, _ = probe(native, stub_dir(code), provider=setting)
+    assert kind == "RESULT", info
+    assert info["provider"] == expected
+
+
+def test_forced_window_on_2_28_is_refused(native, stub_dir):
+    kind, msg, _ = probe(native, stub_dir(22809), provider="window")
+    assert kind == "ERROR" and msg.startswith("UnsupportedError"), msg
+    assert "NCCL_TIDE_PROVIDER=window" in msg and "NCCL 2.28.9 is older than 2.29.2" in msg, msg
+    assert "unset NCCL_TIDE_PROVIDER (auto) or set ipc" in msg, msg
+
+
+def test_window_entry_point_missing_means_ipc(native, stub_dir):
+    """A 2.29+ library without ncclGetPeerDevicePointer: auto stays on IPC; a forced window names what is missing."""
+    stub = stub_dir(23007, "STUB_NO_PEER_POINTERS")
+    kind, info, _ = probe(native, stub)
+    assert kind == "RESULT", info
+    assert "lsa_pointers" not in info["features"] and info["provider"] == "ipc"
+    kind, msg, _ = probe(native, stub, provider="window")
+    assert kind == "ERROR" and "does not export ncclGetPeerDevicePointer" in msg, msg
+
+
+def test_invalid_provider_setting_is_an_error(native, stub_dir):
+    kind, msg, _ = probe(native, stub_dir(23007), provider="nvshmem")
+    assert kind == "ERROR" and msg.startswith("InvalidArgumentError"), msg
+    assert "NCCL_TIDE_PROVIDER='nvshmem' is not valid: expected one of auto, ipc, window" in msg, msg
 
 
 def test_major_3_is_refused(native, stub_dir):

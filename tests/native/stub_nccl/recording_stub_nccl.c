@@ -8,8 +8,17 @@
  * returns 0, except that -DSTUB_FAIL_PEER=P makes ncclSend / ncclRecv with peer P return ncclInvalidArgument (4).
  * -DSTUB_BASE_QUERIES adds the rest of what TIDE requires of the 2.28 base (ncclGetErrorString, ncclCommCount,
  * ncclCommUserRank, ncclCommCuDevice, ncclCommGetAsyncError), so that libnccl-tide resolves the stub
- * (tests/native/nccl_p2p_binding_test.cc); the interposer tests build it without them. */
+ * (tests/native/nccl_p2p_binding_test.cc); the interposer tests build it without them.
+ *
+ * Windows (tests/native/nccl_windows_test.cc), recorded the same way: ncclMemAlloc (malloc), ncclMemFree,
+ * ncclCommWindowRegister (window handles 0x7e00000000 + 0x1000 * k for the k-th registration of the process),
+ * ncclCommWindowDeregister, ncclCommSplit (child 0xc41d0000 + color) and, from 2.29.2, ncclGetPeerDevicePointer
+ * (0x100000000000 + (k << 32) + ((peer + 1) << 24) + offset). At call time STUB_WINDOWS=none makes registration
+ * give no window (a communicator without symmetric memory), STUB_UNREACHABLE_PEER=P gives peer P no address, and
+ * STUB_MEMALLOC_FAIL=1 makes ncclMemAlloc fail. ncclGetLsaMultimemDevicePointer (the multicast address) and
+ * ncclGetLsaDevicePointer abort the process: nothing may ask for them. */
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -136,6 +145,86 @@ int pncclCommAbort(void* comm) {
   record("CA %p", comm);
   return 0;
 }
+
+NCCL_API(int, ncclMemAlloc, void** ptr, size_t size);
+int pncclMemAlloc(void** ptr, size_t size) {
+  const char* f = getenv("STUB_MEMALLOC_FAIL");
+  if (f != NULL && f[0] == '1') {
+    record("MA %zu FAIL", size);
+    return 1; /* ncclUnhandledCudaError */
+  }
+  *ptr = malloc(size);
+  record("MA %zu %p", size, *ptr);
+  return *ptr ? 0 : 1;
+}
+
+NCCL_API(int, ncclMemFree, void* ptr);
+int pncclMemFree(void* ptr) {
+  record("MF %p", ptr);
+  free(ptr);
+  return 0;
+}
+
+static unsigned long long gWindows = 0; /* registrations so far */
+#define STUB_WINDOW_BASE 0x7e00000000ull
+
+NCCL_API(int, ncclCommWindowRegister, void* comm, void* buff, size_t size, void** win, int winFlags);
+int pncclCommWindowRegister(void* comm, void* buff, size_t size, void** win, int winFlags) {
+  const char* none = getenv("STUB_WINDOWS");
+  ++gWindows;
+  *win = (none != NULL && none[0] == 'n') ? NULL : (void*)(uintptr_t)(STUB_WINDOW_BASE + 0x1000ull * gWindows);
+  record("WR %p %p %zu %d %p", comm, buff, size, winFlags, *win);
+  return 0;
+}
+
+NCCL_API(int, ncclCommWindowDeregister, void* comm, void* win);
+int pncclCommWindowDeregister(void* comm, void* win) {
+  record("WD %p %p", comm, win);
+  return 0;
+}
+
+/* The leading fields of ncclConfig_t that TIDE passes (plugin/nccl/nccl_lib.h ConfigPrefix). */
+struct StubConfigPrefix {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  int blocking;
+};
+
+NCCL_API(int, ncclCommSplit, void* comm, int color, int key, void** newcomm, struct StubConfigPrefix* config);
+int pncclCommSplit(void* comm, int color, int key, void** newcomm, struct StubConfigPrefix* config) {
+  *newcomm = (void*)(uintptr_t)(0xc41d0000u + (unsigned)color);
+  record("SPLIT %p %d %d %d %x %u %zu %p", comm, color, key, config ? config->blocking : -1,
+         config ? config->magic : 0, config ? config->version : 0, config ? config->size : 0, *newcomm);
+  return 0;
+}
+
+#if STUB_VERSION >= 22902
+NCCL_API(int, ncclGetPeerDevicePointer, void* win, size_t offset, int peer, void** ptr);
+int pncclGetPeerDevicePointer(void* win, size_t offset, int peer, void** ptr) {
+  const char* u = getenv("STUB_UNREACHABLE_PEER");
+  const unsigned long long k = ((uintptr_t)win - STUB_WINDOW_BASE) / 0x1000ull;
+  *ptr = (u != NULL && atoi(u) == peer)
+             ? NULL
+             : (void*)(uintptr_t)(0x100000000000ull + (k << 32) + ((unsigned long long)(peer + 1) << 24) + offset);
+  record("PP %p %zu %d %p", win, offset, peer, *ptr);
+  return 0;
+}
+
+NCCL_API(int, ncclGetLsaDevicePointer, void* win, size_t offset, int lsaRank, void** ptr);
+int pncclGetLsaDevicePointer(void* win, size_t offset, int lsaRank, void** ptr) {
+  record("LSA %p %zu %d", win, offset, lsaRank);
+  (void)ptr;
+  abort();
+}
+
+NCCL_API(int, ncclGetLsaMultimemDevicePointer, void* win, size_t offset, void** ptr);
+int pncclGetLsaMultimemDevicePointer(void* win, size_t offset, void** ptr) {
+  record("MULTIMEM %p %zu", win, offset);
+  (void)ptr;
+  abort();
+}
+#endif
 
 #if STUB_VERSION >= 23102
 NCCL_API(int, ncclAllGatherConfig, const void* sendbuff, void* recvbuff, size_t sendcount, int datatype, void* comm,

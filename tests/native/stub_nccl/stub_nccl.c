@@ -68,6 +68,7 @@ UNEXPECTED(ncclRecv)
 UNEXPECTED(ncclGroupStart)
 UNEXPECTED(ncclGroupEnd)
 UNEXPECTED(ncclCommInitRankConfig)
+UNEXPECTED(ncclCommSplit)
 UNEXPECTED(ncclCommDestroy)
 UNEXPECTED(ncclCommAbort)
 UNEXPECTED(ncclMemAlloc)
@@ -77,10 +78,13 @@ UNEXPECTED(ncclCommWindowDeregister)
 UNEXPECTED(ncclDevCommCreate)
 UNEXPECTED(ncclDevCommDestroy)
 
+/* -DSTUB_NO_PEER_POINTERS: a 2.29+ build that lacks ncclGetPeerDevicePointer (what TIDE's window provider needs). */
 #if STUB_VERSION >= 22902
 UNEXPECTED(ncclWinGetUserPtr)
 UNEXPECTED(ncclGetLsaDevicePointer)
+#ifndef STUB_NO_PEER_POINTERS
 UNEXPECTED(ncclGetPeerDevicePointer)
+#endif
 UNEXPECTED(ncclGetLsaMultimemDevicePointer)
 UNEXPECTED(ncclGetMultimemDevicePointer)
 UNEXPECTED(ncclPutSignal)

@@ -1,0 +1,298 @@
+#include "window_memory.h"
+
+#include <cstdio>
+
+#include "../core/errors.h"
+#include "../core/log.h"
+
+namespace tide {
+namespace nccl {
+namespace {
+
+constexpr const char* kComponent = "Window";
+
+// One rank's part of each agreement of share(): its size, whether its step succeeded, whether NCCL gave it a window
+// with every node peer's address.
+struct ShareMsg {
+  uint64_t bytes;
+  int32_t ok;
+  int32_t available;
+};
+
+}  // namespace
+
+tideResult_t WindowMemory::open(const Lib& lib, ncclComm_t parent, int rank, int world, int nodeRanks,
+                                Exchange exchange, WorkLeft workLeft, size_t flagBytes, const Init& initFlags,
+                                std::unique_ptr<WindowMemory>* out, Availability* avail, std::string* why) {
+  out->reset();
+  *avail = Availability::kAvailable;
+  why->clear();
+  ncclComm_t comm = parent;
+  tideResult_t local = tideSuccess;
+  if (nodeRanks < world) {
+    // Blocking whatever the parent is: every later call on it (registration, destroy) then completes in the call.
+    ConfigPrefix config;
+    ncclComm_t child = nullptr;
+    const ncclResult_t r = lib.commSplit(parent, rank / nodeRanks, rank, &child, &config);
+    local = settle(lib, child != nullptr ? child : parent, r, "ncclCommSplit (one communicator per TIDE node)");
+    if (local == tideSuccess && child == nullptr) {
+      local = fail(tideInternalError, kComponent, "ncclCommSplit by TIDE node returned no communicator");
+    }
+    comm = child;
+  }
+  std::unique_ptr<WindowMemory> m(
+      new WindowMemory(lib, comm, nodeRanks < world, rank, world, nodeRanks, std::move(exchange), std::move(workLeft)));
+  // Every rank learns that every node has its communicator before any rank registers (which waits for its node).
+  const int32_t mine = local == tideSuccess ? 1 : 0;
+  std::vector<int32_t> all(world);
+  const tideResult_t ex = m->exchange_(&mine, all.data(), sizeof(mine));
+  // On failure the split communicator is aborted (local), not destroyed: the other ranks may not reach a destroy.
+  if (ex != tideSuccess) {
+    if (m->workLeft_ && m->workLeft_()) {
+      m->abandon();
+    } else {
+      m->abortRelease();
+    }
+    return ex;
+  }
+  tideResult_t res = local;
+  for (int r = 0; r < world && res == tideSuccess; ++r) {
+    if (!all[r]) res = fail(tideNcclError, kComponent, "rank %d could not split its TIDE node's communicator", r);
+  }
+  if (res == tideSuccess) res = m->share(flagBytes, "flags", initFlags, &m->flags_, avail, why);
+  if (res != tideSuccess) {
+    m->abortRelease();
+    return res;
+  }
+  // Unavailable on every rank: m destroys the communicator it split (on every rank of the node alike).
+  if (*avail == Availability::kUnavailable) return tideSuccess;
+  *out = std::move(m);
+  return tideSuccess;
+}
+
+WindowMemory::~WindowMemory() {
+  if (!abandoned_) releaseAll(false);
+}
+
+tideResult_t WindowMemory::share(size_t bytes, const char* what, const Init& init, Buffer* out, Availability* avail,
+                                 std::string* why) {
+  *avail = Availability::kAvailable;
+  Buffer b;
+  b.bytes = bytes;
+  ShareMsg mine{bytes, 1, 1};
+  tideResult_t local = tideSuccess;
+  void* p = nullptr;
+  const ncclResult_t r = lib_.memAlloc(&p, bytes);
+  if (r != kNcclSuccess || p == nullptr) {
+    local = fail(tideOutOfMemory, kComponent, "%s: rank %d could not allocate %zu bytes with ncclMemAlloc: %s", what,
+                 rank_, bytes, r != kNcclSuccess && lib_.getErrorString ? lib_.getErrorString(r) : "no memory");
+    p = nullptr;
+  }
+  b.base = static_cast<char*>(p);
+  if (local == tideSuccess && init) local = init(p, bytes);
+  mine.ok = local == tideSuccess ? 1 : 0;
+  auto drop = [&] {
+    if (workLeft_ && workLeft_()) return;  // device work may still write into it: left to process exit
+    (void)release(&b);
+  };
+  std::vector<ShareMsg> all(world_);
+  tideResult_t ex = exchange_(&mine, all.data(), sizeof(ShareMsg));
+  if (ex != tideSuccess || local != tideSuccess) {
+    drop();
+    return ex != tideSuccess ? ex : local;
+  }
+  for (int q = 0; q < world_; ++q) {
+    if (!all[q].ok) {
+      drop();
+      return fail(tideOutOfMemory, kComponent, "%s: rank %d could not allocate %llu bytes; see its log", what, q,
+                  static_cast<unsigned long long>(all[q].bytes));
+    }
+    if (all[q].bytes != bytes) {
+      drop();
+      return fail(tideMismatch, kComponent,
+                  "%s: rank %d allocates %llu bytes but rank %d allocates %zu; every rank must make the same "
+                  "allocations in the same order",
+                  what, q, static_cast<unsigned long long>(all[q].bytes), rank_, bytes);
+    }
+  }
+  // Collective inside NCCL over the windows' communicator.
+  local = settle(lib_, comm_, lib_.commWindowRegister(comm_, p, bytes, &b.win, kNcclWinDefault),
+                 "ncclCommWindowRegister");
+  char mineWhy[320] = {0};
+  if (local == tideSuccess && b.win == nullptr) {
+    mine.available = 0;
+    snprintf(mineWhy, sizeof(mineWhy),
+             "ncclCommWindowRegister on %s returned no window: NCCL has no symmetric memory there (it needs CUDA P2P "
+             "and cuMem between the ranks, one NCCL host or a GIN network, NCCL_WIN_ENABLE and NCCL_CUMEM_ENABLE "
+             "not 0)",
+             where());
+  }
+  b.peers.assign(world_, nullptr);
+  for (int q = 0; q < world_ && local == tideSuccess && mine.available; ++q) {
+    if (q == rank_) {
+      b.peers[q] = b.base;
+      continue;
+    }
+    if (!onNode(q)) continue;
+    void* ptr = nullptr;
+    const ncclResult_t pr = lib_.getPeerDevicePointer(b.win, 0, commRank(q), &ptr);
+    if (pr != kNcclSuccess) {
+      local = ncclFail(lib_, pr, "ncclGetPeerDevicePointer");
+    } else if (ptr == nullptr) {
+      mine.available = 0;
+      snprintf(mineWhy, sizeof(mineWhy),
+               "ncclGetPeerDevicePointer gives rank %d no address of rank %d's window: NCCL does not count them as "
+               "reaching each other by loads and stores",
+               rank_, q);
+    }
+    b.peers[q] = static_cast<char*>(ptr);
+  }
+  mine.ok = local == tideSuccess ? 1 : 0;
+  ex = exchange_(&mine, all.data(), sizeof(ShareMsg));
+  if (ex != tideSuccess || local != tideSuccess) {
+    drop();
+    return ex != tideSuccess ? ex : local;
+  }
+  for (int q = 0; q < world_; ++q) {
+    if (!all[q].ok) {
+      drop();
+      return fail(tideNcclError, kComponent, "%s: rank %d could not register its window; see its log", what, q);
+    }
+  }
+  for (int q = 0; q < world_; ++q) {
+    if (all[q].available) continue;
+    drop();
+    *avail = Availability::kUnavailable;
+    if (mineWhy[0] != '\0') {
+      *why = mineWhy;
+    } else {
+      char other[96];
+      snprintf(other, sizeof(other), "rank %d found no window or peer address for its node; see its log", q);
+      *why = other;
+    }
+    TIDE_INFO(kComponent, "rank %d: %s: %s", rank_, what, why->c_str());
+    return tideSuccess;
+  }
+  TIDE_TRACE(kComponent, "%s: rank %d registered %zu bytes at %p as window %p", what, rank_, bytes,
+             static_cast<void*>(b.base), b.win);
+  *out = std::move(b);
+  return tideSuccess;
+}
+
+tideResult_t WindowMemory::release(Buffer* b) {
+  tideResult_t first = tideSuccess;
+  if (b->win != nullptr) {
+    first = settle(lib_, comm_, lib_.commWindowDeregister(comm_, b->win), "ncclCommWindowDeregister");
+    b->win = nullptr;
+  }
+  if (b->base != nullptr) {
+    const ncclResult_t r = lib_.memFree(b->base);
+    if (r != kNcclSuccess && first == tideSuccess) first = ncclFail(lib_, r, "ncclMemFree");
+    b->base = nullptr;
+  }
+  b->peers.clear();
+  return first;
+}
+
+void WindowMemory::releaseAll(bool abortChild) {
+  auto drop = [&](Buffer* b, const char* what) {
+    if (release(b) != tideSuccess) {
+      TIDE_WARN(kComponent, "rank %d: releasing %s failed: %s", rank_, what, lastError());
+    }
+  };
+  for (Buffer& s : slots_) drop(&s, "a slot");
+  for (Buffer& s : staging_) drop(&s, "own RS staging");
+  drop(&flags_, "flags");
+  slots_.clear();
+  staging_.clear();
+  if (owned_ && comm_ != nullptr) {
+    const ncclResult_t r = abortChild ? lib_.commAbort(comm_) : lib_.commDestroy(comm_);
+    if (r != kNcclSuccess) {
+      (void)ncclFail(lib_, r, abortChild ? "ncclCommAbort (TIDE node communicator)"
+                                         : "ncclCommDestroy (TIDE node communicator)");
+    }
+  }
+  comm_ = nullptr;
+}
+
+tideResult_t WindowMemory::slotAlloc(size_t bytes, void** ptr) {
+  Buffer b;
+  Availability avail = Availability::kAvailable;
+  std::string why;
+  TIDE_CHECK(share(bytes, "tideSlotAlloc", nullptr, &b, &avail, &why));
+  if (avail == Availability::kUnavailable) {
+    return fail(tideNcclError, kComponent, "tideSlotAlloc: NCCL gave no window for a slot of %zu bytes: %s", bytes,
+                why.c_str());
+  }
+  *ptr = b.base;
+  slots_.push_back(std::move(b));
+  return tideSuccess;
+}
+
+tideResult_t WindowMemory::slotFree(void* ptr, const Quiesce& quiesce) {
+  for (auto it = slots_.begin(); it != slots_.end(); ++it) {
+    if (it->base != ptr) continue;
+    TIDE_CHECK(quiesce("tideSlotFree"));
+    const tideResult_t r = release(&*it);
+    // Dropped also when a release step failed: the trimming slot pool of nccl_tide.fsdp frees and allocates slots
+    // every step, and dead entries would lengthen every peerPtr lookup.
+    slots_.erase(it);
+    return r;
+  }
+  return fail(tideInvalidArgument, kComponent, "tideSlotFree: %p is not a live slot of rank %d", ptr, rank_);
+}
+
+tideResult_t WindowMemory::peerPtr(const void* local, size_t bytes, int peer, const char* what, void** out) const {
+  const char* p = static_cast<const char*>(local);
+  for (const Buffer& s : slots_) {
+    if (p < s.base || p >= s.base + s.bytes) continue;
+    const size_t off = static_cast<size_t>(p - s.base);
+    if (bytes > s.bytes - off) {
+      return fail(tideInvalidArgument, kComponent,
+                  "%s: region of %zu bytes at offset %zu runs past the end of rank %d's slot (%zu bytes)", what, bytes,
+                  off, rank_, s.bytes);
+    }
+    if (s.peers[peer] == nullptr) {
+      return fail(tideInternalError, kComponent,
+                  "%s: rank %d addressed rank %d's copy of a slot, which is on another TIDE node (%d ranks per node) "
+                  "and not mapped here; steps between nodes go through NCCL",
+                  what, rank_, peer, nodeRanks_);
+    }
+    *out = s.peers[peer] + off;
+    return tideSuccess;
+  }
+  return fail(tideInvalidArgument, kComponent, "%s: %p is not inside a live slot of rank %d (use tideSlotAlloc)", what,
+              local, rank_);
+}
+
+tideResult_t WindowMemory::ownStaging(int owner, uint64_t bytes, void** out, bool* grown) {
+  *grown = false;
+  if (staging_.empty() || staging_.back().bytes < bytes) {
+    Buffer b;
+    Availability avail = Availability::kAvailable;
+    std::string why;
+    TIDE_CHECK(share(bytes, "own RS staging", nullptr, &b, &avail, &why));
+    if (avail == Availability::kUnavailable) {
+      return fail(tideNcclError, kComponent, "own RS staging: NCCL gave no window of %llu bytes: %s",
+                  static_cast<unsigned long long>(bytes), why.c_str());
+    }
+    staging_.push_back(std::move(b));
+    *grown = true;
+  }
+  if (staging_.back().peers[owner] == nullptr) {
+    return fail(tideInternalError, kComponent,
+                "own RS staging: rank %d addressed rank %d's, which is on another TIDE node and not mapped here",
+                rank_, owner);
+  }
+  *out = staging_.back().peers[owner];
+  return tideSuccess;
+}
+
+void WindowMemory::abortRelease() {
+  if (!abandoned_) releaseAll(true);
+}
+
+void WindowMemory::abandon() { abandoned_ = true; }
+
+}  // namespace nccl
+}  // namespace tide
