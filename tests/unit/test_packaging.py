@@ -72,6 +72,17 @@ def test_sdist_holds_the_native_sources(sdist, repo):
     assert not [n for n in names if n.endswith((".so", ".o", ".pyc")) or n.startswith(("_build/", "build/"))]
 
 
+def test_sdist_holds_the_examples(sdist, repo):
+    # README.md points to examples/: the source package carries them (sources only, no built program).
+    with tarfile.open(sdist) as t:
+        names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
+    tracked = subprocess.run(["git", "ls-files", "examples"], cwd=repo, capture_output=True, text=True).stdout.split()
+    wanted = set(tracked) or {"examples/README.md", "examples/fsdp2_train.py", "examples/c/host_all_gather.c",
+                              "examples/c/Makefile"}
+    assert wanted <= names, wanted - names
+    assert "examples/c/host_all_gather" not in names
+
+
 @pytest.mark.parametrize("variant", ["cu12", "cu13", "cpu", ""])
 def test_variant_is_the_distribution_name(sdist, tmp_path, variant):
     # TIDE_CUDA picks the build and its name (nccl-tide-cu13, as NVIDIA's wheels); the version stays VERSION's.
