@@ -19,6 +19,7 @@ what TIDE ran (handle.stats()).
 """
 
 import argparse
+import gc
 import os
 import socket
 
@@ -127,18 +128,8 @@ def init_distributed(device_kind: str):
     return device
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--tide", action=argparse.BooleanOptionalAction, default=True,
-                    help="route FSDP2's all-gathers and reduce-scatters through TIDE (default) or keep stock FSDP2")
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--layers", type=int, default=2)
-    args = ap.parse_args()
-
-    device = init_distributed(args.device)
+def train(args, device: torch.device) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
-
     torch.manual_seed(0)  # the same initial weights on every rank, as fully_shard expects
     model = Llama(args.layers).to(device)
     # bf16 parameters and compute, fp32 gradient reduction (TIDE's reduce-scatter accumulates in fp32).
@@ -167,14 +158,32 @@ def main() -> None:
         if rank == 0:
             print(f"step {step} loss {mean.item() / world!r}", flush=True)
 
-    if handle is not None and rank == 0:
-        stats = handle.stats()
-        total = stats["total"]
-        print(f"TIDE: {len(stats['tide_groups'])} parameter groups on TIDE, {len(stats['stock_groups'])} stock; "
-              f"{total['ag_calls']} all-gathers, {total['rs_calls']} reduce-scatters, {total['fallbacks']} fallbacks",
-              flush=True)
     if handle is not None:
+        if rank == 0:
+            stats = handle.stats()
+            total = stats["total"]
+            print(f"TIDE: {len(stats['tide_groups'])} parameter groups on TIDE, {len(stats['stock_groups'])} stock; "
+                  f"{total['ag_calls']} all-gathers, {total['rs_calls']} reduce-scatters, "
+                  f"{total['fallbacks']} fallbacks", flush=True)
         nccl_tide.fsdp.disable(model)  # between steps, on every rank (frees the native executor's slots)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--tide", action=argparse.BooleanOptionalAction, default=True,
+                    help="route FSDP2's all-gathers and reduce-scatters through TIDE (default) or keep stock FSDP2")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--layers", type=int, default=2)
+    args = ap.parse_args()
+
+    device = init_distributed(args.device)
+    train(args, device)
+    # The model and its FSDP state (which holds the process group) are garbage by now: collect them before the
+    # group is destroyed. Left to the interpreter's exit, gloo's objects occasionally abort the process there
+    # ("terminate called without an active exception"), after the work is done, stock FSDP2 or not.
+    gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
 
 
