@@ -1,8 +1,9 @@
 """Builds libnccl-tide.so with CMake and ships it inside the nccl_tide package.
 
 Metadata lives in pyproject.toml; this file adds the native build step (configure + build, Release, Ninja, into
-_build/cmake-ninja, then copy the library to nccl_tide/lib/libnccl-tide.so in the tree setuptools turns into the
-wheel), the build variant's distribution name, and the wheel tag.
+_build/cmake-ninja, then copy the library to nccl_tide/lib/libnccl-tide.so and include/tide.h to
+nccl_tide/include/tide.h in the tree setuptools turns into the wheel), the build variant's distribution name, and the
+wheel tag.
 
 Build variants follow NVIDIA's naming (nvidia-nccl-cu12, cupy-cuda12x): the CUDA major is part of the distribution
 name, never of the version, and it is chosen when building, never guessed from the build machine:
@@ -47,6 +48,7 @@ except ImportError:
 
 ROOT = Path(__file__).resolve().parent
 LIB_NAME = "libnccl-tide.so"
+HEADER = "tide.h"
 
 
 def _cmake() -> str:
@@ -146,11 +148,22 @@ def build_native(out_dir: Path) -> Path:
     return dst
 
 
+def package_header(out_dir: Path) -> Path:
+    """Ships the C API header with the library (nccl_tide.include_dir() finds it): error hints name tide.h, and C
+    users compile against it. include/tide.h stays the one tracked copy; a source checkout reads it there."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dst = out_dir / HEADER
+    shutil.copyfile(ROOT / "include" / HEADER, dst)
+    return dst
+
+
 class BuildPyWithNative(build_py):
     def run(self):
         super().run()
         lib = build_native(Path(self.build_lib) / "nccl_tide" / "lib")
         print(f"nccl-tide: packaged {lib}", flush=True)
+        header = package_header(Path(self.build_lib) / "nccl_tide" / "include")
+        print(f"nccl-tide: packaged {header}", flush=True)
         # Editable/develop installs read the package from the source tree.
         if self.editable_mode:
             build_native(ROOT / "pytorch_glue" / "nccl_tide" / "lib")

@@ -9,6 +9,7 @@ from typing import Optional as _Optional
 from typing import Tuple as _Tuple
 
 from . import errors
+from ._header import include_dir
 from ._native import library_path
 from .dtypes import DTYPES
 from .errors import (
@@ -87,6 +88,7 @@ __all__ = [
     "errors",
     "host_all_gather",
     "host_reduce_scatter",
+    "include_dir",
     "library_path",
     "library_version",
     "version",

@@ -1,4 +1,5 @@
-"""`python -m nccl_tide`: what this installation is (version, library, CUDA or host-only build, the NCCL it finds).
+"""`python -m nccl_tide`: what this installation is (version, tide.h, library, CUDA or host-only build, the NCCL it
+finds).
 
 Needs neither a GPU nor torch. NCCL is looked for as a real job would have it: the libnccl.so.2 that torch loads
 (when torch is installed), else the one the dynamic linker finds (LD_LIBRARY_PATH, system paths).
@@ -7,9 +8,11 @@ Exit status 1 when libnccl-tide.so cannot be loaded, else 0.
 
 import ctypes
 import sys
+from pathlib import Path
 
-from . import __version__, _distribution
+from . import __version__, _distribution, include_dir
 from . import _native as N
+from ._header import HEADER
 from .errors import LibraryNotFoundError, TideError
 
 
@@ -55,8 +58,17 @@ def nccl_lines() -> list:
     ]
 
 
+def header_line() -> str:
+    """Where tide.h is (the C API contract that error hints point to), or why it is not found."""
+    try:
+        return f"header: {Path(include_dir()) / HEADER}"
+    except FileNotFoundError as e:
+        return f"header: not found: {e}"
+
+
 def main() -> int:
     print(f"nccl-tide {__version__} ({'distribution ' + _distribution if _distribution else 'source checkout'})")
+    print(header_line())
     try:
         path = N.library_path()
         N.lib()

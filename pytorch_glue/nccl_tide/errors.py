@@ -37,14 +37,22 @@ class TideError(Exception):
 
 class InvalidArgumentError(TideError, ValueError):
     code = 1
-    hint = "check sizes, dtypes, pointers and ranks against include/tide.h"
+    # tide.h ships in the wheel (nccl_tide.include_dir()); `python -m nccl_tide` prints where, so the hint holds for
+    # an installed package as well as for a source checkout.
+    hint = (
+        "check sizes, dtypes, pointers and ranks against tide.h, the C API contract; python -m nccl_tide prints "
+        "its path"
+    )
     env_hint = "fix or unset that environment variable; docs/env.md lists the accepted values"
     closed_hint = "closed before or during this call, by this thread or another; create a new one to go on"
 
 
 class InvalidUsageError(TideError, RuntimeError):
     code = 2
-    hint = "the call is not allowed in the current state; see include/tide.h for the order of calls"
+    hint = (
+        "the call is not allowed in the current state: tide.h, the C API contract, gives the order of calls; "
+        "python -m nccl_tide prints its path"
+    )
 
 
 class UnsupportedError(TideError, RuntimeError):

@@ -72,6 +72,17 @@ def test_sdist_holds_the_native_sources(sdist, repo):
     assert not [n for n in names if n.endswith((".so", ".o", ".pyc")) or n.startswith(("_build/", "build/"))]
 
 
+def test_sdist_holds_the_examples(sdist, repo):
+    # README.md points to examples/: the source package carries them (sources only, no built program).
+    with tarfile.open(sdist) as t:
+        names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
+    tracked = subprocess.run(["git", "ls-files", "examples"], cwd=repo, capture_output=True, text=True).stdout.split()
+    wanted = set(tracked) or {"examples/README.md", "examples/fsdp2_train.py", "examples/c/host_all_gather.c",
+                              "examples/c/Makefile"}
+    assert wanted <= names, wanted - names
+    assert "examples/c/host_all_gather" not in names
+
+
 @pytest.mark.parametrize("variant", ["cu12", "cu13", "cpu", ""])
 def test_variant_is_the_distribution_name(sdist, tmp_path, variant):
     # TIDE_CUDA picks the build and its name (nccl-tide-cu13, as NVIDIA's wheels); the version stays VERSION's.
@@ -107,6 +118,10 @@ def test_wheel_contents(wheel, repo):
     assert "nccl_tide/lib/libnccl-tide.so" in names
     assert "nccl_tide/__init__.py" in names and "nccl_tide/perf/cli.py" in names
     assert "nccl_tide/py.typed" in names and "nccl_tide/__main__.py" in names
+    # The C API header travels with the library (nccl_tide.include_dir(); error hints name it), as the repo's copy.
+    assert "nccl_tide/include/tide.h" in names
+    with zipfile.ZipFile(wheel) as z:
+        assert z.read("nccl_tide/include/tide.h") == (repo / "include" / "tide.h").read_bytes()
     libs = [n for n in names if re.search(r"(^|/)libnccl", n)]
     assert libs == ["nccl_tide/lib/libnccl-tide.so"], libs
     assert not [n for n in names if re.search(r"(^|/)libnccl\.so", n)]
@@ -184,7 +199,7 @@ def test_exports(wheel_lib, repo):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_fresh_venv_install_and_run(wheel, tmp_path):
+def test_fresh_venv_install_and_run(wheel, tmp_path, repo):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py, bin_ = venv / "bin" / "python", venv / "bin"
@@ -202,6 +217,14 @@ def test_fresh_venv_install_and_run(wheel, tmp_path):
     code = "import nccl_tide, sys; p = nccl_tide.library_path(); assert p.startswith(sys.prefix), p; print(p)"
     r = subprocess.run([str(py), "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
+    # The installed header: where include_dir() and `python -m nccl_tide` say, inside the venv, the repo's text.
+    code = "import nccl_tide, sys; d = nccl_tide.include_dir(); assert d.startswith(sys.prefix), d; print(d)"
+    r = subprocess.run([str(py), "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    header = Path(r.stdout.strip()) / "tide.h"
+    assert header.read_bytes() == (repo / "include" / "tide.h").read_bytes()
+    r = subprocess.run([str(py), "-m", "nccl_tide"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert f"header: {header}" in r.stdout.splitlines(), r.stdout + r.stderr
     cmd = [
         str(bin_ / "tide-perf"),
         "all_gather",

@@ -166,4 +166,4 @@ def reduce_scatter(case: Case, o: Opts):
         # TIDE's reduce-scatter outputs may not overlap its inputs (include/tide.h), and nccl-tests' in-place form
         # puts recvbuff inside sendbuff: say so without calling the library, whose refusal would log a WARN line
         # under NCCL_DEBUG=WARN for a probe of tide-perf's own making.
-        return oop, NA, "in-place reduce-scatter: TIDE's output may not overlap its input (include/tide.h): N/A"
+        return oop, NA, "in-place reduce-scatter: TIDE's output may not overlap its input (tide.h): N/A"
