@@ -3,8 +3,8 @@
 Two guards against a silent regression: structural (repeated calls on the same tensors run no per-tensor check and
 build no ctypes table; new tensors of the same kind build a table but run no per-tensor check), and a generous time
 bound relative to reading the tensors' data_ptr() in the same process (a ratio moves far less with the machine's load
-than a time: best of several repeats of each). The entry measured about 2.2x that floor on a 2-core machine, 35x
-before the fast tiers of nccl_tide._tensor_args."""
+than a time: best of several repeats of each, taking turns). The entry measured 1.2-3.2x that floor on a loaded
+2-core machine, 25-35x before the fast tiers of nccl_tide._tensor_args."""
 
 import torch
 
