@@ -37,7 +37,6 @@ import traceback
 for k, v in {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}.items():
     os.environ.setdefault(k, v)  # inherited by the spawned ranks
 os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
-os.environ.setdefault("NCCL_TIDE_TIMEOUT_MS", "60000")  # a rank whose peer stopped issuing raises instead of hanging
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from host_issue import LLAMA8B_LAYER  # noqa: E402
@@ -173,6 +172,9 @@ def main() -> int:
     ap.add_argument("--only", default=None, help="substring of case names to run")
     ap.add_argument("--timeout", type=float, default=240.0)
     args = ap.parse_args()
+    # Inherited by the spawned ranks: a rank whose peer stopped issuing raises instead of hanging. Set here, not at
+    # import, so that importing this module (its tests do) leaves the importing process's environment alone.
+    os.environ.setdefault("NCCL_TIDE_TIMEOUT_MS", "60000")
     if args.ranks < 2:
         print("--ranks must be at least 2", file=sys.stderr)
         return 2

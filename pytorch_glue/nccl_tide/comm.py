@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence
 from . import _native as N
 from ._log import get_logger
 from .nccl_cuda import check_cuda_major
-from .cuda import _TORCH_RS_TYPES, _ptr, _SlotMemory
+from .cuda import _SlotMemory
+from ._tensor_args import address, grads_table, rs_out_dtype, shards_table
 from .dtypes import dtype as to_dtype
 from .dtypes import op_code, scale_arg
 from ._lifetime import Lifetime
@@ -48,6 +49,16 @@ def _torch() -> Any:
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError("nccl_tide.comm needs PyTorch: pip install torch") from e
     return torch
+
+
+_raw_stream: Any = None  # torch._C._cuda_getCurrentRawStream, False where this torch has none (looked up once)
+
+
+def _raw_stream_query() -> Any:
+    global _raw_stream
+    if _raw_stream is None:
+        _raw_stream = getattr(_torch()._C, "_cuda_getCurrentRawStream", None) or False
+    return _raw_stream or None
 
 
 def _version_text(code: int) -> str:
@@ -129,6 +140,8 @@ def make_gloo_allgather(group: Any = None, world: Optional[int] = None, timeout:
 
 class Comm:
     """One rank's TIDE communicator (tideCommCreate / tideCommCreateWithBootstrap)."""
+
+    _raw_current: Any = None  # _current_stream's fast query once it is known to work (False: it does not)
 
     def __init__(self, handle: Optional[int], keepalive: Iterable[Any] = ()) -> None:
         self._life = Lifetime("Comm")
@@ -248,11 +261,24 @@ class Comm:
     # -- collectives ---------------------------------------------------------------------------
     def _stream(self, stream: Any) -> int:
         if stream is None:
-            torch = _torch()
-            return int(torch.cuda.current_stream(torch.device("cuda", self.device)).cuda_stream)
+            return self._current_stream()
         if hasattr(stream, "cuda_stream"):
             return int(stream.cuda_stream)
         return N.u64_arg(stream, "stream (cudaStream_t address)")
+
+    def _current_stream(self) -> int:
+        """The address of the current torch stream of the comm's device. The first call asks torch.cuda (which
+        initializes CUDA in torch if nothing did yet); later calls ask torch's raw-stream query (one C call, what
+        torch's generated code uses) where this torch has one and it gave the same answer."""
+        raw = self._raw_current
+        if raw:
+            return raw(self.device)
+        torch = _torch()
+        s = int(torch.cuda.current_stream(torch.device("cuda", self.device)).cuda_stream)
+        if raw is None:
+            q = _raw_stream_query()
+            self._raw_current = q if q is not None and q(self.device) == s else False
+        return s
 
     def all_gather(
         self,
@@ -266,27 +292,22 @@ class Comm:
         with self._life.use():
             if (sendbuf is None) == (shards is None):
                 raise InvalidArgumentError("all_gather: pass exactly one of sendbuf and shards")
-            slot_ptr = _ptr(slot, "slot", layout.slot_bytes, at_least=True)
+            slot_ptr = address(slot, "slot", layout.slot_bytes, at_least=True)
             table = None
             send_ptr = None
             if sendbuf is not None:
-                send_ptr = _ptr(sendbuf, "sendbuf", layout.send_bytes, at_least=True)
+                send_ptr = address(sendbuf, "sendbuf", layout.send_bytes, at_least=True)
             else:
-                infos = layout.params
                 assert shards is not None
-                if len(shards) != len(infos):
-                    raise InvalidArgumentError(f"shards: {len(shards)} tensors, layout has {len(infos)} params")
-                table = N.pointer_table(
-                    [
-                        _ptr(t, f"shards[{i}]", p.shard_numel * p.elem_size, dtype=p.dtype)
-                        for i, (t, p) in enumerate(zip(shards, infos))
-                    ]
-                )
+                n = len(layout._params)
+                if len(shards) != n:
+                    raise InvalidArgumentError(f"shards: {len(shards)} tensors, layout has {n} params")
+                table = shards_table(layout).table(shards, "shards")
+            s = self._stream(stream)
             with layout._use() as lh:  # safe against a concurrent layout.close()
-                N.check(
-                    N.lib().tideAllGather(self.handle, lh, send_ptr, table, slot_ptr, self._stream(stream)),
-                    f"tideAllGather(rank {self.rank})",
-                )
+                rc = N.lib().tideAllGather(self.handle, lh, send_ptr, table, slot_ptr, s)
+            if rc != N.tideSuccess:
+                N.check(rc, f"tideAllGather(rank {self.rank})")
 
     def reduce_scatter(
         self,
@@ -302,41 +323,27 @@ class Comm:
         """tideReduceScatter for this rank: grads[i] (numel_i elements), out (rs_out_numel elements of fp32, bf16 or
         fp16, from its torch dtype or out_dtype), op 'sum' | 'avg' | 'premul'."""
         with self._life.use():
-            infos = layout.params
             if out_dtype is None:
-                name = str(getattr(out, "dtype", "")).replace("torch.", "")
-                rev = {v: k for k, v in _TORCH_RS_TYPES.items()}
-                if name not in rev:
+                out_dtype = rs_out_dtype(out)
+                if out_dtype is None:
+                    name = str(getattr(out, "dtype", "")).replace("torch.", "")
                     raise InvalidArgumentError(
                         f"out: dtype {name or type(out).__name__} is not float32/bfloat16/float16"
                     )
-                out_dtype = rev[name]
             odt = to_dtype(out_dtype)
-            if len(grads) != len(infos):
-                raise InvalidArgumentError(f"grads: {len(grads)} tensors, layout has {len(infos)} params")
-            table = N.pointer_table(
-                [
-                    _ptr(g, f"grads[{i}]", p.numel * p.elem_size, dtype=p.dtype)
-                    for i, (g, p) in enumerate(zip(grads, infos))
-                ]
-            )
-            out_ptr = _ptr(out, "out", layout.rs_out_numel * odt.size, dtype=odt)
-            stag = None if staging is None else _ptr(staging, "staging", layout.rs_staging_bytes, at_least=True)
+            n = len(layout._params)
+            if len(grads) != n:
+                raise InvalidArgumentError(f"grads: {len(grads)} tensors, layout has {n} params")
+            table = grads_table(layout).table(grads, "grads")
+            out_ptr = address(out, "out", layout.rs_out_numel * odt.size, dtype=odt)
+            stag = None if staging is None else address(staging, "staging", layout.rs_staging_bytes, at_least=True)
+            code = op_code(op)
+            scale_f = scale_arg(scale, code)
+            s = self._stream(stream)
             with layout._use() as lh:  # safe against a concurrent layout.close()
-                N.check(
-                    N.lib().tideReduceScatter(
-                        self.handle,
-                        lh,
-                        table,
-                        out_ptr,
-                        odt.code,
-                        op_code(op),
-                        scale_arg(scale, op_code(op)),
-                        stag,
-                        self._stream(stream),
-                    ),
-                    f"tideReduceScatter(rank {self.rank})",
-                )
+                rc = N.lib().tideReduceScatter(self.handle, lh, table, out_ptr, odt.code, code, scale_f, stag, s)
+            if rc != N.tideSuccess:
+                N.check(rc, f"tideReduceScatter(rank {self.rank})")
 
     def debug_dump(self) -> str:
         """tideCommDebugDump: where this rank's host thread is, the last epochs, every rank's flag words (read back

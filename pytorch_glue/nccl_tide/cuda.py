@@ -29,13 +29,12 @@ from . import _native as N
 from ._fences import CallerStreamFences
 from ._log import get_logger
 from ._lifetime import Lifetime
+from ._tensor_args import address, grads_table, rs_out_dtype, shards_table
 from .dtypes import dtype as to_dtype
-from .dtypes import check_element_type, op_code, scale_arg
+from .dtypes import op_code, scale_arg
 from .errors import InvalidArgumentError, TideTimeoutError, describe_pending, first_pending_wait
 
 _log = get_logger("cuda")
-
-_TORCH_RS_TYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def _torch():
@@ -169,26 +168,6 @@ class _SlotMemory:
             "strides": None,
             "stream": None,
         }
-
-
-def _ptr(t: Any, what: str, nbytes: Optional[int] = None, at_least: bool = False, dtype=None) -> int:
-    """Device address of a contiguous CUDA tensor (or a raw int address), checking its byte size and, for a typed
-    buffer (dtype: the layout's or out_dtype), its element type."""
-    if isinstance(t, int):
-        return t
-    if not hasattr(t, "data_ptr"):
-        raise InvalidArgumentError(f"{what}: expected a CUDA tensor, got {type(t).__name__}")
-    if dtype is not None:
-        check_element_type(t, to_dtype(dtype), what)
-    if t.device.type != "cuda":
-        raise InvalidArgumentError(f"{what}: tensor is on {t.device}; the CUDA path needs CUDA tensors")
-    if not t.is_contiguous():
-        raise InvalidArgumentError(f"{what}: tensor must be contiguous")
-    if nbytes is not None:
-        have = t.numel() * t.element_size()
-        if (have < nbytes) if at_least else (have != nbytes):
-            raise InvalidArgumentError(f"{what}: {have} bytes, layout needs {'at least ' if at_least else ''}{nbytes}")
-    return t.data_ptr()
 
 
 class LoopbackWorld:
@@ -352,20 +331,15 @@ class LoopbackWorld:
         caller, inside its in-flight span)."""
         rank = N.int_arg(rank, "rank", 0, max(len(self._comms) - 1, 0))
         lib = N.lib()
-        infos = layout.params
-        slot_ptr = _ptr(slot, f"slots[{rank}]", layout.slot_bytes, at_least=True)
+        slot_ptr = address(slot, f"slots[{rank}]", layout.slot_bytes, at_least=True)
         if sendbuf is not None:
-            send_ptr = _ptr(sendbuf, f"sendbufs[{rank}]", layout.send_bytes, at_least=True)
+            send_ptr = address(sendbuf, f"sendbufs[{rank}]", layout.send_bytes, at_least=True)
             table = None
         else:
-            if len(shards) != len(infos):
-                raise InvalidArgumentError(f"shards[{rank}]: {len(shards)} tensors, layout has {len(infos)} params")
-            table = N.pointer_table(
-                [
-                    _ptr(t, f"shards[{rank}][{i}]", p.shard_numel * p.elem_size, dtype=p.dtype)
-                    for i, (t, p) in enumerate(zip(shards, infos))
-                ]
-            )
+            n = len(layout._params)
+            if len(shards) != n:
+                raise InvalidArgumentError(f"shards[{rank}]: {len(shards)} tensors, layout has {n} params")
+            table = shards_table(layout).table(shards, f"shards[{rank}]")
             send_ptr = None
         stream_obj = self._streams[rank] if stream is None else stream
         stream_handle = self._stream_handle(stream_obj)
@@ -373,10 +347,9 @@ class LoopbackWorld:
         def issue():
             self._last_streams[rank] = (stream_obj, stream_handle)  # before the call: a failed one may have queued
             with layout._use() as lh:  # safe against a concurrent layout.close()
-                N.check(
-                    lib.tideAllGather(self._comms[rank], lh, send_ptr, table, slot_ptr, stream_handle),
-                    f"tideAllGather(rank {rank})",
-                )
+                rc = lib.tideAllGather(self._comms[rank], lh, send_ptr, table, slot_ptr, stream_handle)
+            if rc != N.tideSuccess:
+                N.check(rc, f"tideAllGather(rank {rank})")
 
         return issue
 
@@ -430,27 +403,21 @@ class LoopbackWorld:
         """Checks rank `rank`'s arguments and returns its tideReduceScatter as a call without arguments."""
         rank = N.int_arg(rank, "rank", 0, max(len(self._comms) - 1, 0))
         lib = N.lib()
-        infos = layout.params
         if out_dtype is None:
-            name = str(getattr(out, "dtype", "")).replace("torch.", "")
-            rev = {v: k for k, v in _TORCH_RS_TYPES.items()}
-            if name not in rev:
+            out_dtype = rs_out_dtype(out)
+            if out_dtype is None:
+                name = str(getattr(out, "dtype", "")).replace("torch.", "")
                 raise InvalidArgumentError(
                     f"outs[{rank}]: dtype {name or type(out).__name__} is not float32/bfloat16/float16; "
                     "pass out_dtype"
                 )
-            out_dtype = rev[name]
         odt = to_dtype(out_dtype)
-        if len(grads) != len(infos):
-            raise InvalidArgumentError(f"grads[{rank}]: {len(grads)} tensors, layout has {len(infos)} params")
-        table = N.pointer_table(
-            [
-                _ptr(g, f"grads[{rank}][{i}]", p.numel * p.elem_size, dtype=p.dtype)
-                for i, (g, p) in enumerate(zip(grads, infos))
-            ]
-        )
-        out_ptr = _ptr(out, f"outs[{rank}]", layout.rs_out_numel * odt.size, dtype=odt)
-        stag = None if staging is None else _ptr(staging, f"staging[{rank}]", layout.rs_staging_bytes, at_least=True)
+        n = len(layout._params)
+        if len(grads) != n:
+            raise InvalidArgumentError(f"grads[{rank}]: {len(grads)} tensors, layout has {n} params")
+        table = grads_table(layout).table(grads, f"grads[{rank}]")
+        out_ptr = address(out, f"outs[{rank}]", layout.rs_out_numel * odt.size, dtype=odt)
+        stag = None if staging is None else address(staging, f"staging[{rank}]", layout.rs_staging_bytes, at_least=True)
         op_c = op_code(op)
         scale_f = scale_arg(scale, op_c)
         stream_obj = self._streams[rank] if stream is None else stream
@@ -459,12 +426,11 @@ class LoopbackWorld:
         def issue():
             self._last_streams[rank] = (stream_obj, stream_handle)  # before the call: a failed one may have queued
             with layout._use() as lh:  # safe against a concurrent layout.close()
-                N.check(
-                    lib.tideReduceScatter(
-                        self._comms[rank], lh, table, out_ptr, odt.code, op_c, scale_f, stag, stream_handle
-                    ),
-                    f"tideReduceScatter(rank {rank})",
+                rc = lib.tideReduceScatter(
+                    self._comms[rank], lh, table, out_ptr, odt.code, op_c, scale_f, stag, stream_handle
                 )
+            if rc != N.tideSuccess:
+                N.check(rc, f"tideReduceScatter(rank {rank})")
 
         return issue
 

@@ -106,6 +106,8 @@ OP_ALIASES = {"premul_sum": "premul", "premulsum": "premul", "mulsum": "premul",
 
 
 def op_code(op) -> int:
+    if type(op) is str and op in OPS:  # the canonical names, as the wrappers pass them: one lookup
+        return OPS[op]
     if isinstance(op, (int, np.integer)) and not isinstance(op, bool):
         if 0 <= int(op) < N.tideNumRedOps:
             return int(op)

@@ -7,8 +7,7 @@ describes the group, creates the handle and reads the derived values back.
 import ctypes
 import threading
 from collections.abc import Sequence
-from contextlib import contextmanager
-from typing import Any, Iterator, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
 from . import _native as N
 from .dtypes import DType
@@ -85,6 +84,9 @@ class Layout:
         self._lock = threading.Lock()
         self._inflight = 0  # calls of this process using the handle now (see _use)
         self._closing = False
+        # Per-call checkers of the CUDA wrappers' tensor arguments, by role (nccl_tide._tensor_args): they depend on
+        # the layout's parameters only, and keep what repeated calls can reuse.
+        self._arg_tables: Dict[str, Any] = {}
         # Every integer is range-checked here: ctypes would silently wrap an out-of-range one into another value.
         per_param = "integers, one per parameter"
         numels = [N.u64_arg(x, f"numels[{i}]") for i, x in enumerate(sequence_arg(numels, "numels", per_param))]
@@ -170,23 +172,25 @@ class Layout:
     def closed(self) -> bool:
         return self._handle is None or self._closing
 
-    @contextmanager
-    def _use(self) -> Iterator[ctypes.c_void_p]:
+    def _use(self) -> "_HandleUse":
+        """`with layout._use() as h:` the handle, counted in flight until the block ends."""
+        return _HandleUse(self)
+
+    def _acquire(self) -> ctypes.c_void_p:
         with self._lock:
             if self._handle is None or self._closing:
                 raise InvalidArgumentError("layout is closed")
             self._inflight += 1
-            h = self._handle
-        try:
-            yield h
-        finally:
-            with self._lock:
-                self._inflight -= 1
-                last = self._closing and self._inflight == 0 and self._handle is not None
-                if last:
-                    h, self._handle = self._handle, None
+            return self._handle
+
+    def _release(self) -> None:
+        with self._lock:
+            self._inflight -= 1
+            last = self._closing and self._inflight == 0 and self._handle is not None
             if last:
-                self._destroy(h)
+                h, self._handle = self._handle, None
+        if last:
+            self._destroy(h)
 
     @staticmethod
     def _destroy(h: Optional[ctypes.c_void_p]) -> None:
@@ -278,3 +282,18 @@ class Layout:
             f"Layout(n_params={self.n_params}, world_size={self.world_size}, ranks_per_node={self.ranks_per_node}, "
             f"send_bytes={self.send_bytes}, slot_bytes={self.slot_bytes}, hash=0x{self.hash:016x})"
         )
+
+
+class _HandleUse:
+    """What Layout._use() returns: a context manager over _acquire() / _release() (no generator per call)."""
+
+    __slots__ = ("_layout",)
+
+    def __init__(self, layout: Layout) -> None:
+        self._layout = layout
+
+    def __enter__(self) -> ctypes.c_void_p:
+        return self._layout._acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._layout._release()

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from nccl_tide import InvalidArgumentError, Layout, host_all_gather, host_reduce_scatter
-from nccl_tide.cuda import _ptr
+from nccl_tide._tensor_args import check as _ptr
 
 W = 2
 
