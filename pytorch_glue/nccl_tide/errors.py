@@ -43,7 +43,7 @@ class InvalidArgumentError(TideError, ValueError):
         "check sizes, dtypes, pointers and ranks against tide.h, the C API contract; python -m nccl_tide prints "
         "its path"
     )
-    env_hint = "fix or unset that environment variable; docs/env.md lists the accepted values"
+    env_hint = "fix or unset that environment variable; docs/env.md (in the sources and the sdist) lists the accepted values"
     closed_hint = "closed before or during this call, by this thread or another; create a new one to go on"
 
 

@@ -72,13 +72,17 @@ def test_sdist_holds_the_native_sources(sdist, repo):
     assert not [n for n in names if n.endswith((".so", ".o", ".pyc")) or n.startswith(("_build/", "build/"))]
 
 
-def test_sdist_holds_the_examples(sdist, repo):
-    # README.md points to examples/: the source package carries them (sources only, no built program).
+@pytest.mark.parametrize("folder", ["examples", "docs"])
+def test_sdist_holds_examples_and_docs(sdist, repo, folder):
+    # README.md points to examples/, and error messages and warnings name docs/env.md and docs/fsdp.md: the source
+    # package carries both (sources only, no built program).
     with tarfile.open(sdist) as t:
         names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
-    tracked = subprocess.run(["git", "ls-files", "examples"], cwd=repo, capture_output=True, text=True).stdout.split()
-    wanted = set(tracked) or {"examples/README.md", "examples/fsdp2_train.py", "examples/c/host_all_gather.c",
-                              "examples/c/Makefile"}
+    tracked = subprocess.run(["git", "ls-files", folder], cwd=repo, capture_output=True, text=True).stdout.split()
+    fallback = {"examples": {"examples/README.md", "examples/fsdp2_train.py", "examples/c/host_all_gather.c",
+                             "examples/c/Makefile"},
+                "docs": {"docs/env.md", "docs/fsdp.md", "docs/usage.md"}}
+    wanted = set(tracked) or fallback[folder]
     assert wanted <= names, wanted - names
     assert "examples/c/host_all_gather" not in names
 

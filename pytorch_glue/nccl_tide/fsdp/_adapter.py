@@ -256,7 +256,7 @@ def match(have: Dict[str, str]) -> "Selection":
         None,
         "the private FSDP2 source that nccl_tide.fsdp patches matches no supported release (closest "
         f"{best.name if best else 'none'}; differs in {names}" + (f"; missing {', '.join(missing)}" if missing else "")
-        + "). Supported: " + ", ".join(a.name for a in ADAPTERS) + "; see docs/fsdp.md",
+        + "). Supported: " + ", ".join(a.name for a in ADAPTERS) + "; see docs/fsdp.md (in the sources and the sdist), \"Supported torch versions\"",
     )
 
 
