@@ -13,6 +13,13 @@ def int_dtype(torch, size):
     return {1: torch.uint8, 2: torch.int16, 4: torch.int32}[size]
 
 
+def bits_dtype(torch, name):
+    """The integer type that holds the bits of TIDE dtype `name` and that TIDE accepts for it (tide.h: a float's
+    unsigned integers of its size; signed ones are refused, int32 being a TIDE type of its own)."""
+    return {"bf16": torch.uint16, "fp16": torch.uint16, "fp32": torch.uint32, "fp8_e4m3": torch.uint8,
+            "fp8_e5m2": torch.uint8, "int8": torch.int8, "int32": torch.int32}[name]
+
+
 def torch_float(torch, name):
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
 

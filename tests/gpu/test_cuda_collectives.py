@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import nccl_tide
-from gpu_util import ALL_DTYPES, POISON, RS_DTYPES, as_bits, int_dtype, make_layouts, random_bytes, random_float
+from gpu_util import ALL_DTYPES, POISON, RS_DTYPES, as_bits, bits_dtype, make_layouts, random_bytes, random_float
 from gpu_util import random_layout_spec
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(120)]
@@ -57,7 +57,8 @@ def run_ag(torch, world, rng, numels, rows, dts, form, streams=None, layouts=Non
         send_cpu = [random_bytes(torch, rng, L.send_bytes) for _ in range(W)]
         host_shards = [
             [
-                send_cpu[r][p.send_offset : p.send_offset + p.shard_numel * p.elem_size].view(int_dtype(torch, p.elem_size))
+                send_cpu[r][p.send_offset : p.send_offset + p.shard_numel * p.elem_size].view(
+                    bits_dtype(torch, p.dtype))
                 for p in infos
             ]
             for r in range(W)

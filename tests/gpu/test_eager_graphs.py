@@ -24,7 +24,7 @@ import zlib
 import nccl_tide
 import numpy as np
 import pytest
-from gpu_util import POISON, as_bits, int_dtype, make_layouts, random_bytes, random_float
+from gpu_util import POISON, as_bits, bits_dtype, make_layouts, random_bytes, random_float
 from nccl_tide import _native as N
 from nccl_tide.errors import UnsupportedError
 from test_graph_capture import (  # noqa: F401 (world_of: the fixture, shared)
@@ -413,7 +413,7 @@ def test_values_and_pointer_changes(torch_cuda, world_of):
     def ag_call(slot_key, send_key, how, what):
         send_cpu = [random_bytes(torch, rng, L.send_bytes) for _ in range(W)]
         shards = [
-            [send_cpu[r][p.send_offset : p.send_offset + p.shard_numel * p.elem_size].view(int_dtype(torch, p.elem_size))
+            [send_cpu[r][p.send_offset : p.send_offset + p.shard_numel * p.elem_size].view(bits_dtype(torch, p.dtype))
              for p in L.params]
             for r in range(W)
         ]
@@ -504,7 +504,7 @@ SWITCH_SCRIPT = textwrap.dedent(
     for it in range(4):
         send_cpu = [torch.from_numpy(rng.integers(0, 256, L.send_bytes, dtype=np.uint8)) for _ in range(W)]
         shards = [[send_cpu[r][p.send_offset:p.send_offset + p.shard_numel * p.elem_size].view(
-            {2: torch.int16, 4: torch.int32}[p.elem_size]) for p in L.params] for r in range(W)]
+            {"bf16": torch.uint16, "fp32": torch.uint32}[p.dtype]) for p in L.params] for r in range(W)]
         exp = nccl_tide.host_all_gather(L, shards)
         sends = [t.cuda() for t in send_cpu]
         for s in slots:

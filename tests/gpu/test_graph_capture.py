@@ -18,7 +18,7 @@ import zlib
 import nccl_tide
 import numpy as np
 import pytest
-from gpu_util import POISON, as_bits, int_dtype, make_layouts, random_bytes, random_float, random_layout_spec
+from gpu_util import POISON, as_bits, bits_dtype, make_layouts, random_bytes, random_float, random_layout_spec
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 
@@ -136,7 +136,7 @@ class AgCase:
         shards = [
             [
                 send_cpu[r][p.send_offset : p.send_offset + p.shard_numel * p.elem_size].view(
-                    int_dtype(torch, p.elem_size)
+                    bits_dtype(torch, p.dtype)
                 )
                 for p in self.L.params
             ]

@@ -153,7 +153,7 @@ def test_mixed_single_and_multi_node_sequence(torch_cuda, worlds):
 
 def test_repeated_multi_node_without_host_sync(torch_cuda, worlds):
     """AG and RS (2x4 virtual nodes) back to back 10 times, Slot-Reuse staging in the AG slot, one sync at the end."""
-    from gpu_util import as_bits, random_bytes, random_float
+    from gpu_util import as_bits, bits_dtype, random_bytes, random_float
 
     torch = torch_cuda
     W, R = 8, 4
@@ -168,7 +168,8 @@ def test_repeated_multi_node_without_host_sync(torch_cuda, worlds):
     send_cpu = [random_bytes(torch, rng, L.send_bytes) for _ in range(W)]
     infos = L.params
     shards = [
-        [send_cpu[r][p.send_offset : p.send_offset + p.shard_numel * p.elem_size].view(torch.int16) for p in infos]
+        [send_cpu[r][p.send_offset : p.send_offset + p.shard_numel * p.elem_size].view(bits_dtype(torch, p.dtype))
+         for p in infos]
         for r in range(W)
     ]
     expected_ag = nccl_tide.host_all_gather(L, shards)

@@ -15,11 +15,14 @@ socket transport over loopback). Marker gpu: one card.
 Each rank logs at INFO into its own file; the comm's transport line is checked there.
 """
 
+import re
+
 import pytest
 import test_nccl_hosts as hosts
 
 pytestmark = [pytest.mark.gpu]
 INFO = {"NCCL_TIDE_DEBUG": "INFO"}
+TRANSPORT_LINE = re.compile(r"NCCL TIDE INFO \w+: (inter-node transport .*)$")
 
 
 @pytest.fixture(autouse=True)
@@ -28,11 +31,12 @@ def _gpu(torch_cuda, cuda_lib):
 
 
 def _transport_line(tmp_path, rank):
-    """The comm's transport line in the rank's log (one per comm the rank created; all alike here)."""
-    lines = [x.split("inter-node transport", 1)[1] for x in (tmp_path / f"tide-rank{rank}.log").read_text().splitlines()
-             if "inter-node transport" in x]
+    """The comm's transport line in the rank's log (one per comm the rank created; all alike here): the INFO line whose
+    message starts with it (the NCCL binding's own line names the transport too, further in)."""
+    log = (tmp_path / f"tide-rank{rank}.log").read_text().splitlines()
+    lines = [m.group(1) for m in map(TRANSPORT_LINE.search, log) if m]
     assert lines and len(set(lines)) == 1, lines
-    return "inter-node transport" + lines[0]
+    return lines[0]
 
 
 def _spanning(rank, world, report):
