@@ -11,7 +11,6 @@ from multirank.harness import _show, free_port, run_processes
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "frameworks"
-GLUE = REPO / "pytorch_glue"
 
 # framework -> (module that must import, example script)
 FRAMEWORKS = {
@@ -45,9 +44,14 @@ def run(framework: str, args, world: int = 2, env=None, rank_env=None, timeout: 
     """Runs the framework's example on `world` ranks. env: for every rank; rank_env(r): a dict for rank r.
     Returns (per-rank outputs, {rank: [losses]}); with check, every rank must exit 0 and print a loss per step."""
     script = EXAMPLES / FRAMEWORKS[framework][1]
+    # The ranks import the nccl_tide this process imports (the installed package in CI, with its library; the
+    # source tree where PYTHONPATH names it), not pytorch_glue/ unconditionally, which has no library when installed.
+    import nccl_tide
+
+    here = str(Path(nccl_tide.__file__).resolve().parents[1])
     common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world),
               "LOCAL_WORLD_SIZE": str(world), "PYTHONUNBUFFERED": "1",
-              "PYTHONPATH": os.pathsep.join(filter(None, [str(GLUE), os.environ.get("PYTHONPATH")]))}
+              "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
     common.update(env or {})
 
     def argv(r):
