@@ -10,6 +10,7 @@
 
 #include "api_guard.h"
 #include "errors.h"
+#include "fnv1a.h"
 #include "internode.h"
 #include "log.h"
 #include "nccl/nccl_lib.h"
@@ -62,14 +63,9 @@ tideResult_t configHash(const tideConfig_t* config, uint64_t* hash) {
   // ranks that disagree must fail at creation, never hang at a first call.
   TIDE_CHECK(tide::params::status(tide::params::kRanksPerNode));
   const uint64_t declaredNodes = static_cast<uint64_t>(tide::params::ranksPerNodeOverride());
-  uint64_t h = 1469598103934665603ULL;
-  for (uint64_t v : {chunk, pace, static_cast<uint64_t>(TIDE_CONFIG_VERSION), interNode, declaredNodes}) {
-    for (int b = 0; b < 8; ++b) {
-      h ^= (v >> (8 * b)) & 0xff;
-      h *= 1099511628211ULL;
-    }
-  }
-  *hash = h;
+  tide::Fnv1a h;
+  for (uint64_t v : {chunk, pace, static_cast<uint64_t>(TIDE_CONFIG_VERSION), interNode, declaredNodes}) h.u64(v);
+  *hash = h.value();
   return tideSuccess;
 }
 

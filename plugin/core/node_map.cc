@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "errors.h"
+#include "fnv1a.h"
 
 namespace tide {
 namespace nodes {
@@ -14,13 +15,10 @@ namespace {
 
 constexpr const char* kComponent = "Nodes";
 
-uint64_t fnv1a(const char* s, size_t n) {
-  uint64_t h = 1469598103934665603ULL;
-  for (size_t i = 0; i < n; ++i) {
-    h ^= static_cast<unsigned char>(s[i]);
-    h *= 1099511628211ULL;
-  }
-  return h;
+uint64_t hashOf(const char* s) {
+  Fnv1a h;
+  h.bytes(s, strlen(s));
+  return h.value();
 }
 
 // hostname followed by the boot id (containers may share a hostname across machines; the boot id tells kernels
@@ -51,9 +49,9 @@ RankHost localHost() {
   char buf[1024];
   RankHost h{};
   ncclHostIdentity(buf, sizeof(buf));
-  h.ncclHost = fnv1a(buf, strlen(buf));
+  h.ncclHost = hashOf(buf);
   machineIdentity(buf, sizeof(buf));
-  h.machine = fnv1a(buf, strlen(buf));
+  h.machine = hashOf(buf);
   return h;
 }
 
