@@ -69,6 +69,19 @@ def copy_dtype(name: str, size: int):
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}.get(name) or bits_dtype(size)
 
 
+def zero_nans(buf_u8, dtype) -> None:
+    """Sets every element of the byte buffer that is a NaN of the float type `dtype` to +0, in place (integer types:
+    nothing to do). For inputs that pass through FSDP2's copy-in: on CUDA torch._foreach_copy_ loads bf16/fp16 as
+    fp32 and stores it back, which writes every NaN as one canonical NaN, so a NaN's payload and sign do not survive
+    it while every other value does, bit for bit. Without NaNs, a bit-exact check of its output is right, and no
+    expected element is the all-ones fill (a NaN) that marks an element nothing wrote."""
+    import torch
+
+    if dtype.is_floating_point:
+        v = buf_u8.view(dtype)
+        v.masked_fill_(torch.isnan(v), 0)
+
+
 def sleep(ms: float = 1.0) -> None:
     """A GPU sleep of about `ms` milliseconds on the current stream (holds the work queued behind it)."""
     import torch

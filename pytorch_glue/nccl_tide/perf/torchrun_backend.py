@@ -184,6 +184,10 @@ class TorchrunBackend:
         bits = gpu.bits_dtype(case.dtype.size)
         lay = self._layout(case, case.numels, case.rows)
         sends = self._sends(case, lay.send_bytes)
+        cdt = gpu.copy_dtype(case.dtype.name, case.dtype.size)
+        if impl == "fsdp2":  # FSDP2's copy-in keeps values, not NaN payloads: its inputs hold no NaN
+            for s_ in sends:
+                gpu.zero_nans(s_, cdt)
         send = sends[me]
         S = lay.send_bytes // case.dtype.size
         expect = torch.full((lay.slot_bytes,), 255, dtype=torch.uint8, device=dev)
@@ -246,7 +250,6 @@ class TorchrunBackend:
         # fsdp2: FSDP2's foreach_all_gather and foreach_all_gather_copy_out around the same NCCL call: every
         # parameter's shard (its own tensor, as FSDP2's sharded parameters are) copied into this rank's block of the
         # flat output, the all-gather in place from that block, the copy-out into each parameter's storage.
-        cdt = gpu.copy_dtype(case.dtype.name, case.dtype.size)
         sizes = [p.shard_numel for p in lay.params]
         shards = [send[p.send_offset : p.send_offset + n * case.dtype.size].view(cdt).clone()
                   for p, n in zip(lay.params, sizes)]
@@ -282,7 +285,8 @@ class TorchrunBackend:
             torch.cuda.synchronize()
             return wrong_in(out)
 
-        note = f"copy-in: {in_name}; torch.distributed.{_flat_name(self.dist, 'all_gather')}; copy-out: {op_name}"
+        note = (f"copy-in: {in_name}; torch.distributed.{_flat_name(self.dist, 'all_gather')}; copy-out: {op_name}"
+                + ("; inputs without NaNs (the CUDA copy-in canonicalises them)" if cdt.is_floating_point else ""))
         return Bench(fsdp2, check, note=note)
 
     def _nccl_ce(self, send_u8, flat_want, bits) -> Bench:
