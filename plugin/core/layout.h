@@ -25,6 +25,9 @@ struct ParamLayout {
   uint64_t sendOffset = 0;   // bytes, packed send buffer; aligned to elemSize
   uint64_t slotOffset = 0;   // bytes, slot; multiple of TIDE_SLOT_ALIGN
   uint64_t rsOutOffset = 0;  // elements, packed RS output
+
+  // Where rank r's shard lives in a slot region.
+  uint64_t slotPos(int r) const { return slotOffset + static_cast<uint64_t>(r) * shardBytes; }
 };
 
 // Reduce-scatter pipeline plan (see docs/architecture.md for the staging formula).

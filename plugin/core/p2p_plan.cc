@@ -9,9 +9,6 @@ namespace tide {
 namespace prog {
 namespace {
 
-// Where rank r's shard of parameter p lives in a slot region.
-uint64_t slotPos(const ParamLayout& p, int r) { return p.slotOffset + static_cast<uint64_t>(r) * p.shardBytes; }
-
 // The running sum of RS task t (chunk t / N of the rail owner on node t % N): its staging offset and fp32 bytes.
 void rsPartial(const Layout& l, int t, uint64_t* offset, uint64_t* bytes) {
   const uint64_t k = static_cast<uint64_t>(t / l.nNodes), c0 = k * l.rs.chunkNumel;
@@ -90,7 +87,7 @@ std::vector<Wire> agStepWires(const Layout& l, int rank, int step) {
   for (int i = lo; i < l.nParams && l.params[i].sendOffset < end; ++i) {
     const ParamLayout& p = l.params[i];
     const uint64_t a = std::max(offset, p.sendOffset), e = std::min(end, p.sendOffset + p.shardBytes);
-    if (a < e) out.push_back(Wire{rank, to, Mem::kSlot, slotPos(p, block) + (a - p.sendOffset), e - a});
+    if (a < e) out.push_back(Wire{rank, to, Mem::kSlot, p.slotPos(block) + (a - p.sendOffset), e - a});
   }
   return out;
 }

@@ -14,9 +14,6 @@ namespace {
 
 constexpr const char* kComponent = "Program";
 
-// Where rank r's shard of parameter i lives in a slot region.
-uint64_t slotPos(const ParamLayout& p, int r) { return p.slotOffset + static_cast<uint64_t>(r) * p.shardBytes; }
-
 void singleNode(const Layout& l, const Options& opt, Builder& b) {
   const int W = l.worldSize, me = l.rank;
   b.at(Lane::kCaller, -1);
@@ -27,12 +24,12 @@ void singleNode(const Layout& l, const Options& opt, Builder& b) {
   for (int i = 0; i < l.nParams; ++i) {
     const ParamLayout& p = l.params[i];
     if (opt.multicast) {
-      b.copy(addr(Mem::kMulticast, 0, slotPos(p, me)), addr(Mem::kSrc, i, 0), p.shardBytes);
+      b.copy(addr(Mem::kMulticast, 0, p.slotPos(me)), addr(Mem::kSrc, i, 0), p.shardBytes);
       continue;
     }
     for (int k = 0; k < W; ++k) {
       const int r = (me + k) % W;  // self first, then the next ranks: spreads the writes over destinations
-      b.copy(addr(Mem::kSlot, r, slotPos(p, me)), addr(Mem::kSrc, i, 0), p.shardBytes);
+      b.copy(addr(Mem::kSlot, r, p.slotPos(me)), addr(Mem::kSrc, i, 0), p.shardBytes);
     }
   }
   for (int r = 0; r < W; ++r) {
@@ -63,7 +60,7 @@ void captured(const Layout& l, bool pairs, Builder& b) {
     const ParamLayout& p = l.params[i];
     for (int k = 0; k < W; ++k) {
       const int r = (me + k) % W;
-      b.copy(addr(Mem::kSlot, r, slotPos(p, me)), addr(Mem::kSrc, i, 0), p.shardBytes);
+      b.copy(addr(Mem::kSlot, r, p.slotPos(me)), addr(Mem::kSrc, i, 0), p.shardBytes);
     }
   }
   for (int d = 0; d < W; ++d) {
@@ -118,7 +115,7 @@ tideResult_t multiNode(const Layout& l, const Options& opt, Program* prog, Build
   for (int d : dests) b.wait(d, word::kAgReady, Val::kEpoch, 0);
   for (int i = 0; i < l.nParams; ++i) {
     const ParamLayout& p = l.params[i];
-    b.copy(addr(Mem::kSlot, me, slotPos(p, me)), addr(Mem::kSrc, i, 0), p.shardBytes);
+    b.copy(addr(Mem::kSlot, me, p.slotPos(me)), addr(Mem::kSrc, i, 0), p.shardBytes);
   }
   // Groups 1 + k: round k of the rail schedule, one put (copy batch) or p2p group per step of at most paceBytes.
   for (int k = 0, x = 0; k < rounds; ++k) {
@@ -154,7 +151,7 @@ tideResult_t multiNode(const Layout& l, const Options& opt, Program* prog, Build
       for (int j = 0; j < N; ++j) {
         for (int i = 0; i < l.nParams; ++i) {
           const ParamLayout& p = l.params[i];
-          const uint64_t at = slotPos(p, j * R + q);
+          const uint64_t at = p.slotPos(j * R + q);
           b.copy(addr(Mem::kSlot, d, at), addr(Mem::kSlot, me, at), p.shardBytes);
         }
       }
