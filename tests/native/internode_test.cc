@@ -7,6 +7,7 @@
 #include <cstring>
 #include <string>
 
+#include "expect.h"
 #include "errors.h"
 #include "internode.h"
 #include "params.h"
@@ -14,17 +15,6 @@
 using tide::internode::Transport;
 using tide::internode::World;
 namespace params = tide::params;
-
-static int failures = 0;
-#define EXPECT(cond, ...)                    \
-  do {                                       \
-    if (!(cond)) {                           \
-      ++failures;                            \
-      fprintf(stderr, "FAILED %s: ", #cond); \
-      fprintf(stderr, __VA_ARGS__);          \
-      fprintf(stderr, "\n");                 \
-    }                                        \
-  } while (0)
 
 static bool has(const std::string& text, const char* part) { return text.find(part) != std::string::npos; }
 

@@ -7,21 +7,11 @@
 #include <random>
 #include <vector>
 
+#include "expect.h"
 #include "errors.h"
 #include "node_map.h"
 
 using tide::nodes::RankHost;
-
-static int failures = 0;
-#define EXPECT(cond, ...)                          \
-  do {                                             \
-    if (!(cond)) {                                 \
-      ++failures;                                  \
-      fprintf(stderr, "FAILED %s: ", #cond);       \
-      fprintf(stderr, __VA_ARGS__);                \
-      fprintf(stderr, "\n");                       \
-    }                                              \
-  } while (0)
 
 // The model: host h of rank r is hostOf[r]; the split is valid iff every block of `size` ranks is one host, blocks
 // are distinct hosts, and each block is one machine.
