@@ -228,13 +228,8 @@ tideResult_t createComm(int rank, int world, int device, const tideConfig_t* con
       *why += "; windows on ";
       *why += windows->windowsWhere();
       provider = windows;
-    } else if (choice.forced) {
-      return tide::fail(tideUnsupported, kComponent,
-                        "NCCL_TIDE_PROVIDER=window: %s; unset NCCL_TIDE_PROVIDER (auto) to use CUDA IPC there, or "
-                        "set ipc",
-                        unavailable.c_str());
     } else {
-      *why = "NCCL has no windows for this comm's TIDE nodes: " + unavailable;
+      TIDE_CHECK(tide::nccl::windowFallback(choice, unavailable, why));
     }
   }
   if (provider == nullptr) {

@@ -33,7 +33,8 @@ class WindowProvider final : public Provider {
   // Collective over the NCCL communicator `parent` (of `lib`): the creation handshake (configHash must match:
   // tideMismatch on every rank; the TIDE node split), the node's communicator and the flag window. When NCCL gives
   // no window or no peer address for the node, on any rank, every rank returns tideSuccess with *out null and
-  // *unavailable saying why (tideCommCreate then falls back to IPC, or fails when the window provider was forced).
+  // *unavailable naming the NCCL call that said no and its result (tideCommCreate then falls back to IPC, or fails
+  // when the window provider was forced: nccl::windowFallback).
   static tideResult_t create(const nccl::Lib& lib, nccl::ncclComm_t parent, int rank, int worldSize, int device,
                              uint64_t configHash, ExchangeFn exchange, WorkLeftFn workLeft,
                              std::shared_ptr<WindowProvider>* out, std::string* unavailable);

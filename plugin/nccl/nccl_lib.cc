@@ -204,7 +204,7 @@ tideResult_t ncclFail(const Lib& lib, ncclResult_t r, const char* what) {
   return fail(tideNcclError, kComponent, "%s failed: %s (NCCL error %d)", what, s ? s : "unknown error", r);
 }
 
-tideResult_t settle(const Lib& lib, ncclComm_t comm, ncclResult_t r, const char* what) {
+tideResult_t settledResult(const Lib& lib, ncclComm_t comm, ncclResult_t r, const char* what, ncclResult_t* out) {
   const uint64_t boundMs = params::timeoutMs();
   const auto start = std::chrono::steady_clock::now();
   while (r == kNcclInProgress) {
@@ -216,7 +216,14 @@ tideResult_t settle(const Lib& lib, ncclComm_t comm, ncclResult_t r, const char*
     const ncclResult_t q = lib.commGetAsyncError(comm, &r);
     if (q != kNcclSuccess) return ncclFail(lib, q, "ncclCommGetAsyncError");
   }
-  return r == kNcclSuccess ? tideSuccess : ncclFail(lib, r, what);
+  *out = r;
+  return tideSuccess;
+}
+
+tideResult_t settle(const Lib& lib, ncclComm_t comm, ncclResult_t r, const char* what) {
+  ncclResult_t settled = kNcclSuccess;
+  TIDE_CHECK(settledResult(lib, comm, r, what, &settled));
+  return settled == kNcclSuccess ? tideSuccess : ncclFail(lib, settled, what);
 }
 
 }  // namespace nccl

@@ -119,9 +119,12 @@ int headerVersion();
 // "ncclXxx failed: <ncclGetErrorString> (<code>)" as tideNcclError.
 tideResult_t ncclFail(const Lib& lib, ncclResult_t r, const char* what);
 
-// The outcome of a call `what` on `comm` that returned r: for a nonblocking communicator's ncclInProgress, polls
-// ncclCommGetAsyncError until the operation settles, at most NCCL_TIDE_TIMEOUT_MS (0: as long as it takes;
-// tideTimeout then). tideSuccess, or ncclFail's error.
+// NCCL's final result of a call `what` on `comm` that returned r: for a nonblocking communicator's ncclInProgress,
+// polls ncclCommGetAsyncError until the operation settles, at most NCCL_TIDE_TIMEOUT_MS (0: as long as it takes).
+// tideSuccess with *out that result (kNcclSuccess or NCCL's error), or tideTimeout / the failed query's error.
+tideResult_t settledResult(const Lib& lib, ncclComm_t comm, ncclResult_t r, const char* what, ncclResult_t* out);
+
+// settledResult as a TIDE result: tideSuccess, or ncclFail's error for NCCL's.
 tideResult_t settle(const Lib& lib, ncclComm_t comm, ncclResult_t r, const char* what);
 
 }  // namespace nccl

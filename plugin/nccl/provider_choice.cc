@@ -78,5 +78,15 @@ tideResult_t chooseProvider(params::ProviderSetting setting, const Lib* lib, Pro
   }
 }
 
+tideResult_t windowFallback(const ProviderChoice& choice, const std::string& unavailable, std::string* why) {
+  if (choice.forced) {
+    return fail(tideUnsupported, kComponent,
+                "NCCL_TIDE_PROVIDER=window: %s; unset NCCL_TIDE_PROVIDER (auto) to use CUDA IPC there, or set ipc",
+                unavailable.c_str());
+  }
+  *why = "NCCL has no windows for this comm's TIDE nodes: " + unavailable;
+  return tideSuccess;
+}
+
 }  // namespace nccl
 }  // namespace tide

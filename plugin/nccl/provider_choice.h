@@ -7,12 +7,13 @@
 //           ncclGetPeerDevicePointer (NCCL >= 2.29.2; only on an NCCL communicator).
 //
 // auto picks window where the NCCL has it, else ipc. A window choice is a first try: tideCommCreate falls back to
-// ipc, on every rank alike, when NCCL reports no symmetric memory for the node's ranks (WindowProvider::create);
-// a forced window fails there instead.
+// ipc, on every rank alike, when NCCL gives no window or peer address for the node's ranks (WindowProvider::create,
+// plugin/nccl/window_memory.h); a forced window fails there instead (windowFallback).
 #ifndef TIDE_NCCL_PROVIDER_CHOICE_H_
 #define TIDE_NCCL_PROVIDER_CHOICE_H_
 
 #include <cstddef>
+#include <string>
 
 #include "../core/params.h"
 #include "nccl_lib.h"
@@ -35,6 +36,11 @@ struct ProviderChoice {
 // on a caller's bootstrap. tideUnsupported (saying what to change) for window forced where it cannot be: NCCL older
 // than 2.29.2 or without the window entry points, or a bootstrap comm.
 tideResult_t chooseProvider(params::ProviderSetting setting, const Lib* lib, ProviderChoice* out);
+
+// After a window choice found no windows for the comm's nodes (`unavailable`: the NCCL call that said no, with its
+// result): auto falls back to ipc, *why then saying why for tideCommCreate's INFO line; a forced window fails with
+// tideUnsupported naming the same call and saying to unset NCCL_TIDE_PROVIDER. Every rank gets the same outcome.
+tideResult_t windowFallback(const ProviderChoice& choice, const std::string& unavailable, std::string* why);
 
 }  // namespace nccl
 }  // namespace tide

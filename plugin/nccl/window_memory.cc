@@ -11,13 +11,11 @@ namespace {
 
 constexpr const char* kComponent = "Window";
 
-// One rank's part of each agreement of share(): its size, whether its step succeeded, whether NCCL gave it a window
-// with every node peer's address.
-struct ShareMsg {
-  uint64_t bytes;
-  int32_t ok;
-  int32_t available;
-};
+// NCCL's name for a result, for messages.
+const char* resultName(const Lib& lib, ncclResult_t r) {
+  const char* s = lib.getErrorString ? lib.getErrorString(r) : nullptr;
+  return s ? s : "unknown error";
+}
 
 }  // namespace
 
@@ -79,13 +77,13 @@ tideResult_t WindowMemory::share(size_t bytes, const char* what, const Init& ini
   *avail = Availability::kAvailable;
   Buffer b;
   b.bytes = bytes;
-  ShareMsg mine{bytes, 1, 1};
+  Agreement mine{bytes, 1, Agreement::kNone, kNcclSuccess, -1};
   tideResult_t local = tideSuccess;
   void* p = nullptr;
   const ncclResult_t r = lib_.memAlloc(&p, bytes);
   if (r != kNcclSuccess || p == nullptr) {
     local = fail(tideOutOfMemory, kComponent, "%s: rank %d could not allocate %zu bytes with ncclMemAlloc: %s", what,
-                 rank_, bytes, r != kNcclSuccess && lib_.getErrorString ? lib_.getErrorString(r) : "no memory");
+                 rank_, bytes, r != kNcclSuccess ? resultName(lib_, r) : "no memory");
     p = nullptr;
   }
   b.base = static_cast<char*>(p);
@@ -95,8 +93,8 @@ tideResult_t WindowMemory::share(size_t bytes, const char* what, const Init& ini
     if (workLeft_ && workLeft_()) return;  // device work may still write into it: left to process exit
     (void)release(&b);
   };
-  std::vector<ShareMsg> all(world_);
-  tideResult_t ex = exchange_(&mine, all.data(), sizeof(ShareMsg));
+  std::vector<Agreement> all(world_);
+  tideResult_t ex = exchange_(&mine, all.data(), sizeof(Agreement));
   if (ex != tideSuccess || local != tideSuccess) {
     drop();
     return ex != tideSuccess ? ex : local;
@@ -115,40 +113,9 @@ tideResult_t WindowMemory::share(size_t bytes, const char* what, const Init& ini
                   what, q, static_cast<unsigned long long>(all[q].bytes), rank_, bytes);
     }
   }
-  // Collective inside NCCL over the windows' communicator.
-  local = settle(lib_, comm_, lib_.commWindowRegister(comm_, p, bytes, &b.win, kNcclWinDefault),
-                 "ncclCommWindowRegister");
-  char mineWhy[320] = {0};
-  if (local == tideSuccess && b.win == nullptr) {
-    mine.available = 0;
-    snprintf(mineWhy, sizeof(mineWhy),
-             "ncclCommWindowRegister on %s returned no window: NCCL has no symmetric memory there (it needs CUDA P2P "
-             "and cuMem between the ranks, one NCCL host or a GIN network, NCCL_WIN_ENABLE and NCCL_CUMEM_ENABLE "
-             "not 0)",
-             where());
-  }
-  b.peers.assign(world_, nullptr);
-  for (int q = 0; q < world_ && local == tideSuccess && mine.available; ++q) {
-    if (q == rank_) {
-      b.peers[q] = b.base;
-      continue;
-    }
-    if (!onNode(q)) continue;
-    void* ptr = nullptr;
-    const ncclResult_t pr = lib_.getPeerDevicePointer(b.win, 0, commRank(q), &ptr);
-    if (pr != kNcclSuccess) {
-      local = ncclFail(lib_, pr, "ncclGetPeerDevicePointer");
-    } else if (ptr == nullptr) {
-      mine.available = 0;
-      snprintf(mineWhy, sizeof(mineWhy),
-               "ncclGetPeerDevicePointer gives rank %d no address of rank %d's window: NCCL does not count them as "
-               "reaching each other by loads and stores",
-               rank_, q);
-    }
-    b.peers[q] = static_cast<char*>(ptr);
-  }
+  local = registerAndResolve(&b, &mine);
   mine.ok = local == tideSuccess ? 1 : 0;
-  ex = exchange_(&mine, all.data(), sizeof(ShareMsg));
+  ex = exchange_(&mine, all.data(), sizeof(Agreement));
   if (ex != tideSuccess || local != tideSuccess) {
     drop();
     return ex != tideSuccess ? ex : local;
@@ -159,17 +126,15 @@ tideResult_t WindowMemory::share(size_t bytes, const char* what, const Init& ini
       return fail(tideNcclError, kComponent, "%s: rank %d could not register its window; see its log", what, q);
     }
   }
-  for (int q = 0; q < world_; ++q) {
-    if (all[q].available) continue;
+  // This rank's own refusal, else the lowest rank's: the reason names the NCCL call that said no on every rank.
+  int refused = mine.refusal != Agreement::kNone ? rank_ : -1;
+  for (int q = 0; q < world_ && refused < 0; ++q) {
+    if (all[q].refusal != Agreement::kNone) refused = q;
+  }
+  if (refused >= 0) {
     drop();
     *avail = Availability::kUnavailable;
-    if (mineWhy[0] != '\0') {
-      *why = mineWhy;
-    } else {
-      char other[96];
-      snprintf(other, sizeof(other), "rank %d found no window or peer address for its node; see its log", q);
-      *why = other;
-    }
+    *why = refusalText(refused, refused == rank_ ? mine : all[refused]);
     TIDE_INFO(kComponent, "rank %d: %s: %s", rank_, what, why->c_str());
     return tideSuccess;
   }
@@ -177,6 +142,70 @@ tideResult_t WindowMemory::share(size_t bytes, const char* what, const Init& ini
              static_cast<void*>(b.base), b.win);
   *out = std::move(b);
   return tideSuccess;
+}
+
+tideResult_t WindowMemory::registerAndResolve(Buffer* b, Agreement* mine) {
+  // Collective inside NCCL over the windows' communicator.
+  ncclResult_t r = kNcclSuccess;
+  TIDE_CHECK(settledResult(lib_, comm_, lib_.commWindowRegister(comm_, b->base, b->bytes, &b->win, kNcclWinDefault),
+                           "ncclCommWindowRegister", &r));
+  if (r != kNcclSuccess) {
+    b->win = nullptr;  // NCCL holds no window after a failed registration
+    mine->refusal = Agreement::kRegisterFailed;
+    mine->result = r;
+    return tideSuccess;
+  }
+  if (b->win == nullptr) {
+    mine->refusal = Agreement::kNoWindow;
+    return tideSuccess;
+  }
+  b->peers.assign(world_, nullptr);
+  for (int q = 0; q < world_; ++q) {
+    if (q == rank_) {
+      b->peers[q] = b->base;
+      continue;
+    }
+    if (!onNode(q)) continue;
+    void* ptr = nullptr;
+    const ncclResult_t pr = lib_.getPeerDevicePointer(b->win, 0, commRank(q), &ptr);
+    if (pr != kNcclSuccess || ptr == nullptr) {
+      mine->refusal = pr != kNcclSuccess ? Agreement::kPeerPointerFailed : Agreement::kNoPeerAddress;
+      mine->result = pr;
+      mine->peer = q;
+      return tideSuccess;
+    }
+    b->peers[q] = static_cast<char*>(ptr);
+  }
+  return tideSuccess;
+}
+
+std::string WindowMemory::refusalText(int q, const Agreement& a) const {
+  char text[512];
+  switch (a.refusal) {
+    case Agreement::kRegisterFailed:
+      snprintf(text, sizeof(text), "ncclCommWindowRegister on %s failed on rank %d: %s (NCCL error %d)", where(), q,
+               resultName(lib_, a.result), a.result);
+      break;
+    case Agreement::kNoWindow:
+      snprintf(text, sizeof(text),
+               "ncclCommWindowRegister on %s returned no window on rank %d (ncclSuccess, window NULL): NCCL has no "
+               "symmetric memory there (it needs CUDA P2P and cuMem between the ranks, one NCCL host or a GIN "
+               "network, NCCL_WIN_ENABLE and NCCL_CUMEM_ENABLE not 0)",
+               where(), q);
+      break;
+    case Agreement::kPeerPointerFailed:
+      snprintf(text, sizeof(text),
+               "ncclGetPeerDevicePointer on %s failed on rank %d for rank %d's window: %s (NCCL error %d)", where(), q,
+               a.peer, resultName(lib_, a.result), a.result);
+      break;
+    default:
+      snprintf(text, sizeof(text),
+               "ncclGetPeerDevicePointer on %s returned no address on rank %d for rank %d's window (ncclSuccess, "
+               "pointer NULL): NCCL does not count them as reaching each other by loads and stores (its LSA team)",
+               where(), q, a.peer);
+      break;
+  }
+  return text;
 }
 
 tideResult_t WindowMemory::release(Buffer* b) {

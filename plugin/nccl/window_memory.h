@@ -12,7 +12,12 @@
 // Every buffer is shared collectively (same order and sizes on every rank of the comm, through the comm's exchange
 // of host bytes): allocate locally, agree on sizes and success, register (collective inside NCCL), resolve the
 // peers' addresses, agree again. So no rank enters NCCL's registration when another failed to allocate, and every
-// rank learns alike that NCCL has no windows for the node (Availability::kUnavailable). Release is local
+// rank learns alike that NCCL has no windows for the node (Availability::kUnavailable) when, on any rank, NCCL said
+// no in one of four ways: ncclCommWindowRegister failed (an error code) or returned ncclSuccess with no window (NCCL
+// 2.29-2.30 without symmetric memory on the communicator), ncclGetPeerDevicePointer failed or returned ncclSuccess
+// with a NULL address (a peer outside the rank's LSA team). The agreement carries which call it was and its result,
+// so every rank's reason names them. A registration that failed holds no window (NCCL sets it NULL on every failure
+// path); ranks whose registration succeeded deregister theirs, locally. Release is local
 // (ncclCommWindowDeregister, ncclMemFree): the caller first makes sure no rank's work still uses the buffer
 // (WindowMemory::Quiesce). The multicast pointer query (ncclGetLsaMultimemDevicePointer) is never called.
 #ifndef TIDE_NCCL_WINDOW_MEMORY_H_
@@ -45,6 +50,17 @@ class WindowMemory {
 
   enum class Availability { kAvailable, kUnavailable };
 
+  // One rank's part of each agreement of share() (public for the stand-in exchanges of tests): its size, whether its
+  // step succeeded and, when NCCL gave it no window or peer address, which call said no and what it returned.
+  struct Agreement {
+    enum Refusal : int32_t { kNone = 0, kRegisterFailed, kNoWindow, kPeerPointerFailed, kNoPeerAddress };
+    uint64_t bytes;
+    int32_t ok;       // 0: the step failed on this rank (an error, not a refusal); see its log
+    int32_t refusal;  // Refusal
+    int32_t result;   // NCCL's ncclResult_t of a failed call (kRegisterFailed, kPeerPointerFailed)
+    int32_t peer;     // the TIDE rank whose address was asked for (kPeerPointerFailed, kNoPeerAddress), else -1
+  };
+
   // A buffer of this rank and the addresses of the node's peers' matching buffers, by comm rank (own: base; ranks of
   // other nodes: nullptr).
   struct Buffer {
@@ -57,7 +73,8 @@ class WindowMemory {
   // Collective over `parent`: the communicator of this rank's node (nodeRanks consecutive ranks; the parent when
   // nodeRanks == world, else a child split off it, blocking, owned by the returned object), then the flag buffer
   // (flagBytes, prepared by initFlags). *avail kUnavailable, on every rank alike, when NCCL gives no window or no
-  // peer address for the node (why says which): *out is then null and nothing is left registered or allocated.
+  // peer address for the node on any rank: *why then names the NCCL call and its result (this rank's, else the
+  // lowest rank's that NCCL refused), *out is null and nothing is left registered or allocated.
   // The device of the comm must be current.
   static tideResult_t open(const Lib& lib, ncclComm_t parent, int rank, int world, int nodeRanks, Exchange exchange,
                            WorkLeft workLeft, size_t flagBytes, const Init& initFlags,
@@ -100,6 +117,12 @@ class WindowMemory {
   // Collective: allocate, init (if set), agree, register, resolve the node's peers, agree (see the file comment).
   tideResult_t share(size_t bytes, const char* what, const Init& init, Buffer* out, Availability* avail,
                      std::string* why);
+  // Registers b (allocated, agreed on) and resolves the node's peers' addresses: tideSuccess with *mine's refusal set
+  // where NCCL said no; an error only where this rank could not learn NCCL's answer (a nonblocking registration that
+  // did not settle).
+  tideResult_t registerAndResolve(Buffer* b, Agreement* mine);
+  // Rank q's refusal in words: the NCCL call, its result, and what it means.
+  std::string refusalText(int q, const Agreement& a) const;
   // Local: deregister (if registered) and free. The first NCCL error, after trying both.
   tideResult_t release(Buffer* b);
   // Releases every buffer and destroys (or aborts) an owned child.

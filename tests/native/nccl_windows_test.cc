@@ -8,7 +8,11 @@
 //                                                           a free, destroy
 //        nccl_windows_test STUB abort WORLD NODE RANK       open, a slot, then tideCommAbort's local release
 //        nccl_windows_test STUB unavailable WORLD NODE RANK open where NCCL gives no window or peer address (run
-//                                                           with STUB_WINDOWS=none or STUB_UNREACHABLE_PEER=P)
+//                                                           with one of the stub's STUB_WINDOWS, STUB_REGISTER_FAIL,
+//                                                           STUB_UNREACHABLE_PEER, STUB_LSA_TEAM, STUB_PEER_FAIL),
+//                                                           then the fallback (auto) and refusal (forced) it makes
+//        nccl_windows_test STUB refusedby WORLD NODE RANK R NCCL gives this rank everything, but the next rank
+//                                                           reports refusal R (WindowMemory::Agreement::Refusal)
 //        nccl_windows_test STUB memfail WORLD NODE RANK     open where ncclMemAlloc fails (STUB_MEMALLOC_FAIL=1)
 //        nccl_windows_test STUB mismatch WORLD NODE RANK    open, then a slot whose size the next rank disagrees on
 //        nccl_windows_test STUB choice                      the provider choice for each NCCL_TIDE_PROVIDER value,
@@ -76,6 +80,7 @@ std::string lastLogLine() {
 struct World {
   int world, node, rank;
   bool lieAboutSize = false;  // the next rank reports 8 more bytes for every buffer (a disagreeing allocation)
+  int32_t nextRefuses = WindowMemory::Agreement::kNone;  // the next rank reports this refusal for every buffer
   void* comm() const { return node < world ? reinterpret_cast<void*>(0xc41d0000u + rank / node) : kParent; }
   int commRank(int r) const { return node < world ? r - rank / node * node : r; }
   bool onNode(int r) const { return r / node == rank / node; }
@@ -84,30 +89,35 @@ struct World {
 WindowMemory::Exchange exchangeOf(World* w) {
   return [w](const void* mine, void* all, size_t bytes) {
     for (int r = 0; r < w->world; ++r) memcpy(static_cast<char*>(all) + r * bytes, mine, bytes);
-    if (w->lieAboutSize && bytes == 16) {  // WindowMemory's ShareMsg: the size comes first
-      uint64_t size = 0;
-      char* other = static_cast<char*>(all) + ((w->rank + 1) % w->world) * bytes;
-      memcpy(&size, other, sizeof(size));
-      size += 8;
-      memcpy(other, &size, sizeof(size));
+    if (bytes != sizeof(WindowMemory::Agreement)) return tideSuccess;
+    WindowMemory::Agreement next;
+    char* other = static_cast<char*>(all) + ((w->rank + 1) % w->world) * bytes;
+    memcpy(&next, other, sizeof(next));
+    if (w->lieAboutSize) next.bytes += 8;
+    if (w->nextRefuses != WindowMemory::Agreement::kNone) {
+      next.refusal = w->nextRefuses;
+      const bool failed = w->nextRefuses == WindowMemory::Agreement::kRegisterFailed ||
+                          w->nextRefuses == WindowMemory::Agreement::kPeerPointerFailed;
+      next.result = failed ? 5 : 0;  // ncclInvalidUsage
+      const bool asked = w->nextRefuses == WindowMemory::Agreement::kPeerPointerFailed ||
+                         w->nextRefuses == WindowMemory::Agreement::kNoPeerAddress;
+      next.peer = asked ? w->rank : -1;
     }
+    memcpy(other, &next, sizeof(next));
     return tideSuccess;
   };
 }
 
-// The lines of one buffer's sharing: its ncclMemAlloc, registration and the node peers' addresses, in rank order
-// (up to and including an `unreachable` peer, which gets none and ends the queries).
-void expectShare(const World& w, char* base, size_t bytes, bool registered, int unreachable = -1) {
+// The lines of one buffer's sharing: its ncclMemAlloc, registration and the node peers' addresses, in rank order.
+void expectShare(const World& w, char* base, size_t bytes) {
   printf("EXPECT MA %zu %p\n", bytes, static_cast<void*>(base));
   const uint64_t k = ++gRegistrations;
-  if (!registered) return;
   printf("EXPECT WR %p %p %zu %d %p\n", w.comm(), static_cast<void*>(base), bytes, nccl::kNcclWinDefault,
          windowK(k));
   for (int q = 0; q < w.world; ++q) {
     if (q == w.rank || !w.onNode(q)) continue;
     const int c = w.commRank(q);
-    printf("EXPECT PP %p 0 %d %p\n", windowK(k), c, q == unreachable ? nullptr : static_cast<void*>(peerAddress(k, c)));
-    if (q == unreachable) return;
+    printf("EXPECT PP %p 0 %d %p\n", windowK(k), c, static_cast<void*>(peerAddress(k, c)));
   }
 }
 
@@ -145,7 +155,7 @@ tideResult_t openWindows(const nccl::Lib& lib, World* w, Opened* o, WindowMemory
   if (r != tideSuccess || *avail != WindowMemory::Availability::kAvailable) return r;
   o->flags = o->mem->flags(w->rank);
   check(o->flags == initBase, "flags(own rank) is not the buffer init prepared");
-  expectShare(*w, o->flags, kFlagBytes, true);
+  expectShare(*w, o->flags, kFlagBytes);
   o->flagsK = gRegistrations;
   for (int q = 0; q < w->world; ++q) {
     char* f = o->mem->flags(q);
@@ -192,7 +202,7 @@ tideResult_t life(const nccl::Lib& lib, World* w, bool abortAtEnd, uint64_t seed
     void* p = nullptr;
     TIDE_CHECK(o.mem->slotAlloc(bytes, &p));
     slots.push_back(static_cast<char*>(p));
-    expectShare(*w, slots.back(), bytes, true);
+    expectShare(*w, slots.back(), bytes);
     ks.push_back(gRegistrations);
     checkPeers(*w, *o.mem, slots.back(), bytes, ks.back());
     if (abortAtEnd) break;
@@ -217,7 +227,7 @@ tideResult_t life(const nccl::Lib& lib, World* w, bool abortAtEnd, uint64_t seed
     check(grown == (i != 1), "own staging grows exactly when a request is larger");
     if (grown) {
       staging[++g] = static_cast<char*>(out);
-      expectShare(*w, staging[g], stagingBytes[i], true);
+      expectShare(*w, staging[g], stagingBytes[i]);
       stagingK[g] = gRegistrations;
     }
     const int peer = w->rank / w->node * w->node + (w->rank + 1) % w->node;  // a node peer (self on 1-rank nodes)
@@ -251,8 +261,24 @@ tideResult_t life(const nccl::Lib& lib, World* w, bool abortAtEnd, uint64_t seed
   return tideSuccess;
 }
 
-// NCCL gives no window (STUB_WINDOWS=none) or no address for one peer (STUB_UNREACHABLE_PEER): unavailable, and
-// nothing is left registered or allocated.
+// The fallback and the refusal tideCommCreate makes of `why` (plugin/nccl/provider_choice.h), for auto and forced.
+void printFallbacks(const std::string& why) {
+  for (bool forced : {false, true}) {
+    nccl::ProviderChoice choice;
+    choice.kind = nccl::ProviderKind::kWindow;
+    choice.forced = forced;
+    std::string info;
+    const tideResult_t r = nccl::windowFallback(choice, why, &info);
+    if (r == tideSuccess) {
+      printf("FALLBACK %s ipc %s\n", forced ? "forced" : "auto", info.c_str());
+    } else {
+      printf("FALLBACK %s ERROR %d %s\n", forced ? "forced" : "auto", r, lastError());
+    }
+  }
+}
+
+// NCCL gives no window or no peer address (the stub's STUB_WINDOWS, STUB_REGISTER_FAIL, STUB_UNREACHABLE_PEER,
+// STUB_LSA_TEAM, STUB_PEER_FAIL): unavailable, the reason printed ("WHY"), nothing left registered or allocated.
 tideResult_t unavailable(const nccl::Lib& lib, World* w) {
   Opened o;
   WindowMemory::Availability avail;
@@ -260,6 +286,7 @@ tideResult_t unavailable(const nccl::Lib& lib, World* w) {
   TIDE_CHECK(openWindows(lib, w, &o, &avail, &why));
   check(avail == WindowMemory::Availability::kUnavailable && o.mem == nullptr, "expected no windows");
   printf("WHY %s\n", why.c_str());
+  printFallbacks(why);
   // The log tells the flag buffer's address; the expected lines follow from it.
   std::ifstream in(getenv("STUB_NCCL_LOG"));
   std::string line;
@@ -267,15 +294,62 @@ tideResult_t unavailable(const nccl::Lib& lib, World* w) {
   while (std::getline(in, line)) {
     if (line.rfind("MA ", 0) == 0) sscanf(line.c_str(), "MA %*u %p", &base);
   }
-  const bool none = getenv("STUB_WINDOWS") != nullptr;
-  const char* peer = getenv("STUB_UNREACHABLE_PEER");
-  expectShare(*w, static_cast<char*>(base), kFlagBytes, !none, peer ? atoi(peer) : -1);
-  if (none) {
-    printf("EXPECT WR %p %p %zu %d %p\n", w->comm(), base, kFlagBytes, nccl::kNcclWinDefault, nullptr);
+  const char* regFail = getenv("STUB_REGISTER_FAIL");
+  const char* peerFail = getenv("STUB_PEER_FAIL");
+  const char* unreachable = getenv("STUB_UNREACHABLE_PEER");
+  const char* team = getenv("STUB_LSA_TEAM");
+  int first = 0, count = 0;
+  if (team != nullptr) check(sscanf(team, "%d:%d", &first, &count) == 2, "STUB_LSA_TEAM=FIRST:COUNT");
+  printf("EXPECT MA %zu %p\n", kFlagBytes, base);
+  const uint64_t k = ++gRegistrations;
+  if (regFail != nullptr || getenv("STUB_WINDOWS") != nullptr) {
+    printf("EXPECT WR %p %p %zu %d %p%s%s\n", w->comm(), base, kFlagBytes, nccl::kNcclWinDefault, nullptr,
+           regFail ? " FAIL " : "", regFail ? regFail : "");
     printf("EXPECT MF %p\n", base);
   } else {
-    expectRelease(*w, static_cast<char*>(base), gRegistrations);
+    printf("EXPECT WR %p %p %zu %d %p\n", w->comm(), base, kFlagBytes, nccl::kNcclWinDefault, windowK(k));
+    // The node's peers in rank order, up to the first that NCCL refuses.
+    for (int q = 0; q < w->world; ++q) {
+      if (q == w->rank || !w->onNode(q)) continue;
+      const int c = w->commRank(q);
+      if (peerFail != nullptr) {
+        printf("EXPECT PP %p 0 %d %p FAIL %s\n", windowK(k), c, nullptr, peerFail);
+        break;
+      }
+      const bool none = (unreachable != nullptr && atoi(unreachable) == c) ||
+                        (team != nullptr && (c < first || c >= first + count));
+      printf("EXPECT PP %p 0 %d %p\n", windowK(k), c, none ? nullptr : static_cast<void*>(peerAddress(k, c)));
+      if (none) break;
+    }
+    expectRelease(*w, static_cast<char*>(base), k);
   }
+  if (w->node < w->world) printf("EXPECT CD %p\n", w->comm());
+  return tideSuccess;
+}
+
+// NCCL gives this rank its window and every peer address, but the next rank reports a refusal: every rank falls
+// back alike, naming the next rank's NCCL call; this rank's window is deregistered and freed (locally).
+tideResult_t refusedBy(const nccl::Lib& lib, World* w, int32_t refusal) {
+  check(w->world > 1, "refusedby needs a next rank");
+  w->nextRefuses = refusal;
+  Opened o;
+  WindowMemory::Availability avail;
+  std::string why;
+  expectSplit(*w);
+  const tideResult_t r = WindowMemory::open(lib, kParent, w->rank, w->world, w->node, exchangeOf(w), nullptr,
+                                            kFlagBytes, nullptr, &o.mem, &avail, &why);
+  TIDE_CHECK(r);
+  check(avail == WindowMemory::Availability::kUnavailable && o.mem == nullptr, "expected no windows");
+  printf("WHY %s\n", why.c_str());
+  printFallbacks(why);
+  std::ifstream in(getenv("STUB_NCCL_LOG"));
+  std::string line;
+  void* base = nullptr;
+  while (std::getline(in, line)) {
+    if (line.rfind("MA ", 0) == 0) sscanf(line.c_str(), "MA %*u %p", &base);
+  }
+  expectShare(*w, static_cast<char*>(base), kFlagBytes);
+  expectRelease(*w, static_cast<char*>(base), gRegistrations);
   if (w->node < w->world) printf("EXPECT CD %p\n", w->comm());
   return tideSuccess;
 }
@@ -347,7 +421,7 @@ int main(int argc, char** argv) {
     printf("RESULT 0\n");
     return 0;
   }
-  if (argc != 6 && argc != 7) die("usage: nccl_windows_test STUB MODE WORLD NODE RANK [SEED]");
+  if (argc != 6 && argc != 7) die("usage: nccl_windows_test STUB MODE WORLD NODE RANK [SEED | REFUSAL]");
   World w{atoi(argv[3]), atoi(argv[4]), atoi(argv[5])};
   check(w.world > 0 && w.node > 0 && w.world % w.node == 0 && w.rank >= 0 && w.rank < w.world, "bad world");
   tideResult_t r = tideSuccess;
@@ -358,6 +432,8 @@ int main(int argc, char** argv) {
     r = life(*lib, &w, true, seed);
   } else if (mode == "unavailable") {
     r = unavailable(*lib, &w);
+  } else if (mode == "refusedby") {
+    r = refusedBy(*lib, &w, static_cast<int32_t>(seed));
   } else if (mode == "memfail") {
     r = memfail(*lib, &w);
   } else if (mode == "mismatch") {

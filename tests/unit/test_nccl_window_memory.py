@@ -7,6 +7,11 @@ ncclCommWindowDeregister, ncclMemFree, ncclCommSplit, ncclCommDestroy / ncclComm
 checked for what must hold whatever the order: nothing leaks, a window goes before its memory, registration is plain
 (NCCL_WIN_DEFAULT), peer addresses are asked only for the rank's own TIDE node, and the multicast pointer is never
 asked for (the stub aborts if it is).
+
+Where NCCL says no (registration fails or gives no window, a peer address query fails or gives NULL; on this rank or,
+through the agreement, on another), the windows are unavailable on every rank with a reason naming the NCCL call and
+its result, and the program prints what tideCommCreate makes of it: the fallback to IPC (auto) and the refusal
+(NCCL_TIDE_PROVIDER=window).
 """
 
 import os
@@ -130,18 +135,70 @@ def test_abort_releases_locally(build, tmp_path, world, node, rank):
     assert sum(x.startswith("CA ") for x in logged) == (1 if node < world else 0)
 
 
+COMM, SPLIT = "the comm's NCCL communicator", "a communicator split off per TIDE node"
+NO_WINDOW = "returned no window on rank {q} (ncclSuccess, window NULL): NCCL has no symmetric memory there"
+NO_ADDRESS = "returned no address on rank {q} for rank {p}'s window (ncclSuccess, pointer NULL)"
+INVALID_ARGUMENT = "stub: invalid argument (NCCL error 4)"
+
+
+def check_fallbacks(out, reason):
+    """The reason open() gave starts with `reason`, and what tideCommCreate makes of it: auto falls back to IPC
+    saying it, a forced window is refused with it and with what to change."""
+    why = re.search(r"^WHY (.*)$", out, re.M).group(1)
+    assert why.startswith(reason), (why, reason)
+    assert f"FALLBACK auto ipc NCCL has no windows for this comm's TIDE nodes: {why}\n" in out, out
+    assert (f"FALLBACK forced ERROR {tideUnsupported} NCCL_TIDE_PROVIDER=window: {why}; unset NCCL_TIDE_PROVIDER "
+            "(auto) to use CUDA IPC there, or set ipc\n") in out, out
+
+
+# Each way NCCL says no, on the rank simulated. STUB_WINDOWS=none on a world of 4 ranks as one node is what NCCL 2.30.7
+# answers for a TIDE node declared across two NCCL hosts without GIN (no symmetric memory on that communicator).
 @pytest.mark.parametrize("env,world,node,rank,why", [
-    ({"STUB_WINDOWS": "none"}, 2, 2, 1, "returned no window: NCCL has no symmetric memory there"),
-    ({"STUB_WINDOWS": "none"}, 4, 2, 2, "on a communicator split off per TIDE node returned no window"),
-    ({"STUB_UNREACHABLE_PEER": "2"}, 4, 4, 0, "gives rank 0 no address of rank 2's window"),
-    ({"STUB_UNREACHABLE_PEER": "1"}, 8, 2, 0, "gives rank 0 no address of rank 1's window"),
-])
-def test_no_window_for_the_node_leaves_nothing_behind(build, tmp_path, env, world, node, rank, why):
+    ({"STUB_WINDOWS": "none"}, 2, 2, 1, f"ncclCommWindowRegister on {COMM} " + NO_WINDOW.format(q=1)),
+    ({"STUB_WINDOWS": "none"}, 4, 4, 3, f"ncclCommWindowRegister on {COMM} " + NO_WINDOW.format(q=3)),
+    ({"STUB_WINDOWS": "none"}, 4, 2, 2, f"ncclCommWindowRegister on {SPLIT} " + NO_WINDOW.format(q=2)),
+    ({"STUB_REGISTER_FAIL": "5"}, 4, 4, 2,
+     f"ncclCommWindowRegister on {COMM} failed on rank 2: stub: invalid usage (NCCL error 5)"),
+    ({"STUB_REGISTER_FAIL": "1"}, 4, 2, 3,
+     f"ncclCommWindowRegister on {SPLIT} failed on rank 3: stub: unhandled cuda error (NCCL error 1)"),
+    ({"STUB_UNREACHABLE_PEER": "2"}, 4, 4, 0, f"ncclGetPeerDevicePointer on {COMM} " + NO_ADDRESS.format(q=0, p=2)),
+    ({"STUB_UNREACHABLE_PEER": "1"}, 8, 2, 0, f"ncclGetPeerDevicePointer on {SPLIT} " + NO_ADDRESS.format(q=0, p=1)),
+    # Addresses for the ranks of the own NCCL host only (a window on a GIN network: the LSA team is the host).
+    ({"STUB_LSA_TEAM": "0:2"}, 4, 4, 1, f"ncclGetPeerDevicePointer on {COMM} " + NO_ADDRESS.format(q=1, p=2)),
+    ({"STUB_LSA_TEAM": "2:2"}, 4, 4, 3, f"ncclGetPeerDevicePointer on {COMM} " + NO_ADDRESS.format(q=3, p=0)),
+    ({"STUB_PEER_FAIL": "4"}, 4, 4, 1,
+     f"ncclGetPeerDevicePointer on {COMM} failed on rank 1 for rank 0's window: " + INVALID_ARGUMENT),
+    ({"STUB_PEER_FAIL": "4"}, 4, 2, 2,
+     f"ncclGetPeerDevicePointer on {SPLIT} failed on rank 2 for rank 3's window: " + INVALID_ARGUMENT),
+], ids=["no-window", "no-window-node-across-hosts", "no-window-split", "register-fails", "register-fails-split",
+        "peer-null", "peer-null-split", "lsa-team-host0", "lsa-team-host1", "peer-fails", "peer-fails-split"])
+def test_no_window_for_the_node_falls_back_and_leaves_nothing_behind(build, tmp_path, env, world, node, rank, why):
     out, expected, logged, result, msg = run(build, tmp_path, 23007, "unavailable", world, node, rank, env=env)
     assert result == tideSuccess, msg
-    assert why in out, out
+    check_fallbacks(out, why)
+    # Peer addresses are asked in rank order up to the first refusal, and none after a refused registration.
     assert logged == expected
     check_balanced(logged)
+
+
+@pytest.mark.parametrize("world,node,rank", [(4, 4, 1), (4, 2, 2), (4, 2, 3)])
+@pytest.mark.parametrize("refusal,text", [
+    (1, "ncclCommWindowRegister on {where} failed on rank {q}: stub: invalid usage (NCCL error 5)"),
+    (2, "ncclCommWindowRegister on {where} " + NO_WINDOW),
+    (3, "ncclGetPeerDevicePointer on {where} failed on rank {q} for rank {p}'s window: stub: invalid usage "
+        "(NCCL error 5)"),
+    (4, "ncclGetPeerDevicePointer on {where} " + NO_ADDRESS),
+], ids=["register-fails", "no-window", "peer-fails", "peer-null"])
+def test_another_ranks_refusal_makes_every_rank_fall_back(build, tmp_path, world, node, rank, refusal, text):
+    """NCCL gave this rank everything, the next rank reports a refusal over the agreement: this rank falls back too,
+    naming the other rank's NCCL call and result, and releases its own window locally."""
+    out, expected, logged, result, msg = run(build, tmp_path, 23007, "refusedby", world, node, rank, refusal)
+    assert result == tideSuccess, msg
+    why = text.format(where=SPLIT if node < world else COMM, q=(rank + 1) % world, p=rank)
+    check_fallbacks(out, why)
+    assert logged == expected
+    check_balanced(logged)
+    assert sum(x.startswith("WD ") for x in logged) == 1
 
 
 def test_allocation_failure_registers_nothing(build, tmp_path):

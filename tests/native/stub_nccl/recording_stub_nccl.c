@@ -13,10 +13,17 @@
  * Windows (tests/native/nccl_windows_test.cc), recorded the same way: ncclMemAlloc (malloc), ncclMemFree,
  * ncclCommWindowRegister (window handles 0x7e00000000 + 0x1000 * k for the k-th registration of the process),
  * ncclCommWindowDeregister, ncclCommSplit (child 0xc41d0000 + color) and, from 2.29.2, ncclGetPeerDevicePointer
- * (0x100000000000 + (k << 32) + ((peer + 1) << 24) + offset). At call time STUB_WINDOWS=none makes registration
- * give no window (a communicator without symmetric memory), STUB_UNREACHABLE_PEER=P gives peer P no address, and
- * STUB_MEMALLOC_FAIL=1 makes ncclMemAlloc fail. ncclGetLsaMultimemDevicePointer (the multicast address) and
- * ncclGetLsaDevicePointer abort the process: nothing may ask for them. */
+ * (0x100000000000 + (k << 32) + ((peer + 1) << 24) + offset). At call time, each of NCCL's ways of saying no:
+ *   STUB_WINDOWS=none          registration returns ncclSuccess and no window (a communicator without symmetric
+ *                              memory: NCCL 2.30's answer on one spanning NCCL hosts without GIN);
+ *   STUB_REGISTER_FAIL=CODE    registration returns CODE and no window;
+ *   STUB_UNREACHABLE_PEER=P    ncclGetPeerDevicePointer gives peer P ncclSuccess and NULL;
+ *   STUB_LSA_TEAM=FIRST:COUNT  ncclGetPeerDevicePointer gives peers outside FIRST..FIRST+COUNT-1 ncclSuccess and
+ *                              NULL (the caller's LSA team: the ranks of its NCCL host);
+ *   STUB_PEER_FAIL=CODE        ncclGetPeerDevicePointer returns CODE for every peer, leaving *ptr untouched;
+ *   STUB_MEMALLOC_FAIL=1       ncclMemAlloc fails.
+ * A call that returns an error logs " FAIL CODE" after its arguments. ncclGetLsaMultimemDevicePointer (the multicast
+ * address) and ncclGetLsaDevicePointer abort the process: nothing may ask for them. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -97,7 +104,14 @@ int pncclRecv(void* recvbuff, size_t count, int datatype, int peer, void* comm, 
 
 #ifdef STUB_BASE_QUERIES
 NCCL_API(const char*, ncclGetErrorString, int result);
-const char* pncclGetErrorString(int result) { return result == 4 ? "stub: invalid argument" : "stub: other"; }
+const char* pncclGetErrorString(int result) {
+  switch (result) {
+    case 1: return "stub: unhandled cuda error";
+    case 4: return "stub: invalid argument";
+    case 5: return "stub: invalid usage";
+    default: return "stub: other";
+  }
+}
 
 NCCL_API(int, ncclCommCount, void* comm, int* count);
 int pncclCommCount(void* comm, int* count) {
@@ -171,10 +185,17 @@ static unsigned long long gWindows = 0; /* registrations so far */
 NCCL_API(int, ncclCommWindowRegister, void* comm, void* buff, size_t size, void** win, int winFlags);
 int pncclCommWindowRegister(void* comm, void* buff, size_t size, void** win, int winFlags) {
   const char* none = getenv("STUB_WINDOWS");
+  const char* f = getenv("STUB_REGISTER_FAIL");
+  const int code = f != NULL ? atoi(f) : 0;
   ++gWindows;
-  *win = (none != NULL && none[0] == 'n') ? NULL : (void*)(uintptr_t)(STUB_WINDOW_BASE + 0x1000ull * gWindows);
-  record("WR %p %p %zu %d %p", comm, buff, size, winFlags, *win);
-  return 0;
+  *win = (code != 0 || (none != NULL && none[0] == 'n')) ? NULL
+                                                         : (void*)(uintptr_t)(STUB_WINDOW_BASE + 0x1000ull * gWindows);
+  if (code != 0) {
+    record("WR %p %p %zu %d %p FAIL %d", comm, buff, size, winFlags, *win, code);
+  } else {
+    record("WR %p %p %zu %d %p", comm, buff, size, winFlags, *win);
+  }
+  return code;
 }
 
 NCCL_API(int, ncclCommWindowDeregister, void* comm, void* win);
@@ -202,9 +223,18 @@ int pncclCommSplit(void* comm, int color, int key, void** newcomm, struct StubCo
 #if STUB_VERSION >= 22902
 NCCL_API(int, ncclGetPeerDevicePointer, void* win, size_t offset, int peer, void** ptr);
 int pncclGetPeerDevicePointer(void* win, size_t offset, int peer, void** ptr) {
+  const char* f = getenv("STUB_PEER_FAIL");
+  if (f != NULL && atoi(f) != 0) {
+    record("PP %p %zu %d %p FAIL %d", win, offset, peer, *ptr, atoi(f));
+    return atoi(f);
+  }
   const char* u = getenv("STUB_UNREACHABLE_PEER");
+  const char* team = getenv("STUB_LSA_TEAM");
+  int first = 0, count = 0;
+  const int inTeam = team == NULL || sscanf(team, "%d:%d", &first, &count) != 2 ||
+                     (peer >= first && peer < first + count);
   const unsigned long long k = ((uintptr_t)win - STUB_WINDOW_BASE) / 0x1000ull;
-  *ptr = (u != NULL && atoi(u) == peer)
+  *ptr = ((u != NULL && atoi(u) == peer) || !inTeam)
              ? NULL
              : (void*)(uintptr_t)(0x100000000000ull + (k << 32) + ((unsigned long long)(peer + 1) << 24) + offset);
   record("PP %p %zu %d %p", win, offset, peer, *ptr);
