@@ -23,7 +23,8 @@
 #
 # Every part runs under one deadline, TIDE_GPU_DEADLINE_S seconds from the start (default 540, so the job fits a
 # 10-minute device call): a part or file that would start with less than 20 s left is skipped and says so. Logs go
-# to $OUT (default ./gpu-out): one log per step, env.txt (card, driver, versions, commit) and summary.txt.
+# to $OUT (default ./gpu-out): one log per step, env.txt (card, driver, versions, commit) and summary.txt; with
+# TIDE_GPU_LOG_ARCHIVE=1 the step logs are packed into logs.tar.gz instead (for runners that return few files).
 # Exit status: non-zero if any step failed or was cut by its limit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +38,7 @@ export PATH="/usr/local/cuda/bin:$PATH"
 OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
 BUILD="${TIDE_GPU_BUILD:-build/gpu}"
+case $BUILD in /*) ;; *) BUILD="$PWD/$BUILD" ;; esac
 ARCHS="${CMAKE_CUDA_ARCHITECTURES:-90}"
 END=$(( $(date +%s) + ${TIDE_GPU_DEADLINE_S:-540} ))
 PARTS="${*:-nccl build tests perf sanitizer bench}"
@@ -136,7 +138,7 @@ part_bench() {
     torch.cuda.nccl.version() if torch.cuda.is_available() else None)"
   git rev-parse HEAD; git status --short; } >"$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
-export NCCL_TIDE_LIBRARY_PATH="$PWD/$BUILD/libnccl-tide.so"
+export NCCL_TIDE_LIBRARY_PATH="$BUILD/libnccl-tide.so"
 export PYTHONPATH="$PWD/pytorch_glue:$PWD/tests/gpu${PYTHONPATH:+:$PYTHONPATH}"
 
 for part in $PARTS; do
@@ -149,5 +151,8 @@ done
 echo
 echo "=== summary ($(left) s left of the deadline)"
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
+if [ "${TIDE_GPU_LOG_ARCHIVE:-0}" = 1 ]; then
+  (cd "$OUT" && logs=$(ls ./*.log 2>/dev/null) && [ -n "$logs" ] && tar -czf logs.tar.gz $logs && rm -f $logs)
+fi
 echo "ci/gpu.sh: exit $status"
 exit $status
