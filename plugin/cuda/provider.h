@@ -4,8 +4,9 @@
 // rs_executor.cc) and the program interpreter (program_exec.cc) see only this interface.
 //
 // Built: IpcProvider (one rank per process, CUDA IPC; ipc_provider.h), WindowProvider (one rank per process, NCCL
-// windows; window_provider.h) and LoopbackRank (a virtual rank of a single-process world on one device; loopback.h). The interface is internal to the library (C++, not part of
-// include/tide.h): it carries no ABI version, and a new provider is built into the library.
+// windows; window_provider.h) and LoopbackRank (a virtual rank of a single-process world on one device;
+// loopback.h). The interface is internal to the library (C++, not part of include/tide.h): it carries no ABI
+// version, and a new provider is built into the library.
 //
 // Required core: memory for peers (slotAlloc .. zeros), flags, the layout agreement, the per-call check and abort.
 // Optional: multicastPtr (NVLink multicast addresses), and sharedQueues, the one hook of a provider whose ranks share

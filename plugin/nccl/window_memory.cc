@@ -1,6 +1,7 @@
 #include "window_memory.h"
 
 #include <cstdio>
+#include <memory>
 
 #include "../core/errors.h"
 #include "../core/log.h"
@@ -145,10 +146,20 @@ tideResult_t WindowMemory::share(size_t bytes, const char* what, const Init& ini
 }
 
 tideResult_t WindowMemory::registerAndResolve(Buffer* b, Agreement* mine) {
-  // Collective inside NCCL over the windows' communicator.
+  // Collective inside NCCL over the windows' communicator. On a nonblocking communicator NCCL writes the handle when
+  // the registration completes, possibly after the bounded wait gave up: the handle lives on the heap, and then it
+  // and the buffer are left to NCCL.
+  auto handle = std::make_unique<ncclWindow_t>(nullptr);
   ncclResult_t r = kNcclSuccess;
-  TIDE_CHECK(settledResult(lib_, comm_, lib_.commWindowRegister(comm_, b->base, b->bytes, &b->win, kNcclWinDefault),
-                           "ncclCommWindowRegister", &r));
+  const tideResult_t settled = settledResult(
+      lib_, comm_, lib_.commWindowRegister(comm_, b->base, b->bytes, handle.get(), kNcclWinDefault),
+      "ncclCommWindowRegister", &r);
+  if (settled != tideSuccess) {
+    (void)handle.release();
+    b->leftToNccl = true;
+    return settled;
+  }
+  b->win = *handle;
   if (r != kNcclSuccess) {
     b->win = nullptr;  // NCCL holds no window after a failed registration
     mine->refusal = Agreement::kRegisterFailed;
@@ -213,8 +224,10 @@ tideResult_t WindowMemory::release(Buffer* b) {
   if (b->win != nullptr) {
     first = settle(lib_, comm_, lib_.commWindowDeregister(comm_, b->win), "ncclCommWindowDeregister");
     b->win = nullptr;
+    // NCCL may still hold the window (a failed or unfinished deregistration): its memory is not freed under it.
+    if (first != tideSuccess) b->leftToNccl = true;
   }
-  if (b->base != nullptr) {
+  if (b->base != nullptr && !b->leftToNccl) {
     const ncclResult_t r = lib_.memFree(b->base);
     if (r != kNcclSuccess && first == tideSuccess) first = ncclFail(lib_, r, "ncclMemFree");
     b->base = nullptr;
@@ -318,6 +331,9 @@ tideResult_t WindowMemory::ownStaging(int owner, uint64_t bytes, void** out, boo
 }
 
 void WindowMemory::abortRelease() {
+  // The caller's own communicator may already be aborted and freed by its owner (a watchdog): no NCCL call on it
+  // then; the windows and their memory are left to process exit. A communicator TIDE split off is aborted with them.
+  if (!owned_) abandon();
   if (!abandoned_) releaseAll(true);
 }
 

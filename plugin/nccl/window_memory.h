@@ -68,6 +68,8 @@ class WindowMemory {
     size_t bytes = 0;
     ncclWindow_t win = nullptr;
     std::vector<char*> peers;
+    // NCCL may still be registering or deregistering it (a bounded wait gave up): never freed, left to process exit.
+    bool leftToNccl = false;
   };
 
   // Collective over `parent`: the communicator of this rank's node (nodeRanks consecutive ranks; the parent when
@@ -95,8 +97,9 @@ class WindowMemory {
   // owner's flag buffer as this rank addresses it; nullptr for a rank of another node.
   char* flags(int owner) const { return flags_.peers[owner]; }
 
-  // tideCommAbort with the device idle: local release of everything (no exchange) and ncclCommAbort of an owned
-  // child.
+  // tideCommAbort with the device idle, or a failure with the peers possibly gone: on an owned child communicator a
+  // local release of everything (no exchange) and ncclCommAbort; on the caller's communicator, which its owner may
+  // have aborted and freed already, no NCCL call at all (abandon()).
   void abortRelease();
   // Device work still pending (it may use any of it): nothing is released or destroyed, ever (process exit).
   void abandon();

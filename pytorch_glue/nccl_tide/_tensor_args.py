@@ -182,6 +182,9 @@ class TensorTable:
             ptrs = tuple(map(self._data_ptr, tensors)) if self._facts_match(tensors) else None
         except (AttributeError, TypeError):  # an entry that is no tensor: the full check names it
             ptrs = None
+        except Exception:  # a guard of some torch release that raises otherwise: this table's guards stay off
+            self._guard, self._guards_built = None, self.MAX_GUARDS
+            ptrs = None
         if ptrs is None:
             self.full_checks += 1
             nb, dts = self._nbytes, self._dtypes

@@ -209,9 +209,11 @@ tideResult_t life(const nccl::Lib& lib, World* w, bool abortAtEnd, uint64_t seed
   }
   if (abortAtEnd) {
     o.mem->abortRelease();
-    expectRelease(*w, slots[0], ks[0]);
-    expectRelease(*w, o.flags, o.flagsK);
-    if (w->node < w->world) printf("EXPECT CA %p\n", w->comm());
+    if (w->node < w->world) {  // a split child: released locally and aborted
+      expectRelease(*w, slots[0], ks[0]);
+      expectRelease(*w, o.flags, o.flagsK);
+      printf("EXPECT CA %p\n", w->comm());
+    }  // else the caller's communicator: no NCCL call on it at abort, everything left to process exit
     o.mem.reset();  // nothing left to release
     return tideSuccess;
   }

@@ -237,6 +237,27 @@ def test_a_guard_that_misses_is_rebuilt_a_bounded_number_of_times(rec, comm, cas
     assert len(rec.calls) == 3 + 3 * TA.TensorTable.MAX_GUARDS and all(c[1] == want for c in rec.calls)
 
 
+def test_a_guard_that_raises_turns_the_guard_tier_off(rec, comm, case):
+    # A torch release whose guard raises (not a miss): the call still goes through the exact checks, the table
+    # builds no more guards, and a wrong tensor is still refused.
+    L, grads, out, _, _ = case
+    table = TA.grads_table(L)
+
+    class Raising:
+        def check(self, *tensors):
+            raise RuntimeError("guard of another torch")
+
+    table._guard = Raising()
+    comm.reduce_scatter(L, grads, out, stream=STREAM)
+    assert table._guard is None and table._guards_built == TA.TensorTable.MAX_GUARDS
+    assert rec.calls[-1][1] == [g.data_ptr() for g in grads]
+    bad = list(grads)
+    bad[len(bad) // 2] = fake(torch.zeros(bad[len(bad) // 2].numel(), dtype=torch.float16))
+    with pytest.raises(InvalidArgumentError, match=r"grads\[\d+\]"):
+        comm.reduce_scatter(L, bad, out, stream=STREAM)
+    assert len(rec.calls) == 1
+
+
 def test_the_tables_keep_no_tensor_alive(tier, rec, comm, case):
     import gc
     import weakref

@@ -129,10 +129,14 @@ def test_abort_releases_locally(build, tmp_path, world, node, rank):
     _, expected, logged, result, msg = run(build, tmp_path, 23007, "abort", world, node, rank, 7)
     assert result == tideSuccess, msg
     assert logged == expected
-    check_balanced(logged)
     # tideCommAbort never destroys a split communicator (a collective NCCL call): it aborts it.
     assert not any(x.startswith("CD ") for x in logged)
     assert sum(x.startswith("CA ") for x in logged) == (1 if node < world else 0)
+    if node < world:
+        check_balanced(logged)
+    else:
+        # The caller's communicator may be aborted and freed by its owner already: abort makes no NCCL call on it.
+        assert not any(x.startswith(("WD ", "MF ")) for x in logged), logged
 
 
 COMM, SPLIT = "the comm's NCCL communicator", "a communicator split off per TIDE node"
