@@ -215,7 +215,14 @@ tideResult_t createComm(int rank, int world, int device, const tideConfig_t* con
   }
   // A rank that failed still takes part in the first exchange (both providers start with the same one), where the
   // others fail with tideMismatch; the choice is part of the hash, so ranks that chose differently fail alike.
-  hash = local != tideSuccess ? ~0ULL : hash ^ (0x9e3779b97f4a7c15ULL * (1 + static_cast<uint64_t>(choice.kind)));
+  if (local == tideSuccess) {
+    tide::Fnv1a withChoice;
+    withChoice.u64(hash);
+    withChoice.u64(static_cast<uint64_t>(choice.kind));
+    hash = withChoice.value();
+  } else {
+    hash = ~0ULL;
+  }
   *why = choice.why;
   std::shared_ptr<tide::cuda::Provider> provider;
   if (local == tideSuccess && choice.kind == tide::nccl::ProviderKind::kWindow) {
