@@ -151,24 +151,8 @@ IpcProvider::~IpcProvider() {
 bool IpcProvider::abort(uint64_t boundMs) {
   std::lock_guard<std::mutex> lock(mu_);
   aborted_ = true;
-  ex_.markBroken();  // nothing collective from here on
   (void)cudaSetDevice(device_);
-  if (!ex_.stuck()) {
-    bool timedOut = false;
-    tideResult_t r = boundedDeviceSync(device_, boundMs == 0 ? 1 : boundMs, &timedOut);
-    if (timedOut) {
-      ex_.markStuck();
-      TIDE_WARN(kComponent,
-                "tideCommAbort: rank %d's queued device work did not finish within %llu ms (a peer never signalled, "
-                "or the parent NCCL communicator's kernels are stuck); its memory is left to process exit",
-                rank_, static_cast<unsigned long long>(boundMs));
-    } else if (r != tideSuccess) {
-      // A CUDA error (sticky context error): freeing may fail too but does not wait; mappings are closed below.
-      TIDE_WARN(kComponent, "tideCommAbort: rank %d: device synchronize failed; releasing what can be released",
-                rank_);
-    }
-  }
-  if (ex_.stuck()) return false;
+  if (!ex_.breakAndDrain(boundMs, "its memory is")) return false;
   // This device is idle: none of its work reads or writes the peers' memory any more.
   for (auto& s : slots_) closePeers(&s);
   for (auto& s : staging_) closePeers(&s);

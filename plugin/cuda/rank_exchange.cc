@@ -140,6 +140,24 @@ tideResult_t RankExchange::syncDevice(const char* what) {
   return r;
 }
 
+bool RankExchange::breakAndDrain(uint64_t boundMs, const char* leftBehind) {
+  broken_ = true;
+  if (stuck_) return false;
+  bool timedOut = false;
+  const tideResult_t r = boundedDeviceSync(device_, boundMs == 0 ? 1 : boundMs, &timedOut);
+  if (timedOut) {
+    stuck_ = true;
+    TIDE_WARN(component_,
+              "tideCommAbort: rank %d's queued device work did not finish within %llu ms (a peer never signalled, "
+              "or the parent NCCL communicator's kernels are stuck); %s left to process exit",
+              rank_, static_cast<unsigned long long>(boundMs), leftBehind);
+  } else if (r != tideSuccess) {
+    // A CUDA error (sticky context error): releasing may fail too but does not wait.
+    TIDE_WARN(component_, "tideCommAbort: rank %d: device synchronize failed; releasing what can be released", rank_);
+  }
+  return !stuck_;
+}
+
 tideResult_t RankExchange::checkHealth(bool allGather) const {
   if (!health_) return tideSuccess;
   return health_(allGather ? "tideAllGather" : "tideReduceScatter");

@@ -73,9 +73,10 @@ class RankExchange {
   // Whether device work may still be queued after the last failed exchange (the provider's memory then stays).
   bool workLeft() const { return workLeft_ && workLeft_(); }
 
-  // tideCommAbort: nothing collective from here on.
-  void markBroken() { broken_ = true; }
-  void markStuck() { stuck_ = true; }
+  // tideCommAbort's first step: nothing collective from here on, then this device's queued work waited for, at most
+  // boundMs (1 ms when 0). Returns whether the device is idle; if not, it is marked stuck, and one WARN says that
+  // `leftBehind` (the provider's memory) stays until process exit. The device of the comm must be current.
+  bool breakAndDrain(uint64_t boundMs, const char* leftBehind);
   bool broken() const { return broken_; }
   bool stuck() const { return stuck_; }
   // With device work stuck, the exchange's own resources (the NCCL exchange's buffer and stream) would be freed with

@@ -111,23 +111,8 @@ WindowProvider::~WindowProvider() {
 bool WindowProvider::abort(uint64_t boundMs) {
   std::lock_guard<std::mutex> lock(mu_);
   aborted_ = true;
-  ex_.markBroken();  // nothing collective from here on
   (void)cudaSetDevice(device_);
-  if (!ex_.stuck()) {
-    bool timedOut = false;
-    tideResult_t r = boundedDeviceSync(device_, boundMs == 0 ? 1 : boundMs, &timedOut);
-    if (timedOut) {
-      ex_.markStuck();
-      TIDE_WARN(kComponent,
-                "tideCommAbort: rank %d's queued device work did not finish within %llu ms (a peer never signalled, "
-                "or the parent NCCL communicator's kernels are stuck); its windows are left to process exit",
-                rank_, static_cast<unsigned long long>(boundMs));
-    } else if (r != tideSuccess) {
-      TIDE_WARN(kComponent, "tideCommAbort: rank %d: device synchronize failed; releasing what can be released",
-                rank_);
-    }
-  }
-  if (ex_.stuck()) {
+  if (!ex_.breakAndDrain(boundMs, "its windows are")) {
     mem_->abandon();
     return false;
   }
