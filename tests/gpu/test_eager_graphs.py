@@ -86,7 +86,8 @@ class ShardAgCase(AgCase):
 
     def eager(self):
         shards = [
-            [self.send[r][p.send_offset : p.send_offset + p.shard_numel * p.elem_size] for p in self.L.params]
+            [self.send[r][p.send_offset : p.send_offset + p.shard_numel * p.elem_size].view(bits_dtype(self.torch, p.dtype))
+             for p in self.L.params]
             for r in range(self.world.n_ranks)
         ]
         self.world.all_gather(self.layouts, self.slots, shards=shards, streams=self.world.streams)

@@ -22,7 +22,7 @@ import test_nccl_hosts as hosts
 
 pytestmark = [pytest.mark.gpu]
 INFO = {"NCCL_TIDE_DEBUG": "INFO"}
-TRANSPORT_LINE = re.compile(r"NCCL TIDE INFO \w+: (inter-node transport .*)$")
+TRANSPORT_LINE = re.compile(r"NCCL TIDE INFO Cuda: rank \d+: (inter-node transport .*)$")
 
 
 @pytest.fixture(autouse=True)
