@@ -25,6 +25,8 @@ ALLOWED_NCCL=(
   ncclReduceScatterConfig
   ncclGroupStart
   ncclGroupEnd
+  ncclRedOpCreatePreMulSum
+  ncclRedOpDestroy
   ncclCommFinalize
   ncclCommDestroy
   ncclCommAbort

@@ -594,6 +594,30 @@ tideResult_t tideAttachLayout(struct ncclComm* ncclComm, void* buffer, tideLayou
  * Errors: tideInvalidArgument (NULL argument, nothing attached there). (since 0.1) */
 tideResult_t tideDetachLayout(struct ncclComm* ncclComm, void* buffer);
 
+/* What the interposer did with the all-gathers and reduce-scatters it saw: calls and bytes (per rank: count times
+ * the element size) taken by TIDE, and passed to NCCL per reason. Index [0] is ncclAllGather, [1]
+ * ncclReduceScatter (the ...Config variants included); reason r >= 1 is described by
+ * tideInterposerReasonString(r). */
+#define TIDE_INTERPOSER_COUNTERS_VERSION 1
+#define TIDE_INTERPOSER_MAX_REASONS 32
+typedef struct {
+  size_t size;            /* sizeof(tideInterposerCounters_t), set by the call */
+  unsigned int version;   /* TIDE_INTERPOSER_COUNTERS_VERSION, set by the call */
+  uint64_t takenCalls[2];
+  uint64_t takenBytes[2];
+  uint64_t forwardedCalls[2][TIDE_INTERPOSER_MAX_REASONS];
+  uint64_t forwardedBytes[2][TIDE_INTERPOSER_MAX_REASONS];
+} tideInterposerCounters_t;
+
+/* The counters of the NCCL communicator `ncclComm` since it was first seen (all zero for one never seen or already
+ * finalized, destroyed or aborted), or, with ncclComm NULL, of every communicator of the process since it started.
+ * Counts only while NCCL_TIDE_ENABLE=1. Errors: tideInvalidArgument (NULL out). (since 0.1) */
+tideResult_t tideInterposerGetCounters(struct ncclComm* ncclComm, tideInterposerCounters_t* out);
+
+/* The reason with index `reason` of tideInterposerCounters_t (a static string), or NULL past the last one.
+ * (since 0.1) */
+const char* tideInterposerReasonString(int reason);
+
 #ifdef __cplusplus
 }
 #endif

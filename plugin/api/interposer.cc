@@ -1,32 +1,41 @@
 // The LD_PRELOAD interposer: libnccl-tide.so exports ncclAllGather, ncclReduceScatter, ncclAllGatherConfig and
-// ncclReduceScatterConfig (plugin/exports.map; nothing else of NCCL's) and forwards each call to the NCCL already
-// loaded in the process: dlopen("libnccl.so.2", RTLD_NOLOAD) + dlsym of pncclXxx (nccl::loadedSymbol), resolved
-// lazily on the first call. Never RTLD_NEXT: torch loads NCCL as a dependency of an RTLD_LOCAL extension, which
-// RTLD_NEXT from a preloaded library does not see.
+// ncclReduceScatterConfig (plugin/exports.map; nothing else of NCCL's collectives) and forwards each call to the NCCL
+// already loaded in the process: dlopen("libnccl.so.2", RTLD_NOLOAD) + dlsym of pncclXxx (nccl::loadedSymbol),
+// resolved lazily on the first call. Never RTLD_NEXT: torch loads NCCL as a dependency of an RTLD_LOCAL extension,
+// which RTLD_NEXT from a preloaded library does not see.
 //
 // NCCL_TIDE_ENABLE unset or 0: pure pass-through (the flag is read once and cached; no allocation, no other work).
 // NCCL_TIDE_ENABLE=1: each call is classified (docs/usage.md "Eligibility"); an eligible one is run by TIDE
-// (interposer_tide.cc), any other is passed through unchanged. Grouping is tracked per thread by interposing
-// ncclGroupStart/ncclGroupEnd (TIDE takes only ungrouped calls), and ncclCommFinalize/ncclCommDestroy/ncclCommAbort
-// release TIDE's state of a communicator before NCCL's: two needs of the TIDE path that no other NCCL entry point
-// serves, so these five names are exported as well (plugin/exports.map), each a plain forward when TIDE is off.
+// (interposer_tide.cc), any other is passed through unchanged, and each is counted (interposer_counters.h). Four
+// more NCCL names serve the TIDE path and are exported too, each a plain forward when TIDE is off:
+// ncclGroupStart/ncclGroupEnd (grouped calls are recorded and run after the group: interposer_group.h),
+// ncclRedOpCreatePreMulSum/ncclRedOpDestroy (what a PREMUL_SUM op means: interposer_ops.h), and
+// ncclCommFinalize/ncclCommDestroy/ncclCommAbort (TIDE's state of a communicator is released before NCCL's).
 //
 // No NCCL header: the types are the ABI-stable ones of nccl.h (enums are ints, handles pointers); the Config
 // variants (NCCL >= 2.31.2) take the ncclCollConfig_t pointer opaquely, so this builds against 2.28.9 headers too.
 #include <dlfcn.h>
+#include <sched.h>
 
 #include <atomic>
+#include <chrono>
+#include <cinttypes>
 #include <cstddef>
 #include <cstdint>
 
+#include "../core/errors.h"
 #include "../core/export.h"
 #include "../core/log.h"
 #include "../core/params.h"
 #include "../nccl/nccl_lib.h"
+#include "interposer_counters.h"
+#include "interposer_group.h"
+#include "interposer_ops.h"
 #include "interposer_tide.h"
 
 namespace {
 
+namespace ip = tide::interposer;
 using ncclResult_t = int;
 using ncclComm_t = void*;
 using cudaStream_t = void*;
@@ -41,6 +50,9 @@ using ReduceScatterConfigFn = ncclResult_t (*)(const void*, void*, size_t, int, 
                                                const void*);
 using VoidFn = ncclResult_t (*)();
 using CommFn = ncclResult_t (*)(ncclComm_t);
+using PreMulSumFn = ncclResult_t (*)(int*, void*, int, int, ncclComm_t);
+using OpDestroyFn = ncclResult_t (*)(int, ncclComm_t);
+using AsyncErrorFn = ncclResult_t (*)(ncclComm_t, ncclResult_t*);
 
 enum Entry : int {
   kAllGather = 0,
@@ -52,14 +64,19 @@ enum Entry : int {
   kCommFinalize,
   kCommDestroy,
   kCommAbort,
+  kRedOpCreatePreMulSum,
+  kRedOpDestroy,
+  kCommGetAsyncError,  // not exported: the wait for a nonblocking group's launch
   kNumEntries
 };
-const char* const kRealNames[kNumEntries] = {"pncclAllGather",     "pncclReduceScatter", "pncclAllGatherConfig",
-                                             "pncclReduceScatterConfig", "pncclGroupStart", "pncclGroupEnd",
-                                             "pncclCommFinalize",  "pncclCommDestroy",   "pncclCommAbort"};
-const char* const kPublicNames[kNumEntries] = {"ncclAllGather",     "ncclReduceScatter", "ncclAllGatherConfig",
-                                               "ncclReduceScatterConfig", "ncclGroupStart", "ncclGroupEnd",
-                                               "ncclCommFinalize",  "ncclCommDestroy",   "ncclCommAbort"};
+const char* const kRealNames[kNumEntries] = {
+    "pncclAllGather",   "pncclReduceScatter", "pncclAllGatherConfig", "pncclReduceScatterConfig",
+    "pncclGroupStart",  "pncclGroupEnd",      "pncclCommFinalize",    "pncclCommDestroy",
+    "pncclCommAbort",   "pncclRedOpCreatePreMulSum", "pncclRedOpDestroy", "pncclCommGetAsyncError"};
+const char* const kPublicNames[kNumEntries] = {
+    "ncclAllGather",   "ncclReduceScatter", "ncclAllGatherConfig", "ncclReduceScatterConfig",
+    "ncclGroupStart",  "ncclGroupEnd",      "ncclCommFinalize",    "ncclCommDestroy",
+    "ncclCommAbort",   "ncclRedOpCreatePreMulSum", "ncclRedOpDestroy", "ncclCommGetAsyncError"};
 
 std::atomic<void*> gReal[kNumEntries];
 std::atomic<bool> gWarned[kNumEntries];
@@ -118,82 +135,140 @@ inline bool enabled() {
   return v != 0;
 }
 
-// ncclGroupStart/End nesting depth of this thread (NCCL's groups are per thread).
-thread_local int tGroupDepth = 0;
-
 // ncclDataType_t sizes (nccl.h): Int8, Uint8, Int32, Uint32, Int64, Uint64, Float16, Float32, Float64, Bfloat16,
 // Float8e4m3, Float8e5m2.
 size_t dtypeBytes(int dtype) {
   static const size_t kSizes[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
   return (dtype >= 0 && dtype < static_cast<int>(sizeof(kSizes) / sizeof(kSizes[0]))) ? kSizes[dtype] : 0;
 }
-constexpr int kNcclFloat16 = 6, kNcclFloat32 = 7, kNcclBfloat16 = 9;
 
-enum Reason : int {
-  kEligible = 0,
-  kConfigCall,
-  kUnknownDtype,
-  kBelowThreshold,
-  kRsOpNotSum,
-  kRsDtypeNotFloat,
-  kRsHalfWithoutFp32Accum,
-  kInGroup,
-  kNoCudaBuild,
-  kNumReasons
-};
-const char* const kReasonText[kNumReasons] = {
-    "eligible: run by TIDE unless TIDE is off for the communicator",
-    "a ...Config call (per-collective config is honoured only by NCCL)",
-    "unknown ncclDataType_t",
-    "smaller than NCCL_TIDE_ENABLE_MIN_BYTES",
-    "reduce-scatter with an op other than ncclSum",
-    "reduce-scatter in a type other than fp32/fp16/bf16",
-    "bf16/fp16 reduce-scatter without NCCL_TIDE_RS_ACCUM=FP32 (TIDE accumulates in fp32 only)",
-    "inside ncclGroupStart/ncclGroupEnd (TIDE takes only ungrouped calls)",
-    "this libnccl-tide.so is not a CUDA build: nothing can be run by TIDE",
-};
-std::atomic<bool> gReasonLogged[kNumReasons];
+std::atomic<bool> gReasonLogged[ip::kNumReasons];
+constexpr const char* kEligibleText = "eligible: run by TIDE unless TIDE is off for the communicator";
 
-// The eligibility decision (docs/usage.md). count is per rank (sendcount / recvcount).
-Reason classify(Entry e, size_t count, int dtype, int op, ncclComm_t comm) {
-  Reason r = kEligible;
-  size_t elem = dtypeBytes(dtype);
-  const bool rs = e == kReduceScatter || e == kReduceScatterConfig;
+void logReasonOnce(ip::Reason r, const char* name, const char* detail) {
+  if (r == ip::kNoCudaBuild) {
+    if (!gReasonLogged[r].exchange(true)) {
+      TIDE_WARN(kComponent, "NCCL_TIDE_ENABLE=1, but %s; every call goes to NCCL (said once)", ip::reasonText(r));
+    }
+  } else if (!gReasonLogged[r].exchange(true)) {
+    TIDE_INFO(kComponent, "%s call %s%s%s (each reason is logged once at INFO; NCCL_TIDE_DEBUG=TRACE logs every call)",
+              name, r == ip::kTaken ? kEligibleText : "to NCCL: ",
+              r == ip::kTaken ? "" : ip::reasonText(r), detail != nullptr ? detail : "");
+  }
+}
+
+// The eligibility decision (docs/usage.md "Eligibility"); kTaken = eligible. Fills c.resolved for a reduce-scatter.
+ip::Reason classify(Entry e, ip::group::Call* c) {
+  const size_t elem = dtypeBytes(c->dtype);
+  const bool rs = c->coll == ip::kCollReduceScatter;
+  const bool half = c->dtype == ip::ops::kNcclFloat16 || c->dtype == ip::ops::kNcclBfloat16;
+  const char* detail = nullptr;
+  ip::Reason r = ip::kTaken;
+  if (rs) c->resolved = ip::ops::resolve(c->comm, c->op, c->dtype);
   if (e == kAllGatherConfig || e == kReduceScatterConfig) {
-    r = kConfigCall;
+    r = ip::kConfigCall;
   } else if (elem == 0) {
-    r = kUnknownDtype;
-  } else if (rs && op != 0) {
-    r = kRsOpNotSum;
-  } else if (rs && dtype != kNcclFloat16 && dtype != kNcclFloat32 && dtype != kNcclBfloat16) {
-    r = kRsDtypeNotFloat;
-  } else if (static_cast<unsigned __int128>(count) * elem < tide::params::interposerMinBytes()) {
-    r = kBelowThreshold;  // per-rank bytes
-  } else if (rs && dtype != kNcclFloat32 && !tide::params::rsAccumFp32()) {
-    r = kRsHalfWithoutFp32Accum;
-  } else if (tGroupDepth > 0) {
-    r = kInGroup;
+    r = ip::kUnknownDtype;
+  } else if (rs && !half && c->dtype != ip::ops::kNcclFloat32) {
+    r = ip::kRsDtypeNotFloat;
+  } else if (rs && c->resolved.kind == ip::ops::Resolved::kNotTide) {
+    r = ip::kRsOpNotTide;
+    detail = c->resolved.why;
+  } else if (c->bytes < tide::params::interposerMinBytes()) {
+    r = ip::kBelowThreshold;  // per-rank bytes
+  } else if (rs && half && !tide::params::rsAccumFp32()) {
+    r = ip::kRsHalfWithoutFp32Accum;
   }
 #ifndef TIDE_HAVE_CUDA
-  if (r == kEligible) r = kNoCudaBuild;
+  if (r == ip::kTaken) r = ip::kNoCudaBuild;
 #endif
-  TIDE_TRACE(kComponent, "%s comm %p count %zu dtype %d: %s", kPublicNames[e], comm, count, dtype, kReasonText[r]);
-  if (r == kNoCudaBuild && !gReasonLogged[r].exchange(true)) {
-    TIDE_WARN(kComponent, "NCCL_TIDE_ENABLE=1, but %s; every call goes to NCCL (said once)", kReasonText[r]);
-  } else if (!gReasonLogged[r].exchange(true)) {
-    TIDE_INFO(kComponent, "%s call classified: %s (each reason is logged once at INFO; NCCL_TIDE_DEBUG=TRACE logs "
-              "every call)", kPublicNames[e], kReasonText[r]);
-  }
+  TIDE_TRACE(kComponent, "%s comm %p count %zu dtype %d op %d: %s%s%s", kPublicNames[e], c->comm, c->count, c->dtype,
+             c->op, r == ip::kTaken ? kEligibleText : ip::reasonText(r), detail ? ": " : "", detail ? detail : "");
+  logReasonOnce(r, kPublicNames[e], detail != nullptr ? detail : "");
   return r;
 }
 
-tideDataType_t tideTypeOf(int ncclDtype) {
-  return ncclDtype == kNcclBfloat16 ? tideBfloat16 : ncclDtype == kNcclFloat16 ? tideFloat16 : tideFloat32;
+ip::group::Call callOf(ip::Coll coll, const void* send, void* recv, size_t count, int dtype, int op, ncclComm_t comm,
+                       cudaStream_t stream) {
+  ip::group::Call c;
+  c.coll = coll;
+  c.send = send;
+  c.recv = recv;
+  c.count = count;
+  c.dtype = dtype;
+  c.op = op;
+  c.comm = comm;
+  c.stream = stream;
+  const size_t elem = dtypeBytes(dtype);
+  c.bytes = count <= UINT64_MAX / (elem == 0 ? 1 : elem) ? count * elem : UINT64_MAX;  // 0: an unknown type
+  return c;
 }
 
 ncclResult_t forwardComm(Entry e, ncclComm_t comm) {
   auto f = reinterpret_cast<CommFn>(real(e));
   return f == nullptr ? kSystemError : f(comm);
+}
+
+// NCCL, TIDE and the group's end as the group recorder sees them.
+class Hooks : public ip::group::Hooks {
+ public:
+  int forward(const ip::group::Call& c, ip::Reason why) override {
+    ip::count(c.comm, c.coll, why, c.bytes);
+    if (c.coll == ip::kCollAllGather) {
+      auto f = reinterpret_cast<AllGatherFn>(real(kAllGather));
+      return f == nullptr ? kSystemError : f(c.send, c.recv, c.count, c.dtype, c.comm, c.stream);
+    }
+    auto f = reinterpret_cast<ReduceScatterFn>(real(kReduceScatter));
+    return f == nullptr ? kSystemError : f(c.send, c.recv, c.count, c.dtype, c.op, c.comm, c.stream);
+  }
+  int runTide(const ip::group::Call& c, ip::Reason* why) override {
+    int r = c.coll == ip::kCollAllGather ? ip::tryAllGather(c.send, c.recv, c.bytes, c.comm, c.stream, why)
+                                         : ip::tryReduceScatter(c.send, c.recv, c.count, c.dtype, c.resolved, c.comm,
+                                                                c.stream, why);
+    if (r != ip::kPassToNccl) ip::count(c.comm, c.coll, ip::kTaken, c.bytes);
+    return r;
+  }
+  int realGroupEnd() override {
+    auto f = reinterpret_cast<VoidFn>(real(kGroupEnd));
+    return f == nullptr ? kSystemError : f();
+  }
+  int waitLaunched(void* comm) override {
+    // Bounded like TIDE's other host waits (NCCL_TIDE_TIMEOUT_MS; 0 waits as long as NCCL takes).
+    auto f = reinterpret_cast<AsyncErrorFn>(real(kCommGetAsyncError));
+    if (f == nullptr) return kSystemError;
+    const uint64_t boundMs = tide::params::timeoutMs();
+    const auto start = std::chrono::steady_clock::now();
+    ncclResult_t state = ip::group::kNcclInProgress;
+    while (state == ip::group::kNcclInProgress) {
+      ncclResult_t q = f(comm, &state);
+      if (q != 0) return q;
+      if (state != ip::group::kNcclInProgress) break;
+      if (boundMs > 0 && std::chrono::steady_clock::now() - start > std::chrono::milliseconds(boundMs)) {
+        TIDE_WARN(kComponent, "ncclGroupEnd on nonblocking communicator %p still in progress after %" PRIu64
+                  " ms (NCCL_TIDE_TIMEOUT_MS): the group's recorded calls go to NCCL", comm, boundMs);
+        return ip::group::kNcclInProgress;
+      }
+      sched_yield();
+    }
+    return state;
+  }
+  bool capturing(void* stream) override { return ip::streamCapturing(stream); }
+  int destroyOp(void* comm, int op) override {
+    ip::ops::destroyed(comm, op);
+    auto f = reinterpret_cast<OpDestroyFn>(real(kRedOpDestroy));
+    return f == nullptr ? kSystemError : f(op, comm);
+  }
+};
+
+// An all-gather or reduce-scatter with TIDE on: recorded inside a group, else run by TIDE if eligible, else NCCL's.
+ncclResult_t dispatch(Entry e, ip::group::Call c) {
+  Hooks hooks;
+  const ip::Reason why = classify(e, &c);
+  if (ip::group::open()) return ip::group::call(c, why == ip::kTaken, why, hooks);
+  if (why != ip::kTaken) return hooks.forward(c, why);
+  ip::Reason passed = ip::kTaken;
+  const int r = hooks.runTide(c, &passed);
+  return r == ip::kPassToNccl ? hooks.forward(c, passed) : r;
 }
 
 }  // namespace
@@ -202,9 +277,8 @@ extern "C" {
 
 TIDE_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, int datatype,
                                        ncclComm_t comm, cudaStream_t stream) {
-  if (__builtin_expect(enabled(), 0) && classify(kAllGather, sendcount, datatype, 0, comm) == kEligible) {
-    int r = tide::interposer::tryAllGather(sendbuff, recvbuff, sendcount * dtypeBytes(datatype), comm, stream);
-    if (r != tide::interposer::kPassToNccl) return r;
+  if (__builtin_expect(enabled(), 0)) {
+    return dispatch(kAllGather, callOf(ip::kCollAllGather, sendbuff, recvbuff, sendcount, datatype, 0, comm, stream));
   }
   auto f = reinterpret_cast<AllGatherFn>(real(kAllGather));
   if (f == nullptr) return kSystemError;
@@ -213,9 +287,9 @@ TIDE_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, siz
 
 TIDE_EXPORT ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, int datatype,
                                            int op, ncclComm_t comm, cudaStream_t stream) {
-  if (__builtin_expect(enabled(), 0) && classify(kReduceScatter, recvcount, datatype, op, comm) == kEligible) {
-    int r = tide::interposer::tryReduceScatter(sendbuff, recvbuff, recvcount, tideTypeOf(datatype), comm, stream);
-    if (r != tide::interposer::kPassToNccl) return r;
+  if (__builtin_expect(enabled(), 0)) {
+    return dispatch(kReduceScatter,
+                    callOf(ip::kCollReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, comm, stream));
   }
   auto f = reinterpret_cast<ReduceScatterFn>(real(kReduceScatter));
   if (f == nullptr) return kSystemError;
@@ -225,7 +299,10 @@ TIDE_EXPORT ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff,
 // NCCL >= 2.31.2 signatures; `config` is a const ncclCollConfig_t*, forwarded untouched.
 TIDE_EXPORT ncclResult_t ncclAllGatherConfig(const void* sendbuff, void* recvbuff, size_t sendcount, int datatype,
                                              ncclComm_t comm, cudaStream_t stream, const void* config) {
-  if (__builtin_expect(enabled(), 0)) classify(kAllGatherConfig, sendcount, datatype, 0, comm);
+  if (__builtin_expect(enabled(), 0)) {
+    auto c = callOf(ip::kCollAllGather, sendbuff, recvbuff, sendcount, datatype, 0, comm, stream);
+    ip::count(comm, c.coll, classify(kAllGatherConfig, &c), c.bytes);
+  }
   auto f = reinterpret_cast<AllGatherConfigFn>(real(kAllGatherConfig));
   if (f == nullptr) return kInvalidUsage;
   return f(sendbuff, recvbuff, sendcount, datatype, comm, stream, config);
@@ -234,7 +311,10 @@ TIDE_EXPORT ncclResult_t ncclAllGatherConfig(const void* sendbuff, void* recvbuf
 TIDE_EXPORT ncclResult_t ncclReduceScatterConfig(const void* sendbuff, void* recvbuff, size_t recvcount,
                                                  int datatype, int op, ncclComm_t comm, cudaStream_t stream,
                                                  const void* config) {
-  if (__builtin_expect(enabled(), 0)) classify(kReduceScatterConfig, recvcount, datatype, op, comm);
+  if (__builtin_expect(enabled(), 0)) {
+    auto c = callOf(ip::kCollReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, comm, stream);
+    ip::count(comm, c.coll, classify(kReduceScatterConfig, &c), c.bytes);
+  }
   auto f = reinterpret_cast<ReduceScatterConfigFn>(real(kReduceScatterConfig));
   if (f == nullptr) return kInvalidUsage;
   return f(sendbuff, recvbuff, recvcount, datatype, op, comm, stream, config);
@@ -244,34 +324,69 @@ TIDE_EXPORT ncclResult_t ncclGroupStart(void) {
   auto f = reinterpret_cast<VoidFn>(real(kGroupStart));
   if (f == nullptr) return kSystemError;
   ncclResult_t r = f();
-  if (r == 0) ++tGroupDepth;
+  if (r == 0 && enabled()) ip::group::started();
   return r;
 }
 
 TIDE_EXPORT ncclResult_t ncclGroupEnd(void) {
+  if (__builtin_expect(enabled(), 0)) {
+    Hooks hooks;
+    return ip::group::ended(hooks);
+  }
   auto f = reinterpret_cast<VoidFn>(real(kGroupEnd));
   if (f == nullptr) return kSystemError;
-  // NCCL closes the group level even when the group's operations fail.
-  if (tGroupDepth > 0) --tGroupDepth;
   return f();
+}
+
+// `op` is an ncclRedOp_t*, `residence` an ncclScalarResidence_t. A host scalar is read now, as NCCL reads it.
+TIDE_EXPORT ncclResult_t ncclRedOpCreatePreMulSum(int* op, void* scalar, int datatype, int residence,
+                                                  ncclComm_t comm) {
+  auto f = reinterpret_cast<PreMulSumFn>(real(kRedOpCreatePreMulSum));
+  if (f == nullptr) return kSystemError;
+  ncclResult_t r = f(op, scalar, datatype, residence, comm);
+  if (r == 0 && op != nullptr && enabled()) ip::ops::created(comm, *op, scalar, datatype, residence);
+  return r;
+}
+
+TIDE_EXPORT ncclResult_t ncclRedOpDestroy(int op, ncclComm_t comm) {
+  if (__builtin_expect(enabled(), 0)) {
+    // A recorded call of the open group still needs the op: NCCL destroys it when the group has run.
+    if (ip::group::postponeDestroy(comm, op)) return 0;
+    ip::ops::destroyed(comm, op);
+  }
+  auto f = reinterpret_cast<OpDestroyFn>(real(kRedOpDestroy));
+  if (f == nullptr) return kSystemError;
+  return f(op, comm);
 }
 
 // TIDE's state of a communicator goes before NCCL's: finalize and destroy are collective in NCCL too, so TIDE's
 // collective teardown (slot frees, comm destroy over this communicator) runs while every rank is there; abort is
 // not, so TIDE only lets go (interposer_tide.h).
 TIDE_EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm) {
-  if (__builtin_expect(enabled(), 0)) tide::interposer::releaseComm(comm, /*collective=*/true);
+  if (__builtin_expect(enabled(), 0)) ip::releaseComm(comm, /*collective=*/true);
   return forwardComm(kCommFinalize, comm);
 }
 
 TIDE_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
-  if (__builtin_expect(enabled(), 0)) tide::interposer::releaseComm(comm, /*collective=*/true);
+  if (__builtin_expect(enabled(), 0)) ip::releaseComm(comm, /*collective=*/true);
   return forwardComm(kCommDestroy, comm);
 }
 
 TIDE_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
-  if (__builtin_expect(enabled(), 0)) tide::interposer::releaseComm(comm, /*collective=*/false);
+  if (__builtin_expect(enabled(), 0)) ip::releaseComm(comm, /*collective=*/false);
   return forwardComm(kCommAbort, comm);
+}
+
+TIDE_EXPORT tideResult_t tideInterposerGetCounters(struct ncclComm* ncclComm, tideInterposerCounters_t* out) {
+  if (out == nullptr) {
+    return tide::fail(tideInvalidArgument, kComponent, "tideInterposerGetCounters: out is NULL");
+  }
+  ip::read(ncclComm, out);
+  return tideSuccess;
+}
+
+TIDE_EXPORT const char* tideInterposerReasonString(int reason) {
+  return reason >= 1 ? ip::reasonText(static_cast<ip::Reason>(reason)) : nullptr;
 }
 
 }  // extern "C"

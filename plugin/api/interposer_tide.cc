@@ -2,11 +2,12 @@
 //
 // A flat NCCL collective is a one-parameter TIDE layout of W * count elements (rank r's block = its shard):
 // * reduce-scatter: tideReduceScatter reads the send buffer directly (push to the owners' staging, fp32
-//   accumulation) and writes recvbuff; no copy and no registration of the application's buffers;
+//   accumulation) and writes recvbuff, also in NCCL's in-place form (recvbuff is the rank's own block of
+//   sendbuff); no copy and no registration of the application's buffers;
 // * all-gather: TIDE's peers write into peer-mapped memory only, and an application buffer is not peer-mapped, so
-//   the gather lands in a TIDE slot of this comm ("bounce slot") and one copy-engine copy moves it to recvbuff.
-//   Transport and copy stay off the SMs; the copy-out that a per-parameter layout avoids remains for a flat call
-//   (a layout-aware call, tideAllGather on a slot, has none).
+//   the gather lands in a TIDE slot of this comm ("bounce slot") and one copy moves it to recvbuff. Transport
+//   stays off the SMs; that copy-out is a same-device copy, which the driver runs on SMs (docs/usage.md). A
+//   layout-aware call (tideAllGather on a slot) has no copy-out.
 // Collective steps (comm creation, bounce-slot growth, RS staging growth) happen on calls every rank makes in the
 // same order with the same sizes, so every rank takes them together.
 #include "interposer_tide.h"
@@ -23,6 +24,7 @@
 #include "errors.h"
 #include "fork_guard.h"
 #include "handles.h"
+#include "interposer_counters.h"
 #include "log.h"
 
 #ifdef TIDE_HAVE_CUDA
@@ -275,22 +277,16 @@ bool capturing(void* stream) {
   return st != cudaStreamCaptureStatusNone;
 }
 
-std::atomic<bool> gCaptureNoticed{false};
-std::atomic<bool> gInPlaceNoticed{false};
-
-// Common entry: the comm's state, locked, with a comm; nullptr if the call must go to NCCL.
-std::shared_ptr<CommState> enter(void* ncclComm, void* stream, std::unique_lock<std::mutex>* lock) {
+// Common entry: the comm's state, locked, with a comm; nullptr (and *why) if the call must go to NCCL.
+std::shared_ptr<CommState> enter(void* ncclComm, void* stream, std::unique_lock<std::mutex>* lock, Reason* why) {
   auto s = stateOf(ncclComm, true);
   std::unique_lock<std::mutex> l(s->mu);
+  *why = kTideOff;
   if (s->off) return nullptr;
   if (capturing(stream)) {
     // Not an error: TIDE captures only single-node calls with Slot-Reuse staging and agreed layouts
-    // (docs/architecture.md "CUDA graphs"), while the interposer uses own staging and a bounce slot: captured calls
-    // stay on NCCL (docs/usage.md).
-    if (!gCaptureNoticed.exchange(true)) {
-      TIDE_INFO(kComponent, "a call on a stream under CUDA graph capture goes to NCCL (the interposer does not "
-                            "capture TIDE calls); said once");
-    }
+    // (docs/architecture.md "CUDA graphs"), while the interposer uses own staging and a bounce slot.
+    *why = kCaptured;
     return nullptr;
   }
   if (!ensureComm(s.get(), ncclComm)) return nullptr;
@@ -304,9 +300,11 @@ std::shared_ptr<CommState> enter(void* ncclComm, void* stream, std::unique_lock<
 
 #ifdef TIDE_HAVE_CUDA
 
-int tryAllGather(const void* sendbuff, void* recvbuff, size_t bytes, void* ncclComm, void* stream) {
+bool streamCapturing(void* stream) { return capturing(stream); }
+
+int tryAllGather(const void* sendbuff, void* recvbuff, size_t bytes, void* ncclComm, void* stream, Reason* why) {
   std::unique_lock<std::mutex> lock;
-  auto s = enter(ncclComm, stream, &lock);
+  auto s = enter(ncclComm, stream, &lock, why);
   if (!s) return kPassToNccl;
   auto cs = static_cast<cudaStream_t>(stream);
   const size_t total = bytes * static_cast<size_t>(s->world);
@@ -343,6 +341,7 @@ int tryAllGather(const void* sendbuff, void* recvbuff, size_t bytes, void* ncclC
   if (r != tideSuccess) {
     // Nothing of this call was enqueued: NCCL can still take it on every rank.
     turnOff(s.get(), ncclComm, "the TIDE all-gather", r);
+    *why = kTideOff;
     return kPassToNccl;
   }
   // From here the peers are inside TIDE's all-gather with us: handing this call to NCCL would hang them, so a
@@ -364,29 +363,41 @@ int tryAllGather(const void* sendbuff, void* recvbuff, size_t bytes, void* ncclC
   return 0;
 }
 
-int tryReduceScatter(const void* sendbuff, void* recvbuff, size_t count, tideDataType_t dtype, void* ncclComm,
-                     void* stream) {
+int tryReduceScatter(const void* sendbuff, void* recvbuff, size_t count, int ncclDtype, const ops::Resolved& op,
+                     void* ncclComm, void* stream, Reason* why) {
   std::unique_lock<std::mutex> lock;
-  auto s = enter(ncclComm, stream, &lock);
+  auto s = enter(ncclComm, stream, &lock, why);
   if (!s) return kPassToNccl;
+  const tideDataType_t dtype = ncclDtype == ops::kNcclBfloat16 ? tideBfloat16
+                               : ncclDtype == ops::kNcclFloat16 ? tideFloat16
+                                                                : tideFloat32;
   size_t elem = 0;
   (void)tideDataTypeSize(dtype, &elem);
   const auto in = reinterpret_cast<uintptr_t>(sendbuff), out = reinterpret_cast<uintptr_t>(recvbuff);
-  const uintptr_t inBytes = static_cast<uintptr_t>(count) * elem * static_cast<uintptr_t>(s->world);
-  if (out < in + inBytes && in < out + static_cast<uintptr_t>(count) * elem) {
-    // NCCL's in-place form (recvbuff = sendbuff + rank * count): TIDE's outputs may not overlap its inputs. The
-    // decision is per rank, so all ranks must call in place or none (docs/usage.md), as programs do.
-    if (!gInPlaceNoticed.exchange(true)) {
-      TIDE_INFO(kComponent, "in-place reduce-scatter calls go to NCCL (TIDE's output may not overlap its input); "
-                            "said once");
-    }
+  const uintptr_t blockBytes = static_cast<uintptr_t>(count) * elem;
+  const uintptr_t inBytes = blockBytes * static_cast<uintptr_t>(s->world);
+  const bool inPlace = out == in + static_cast<uintptr_t>(s->rank) * blockBytes;
+  if (!inPlace && out < in + inBytes && in < out + blockBytes) {
+    // Only NCCL's in-place form is defined; any other overlap is the application's to explain to NCCL.
+    *why = kRsOverlapNotInPlace;
     return kPassToNccl;
+  }
+  // NCCL's arithmetic: each rank premultiplies its own input; ncclAvg premultiplies by T(1/W).
+  tideRedOp_t tideOp = tideSum;
+  float scale = 1.0f;
+  if (op.kind == ops::Resolved::kPremul) {
+    tideOp = tidePremulSum;
+    scale = op.scale;
+  } else if (op.kind == ops::Resolved::kAvg) {
+    tideOp = tidePremulSum;
+    scale = ops::avgScale(s->world, ncclDtype);
   }
   // A layout attached to sendbuff (tideAttachLayout): every parameter's full gradient at its slot offset; else one
   // flat parameter.
   tideLayout_t layout = nullptr;
   std::vector<const void*> grads(1, sendbuff);
-  OwnedLayout attached = attachedLayout(ncclComm, sendbuff);
+  // In place, the output is the flat call's own block: an attached layout's packed output would be elsewhere.
+  OwnedLayout attached = inPlace ? OwnedLayout() : attachedLayout(ncclComm, sendbuff);
   if (tideLayout_t att = attached.h) {
     AttachedView v;
     bool sameType = viewOf(att, &v);
@@ -409,11 +420,12 @@ int tryReduceScatter(const void* sendbuff, void* recvbuff, size_t count, tideDat
   }
   tideResult_t r = layout != nullptr ? tideSuccess : layoutFor(s.get(), 1, dtype, count, &layout);
   if (r == tideSuccess) {
-    r = tideReduceScatter(s->comm, layout, grads.data(), recvbuff, dtype, tideSum, 1.0f, nullptr, stream);
+    r = tideReduceScatter(s->comm, layout, grads.data(), recvbuff, dtype, tideOp, scale, nullptr, stream);
   }
   if (r != tideSuccess) {
     // tideReduceScatter enqueues nothing when it fails: NCCL can still take the call on every rank.
     turnOff(s.get(), ncclComm, "the TIDE reduce-scatter", r);
+    *why = kTideOff;
     return kPassToNccl;
   }
   ++s->taken;
@@ -424,6 +436,11 @@ int tryReduceScatter(const void* sendbuff, void* recvbuff, size_t count, tideDat
 
 void releaseComm(void* ncclComm, bool collective) {
   dropAttachments(ncclComm);  // also when TIDE never took a call on it
+  ops::forgetComm(ncclComm);
+  char counts[256];
+  summary(ncclComm, counts, sizeof(counts));
+  forget(ncclComm);
+  TIDE_INFO(kComponent, "NCCL communicator %p released: %s", ncclComm, counts);
   std::shared_ptr<CommState> s;
   {
     std::lock_guard<std::mutex> lock(gMu);
@@ -454,14 +471,24 @@ void releaseComm(void* ncclComm, bool collective) {
               tideGetLastError());
   }
   s->comm = nullptr;
-  TIDE_INFO(kComponent, "NCCL communicator %p: TIDE comm released (%" PRIu64 " calls taken)", ncclComm, s->taken);
+  TIDE_INFO(kComponent, "NCCL communicator %p: TIDE comm released", ncclComm);
 }
 
 #else  // no CUDA: nothing can be taken
 
-int tryAllGather(const void*, void*, size_t, void*, void*) { return kPassToNccl; }
-int tryReduceScatter(const void*, void*, size_t, tideDataType_t, void*, void*) { return kPassToNccl; }
-void releaseComm(void*, bool) {}
+int tryAllGather(const void*, void*, size_t, void*, void*, Reason* why) {
+  *why = kNoCudaBuild;
+  return kPassToNccl;
+}
+int tryReduceScatter(const void*, void*, size_t, int, const ops::Resolved&, void*, void*, Reason* why) {
+  *why = kNoCudaBuild;
+  return kPassToNccl;
+}
+bool streamCapturing(void*) { return false; }
+void releaseComm(void* ncclComm, bool) {
+  ops::forgetComm(ncclComm);
+  forget(ncclComm);
+}
 
 #endif  // TIDE_HAVE_CUDA
 

@@ -8,6 +8,8 @@
 
 #include <cstddef>
 
+#include "interposer_counters.h"
+#include "interposer_ops.h"
 #include "tide.h"
 
 namespace tide {
@@ -20,12 +22,17 @@ namespace interposer {
 constexpr int kPassToNccl = -1;
 constexpr int kNcclUnhandledCudaError = 1;
 
-// Flat all-gather of `bytes` per rank.
-int tryAllGather(const void* sendbuff, void* recvbuff, size_t bytes, void* ncclComm, void* stream);
+// Flat all-gather of `bytes` per rank. On kPassToNccl, *why says why.
+int tryAllGather(const void* sendbuff, void* recvbuff, size_t bytes, void* ncclComm, void* stream, Reason* why);
 
-// Flat sum reduce-scatter of `count` elements of `dtype` per rank (fp32 accumulation).
-int tryReduceScatter(const void* sendbuff, void* recvbuff, size_t count, tideDataType_t dtype, void* ncclComm,
-                     void* stream);
+// Flat reduce-scatter of `count` elements of ncclDtype (fp32, fp16 or bf16) per rank, fp32 accumulation, with the
+// op as resolved (sum, premultiplied sum, or NCCL's average: a premultiply by T(1/W)); out of place or in NCCL's
+// in-place form (recvbuff = sendbuff + rank * count elements). On kPassToNccl, *why says why.
+int tryReduceScatter(const void* sendbuff, void* recvbuff, size_t count, int ncclDtype, const ops::Resolved& op,
+                     void* ncclComm, void* stream, Reason* why);
+
+// The stream is being captured into a CUDA graph (false in a build without CUDA).
+bool streamCapturing(void* stream);
 
 // Called before NCCL finalizes or destroys (collective: TIDE's resources are released with the peers) or aborts
 // (not collective: nothing that could wait for a peer is done, TIDE's memory of that comm is left allocated) the

@@ -172,6 +172,21 @@ class tideBootstrap_t(ctypes.Structure):
     ]
 
 
+TIDE_INTERPOSER_COUNTERS_VERSION = 1
+TIDE_INTERPOSER_MAX_REASONS = 32
+
+
+class tideInterposerCounters_t(ctypes.Structure):
+    _fields_ = [
+        ("size", c_size_t),
+        ("version", c_uint),
+        ("takenCalls", ctypes.c_uint64 * 2),
+        ("takenBytes", ctypes.c_uint64 * 2),
+        ("forwardedCalls", (ctypes.c_uint64 * TIDE_INTERPOSER_MAX_REASONS) * 2),
+        ("forwardedBytes", (ctypes.c_uint64 * TIDE_INTERPOSER_MAX_REASONS) * 2),
+    ]
+
+
 TIDE_PENDING_WAIT_VERSION = 1
 
 
@@ -235,6 +250,8 @@ SIGNATURES = {
     "tideCommGetPendingWaits": (tideResult_t, [tideComm_t, _P(tidePendingWait_t), c_int, _P(c_int)]),
     "tideAttachLayout": (tideResult_t, [c_void_p, c_void_p, tideLayout_t]),
     "tideDetachLayout": (tideResult_t, [c_void_p, c_void_p]),
+    "tideInterposerGetCounters": (tideResult_t, [c_void_p, _P(tideInterposerCounters_t)]),
+    "tideInterposerReasonString": (c_char_p, [c_int]),
 }
 
 _lock = threading.Lock()

@@ -1,4 +1,7 @@
-"""Layout-aware calls through the NCCL_TIDE_ENABLE interposer (docs/usage.md, include/tide.h tideAttachLayout).
+"""The NCCL_TIDE_ENABLE interposer from Python (docs/usage.md): what it took (counters) and layout-aware calls.
+
+counters() says how many all-gather and reduce-scatter calls and bytes TIDE took and which went to NCCL, and why,
+per NCCL communicator or for the whole process (include/tide.h tideInterposerGetCounters).
 
 With libnccl-tide.so preloaded and NCCL_TIDE_ENABLE=1, attach a layout to a buffer of an NCCL communicator and the
 interposed ncclAllGather into it / ncclReduceScatter from it use the layout instead of NCCL's flat rank-major
@@ -6,8 +9,9 @@ blocks. The library this module loads must be the preloaded one (nccl_tide.libra
 recorded in a second copy of the library that the interposer never sees.
 """
 
+import ctypes
 import threading
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from . import _native
 from .errors import InvalidArgumentError
@@ -76,3 +80,38 @@ def detach_layout(comm: Any, buffer: Any) -> None:
     finally:  # also when the library had dropped it already (the communicator was destroyed)
         with _attached_lock:
             _attached.pop(key, None)
+
+
+_COLLECTIVES = ("all_gather", "reduce_scatter")
+
+
+def counters(comm: Optional[Any] = None) -> Dict[str, Dict[str, Any]]:
+    """What the interposer did with the all-gathers and reduce-scatters of `comm` (a process group with the NCCL
+    backend, or an ncclComm_t address) since it was first seen, or of every communicator of the process (None).
+    Bytes are per rank (count times the element size). Returns, per collective ("all_gather", "reduce_scatter"):
+    {"taken": {"calls": n, "bytes": b}, "to_nccl": {reason: {"calls": n, "bytes": b}, ...}}, only reasons seen.
+    Counts only in a process where NCCL_TIDE_ENABLE=1 and this library is the preloaded one."""
+    lib = _native.lib()
+    out = _native.tideInterposerCounters_t()
+    _native.check(lib.tideInterposerGetCounters(None if comm is None else _comm_ptr(comm), ctypes.byref(out)),
+                  "tideInterposerGetCounters")
+    result: Dict[str, Dict[str, Any]] = {}
+    for i, name in enumerate(_COLLECTIVES):
+        to_nccl = {}
+        for r in range(1, _native.TIDE_INTERPOSER_MAX_REASONS):
+            if out.forwardedCalls[i][r]:
+                text = lib.tideInterposerReasonString(r)
+                to_nccl[text.decode() if text else f"reason {r}"] = {
+                    "calls": int(out.forwardedCalls[i][r]), "bytes": int(out.forwardedBytes[i][r])}
+        result[name] = {"taken": {"calls": int(out.takenCalls[i]), "bytes": int(out.takenBytes[i])},
+                        "to_nccl": to_nccl}
+    return result
+
+
+def taken_share(comm: Optional[Any] = None) -> Dict[str, float]:
+    """Per collective, the share of bytes TIDE took (0.0 .. 1.0; 0.0 when none was seen)."""
+    share = {}
+    for name, c in counters(comm).items():
+        total = c["taken"]["bytes"] + sum(v["bytes"] for v in c["to_nccl"].values())
+        share[name] = c["taken"]["bytes"] / total if total else 0.0
+    return share

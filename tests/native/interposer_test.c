@@ -30,6 +30,8 @@ int ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, in
                       void* stream);
 int ncclGroupStart(void);
 int ncclGroupEnd(void);
+int ncclRedOpCreatePreMulSum(int* op, void* scalar, int datatype, int residence, void* comm);
+int ncclRedOpDestroy(int op, void* comm);
 int ncclCommFinalize(void* comm);
 int ncclCommDestroy(void* comm);
 int ncclCommAbort(void* comm);
@@ -59,6 +61,25 @@ static void rs(const void* s, void* r, size_t n, int dt, int op, void* comm, voi
   check(ncclReduceScatter(s, r, n, dt, op, comm, stream), 0, "ncclReduceScatter");
 }
 
+/* A PREMUL_SUM op of an fp32 scalar (host: residence 1, device: 0), as torch creates one; the stub numbers ops
+ * 5, 6, ... in creation order. */
+static int premul(float scalar, int residence, void* comm) {
+  static int next = 5;
+  uint32_t bits;
+  memcpy(&bits, &scalar, sizeof(bits));
+  printf("EXPECT PMS %d 0x%x %d %d %p\n", next, residence == 1 ? bits : 0u, 7, residence, comm);
+  int op = -1;
+  check(ncclRedOpCreatePreMulSum(&op, &scalar, 7, residence, comm), 0, "ncclRedOpCreatePreMulSum");
+  check(op == next, 1, "the stub's op number");
+  next++;
+  return op;
+}
+
+static void destroy_op(int op, void* comm) {
+  printf("EXPECT OPD %d %p\n", op, comm);
+  check(ncclRedOpDestroy(op, comm), 0, "ncclRedOpDestroy");
+}
+
 /* config_rc: what the ...Config calls must return (0 when the stub has them, 5 = ncclInvalidUsage when not). */
 #ifdef TIDE_TEST_CALLER_LIB
 __attribute__((visibility("default")))
@@ -68,6 +89,8 @@ int run_calls(int config_rc) {
   bound("ncclReduceScatter", (void*)&ncclReduceScatter);
   bound("ncclGroupStart", (void*)&ncclGroupStart);
   bound("ncclGroupEnd", (void*)&ncclGroupEnd);
+  bound("ncclRedOpCreatePreMulSum", (void*)&ncclRedOpCreatePreMulSum);
+  bound("ncclRedOpDestroy", (void*)&ncclRedOpDestroy);
   bound("ncclCommFinalize", (void*)&ncclCommFinalize);
   bound("ncclCommDestroy", (void*)&ncclCommDestroy);
   bound("ncclCommAbort", (void*)&ncclCommAbort);
@@ -76,15 +99,29 @@ int run_calls(int config_rc) {
   ag(P(0x1000), P(0x2000), 1, 7, comm, stream);                         /* small fp32 */
   rs(P(0x3000), P(0x4000), (size_t)1 << 20, 9, 0, comm, stream);        /* 2 MiB bf16 sum: eligible by size */
   ag(P(0x5000), P(0x6000), (size_t)1 << 22, 6, comm, P(0));             /* 8 MiB fp16, default stream */
-  check(ncclGroupStart(), 0, "ncclGroupStart");                          /* grouped calls keep their order */
+  /* A group over two communicators goes to NCCL whole, in call order (TIDE may reorder only one communicator's
+   * group, which no build can show here: tests/native/interposer_group_test.cc covers it). */
+  check(ncclGroupStart(), 0, "ncclGroupStart");
   printf("EXPECT GS\n");
+  rs(P(0xb000), P(0xc000), 17, 2, 0, P(0xc0ffee01), stream);           /* int32 sum, second comm */
   ag(P(0x7000), P(0x8000), (size_t)3 << 20, 7, comm, stream);
   rs(P(0x9000), P(0xa000), (size_t)1 << 21, 7, 2, comm, stream);        /* max: ineligible op */
-  rs(P(0xb000), P(0xc000), 17, 2, 0, P(0xc0ffee01), stream);           /* int32 sum, second comm */
   check(ncclGroupEnd(), 0, "ncclGroupEnd");
   printf("EXPECT GE\n");
+  /* PREMUL_SUM ops as torch sends them: created right before the call, destroyed right after; a host scalar of 1.0
+   * (a sum), another host scalar (a premultiplied sum), a device scalar (NCCL's). */
+  int op = premul(1.0f, 1, comm);
+  rs(P(0x12000), P(0x13000), (size_t)1 << 20, 7, op, comm, stream);
+  destroy_op(op, comm);
+  op = premul(0.25f, 1, comm);
+  rs(P(0x12000), P(0x13000), (size_t)1 << 20, 7, op, comm, stream);
+  destroy_op(op, comm);
+  op = premul(0.5f, 0, comm);
+  rs(P(0x12000), P(0x13000), (size_t)1 << 20, 7, op, comm, stream);
+  destroy_op(op, comm);
   ag(NULL, NULL, 0, 42, comm, stream);                                   /* unknown dtype, null buffers */
   rs(P(0xd000), P(0xd000), (size_t)1 << 30, 6, 4, comm, stream);        /* in place, avg */
+  rs(P(0x14000000), P(0x14400000), (size_t)1 << 20, 7, 4, comm, stream); /* avg; NCCL's in-place form on rank 1 */
 
   /* The Config variants (NCCL >= 2.31.2), looked up at run time as a caller built against a newer nccl.h would
    * bind them: with the interposer preloaded they resolve to it; without pnccl*Config in NCCL it must refuse. */
@@ -102,6 +139,31 @@ int run_calls(int config_rc) {
     check(agc(P(0xe000), P(0xf000), (size_t)1 << 20, 9, comm, stream, cfg), config_rc, "ncclAllGatherConfig");
     if (config_rc == 0) printf("EXPECT RSC %p %p %zu %d %d %p %p %p\n", P(0x10000), P(0x11000), (size_t)5, 7, 0, comm, stream, cfg);
     check(rsc(P(0x10000), P(0x11000), 5, 7, 0, comm, stream, cfg), config_rc, "ncclReduceScatterConfig");
+  }
+  /* The interposer's counters for the process, as tideInterposerGetCounters reports them (libnccl-tide.so is
+   * preloaded: its symbols are in the global scope). */
+  typedef int (*counters_fn)(void*, void*);
+  counters_fn counters = (counters_fn)dlsym(RTLD_DEFAULT, "tideInterposerGetCounters");
+  if (counters != NULL) {
+    /* tideInterposerCounters_t: size, version, takenCalls[2], takenBytes[2], forwardedCalls[2][32],
+     * forwardedBytes[2][32] */
+    struct {
+      size_t size;
+      unsigned version;
+      uint64_t takenCalls[2], takenBytes[2], fwdCalls[2][32], fwdBytes[2][32];
+    } c;
+    memset(&c, 0, sizeof(c));
+    check(counters(NULL, &c), 0, "tideInterposerGetCounters");
+    for (int coll = 0; coll < 2; ++coll) {
+      printf("COUNT %d 0 %llu %llu\n", coll, (unsigned long long)c.takenCalls[coll],
+             (unsigned long long)c.takenBytes[coll]);
+      for (int r = 1; r < 32; ++r) {
+        if (c.fwdCalls[coll][r] != 0) {
+          printf("COUNT %d %d %llu %llu\n", coll, r, (unsigned long long)c.fwdCalls[coll][r],
+                 (unsigned long long)c.fwdBytes[coll][r]);
+        }
+      }
+    }
   }
   /* Communicator teardown: forwarded in order (the TIDE path releases its state of the comm first). */
   printf("EXPECT CF %p\n", comm);

@@ -18,7 +18,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 STUB_SRC = os.path.join(HERE, "..", "native", "stub_nccl", "recording_stub_nccl.c")
 TEST_SRC = os.path.join(HERE, "..", "native", "interposer_test.c")
 NCCL_NAMES = {"ncclAllGather", "ncclReduceScatter", "ncclAllGatherConfig", "ncclReduceScatterConfig",
-              "ncclGroupStart", "ncclGroupEnd", "ncclCommFinalize", "ncclCommDestroy", "ncclCommAbort"}
+              "ncclGroupStart", "ncclGroupEnd", "ncclRedOpCreatePreMulSum", "ncclRedOpDestroy", "ncclCommFinalize",
+              "ncclCommDestroy", "ncclCommAbort"}
 # With NCCL_TIDE_ENABLE=1 the first eligible call tries to create a TIDE comm over the stub, which cannot work (no
 # GPU, and the stub is not a usable NCCL): TIDE turns itself off for that communicator, once, and NCCL gets the call.
 OFF_WARN = "TIDE is off for NCCL communicator 0xc0ffee00 from now on"
@@ -117,17 +118,73 @@ def test_calls_reach_nccl_unchanged(native, programs, tmp_path, enable, how):
 def test_enabled_classifies_each_reason_once(native, programs, tmp_path):
     p, logged = run_prog(native, tmp_path, [programs[23203]["linked"], "0"], "1", debug="INFO")
     expect_pass_through(p, logged, native.library_path())
-    info = [x for x in p.stderr.splitlines() if "NCCL TIDE INFO Interposer:" in x and "classified:" in x]
+    info = [x for x in p.stderr.splitlines() if "NCCL TIDE INFO Interposer:" in x and " call " in x]
     info += [x for x in p.stderr.splitlines() if "NCCL TIDE WARN Interposer:" in x and NO_CUDA in x]  # said at WARN
     for reason in ["smaller than NCCL_TIDE_ENABLE_MIN_BYTES", ELIGIBLE if cuda_build(p.stderr) else NO_CUDA,
-                   "op other than ncclSum", "type other than fp32/fp16/bf16", "unknown ncclDataType_t",
-                   "a ...Config call", "without NCCL_TIDE_RS_ACCUM=FP32", "inside ncclGroupStart/ncclGroupEnd"]:
+                   "an op TIDE does not run", "type other than fp32/fp16/bf16", "unknown ncclDataType_t",
+                   "a ...Config call", "without NCCL_TIDE_RS_ACCUM=FP32"]:
         assert sum(reason in x for x in info) == 1, (reason, p.stderr)
     # TRACE: one line per collective call.
     p, logged = run_prog(native, tmp_path, [programs[23203]["linked"], "0"], "1", debug="TRACE")
     expect_pass_through(p, logged, native.library_path())
-    trace = [x for x in p.stderr.splitlines() if "NCCL TIDE TRACE Interposer:" in x]
+    trace = [x for x in p.stderr.splitlines() if "NCCL TIDE TRACE Interposer:" in x and " comm 0x" in x]
     assert len(trace) == len([x for x in logged if x.split()[0] in ("AG", "RS", "AGC", "RSC")]), p.stderr
+
+
+# "<name> comm <ptr> count <n> dtype <d> op <o>: <reason>" (plugin/api/interposer.cc classify)
+TRACE_CALL = re.compile(r"TRACE Interposer: (ncclAllGather|ncclReduceScatter)(Config)? comm \S+ count (\d+) "
+                        r"dtype (\d+) op (-?\d+): (.*)$")
+NCCL_SIZES = {2: 4, 6: 2, 7: 4, 9: 2, 42: 0}  # the datatypes interposer_test.c uses
+
+
+def test_premul_ops_resolve_by_their_scalar(native, programs, tmp_path):
+    # ncclRedOpCreatePreMulSum / ncclRedOpDestroy reach NCCL unchanged (expect_pass_through); what the interposer
+    # makes of each op shows in the TRACE line of the call that uses it: host scalars 1.0 and 0.25 are TIDE's (a
+    # sum, a premultiplied sum), a device scalar stays with NCCL, saying why.
+    p, logged = run_prog(native, tmp_path, [programs[23203]["linked"], "0"], "1", debug="TRACE")
+    expect_pass_through(p, logged, native.library_path())
+    ops = {int(x.split()[1]): x for x in logged if x.startswith("PMS ")}
+    assert sorted(ops) == [5, 6, 7], logged
+    assert "0x3f800000 7 1" in ops[5] and "0x3e800000 7 1" in ops[6] and " 7 0 " in ops[7], logged
+    calls = {}
+    for m in filter(None, map(TRACE_CALL.search, p.stderr.splitlines())):
+        calls[int(m.group(5))] = m.group(6)  # the last call of each op
+    assert all(calls[op].startswith(("eligible", NO_CUDA)) for op in (5, 6)), calls
+    assert calls[7].startswith("reduce-scatter with an op TIDE does not run: a PREMUL_SUM op with a device scalar")
+    assert calls[4].startswith(("eligible", NO_CUDA)), calls  # ncclAvg: a premultiply by 1/W, TIDE's too
+
+
+def test_counters_match_every_call(native, programs, tmp_path):
+    """tideInterposerGetCounters(NULL): every all-gather and reduce-scatter counted once, under the reason its TRACE
+    line gives, with count times the element size as its bytes."""
+    p, logged = run_prog(native, tmp_path, [programs[23203]["linked"], "0"], "1", debug="TRACE")
+    expect_pass_through(p, logged, native.library_path())
+    from nccl_tide import _native as N
+
+    lib = N.lib()
+    index = {lib.tideInterposerReasonString(r).decode(): r for r in range(1, N.TIDE_INTERPOSER_MAX_REASONS)
+             if lib.tideInterposerReasonString(r)}
+    assert lib.tideInterposerReasonString(0) is None and len(index) >= 10
+    # In a CUDA build an eligible call reaches NCCL because the stub's communicator turns TIDE off, or, inside the
+    # group over two communicators, because that group goes to NCCL whole: both count as "eligible" here.
+    eligible = {r for t, r in index.items() if t.startswith(("TIDE is off", "inside a group that spans"))}
+    want = {}
+    for m in filter(None, map(TRACE_CALL.search, p.stderr.splitlines())):
+        coll = 0 if m.group(1) == "ncclAllGather" else 1
+        text = m.group(6)
+        reason = "eligible" if text.startswith("eligible") else next(r for t, r in index.items() if text.startswith(t))
+        calls, nbytes = want.get((coll, reason), (0, 0))
+        want[(coll, reason)] = (calls + 1, nbytes + int(m.group(3)) * NCCL_SIZES[int(m.group(4))])
+    got = {}
+    for line in p.stdout.splitlines():
+        if line.startswith("COUNT "):
+            coll, reason, calls, nbytes = map(int, line.split()[1:])
+            key = (coll, "eligible" if reason in eligible else reason)
+            if calls:
+                have = got.get(key, (0, 0))
+                got[key] = (have[0] + calls, have[1] + nbytes)
+    assert got == want, (got, want)
+    assert len(want) >= 6  # below the threshold, type, op, Config, no CUDA (or off), unknown dtype, half without FP32
 
 
 def test_min_bytes_param(native, programs, tmp_path):

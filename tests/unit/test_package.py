@@ -38,7 +38,7 @@ def test_every_header_function_is_bound(native, repo):
 def test_struct_layouts_match_the_c_compiler(tmp_path, repo):
     """sizeof/offsetof of every tide.h struct, as g++ sees it, equals the ctypes mirror."""
     structs = ["tideConfig_t", "tideLayoutDesc_t", "tideLayoutInfo_t", "tideParamInfo_t", "tideScheduleStep_t",
-               "tideNcclInfo_t", "tideBootstrap_t"]
+               "tideNcclInfo_t", "tideBootstrap_t", "tideInterposerCounters_t"]
     lines = ["#include <cstdio>", "#include <cstddef>", '#include "tide.h"', "int main() {"]
     for s in structs:
         lines.append(f'  printf("{s} SIZEOF %zu\\n", sizeof({s}));')

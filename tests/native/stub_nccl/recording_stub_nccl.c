@@ -3,7 +3,7 @@
  * Build: cc -shared -fPIC -Wl,-soname,libnccl.so.2 -DSTUB_VERSION=23203 recording_stub_nccl.c -o <dir>/libnccl.so.2
  * Like real NCCL, each collective is defined as pncclXxx with a weak ncclXxx alias (NCCL_API in NCCL's core.h), and
  * ncclGetVersion reports STUB_VERSION. ncclAllGatherConfig / ncclReduceScatterConfig exist only for
- * STUB_VERSION >= 23102 (2.31.2). Every collective, point-to-point, group and communicator-teardown call appends one line with all
+ * STUB_VERSION >= 23102 (2.31.2). Every collective, point-to-point, group, PREMUL_SUM-op and communicator-teardown call appends one line with all
  * of its arguments to the file named by STUB_NCCL_LOG (opened per call, so the order is the order of the calls), then
  * returns 0, except that -DSTUB_FAIL_PEER=P makes ncclSend / ncclRecv with peer P return ncclInvalidArgument (4).
  * -DSTUB_BASE_QUERIES adds the rest of what TIDE requires of the 2.28 base (ncclGetErrorString, ncclCommCount,
@@ -157,6 +157,28 @@ int pncclCommDestroy(void* comm) {
 NCCL_API(int, ncclCommAbort, void* comm);
 int pncclCommAbort(void* comm) {
   record("CA %p", comm);
+  return 0;
+}
+
+/* PREMUL_SUM ops: the k-th op of the process is 5 + k (NCCL's own ops are 0..4); the scalar is logged as the
+ * 32-bit word at the pointer (an fp32 value, or a bf16/fp16 value in its low half). */
+static int gNextOp = 5;
+NCCL_API(int, ncclRedOpCreatePreMulSum, int* op, void* scalar, int datatype, int residence, void* comm);
+int pncclRedOpCreatePreMulSum(int* op, void* scalar, int datatype, int residence, void* comm) {
+  uint32_t bits = 0;
+  if (residence == 1) {
+    unsigned char* b = (unsigned char*)scalar;
+    bits = datatype == 7 ? (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24
+                         : (uint32_t)b[0] | (uint32_t)b[1] << 8;
+  }
+  *op = gNextOp++;
+  record("PMS %d 0x%x %d %d %p", *op, bits, datatype, residence, comm);
+  return 0;
+}
+
+NCCL_API(int, ncclRedOpDestroy, int op, void* comm);
+int pncclRedOpDestroy(int op, void* comm) {
+  record("OPD %d %p", op, comm);
   return 0;
 }
 
