@@ -9,7 +9,8 @@ import json
 import os
 import sys
 
-from multirank.harness import free_port, init_gloo  # noqa: F401  (free_port: tests/test_fsdp_memory_probe.py)
+# free_port: for benchmarks/tests/test_fsdp_memory_probe.py.
+from multirank.harness import free_port, init_gloo  # noqa: F401
 
 VOCAB, DIM, HEADS, HIDDEN, LAYERS = 37, 26, 2, 45, 2
 

@@ -81,7 +81,7 @@ def _train_and_drop(rank, executor, disable, slot_pool=None):
 
 
 def _bench_variant(variant):
-    """benchmarks/fsdp_step.py.VariantRun on CPU: its close() must free the model without any help."""
+    """benchmarks/fsdp_step.py's VariantRun on CPU: its close() must free the model without any help."""
     import fsdp_step
     from fsdp_model import LlamaConfig
 

@@ -3,7 +3,8 @@
 world 1, -1, 'x' and 1.5 were accepted, and every group fell back to stock at its first all-gather while stats()
 still listed it under tide_groups.
 
-CPU, gloo, world 1, reference executor. Run by hand: python tests/unit/test_fsdp_ranks_per_node.py worker 0 1 <port>
+CPU, gloo, world 1, reference executor. Run by hand:
+python tests/multirank/test_fsdp_ranks_per_node.py worker 0 1 <port>
 """
 
 import json

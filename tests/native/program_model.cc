@@ -30,7 +30,8 @@
 //        program_model [seeds]            exit 0: every case passed; prints one line per case
 //        program_model --drop-wait WORD   the same cases with every wait on flag word WORD removed from every
 //                                         program: must fail (a hazard, a wrong result or a deadlock), which shows
-//                                         that the model sees what that wait protects (tests/test_program_model.py)
+//                                         that the model sees what that wait protects
+//                                         (tests/unit/test_program_model.py)
 //        program_model --drop-own-token-waits [seeds] | --no-fork [seeds]
 //                                         mutations of the two-lane token RS (more chunks than buffers): without a
 //                                         rank's waits for its own full / consumed tokens (its lanes' meeting
@@ -84,7 +85,7 @@
 //                                         Why the rounds order should not hang under any MAP, K or C: every wait's
 //                                         producers (peer writes of earlier rounds) are issued before it, so by
 //                                         induction on issue order everything issued completes (an argument; the
-//                                         model checks the MAPs, K and C that tests/test_program_model.py runs).
+//                                         model checks the MAPs, K and C that tests/unit/test_program_model.py runs).
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
