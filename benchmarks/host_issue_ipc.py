@@ -5,8 +5,8 @@
 benchmarks/host_issue.py measures loopback worlds, where one process issues every rank's call and the ranks share
 the device's hardware queues: the library then issues a token program in issue rounds (one graph launch per round
 per rank, docs/architecture.md "More chunks than buffers"). A real node runs one process per GPU; this benchmark
-runs that shape on one GPU: --ranks processes on cuda:0 (with --device-per-rank rank r on cuda:r, a node's shape:
-not yet run on a multi-GPU machine), a gloo bootstrap, CUDA IPC peer memory
+runs that shape on one GPU: --ranks processes on cuda:0 (with --device-per-rank rank r on cuda:r, a node's shape,
+which needs a machine of several GPUs), a gloo bootstrap, CUDA IPC peer memory
 (Comm.from_bootstrap, as tests/multirank/test_multiprocess.py). Each process measures its own host time per call with
 nccl_tide.perf.issue_cost (its stream gated behind a sleeping kernel, prebuilt ctypes arguments, a sample counts only
 if the gate was still closed when the loop ended; median over samples), and also the host time of replaying a

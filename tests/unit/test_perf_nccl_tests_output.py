@@ -35,7 +35,7 @@ def test_header_and_rows_have_the_same_word_count(capsys, extra):
     assert len(rows) == 3 and all(len(r) == len(head) for r in rows), (head, rows)
     want = 13 + (8 if "-I" in extra else 0) + (5 if "--wide" in extra else 0)
     assert len(head) == want
-    # counted from the end as from the start, busbw is busbw (used to read algbw from the end)
+    # counted from the end as from the start, busbw is busbw (a parser that counts from the end reads that column)
     assert head[head.index("busbw") - len(head)] == "busbw"
     for r in rows:
         assert r[head.index("busbw")] == r[head.index("busbw") - len(head)]
