@@ -9,9 +9,9 @@ for the files it is the stem of (internode.h, internode.cc).
 """
 
 import fnmatch
-import os
 import re
-import subprocess
+
+from fixtures import repo_files
 
 ROOTS = ("plugin", "pytorch_glue", "tests", "docs", "ci", "benchmarks", "examples", "include", "cmake", ".ci",
          "nccl_tide")
@@ -36,20 +36,8 @@ SKIP_PREFIXES = ("tests/data/", "tests/fuzz/corpus/")
 SKIP_SUFFIXES = (".png", ".json", ".gz", ".bin")
 
 
-def listing(repo):
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=repo,
-                            capture_output=True, text=True)
-    names = listed.stdout.split() if listed.returncode == 0 else []
-    if not names:  # a source package without .git: every file below the root but build outputs
-        for top, dirs, files in os.walk(repo):
-            dirs[:] = [d for d in dirs if not d.startswith((".git", ".venv", "build", "_build", "dist", "__pycache__"))
-                       and not d.endswith(".egg-info")]
-            names += [os.path.relpath(os.path.join(top, f), repo) for f in files]
-    return sorted(names)
-
-
 def text_files(repo):
-    for name in listing(repo):
+    for name in repo_files(repo):
         if name in SKIP_FILES or name.startswith(SKIP_PREFIXES) or name.endswith(SKIP_SUFFIXES):
             continue
         try:
@@ -98,7 +86,7 @@ def named_paths(repo):
 
 
 def test_every_named_path_exists(repo):
-    tracked = set(listing(repo))
+    tracked = set(repo_files(repo))
     assert {"README.md", "docs/env.md", "ci/cpu.sh"} <= tracked, sorted(tracked)[:20]
     dead = [f"{where}: {path}" for path, where in named_paths(repo) if not resolves(repo, path, tracked)]
     assert not dead, "\n".join(dead)
