@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """FSDP2 training-step benchmark: stock FSDP2, FSDP2 with symmetric memory, and TIDE, on one Llama-style model.
 
     torchrun --nproc_per_node 8 benchmarks/fsdp_step.py --layers 8 --hidden 4096 --seq 4096 --tokens 16384

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Host issue time per rank per call when each rank is its own process (CUDA IPC peer memory).
 
     python benchmarks/host_issue_ipc.py [--ranks 2] [--device-per-rank] [--json FILE] [--samples 9] [--only SUBSTRING]

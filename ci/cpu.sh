@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 # The CPU CI job (.ci/run calls this), as a user without a CUDA compiler meets the project: no nvcc in reach, so the
 # install is the host-only build. Runs the README's test command (one install, then the suite), then the README's
 # main job from that same install; fails when pytest collects no tests (exit status 5), or when the install was not

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Fixtures and checks shared by the conftests of tests/ and benchmarks/tests (both import from here)."""
 
 import os

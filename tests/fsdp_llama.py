@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Shared by the FSDP2 tests: a tiny Llama-style model and the body of their gloo workers (started by
 multirank.harness.run_script).
 

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """pytest setup for the benchmarks' own tests: benchmarks/ on sys.path (the benchmark modules import as plain
 modules, as `python benchmarks/<script>.py` runs them), the suite's markers, and the fixtures these tests share.
 

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """benchmarks/fsdp_memory_probe.py on the CPU.
 
 * The pure analysis on synthetic device traces (the entry format of torch.cuda.memory._snapshot()'s

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Layout-aware calls through the NCCL_TIDE_ENABLE interposer (docs/usage.md, include/tide.h tideAttachLayout).
 
 With libnccl-tide.so preloaded and NCCL_TIDE_ENABLE=1, attach a layout to a buffer of an NCCL communicator and the

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Eager TIDE-AG / TIDE-RS as replays of graphs the library captured itself (docs/architecture.md "Eager calls as
 graph replays"), on loopback worlds.
 

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Lifetime of TIDE-enabled FSDP2 models (+3.7 GiB of torch memory in the step benchmark).
 
 Two leaks, each of which kept a whole model (its fp32 sharded parameters above all) alive:

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Native-thread concurrency check of the host-only C API (docs/reliability.md, "Thread
 // safety"): 8 threads at once create/query/destroy layouts, run the host AG and RS (checked against closed-form
 // values), query parameters and fail calls with a thread-specific value that tideGetLastError (thread-local) must

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // CPU model of the step-program protocol (plugin/core/program.h; docs/architecture.md "Step programs").
 //
 // Runs the programs of all W ranks of a layout together over host memory: every rank has two lanes (its caller's

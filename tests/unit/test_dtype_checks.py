@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Buffers whose element type is not the layout's (or out_dtype's) are refused, not reinterpreted.
 
 Checking only the element size would read a same-size type of another kind as the layout's type and give silently

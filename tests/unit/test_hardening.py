@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Regression tests of a bad-input probe: handles, threads, integers, alignment, NaN bits, messages.
 
 Cases whose failure crashes the process (use after destroy, double destroy, garbage handles, a close racing a call)

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """TIDE's log lines read like NCCL's and obey NCCL_DEBUG / NCCL_DEBUG_SUBSYS / NCCL_DEBUG_FILE (docs/env.md, Logging),
 with the NCCL_TIDE_DEBUG* overrides; the Python glue's status lines go through `logging` under nccl_tide.*."""
 

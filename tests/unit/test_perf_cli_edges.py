@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """tide-perf's rough edges and its nccl-tests compatibility: every bad flag gets a one-line `tide-perf: error:`
 before any work, exit status 2 (a bad value) or 255 (bad sizes, an option tide-perf cannot honour: nccl-tests' -1);
 rows and JSON read like nccl-tests'."""

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """tide-perf's default output and JSON as nccl-tests' own tools read them: 13 columns, a column header with as many
 words as a row, nccl-tests' trailing lines and device lines, JSON file version 3 with per-iteration records, and
 nccl-tests' flags accepted with their meaning."""

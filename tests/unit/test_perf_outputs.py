@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """tide-perf's result files, signals and long runs: -J never truncates or replaces a file it should not, a file that
 cannot be written is said in one line with its own exit status, `tide-perf plot` rejects malformed JSON in one
 line, SIGINT/SIGTERM end with 128 + the signal, a host run beyond memory is refused up front, and a long run shows

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Every repository path that the docs, READMEs, scripts and comments name exists, so that a reader who follows one
 finds the file (a move or a rename has to carry its references along).
 

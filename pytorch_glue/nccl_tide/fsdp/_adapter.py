@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Per-torch-version adapters for the private FSDP2 code that nccl_tide.fsdp patches.
 
 TIDE replaces private functions of torch.distributed.fsdp._fully_shard and relies on the

@@ -1,3 +1,5 @@
+/* Copyright The nccl-tide authors
+ * SPDX-License-Identifier: Apache-2.0 */
 /* A recording stand-in libnccl.so.2 for the interposer tests (tests/unit/test_interposer.py; no GPU, no real NCCL).
  *
  * Build: cc -shared -fPIC -Wl,-soname,libnccl.so.2 -DSTUB_VERSION=23203 recording_stub_nccl.c -o <dir>/libnccl.so.2
