@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Builds libnccl-tide.so with CMake and ships it inside the nccl_tide package.
 
 Metadata lives in pyproject.toml; this file adds the native build step (configure + build, Release, Ninja, into

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Paired A/B statistics for benchmarks whose figures drift between processes.
 
 A library parameter is read once per process, so two settings cannot alternate inside one process; and on the

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Benchmark: AG placement, TIDE CE writes in place vs FSDP2's copy-out.
 
 FSDP2 all-gathers into one flat rank-major buffer and then copies it out into every

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Shared helpers of the one-GPU benchmarks (benchmarks/*.py).
 
 Everything that touches the GPU goes through `Ctx`, so that `--dry-run` can run the same code

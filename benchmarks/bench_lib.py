@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """ctypes binding of libnccl-tide-bench.so (benchmarks/native/tide_bench.h), the benchmark library.
 
 The single-GPU "one rank's share" benchmark drives the library's own reduce kernel on given buffers, its

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Probe for the interference benchmark: one same-device copy issued exactly as the interference method measures it
 // (cudaMemcpyBatchAsync with cudaMemcpyFlagPreferOverlapWithCompute), or as a plain cudaMemcpyAsync, on a caller's
 // stream. Built by the benchmark on the GPU machine (nvcc -shared), loaded with ctypes; not part of the library.

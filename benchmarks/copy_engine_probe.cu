@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Which engine runs a device-to-device copy on this GPU: a copy engine, or SMs (a kernel)?
 //
 // Why: the eager-graph route (NCCL_TIDE_EAGER_GRAPHS=1) captures copies as graph memcpy nodes, and tide-perf showed

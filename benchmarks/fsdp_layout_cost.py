@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Layout cost (one GPU): the per-layer copy-out and copy-in work stock FSDP2 does, at a simulated world size.
 
 Per FSDP2 rank and decoder layer, stock FSDP2 does

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Where the memory at the peak of an FSDP2 training step goes: stock FSDP2 vs TIDE, per allocation.
 
 Usage, from the repo root, on one GPU, with libnccl-tide.so built with CUDA (about 1 minute per variant on an H200):

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """A Llama-style decoder (RMSNorm, grouped-query attention, SwiGLU MLP) of configurable size, for the FSDP2 step
 benchmark. Same structure as the tiny model of tests/fsdp_llama.py (a copy: the tests keep their own), sized by
 arguments; parameter order per block matches nccl_tide.models (attention projections, MLP, then norms).

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """CPU/gloo check of the native executor's slot pool (python benchmarks/fsdp_step.py --mode pool-check).
 
 For each world size, W processes on gloo train a small Llama-style model (fsdp_model.py,

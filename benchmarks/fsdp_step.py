@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """FSDP2 training-step benchmark: stock FSDP2, FSDP2 with symmetric memory, and TIDE, on one Llama-style model.
 
     torchrun --nproc_per_node 8 benchmarks/fsdp_step.py --layers 8 --hidden 4096 --seq 4096 --tokens 16384
@@ -36,7 +38,7 @@ native executor over a simulated tideComm with --slot-pool (default 2) slots; as
 the pool's peak slot bytes equal the bytes of the groups stock FSDP2 holds unsharded at once (exit 1 otherwise).
 
 On a machine without CUDA the step and layout-cost modes exit with status 2 and a message saying what they need (the
-FSDP2 parity of TIDE on CPU/gloo is covered by tests/test_fsdp_parity.py and the pool-check mode).
+FSDP2 parity of TIDE on CPU/gloo is covered by tests/multirank/test_fsdp_parity.py and the pool-check mode).
 """
 
 import argparse
@@ -53,7 +55,7 @@ from fsdp_model import LlamaConfig
 VARIANTS = ("stock", "symm", "tide", "tide-dedicated")
 NO_CUDA = (
     "needs a CUDA GPU (step mode: one per torchrun process; layout-cost mode: one) and found "
-    "none. On a CPU machine, FSDP2 parity with TIDE is covered by tests/test_fsdp_parity.py (gloo)."
+    "none. On a CPU machine, FSDP2 parity with TIDE is covered by tests/multirank/test_fsdp_parity.py (gloo)."
 )
 
 

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """A/B of library settings or builds in host_issue's rows, paired by round so that a few us can be told from noise.
 
     python benchmarks/host_ab.py --variant pairs:NCCL_TIDE_PAIR_TOKENS=1 --variant nopairs:NCCL_TIDE_PAIR_TOKENS=0 \

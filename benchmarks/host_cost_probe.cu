@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Host cost of the CUDA calls a TIDE collective issues, per call, with the stream gated behind a sleeping kernel so
 // the host runs ahead of the GPU (nothing here waits for the device). Prints one line per call kind:
 //   name  n  us_per_call  us_per_item

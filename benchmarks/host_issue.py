@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Host issue time per rank per call, apart from GPU latency, for TIDE-AG and TIDE-RS on loopback worlds.
 
     python benchmarks/host_issue.py [--json FILE] [--route both|on|off]

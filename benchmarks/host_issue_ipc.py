@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Host issue time per rank per call when each rank is its own process (CUDA IPC peer memory).
 
     python benchmarks/host_issue_ipc.py [--ranks 2] [--device-per-rank] [--json FILE] [--samples 9] [--only SUBSTRING]
@@ -5,9 +7,9 @@
 benchmarks/host_issue.py measures loopback worlds, where one process issues every rank's call and the ranks share
 the device's hardware queues: the library then issues a token program in issue rounds (one graph launch per round
 per rank, docs/architecture.md "More chunks than buffers"). A real node runs one process per GPU; this benchmark
-runs that shape on one GPU: --ranks processes on cuda:0 (with --device-per-rank rank r on cuda:r, a node's shape:
-not yet run on a multi-GPU machine), a gloo bootstrap, CUDA IPC peer memory
-(Comm.from_bootstrap, as tests/gpu/test_multiprocess.py). Each process measures its own host time per call with
+runs that shape on one GPU: --ranks processes on cuda:0 (with --device-per-rank rank r on cuda:r, a node's shape,
+which needs a machine of several GPUs), a gloo bootstrap, CUDA IPC peer memory
+(Comm.from_bootstrap, as tests/multirank/test_multiprocess.py). Each process measures its own host time per call with
 nccl_tide.perf.issue_cost (its stream gated behind a sleeping kernel, prebuilt ctypes arguments, a sample counts only
 if the gate was still closed when the loop ended; median over samples), and also the host time of replaying a
 graph that captured the call (one cuGraphLaunch; for the RS, the Slot-Reuse call below, since a captured RS needs
@@ -20,7 +22,7 @@ binding lookup, the announce, the library's own graph launch against the user's)
 floor (a one-node graph, issue_graphs.prepare_launch_floor) read before the rows: the host's launch speed.
 
 GPU latency is not measured: the processes' contexts time-slice one GPU, so device time here is not one GPU's share
-of a node (benchmarks/share.py measures that). Cases as host_issue.py's, at W = --ranks: flat AG/RS of 1 and 64 MiB
+of a node (benchmarks/share/ measures that). Cases as host_issue.py's, at W = --ranks: flat AG/RS of 1 and 64 MiB
 of gathered output, one Llama-3.1-8B layer (AG from per-parameter shards, RS of 4 chunks), 64 parameters (AG from
 shards, RS of 4 chunks).
 """

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The Python part of Comm.reduce_scatter / Comm.all_gather per call, on a CPU: no GPU, no NCCL.
 
     python benchmarks/host_python_cost.py [--params 64] [--numel 262144] [--world 2] [--profile]

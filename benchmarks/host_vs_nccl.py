@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Host time per call of TIDE's Python entry points beside torch.distributed's NCCL call on the same bytes, in the
 same processes: what a training loop pays on the CPU to issue each.
 

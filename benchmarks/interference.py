@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Benchmark: how much side work slows a concurrent single-wave GEMM.
 
 A bf16 GEMM (1024x4096 @ 4096x16384, ~0.17 ms alone on an H200) is timed alone and while side

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Graph replays of TIDE calls and their floors, for the host-issue benchmarks (host_issue.py, host_issue_ipc.py):
 every rank's call captured into a driver graph of its own and launched with one cuGraphLaunch per rank, what such a
 graph holds (its census), the launch floor of a one-node graph, and the copy-engine floor of a flat all-gather.

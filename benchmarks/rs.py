@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Benchmarks: TIDE reduce-scatter on one H200 (loopback 8 virtual ranks).
 
 (2a) phase-2 reduce kernel bandwidth, from torch.profiler kernel durations during a TIDE RS

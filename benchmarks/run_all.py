@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Runs the one-GPU benchmarks (AG placement, RS, interference) and writes DIR/results.json and DIR/results.md.
 
     python benchmarks/run_all.py --out DIR            # on the GPU (ci/gpu.sh)

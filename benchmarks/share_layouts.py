@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """One rank's share of a W-rank node on this GPU, beside a single-wave GEMM, for several model layers.
 
 The measurement is the share package (benchmarks/share/, `python benchmarks/share --help`); this script runs it for

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """A simulated tideComm on CPU/gloo for the native executor's FSDP2 glue (tests and the
 CPU pool check of fsdp_step.py): nccl_tide.fsdp.enable(executor="native")
 runs its real slot, pool, event and Slot-Reuse code while data moves with the reference

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Micro-benchmark kernels: how many bytes per second ONE SM (one CTA) can move, and how that
 // scales with CTAs, so that the reduce's grid can be sized from it. Built by benchmarks/sm_bandwidth.py with nvcc
 // (-arch=sm_90) into a shared library; every entry point returns a cudaError_t and times `iters` launches with

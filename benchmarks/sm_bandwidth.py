@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Micro-benchmark: one SM's achievable bandwidth, and the library's reduce per CTA.
 
 Measured on this GPU, each with CUDA events over several launches of buffers far larger than L2:

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 # Fails (exit 1) if a shared library exports a symbol outside its rule, or lacks a required one.
 #   ci/check_exports.sh path/to/libnccl-tide.so           the tide* C API and the nccl* names of the LD_PRELOAD
 #                                                         interposer (plugin/api/interposer.cc), all of those, and

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 # The CPU CI job (.ci/run calls this), as a user without a CUDA compiler meets the project: no nvcc in reach, so the
 # install is the host-only build. Runs the README's test command (one install, then the suite), then the README's
 # main job from that same install; fails when pytest collects no tests (exit status 5), or when the install was not
@@ -38,7 +40,7 @@ fi
 export TIDE_BUILD_DIR="${shadow}/cmake"
 
 start=$(date +%s)
-# README test command (tests/test_readme.py checks that the two stay identical):
+# README test command (tests/unit/test_readme.py checks that the two stay identical):
 pip install ".[test]" && python -m pytest -q -rs tests benchmarks/tests
 rc=$?
 echo "ci/cpu.sh: exit ${rc} after $(( $(date +%s) - start )) s"
@@ -54,5 +56,5 @@ if ! grep -q "^CUDA build: no" <<<"${info}"; then
   echo "ci/cpu.sh: the install without nvcc is not the host-only build" >&2
   exit 1
 fi
-# README main job, from the install above (tests/test_readme.py checks it is the README's):
+# README main job, from the install above (tests/unit/test_readme.py checks it is the README's):
 tide-perf all_gather --backend host --ranks 8 -b 1K -e 4M -f 4 -c 1

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 # The training frameworks of examples/frameworks (DeepSpeed, Megatron-Core, torchtitan) as wheels, for a GPU machine
 # that cannot reach a package index (tests/multirank/test_frameworks.py).
 #

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 # Fuzz job: tests/fuzz/fuzz.py against the ASan+UBSan library (the build of ci/sanitize.sh, reused when
 # present): the corpus in tests/fuzz/corpus, then random cases for TIDE_FUZZ_SECONDS (default 90). The seed is
 # random per run and printed (TIDE_FUZZ_SEED=N reproduces a run); a failing case is printed and saved under

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 # The GPU job: the one script to run on a machine with an NVIDIA GPU (not part of CPU CI).
 #
 #   bash ci/gpu.sh [part ...]        default: nccl build tests perf sanitizer bench, in that order

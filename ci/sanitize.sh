@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 # ASan + UBSan job: the host core, host executor and C API built with -fsanitize=address,undefined
 # (CUDA off: the CUDA runtime and ASan do not mix on a machine without a GPU), then
 #   1. the C-API-level pytest files run against that library (NCCL_TIDE_LIBRARY_PATH), libasan preloaded into

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 # valgrind memcheck job: tests/native/host_smoke.cc (layouts created, queried and destroyed over many shapes,
 # host AG/RS, error paths, parameters, the multicast gate; destroyed/garbage handles, a destroy racing
 # host all-gathers on three threads, misaligned buffers, canonical NaN results) against a non-sanitized host-only build. Fails on any

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 # Builds the release files into dist/: the sdist nccl_tide-VERSION.tar.gz, then from that sdist (as a fresh machine
 # would build it) the wheel of one variant, TIDE_CUDA=cu13 (default), cu12 or cpu:
 #   nccl_tide_cu13-VERSION-py3-none-manylinux_2_28_x86_64.whl   (libnccl-tide.so inside, no libnccl)

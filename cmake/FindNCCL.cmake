@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 # FindNCCL: locates nccl.h (headers only: libnccl-tide.so never links libnccl; at run time it uses the NCCL that
 # the process has already loaded).
 #

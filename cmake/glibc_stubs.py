@@ -1,4 +1,6 @@
 #!/usr/bin/env python3
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Link-time stand-ins for glibc that expose only what an older glibc had, for portable (manylinux) builds.
 
 The build machine's glibc is newer than the wheel's target (manylinux_2_28 = glibc 2.28). A shared library linked

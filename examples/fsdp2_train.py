@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Train a small Llama-style model with FSDP2, its all-gathers and reduce-scatters run by TIDE.
 
     torchrun --nproc-per-node 2 examples/fsdp2_train.py --device cpu       # 2 ranks on CPU (gloo)

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Shared pytest setup for every test folder: markers, fixtures (tests/fixtures.py), and the GPU skip.
 
 tests/unit (CPU), tests/native (C/C++ sources the unit tests build and run), tests/gpu (one card), tests/multirank

@@ -1,5 +1,9 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Fixtures and checks shared by the conftests of tests/ and benchmarks/tests (both import from here)."""
 
+import os
+import subprocess
 import zlib
 from pathlib import Path
 
@@ -12,6 +16,20 @@ MARKERS = (
     "multigpu: needs >= 2 CUDA GPUs; skips itself without them",
     "slow: builds wheels, venvs or extensions, or trains a framework example (still part of the CPU suite)",
 )
+
+
+def repo_files(repo=REPO) -> list:
+    """The checkout's files, relative to it: git's tracked and not-ignored ones; in a source package without .git,
+    every file below the root but build outputs."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=repo,
+                            capture_output=True, text=True)
+    names = listed.stdout.split() if listed.returncode == 0 else []
+    if not names:
+        for top, dirs, files in os.walk(repo):
+            dirs[:] = [d for d in dirs if not d.startswith((".git", ".venv", "build", "_build", "dist", "__pycache__"))
+                       and not d.endswith(".egg-info")]
+            names += [os.path.relpath(os.path.join(top, f), repo) for f in files]
+    return sorted(n for n in names if (repo / n).is_file())
 
 
 def register_markers(config) -> None:

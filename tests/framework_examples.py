@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Runs the training examples of examples/frameworks the way torchrun would (one process per rank with torchrun's
 variables, started by multirank.harness.run_processes) and reads their per-step losses. Shared by
 tests/unit/test_framework_examples.py (gloo on the CPU) and tests/multirank/test_frameworks.py (NCCL on one GPU)."""

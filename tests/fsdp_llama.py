@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Shared by the FSDP2 tests: a tiny Llama-style model and the body of their gloo workers (started by
 multirank.harness.run_script).
 
@@ -9,7 +11,8 @@ import json
 import os
 import sys
 
-from multirank.harness import free_port, init_gloo  # noqa: F401  (free_port: tests/test_fsdp_memory_probe.py)
+# free_port: for benchmarks/tests/test_fsdp_memory_probe.py.
+from multirank.harness import free_port, init_gloo  # noqa: F401
 
 VOCAB, DIM, HEADS, HIDDEN, LAYERS = 37, 26, 2, 45, 2
 

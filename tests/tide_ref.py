@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Independent numpy/python model of the layout math at the top of include/tide.h.
 
 Written from the header's text only, never from the C++ sources, so the tests compare two

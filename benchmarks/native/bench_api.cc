@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // libnccl-tide-bench.so's entry points (tide_bench.h). Each checks its arguments, then hands over to the
 // library's own CUDA pieces, compiled into this library: the reduce launcher the executors use (reduce_kernel.h)
 // and the copy-engine path (copy_batch.h); and to the benchmark's own: the link pacer (bench_pacer.h) and the

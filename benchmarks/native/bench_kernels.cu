@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // The NCCL-like baseline of the "one rank's share" benchmark (tide_bench.h, tideBenchPersistentReduce):
 // a persistent kernel of a fixed number of CTAs that does the node-local reduce (bf16 inputs -> fp32, sum, the
 // documented left fold) spread evenly over a given time, each CTA spinning on %globaltimer until its next step is

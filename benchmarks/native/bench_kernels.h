@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Benchmark-only kernels (tide_bench.h): the NCCL-like persistent reduce baseline.
 #ifndef TIDE_BENCH_KERNELS_H_
 #define TIDE_BENCH_KERNELS_H_

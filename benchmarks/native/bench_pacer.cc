@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // LinkPacer (bench_pacer.h). Timeline, per transfer: t0 = max(when the stream reached its first piece, when the
 // previous transfer's last piece was released); piece j is released at t0 + (bytes of the transfer's pieces up
 // to and including j) / rate. The release is a plain store into mapped host memory that the stream's

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // The link model of the single-GPU "one rank's share" benchmark (tide_bench.h): copy-engine copies paced to a byte
 // rate by stream waits on words in mapped host memory that a host thread releases on time. The pacer runs nothing
 // on the SMs (the waits and the arrival write are stream memory operations, the copies the hinted batch API); the

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 /*
  * libnccl-tide-bench.so: the benchmark library of nccl-tide (benchmarks/native; built with the CUDA data path
  * unless TIDE_BUILD_BENCHMARKS=OFF, never installed or shipped in the wheel).

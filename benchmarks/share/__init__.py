@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """One rank's share: on one GPU, exactly what ONE GPU of a W-rank node does during TIDE-AG / TIDE-RS.
 
 Loopback-8 puts all eight ranks' copies through one GPU's HBM, which overstates what one GPU of a node sees. Here

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """python benchmarks/share ... (or, with benchmarks/ on the path, python -m share ...)."""
 
 import os

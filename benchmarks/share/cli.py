@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """python benchmarks/share [all_gather|reduce_scatter|both] [--ranks 8] [--layout llama3-8b-layer] [--link-gbps 370]
         [--piece-bytes 4M] [--runs 31] [--sides LIST] [--order gemm-after-first|side-first]
         [--incoming-source device|host] [--timeline 0|1] [-J FILE.json] [--plot FILE.png]

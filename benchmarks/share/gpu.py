@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The GPU the share runs on: random inputs, streams of its own, images of the other ranks' data, a timed sleep."""
 
 

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The interference harness: the single-wave GEMM alone, a side unit alone, and the GEMM beside K side units."""
 
 import statistics

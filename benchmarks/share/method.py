@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The interference method's rules: how many side units outlast the GEMM, the statistics over runs, which runs count,
 and SM time weighted by occupancy. Pure logic: tests run it on the CPU."""
 

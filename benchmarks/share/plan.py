@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """What one rank's share puts on the GPU: its copies (AG slot rows, RS pipeline chunks), how the pacer cuts and
 releases them at the link rate, and the HBM bytes they model. Pure logic: tests run it on the CPU."""
 

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The CUDA events of a side unit from torch.profiler, and its SM time summed and weighted by occupancy."""
 
 import json

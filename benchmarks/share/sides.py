@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The side work measured beside the GEMM: the TIDE shares (AG, RS, their variants), the NCCL-like persistent reduce
 and TIDE over a loopback world (upper bound). Each enqueues one collective's worth per unit() and checks its output."""
 

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Where one side unit's time goes, per pipeline chunk: when its incoming copies, own copies and reduce ran, the
 link's idle time between chunks and the tail after the last incoming byte."""
 

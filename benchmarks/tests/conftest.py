@@ -1,5 +1,7 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """pytest setup for the benchmarks' own tests: benchmarks/ on sys.path (the benchmark modules import as plain
-modules, as `python benchmarks/x.py` runs them), the suite's markers, and the fixtures these tests share.
+modules, as `python benchmarks/<script>.py` runs them), the suite's markers, and the fixtures these tests share.
 
 Tests marked gpu skip themselves without torch and a CUDA device; the rest run on the CPU.
 """

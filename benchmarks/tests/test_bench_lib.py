@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """benchmarks/bench_lib.py, the binding of libnccl-tide-bench.so, on the CPU: tide_bench.h bound and laid out as C
 sees it, where the library is looked for and the error when it is absent, the pacer's argument checks, and the
 reduce kernel's shape rule through the library (a host-side query; it needs a CUDA build, not a GPU).

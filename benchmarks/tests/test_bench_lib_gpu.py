@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The benchmark library (libnccl-tide-bench.so through bench_lib) on the GPU: the link pacer paces copy-engine
 copies without kernels and copies right and releases blocked streams when destroyed; the NCCL-like persistent
 baseline lasts the link time and folds right. (The pacer's child-process cases, a transfer of more pieces than a

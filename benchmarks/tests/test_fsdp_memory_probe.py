@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """benchmarks/fsdp_memory_probe.py on the CPU.
 
 * The pure analysis on synthetic device traces (the entry format of torch.cuda.memory._snapshot()'s
@@ -296,7 +298,8 @@ def _fake_child(variant, out_path, port, binder="alloc"):
 
     # The markers' plumbing is about slots TIDE allocates (tideSlotAlloc, outside torch's trace): keep the trimming
     # pool on them. The default at world size 1 (binder "torch") puts the slots in torch's own trace, which this fake
-    # trace does not have; tests/test_fsdp_slot_trim.py covers that path (and outside_torch_bytes / the hook's bytes).
+    # trace does not have; tests/multirank/test_fsdp_slot_trim.py covers that path (and outside_torch_bytes / the
+    # hook's bytes).
     _slot_pool.force_binder(binder)
     from sim_comm import use_sim_native
 

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """python benchmarks/fsdp_step.py --mode pool-check (CPU, gloo, 2 and 4 ranks): the native executor's slot pool
 over the simulated tideComm against stock FSDP2 (benchmarks/fsdp_pool_check.py)."""
 

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """benchmarks/fsdp_step.py and its parts on the CPU: the trace's kernel classes and SM time, the model against the
 layer layouts, the layout-cost checks, the step table, the watchdog of a hung variant, and the one-line failure
 without CUDA."""

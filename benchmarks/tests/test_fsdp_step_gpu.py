@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """benchmarks/fsdp_step.py on one GPU (marker gpu; skipped without CUDA): the layout-cost mode, and the step mode
 under torchrun at world size 1. Each case is a subprocess with a timeout (a hung collective fails the test instead
 of the job)."""

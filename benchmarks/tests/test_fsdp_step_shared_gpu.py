@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """benchmarks/fsdp_step.py with several ranks per GPU: the loss comparison and the table on the CPU; on one GPU
 (marker gpu) the step mode at world size 2 with --ranks-per-gpu 2, each rank its own NCCL host (NCCL_HOSTID) declared
 one TIDE node, stock and TIDE bit-identical losses, the shared-GPU caveat in the banner and the JSON."""

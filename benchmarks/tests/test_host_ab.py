@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """benchmarks/host_ab.py and benchmarks/ab_stats.py: variants in fresh processes, rounds in alternating
 order, paired per-round differences with a distribution-free interval for their median. CPU only: the child is a stand-in script whose figures
 depend on its variant's environment."""

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """benchmarks/host_issue_ipc.py's report: the ranks' reports merged per row (max over ranks, NaN if a
 rank has no figure), the JSON written before anything is printed, the RS rows' slot and replay columns and census.
 CPU only: synthetic rank reports with random figures."""

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """benchmarks/host_python_cost.py on the CPU: the Python part of Comm.reduce_scatter / Comm.all_gather per call.
 
 Two guards against a silent regression: structural (repeated calls on the same tensors run no per-tensor check and

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """benchmarks/host_vs_nccl.py without a GPU: the sampling loop (rows interleaved in a rotating order, a sample whose
 gate opened during the loop dropped and the gate lengthened) with torch.cuda's sleep, events and synchronize
 replaced by fakes; the table's ratios (per rank, the maximum over ranks, NaN for a missing figure) and verdicts from

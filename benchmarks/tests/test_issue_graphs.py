@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """issue_graphs.py without a GPU: the replay graph's census (census_summary / format_census, what host_issue.py
 prints under each AG row, so that a replay's host time can be read against what its graph holds) and the copies of
 a flat AG's copy-engine floor."""

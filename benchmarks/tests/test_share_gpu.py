@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """One rank's share (benchmarks/share/) runs on the GPU: every side's output is right (AG slot byte
 for byte, RS bit for bit against the left fold, the baseline too), the paced shares take at least the link-rate
 floor and the unpaced ones less, SM time is accounted, and the side work covered the GEMM."""

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """One rank's share (benchmarks/share/): the pure-Python logic on the CPU.
 
 Pacing timeline (the mirror of benchmarks/native/bench_pacer.cc), piece cutting, occupancy-weighted SM time, the

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """One rank's share (benchmarks/share/): the interference method on the CPU.
 
 Where the harness enqueues the GEMM (after the first side unit, before the others), how a run is judged valid

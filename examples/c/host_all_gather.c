@@ -1,3 +1,5 @@
+/* Copyright The nccl-tide authors
+ * SPDX-License-Identifier: Apache-2.0 */
 /* All-gather of one FSDP-style parameter group over simulated ranks, with the C API of libnccl-tide.so.
  *
  * The host executor (tideHostAllGather) runs every rank in this one process: no GPU, no NCCL. It is the oracle the

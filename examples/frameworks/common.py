@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """What the framework examples share: their arguments, the rank's device and process group, the TIDE switch, the
 training data and the loss line.
 

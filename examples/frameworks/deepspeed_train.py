@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """A small causal language model trained with DeepSpeed ZeRO (stage 3 or 2), bf16 parameters, data parallel.
 
     torchrun --nproc-per-node=8 examples/frameworks/deepspeed_train.py --zero 3 --steps 20

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """A small GPT trained with Megatron-Core: its GPTModel on the local (pure PyTorch) layer spec, bf16 parameters,
 its DistributedDataParallel with the distributed optimizer (fp32 gradient reduction, ZeRO-1-style sharded
 optimizer state), its no-pipelining forward/backward schedule. CUDA only: Megatron-Core allocates its gradient

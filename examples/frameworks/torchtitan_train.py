@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """A few-layer Llama 3 trained the torchtitan way: its JobConfig (parsed by its ConfigManager), its ParallelDims
 and device mesh, its model, its parallelize function (FSDP2 over the whole world, bf16 parameters, fp32
 reduction), its optimizer builder, loss and gradient clipping. torchtitan's Trainer itself also wants a tokenizer

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // C API entry points of the CUDA data path (include/tide.h, "Communicators and the CUDA data path").
 //
 // Nothing here runs at load time: the CUDA runtime is first touched by tideLoopbackCreate, so the library loads and

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA data path of include/tide.h for a library built without CUDA: every call explains how to get it.
 // Compiled only when the CUDA data path is not built; plugin/api/cuda_api.cc replaces it.
 #include "api_guard.h"

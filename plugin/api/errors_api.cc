@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // C API: result strings, last error, version, dtype sizes.
 #include "api_guard.h"
 #include "c_enum.h"

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // C API: the host executor (all ranks simulated in one process).
 #include "api_guard.h"
 #include "c_enum.h"

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // The LD_PRELOAD interposer: libnccl-tide.so exports ncclAllGather, ncclReduceScatter, ncclAllGatherConfig and
 // ncclReduceScatterConfig (plugin/exports.map; nothing else of NCCL's collectives) and forwards each call to the NCCL
 // already loaded in the process: dlopen("libnccl.so.2", RTLD_NOLOAD) + dlsym of pncclXxx (nccl::loadedSymbol),

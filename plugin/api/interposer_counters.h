@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // What the interposer did with each all-gather and reduce-scatter: calls and bytes taken by TIDE or passed to NCCL,
 // per reason, per NCCL communicator and for the whole process (tideInterposerGetCounters, nccl_tide.interposer).
 // Bytes are per rank: count times the element size (sendcount for an all-gather, recvcount for a reduce-scatter).

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // ncclGroupStart / ncclGroupEnd for the interposer: eligible calls inside a group are recorded and run by TIDE
 // after the group, so that grouped all-gathers and reduce-scatters (torch's coalescing manager: Megatron-Core,
 // Megatron-FSDP; DeepSpeed MiCS) are TIDE's too (docs/usage.md "Groups").

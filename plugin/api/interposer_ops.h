@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Reduction ops of interposed reduce-scatters: the PREMUL_SUM ops the application creates with
 // ncclRedOpCreatePreMulSum (a table per communicator and op) and what a call's op means for TIDE.
 //

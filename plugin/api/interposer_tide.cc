@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // The TIDE path of the LD_PRELOAD interposer: per-communicator state and the accelerated flat collectives.
 //
 // A flat NCCL collective is a one-parameter TIDE layout of W * count elements (rank r's block = its shard):

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // The TIDE path of the LD_PRELOAD interposer (plugin/api/interposer.cc decides eligibility; this runs the call).
 //
 // One TIDE comm per ncclComm_t, created collectively on the first eligible call (NCCL semantics: every rank makes

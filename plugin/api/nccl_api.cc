@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // C API entry points of the NCCL binding (include/tide.h, "NCCL binding"): tideNcclGetInfo (host only, every build)
 // and the communicator constructors over NCCL or a caller's bootstrap (CUDA builds; tideUnsupported otherwise).
 #include <chrono>

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // C API: the NCCL_TIDE_* registry and the multicast gate.
 #include "api_guard.h"
 #include "errors.h"

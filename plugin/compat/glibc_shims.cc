@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Definitions of the few glibc symbols newer than the wheel's glibc target (manylinux_2_28 = glibc 2.28) that the
 // statically linked libstdc++ refers to. Compiled only with TIDE_GLIBC_COMPAT (cmake/glibc_stubs.py explains the
 // portable link); hidden, so they bind only the references inside libnccl-tide.so and are never exported.

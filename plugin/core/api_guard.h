@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Exception firewall for exported C functions: no C++ exception may cross include/tide.h.
 //
 //   tideResult_t tideSomething(...) {

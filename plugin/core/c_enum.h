@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Enum values that arrive through the C API.
 //
 // A C caller (or ctypes) may pass any int where include/tide.h says tideDataType_t, tideRedOp_t or tideResult_t. In

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Strided runs of a copy list (docs/architecture.md "Eager calls as graph replays", "Strided copies"): copies of
 // one width whose destinations and sources each step through memory at one pitch become one 2D copy
 // (cudaMemcpy2DAsync: one driver call, one graph node). A captured program otherwise holds one memcpy node per

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Element sizes and exact fp32 <-> bf16/fp16 conversions (bit manipulation, no hardware half types, so the host
 // result does not depend on the compiler or the CPU).
 #include "dtype.h"

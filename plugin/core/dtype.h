@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Element types: sizes, names, and exact conversions between bf16/fp16 and fp32.
 //
 // The conversions define the arithmetic every executor must reproduce bit for bit: widening is exact; narrowing

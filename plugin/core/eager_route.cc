@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Eager calls as graph replays: the two decisions of eager_route.h.
 #include "eager_route.h"
 

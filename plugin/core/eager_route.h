@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Eager calls as graph replays (docs/architecture.md "CUDA graphs", "Eager calls as graph replays").
 //
 // Two decisions, kept apart because they have different scopes:

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Thread-local last-error message and the static result strings.
 #include "errors.h"
 

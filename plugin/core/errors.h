@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Error reporting shared by every layer: one thread-local "last error" message per thread, set by the root cause.
 //
 // The rule: the function that detects a problem calls fail(), which records the message, logs exactly one WARN line

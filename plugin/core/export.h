@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Symbol visibility for the C API. The library is built with -fvisibility=hidden, so only functions marked
 // TIDE_EXPORT (and matched by plugin/exports.map) leave libnccl-tide.so.
 #ifndef TIDE_CORE_EXPORT_H_

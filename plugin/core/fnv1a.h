@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // FNV-1a, 64 bit: the one hash for what must agree across ranks (a layout, a comm's configuration, a host's
 // identity). Values are fed as little-endian bytes, so the hash is the same on every host and build.
 #pragma once

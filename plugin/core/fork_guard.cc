@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Locks held across fork() (fork_guard.h).
 #include "fork_guard.h"
 

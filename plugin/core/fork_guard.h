@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Fork safety of the library's locks.
 //
 // A child forked while another thread holds a lock inherits the lock held by a thread that does not exist in the

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Checked identity of the opaque handles of include/tide.h (tideLayout_t, tideComm_t).
 //
 // A handle is not the object's address but a registry key that is never reused within a process:

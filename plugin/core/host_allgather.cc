@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Host all-gather: own-shard placement, the paced inter-node rail schedule, then the node-local fan-out. Every copy
 // is a byte copy, so every dtype works. The schedule is executed exactly as the CUDA executor runs it (block byte
 // ranges of the packed send-buffer layout, read from the sender's unsharded storage), and each step is checked:

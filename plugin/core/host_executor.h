@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Host executor: runs the AG and RS plans over all W ranks of a layout in one process. It is the oracle for every
 // other executor: its byte placement and its fp32 accumulation order are the contract (include/tide.h, top).
 #ifndef TIDE_CORE_HOST_EXECUTOR_H_

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Host reduce-scatter in the contract's accumulation order (include/tide.h, top):
 //   x_s = (float) grad(rank s)[j] (0 beyond numel), times scale for PREMUL_SUM;
 //   partial(node m) = left fold over the node's ranks; total = left fold over nodes; AVG divides by W last.

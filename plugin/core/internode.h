@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // What carries a comm's steps between TIDE nodes, chosen once per communicator from NCCL_TIDE_INTERNODE and what its
 // provider maps (docs/architecture.md "Providers", docs/usage.md "Across nodes"). Pure host code, so that the choice
 // and its refusals are testable without a GPU (tests/native/internode_test.cc).

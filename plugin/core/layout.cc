@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Layout creation: validation with messages that name the offending field, offset derivation (include/tide.h, top),
 // the cross-rank hash, and the plans (rs_plan.cc, schedule.cc).
 #include "layout.h"

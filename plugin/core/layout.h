@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Layout: the immutable description of one FSDP parameter group and every plan derived from it.
 //
 // Created once by createLayout() (validated, hashed, plans computed), never modified afterwards, so a layout may be

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Line-oriented logging in NCCL's format, governed by NCCL_DEBUG / NCCL_DEBUG_SUBSYS / NCCL_DEBUG_FILE and the
 // NCCL_TIDE_DEBUG* overrides (the rules are in log.h and docs/env.md).
 #include "log.h"

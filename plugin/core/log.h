@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Logging in NCCL's shape, governed by NCCL's variables (docs/env.md, "Logging").
 //
 // One line per event:  <host>:<pid>:<tid> [<cudaDev>] NCCL TIDE <LEVEL> <Component>: <message>

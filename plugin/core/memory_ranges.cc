@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Sweep over ranges sorted by start: a range conflicts with an earlier one iff it starts before the furthest end
 // seen so far among earlier outputs (any range vs output), or among earlier inputs (when it is an output).
 #include "memory_ranges.h"

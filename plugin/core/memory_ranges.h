@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Overlap checks for caller-supplied buffers, so that an executor can refuse aliasing before it writes anything.
 #ifndef TIDE_CORE_MEMORY_RANGES_H_
 #define TIDE_CORE_MEMORY_RANGES_H_

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Host-only multicast gate: reads the environment, never calls any CUDA API.
 #include "multicast.h"
 

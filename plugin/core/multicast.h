@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // The NVLink multicast gate (tideMulticastAllowed, include/tide.h). TIDE never creates multicast objects; it may
 // use multicast addresses that NCCL hands out, and only when this gate is open.
 #ifndef TIDE_CORE_MULTICAST_H_

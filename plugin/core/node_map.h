@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Which ranks of a communicator form one TIDE node.
 //
 // By default TIDE's nodes are NCCL's hosts: ranks whose NCCL host identity agrees are one node. That identity is

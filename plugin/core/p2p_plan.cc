@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Two-sided p2p groups of multi-node programs (p2p_plan.h).
 #include "p2p_plan.h"
 

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // The cross-node transfers of a multi-node step program as two-sided p2p groups (Options::transport =
 // Transport::kTwoSided): what the compilers (program_ag.cc, program_rs.cc) emit as Op::kP2p, and what an interpreter
 // maps to ncclGroupStart / ncclSend / ncclRecv / ncclGroupEnd. Pure functions of the layout; host-only.

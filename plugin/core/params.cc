@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // The NCCL_TIDE_* registry, strict parsers and typed accessors.
 #include "params.h"
 

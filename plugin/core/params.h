@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // NCCL_TIDE_* parameters: one registry (name, type, default, one-line doc) from which the typed accessors below,
 // tideParamCount/tideParamDescribe and docs/env.md all come (a test fails when docs/env.md drifts).
 //

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Program listing and flag-word names (program.h), for the debug dump, the pending-wait report and tests.
 #include <algorithm>
 #include <cstdarg>

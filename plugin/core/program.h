@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Step programs: what one rank runs for one TIDE collective, compiled once per (layout, rank, mode) by pure
 // functions of the layout (compileAllGather, compileReduceScatter in program_ag.cc / program_rs.cc).
 //

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // TIDE-AG step programs (docs/architecture.md "Step programs"): one node (eager, multicast, captured) and several
 // (virtual) nodes (paced rail schedule, then the node-local fan-out), in the byte placement of the host executor.
 #include <algorithm>

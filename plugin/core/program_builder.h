@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Appends operations to a Program in host issue order, merging what may be merged: consecutive flag operations of
 // one lane and issue group become one batch (one cuStreamBatchMemOp), consecutive copy segments one copy batch,
 // unless a batch is closed explicitly (a paced put is one batch per schedule step). Internal to program_*.cc.

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // TIDE-RS step programs (docs/architecture.md "Step programs"): node-local pushes into each owner's (or proxy's)
 // staging, the fp32 fold per chunk, and with several nodes the running fp32 sum along each rail in node order;
 // staging geometry from the layout's RsPlan (plugin/core/rs_plan.cc), the only place it is computed.

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Reduce-scatter plan: pipeline chunking of this rank's packed output and the staging size.
 //
 // The staging size is a function of ranksPerNode, the chunk and the shard size only, never of worldSize: each rank

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Bruck-style paced recursive doubling over nodes (see schedule.h and include/tide.h).
 //
 // Steps are not stored: a node's step list is a pure function of (nNodes, sendBytes, paceBytes), so large blocks

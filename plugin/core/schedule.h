@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Inter-node all-gather schedule: Bruck-style recursive doubling over nodes on each rail (the ranks with the same
 // local index on every node), paced into steps of at most paceBytes. Works for any node count.
 //

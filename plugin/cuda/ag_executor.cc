@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // TIDE-AG on the CUDA path: argument checks, then the layout's step program (plugin/core/program_ag.cc) bound to the
 // call's pointers and issued by the interpreter (program_exec.h). The protocol is in docs/architecture.md ("Step
 // programs"). A call whose pointers equal those of a recent call reuses that binding: its pointer checks, peer

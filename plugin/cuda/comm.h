@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // The communicator handle of include/tide.h for the CUDA data path, and the per-layout facts the executors derive
 // (read through the public layout queries, cached per layout handle).
 #ifndef TIDE_CUDA_COMM_H_

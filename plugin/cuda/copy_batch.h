@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Copy-engine copies: a list of device-to-device copies issued as one cudaMemcpyBatchAsync with
 // cudaMemcpyFlagPreferOverlapWithCompute (only the hinted batch API keeps same-device copies off the SMs), or as
 // cudaMemcpyAsync calls when the batch API is unavailable, the stream is being captured, or the stream is the legacy

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Error handling for CUDA runtime and driver calls inside plugin/cuda.
 //
 // CONVENTIONS.md (Errors): the root cause logs one WARN with the CUDA error's name and string, clears the sticky

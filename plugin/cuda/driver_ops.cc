@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 #include "driver_ops.h"
 
 #include <cuda.h>  // driver types only; no symbol of libcuda is linked

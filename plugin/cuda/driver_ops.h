@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Stream memory operations (flag writes and waits) through driver entry points resolved at run time.
 //
 // The library never links -lcuda: cuStreamBatchMemOp / cuStreamWriteValue32 / cuStreamWaitValue32 are looked up

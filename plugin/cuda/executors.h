@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA executors of TIDE-AG and TIDE-RS. Both validate everything before enqueueing anything, then issue the
 // layout's step program (program_exec.h) on the caller's stream and the comm's internal stream (ordered by flags).
 #ifndef TIDE_CUDA_EXECUTORS_H_

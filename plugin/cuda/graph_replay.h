@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // CUDA graphs the library captures itself, for eager calls on the token route (docs/architecture.md "Eager calls as
 // graph replays"). A bound token program (program_exec.h) is captured on the comm's private capture stream, never
 // on a caller's stream, instantiated once and launched on the caller's stream for later calls with the same

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Inter-node transport: the operations of a step program that cross a node boundary (prog::Op::crossNode: paced
 // puts, the signals that announce them, the waits for those signals), called by the program interpreter
 // (program_exec.cc) with prebuilt arguments through the rank's provider (Provider::transport). Node-local pushes and

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // CUDA IPC provider: one rank per process, peer memory through cudaIpcGetMemHandle/cudaIpcOpenMemHandle among the
 // ranks of one TIDE node (node_map.h: NCCL's hosts, or NCCL_TIDE_RANKS_PER_NODE). Created on an NCCL communicator it
 // may span several TIDE nodes, possibly on several machines: a rank then maps only its own node's ranks

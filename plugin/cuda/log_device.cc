@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Gives the logger the calling thread's CUDA device, the [dev] field of every line (NCCL prints cudaGetDevice's).
 #include <cuda_runtime.h>
 

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Loopback provider: a world of 2..8 virtual ranks in one process on one device (LoopbackWorld, their shared state),
 // and one thin view per virtual rank (LoopbackRank: its Provider, with the SharedQueues hook).
 //

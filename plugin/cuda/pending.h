@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Which waits of a comm's last all-gather and reduce-scatter have not been satisfied: read from their step programs
 // and the flag words (nothing here re-derives the protocol). For tideCommDebugDump and tideCommGetPendingWaits.
 #ifndef TIDE_CUDA_PENDING_H_

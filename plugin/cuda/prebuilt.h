@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Prebuilt driver arguments: a flag batch as the cuStreamBatchMemOp parameter array (values patched per call) and a
 // copy batch as the cudaMemcpyBatchAsync arrays. Built once per bound program (program_exec.h); issuing one costs one
 // driver call and no allocation.

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // The thin CUDA interpreter of step programs (plugin/core/program.h; docs/architecture.md "Step programs").
 //
 // bind() turns a rank's program and the call's pointers into prebuilt driver arguments: one cuStreamBatchMemOp

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // The provider of one rank of a comm: where the rank's memory for peers lives (slots, own RS staging, flags), how it
 // addresses the other ranks' copies, which InterNodeTransport carries what crosses a node boundary, and the checks a
 // provider makes around each call. tideComm holds one per rank (comm.h); the executors (ag_executor.cc,

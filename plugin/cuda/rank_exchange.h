@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // What the providers of one rank per process (IPC, window) share about talking to their peers: the all-gather of
 // host bytes (over an NCCL communicator or a caller's bootstrap) with the comm's fault state, a barrier over it, the
 // bounded wait for the rank's device, the collective layout agreement, the parent NCCL communicator's health check,

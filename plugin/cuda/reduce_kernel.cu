@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Phase 2 of TIDE-RS: sum the node-local inputs of one staged chunk in fp32 and write the output shard.
 //
 // Accumulation order (include/tide.h, bit for bit): x_s = (float) in_s[k] (exact), with PREMUL_SUM

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Phase 2 of TIDE-RS: the short-lived reduce kernel over one staged chunk.
 #ifndef TIDE_CUDA_REDUCE_KERNEL_H_
 #define TIDE_CUDA_REDUCE_KERNEL_H_

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // TIDE-RS on the CUDA path: argument checks, then the layout's step program (plugin/core/program_rs.cc: node-local
 // copy-engine pushes into each owner's staging, the short-lived reduce kernel per chunk, and with several nodes the
 // running fp32 sum along each rail) bound to the call's pointers and issued by the interpreter (program_exec.h). The

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Flag writes by a one-warp kernel, for flag batches inside CUDA graphs (the RS's rounds and captures; the AG's with
 // NCCL_TIDE_AG_SIGNAL_KERNELS).
 //

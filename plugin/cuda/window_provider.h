@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // NCCL window provider: one rank per process, the memory the ranks of one TIDE node share (flags, slots, own RS
 // staging) allocated with ncclMemAlloc and registered as NCCL windows, the peers' copies addressed through
 // ncclGetPeerDevicePointer (NCCL >= 2.29.2; plugin/nccl/window_memory.h does the NCCL side). NCCL maps the windows

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // The NCCL library this process already uses, resolved at run time by version (never linked, never loaded twice).
 //
 // libnccl-tide.so does not link libnccl: the framework (torch, ...) has loaded one already, and a second copy would

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // p2p groups through NCCL (p2p_group.h).
 #include "p2p_group.h"
 

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Which provider a comm keeps the memory of its node's ranks in (plugin/cuda/provider.h), from NCCL_TIDE_PROVIDER
 // and what the loaded NCCL offers. Host-only, so that the choice and its refusals are testable without a GPU
 // (tests/native/nccl_windows_test.cc against stub libnccl builds).

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // The memory one rank of a comm shares with the ranks of its TIDE node as NCCL windows (the window provider,
 // plugin/cuda/window_provider.h): flags, slots and own RS staging, each its own ncclMemAlloc buffer registered with
 // ncclCommWindowRegister, the node's peers' copies addressed through ncclGetPeerDevicePointer. Host-only (NCCL is

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """nccl-tide: zero-copy, SM-free all-gather and reduce-scatter for FSDP, on top of NCCL.
 
 Importing needs neither torch nor a GPU; the native library loads on first use.

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """`python -m nccl_tide`: what this installation is (version, tide.h, library, CUDA or host-only build, the NCCL it
 finds).
 

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Caller-stream fences of a LoopbackWorld: what close() waits for on streams the world does not own.
 
 A collective issued with streams= / stream= runs on the caller's streams; close() synchronizes only the world's own,

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Where tide.h, the C API contract, is for the running package.
 
 An installed wheel ships it as package data, nccl_tide/include/tide.h (setup.py copies the repository's

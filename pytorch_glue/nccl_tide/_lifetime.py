@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """In-flight accounting for objects that own library handles (Comm, LoopbackWorld), so that close() on one thread and
 a call on another never race: close() marks the object closed (new calls fail with "<what> is closed"), waits for
 the calls already inside the library to return, and only then releases the handles. The library checks every

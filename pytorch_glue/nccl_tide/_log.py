@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Python-side status lines under the `nccl_tide.*` loggers, governed by the library's rule (docs/env.md, Logging).
 
 The glue reports status (timeouts, failed bootstrap exchanges, NCCL/torch mismatches, env values it ignores) with

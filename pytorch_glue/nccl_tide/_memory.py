@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Host memory checks before allocations sized by the world: the host executor simulates every rank in this process,
 so a large world times a large size can exceed the machine, and the kernel's out-of-memory killer would end the
 process without a word. Refusing up front, with the figures, is the error the caller can act on.

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """ctypes binding of include/tide.h: every struct and every function, nothing more.
 
 The library is loaded lazily (first call of lib()), so `import nccl_tide` works

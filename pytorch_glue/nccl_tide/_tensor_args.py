@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Device addresses of the CUDA tensors a collective is given (Comm, LoopbackWorld), checked on every call.
 
 Every tensor a collective reads or writes is checked on every call: its element type (float16 read as bf16 is a

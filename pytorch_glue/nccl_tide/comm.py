@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """TIDE communicators of real ranks (one per process): over an NCCL communicator or a torch.distributed bootstrap.
 
     import torch, torch.distributed as dist, nccl_tide

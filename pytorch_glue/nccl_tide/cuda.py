@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """CUDA data path from Python: loopback worlds of virtual ranks on one GPU (tests, single-GPU benchmarks).
 
     import torch, nccl_tide

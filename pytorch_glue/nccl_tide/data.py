@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Deterministic random inputs that are never zero and never equal the 0xFF poison.
 
 Floats get a narrow exponent range so sums stay finite and exercise rounding; bf16

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Which GPU a launched rank uses, and the "several ranks per GPU" mode.
 
 By default rank `LOCAL_RANK` uses `cuda:LOCAL_RANK`, one GPU per rank, as torchrun jobs expect; with fewer GPUs than

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Data type and reduction-op names <-> tide.h enums, and their numpy storage types.
 
 numpy has no bf16 or fp8, so those travel as bit patterns: bf16 as uint16, fp8 as uint8.

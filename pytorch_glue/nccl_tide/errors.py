@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Typed exceptions for tideResult_t codes.
 
 Each class maps to one tideResult_t value. The message is the library's

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """A torchtitan-style switch for nccl_tide.fsdp: one config value with a scope, and an environment kill switch.
 
 torchtitan turns FSDP2's symmetric-memory path on with `parallelism.fsdp_symm_mem_scope` ("all", "dense" or None,

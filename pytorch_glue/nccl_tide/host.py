@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Host executor wrappers: all ranks of a layout simulated in this process.
 
 Inputs may be numpy arrays or CPU torch tensors (torch is never imported here).

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The NCCL_TIDE_ENABLE interposer from Python (docs/usage.md): what it took (counters) and layout-aware calls.
 
 counters() says how many all-gather and reduce-scatter calls and bytes TIDE took and which went to NCCL, and why,

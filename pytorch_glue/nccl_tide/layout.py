@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Layout: one FSDP parameter group as the C library sees it (tideLayout_t).
 
 The math (shard sizes, offsets, schedule) lives in the library; this class only

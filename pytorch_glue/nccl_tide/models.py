@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Parameter lists of one decoder layer of well-known models, in FSDP2 parameter order.
 
 FSDP2 groups a layer's parameters in module.parameters() order, which for the Hugging Face

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The native executor of nccl_tide.fsdp: TIDE-AG / TIDE-RS on CUDA through tideComm.
 
 Same layout semantics as nccl_tide.reference_executor (same Layout objects, same packed send

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Which libnccl this process loaded, the CUDA major it was built for, and a warning when that differs from torch's.
 
 nccl-tide never loads NCCL itself: it uses the libnccl.so.2 that the process (normally torch) already loaded. With

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Independent numpy reference of the results defined at the top of include/tide.h.
 
 Nothing here calls the C library: it is the oracle tide-perf -c and the tests check

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Executors of TIDE layouts between processes: the reference executor on torch.distributed.
 
 The reference executor computes exactly the results that include/tide.h defines, from the

@@ -1,4 +1,6 @@
 #!/usr/bin/env python3
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Seeded random fuzzer of the layout/config/plan C API and the host executors.
 
     python tests/fuzz/fuzz.py [--seconds S] [--seed N] [--corpus DIR] [--out DIR] [--replay-only]

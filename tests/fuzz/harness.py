@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Runs one fuzz case through the C API (ctypes, nccl_tide._native) and checks it against model.py and, for small
 layouts, the numpy reference (nccl_tide.reference). check_case() raises CaseFailure with a readable reason on any
 disagreement; a crash or sanitizer report ends the process (the fuzzer saved the case first).

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Fuzz cases of the bad-input probe: handle lifetimes across threads, and integer edge values on the Python side.
 
 * "lifetime": T threads share a pool of layout handles and run random operations on it in random order: create,

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """What tideLayoutCreate must answer for any input: an independent model written from include/tide.h and
 docs/architecture.md (never from plugin/core), on top of tests/tide_ref.py's offset math.
 

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Which runtime/driver queries keep a global-mode stream capture valid (CUDA graph capture).
 //
 // The capture path of tideAllGather / tideReduceScatter validates its arguments while the caller's stream is being

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """GPU tests of the CUDA data path (marker gpu; tests/conftest.py skips them without torch or a CUDA device).
 
 CUDA_DEVICE_MAX_CONNECTIONS must be set before CUDA initializes: loopback worlds of up to 8 virtual ranks keep up

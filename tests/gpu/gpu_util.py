@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Helpers for the GPU tests: random layouts and data, poisoned outputs, host-executor oracles."""
 
 import numpy as np

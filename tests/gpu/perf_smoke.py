@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Quick figures for the CUDA path on one GPU (not a benchmark suite; benchmarks/ has those):
 device-to-device copy bandwidth (torch), TIDE-AG and TIDE-RS of a Llama-3.1-70B decoder layer in a loopback world of
 8 virtual ranks, and the reduce kernel's bandwidth and total SM time read from the profiler trace.

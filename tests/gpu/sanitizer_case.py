@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """A small AG + RS case for compute-sanitizer (memcheck, racecheck): 2 and 3 virtual ranks, several RS chunks,
 both staging kinds, bf16 -> fp32 and fp16 -> bf16, checked against the host executor. Exit status 0 iff correct.
 

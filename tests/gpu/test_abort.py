@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """tideCommAbort on a GPU: with a parent NCCL communicator aborted while TIDE work is queued, TIDE calls fail
 cleanly, resources are released, nothing hangs; an aborted or revoked parent makes TIDE calls fail cleanly.
 

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Concurrency on one GPU: independent loopback worlds (an AG world and an RS world, as FSDP's AG and RS
 groups) driven from several Python threads at once, each on its own streams, while another thread creates and
 destroys layouts; every result bit-exact against the host executor. The rules tested are docs/reliability.md's

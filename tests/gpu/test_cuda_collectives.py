@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """CUDA data path in loopback worlds, bit-exact against the host executor (the oracle).
 
 Every output is poisoned (0xFF bytes) before each run, so an element the GPU did not write shows; the AG also checks

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Properties of the CUDA path other than values: no kernel on the AG path, errors before any copy, the multicast
 gate."""
 

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Call order on the eager graph route on loopback (NCCL_TIDE_EAGER_GRAPHS=1; docs/architecture.md "Issue rounds").
 
 A virtual rank's token call enqueues only its announce at the call; its rounds wait on the host until every rank has

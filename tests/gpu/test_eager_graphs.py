@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Eager TIDE-AG / TIDE-RS as replays of graphs the library captured itself (docs/architecture.md "Eager calls as
 graph replays"), on loopback worlds.
 
@@ -199,7 +201,7 @@ def test_eager_reduce_scatter_pipelined_bit_exact(torch_cuda, world_of, W, gdt, 
 @pytest.mark.parametrize("W,chunks", [(2, 3), (4, 5), (8, 4)])
 def test_captured_reduce_scatter_pipelined_refused_on_loopback(torch_cuda, world_of, W, chunks):
     """A user capture of an RS of more chunks than buffers is refused on loopback (a rank's whole graph, launched
-    ahead of the next rank's, could fill the shared copy queues: tests/test_program_model.py shows the hang), with
+    ahead of the next rank's, could fill the shared copy queues: tests/unit/test_program_model.py shows the hang), with
     nothing enqueued and the capture still valid; eager token RSs of the same layout around it stay bit-exact and
     the eager token AG beside them too."""
     torch = torch_cuda

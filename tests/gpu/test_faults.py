@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Fault handling on one GPU, loopback worlds (docs/reliability.md, "Faults"): a peer that never signals (a bounded wait that
 names the peer and the step, then recovers), NCCL_TIDE_TIMEOUT_MS as the default bound, and out-of-memory on slot
 allocation and own RS staging growth (typed error, nothing leaked, nothing half-written, the world keeps working).

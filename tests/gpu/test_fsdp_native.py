@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """nccl_tide.fsdp with the native executor on one GPU (marker gpu; skips without CUDA).
 
 One process, a real NCCL process group of world size 1 (init_process_group("nccl", tcp on

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """TIDE-AG and TIDE-RS captured into CUDA graphs and replayed, in loopback worlds.
 
 Every virtual rank captures its collective on its own stream into its own graph (begin capture on every rank's

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The bad-input probe on the GPU: canonical NaN bits from the CUDA reduce kernel, checked comm handles, and comms / worlds /
 layouts closed while another thread uses them (loopback worlds on one device).
 

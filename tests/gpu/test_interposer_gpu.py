@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The NCCL_TIDE_ENABLE interposer on a real NCCL (marker gpu, one GPU).
 
 torch.distributed with the NCCL backend at world size 1, libnccl-tide.so in LD_PRELOAD: torch's ncclAllGather /

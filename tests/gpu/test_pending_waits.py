@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """tideCommGetPendingWaits and the debug dump read the step programs: on a loopback world where one rank
 has not made its matching call, the other rank's first unsatisfied wait names the missing rank and the flag word;
 once every rank has called, nothing is pending. Also a multi-node layout (2 virtual nodes of 2), where the pending

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """tide-perf on one GPU (marker gpu; skipped without CUDA): the loopback backend with every impl, -c 1 with zero
 wrong elements, JSON; --interfere gemm; torchrun at world size 1.
 Each case is a subprocess with a timeout (a hung collective fails the test instead of the job)."""

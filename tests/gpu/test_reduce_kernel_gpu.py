@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The reduce kernel (plugin/cuda/reduce_kernel.cu; its shape: CTAs paced to the link, bounded work, several
 launches) on given buffers through tideBenchReduce (the benchmark library, benchmarks/bench_lib.py), bit for bit
 against the host executor (tideHostReduceScatter) across sizes, source counts, dtypes, ops, alignments and shape

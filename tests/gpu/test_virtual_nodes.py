@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Multi-node layouts on one GPU ("virtual nodes"): a loopback world of W virtual ranks split into N nodes of
 R ranks (layout ranks_per_node R < W), so the CUDA executors run the inter-node algorithm (AG: paced Bruck-style
 rail schedule then node-local fan-out; RS: node-local reduction then the fp32 running sum along each rail in node

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The one way tests start several processes: spawn W workers with a deadline, collect what each rank reports, and
 fail with every rank's evidence.
 

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Faults across processes: 2 processes, each one TIDE rank on cuda:0, CUDA IPC peer memory, gloo
 bootstrap (as test_multiprocess.py), started by multirank.harness.
 

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """DeepSpeed, Megatron-Core and torchtitan training with TIDE on ONE GPU: the examples of examples/frameworks on 2
 ranks that share the card as 2 NCCL hosts (NCCL_HOSTID per rank, sockets over loopback), declared one TIDE node
 (NCCL_TIDE_RANKS_PER_NODE=2). Marker gpu; each test skips where its framework is not installed

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """nccl_tide.fsdp.enable(module_filter=...) and fsdp_switch scope "dense" on FSDP2 (CPU, gloo, 2 processes).
 
 The model is a tiny MoE-style Llama: per block attention, a dense router and an experts module (torchtitan's

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Lifetime of TIDE-enabled FSDP2 models (+3.7 GiB of torch memory in the step benchmark).
 
 Two leaks, each of which kept a whole model (its fp32 sharded parameters above all) alive:
@@ -81,7 +83,7 @@ def _train_and_drop(rank, executor, disable, slot_pool=None):
 
 
 def _bench_variant(variant):
-    """benchmarks/fsdp_step.py.VariantRun on CPU: its close() must free the model without any help."""
+    """benchmarks/fsdp_step.py's VariantRun on CPU: its close() must free the model without any help."""
     import fsdp_step
     from fsdp_model import LlamaConfig
 

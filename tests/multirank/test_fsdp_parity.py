@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """nccl_tide.fsdp on FSDP2 (CPU, gloo, 2 and 4 processes): TIDE vs stock from the same seed.
 
 Each case trains a tiny Llama-style model (bf16 params, fp32 reduce) twice in the same

@@ -1,9 +1,12 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """nccl_tide.fsdp.enable(ranks_per_node=...) is validated like the other arguments: a value that is not an integer
 >= 1 dividing every group's shard world size is refused at enable(), with the model left stock FSDP2. Before, 2 at
 world 1, -1, 'x' and 1.5 were accepted, and every group fell back to stock at its first all-gather while stats()
 still listed it under tide_groups.
 
-CPU, gloo, world 1, reference executor. Run by hand: python tests/unit/test_fsdp_ranks_per_node.py worker 0 1 <port>
+CPU, gloo, world 1, reference executor. Run by hand:
+python tests/multirank/test_fsdp_ranks_per_node.py worker 0 1 <port>
 """
 
 import json

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The reference executor (torch.distributed, gloo) against the host executor, and the
 nccl_tide.fsdp API's error paths. 2 and 4 processes.
 

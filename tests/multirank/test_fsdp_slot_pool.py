@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The native executor's slot pool (nccl_tide/fsdp/_slot_pool.py) on CPU, gloo, 2 and 4 ranks,
 through the simulated tideComm (benchmarks/sim_comm.py, _SimComm in test_fsdp_training.py: slots torch cannot resize,
 every slot poisoned with NaN before a TIDE-AG writes it, RS staging poisoned with NaN).

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Slot-pool trimming and the slots of dropped models (FSDP2 peak memory at or below stock).
 
 The device peak of a step (H200, world size 1, 4 Llama layers, slot_pool=2) fell in backward before the

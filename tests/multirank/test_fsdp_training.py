@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """nccl_tide.fsdp in the rest of the training loop (CPU, gloo, 1, 2 and 4 processes):
 activation checkpointing, a state_dict save/load round trip, and shard world size 1.
 

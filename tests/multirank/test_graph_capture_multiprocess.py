@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """TIDE-AG and TIDE-RS captured into CUDA graphs across processes: W processes, each one TIDE rank on
 cuda:0 over CUDA IPC (gloo bootstrap, as tests/multirank/test_multiprocess.py; started by multirank.harness).
 

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Several processes, each one TIDE rank on cuda:0, peer memory through CUDA IPC, bootstrapped by torch.distributed
 (gloo): NCCL refuses several ranks on one GPU, so the exchange step is a gloo all-gather (tideCommCreateWithBootstrap).
 AG and RS cross process boundaries with stream-memop flags; rank 0 gathers every rank's inputs and results over gloo

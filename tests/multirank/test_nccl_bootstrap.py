@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """CPU rehearsal of tests/multirank/test_multiprocess.py: the same process spawning, gloo bootstrap, the ctypes bootstrap
 all-gather callback (nccl_tide.comm.make_gloo_allgather) and the rank-0 gather-and-compare plumbing, with the device
 results replaced by the host executor's. Also the Python-side argument checks of nccl_tide.comm that need no GPU."""

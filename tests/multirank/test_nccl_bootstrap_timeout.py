@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """NCCL_TIDE_TIMEOUT_MS on the gloo bootstrap exchange (CPU, two processes): nccl_tide.comm.make_gloo_allgather waits
 at most the bound for a peer that never joins and returns tideTimeout (9), which tideCommCreateWithBootstrap reports
 as tideTimeout; with both ranks present it exchanges normally under the same bound."""

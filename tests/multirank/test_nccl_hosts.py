@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """W ranks share one GPU in a real NCCL world (torch's NCCL): every rank its own NCCL host (NCCL_HOSTID), the ranks
 talking through NCCL's network transport over loopback sockets. Marker gpu: one card.
 

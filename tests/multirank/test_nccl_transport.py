@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """TIDE across TIDE nodes through NCCL (the sendrecv transport: grouped ncclSend / ncclRecv on the framework's
 communicator), W ranks sharing one GPU as NCCL hosts (test_nccl_hosts.py's set-up: NCCL_HOSTID per rank, NCCL's
 socket transport over loopback). Marker gpu: one card.

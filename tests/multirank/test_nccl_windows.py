@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The NCCL window provider (NCCL >= 2.29.2) on one GPU, in test_nccl_hosts.py's set-up: W ranks share the card, each
 a process, their NCCL hosts given by NCCL_HOSTID. Marker gpu: one card.
 

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """tide-perf's torchrun backend on a real NCCL world of 2 ranks sharing ONE GPU (marker gpu): every rank its own
 NCCL host (NCCL_HOSTID), declared one TIDE node (NCCL_TIDE_RANKS_PER_NODE=2), --ranks-per-gpu 2.
 

@@ -1,7 +1,9 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Native-thread concurrency check of the host-only C API (docs/reliability.md, "Thread
 // safety"): 8 threads at once create/query/destroy layouts, run the host AG and RS (checked against closed-form
 // values), query parameters and fail calls with a thread-specific value that tideGetLastError (thread-local) must
-// still report. Built and run by tests/test_concurrency.py; with a -DTIDE_SANITIZE=thread library and
+// still report. Built and run by tests/unit/test_concurrency.py; with a -DTIDE_SANITIZE=thread library and
 // -fsanitize=thread it is the ThreadSanitizer check (no Python interpreter in between).
 // Usage: concurrency_driver [iterations per thread].
 #include <cstdio>

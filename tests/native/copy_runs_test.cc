@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Checks tide::stridedRuns and tide::splitAtAllocations (plugin/core/copy_runs.h) on the host: for random copy
 // lists (random groups, widths, strides, gaps, repeated sources) and for the all-gather's own pattern, applying the
 // runs row by row writes exactly the bytes the copies write (same values, each byte once), every run respects its

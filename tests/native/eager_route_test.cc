@@ -1,5 +1,8 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Host-only checks of the eager graph route's two decisions (plugin/core/eager_route.h), run by
-// tests/test_eager_route.py. Exit 0 and "all checks passed" when every check holds; each failure prints "FAIL: ...".
+// tests/unit/test_eager_route.py. Exit 0 and "all checks passed" when every check holds; each failure prints
+// "FAIL: ...".
 #include <cstdio>
 #include <vector>
 

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Exercises plugin/compat/glibc_shims.cc (linked into this program, so its definitions take the place of glibc's):
 // std::condition_variable's steady_clock waits go through the pthread_cond_clockwait shim, std::random_device
 // through arc4random. Prints one line per check, "OK" last; exit status 1 on the first failure.

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // Host-side smoke test of the C API (core engineer's self-check; pytest covers the same ground via ctypes).
 // Build: cmake -S . -B /tmp/b -DTIDE_BUILD_CUDA=OFF && cmake --build /tmp/b &&
 //   g++ -std=c++17 -O2 -Iinclude -Iplugin/core tests/native/host_smoke.cc plugin/core/dtype.cc -L/tmp/b -lnccl-tide \

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // plugin/core/internode: the choice of a comm's inter-node transport from NCCL_TIDE_INTERNODE and what its provider
 // maps, over every combination of setting, mapping and NCCL communicator, and the parameter as this process's
 // environment sets it. Usage: internode_test <expected NCCL_TIDE_INTERNODE index, or "invalid">; prints "all checks

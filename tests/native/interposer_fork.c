@@ -1,3 +1,5 @@
+/* Copyright The nccl-tide authors
+ * SPDX-License-Identifier: Apache-2.0 */
 /* fork() while other threads are inside interposed NCCL calls (tests/unit/test_fork_safety.py).
  *
  * Run with libnccl-tide.so preloaded, NCCL_TIDE_ENABLE=1 and linked with the stub libnccl.so.2

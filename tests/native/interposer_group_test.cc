@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // The interposer's group recorder (plugin/api/interposer_group.h) against fake NCCL and TIDE hooks: the call
 // sequences the frameworks send (tests/unit/test_interposer_group.py runs it), then random sequences checked
 // against the rules a group must keep.

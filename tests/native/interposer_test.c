@@ -1,4 +1,6 @@
-/* Caller side of the interposer tests (tests/test_interposer.py drives it; no GPU, no real NCCL).
+/* Copyright The nccl-tide authors
+ * SPDX-License-Identifier: Apache-2.0 */
+/* Caller side of the interposer tests (tests/unit/test_interposer.py drives it; no GPU, no real NCCL).
  *
  * Built three ways from this one file, against the recording stub libnccl.so.2 (tests/native/stub_nccl/recording_stub_nccl.c):
  *   interposer_linked:  an executable linked with the stub (-lnccl), calling NCCL the way a C/C++ program does;

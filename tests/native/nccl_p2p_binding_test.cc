@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // The NCCL binding of two-sided p2p groups without a GPU (tests/unit/test_nccl_p2p_binding.py): loads a stub
 // libnccl.so.2 (tests/native/stub_nccl/recording_stub_nccl.c, which logs every call) as a framework would, resolves it with
 // nccl::resolve() by its version, and issues p2p groups with nccl::issueGroup(). Prints "EXPECT <line>" for every

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // NCCL's point-to-point semantics for the CPU model of step programs (tests/native/program_model.cc, --two-sided), as a
 // two-sided transport's p2p groups (prog::Op::kP2p) rely on them:
 //   * matching: the k-th send from A to B matches the k-th receive of B from A, in host issue order (issue());

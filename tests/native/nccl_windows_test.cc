@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // The window provider's NCCL side without a GPU (tests/unit/test_nccl_window_memory.py): loads a recording stub
 // libnccl.so.2 (tests/native/stub_nccl/recording_stub_nccl.c) as a framework would, resolves it with
 // nccl::resolve(), and drives nccl::WindowMemory through a rank's life with a stand-in exchange (every rank agrees,

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // plugin/core/node_map: TIDE's nodes follow NCCL's hosts (NCCL_HOSTID honoured as NCCL does) unless
 // NCCL_TIDE_RANKS_PER_NODE declares them. Random worlds; every decision is checked against a direct model.
 // Usage: node_map_test <trials>; prints "all checks passed".

@@ -1,3 +1,5 @@
+// Copyright The nccl-tide authors
+// SPDX-License-Identifier: Apache-2.0
 // CPU model of the step-program protocol (plugin/core/program.h; docs/architecture.md "Step programs").
 //
 // Runs the programs of all W ranks of a layout together over host memory: every rank has two lanes (its caller's
@@ -30,7 +32,8 @@
 //        program_model [seeds]            exit 0: every case passed; prints one line per case
 //        program_model --drop-wait WORD   the same cases with every wait on flag word WORD removed from every
 //                                         program: must fail (a hazard, a wrong result or a deadlock), which shows
-//                                         that the model sees what that wait protects (tests/test_program_model.py)
+//                                         that the model sees what that wait protects
+//                                         (tests/unit/test_program_model.py)
 //        program_model --drop-own-token-waits [seeds] | --no-fork [seeds]
 //                                         mutations of the two-lane token RS (more chunks than buffers): without a
 //                                         rank's waits for its own full / consumed tokens (its lanes' meeting
@@ -84,7 +87,7 @@
 //                                         Why the rounds order should not hang under any MAP, K or C: every wait's
 //                                         producers (peer writes of earlier rounds) are issued before it, so by
 //                                         induction on issue order everything issued completes (an argument; the
-//                                         model checks the MAPs, K and C that tests/test_program_model.py runs).
+//                                         model checks the MAPs, K and C that tests/unit/test_program_model.py runs).
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>

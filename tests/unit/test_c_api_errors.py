@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Bad input through the C API (ctypes) and through Python: documented error, nothing written."""
 
 import ctypes

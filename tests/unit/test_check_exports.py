@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """ci/check_exports.sh: the export rules of libnccl-tide.so (the tide* C API and the interposer's nine NCCL names,
 never a tideBench* benchmark entry point) and, with --bench, of libnccl-tide-bench.so (tideBench* only), checked
 on small libraries built here with exactly the names under test."""

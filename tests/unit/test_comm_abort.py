@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """tideCommAbort without a GPU ("parent NCCL communicator aborted while TIDE work is queued"):
 the entry point exists in every build, NULL is a no-op (as tideCommDestroy), a host-only build answers tideUnsupported
 for a non-NULL handle without touching it, and the Python wrappers are idempotent. tests/gpu/test_abort.py covers

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Comm.reduce_scatter / Comm.all_gather check every tensor on every call, also once the fast tiers of
 nccl_tide._tensor_args answer: a wrong dtype, size, device, a non-contiguous tensor, a missing tensor or something
 that is no tensor is refused with the full check's own message, and nothing reaches the library. Repeated calls

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Thread-safety rules of docs/reliability.md ("Thread safety"), CPU side: 8 threads at once creating and destroying
 layouts, running the host executors, querying parameters and reading error strings, with random inputs, every
 result checked against the numpy reference (nccl_tide.reference); tideGetLastError is per thread."""

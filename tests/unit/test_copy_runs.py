@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Strided runs of a copy list (plugin/core/copy_runs.h; docs/architecture.md "Strided copies"): the planner that
 turns a captured program's copies into 2D copies, through tests/native/copy_runs_test.cc. Random copy lists (groups,
 widths, strides, overlapping and repeated sources) and the all-gather's own pattern: the runs write exactly the

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Rank -> GPU mapping and the several-ranks-per-GPU mode (no GPU needed)."""
 
 import pytest

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The reference executor's flat collectives use the spelling the running torch prefers: no FutureWarning."""
 
 import subprocess

@@ -1,8 +1,9 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Buffers whose element type is not the layout's (or out_dtype's) are refused, not reinterpreted.
 
-Only the element size used to be checked, so a same-size type of another kind was read as the layout's type and
-gave silently wrong results (float16 gradients summed as bf16 gave 0.015625 instead of 2.0). Every case here was
-accepted before.
+Checking only the element size would read a same-size type of another kind as the layout's type and give silently
+wrong results (float16 gradients summed as bf16 give 0.015625 instead of 2.0).
 """
 
 import numpy as np

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The eager graph route's host-side logic (docs/architecture.md "Eager calls as graph replays"): which
 eager calls take the token protocol (a pure function of what every rank agrees on) and when a rank captures its
 graph (second call with the same binding and values), through tests/native/eager_route_test.cc; and the switch

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """docs/env.md's table equals what the library's parameter registry describes."""
 
 import ctypes

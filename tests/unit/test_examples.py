@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The examples of examples/README.md, run as a user runs them.
 
 * examples/fsdp2_train.py on CPU: under torchrun with 2 gloo ranks, with TIDE (the reference executor) and without;

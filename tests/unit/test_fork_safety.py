@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """A child forked while other threads are inside the library must not inherit a lock held by a thread that does not
 exist in it (plugin/core/fork_guard.h). Fork-started DataLoader workers do exactly this.
 

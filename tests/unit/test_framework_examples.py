@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The framework examples (examples/frameworks) train at world size 2 on gloo: the stock jobs learn (finite losses
 that fall), and torchtitan's job with nccl_tide.fsdp (the reference executor on gloo) matches stock bit for bit.
 Each test skips where its framework is not installed (the CPU suite does not install them: ci/framework_wheels.sh).

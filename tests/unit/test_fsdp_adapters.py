@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The FSDP2 adapters' source hashes against the published sources of every supported torch.
 
 nccl_tide.fsdp._adapter guards the private FSDP2 functions it patches or relies on by hashing

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """nccl_tide.fsdp's layouts take the comm's TIDE node size into account (a layout must not span the comm's nodes)."""
 
 from types import SimpleNamespace

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """nccl_tide.fsdp_switch: torchtitan-style scope (all / dense / None) and the NCCL_TIDE_FSDP kill switch."""
 
 import pytest

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The fuzzer's corpus and a short fuzz run, in the CPU suite (tests/fuzz; ci/fuzz.sh runs it longer under
 ASan/UBSan), plus readable regression tests for the bugs it found."""
 

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """plugin/compat/glibc_shims.cc (the definitions the manylinux_2_28 link supplies for glibc > 2.28 symbols) behaves:
 timed condition-variable waits time out and wake on notify, arc4random is random. The CUDA paths that wait on
 condition variables (IPC exchange, abort) run on a GPU only, so the shim is checked here on its own."""

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Random-interleaving model of the captured (CUDA graph) token protocol (the kCaptured programs of plugin/core/program_ag.cc / program_rs.cc; CPU only).
 
 It models the protocol as docs/architecture.md "CUDA graphs" states it, not the code: every rank runs a program of

@@ -1,7 +1,9 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Regression tests of a bad-input probe: handles, threads, integers, alignment, NaN bits, messages.
 
-Cases that crashed the process before the fix (use after destroy, double destroy, garbage handles, a close racing a
-call) run in a child interpreter, so that a regression fails one test instead of killing the run. docs/reliability.md
+Cases whose failure crashes the process (use after destroy, double destroy, garbage handles, a close racing a call)
+run in a child interpreter, so that a regression fails one test instead of killing the run. docs/reliability.md
 ("Bad-input probe") lists the case classes.
 """
 

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """tide.h where a user can find it: nccl_tide.include_dir() (the wheel's copy, or a source checkout's include/),
 `python -m nccl_tide` printing its path, and error hints that name it that way instead of a repository path.
 

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Host executor: AG byte-exact, RS bit-exact to the documented order and close to fp64."""
 
 import numpy as np

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Host collectives sized beyond the machine are refused up front with the figures, instead of the out-of-memory
 killer ending the process without a word (tide-perf's host backend allocates about ranks x size)."""
 

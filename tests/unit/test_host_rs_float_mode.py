@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The host reduce-scatter computes in IEEE fp32 with subnormals and round-to-nearest whatever floating-point mode
 the calling thread has set (torch.set_flush_denormal(True) sets flush-to-zero and denormals-are-zero on x86).
 

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The choice of a comm's inter-node transport (plugin/core/internode) through tests/native/internode_test.cc: every
 combination of NCCL_TIDE_INTERNODE, peer mapping and NCCL communicator (forced rma refused as not built, sendrecv
 needing an NCCL communicator, the INFO line naming the transport and why), and the parameter as the environment sets

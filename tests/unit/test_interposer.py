@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The LD_PRELOAD interposer (plugin/api/interposer.cc), on CPU against a recording stub libnccl.so.2.
 
 tests/native/interposer_test.c makes NCCL calls (grouped and not, every argument distinct) with libnccl-tide.so preloaded,

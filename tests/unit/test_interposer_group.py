@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The interposer's group recorder (plugin/api/interposer_group.h) through tests/native/interposer_group_test.cc:
 the frameworks' grouped call sequences (Megatron's buckets, nested groups, two communicators, a capturing stream,
 a PREMUL_SUM op destroyed before the group ends, TIDE turning off mid-group, a nonblocking communicator, a failed

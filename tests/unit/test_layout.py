@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Layout properties against the independent model in tide_ref.py (include/tide.h math)."""
 
 import math

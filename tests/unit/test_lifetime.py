@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """nccl_tide._lifetime.Lifetime: close() waits for calls in flight, new calls fail, and a nested entry of a call that
 was already in flight when close() began is let in (a world-wide collective enters once per rank inside its outer
 entry: refusing those would split the collective between ranks)."""

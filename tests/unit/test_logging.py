@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """TIDE's log lines read like NCCL's and obey NCCL_DEBUG / NCCL_DEBUG_SUBSYS / NCCL_DEBUG_FILE (docs/env.md, Logging),
 with the NCCL_TIDE_DEBUG* overrides; the Python glue's status lines go through `logging` under nccl_tide.*."""
 
@@ -167,8 +169,8 @@ def test_python_glue_logs_under_nccl_tide(native, extra, info_shown, warn_shown)
 
 
 def test_tide_perf_probes_log_no_warn(native):
-    # The in-place reduce-scatter variant used to be probed by a call that the library refused (a WARN line
-    # "overlapping buffers" under NCCL_DEBUG=WARN); tide-perf now knows the rule and asks nothing.
+    # tide-perf knows the in-place reduce-scatter rule instead of probing it with a call the library refuses (a WARN
+    # line "overlapping buffers" under NCCL_DEBUG=WARN).
     prog = "import sys; from nccl_tide.perf.cli import main; sys.exit(main(sys.argv[1:]))"
     for coll in ("all_gather", "reduce_scatter"):
         p = run(native, {"NCCL_DEBUG": "WARN"}, prog=prog,

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """LoopbackWorld's Python side without a GPU (the library calls replaced by a recorder, CUDA events and the world's
 streams by fakes): a world-wide collective checks every rank's arguments before it issues the first rank's call, so a
 bad argument of rank k never leaves ranks < k queued (their streams would wait forever for the others); close() waits

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The warning for a libnccl built for another CUDA major than torch's (a stray nvidia-nccl-cuXX wheel)."""
 
 import logging

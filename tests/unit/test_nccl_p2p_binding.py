@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The NCCL binding of two-sided p2p groups (plugin/nccl/p2p_group.h), on CPU against the recording stub libnccl
 (tests/native/stub_nccl/recording_stub_nccl.c), through tests/native/nccl_p2p_binding_test.cc.
 

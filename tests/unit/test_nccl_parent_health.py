@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The parent NCCL communicator's health ("parent NCCL communicator aborted"), against stub libnccl builds
 (tests/native/stub_nccl with -DSTUB_ASYNC_ERROR=N, no GPU).
 

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """NCCL symbol resolution by runtime version, against stub libnccl.so.2 builds (tests/native/stub_nccl, no GPU).
 
 Each case runs in a fresh process: the stub is loaded first (RTLD_GLOBAL, soname libnccl.so.2, as torch would load

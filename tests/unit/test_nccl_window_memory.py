@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The window provider's NCCL side on CPU (plugin/nccl/window_memory, plugin/nccl/provider_choice) against the
 recording stub libnccl (tests/native/stub_nccl/recording_stub_nccl.c), through tests/native/nccl_windows_test.cc.
 

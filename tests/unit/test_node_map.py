@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """TIDE's nodes = NCCL's hosts (plugin/core/node_map), through tests/native/node_map_test.cc: NCCL_HOSTID is the
 host identity exactly when set, random worlds split as a direct model says, and NCCL_TIDE_RANKS_PER_NODE groups
 ranks of one machine across NCCL hosts but never across machines."""

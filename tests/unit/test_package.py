@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The Python package: imports without torch, binds every tide.h function, typed errors, models."""
 
 import ctypes

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The sdist and the wheel built from it: everything the native build needs in the sdist; in the wheel the library,
 no libnccl, relative RPATH, clean exports, metadata PyPI accepts; the wheel installs into a fresh venv and runs.
 

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """tide-perf on the CPU: backend auto-selection (GPU check mocked), --impl rows with reasons, JSON schema, the
 --min-busbw gate, plots from JSON, and the loopback/torchrun benches' own logic (their checks and stand-ins) run
 on CPU tensors through a torch model of the loopback world and a one-rank gloo group."""

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The GPU backends' bench logic on the CPU: the loopback backend against a torch model of LoopbackWorld (the
 documented semantics), the torchrun backend's nccl/fsdp2 rows on a one-rank gloo group. What runs here is the code the
 GPU runs (layouts, stand-ins, copy-out/copy-in, checks), minus CUDA; a corrupted result must be counted."""

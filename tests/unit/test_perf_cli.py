@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """tide-perf: nccl-tests table and footer, JSON, exit status on wrong results, flag handling."""
 
 import json

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """tide-perf's rough edges and its nccl-tests compatibility: every bad flag gets a one-line `tide-perf: error:`
 before any work, exit status 2 (a bad value) or 255 (bad sizes, an option tide-perf cannot honour: nccl-tests' -1);
 rows and JSON read like nccl-tests'."""
@@ -36,8 +38,8 @@ def expect_usage_error(capsys, args, words, status=2):
         (["-n", "0"], ["-n", ">= 1", "got 0"]),
         (["-n", "-3"], ["-n", "got -3"]),
         (["-w", "-5"], ["-w", ">= 0", "got -5"]),
-        (["-b", "0", "-e", "4K", "-f", "2"], ["-b 0 with -f never grows"]),  # used to hang
-        (["-b", "5", "-e", "5"], ["every size from -b 5 to -e 5 is below 16 bytes per rank"]),  # used to exit 0
+        (["-b", "0", "-e", "4K", "-f", "2"], ["-b 0 with -f never grows"]),  # else no end
+        (["-b", "5", "-e", "5"], ["every size from -b 5 to -e 5 is below 16 bytes per rank"]),  # not a silent 0
         (["-b", "1", "-e", "15", "-f", "2"], ["below 16 bytes per rank", "nothing to run"]),
         (["-f", "0"], ["-f", "got 0"]),
         (["-f", "-2"], ["-f", "got -2"]),
@@ -45,7 +47,7 @@ def expect_usage_error(capsys, args, words, status=2):
         (["-b", "1K", "-e", "4K", "-i", "0"], ["-i 0 never grows"]),
         (["-m", "0"], ["-m (calls per iteration) must be >= 1, got 0"]),
         (["-N", "-1"], ["-N (run cycles) must be >= 0"]),
-        (["--seed", "-1"], ["--seed must be in 0..", "got -1"]),  # used to end in a ValueError traceback
+        (["--seed", "-1"], ["--seed must be in 0..", "got -1"]),  # not a ValueError traceback
         (["--scale", "nan", "-o", "premul"], ["--scale must be a finite number"]),
         (["--scale", "inf"], ["--scale must be a finite number"]),
         (["--min-busbw", "-1"], ["--min-busbw"]),
@@ -54,9 +56,9 @@ def expect_usage_error(capsys, args, words, status=2):
         (["-c", "2"], ["invalid choice"]),
         (["--bogus"], ["unrecognized arguments"]),
         (["-J", "/nonexistent/dir/x.json"], ["-J /nonexistent/dir/x.json", "does not exist"]),
-        (["-J", ""], ["-J ''", "empty path"]),  # used to be ignored
+        (["-J", ""], ["-J ''", "empty path"]),  # not ignored
         (["--plot", ""], ["--plot ''", "empty path"]),
-        (["-J", "/dev/full"], ["-J /dev/full", "not a regular file"]),  # used to end in a traceback after the run
+        (["-J", "/dev/full"], ["-J /dev/full", "not a regular file"]),  # before the run, not a traceback after it
         (["-J", "/proc/x.json"], ["-J /proc/x.json", "is not writable"]),
         (["--plot", "/proc/x.png"], ["--plot /proc/x.png", "is not writable"]),
         (["--plot", "x.xyz"], ["--plot x.xyz", "unsupported figure format .xyz"]),
@@ -71,7 +73,7 @@ def test_bad_flags_fail_fast_with_one_line(capsys, args, words):
     "args, words",
     [
         (["-b", "1G", "-e", "1K"], ["-b 1073741824 is larger than -e 1024"]),
-        (["-b", "-1K"], ["invalid size '-1K'", ">= 0"]),  # used to say "expected one argument"
+        (["-b", "-1K"], ["invalid size '-1K'", ">= 0"]),  # not argparse's "expected one argument"
         (["-e", "-4"], ["invalid size '-4'"]),
         (["-t", "2"], ["-t 2 is not supported by tide-perf"]),
         (["-g", "2"], ["-g 2 is not supported by tide-perf"]),

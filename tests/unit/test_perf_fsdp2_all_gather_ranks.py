@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The torchrun backend's fsdp2 all-gather row for several ranks on the CPU: every rank's own bench (its shards, FSDP2's
 copy-in, the all-gather, the copy-out, the check) runs in a thread, the all-gather done by concatenating the ranks'
 blocks. The copy-in runs as the CPU's foreach copy (bit for bit) and as the CUDA kernel computes it (bf16/fp16 loaded

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """nccl_tide.perf.issue_cost (tide-perf's host and gpu columns) on the CPU.
 
 host_issue_us(per_rank=True): the last rank's call is timed apart from the others', so that on loopback (where the

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """tide-perf's default output and JSON as nccl-tests' own tools read them: 13 columns, a column header with as many
 words as a row, nccl-tests' trailing lines and device lines, JSON file version 3 with per-iteration records, and
 nccl-tests' flags accepted with their meaning."""
@@ -35,7 +37,7 @@ def test_header_and_rows_have_the_same_word_count(capsys, extra):
     assert len(rows) == 3 and all(len(r) == len(head) for r in rows), (head, rows)
     want = 13 + (8 if "-I" in extra else 0) + (5 if "--wide" in extra else 0)
     assert len(head) == want
-    # counted from the end as from the start, busbw is busbw (used to read algbw from the end)
+    # counted from the end as from the start, busbw is busbw (a parser that counts from the end reads that column)
     assert head[head.index("busbw") - len(head)] == "busbw"
     for r in rows:
         assert r[head.index("busbw")] == r[head.index("busbw") - len(head)]

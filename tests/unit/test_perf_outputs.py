@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """tide-perf's result files, signals and long runs: -J never truncates or replaces a file it should not, a file that
 cannot be written is said in one line with its own exit status, `tide-perf plot` rejects malformed JSON in one
 line, SIGINT/SIGTERM end with 128 + the signal, a host run beyond memory is refused up front, and a long run shows
@@ -31,7 +33,7 @@ def test_existing_json_is_kept_and_the_next_name_written(capsys, tmp_path):
     js = tmp_path / "r.json"
     js.write_text("previous")
     rc, out, _ = run(capsys, "all_gather", *HOST, "-J", str(js))
-    assert rc == 0 and js.read_text() == "previous"  # used to be replaced
+    assert rc == 0 and js.read_text() == "previous"  # never replaced
     assert out.splitlines()[0] == f"# Writing JSON output to {js}.0"  # nccl-tests' suffix
     assert json.loads((tmp_path / "r.json.0").read_text())["version"] == 3
     rc, out, _ = run(capsys, "all_gather", *HOST, "-J", str(js), "--overwrite")
@@ -67,7 +69,7 @@ def test_a_failed_write_keeps_the_previous_file_and_exits_74(capsys, tmp_path, m
 def test_paths_that_would_block_or_fail_are_refused_before_the_run(capsys, tmp_path, kind):
     path = tmp_path / "x.json"
     if kind == "fifo":
-        os.mkfifo(path)  # used to block forever after the run
+        os.mkfifo(path)  # writing the JSON would block forever after the run
     else:
         os.symlink(tmp_path / "missing" / "x.json", path)
     with pytest.raises(SystemExit) as e:

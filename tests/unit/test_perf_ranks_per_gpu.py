@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """tide-perf's several-ranks-per-GPU mode and its real-NCCL rows, on the CPU: the --ranks-per-gpu flag, the shared-GPU
 caveat from the device list to the header and the JSON, NCCL's refusal explained, the nccl-dtype row, and the fsdp2
 row's FSDP2 copy-in (a one-rank gloo group stands in for NCCL; the GPU runs are tests/multirank/test_perf_nccl_world.py).

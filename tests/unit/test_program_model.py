@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The step-program protocol on the CPU model (tests/native/program_model.cc; docs/architecture.md "Step programs").
 
 The model runs the programs of every rank of a layout together (random interleavings of each rank's two lanes, many

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Bad arguments of the Python host API raise InvalidArgumentError (not a bare TypeError/ValueError from inside),
 an unused scale is not refused, and a Layout can be copied and pickled (each copy owning its own handle)."""
 

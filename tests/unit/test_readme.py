@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """README's two set-up commands, that CI runs exactly the README's test command, and that README's supported-versions
 table agrees with the package, the build and the FSDP2 adapters (the other documents point to it)."""
 

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Inter-node all-gather schedule: simulate Layout.schedule() and check the contract of tide.h."""
 
 import math

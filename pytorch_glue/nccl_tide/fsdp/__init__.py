@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """nccl_tide.fsdp: TIDE all-gather and reduce-scatter inside PyTorch FSDP2 (fully_shard).
 
     model = ...; fully_shard(block) for each block; fully_shard(model)

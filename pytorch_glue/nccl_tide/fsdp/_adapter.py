@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Per-torch-version adapters for the private FSDP2 code that nccl_tide.fsdp patches.
 
 TIDE replaces private functions of torch.distributed.fsdp._fully_shard and relies on the
@@ -304,7 +306,7 @@ def release_record(root: str, version: str) -> dict:
 if __name__ == "__main__":
     # python -m nccl_tide.fsdp._adapter                       table entry for the running torch
     # python -m nccl_tide.fsdp._adapter record ROOT VER OUT   ROOT = an unpacked wheel's
-    #     torch/distributed/fsdp/_fully_shard; OUT = tests/data/fsdp_sources/torch-VER.json.gz
+    #     torch/distributed/fsdp/_fully_shard; OUT = tests/data/fsdp_sources/torch-<VER>.json.gz
     import sys
 
     if len(sys.argv) == 5 and sys.argv[1] == "record":

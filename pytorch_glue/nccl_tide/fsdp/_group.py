@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """One FSDP2 parameter group under TIDE: eligibility, layout, slot, AG and RS.
 
 State lives in the group's comm objects (TideAllGather / TideReduceScatter, installed as

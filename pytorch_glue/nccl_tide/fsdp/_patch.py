@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The private FSDP2 names nccl_tide.fsdp replaces while at least one model is enabled.
 
 * _fsdp_param_group.foreach_all_gather: TIDE groups run TIDE-AG into the slot;

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Which groups share a SlotPool and which get dedicated slots (build_pools, collective at enable()), and the FSDP2
 facts that decide it (pinned, reshards_after_forward)."""
 

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Binders: how a slot's memory gets under a group's torch storage and away again (see _slot_pool's docstring for
 the pool they serve).
 

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Slot memory accounting: which slot bytes are resident, which of them torch's counters miss, and the peak meter
 of the benchmarks (MemoryMeter, read at every bind and unbind)."""
 

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Slots of the native executor: a shared pool for groups that reshard, dedicated slots for the rest.
 
 A slot is a tideSlotAlloc region (collective: every rank allocates and frees in the same order,

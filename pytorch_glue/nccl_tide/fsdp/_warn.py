@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Warn once per distinct message (stock-FSDP2 fallbacks must be visible, but not repeated)."""
 
 import warnings

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """tide-perf command line: nccl-tests' flags, table, JSON and exit statuses (benchmarks/README.md lists them).
 
 tide-perf all_gather|reduce_scatter [-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n ITERS] [-m AGG] [-w WARMUP]

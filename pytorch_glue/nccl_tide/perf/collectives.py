@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """One descriptor per collective, as nccl-tests' `struct testColl` (all_gather.cu, reduce_scatter.cu): its name, how
 a size becomes a per-rank count, its reduction, its bandwidth factor and how the host backend runs it. The harness
 (perf/harness.py) is the same for every collective and reads everything collective-specific from here."""

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """GPU measurement methods shared by the loopback and torchrun backends (the methods of benchmarks/*.py):
 
 * time per call: CUDA events around `iters` back-to-back calls on the current stream, after the warm-up and after a

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Host backend of tide-perf: every rank simulated in this process by the C host executor.
 
 Timings are wall time of one host-executor call (all ranks), so bandwidths measure the

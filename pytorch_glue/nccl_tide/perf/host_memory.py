@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The host backend's memory need, estimated before anything is allocated: it holds every simulated rank's buffers
 in this process, so a large size times a large world can exceed the machine, and the out-of-memory killer would end
 the run minutes in without a word. Refused up front with both figures instead."""

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """What tide-perf can measure where: backend selection and, per implementation, why a row cannot run.
 
 Pure Python (no torch, no GPU): the CPU tests exercise every decision here with the GPU check mocked.

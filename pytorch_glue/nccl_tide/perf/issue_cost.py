@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Host issue time and GPU latency of TIDE calls, measured apart: tide-perf's `host` and `gpu` columns.
 
 * host us (per rank per call): the ranks' streams are held behind a sleeping kernel on a gate stream, so nothing the

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Loopback backend of tide-perf: N virtual ranks on one GPU (nccl_tide.cuda.LoopbackWorld).
 
 One call = the collective of every virtual rank (all ranks' work on one device), so time, algbw and busbw are those

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """tide-perf's flags: nccl-tests' letters and defaults, their rules, and the Options every later step reads.
 
 The command line is parsed and checked once; resolve() turns it into one Options object (the collective's

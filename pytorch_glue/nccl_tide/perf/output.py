@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Where -J and --plot write, checked before the run and written whole after it.
 
 A result file is never written in place: the bytes go to a temporary file in the target's directory, which is then

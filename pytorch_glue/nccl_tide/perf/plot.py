@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Plots of a tide-perf JSON: bus bandwidth vs size per impl, and SM time per call vs size per impl.
 
     tide-perf plot run.json run.png        # any machine with matplotlib, e.g. from a GPU run's JSON

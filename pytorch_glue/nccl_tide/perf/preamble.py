@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The lines tide-perf prints before its table (nccl-tests' "# nThread ..." and "# Using devices" blocks, plus what
 a reader needs to know of the backend, the topology and each implementation) and the run's device list."""
 

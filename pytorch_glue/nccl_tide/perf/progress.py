@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """A one-line status on stderr while a run is long enough to look stuck: which row is being measured and for how
 long. Only on a terminal (a log file or a pipe gets nothing), only after the run has gone on for a few seconds, and
 erased before every table line so that the table reads as nccl-tests'."""

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """nccl-tests' table and footer (src/util.cu of nccl-tests), as tide-perf prints them.
 
 By default a row is exactly nccl-tests' 13 columns (size count type redop root, then time algbw busbw #wrong out of

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The -J document: nccl-tests' JSON, file version 3 (src/util.cu of nccl-tests 2.19.6), with tide-perf's own keys
 under one top-level `extras` key.
 

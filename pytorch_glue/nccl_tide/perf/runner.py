@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Runs one (size, impl) measurement on a GPU backend and turns it into a report.Row.
 
 A backend's bench(impl, case) returns a Bench (call, check, note, cleanup) or raises Unavailable (or any error):

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """torchrun backend of tide-perf: one process per rank, real NCCL communicators (torch.distributed, backend nccl).
 
     torchrun --nproc_per_node 8 -m nccl_tide.perf all_gather --impl tide,nccl,fsdp2,nccl-ce -b 1M -e 1G -f 2

@@ -1,4 +1,6 @@
-/* A recording stand-in libnccl.so.2 for the interposer tests (tests/test_interposer.py; no GPU, no real NCCL).
+/* Copyright The nccl-tide authors
+ * SPDX-License-Identifier: Apache-2.0 */
+/* A recording stand-in libnccl.so.2 for the interposer tests (tests/unit/test_interposer.py; no GPU, no real NCCL).
  *
  * Build: cc -shared -fPIC -Wl,-soname,libnccl.so.2 -DSTUB_VERSION=23203 recording_stub_nccl.c -o <dir>/libnccl.so.2
  * Like real NCCL, each collective is defined as pncclXxx with a weak ncclXxx alias (NCCL_API in NCCL's core.h), and

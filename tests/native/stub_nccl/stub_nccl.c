@@ -1,3 +1,5 @@
+/* Copyright The nccl-tide authors
+ * SPDX-License-Identifier: Apache-2.0 */
 /* A stand-in libnccl.so.2 for the CI tests of TIDE's NCCL symbol resolution (no GPU, no real NCCL).
  *
  * Build: cc -shared -fPIC -Wl,-soname,libnccl.so.2 -DSTUB_VERSION=22809 stub_nccl.c -o <dir>/libnccl.so.2
