@@ -431,8 +431,8 @@ int tryReduceScatter(const void* sendbuff, void* recvbuff, size_t count, int ncc
     return kPassToNccl;
   }
   ++s->taken;
-  TIDE_TRACE(kComponent, "ncclReduceScatter on %p (%zu elements per rank) taken by TIDE (call %" PRIu64 ")", ncclComm,
-             count, s->taken);
+  TIDE_TRACE(kComponent, "ncclReduceScatter on %p (%zu bytes per rank) taken by TIDE (call %" PRIu64 ")", ncclComm,
+             static_cast<size_t>(blockBytes), s->taken);
   return 0;
 }
 
