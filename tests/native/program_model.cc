@@ -54,9 +54,10 @@
 //                                         r * shardBytes on, output type = gradient type), so output writes and
 //                                         gradient reads share bytes and tags; a gradient byte read after this
 //                                         call's output write is a hazard. Random layouts (odd sizes, up to 40
-//                                         chunks; 6 per node split), W = 2, 3, 4, 8 with every node split, bf16 / fp16 / fp32, sum /
-//                                         avg / premul; in-order, deferred, two-sided, captured (two lanes and
-//                                         folded), eager token calls, and the loopback issue models (inPlaceMain).
+//                                         chunks; 6 per node split), W = 2, 3, 4, 8 with every node split, bf16 /
+//                                         fp16 / fp32, sum / avg / premul; in-order, deferred, two-sided, captured
+//                                         (two lanes and folded), eager token calls, and the loopback issue models
+//                                         (inPlaceMain).
 //                                         MUTANT --in-place-other-block (outputs in rank (r + 1) % W's block) or
 //                                         --in-place-mirror (reduces write chunk k where a later chunk's gradient
 //                                         is still to be pushed): the model must fail
@@ -432,7 +433,9 @@ struct World {
     }
     for (uint64_t k = 0; k < n; ++k) {
       if (b->tag[o + k] == outTag(call)) hazard(r, call, "output byte written twice in one call", o + k, b->tag[o + k]);
-      if (b->tag[o + k] != call) hazard(r, call, "output written over a gradient byte not of this call", o + k, b->tag[o + k]);
+      if (b->tag[o + k] != call) {
+        hazard(r, call, "output written over a gradient byte not of this call", o + k, b->tag[o + k]);
+      }
       b->tag[o + k] = outTag(call);
     }
     g_inPlaceOutBytes += n;
@@ -1593,9 +1596,13 @@ int inPlaceMain(int argc, char** argv) {
         g_fold = false;
       }
       const Call agT{Kind::kAg, false, tideSum, tideFloat32, true};
-      const std::vector<Call> mixed = {agT, Call{Kind::kRs, false, tideAvg, t, true}, agC,
-                                       Call{Kind::kRs, false, tideSum, t}, Call{Kind::kRs, true, tidePremulSum, t, true},
-                                       agT, Call{Kind::kRs, true, tideSum, t, true}};
+      const std::vector<Call> mixed = {agT,
+                                       Call{Kind::kRs, false, tideAvg, t, true},
+                                       agC,
+                                       Call{Kind::kRs, false, tideSum, t},
+                                       Call{Kind::kRs, true, tidePremulSum, t, true},
+                                       agT,
+                                       Call{Kind::kRs, true, tideSum, t, true}};
       for (Mode mode : {Mode::kInOrder, Mode::kDeferred}) {
         for (int s = 0; s < seeds; ++s) {
           g_fold = s % 2 == 1;
