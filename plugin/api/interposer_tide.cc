@@ -374,10 +374,12 @@ int tryReduceScatter(const void* sendbuff, void* recvbuff, size_t count, tideDat
   const auto in = reinterpret_cast<uintptr_t>(sendbuff), out = reinterpret_cast<uintptr_t>(recvbuff);
   const uintptr_t inBytes = static_cast<uintptr_t>(count) * elem * static_cast<uintptr_t>(s->world);
   if (out < in + inBytes && in < out + static_cast<uintptr_t>(count) * elem) {
-    // NCCL's in-place form (recvbuff = sendbuff + rank * count): TIDE's outputs may not overlap its inputs. The
-    // decision is per rank, so all ranks must call in place or none (docs/usage.md), as programs do.
+    // NCCL's in-place form (recvbuff = sendbuff + rank * count), and any other overlap: tideReduceScatter takes the
+    // exact form for one flat parameter of the output's type, but routing it here (attached layouts, the fp32
+    // accumulation of bf16 calls) is untested, so it stays with NCCL. The decision is per rank, so all ranks must
+    // call in place or none (docs/usage.md), as programs do.
     if (!gInPlaceNoticed.exchange(true)) {
-      TIDE_INFO(kComponent, "in-place reduce-scatter calls go to NCCL (TIDE's output may not overlap its input); "
+      TIDE_INFO(kComponent, "in-place reduce-scatter calls go to NCCL (the interposer does not route them to TIDE); "
                             "said once");
     }
     return kPassToNccl;

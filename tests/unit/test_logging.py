@@ -168,7 +168,7 @@ def test_python_glue_logs_under_nccl_tide(native, extra, info_shown, warn_shown)
 
 def test_tide_perf_probes_log_no_warn(native):
     # The in-place reduce-scatter variant used to be probed by a call that the library refused (a WARN line
-    # "overlapping buffers" under NCCL_DEBUG=WARN); tide-perf now knows the rule and asks nothing.
+    # "overlapping buffers" under NCCL_DEBUG=WARN); tide-perf now knows the rule and calls only in TIDE's in-place form.
     prog = "import sys; from nccl_tide.perf.cli import main; sys.exit(main(sys.argv[1:]))"
     for coll in ("all_gather", "reduce_scatter"):
         p = run(native, {"NCCL_DEBUG": "WARN"}, prog=prog,
