@@ -293,10 +293,14 @@ tideResult_t tideHostAllGather(tideLayout_t layout, const void* const* shards, v
  *     dtype_i one of bf16, fp16, fp32 (read only; no padding needed);
  *   outs[rank]: rank's packed output, rsOutNumel elements of outType (fp32, bf16 or fp16).
  * scale is used by tidePremulSum only (it must be finite for every op).
+ * In place (NCCL's form, recvbuff = sendbuff + rank * recvcount): outs[r] may be exactly rank r's own block of its
+ * own gradient, grads[r] + r * shardNumel * elemSize, when the layout has one parameter with rowNumel 1 and
+ * numel = W * shardNumel (no padding) and outType is the gradient's dtype; the result equals the out-of-place one
+ * bit for bit. Any other overlap of an output with a gradient or another output is refused.
  * Errors: tideInvalidArgument (NULL, bad op/outType, a parameter dtype that is not bf16/fp16/
  * fp32, non-finite scale, a gradient or output not aligned to its element size, an output overlapping another
- * output or any gradient: there is no in-place form, a layout handle that is not live). Nothing is written on
- * error. NaN results are the canonical NaN of outType (see "NaN results" at the top). (since 0.1) */
+ * output or any gradient other than in the in-place form above, a layout handle that is not live). Nothing is
+ * written on error. NaN results are the canonical NaN of outType (see "NaN results" at the top). (since 0.1) */
 tideResult_t tideHostReduceScatter(tideLayout_t layout, const void* const* grads, void* const* outs,
                                    tideDataType_t outType, tideRedOp_t op, float scale);
 
@@ -418,7 +422,12 @@ tideResult_t tideAllGather(tideComm_t comm, tideLayout_t layout, const void* sen
  * output (rsOutNumel elements of outType). staging: a slot region of at least
  * rsStagingBytes at the same offset on every rank (Slot-Reuse: the group's vacated AG
  * slot; at world size 1 any device memory, as tideAllGather's slot), or NULL to use the comm's
- * own staging buffer. Same error rules as tideAllGather.
+ * own staging buffer. Same error rules as tideAllGather, and tideInvalidArgument when out overlaps a
+ * gradient or the staging region, except NCCL's in-place form: out exactly this rank's own block of its gradient,
+ * grads[0] + rank * shardNumel * elemSize, for a layout of one parameter with rowNumel 1 and numel =
+ * W * shardNumel (no padding) and outType the gradient's dtype (every rank may choose for itself; the result
+ * equals the out-of-place one bit for bit: each chunk of the own block is pushed into staging before that chunk
+ * is reduced and written, and never read again).
  * CUDA graphs: captured (replay-safe, as tideAllGather) for a single-node layout with Slot-Reuse
  * staging and at most 2 pipeline chunks (rsNumChunks; raise rsChunkBytes otherwise), or up to
  * NCCL_TIDE_TOKEN_RS_CHUNKS chunks (64 by default) on a comm of one rank per process (not on a

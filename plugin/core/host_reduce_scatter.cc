@@ -95,6 +95,17 @@ tideResult_t validate(const Layout& l, const void* const* grads, void* const* ou
     if (__builtin_add_overflow(a, p.numel * p.elemSize, &e)) {
       return fail(tideInvalidArgument, kComponent, "grads[%zu] wraps around the address space", idx);
     }
+    const int r = static_cast<int>(idx / l.nParams);
+    if (isInPlaceReduceScatter(l.nParams, p.numel, p.rowNumel, p.shardNumel, p.elemSize, outType == p.dtype,
+                               l.worldSize, r, grads[idx], outs[r])) {
+      // In place: rank r's own block is its output, so only the rest of its gradient counts as input here. Block r of
+      // any gradient feeds output r alone, and output r is written after all of its inputs are read (below), so the
+      // writes never reach a byte still to be read; every other overlap with the block is still refused.
+      const uintptr_t o = reinterpret_cast<uintptr_t>(outs[r]), oe = o + p.shardNumel * p.elemSize;
+      ranges.push_back({a, o, false, idx});
+      ranges.push_back({oe, e, false, idx});
+      continue;
+    }
     ranges.push_back({a, e, false, idx});
   }
   const uint64_t outBytes = l.rsOutNumel * dtype::size(outType);

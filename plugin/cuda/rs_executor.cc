@@ -13,6 +13,7 @@
 #include "../core/dtype.h"
 #include "../core/errors.h"
 #include "../core/log.h"
+#include "../core/memory_ranges.h"
 #include "driver_ops.h"
 #include "executors.h"
 #include "program_exec.h"
@@ -129,10 +130,10 @@ tideResult_t ownStagingOf(tideComm* comm, uint64_t bytes, uint64_t epoch, std::v
 // Everything a new pointer set needs: pointer checks, peer addresses of the staging, overlaps; then the binding.
 // own: every rank's own staging when staging is NULL.
 tideResult_t bindReduceScatter(tideComm* comm, const LayoutView& v, std::shared_ptr<const prog::Program> program,
-                               const void* const* grads, void* out, size_t outElem, void* staging,
+                               const void* const* grads, void* out, tideDataType_t outType, void* staging,
                                const std::vector<char*>& own, std::shared_ptr<BoundProgram>* bound) {
   const int W = comm->worldSize, me = comm->rank, nParams = v.info.nParams;
-  const size_t inElem = dtype::size(v.params[0].dtype);
+  const size_t inElem = dtype::size(v.params[0].dtype), outElem = dtype::size(outType);
   const uint64_t outBytes = v.info.rsOutNumel * outElem;
   Binding b;
   b.grad.resize(nParams);
@@ -158,8 +159,15 @@ tideResult_t bindReduceScatter(tideComm* comm, const LayoutView& v, std::shared_
   } else {
     b.stagingOf = own;
   }
-  // Gradients are read while the output is written (by the kernel, chunk by chunk): they must not overlap.
-  for (int i = 0; i < nParams; ++i) {
+  // Gradients are read while the output is written (by the kernel, chunk by chunk): they must not overlap, except
+  // in NCCL's in-place form, the output exactly this rank's own block of its one gradient (memory_ranges.h). There
+  // every program pushes the own block into staging like any other and reduces only staging: the own block's
+  // elements of chunk k are pushed before chunk k is reduced and written, and nothing reads them afterwards
+  // (tests/native/program_model.cc --in-place checks it for every mode and node split).
+  const tideParamInfo_t& p0 = v.params[0];
+  const bool inPlace = isInPlaceReduceScatter(nParams, p0.numel, p0.rowNumel, p0.shardNumel, inElem,
+                                              outType == p0.dtype, W, me, grads[0], out);
+  for (int i = 0; i < nParams && !inPlace; ++i) {
     const char* g = static_cast<const char*>(grads[i]);
     if (g < o + outBytes && g + v.params[i].numel * inElem > o) {
       return fail(tideInvalidArgument, "Cuda", "%s: out overlaps grads[%d]", kWhat, i);
@@ -186,7 +194,6 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
   TIDE_CHECK(checkArguments(v, grads, out, outType, op, scale));
   if (cap.active) TIDE_CHECK(checkCaptureShape(comm, v, staging));
   const int W = comm->worldSize;
-  const size_t outElem = dtype::size(outType);
 
   // Eager calls whose program can be captured (one node, at most NCCL_TIDE_TOKEN_RS_CHUNKS chunks) take the token
   // protocol when the graph route is on: the same decision on every rank (docs/architecture.md "Eager calls as graph
@@ -213,7 +220,9 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
   key.clear();
   key.push_back(comm->provider->memoryGeneration());
   key.push_back(reinterpret_cast<uintptr_t>(out));
-  key.push_back(outElem);
+  // The output type, not only its size: a bound in-place call (output type = gradient type) must not serve a call of
+  // another type of the same size at the same pointers, which overlaps and is refused.
+  key.push_back(static_cast<uintptr_t>(outType));
   key.push_back(reinterpret_cast<uintptr_t>(staging));
   if (staging == nullptr) {
     for (int d = 0; d < W; ++d) key.push_back(reinterpret_cast<uintptr_t>(own[d]));
@@ -222,7 +231,7 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
   const int coll = static_cast<int>(prog::Coll::kReduceScatter), mode = static_cast<int>(opt.mode);
   std::shared_ptr<BoundProgram> bound = ent->exec->find(coll, mode, 0, key);
   if (!bound) {
-    TIDE_CHECK(bindReduceScatter(comm, v, std::move(program), grads, out, outElem, staging, own, &bound));
+    TIDE_CHECK(bindReduceScatter(comm, v, std::move(program), grads, out, outType, staging, own, &bound));
     ent->exec->insert(coll, mode, 0, key, bound);
   }
 

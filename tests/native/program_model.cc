@@ -51,6 +51,19 @@
 //                                         MUTANT --p2p-swap | --p2p-drop-recv | --p2p-split: two adjacent groups
 //                                         swapped, each program's first receive dropped, each group's receives
 //                                         posted after its sends; the model must fail
+//        program_model --in-place [MUTANT] [seeds]
+//                                         NCCL's in-place reduce-scatter (include/tide.h, tideReduceScatter): every
+//                                         RS output is rank r's own block of its own one-parameter gradient (bytes
+//                                         r * shardBytes on, output type = gradient type), so output writes and
+//                                         gradient reads share bytes and tags; a gradient byte read after this
+//                                         call's output write is a hazard. Random layouts (odd sizes, up to 40
+//                                         chunks; 6 per node split), W = 2, 3, 4, 8 with every node split, bf16 /
+//                                         fp16 / fp32, sum / avg / premul; in-order, deferred, two-sided, captured
+//                                         (two lanes and folded), eager token calls, and the loopback issue models
+//                                         (inPlaceMain).
+//                                         MUTANT --in-place-other-block (outputs in rank (r + 1) % W's block) or
+//                                         --in-place-mirror (reduces write chunk k where a later chunk's gradient
+//                                         is still to be pushed): the model must fail
 //        program_model --copy-queue C ENTRIES ISSUE PROTOCOL [seeds]
 //                                         the loopback issue model (docs/protocol.md, "Shared hardware queues"): the
 //                                         host issues each virtual rank's call in turn, every copy also enters ONE
@@ -139,6 +152,18 @@ bool g_twoSided = false;
 enum class P2pMutant { kNone, kSwap, kDropRecv, kSplit };
 P2pMutant g_p2pMutant = P2pMutant::kNone;
 uint64_t g_p2pIssued = 0, g_p2pMatched = 0;  // p2p transfers over every run (printed: they ran)
+// --in-place: NCCL's in-place reduce-scatter form (include/tide.h, tideReduceScatter): rank r's output (Mem::kOut) is
+// rank r's own block of its own gradient, bytes [r * shardBytes, (r + 1) * shardBytes) of its one parameter, so the
+// output shares bytes and shadow tags with that gradient. An output write turns a byte's tag into outTag(call), and
+// any later read of it as a gradient is a hazard. Mutants the model must catch: kOtherBlock resolves the output into
+// rank (r + 1) % W's block instead; kMirror compiles the reduces to write chunk [c0, c1) at [n - c1, n - c0) of the
+// n-element output (a program whose reduce of an early chunk overwrites gradient bytes a later push still reads).
+bool g_inPlace = false;
+enum class InPlaceMutant { kNone, kOtherBlock, kMirror };
+InPlaceMutant g_inPlaceMutant = InPlaceMutant::kNone;
+uint64_t g_inPlaceOutBytes = 0;  // output bytes written into a gradient (printed: the in-place form ran)
+constexpr int32_t kOutTagBase = 1 << 24;  // above any call index of a run
+int32_t outTag(int call) { return kOutTagBase + call; }
 
 // The p2p mutants (g_p2pMutant) applied to a two-sided program.
 void mutateP2p(Program* p) {
@@ -256,6 +281,14 @@ void mutate(Program* p) {
   exit(1);
 }
 
+// The kMirror mutant of --in-place: every reduce into the output writes chunk [c0, c1) at [n - c1, n - c0), which
+// tiles the output exactly as before but lets the reduce of chunk k overwrite gradient bytes of a later chunk.
+void mirrorOutputs(Program* p, const Layout& l) {
+  for (ReduceOp& red : p->reduces) {
+    if (red.out.mem == Mem::kOut) red.out.offset = l.rsOutNumel - (red.out.offset + red.n);
+  }
+}
+
 // A token pair (FlagOp::pairNext) must be what an interpreter may issue as one 64-bit operation.
 void checkPairs(const Program& p) {
   for (const Op& op : p.ops) {
@@ -351,11 +384,22 @@ struct World {
       case Mem::kGrad: b = &grad[r].at(a.index); break;
       case Mem::kSlot: b = &slot.at(a.index); break;
       case Mem::kStaging: b = &stagingOf(call, a.index); break;
-      case Mem::kOut: b = &out[r]; o = a.offset * dtype::size(seq[call].outType); break;
+      case Mem::kOut: {
+        const uint64_t oe = dtype::size(seq[call].outType);
+        o = a.offset * oe;
+        if (!g_inPlace) {
+          b = &out[r];
+          break;
+        }
+        if (o + bytes > l.rsOutNumel * oe) die("rank " + std::to_string(r) + ": an output write runs past the output");
+        const int block = g_inPlaceMutant == InPlaceMutant::kOtherBlock ? (r + 1) % W : r;
+        b = &grad[r].at(0);
+        o += static_cast<uint64_t>(block) * l.params[0].shardBytes;
+        break;
+      }
       case Mem::kZeros: if (bytes > zeros.size()) die("zero copy larger than the zero buffer"); *off = 0; return nullptr;
       case Mem::kMulticast: die("multicast address in a model program");
     }
-    (void)l;
     if (o + bytes > b->bytes.size()) {
       char m[256];
       snprintf(m, sizeof(m), "rank %d call %d: %s of %" PRIu64 " bytes at %" PRIu64 " runs past its buffer (%zu)", r,
@@ -378,9 +422,26 @@ struct World {
   void readCheck(int r, int call, Buffer* b, uint64_t o, uint64_t n, bool consume, const char* what) {
     if (!b) return;
     for (uint64_t k = 0; k < n; ++k) {
+      if (b->tag[o + k] == outTag(call)) hazard(r, call, "gradient read after an output write", o + k, b->tag[o + k]);
       if (b->tag[o + k] != call) hazard(r, call, what, o + k, b->tag[o + k]);
       if (consume) b->tag[o + k] = kEmpty;
     }
+  }
+  // An output write. In place, the byte must still hold this call's gradient (written once, after the caller
+  // produced it) and is marked as output, so that a later gradient read of it fails readCheck.
+  void writeOut(int r, int call, Buffer* b, uint64_t o, uint64_t n) {
+    if (!g_inPlace) {
+      writeCheck(r, call, b, o, n, false, "output byte written twice in one call");
+      return;
+    }
+    for (uint64_t k = 0; k < n; ++k) {
+      if (b->tag[o + k] == outTag(call)) hazard(r, call, "output byte written twice in one call", o + k, b->tag[o + k]);
+      if (b->tag[o + k] != call) {
+        hazard(r, call, "output written over a gradient byte not of this call", o + k, b->tag[o + k]);
+      }
+      b->tag[o + k] = outTag(call);
+    }
+    g_inPlaceOutBytes += n;
   }
   void writeCheck(int r, int call, Buffer* b, uint64_t o, uint64_t n, bool mustBeEmpty, const char* what) {
     for (uint64_t k = 0; k < n; ++k) {
@@ -489,7 +550,7 @@ struct World {
         const bool consume = tracked(s.src) && s.src.mem == Mem::kStaging;
         readCheck(r, call, sb, so, s.bytes, consume, "copy reads a byte not written in this call");
         if (tracked(s.dst)) writeCheck(r, call, db, d, s.bytes, true, "copy overwrites a byte not yet consumed");
-        else writeCheck(r, call, db, d, s.bytes, false, "output byte written twice in one call");
+        else writeOut(r, call, db, d, s.bytes);
         memcpy(&db->bytes[d], from, s.bytes);
       }
       ++head[x];
@@ -560,7 +621,7 @@ struct World {
     uint64_t o = 0;
     Buffer* ob = resolve(call, r, red.out, red.n * dtype::size(outT), &o, "reduce output");
     if (tracked(red.out)) writeCheck(r, call, ob, o, red.n * dtype::size(outT), true, "reduce overwrites a byte not consumed");
-    else writeCheck(r, call, ob, o, red.n * dtype::size(outT), false, "output byte written twice in one call");
+    else writeOut(r, call, ob, o, red.n * dtype::size(outT));
     dtype::fromFloat(acc.data(), red.n, outT, &ob->bytes[o]);
   }
 
@@ -643,10 +704,14 @@ struct World {
     if (hostReduceScatter(l, grads.data(), outs.data(), seq[call].outType, seq[call].op, 0.375f) != tideSuccess) {
       die("host executor RS failed");
     }
+    // In place the output is read where it must be, rank r's own block of its gradient (whatever a mutant wrote).
+    Buffer& ob = g_inPlace ? grad[r].at(0) : out[r];
+    const uint64_t ob0 = g_inPlace ? static_cast<uint64_t>(r) * l.params[0].shardBytes : 0;
+    const int32_t want = g_inPlace ? outTag(call) : call;
     for (uint64_t k = 0; k < ref[r].size(); ++k) {
-      if (out[r].tag[k] != call) hazard(r, call, "RS output byte not written by this call", k, out[r].tag[k]);
+      if (ob.tag[ob0 + k] != want) hazard(r, call, "RS output byte not written by this call", ob0 + k, ob.tag[ob0 + k]);
     }
-    if (memcmp(out[r].bytes.data(), ref[r].data(), ref[r].size()) != 0) {
+    if (memcmp(&ob.bytes[ob0], ref[r].data(), ref[r].size()) != 0) {
       char m[128];
       snprintf(m, sizeof(m), "RS result of rank %d differs from the host executor", r);
       die(m);
@@ -797,6 +862,10 @@ void prepare(World& w, const std::vector<std::unique_ptr<Layout>>& layouts, Mode
     if (agTokens) checkWriteBatchesDistinct(P->agT[r], r);  // NCCL_TIDE_AG_SIGNAL_KERNELS may carry them as kernels
     checkPairs(P->agT[r]);
     checkPairs(P->rsT[r]);
+    if (g_inPlaceMutant == InPlaceMutant::kMirror) {
+      mirrorOutputs(&P->rs[r], *layouts[r]);
+      mirrorOutputs(&P->rsT[r], *layouts[r]);
+    }
     mutate(&P->ag[r]);
     mutate(&P->rs[r]);
     mutate(&P->agT[r]);
@@ -807,6 +876,15 @@ void prepare(World& w, const std::vector<std::unique_ptr<Layout>>& layouts, Mode
   w.lanes.assign(2 * W, {});
   w.head.assign(2 * W, 0);
   w.produced.assign(W, -1);
+  if (g_inPlace) {  // the only form the executors take in place (include/tide.h, tideReduceScatter)
+    const ParamLayout& p = l0.params[0];
+    if (l0.nParams != 1 || p.rowNumel != 1 || p.numel != static_cast<uint64_t>(W) * p.shardNumel) {
+      die("--in-place: the layout is not one parameter of W * shardNumel elements");
+    }
+    for (const Call& c : seq) {
+      if (c.kind == Kind::kRs && c.outType != p.dtype) die("--in-place: an RS whose output type is not the gradient's");
+    }
+  }
   for (size_t c = 0; c < seq.size(); ++c) {
     if (seq[c].kind == Kind::kRs && seq[c].slotStaging && !l0.rs.slotReuseFits) w.seq[c].slotStaging = false;
     if (seq[c].kind == Kind::kAg) {
@@ -969,7 +1047,7 @@ std::vector<Call> queueSeq(const Layout& l0, bool tokens, bool withRs, int calls
     if (l0.rs.numChunks > g_tokenRsChunks) die("token-mixed: the layout has more RS chunks than --token-rs-chunks");
     for (int c = 1; c < calls; c += 2) {
       seq[c] = Call{Kind::kRs, (c / 2) % 2 == 0, c % 4 == 1 ? tideSum : tideAvg,
-                    c % 4 == 1 ? tideFloat32 : tideBfloat16, true};
+                    g_inPlace ? l0.params[0].dtype : c % 4 == 1 ? tideFloat32 : tideBfloat16, true};
     }
   }
   return seq;
@@ -1438,6 +1516,118 @@ int twoSidedMain(int argc, char** argv) {
   return 0;
 }
 
+// --in-place [--in-place-other-block | --in-place-mirror] [seeds] (see the header): random one-parameter layouts of
+// W * shardNumel elements (odd sizes, 1 to 40 chunks) for W = 2, 3, 4, 8 and every node split of W, each dtype the RS
+// takes, every RS output in place (rank r's block of its own gradient, output type = gradient type), ops sum, avg
+// and premul, Slot-Reuse and own staging, AG calls between. Every layout runs the eager programs in order and
+// deferred; several nodes also two-sided; one node also the captured (token) programs, on two lanes and folded,
+// eager token calls mixed with epoch calls, and the loopback issue models (the programs' own groups through one
+// shared copy queue, and through one FIFO channel for everything). Token RSs may have as many chunks as the layout
+// (NCCL_TIDE_TOKEN_RS_CHUNKS raised), so the consumed-token pipeline runs in place too.
+int inPlaceMain(int argc, char** argv) {
+  g_inPlace = true;
+  int a = 2;
+  if (argc > a && strncmp(argv[a], "--in-place-", 11) == 0) {
+    const std::string m = argv[a++];
+    g_inPlaceMutant = m == "--in-place-other-block" ? InPlaceMutant::kOtherBlock
+                      : m == "--in-place-mirror"    ? InPlaceMutant::kMirror
+                                                    : InPlaceMutant::kNone;
+    if (g_inPlaceMutant == InPlaceMutant::kNone) die("unknown option " + m);
+  }
+  const int seeds = argc > a ? atoi(argv[a]) : 2;
+  const struct { int W, R; } splits[] = {{2, 2}, {2, 1}, {3, 3}, {3, 1}, {4, 4}, {4, 2}, {4, 1},
+                                         {8, 8}, {8, 4}, {8, 2}, {8, 1}};
+  const tideDataType_t dtypes[] = {tideBfloat16, tideFloat16, tideFloat32};
+  // Chunk bytes: 32 is the smallest chunk (8 elements), so a shard of a few hundred elements takes dozens of chunks;
+  // 512 and 4096 give one to three (the captured program without the consumed-token pipeline, and its edge).
+  const uint64_t chunks[] = {32, 64, 96, 512, 4096};
+  const uint64_t paces[] = {8, 100, 512, 1 << 20};
+  std::mt19937_64 rng(20250704);
+  int ci = 0;
+  for (const auto& sp : splits) {
+    for (int li = 0; li < 6; ++li, ++ci) {
+      const int di = li % 3;
+      Case c;
+      c.W = sp.W;
+      c.R = sp.R;
+      c.dtype = dtypes[di];
+      // The first layout of each split has many chunks (the mirror mutant is caught by its hazard there); the others
+      // odd and tiny shards too.
+      const uint64_t shard = li == 0 ? 101 + rng() % 200 : (rng() % 4 == 0 ? 1 + rng() % 7 : 1 + rng() % 320);
+      c.numels = {shard * static_cast<uint64_t>(sp.W)};
+      c.chunkBytes = li == 0 ? 32 : chunks[rng() % 5];
+      c.paceBytes = sp.R == sp.W ? 0 : paces[rng() % 4];
+      const auto ls = makeLayouts(c);
+      const int K = ls[0]->rs.numChunks, N = ls[0]->nNodes;
+      const tideDataType_t t = c.dtype;
+      const Call agC{Kind::kAg, false, tideSum, tideFloat32};
+      const std::vector<Call> eager = {agC,
+                                       Call{Kind::kRs, true, tideSum, t},
+                                       Call{Kind::kRs, false, tideAvg, t},
+                                       agC,
+                                       Call{Kind::kRs, true, tidePremulSum, t},
+                                       Call{Kind::kRs, false, tideSum, t}};
+      char tag[160];
+      snprintf(tag, sizeof(tag), "in-place case %d W=%d R=%d %s shard=%" PRIu64 " chunks=%d", ci, sp.W, sp.R,
+               dtype::name(t), shard, K);
+      auto report = [&](const char* what, int s, uint64_t n) {
+        printf("%s %s seed %d: ok (%" PRIu64 " scheduler steps)\n", tag, what, s, n);
+        fflush(stdout);
+      };
+      for (int twoSided = 0; twoSided < (N > 1 ? 2 : 1); ++twoSided) {
+        g_twoSided = twoSided == 1;
+        for (Mode mode : {Mode::kInOrder, Mode::kDeferred}) {
+          for (int s = 0; s < seeds; ++s) {
+            const uint32_t start = (s % 2) ? 0xFFFFFFF0u : 0u;
+            const uint64_t n = runCase(c, mode, 31000 + 101 * ci + 7 * s + static_cast<int>(mode), start, eager);
+            report(g_twoSided ? (mode == Mode::kInOrder ? "two-sided in-order" : "two-sided deferred")
+                              : (mode == Mode::kInOrder ? "in-order" : "deferred"),
+                   s, n);
+          }
+        }
+      }
+      g_twoSided = false;
+      if (N > 1) continue;
+      g_tokenRsChunks = std::max(2, K);  // every chunk count takes the token route
+      if (ls[0]->rs.slotReuseFits) {
+        const std::vector<Call> cap = {agC, Call{Kind::kRs, true, tideSum, t}, agC, Call{Kind::kRs, true, tideAvg, t},
+                                       Call{Kind::kRs, true, tidePremulSum, t}};
+        for (int s = 0; s < 2 * seeds; ++s) {
+          g_fold = s % 2 == 1;
+          report(g_fold ? "captured folded" : "captured", s, runCase(c, Mode::kCaptured, 32000 + 101 * ci + s, 0, cap));
+        }
+        g_fold = false;
+      }
+      const Call agT{Kind::kAg, false, tideSum, tideFloat32, true};
+      const std::vector<Call> mixed = {agT,
+                                       Call{Kind::kRs, false, tideAvg, t, true},
+                                       agC,
+                                       Call{Kind::kRs, false, tideSum, t},
+                                       Call{Kind::kRs, true, tidePremulSum, t, true},
+                                       agT,
+                                       Call{Kind::kRs, true, tideSum, t, true}};
+      for (Mode mode : {Mode::kInOrder, Mode::kDeferred}) {
+        for (int s = 0; s < seeds; ++s) {
+          g_fold = s % 2 == 1;
+          const uint64_t n = runCase(c, mode, 33000 + 101 * ci + 7 * s + static_cast<int>(mode), 0, mixed);
+          report(mode == Mode::kInOrder ? "mixed eager/token in-order" : "mixed eager/token deferred", s, n);
+        }
+      }
+      g_fold = false;
+      for (int s = 0; s < seeds; ++s) {
+        report("copy-queue groups cap 1",
+               s, runQueueCase(c, 1, true, Issue::kGroups, true, true, 34000 + 101 * ci + s, 5));
+        report("channels 1 rank groups", s,
+               runChannelCase(c, 1, false, 0, Issue::kGroups, true, true, 35000 + 101 * ci + s, 5));
+      }
+      g_tokenRsChunks = 2;
+    }
+  }
+  printf("output bytes written in place: %" PRIu64 "\n", g_inPlaceOutBytes);
+  printf("all cases passed\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc > 2 && strcmp(argv[1], "--token-rs-chunks") == 0) {  // a leading option, before any other
     g_tokenRsChunks = atoi(argv[2]);
@@ -1471,6 +1661,7 @@ int main(int argc, char** argv) {
   if (argc > 1 && strcmp(argv[1], "--copy-queue") == 0) return queueMain(argc, argv);
   if (argc > 1 && strcmp(argv[1], "--two-sided") == 0) return twoSidedMain(argc, argv);
   if (argc > 1 && strcmp(argv[1], "--channels") == 0) return channelMain(argc, argv);
+  if (argc > 1 && strcmp(argv[1], "--in-place") == 0) return inPlaceMain(argc, argv);
   int seeds = 4;
   if (argc > 2 && strcmp(argv[1], "--drop-wait") == 0) {
     g_dropWord = atoi(argv[2]);

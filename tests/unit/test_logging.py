@@ -169,8 +169,8 @@ def test_python_glue_logs_under_nccl_tide(native, extra, info_shown, warn_shown)
 
 
 def test_tide_perf_probes_log_no_warn(native):
-    # tide-perf knows the in-place reduce-scatter rule instead of probing it with a call the library refuses (a WARN
-    # line "overlapping buffers" under NCCL_DEBUG=WARN).
+    # tide-perf calls the in-place reduce-scatter only in TIDE's in-place form instead of probing it with a call the
+    # library refuses (a WARN line "overlapping buffers" under NCCL_DEBUG=WARN).
     prog = "import sys; from nccl_tide.perf.cli import main; sys.exit(main(sys.argv[1:]))"
     for coll in ("all_gather", "reduce_scatter"):
         p = run(native, {"NCCL_DEBUG": "WARN"}, prog=prog,

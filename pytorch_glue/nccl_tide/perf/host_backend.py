@@ -165,7 +165,22 @@ def reduce_scatter(case: Case, o: Opts):
         # for one flat tensor whose output type equals its input type.
         if len(infos) != 1 or o.out_dtype.name != o.dtype.name:
             return oop, NA, "in-place reduce-scatter needs --layout flat and an output type equal to -d: N/A"
-        # TIDE's reduce-scatter outputs may not overlap its inputs (include/tide.h), and nccl-tests' in-place form
-        # puts recvbuff inside sendbuff: say so without calling the library, whose refusal would log a WARN line
-        # under NCCL_DEBUG=WARN for a probe of tide-perf's own making.
-        return oop, NA, "in-place reduce-scatter: TIDE's output may not overlap its input (tide.h): N/A"
+        # TIDE takes that form only without padding (include/tide.h, tideHostReduceScatter): say so without calling
+        # the library, whose refusal would log a WARN line under NCCL_DEBUG=WARN for a probe of tide-perf's own making.
+        p = infos[0]
+        if p.row_numel != 1 or p.numel != W * p.shard_numel:
+            return oop, NA, "in-place reduce-scatter: TIDE's in-place form needs a count divisible by the ranks: N/A"
+        ip_outs = [grads[r][0][r * p.shard_numel : (r + 1) * p.shard_numel] for r in range(W)]
+
+        def reset() -> None:  # the in-place call overwrites each rank's own block: the same inputs again
+            for r in range(W):
+                grads[r][0][...] = random_values(rank_rng(o.seed, r), o.dtype, p.numel)
+
+        wrong = None
+        reset()
+        run(grads, ip_outs)
+        if o.check:
+            wrong = check(ip_outs)
+        reset()
+        ip = _timed(lambda: run(grads, ip_outs), o, total_bytes, W, REDUCE_SCATTER, wrong)
+        return oop, ip, None
