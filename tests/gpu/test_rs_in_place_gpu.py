@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """tideReduceScatter in NCCL's in-place form on loopback worlds (include/tide.h): one parameter of W * shardNumel
 elements, each rank's output its own block of its own gradient, output type = gradient type. The result must equal the
 host executor's out-of-place result (computed from copies of the inputs before the call) bit for bit on every rank,

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Host reduce-scatter in NCCL's in-place form (include/tide.h, tideHostReduceScatter): one parameter with rowNumel 1
 and numel = W * shardNumel, the output of the gradient's type, rank r's output exactly block r of its own gradient.
 
