@@ -303,3 +303,52 @@ def test_attach_layout_api(native):
     nccl_tide.interposer.detach_layout(0xC0FFEE00, 0x7F0000002000)
     with pytest.raises(InvalidArgumentError, match="no layout is attached"):
         nccl_tide.interposer.detach_layout(0xC0FFEE00, 0x7F0000002000)
+
+
+COUNTERS_SCRIPT = """
+import ctypes, json, sys
+stub = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)   # the process's NCCL
+me = ctypes.CDLL(None)                                     # global scope: the preloaded interposer first
+ag, rs = me.ncclAllGather, me.ncclReduceScatter
+ag.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+rs.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+               ctypes.c_void_p]
+for count, dtype in json.loads(sys.argv[2]):
+    assert ag(0x1000, 0x2000, count, dtype, 0xC0FFEE00, 0) == 0
+for count, dtype, op in json.loads(sys.argv[3]):
+    assert rs(0x3000, 0x4000, count, dtype, op, 0xC0FFEE00, 0) == 0
+from nccl_tide import interposer
+print(json.dumps({"all": interposer.counters(), "comm": interposer.counters(0xC0FFEE00),
+                  "other": interposer.counters(0xC0FFEE01), "share": interposer.taken_share()}))
+"""
+
+
+def test_python_counters(native, programs, tmp_path, rng):
+    """nccl_tide.interposer.counters(): per reason, calls and per-rank bytes, for the process and per communicator;
+    random calls through the interposer into the stub, each either below the size threshold or of a type TIDE does
+    not reduce, so the expected tally is known without a GPU."""
+    stub = programs[23203]["linked"].parent / "libnccl.so.2"
+    ags = [[int(rng.integers(1, 1000)), int(rng.choice([0, 7, 9]))] for _ in range(int(rng.integers(1, 6)))]
+    rss = [[int(rng.integers(1 << 19, 1 << 20)), 2, 0] for _ in range(int(rng.integers(1, 6)))]  # int32 sums
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_TIDE_")}
+    env.update(LD_PRELOAD=native.library_path(), NCCL_TIDE_ENABLE="1", NCCL_TIDE_LIBRARY_PATH=native.library_path(),
+               STUB_NCCL_LOG=str(tmp_path / "stub.log"))
+    import json
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", COUNTERS_SCRIPT, str(stub), json.dumps(ags), json.dumps(rss)],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    got = json.loads(p.stdout.splitlines()[-1])
+    size = {0: 1, 2: 4, 7: 4, 9: 2}
+    ag_bytes = sum(c * size[d] for c, d in ags)
+    rs_bytes = sum(c * size[d] for c, d, _ in rss)
+    for scope in ("all", "comm"):
+        c = got[scope]
+        assert c["all_gather"]["taken"] == {"calls": 0, "bytes": 0}, c
+        assert c["all_gather"]["to_nccl"] == {"smaller than NCCL_TIDE_ENABLE_MIN_BYTES":
+                                              {"calls": len(ags), "bytes": ag_bytes}}, c
+        assert c["reduce_scatter"]["to_nccl"] == {"reduce-scatter in a type other than fp32/fp16/bf16":
+                                                  {"calls": len(rss), "bytes": rs_bytes}}, c
+    assert got["other"]["all_gather"] == {"taken": {"calls": 0, "bytes": 0}, "to_nccl": {}}, got["other"]
+    assert got["share"] == {"all_gather": 0.0, "reduce_scatter": 0.0}
