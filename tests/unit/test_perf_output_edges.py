@@ -1,0 +1,93 @@
+"""tide-perf's output edges: a -J/--plot name the write after the run would fail on is refused before the run (one
+line, exit 2), a name that is neither free nor taken never spins, and NCCL_TESTS_MIN_BW takes only what
+--min-busbw takes (nan would switch the gate off and put NaN, which is not JSON, in the -J file)."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from nccl_tide.perf import output
+from nccl_tide.perf.cli import main as perf_main
+
+HOST = ["--backend", "host", "--ranks", "2", "-b", "1K", "-e", "4K", "-f", "2", "-n", "1", "-w", "0"]
+GLUE = str(Path(__file__).resolve().parents[2] / "pytorch_glue")
+
+
+def run(capsys, *args):
+    try:
+        rc = perf_main(list(args))
+    except SystemExit as e:  # a usage error: die() exits
+        rc = e.code
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def perf_process(*args, cwd, timeout=120, env=None):
+    e = dict(os.environ, PYTHONPATH=os.pathsep.join([GLUE, os.environ.get("PYTHONPATH", "")]), **(env or {}))
+    return subprocess.run([sys.executable, "-m", "nccl_tide.perf", *args], cwd=cwd, env=e, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_a_json_name_behind_a_file_is_refused_before_the_run(tmp_path):
+    (tmp_path / "x.json").write_text("kept")
+    r = perf_process("all_gather", *HOST, "-J", "x.json/", cwd=tmp_path)  # used to spin after the table
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "-J x.json/: ends with a path separator" in r.stderr
+    assert (tmp_path / "x.json").read_text() == "kept"
+
+
+def test_write_whole_never_spins_on_a_name_it_cannot_create(tmp_path):
+    (tmp_path / "x.json").write_text("kept")
+    result = []
+
+    def write():
+        try:
+            result.append(output.write_whole(str(tmp_path / "x.json") + "/", b"{}", overwrite=False))
+        except OSError as e:
+            result.append(e)
+
+    t = threading.Thread(target=write, daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "write_whole spins"
+    assert isinstance(result[0], OSError)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json"]  # no temporary file left
+
+
+@pytest.mark.parametrize("flag,name", [("-J", "newdir/"), ("--plot", "newdir/"), ("-J", "sub/newdir/")])
+def test_a_directory_name_is_refused_before_the_run(capsys, tmp_path, flag, name):
+    rc, out, err = run(capsys, "all_gather", *HOST, flag, str(tmp_path) + "/" + name)
+    assert rc == 2 and out == "" and "ends with a path separator" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_legal_long_name_is_written(capsys, tmp_path):
+    limit = os.pathconf(tmp_path, "PC_NAME_MAX")
+    name = "r" * (limit - len(".json")) + ".json"  # the longest legal name: its temporary file must fit too
+    rc, out, err = run(capsys, "all_gather", *HOST, "-J", str(tmp_path / name))
+    assert rc == 0, err
+    assert json.loads((tmp_path / name).read_text())["version"] == 3
+    # taken now: the next free name (NAME.0) would be too long, which is said before the run
+    rc, out, err = run(capsys, "all_gather", *HOST, "-J", str(tmp_path / name))
+    assert rc == 2 and out == "" and f"takes {limit}" in err
+    rc, out, err = run(capsys, "all_gather", *HOST, "-J", str(tmp_path / name), "--overwrite")
+    assert rc == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e999", "-1", "NaN"])
+def test_min_bw_variable_takes_what_the_flag_takes(capsys, tmp_path, monkeypatch, value):
+    monkeypatch.setenv("NCCL_TESTS_MIN_BW", value)
+    js = tmp_path / "r.json"
+    rc, _, err = run(capsys, "all_gather", *HOST, "-J", str(js))
+    assert rc == 2 and f"NCCL_TESTS_MIN_BW={value!r}" in err and "finite" in err
+    assert not js.exists()
+    monkeypatch.setenv("NCCL_TESTS_MIN_BW", "0.001")
+    rc, _, _ = run(capsys, "all_gather", *HOST, "-J", str(js))
+    assert rc == 0
+    doc = json.loads(js.read_text(), parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+    assert doc["extras"]["min_busbw"] == 0.001
