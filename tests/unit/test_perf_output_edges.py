@@ -91,3 +91,43 @@ def test_min_bw_variable_takes_what_the_flag_takes(capsys, tmp_path, monkeypatch
     assert rc == 0
     doc = json.loads(js.read_text(), parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
     assert doc["extras"]["min_busbw"] == 0.001
+
+
+def _row(**kw):
+    r = {"impl": "tide", "size": 1024, "ran": True, "out_of_place": {"bus_bw": 1.5}, "sm_time_us": None}
+    r.update(kw)
+    return r
+
+
+@pytest.mark.parametrize("doc,words", [
+    ({"results": [_row(size=10**400)]}, "results[0].size is not a size in bytes"),
+    ({"results": [_row(size=2**64)]}, "results[0].size is not a size in bytes"),
+    ({"results": [_row(), _row(out_of_place={"bus_bw": 1e308})]}, "results[1].out_of_place.bus_bw is not a bandwidth"),
+    ({"results": [_row(out_of_place={"bus_bw": -1.0})]}, "bus_bw is not a bandwidth"),
+    ({"results": [_row(sm_time_us=1e300)]}, "sm_time_us is not a time"),
+    ({"versions": "x", "devices": [5], "results": [_row()]}, "'versions' at the top level"),
+    ({"extras": {"versions": "x"}, "results": [_row()]}, "'extras.versions' is not an object"),
+    ({"config": {"devices": [5]}, "results": [_row()]}, "'config.devices' is not a list of objects"),
+    ({"config": "gpu", "results": [_row()]}, "'config' is not an object"),
+])
+def test_plot_refuses_figures_it_cannot_draw_and_other_programs_json(capsys, tmp_path, doc, words):
+    js = tmp_path / "in.json"
+    js.write_text(json.dumps(doc))
+    png = tmp_path / "x.png"
+    rc, out, err = run(capsys, "plot", str(js), str(png))
+    assert rc == 2 and out == "" and not png.exists()
+    assert err.startswith(f"tide-perf plot: error: {js} is not a tide-perf or nccl-tests JSON: ") and words in err
+    assert len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("spelling", ["same", "dot", "link"])
+def test_plot_never_writes_over_its_input(capsys, tmp_path, monkeypatch, spelling):
+    monkeypatch.chdir(tmp_path)
+    doc = json.dumps({"results": [_row()]})
+    (tmp_path / "same.svg").write_text(doc)
+    other = {"same": "same.svg", "dot": "./same.svg", "link": "alias.svg"}[spelling]
+    if spelling == "link":
+        os.symlink("same.svg", tmp_path / "alias.svg")
+    rc, out, err = run(capsys, "plot", "same.svg", other)
+    assert rc == 2 and "is the input same.svg" in err and len(err.splitlines()) == 1
+    assert (tmp_path / "same.svg").read_text() == doc
