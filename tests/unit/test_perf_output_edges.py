@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,43 @@ def test_plot_never_writes_over_its_input(capsys, tmp_path, monkeypatch, spellin
     rc, out, err = run(capsys, "plot", "same.svg", other)
     assert rc == 2 and "is the input same.svg" in err and len(err.splitlines()) == 1
     assert (tmp_path / "same.svg").read_text() == doc
+
+
+class _Terminal:
+    """stdout and stderr of one terminal: what a user sees, in order. The footer's write waits a little, so that a
+    ticker still running would draw its line after it."""
+
+    def __init__(self):
+        self.parts, self.lock = [], threading.Lock()
+
+    def isatty(self):
+        return True
+
+    def write(self, text):
+        with self.lock:
+            self.parts.append(text)
+        if "concluded" in text:
+            time.sleep(0.2)
+        return len(text)
+
+    def flush(self):
+        pass
+
+    def text(self):
+        return "".join(self.parts)
+
+
+def test_the_progress_line_never_follows_the_footer(monkeypatch):
+    from nccl_tide.perf import cli
+    from nccl_tide.perf.progress import Progress
+
+    term = _Terminal()
+    monkeypatch.setattr(sys, "stdout", term)
+    monkeypatch.setattr(cli, "Progress", lambda: Progress(term, delay_s=0.0, interval_s=0.005))
+    assert perf_main(["all_gather", *HOST, "-e", "64K"]) == 0
+    text = term.text()
+    tail = text[text.index("# Collective test concluded"):]
+    assert "tide-perf: row" not in tail, repr(tail[-300:])
+    for line in text.split("\n"):  # every table row starts on a clean line (the ticker erased, not mid-row)
+        if line.lstrip("\r\x1b[K").startswith(" ") and "float" in line:
+            assert "tide-perf:" not in line, repr(line)

@@ -22,6 +22,7 @@ import sys
 from typing import List, Optional
 
 from .. import _native
+from .._pipes import closed_pipe_exit
 from ..errors import TideError
 from ..layout import default_ranks_per_node
 from . import harness, host_memory, impls
@@ -91,7 +92,7 @@ def _terminate(signum, frame):
 
 def main(argv: Optional[List[str]] = None) -> int:
     """tide-perf's entry point: an interrupted run ends with one line and 128 + the signal, as command-line tools
-    do, never with a traceback."""
+    do, never with a traceback; a closed output pipe ends it quietly with 128 + SIGPIPE."""
     previous = signal.signal(signal.SIGTERM, _terminate) if _main_thread() else None
     try:
         return _main(sys.argv[1:] if argv is None else list(argv))
@@ -101,6 +102,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except Terminated:
         print("\ntide-perf: terminated", file=sys.stderr)
         return 128 + signal.SIGTERM
+    except BrokenPipeError:  # the reader left (| head): quietly, as other command-line tools
+        return closed_pipe_exit()
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
