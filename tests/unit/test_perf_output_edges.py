@@ -172,3 +172,20 @@ def test_the_progress_line_never_follows_the_footer(monkeypatch):
     for line in text.split("\n"):  # every table row starts on a clean line (the ticker erased, not mid-row)
         if line.lstrip("\r\x1b[K").startswith(" ") and "float" in line:
             assert "tide-perf:" not in line, repr(line)
+
+
+def test_a_host_run_under_torchrun_runs_once(capsys, tmp_path, monkeypatch):
+    """torchrun --nproc-per-node 2 on a machine without a GPU: the auto backend is host, which simulates every rank
+    in one process; the job runs once (rank 0): one table, one -J file."""
+    js = tmp_path / "r.json"
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    outs = []
+    for rank in (1, 0):  # rank 1 first: it must neither print nor take the name
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("LOCAL_RANK", str(rank))
+        outs.append(run(capsys, "all_gather", *HOST, "-J", str(js)))
+    (rc1, out1, err1), (rc0, out0, err0) = outs
+    assert rc1 == 0 and out1 == "" and err1 == ""
+    assert rc0 == 0 and out0.count("# Collective test concluded") == 1
+    assert "rank 0 measures and the others exit" in err0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]

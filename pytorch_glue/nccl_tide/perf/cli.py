@@ -82,6 +82,15 @@ def open_backend(o: Options):
     return torchrun_backend.make(o.average)
 
 
+def _launcher_world() -> Optional[tuple]:
+    """(RANK, WORLD_SIZE) when a launcher (torchrun) started this process as one of several, else None."""
+    try:
+        world, rank = int(os.environ.get("WORLD_SIZE") or 1), int(os.environ.get("RANK") or 0)
+    except ValueError:
+        return None
+    return (rank, world) if world > 1 else None
+
+
 class Terminated(Exception):
     """SIGTERM, raised in the main thread so that a partly written result file is removed on the way out."""
 
@@ -125,6 +134,15 @@ def _main(argv: List[str]) -> int:
     a = parser().parse_args(join_negative_values(argv))
     check_flags(a)
     o = resolve(a, argv, gpu=_gpu_present)
+    launched = _launcher_world()
+    if o.backend == "host" and launched:
+        # torchrun started several processes, but the host backend simulates every rank in one: each process would
+        # run the whole job, print its table and take the next -J name. Rank 0 runs it once; the others leave.
+        rank, world = launched
+        if rank != 0:
+            return 0
+        print(f"tide-perf: note: the host backend ({o.backend_why}) runs all --ranks {o.world} in one process; "
+              f"of the launcher's {world} processes rank 0 measures and the others exit", file=sys.stderr)
     try:
         lib_version = _native.version_string()
     except TideError as e:
