@@ -170,14 +170,28 @@ def train(args, device: torch.device) -> None:
         nccl_tide.fsdp.disable(model)  # between steps, on every rank (frees the native executor's slots)
 
 
+def _positive(text: str) -> int:
+    """A count of at least 1: 0 or a negative count would train nothing and still exit 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a count >= 1")
+    return value
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--steps", type=_positive, default=10, help="training steps (>= 1)")
     ap.add_argument("--tide", action=argparse.BooleanOptionalAction, default=True,
                     help="route FSDP2's all-gathers and reduce-scatters through TIDE (default) or keep stock FSDP2")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--layers", type=_positive, default=2, help="transformer blocks (>= 1)")
     args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        why = "this PyTorch is a CPU-only build" if not torch.version.cuda else "torch sees no CUDA GPU"
+        ap.error(f"--device cuda: {why}; use --device cpu")
 
     device = init_distributed(args.device)
     train(args, device)

@@ -293,8 +293,9 @@ bool strictWhenInvalid(Id id) {
 
 // NCCL_TIDE_* variables that are not parameters of this library but are read elsewhere (docs/env.md, "Read by the
 // Python package only" and "Read by the build scripts"; benchmarks/bench_lib.py): not reported as unknown.
-constexpr const char* kReadElsewhere[] = {"NCCL_TIDE_LIBRARY_PATH", "NCCL_TIDE_FSDP", "NCCL_TIDE_FSDP_CAST_IN_PLACE",
-                                          "NCCL_TIDE_OFFLINE", "NCCL_TIDE_BENCH_LIBRARY_PATH"};
+constexpr const char* kReadElsewhere[] = {"NCCL_TIDE_LIBRARY_PATH",  "NCCL_TIDE_FSDP",
+                                          "NCCL_TIDE_FSDP_CAST_IN_PLACE", "NCCL_TIDE_RANKS_PER_GPU",
+                                          "NCCL_TIDE_OFFLINE",       "NCCL_TIDE_BENCH_LIBRARY_PATH"};
 
 bool knownName(const char* name, size_t n) {
   for (const Def& d : kDefs) {

@@ -72,6 +72,13 @@ tideResult_t load(Lib* lib) {
     lib->minor = (code % 10000) / 100;
     lib->patch = code % 100;
   }
+  if (lib->major > 2) {  // a newer major, not an old NCCL: "upgrade" would be wrong advice
+    return fail(tideUnsupported, kComponent,
+                "the loaded NCCL is %d.%d.%d (code %d), a major version newer than TIDE was tested with; TIDE "
+                "supports NCCL 2.28.x through 2.32.x: load an NCCL 2.x in that range (pip install "
+                "\"nvidia-nccl-cu13<3\", or a PyTorch built with one)",
+                lib->major, lib->minor, lib->patch, code);
+  }
   if (lib->major != 2 || code < kMinVersion) {
     return fail(tideUnsupported, kComponent,
                 "the loaded NCCL is %d.%d.%d (code %d); TIDE supports NCCL 2.28.x through 2.32.x: upgrade NCCL "

@@ -5,7 +5,7 @@ finds).
 
 Needs neither a GPU nor torch. NCCL is looked for as a real job would have it: the libnccl.so.2 that torch loads
 (when torch is installed), else the one the dynamic linker finds (LD_LIBRARY_PATH, system paths).
-Exit status 1 when libnccl-tide.so cannot be loaded, else 0.
+Exit status 1 when libnccl-tide.so cannot be loaded, 141 (128 + SIGPIPE) when the reader of its output left, else 0.
 """
 
 import ctypes
@@ -15,6 +15,7 @@ from pathlib import Path
 from . import __version__, _distribution, include_dir
 from . import _native as N
 from ._header import HEADER
+from ._pipes import closed_pipe_exit
 from .errors import LibraryNotFoundError, TideError
 
 
@@ -26,12 +27,22 @@ def cuda_build() -> bool:
     return not (rc == N.tideUnsupported and "without CUDA" in N.last_error())
 
 
+def torch_problem() -> str:
+    """Imports torch (a CUDA build of torch loads its own libnccl): "" when it imports or is not installed, else
+    why it did not (a torch whose CUDA runtime is missing raises OSError, not ImportError)."""
+    try:
+        import torch  # noqa: F401
+    except ModuleNotFoundError as e:
+        if e.name == "torch":
+            return ""
+        return f"{type(e).__name__}: {e}"
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return ""
+
+
 def load_nccl() -> str:
     """Loads libnccl.so.2 the way a job would; "" on success, else why not."""
-    try:
-        import torch  # noqa: F401  (a CUDA build of torch loads its own libnccl)
-    except ImportError:
-        pass
     from .nccl_cuda import loaded_libnccl_path
 
     if loaded_libnccl_path():
@@ -44,17 +55,19 @@ def load_nccl() -> str:
 
 
 def nccl_lines() -> list:
+    broken = torch_problem()
+    lines = [f"torch: installed but cannot be imported ({broken}): TIDE's torch API will fail"] if broken else []
     missing = load_nccl()
     if missing:
-        return [f"NCCL: not found: {missing}", "provider: none (the CUDA data path needs NCCL at run time)"]
+        return lines + [f"NCCL: not found: {missing}", "provider: none (the CUDA data path needs NCCL at run time)"]
     from .comm import nccl_info
     from .nccl_cuda import loaded_libnccl_path
 
     try:
         info = nccl_info()
     except TideError as e:
-        return [f"NCCL: {loaded_libnccl_path()} is not usable: {e}", "provider: none"]
-    return [
+        return lines + [f"NCCL: {loaded_libnccl_path()} is not usable: {e}", "provider: none"]
+    return lines + [
         f"NCCL: {info['runtime']} at {loaded_libnccl_path()} (headers at build time: {info['header']})",
         f"provider: {info['provider']} (transport {info['transport']})",
     ]
@@ -69,6 +82,13 @@ def header_line() -> str:
 
 
 def main() -> int:
+    try:
+        return _main()
+    except BrokenPipeError:  # `python -m nccl_tide | head -1`: the reader left; quietly, as other commands
+        return closed_pipe_exit()
+
+
+def _main() -> int:
     print(f"nccl-tide {__version__} ({'distribution ' + _distribution if _distribution else 'source checkout'})")
     print(header_line())
     try:

@@ -10,6 +10,7 @@ shipped in the wheel at nccl_tide/lib/libnccl-tide.so.
 import ctypes
 import operator
 import os
+import re
 import threading
 from ctypes import POINTER, c_char_p, c_float, c_int, c_size_t, c_uint, c_uint64, c_void_p
 from pathlib import Path
@@ -382,20 +383,19 @@ def param_value(name: str) -> str:
     accepted form) when the environment value does not parse, KeyError for an unknown name."""
     count = c_int(0)
     check(lib().tideParamCount(ctypes.byref(count)), "tideParamCount")
-    failed = None
+    failed = []  # every parameter whose environment value does not parse fails its whole description
     for i in range(count.value):
         n, v = c_char_p(), c_char_p()
         rc = lib().tideParamDescribe(i, ctypes.byref(n), None, None, None, ctypes.byref(v))
         if rc != tideSuccess:
-            # an unparsable environment value fails the whole description (its name included): keep the error,
-            # which names the variable, in case it is the one asked for
-            if failed is None:
-                failed = error_for(rc, f"tideParamDescribe: {last_error()}")
+            # the error names the variable: kept, in case it is the one asked for (any of them may be)
+            failed.append(error_for(rc, f"tideParamDescribe: {last_error()}"))
             continue
         if n.value is not None and n.value.decode() == name:
             return v.value.decode() if v.value is not None else ""
-    if failed is not None and name in str(failed):
-        raise failed
+    for e in failed:
+        if re.search(rf"\b{re.escape(name)}\b", str(e)):
+            raise e
     raise KeyError(f"{name} is not a registered NCCL_TIDE_* parameter")
 
 

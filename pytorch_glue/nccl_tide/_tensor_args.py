@@ -17,6 +17,10 @@ gradients of a reduce-scatter, the shards of an all-gather) goes through a Tenso
 3. else check() per tensor: it accepts what the faster tiers do not know (raw addresses, bit-storage dtypes such as
    uint16 for bf16) and raises the error that names the tensor.
 
+Neither tier sees a storage resized under its tensor (same metadata, fewer bytes behind it), so both also read each
+tensor's storage size (one sweep, about 0.5 us a tensor on a CPU host). Tier 1 refuses torch's negative bit (a
+dispatch key), tier 2 reads it; a conjugate bit comes only with complex dtypes, which both refuse.
+
 Then the addresses, one map over the list (about 4 us for 64), and the ctypes table: cached by the tuple of
 addresses (a call with the addresses of a recent call builds none; building one costs about 12 us for 64). Tables
 are never written after they are built, so threads share them. Single tensors (an output, a slot, a send buffer)
@@ -27,6 +31,7 @@ import ctypes
 import operator
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from . import _native as N
 from .dtypes import ELEMENT_TYPES, DType, check_element_type
 from .dtypes import dtype as to_dtype
 from .errors import InvalidArgumentError
@@ -38,12 +43,49 @@ def _torch():
     return torch
 
 
+def _storage_short(t: Any) -> Optional[int]:
+    """The byte size of a contiguous tensor's storage where that is less than the tensor reaches (its storage was
+    resized under it, say), else None. A tensor whose storage cannot be read (a tensor subclass without one) is
+    left to the other checks."""
+    try:
+        have = t.untyped_storage().nbytes()
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return None
+    n = t.numel()
+    return have if n and (t.storage_offset() + n) * t.element_size() > have else None
+
+
+def memory_fault(t: Any, what: str) -> None:
+    """Refuses a contiguous torch tensor whose memory, read raw, is not its value: a negative or conjugate bit (the
+    memory holds the un-negated values; torch applies the bit lazily, a raw read does not) or storage that ends
+    before the tensor does (a read past it is a crash or another buffer's bytes)."""
+    if t.is_neg() or t.is_conj():
+        bit, fix = ("negative", "resolve_neg") if t.is_neg() else ("conjugate", "resolve_conj")
+        raise InvalidArgumentError(
+            f"{what}: tensor has torch's {bit} bit set, so its memory does not hold its values; pass t.{fix}()"
+        )
+    have = _storage_short(t)
+    if have is not None:
+        need = (t.storage_offset() + t.numel()) * t.element_size()
+        raise InvalidArgumentError(
+            f"{what}: its storage holds {have} bytes but the tensor reaches byte {need}; pass a tensor whose "
+            "storage covers it (t.clone())"
+        )
+
+
+def _raw_address(t: Any, what: str) -> int:
+    # The C side takes a 64-bit address: an out-of-range or bool value would be wrapped, naming another address.
+    return N.u64_arg(t, f"{what} (address)")
+
+
 def check(t: Any, what: str, nbytes: Optional[int] = None, at_least: bool = False, dtype=None) -> int:
     """Device address of a contiguous CUDA tensor (or a raw int address), checking its byte size and, for a typed
     buffer (dtype: the layout's or out_dtype), its element type. The full check, one tensor at a time."""
     if isinstance(t, int):
-        return t
+        return _raw_address(t, what)
     if not hasattr(t, "data_ptr"):
+        if hasattr(type(t), "__index__"):  # a numpy integer or the like: an address as well
+            return _raw_address(t, what)
         raise InvalidArgumentError(f"{what}: expected a CUDA tensor, got {type(t).__name__}")
     if dtype is not None:
         check_element_type(t, to_dtype(dtype), what)
@@ -55,6 +97,7 @@ def check(t: Any, what: str, nbytes: Optional[int] = None, at_least: bool = Fals
         have = t.numel() * t.element_size()
         if (have < nbytes) if at_least else (have != nbytes):
             raise InvalidArgumentError(f"{what}: {have} bytes, layout needs {'at least ' if at_least else ''}{nbytes}")
+    memory_fault(t, what)
     return t.data_ptr()
 
 
@@ -74,9 +117,9 @@ def address(t: Any, what: str, nbytes: int, at_least: bool = False, dtype: Optio
     """check() of one tensor, answered from five attribute reads when the tensor is plainly right (a CUDA tensor of
     dtype's own torch type, contiguous, of the byte size); anything else goes through check()."""
     try:
-        if t.is_cuda and (dtype is None or t.dtype is torch_dtype(dtype)) and t.is_contiguous():
+        if t.is_cuda and (dtype is None or t.dtype is torch_dtype(dtype)) and t.is_contiguous() and not t.is_neg():
             have = t.nbytes
-            if (have >= nbytes) if at_least else (have == nbytes):
+            if ((have >= nbytes) if at_least else (have == nbytes)) and _storage_short(t) is None:
                 return t.data_ptr()
     except AttributeError:  # not a tensor (an int address, another array type): check() says what it is
         pass
@@ -87,6 +130,12 @@ _DTYPE = operator.attrgetter("dtype")
 _NBYTES = operator.attrgetter("nbytes")
 _IS_CUDA = operator.attrgetter("is_cuda")
 _CONTIGUOUS = operator.methodcaller("is_contiguous")
+_IS_NEG = operator.methodcaller("is_neg")
+
+
+def _storages_cover(tensors: Sequence[Any]) -> bool:
+    # Neither a guard nor the facts see a storage resized under a tensor: read for every list, every call.
+    return all(_storage_short(t) is None for t in tensors)
 
 _guards_state: Optional[bool] = None  # whether _new_guard can be used (decided once per process)
 
@@ -158,6 +207,8 @@ class TensorTable:
             and tuple(map(_NBYTES, tensors)) == self._nbytes
             and all(map(_IS_CUDA, tensors))
             and all(map(_CONTIGUOUS, tensors))
+            and not any(map(_IS_NEG, tensors))
+            and _storages_cover(tensors)
         )
 
     def _remember(self, tensors: Sequence[Any]) -> None:
@@ -179,7 +230,7 @@ class TensorTable:
         the list in errors: entry i is f"{what}[{i}]"."""
         guard = self._guard
         try:
-            if guard is not None and guard.check(*tensors):
+            if guard is not None and guard.check(*tensors) and _storages_cover(tensors):
                 return tuple(map(self._data_ptr, tensors))
             ptrs = tuple(map(self._data_ptr, tensors)) if self._facts_match(tensors) else None
         except (AttributeError, TypeError):  # an entry that is no tensor: the full check names it

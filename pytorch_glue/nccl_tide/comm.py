@@ -423,6 +423,12 @@ class Comm:
         self._handle = None
         self._slots = []
 
+    def __reduce__(self):
+        # Its handle names memory and peers of this process only: a copy elsewhere (a spawn worker) would name
+        # nothing. A Layout, which is a description, pickles by value instead.
+        raise TypeError("a Comm cannot be pickled: it is this process's communicator; create one in the other "
+                        "process (Comm.from_bootstrap / Comm.from_process_group) and pass it the Layout")
+
     def __enter__(self) -> "Comm":
         return self
 

@@ -655,6 +655,11 @@ class LoopbackWorld:
         self._raw_streams = []
         self._fences.clear()
 
+    def __reduce__(self):
+        # Its comms and streams live in this process only: a copy elsewhere would name nothing.
+        raise TypeError("a LoopbackWorld cannot be pickled: its virtual ranks live in this process; create one in "
+                        "the other process and pass it the Layouts")
+
     def __enter__(self):
         return self
 

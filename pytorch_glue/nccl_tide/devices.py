@@ -39,10 +39,11 @@ def ranks_per_gpu(value: Optional[int] = None) -> int:
         if not text:
             return 1
         source = RANKS_PER_GPU_ENV
-        try:
-            value = int(text, 10)
-        except ValueError:
-            raise InvalidArgumentError(f"{RANKS_PER_GPU_ENV}={text!r}: need a whole number >= 1") from None
+        # ASCII digits only: int() would also take '1_6' (16), '+2' and other scripts' digits, which no shell script
+        # or the library's own parameters mean by a count.
+        if not (text.isascii() and text.isdigit()):
+            raise InvalidArgumentError(f"{RANKS_PER_GPU_ENV}={text!r}: need a whole number >= 1 (digits 0-9 only)")
+        value = int(text)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidArgumentError(f"{source}={value!r}: need a whole number >= 1")
     return value

@@ -14,6 +14,7 @@ from typing import Any, List, Optional, Union
 import numpy as np
 
 from . import _native as N
+from ._tensor_args import memory_fault
 from .dtypes import RS_TYPES, DType, check_element_type, op_code, scale_arg
 from .dtypes import dtype as to_dtype
 from .errors import InvalidArgumentError
@@ -35,6 +36,7 @@ def _pointer(x: Any, numel: int, dt: DType, what: str, writable: bool) -> int:
             raise InvalidArgumentError(f"{what}: tensor is on {x.device}; the host executor needs CPU tensors")
         if not x.is_contiguous():
             raise InvalidArgumentError(f"{what}: tensor must be contiguous")
+        memory_fault(x, what)
         size, ptr = x.numel(), x.data_ptr()
     else:
         raise InvalidArgumentError(f"{what}: expected a numpy array or a CPU torch tensor, got {type(x).__name__}")

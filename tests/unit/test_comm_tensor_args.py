@@ -141,7 +141,18 @@ def _faults(L, rng):
         "2-d with a gap": put(fake(torch.zeros(n, 2, dtype=torch.bfloat16)[:, 0])),
         "on meta": put(torch.zeros(n, dtype=torch.bfloat16, device="meta")),
         "not a tensor": put("grad"),
+        "negative bit": put(fake(torch._neg_view(torch.randn(n).to(torch.bfloat16)))),
+        "storage shorter than the tensor": put(_short(n)),
+        "raw address past 64 bits": put(2**64 + 5),
+        "negative raw address": put(-5),
+        "bool as an address": put(True),
     }
+
+
+def _short(n):
+    t = fake(torch.zeros(n, dtype=torch.bfloat16))
+    t.untyped_storage().resize_(2 * (n - 1))  # one element less behind it; the tensor's metadata unchanged
+    return t
 
 
 @pytest.mark.parametrize("warm", [False, True], ids=["first call", "after good calls"])
@@ -207,12 +218,34 @@ def test_counts_outputs_and_staging_are_checked(tier, rec, comm, case):
     assert len(rec.calls) == 1
 
 
+def test_outputs_slots_and_staging_refuse_bad_memory_and_addresses(tier, rec, comm, case, rng):
+    L, grads, out, shards, slot = case
+    comm.reduce_scatter(L, grads, out, stream=STREAM)
+    comm.all_gather(L, slot, shards=shards, stream=STREAM)
+    with pytest.raises(InvalidArgumentError, match=r"out: .*negative bit.*resolve_neg"):
+        comm.reduce_scatter(L, grads, fake(torch._neg_view(torch.zeros(L.rs_out_numel))), stream=STREAM)
+    short_out = fake(torch.zeros(L.rs_out_numel))
+    short_out.untyped_storage().resize_(4 * int(rng.integers(0, L.rs_out_numel)))
+    with pytest.raises(InvalidArgumentError, match=r"out: its storage holds"):
+        comm.reduce_scatter(L, grads, short_out, stream=STREAM)
+    short_slot = fake(torch.empty(L.slot_bytes, dtype=torch.uint8))
+    short_slot.untyped_storage().resize_(L.slot_bytes - 1)
+    with pytest.raises(InvalidArgumentError, match=r"slot: its storage holds"):
+        comm.all_gather(L, short_slot, shards=shards, stream=STREAM)
+    for bad in (2**64 + 5, -5, True):
+        with pytest.raises(InvalidArgumentError, match=r"out \(address\) is"):
+            comm.reduce_scatter(L, grads, bad, out_dtype="fp32", stream=STREAM)
+        with pytest.raises(InvalidArgumentError, match=r"sendbuf \(address\) is"):
+            comm.all_gather(L, slot, sendbuf=bad, stream=STREAM)
+    assert len(rec.calls) == 2
+
+
 def test_bit_storage_and_raw_addresses_are_still_accepted(tier, rec, comm, case):
     L, grads, out, _, _ = case
     bits = [fake(g.view(torch.uint16)) for g in grads]  # bf16 held as its uint16 bits
     comm.reduce_scatter(L, bits, out, stream=STREAM)
     comm.reduce_scatter(L, bits, out, stream=STREAM)
-    raw = [0x10000 * (i + 1) for i in range(L.n_params)]
+    raw = [0x10000 * (i + 1) for i in range(L.n_params - 1)] + [2**64 - 2]  # the top of the range as well
     comm.reduce_scatter(L, raw, out.data_ptr(), out_dtype="fp32", stream=STREAM)
     assert [c[1] for c in rec.calls] == [[b.data_ptr() for b in bits]] * 2 + [raw]
     assert rec.calls[-1][2] == out.data_ptr()

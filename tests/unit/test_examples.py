@@ -107,3 +107,19 @@ def test_c_example_fails_with_status_1_on_a_tide_error(c_example):
     assert r.returncode == 1, r.stdout + r.stderr
     assert "tideLayoutCreate(&desc, &config, &layout) failed: tideInvalidArgument" in r.stderr, r.stderr
     assert "NCCL_TIDE_RS_CHUNK_BYTES" in r.stderr and "OK" not in r.stdout
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--steps", "-3"], "argument --steps: -3 is not a count >= 1"),
+    (["--steps", "0"], "argument --steps: 0 is not a count >= 1"),
+    (["--layers", "-1"], "argument --layers: -1 is not a count >= 1"),
+    (["--device", "cuda"], "--device cuda: "),
+])
+def test_train_example_refuses_arguments_it_cannot_honour(flags, words):
+    torch = pytest.importorskip("torch")
+    if flags[0] == "--device" and torch.cuda.is_available():
+        pytest.skip("a GPU is there: --device cuda is honoured")
+    r = subprocess.run([sys.executable, str(TRAIN), "--device", "cpu", *flags], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and words in r.stderr, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr

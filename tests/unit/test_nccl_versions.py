@@ -122,7 +122,7 @@ def test_too_old_version_is_refused(native, stub_dir, code):
     assert kind == "ERROR"
     assert msg.startswith("UnsupportedError")
     assert "supports NCCL 2.28.x through 2.32.x" in msg
-    assert f"(code {code})" in msg
+    assert f"(code {code})" in msg and "upgrade NCCL" in msg
 
 
 def test_newer_minor_warns_and_behaves_as_2_32(native, stub_dir):
@@ -167,9 +167,11 @@ def test_invalid_provider_setting_is_an_error(native, stub_dir):
     assert "NCCL_TIDE_PROVIDER='nvshmem' is not valid: expected one of auto, ipc, window" in msg, msg
 
 
-def test_major_3_is_refused(native, stub_dir):
-    kind, msg, _ = probe(native, stub_dir(30001))
+@pytest.mark.parametrize("code", [30000, 30001, 31205])
+def test_major_3_is_refused_as_newer_than_tested(native, stub_dir, code):
+    kind, msg, _ = probe(native, stub_dir(code))
     assert kind == "ERROR" and "supports NCCL 2.28.x through 2.32.x" in msg
+    assert "newer than TIDE was tested with" in msg and "upgrade" not in msg.lower(), msg
 
 
 def test_get_info_bad_struct(native):

@@ -98,3 +98,28 @@ def test_copies_own_their_handle(rng, how):
     b = make(a)
     assert b.pace_bytes == 1 << 20 and [p.row_numel for p in b.params] == [2, 3, 5]
     check_independent(a, b, rng)
+
+
+def test_a_layout_reaches_a_spawn_worker_by_value(rng):
+    import multiprocessing
+    import operator
+
+    facts = operator.attrgetter("hash", "slot_bytes", "params")  # read in the worker, from its own handle
+    numels = [int(x) for x in rng.integers(1, 500, int(rng.integers(1, 6)))]
+    with Layout(numels, "bf16", 4, rank=1) as L:
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            assert pool.apply(facts, (L,)) == facts(L)
+
+
+def test_process_local_objects_refuse_pickling_in_one_line():
+    from nccl_tide._lifetime import Lifetime
+    from nccl_tide.comm import Comm
+    from nccl_tide.cuda import LoopbackWorld
+
+    comm = Comm.__new__(Comm)  # a Comm's state without a library comm: pickling never reaches the handle
+    comm._life, comm._handle, comm._keep, comm._slots = Lifetime("Comm"), 0x1234, [], []
+    with pytest.raises(TypeError, match=r"a Comm cannot be pickled: .*create one in the other process"):
+        pickle.dumps(comm)
+    world = LoopbackWorld.__new__(LoopbackWorld)
+    with pytest.raises(TypeError, match=r"a LoopbackWorld cannot be pickled"):
+        pickle.dumps(world)

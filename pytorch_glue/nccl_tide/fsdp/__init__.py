@@ -271,6 +271,7 @@ def enable(
     killed = fsdp_switch.killed()  # NCCL_TIDE_FSDP=0: every group stock
     # Nothing is changed before this walk ends: a filter that raises leaves the model stock FSDP2.
     labels, where, excluded = _walk_fsdp_modules(model, module_filter, killed)
+    _refuse_mid_step(model, labels)
     selection = _adapter.select()
     static = {}
     for pg, _label in labels.values():
@@ -324,6 +325,22 @@ def _check_arguments(model, slot_pool, slot_trim, module_filter, ranks_per_node)
             "nccl_tide.fsdp.enable(): call torch.distributed.init_process_group and fully_shard first"
         )
     _check_ranks_per_node(ranks_per_node, model)
+
+
+def _refuse_mid_step(model, labels) -> None:
+    """Refuses enable() after a forward whose backward has not run: autograd saved views of stock FSDP2's unsharded
+    parameters, whose storage stock FSDP2 would re-allocate in backward; TIDE unshards into its own slots, so that
+    backward would read freed storage. FSDP2 records a group's forwards until its backward (or reset_iter_state());
+    a forward without grad is recorded alike, so it is refused too, with the way out."""
+    pending = [label for pg, label in labels.values() if getattr(pg, "_post_forward_indices", None)]
+    if not pending:
+        return
+    reset = (" (after a forward that has no backward, e.g. under torch.no_grad(), call model.reset_iter_state() "
+             "first)") if hasattr(model, "reset_iter_state") else ""
+    raise InvalidUsageError(
+        f"nccl_tide.fsdp.enable(): {_shown(pending)} ran forward and its backward has not run yet; call enable() "
+        f"between steps, after backward{reset}; nothing was changed"
+    )
 
 
 def _walk_fsdp_modules(model, module_filter, killed: bool) -> tuple:

@@ -24,6 +24,7 @@ import sys
 from typing import List, Optional
 
 from .. import _native
+from .._pipes import closed_pipe_exit
 from ..errors import TideError
 from ..layout import default_ranks_per_node
 from . import harness, host_memory, impls
@@ -83,6 +84,15 @@ def open_backend(o: Options):
     return torchrun_backend.make(o.average)
 
 
+def _launcher_world() -> Optional[tuple]:
+    """(RANK, WORLD_SIZE) when a launcher (torchrun) started this process as one of several, else None."""
+    try:
+        world, rank = int(os.environ.get("WORLD_SIZE") or 1), int(os.environ.get("RANK") or 0)
+    except ValueError:
+        return None
+    return (rank, world) if world > 1 else None
+
+
 class Terminated(Exception):
     """SIGTERM, raised in the main thread so that a partly written result file is removed on the way out."""
 
@@ -93,7 +103,7 @@ def _terminate(signum, frame):
 
 def main(argv: Optional[List[str]] = None) -> int:
     """tide-perf's entry point: an interrupted run ends with one line and 128 + the signal, as command-line tools
-    do, never with a traceback."""
+    do, never with a traceback; a closed output pipe ends it quietly with 128 + SIGPIPE."""
     previous = signal.signal(signal.SIGTERM, _terminate) if _main_thread() else None
     try:
         return _main(sys.argv[1:] if argv is None else list(argv))
@@ -103,6 +113,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except Terminated:
         print("\ntide-perf: terminated", file=sys.stderr)
         return 128 + signal.SIGTERM
+    except BrokenPipeError:  # the reader left (| head): quietly, as other command-line tools
+        return closed_pipe_exit()
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
@@ -124,6 +136,15 @@ def _main(argv: List[str]) -> int:
     a = parser().parse_args(join_negative_values(argv))
     check_flags(a)
     o = resolve(a, argv, gpu=_gpu_present)
+    launched = _launcher_world()
+    if o.backend == "host" and launched:
+        # torchrun started several processes, but the host backend simulates every rank in one: each process would
+        # run the whole job, print its table and take the next -J name. Rank 0 runs it once; the others leave.
+        rank, world = launched
+        if rank != 0:
+            return 0
+        print(f"tide-perf: note: the host backend ({o.backend_why}) runs all --ranks {o.world} in one process; "
+              f"of the launcher's {world} processes rank 0 measures and the others exit", file=sys.stderr)
     try:
         lib_version = _native.version_string()
     except TideError as e:

@@ -4,6 +4,7 @@
 layout, one row per (case, implementation) measured on the run's backend, the footer, the JSON and the plot, and
 the exit status. What differs between collectives comes from their descriptor (perf/collectives.py)."""
 
+import contextlib
 import json
 import os
 import platform
@@ -211,12 +212,11 @@ def measure_all(o: Options, gpu_backend, run_cases: List[Case], table: dict, out
                     row = row._replace(stamp=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime()))
                 rows.append(row)
                 if layout.wide or impl == o.impls[0]:
-                    if progress is not None:
-                        progress.clear()
-                    out.write(report.row_line(row, layout, o.per_iter_skip) + "\n")
-                    out.flush()
+                    with progress.paused() if progress is not None else contextlib.nullcontext():
+                        out.write(report.row_line(row, layout, o.per_iter_skip) + "\n")
+                        out.flush()
     if progress is not None:
-        progress.clear()
+        progress.close()  # the ticker ends with the measurements: no line after the notes and the footer
     if gpu_backend is not None:
         notes.add(GPU_NOTE)
     return rows, notes, extras

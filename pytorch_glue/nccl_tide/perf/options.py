@@ -292,8 +292,8 @@ def check_flags(a) -> None:
         die(f"--min-busbw must be a finite number >= 0, got {a.min_busbw}")
     from .output import output_problem
 
-    for flag, path, kind in (("-J", a.output_file, "json"), ("--plot", a.plot, "plot")):
-        why = None if path is None else output_problem(path, kind)
+    for flag, path, kind, overwrite in (("-J", a.output_file, "json", a.overwrite), ("--plot", a.plot, "plot", True)):
+        why = None if path is None else output_problem(path, kind, overwrite)
         if why:
             die(f"{flag} {path or repr(path)}: {why}")
 
@@ -536,9 +536,12 @@ def min_busbw(a) -> Optional[float]:
     env = os.environ.get("NCCL_TESTS_MIN_BW")
     if env:
         try:
-            return float(env)
+            value = float(env)
         except ValueError:
             die(f"NCCL_TESTS_MIN_BW={env!r} is not a number")
+        if not (math.isfinite(value) and value >= 0):  # nan would turn the gate off and put NaN in the JSON
+            die(f"NCCL_TESTS_MIN_BW={env!r}: set a finite number of GB/s >= 0, or unset it")
+        return value
     return None
 
 

@@ -23,11 +23,25 @@ def figure_format(path: str) -> str:
     return os.path.splitext(path)[1].lower().lstrip(".")
 
 
-def output_problem(path: str, kind: str) -> Optional[str]:
-    """Why `path` cannot take the run's JSON (kind "json") or figure ("plot"), None if it can. The directory is
-    probed by creating and removing a file in it: permission bits do not tell (root, read-only mounts, /proc)."""
+TEMP_PREFIX = ".tide-perf-"  # the temporary file's name: short, so that any legal final name leaves room for it
+
+
+def _name_max(parent: str) -> int:
+    try:
+        return os.pathconf(parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
+def output_problem(path: str, kind: str, overwrite: bool = True) -> Optional[str]:
+    """Why `path` cannot take the run's JSON (kind "json") or figure ("plot"), None if it can: every check the write
+    after the run would fail, made before it. The directory is probed by creating and removing a file in it as the
+    write does: permission bits do not tell (root, read-only mounts, /proc). overwrite False: an existing file is
+    kept and the next free name (`path`.N) written, whose length is checked too."""
     if not path:
         return "empty path: name a file"
+    if path.endswith(os.sep) or (os.altsep and path.endswith(os.altsep)):
+        return "ends with a path separator: name a file (e.g. DIR/results.json)"
     if kind == "plot" and figure_format(path) not in FIGURE_FORMATS:
         ext = figure_format(path)
         return f"unsupported figure format {('.' + ext) if ext else '(no extension)'}: use one of " + ", ".join(
@@ -44,8 +58,12 @@ def output_problem(path: str, kind: str) -> Optional[str]:
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         return f"directory {parent} does not exist"
+    final = os.path.basename(path if overwrite else free_name(path))
+    limit = _name_max(parent)
+    if len(os.fsencode(final)) > limit:
+        return f"the file name {final[:40]}... is {len(os.fsencode(final))} bytes; this file system takes {limit}"
     try:
-        fd, probe = tempfile.mkstemp(dir=parent, prefix=".tide-perf-probe-")
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=TEMP_PREFIX, suffix=".tmp")
     except OSError as e:
         return f"directory {parent} is not writable ({e.strerror})"
     os.close(fd)
@@ -73,7 +91,7 @@ def write_whole(path: str, data: bytes, overwrite: bool) -> str:
     """Writes `data` to `path` through a temporary file and returns the name written: `path`, or with overwrite
     False and `path` taken meanwhile (another run), the next free name. Raises OSError; leaves no temporary file."""
     parent = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=parent, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=parent, prefix=TEMP_PREFIX, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), 0o666 & ~_umask())  # as open() would create it (mkstemp makes it 0600)
@@ -83,8 +101,12 @@ def write_whole(path: str, data: bytes, overwrite: bool) -> str:
         if overwrite:
             os.replace(tmp, path)
             return path
+        tried = set()
         while True:
             target = free_name(path)
+            if target in tried:  # a name that is neither free nor taken (a file where a directory is named)
+                raise OSError(errno.EEXIST, f"{target} cannot be created", target)
+            tried.add(target)
             try:
                 os.link(tmp, target)  # fails if the name was taken since free_name looked
                 return target
@@ -97,7 +119,7 @@ def write_whole(path: str, data: bytes, overwrite: bool) -> str:
                 try:
                     os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
                 except FileExistsError:
-                    continue
+                    continue  # taken meanwhile: the next free name (a repeat is refused above)
                 os.replace(tmp, target)
                 return target
     finally:

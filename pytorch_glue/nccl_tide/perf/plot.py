@@ -45,6 +45,7 @@ def series(doc) -> dict:
     ValueError naming the first thing that is not as these files have it."""
     if not isinstance(doc, dict):
         raise ValueError("the top level is not an object")
+    _check_header(doc)
     extras = doc.get("extras")
     if isinstance(extras, dict) and "results" in extras:
         rows, where, default_impl = extras["results"], "extras.results", "tide"
@@ -63,23 +64,45 @@ def series(doc) -> dict:
         size, oop, sm = r.get("size"), r.get("out_of_place"), r.get("sm_time_us")
         if not isinstance(impl, str):
             raise ValueError(f"{what}.impl is not a string")
-        if not _number(size) or size < 0:
-            raise ValueError(f"{what}.size is not a size in bytes")
+        if not _number(size) or not 0 <= size <= MAX_SIZE:
+            raise ValueError(f"{what}.size is not a size in bytes (0 to 2**64 - 1)")
         if oop is not None and not isinstance(oop, dict):
             raise ValueError(f"{what}.out_of_place is not an object")
         bus = (oop or {}).get("bus_bw")
-        if bus is not None and not _number(bus):
-            raise ValueError(f"{what}.out_of_place.bus_bw is not a number")
-        if sm is not None and not _number(sm):
-            raise ValueError(f"{what}.sm_time_us is not a number")
+        if bus is not None and not (_number(bus) and 0 <= bus <= MAX_FIGURE):
+            raise ValueError(f"{what}.out_of_place.bus_bw is not a bandwidth in GB/s (0 to {MAX_FIGURE:g})")
+        if sm is not None and not (_number(sm) and 0 <= sm <= MAX_FIGURE):
+            raise ValueError(f"{what}.sm_time_us is not a time in us (0 to {MAX_FIGURE:g})")
         out.setdefault(impl, [])
         if r.get("ran", True) and bus is not None:
             out[impl].append((size, bus, sm))
     return out
 
 
+# Beyond these no run measures anything, and matplotlib's log axes overflow (a size of 10**400, a bus_bw of 1e308).
+MAX_SIZE = 2**64 - 1
+MAX_FIGURE = 1e15
+
+
 def _number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")
+
+
+def _check_header(doc: dict) -> None:
+    """The keys the title and the reader rely on, where the document has them, of the type these files give them:
+    a JSON that has them otherwise is some other program's."""
+    for key, kind in (("extras", dict), ("config", dict)):
+        if key in doc and not isinstance(doc[key], kind):
+            raise ValueError(f"'{key}' is not an object")
+    for key in ("versions", "devices"):
+        if key in doc:  # tide-perf and nccl-tests keep these under extras / config, never at the top
+            raise ValueError(f"'{key}' at the top level (tide-perf writes extras.versions and config.devices)")
+    extras, config = doc.get("extras") or {}, doc.get("config") or {}
+    if "versions" in extras and not isinstance(extras["versions"], dict):
+        raise ValueError("'extras.versions' is not an object")
+    devices = config.get("devices", [])
+    if not isinstance(devices, list) or not all(isinstance(d, dict) for d in devices):
+        raise ValueError("'config.devices' is not a list of objects")
 
 
 def plot(doc: dict, path: str) -> List[str]:
@@ -152,6 +175,15 @@ def title(doc: dict) -> str:
     return f"{extras.get('collective', '')} - backend {extras.get('backend', '?')} - {dev}"
 
 
+def _same_file(a: str, b: str) -> bool:
+    import os
+
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     import argparse
 
@@ -160,6 +192,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("out_file")
     a = p.parse_args(argv)
     why = output_problem(a.out_file, "plot")
+    if not why and _same_file(a.json_file, a.out_file):
+        why = f"is the input {a.json_file}: the figure would replace the data; name another file"
     if why:
         print(f"tide-perf plot: error: {a.out_file or repr(a.out_file)}: {why}", file=sys.stderr)
         return 2
@@ -177,6 +211,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except PlotUnavailable as e:
         print(str(e), file=sys.stderr)
         return 3
+    except (ValueError, OverflowError) as e:  # matplotlib refusing what series() let through: one line, no traceback
+        print(f"tide-perf plot: error: {a.json_file}: its figures cannot be drawn: {e}", file=sys.stderr)
+        return 2
     except OSError as e:
         print(f"tide-perf plot: error: {a.out_file}: the figure could not be written: {e.strerror or e}",
               file=sys.stderr)

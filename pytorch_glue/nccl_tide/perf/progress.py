@@ -4,6 +4,7 @@
 long. Only on a terminal (a log file or a pipe gets nothing), only after the run has gone on for a few seconds, and
 erased before every table line so that the table reads as nccl-tests'."""
 
+import contextlib
 import sys
 import threading
 import time
@@ -29,7 +30,7 @@ class Progress:
         """What the run is doing now (the line shows it with the time spent on it)."""
         with self._lock:
             self._text, self._since = text, time.monotonic()
-        if self.enabled and self._thread is None:
+        if self.enabled and self._thread is None and not self._stop.is_set():
             self._thread = threading.Thread(target=self._loop, name="tide-perf-progress", daemon=True)
             self._thread.start()
 
@@ -40,7 +41,18 @@ class Progress:
                 self.stream.flush()
                 self._shown = False
 
+    @contextlib.contextmanager
+    def paused(self):
+        """Erases the line and keeps the ticker from drawing it again while the caller writes (a table line)."""
+        with self._lock:
+            if self._shown:
+                self.stream.write(ERASE)
+                self.stream.flush()
+                self._shown = False
+            yield
+
     def close(self) -> None:
+        """Stops the ticker and erases its line: nothing is drawn after this (the footer follows)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -52,6 +64,8 @@ class Progress:
             if now - self._start < self.delay_s:
                 continue
             with self._lock:
+                if self._stop.is_set():  # closed while this tick waited for the lock
+                    return
                 self.stream.write(f"{ERASE}tide-perf: {self._text} ({now - self._since:.0f} s)")
                 self.stream.flush()
                 self._shown = True
