@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The command-line entry points' way out when their reader has gone (`tide-perf ... | head -2`)."""
 
 import os

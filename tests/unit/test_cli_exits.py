@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The command-line entry points end quietly where a user expects them to: a reader that left the pipe (`| head`)
 ends the command with 128 + SIGPIPE and no traceback, and `python -m nccl_tide` reports a torch that is installed but
 fails to import with something other than ImportError (a missing CUDA runtime raises OSError) as one line."""

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """The NCCL_TIDE_* variables read outside the library's registry, and the Python reader of the registry's values:
 NCCL_TIDE_RANKS_PER_GPU is known to the library (no "not a TIDE parameter" warning), documented in docs/env.md and
 parsed strictly; param_value() names the asked variable's own parse error whichever of several invalid ones it is."""

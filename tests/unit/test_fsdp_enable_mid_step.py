@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """nccl_tide.fsdp.enable() between a forward and its backward is refused, the model left stock FSDP2: autograd saved
 views of stock FSDP2's unsharded parameters, and TIDE's unsharding into its own slots would leave that backward
 reading freed storage. After the backward, enable() takes the groups; after a forward without backward,

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """tide-perf's output edges: a -J/--plot name the write after the run would fail on is refused before the run (one
 line, exit 2), a name that is neither free nor taken never spins, and NCCL_TESTS_MIN_BW takes only what
 --min-busbw takes (nan would switch the gate off and put NaN, which is not JSON, in the -J file)."""

@@ -1,3 +1,5 @@
+# Copyright The nccl-tide authors
+# SPDX-License-Identifier: Apache-2.0
 """Tensors whose memory, read raw, is not their value are refused wherever the library reads a tensor's memory:
 torch's negative bit (the memory holds -x for the value x), a storage resized under its tensor (fewer bytes than the
 tensor reaches: a read past its end). The host executor's results on the same values, resolved, are right."""
