@@ -27,6 +27,7 @@ ALLOWED_NCCL=(
   ncclReduceScatterConfig
   ncclGroupStart
   ncclGroupEnd
+  ncclGroupSimulateEnd
   ncclRedOpCreatePreMulSum
   ncclRedOpDestroy
   ncclCommFinalize

@@ -612,8 +612,8 @@ tideResult_t tideDetachLayout(struct ncclComm* ncclComm, void* buffer);
 #define TIDE_INTERPOSER_COUNTERS_VERSION 1
 #define TIDE_INTERPOSER_MAX_REASONS 32
 typedef struct {
-  size_t size;            /* sizeof(tideInterposerCounters_t), set by the call */
-  unsigned int version;   /* TIDE_INTERPOSER_COUNTERS_VERSION, set by the call */
+  size_t size;            /* sizeof(tideInterposerCounters_t), set by the caller */
+  unsigned int version;   /* TIDE_INTERPOSER_COUNTERS_VERSION, set by the caller */
   uint64_t takenCalls[2];
   uint64_t takenBytes[2];
   uint64_t forwardedCalls[2][TIDE_INTERPOSER_MAX_REASONS];
@@ -622,7 +622,8 @@ typedef struct {
 
 /* The counters of the NCCL communicator `ncclComm` since it was first seen (all zero for one never seen or already
  * finalized, destroyed or aborted), or, with ncclComm NULL, of every communicator of the process since it started.
- * Counts only while NCCL_TIDE_ENABLE=1. Errors: tideInvalidArgument (NULL out). (since 0.1) */
+ * Counts only while NCCL_TIDE_ENABLE=1. Errors: tideInvalidArgument (NULL out, size or version not this header's).
+ * (since 0.1) */
 tideResult_t tideInterposerGetCounters(struct ncclComm* ncclComm, tideInterposerCounters_t* out);
 
 /* The reason with index `reason` of tideInterposerCounters_t (a static string), or NULL past the last one.

@@ -55,6 +55,7 @@ using CommFn = ncclResult_t (*)(ncclComm_t);
 using PreMulSumFn = ncclResult_t (*)(int*, void*, int, int, ncclComm_t);
 using OpDestroyFn = ncclResult_t (*)(int, ncclComm_t);
 using AsyncErrorFn = ncclResult_t (*)(ncclComm_t, ncclResult_t*);
+using SimulateEndFn = ncclResult_t (*)(void*);
 
 enum Entry : int {
   kAllGather = 0,
@@ -68,17 +69,20 @@ enum Entry : int {
   kCommAbort,
   kRedOpCreatePreMulSum,
   kRedOpDestroy,
+  kGroupSimulateEnd,
   kCommGetAsyncError,  // not exported: the wait for a nonblocking group's launch
   kNumEntries
 };
 const char* const kRealNames[kNumEntries] = {
     "pncclAllGather",   "pncclReduceScatter", "pncclAllGatherConfig", "pncclReduceScatterConfig",
     "pncclGroupStart",  "pncclGroupEnd",      "pncclCommFinalize",    "pncclCommDestroy",
-    "pncclCommAbort",   "pncclRedOpCreatePreMulSum", "pncclRedOpDestroy", "pncclCommGetAsyncError"};
+    "pncclCommAbort",   "pncclRedOpCreatePreMulSum", "pncclRedOpDestroy", "pncclGroupSimulateEnd",
+    "pncclCommGetAsyncError"};
 const char* const kPublicNames[kNumEntries] = {
     "ncclAllGather",   "ncclReduceScatter", "ncclAllGatherConfig", "ncclReduceScatterConfig",
     "ncclGroupStart",  "ncclGroupEnd",      "ncclCommFinalize",    "ncclCommDestroy",
-    "ncclCommAbort",   "ncclRedOpCreatePreMulSum", "ncclRedOpDestroy", "ncclCommGetAsyncError"};
+    "ncclCommAbort",   "ncclRedOpCreatePreMulSum", "ncclRedOpDestroy", "ncclGroupSimulateEnd",
+    "ncclCommGetAsyncError"};
 
 std::atomic<void*> gReal[kNumEntries];
 std::atomic<bool> gWarned[kNumEntries];
@@ -171,6 +175,8 @@ ip::Reason classify(Entry e, ip::group::Call* c) {
     r = ip::kConfigCall;
   } else if (elem == 0) {
     r = ip::kUnknownDtype;
+  } else if (c->bytes == UINT64_MAX) {
+    r = ip::kCountTooLarge;  // NCCL refuses it; TIDE must not try (a failed layout would turn it off)
   } else if (rs && !half && c->dtype != ip::ops::kNcclFloat32) {
     r = ip::kRsDtypeNotFloat;
   } else if (rs && c->resolved.kind == ip::ops::Resolved::kNotTide) {
@@ -202,7 +208,8 @@ ip::group::Call callOf(ip::Coll coll, const void* send, void* recv, size_t count
   c.comm = comm;
   c.stream = stream;
   const size_t elem = dtypeBytes(dtype);
-  c.bytes = count <= UINT64_MAX / (elem == 0 ? 1 : elem) ? count * elem : UINT64_MAX;  // 0: an unknown type
+  // 0 for an unknown type; UINT64_MAX where count * elem does not fit (classify refuses it)
+  c.bytes = count < UINT64_MAX / (elem == 0 ? 1 : elem) ? count * elem : UINT64_MAX;
   return c;
 }
 
@@ -215,13 +222,18 @@ ncclResult_t forwardComm(Entry e, ncclComm_t comm) {
 class Hooks : public ip::group::Hooks {
  public:
   int forward(const ip::group::Call& c, ip::Reason why) override {
-    ip::count(c.comm, c.coll, why, c.bytes);
+    count(c, why);
     if (c.coll == ip::kCollAllGather) {
       auto f = reinterpret_cast<AllGatherFn>(real(kAllGather));
       return f == nullptr ? kSystemError : f(c.send, c.recv, c.count, c.dtype, c.comm, c.stream);
     }
     auto f = reinterpret_cast<ReduceScatterFn>(real(kReduceScatter));
     return f == nullptr ? kSystemError : f(c.send, c.recv, c.count, c.dtype, c.op, c.comm, c.stream);
+  }
+  void count(const ip::group::Call& c, ip::Reason why) override {
+    ip::count(c.comm, c.coll, why, c.bytes);
+    if (why >= ip::kGroupOfSeveralComms) logReasonOnce(why, c.coll == ip::kCollAllGather ? "ncclAllGather"
+                                                                                         : "ncclReduceScatter", "");
   }
   int runTide(const ip::group::Call& c, ip::Reason* why) override {
     int r = c.coll == ip::kCollAllGather ? ip::tryAllGather(c.send, c.recv, c.bytes, c.comm, c.stream, why)
@@ -234,32 +246,29 @@ class Hooks : public ip::group::Hooks {
     auto f = reinterpret_cast<VoidFn>(real(kGroupEnd));
     return f == nullptr ? kSystemError : f();
   }
+  int realGroupSimulateEnd() override {
+    auto f = reinterpret_cast<SimulateEndFn>(real(kGroupSimulateEnd));
+    return f == nullptr ? kSystemError : f(simInfo);
+  }
   int waitLaunched(void* comm) override {
-    // Bounded like TIDE's other host waits (NCCL_TIDE_TIMEOUT_MS; 0 waits as long as NCCL takes).
     auto f = reinterpret_cast<AsyncErrorFn>(real(kCommGetAsyncError));
     if (f == nullptr) return kSystemError;
-    const uint64_t boundMs = tide::params::timeoutMs();
-    const auto start = std::chrono::steady_clock::now();
     ncclResult_t state = ip::group::kNcclInProgress;
-    while (state == ip::group::kNcclInProgress) {
+    for (;;) {
       ncclResult_t q = f(comm, &state);
       if (q != 0) return q;
-      if (state != ip::group::kNcclInProgress) break;
-      if (boundMs > 0 && std::chrono::steady_clock::now() - start > std::chrono::milliseconds(boundMs)) {
-        TIDE_WARN(kComponent, "ncclGroupEnd on nonblocking communicator %p still in progress after %" PRIu64
-                  " ms (NCCL_TIDE_TIMEOUT_MS): the group's recorded calls go to NCCL", comm, boundMs);
-        return ip::group::kNcclInProgress;
-      }
+      if (state != ip::group::kNcclInProgress) return state;
       sched_yield();
     }
-    return state;
   }
   bool capturing(void* stream) override { return ip::streamCapturing(stream); }
   int destroyOp(void* comm, int op) override {
-    ip::ops::destroyed(comm, op);
     auto f = reinterpret_cast<OpDestroyFn>(real(kRedOpDestroy));
-    return f == nullptr ? kSystemError : f(op, comm);
+    int r = f == nullptr ? kSystemError : f(op, comm);
+    if (r == 0) ip::ops::destroyed(comm, op);
+    return r;
   }
+  void* simInfo = nullptr;  // ncclGroupSimulateEnd's ncclSimInfo_t*
 };
 
 // An all-gather or reduce-scatter with TIDE on: recorded inside a group, else run by TIDE if eligible, else NCCL's.
@@ -271,6 +280,21 @@ ncclResult_t dispatch(Entry e, ip::group::Call c) {
   ip::Reason passed = ip::kTaken;
   const int r = hooks.runTide(c, &passed);
   return r == ip::kPassToNccl ? hooks.forward(c, passed) : r;
+}
+
+// Inside a group NCCL finalizes at the group's end, and TIDE's collective teardown (its own NCCL calls) cannot run
+// inside the application's group: TIDE lets go of the communicator as on abort.
+ncclResult_t release(Entry e, ncclComm_t comm) {
+  if (__builtin_expect(enabled(), 0)) {
+    int r = 0;
+    if (ip::group::open()) {
+      Hooks hooks;
+      r = ip::group::commGoing(comm, hooks);
+    }
+    ip::releaseComm(comm, /*collective=*/!ip::group::open());
+    if (r != 0) return r;
+  }
+  return forwardComm(e, comm);
 }
 
 }  // namespace
@@ -303,7 +327,11 @@ TIDE_EXPORT ncclResult_t ncclAllGatherConfig(const void* sendbuff, void* recvbuf
                                              ncclComm_t comm, cudaStream_t stream, const void* config) {
   if (__builtin_expect(enabled(), 0)) {
     auto c = callOf(ip::kCollAllGather, sendbuff, recvbuff, sendcount, datatype, 0, comm, stream);
-    ip::count(comm, c.coll, classify(kAllGatherConfig, &c), c.bytes);
+    const ip::Reason why = classify(kAllGatherConfig, &c);
+    Hooks hooks;
+    // In a group it counts towards the group's communicators and streams, like any other call.
+    if (ip::group::open()) (void)ip::group::call(c, false, why, hooks, /*forward=*/false);
+    ip::count(comm, c.coll, why, c.bytes);
   }
   auto f = reinterpret_cast<AllGatherConfigFn>(real(kAllGatherConfig));
   if (f == nullptr) return kInvalidUsage;
@@ -315,7 +343,10 @@ TIDE_EXPORT ncclResult_t ncclReduceScatterConfig(const void* sendbuff, void* rec
                                                  const void* config) {
   if (__builtin_expect(enabled(), 0)) {
     auto c = callOf(ip::kCollReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, comm, stream);
-    ip::count(comm, c.coll, classify(kReduceScatterConfig, &c), c.bytes);
+    const ip::Reason why = classify(kReduceScatterConfig, &c);
+    Hooks hooks;
+    if (ip::group::open()) (void)ip::group::call(c, false, why, hooks, /*forward=*/false);
+    ip::count(comm, c.coll, why, c.bytes);
   }
   auto f = reinterpret_cast<ReduceScatterConfigFn>(real(kReduceScatterConfig));
   if (f == nullptr) return kInvalidUsage;
@@ -340,6 +371,18 @@ TIDE_EXPORT ncclResult_t ncclGroupEnd(void) {
   return f();
 }
 
+// `simInfo` is an ncclSimInfo_t* (NCCL >= 2.22), passed untouched.
+TIDE_EXPORT ncclResult_t ncclGroupSimulateEnd(void* simInfo) {
+  if (__builtin_expect(enabled(), 0)) {
+    Hooks hooks;
+    hooks.simInfo = simInfo;
+    return ip::group::simulatedEnd(hooks);
+  }
+  auto f = reinterpret_cast<SimulateEndFn>(real(kGroupSimulateEnd));
+  if (f == nullptr) return kSystemError;
+  return f(simInfo);
+}
+
 // `op` is an ncclRedOp_t*, `residence` an ncclScalarResidence_t. A host scalar is read now, as NCCL reads it.
 TIDE_EXPORT ncclResult_t ncclRedOpCreatePreMulSum(int* op, void* scalar, int datatype, int residence,
                                                   ncclComm_t comm) {
@@ -353,8 +396,9 @@ TIDE_EXPORT ncclResult_t ncclRedOpCreatePreMulSum(int* op, void* scalar, int dat
 TIDE_EXPORT ncclResult_t ncclRedOpDestroy(int op, ncclComm_t comm) {
   if (__builtin_expect(enabled(), 0)) {
     // A recorded call of the open group still needs the op: NCCL destroys it when the group has run.
-    if (ip::group::postponeDestroy(comm, op)) return 0;
-    ip::ops::destroyed(comm, op);
+    if (ip::ops::known(comm, op) && ip::group::postponeDestroy(comm, op)) return 0;
+    Hooks hooks;
+    return hooks.destroyOp(comm, op);
   }
   auto f = reinterpret_cast<OpDestroyFn>(real(kRedOpDestroy));
   if (f == nullptr) return kSystemError;
@@ -364,15 +408,9 @@ TIDE_EXPORT ncclResult_t ncclRedOpDestroy(int op, ncclComm_t comm) {
 // TIDE's state of a communicator goes before NCCL's: finalize and destroy are collective in NCCL too, so TIDE's
 // collective teardown (slot frees, comm destroy over this communicator) runs while every rank is there; abort is
 // not, so TIDE only lets go (interposer_tide.h).
-TIDE_EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm) {
-  if (__builtin_expect(enabled(), 0)) ip::releaseComm(comm, /*collective=*/true);
-  return forwardComm(kCommFinalize, comm);
-}
+TIDE_EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm) { return release(kCommFinalize, comm); }
 
-TIDE_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
-  if (__builtin_expect(enabled(), 0)) ip::releaseComm(comm, /*collective=*/true);
-  return forwardComm(kCommDestroy, comm);
-}
+TIDE_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) { return release(kCommDestroy, comm); }
 
 TIDE_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
   if (__builtin_expect(enabled(), 0)) ip::releaseComm(comm, /*collective=*/false);
@@ -382,6 +420,11 @@ TIDE_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
 TIDE_EXPORT tideResult_t tideInterposerGetCounters(struct ncclComm* ncclComm, tideInterposerCounters_t* out) {
   if (out == nullptr) {
     return tide::fail(tideInvalidArgument, kComponent, "tideInterposerGetCounters: out is NULL");
+  }
+  if (out->size != sizeof(*out) || out->version != TIDE_INTERPOSER_COUNTERS_VERSION) {
+    return tide::fail(tideInvalidArgument, kComponent,
+                      "tideInterposerGetCounters: out->size %zu / version %u, expected %zu / %d (set both before the "
+                      "call)", out->size, out->version, sizeof(*out), TIDE_INTERPOSER_COUNTERS_VERSION);
   }
   ip::read(ncclComm, out);
   return tideSuccess;

@@ -21,13 +21,16 @@ const char* const kReasonText[kNumReasons] = {
     "reduce-scatter with an op TIDE does not run",
     "reduce-scatter in a type other than fp32/fp16/bf16",
     "bf16/fp16 reduce-scatter without NCCL_TIDE_RS_ACCUM=FP32 (TIDE accumulates in fp32 only)",
-    "inside a group that spans several NCCL communicators (the group goes to NCCL whole)",
+    "inside a group that spans several NCCL communicators or streams (the group goes to NCCL whole)",
     "this libnccl-tide.so is not a CUDA build: nothing can be run by TIDE",
     "on a stream under CUDA graph capture (the interposer does not capture TIDE calls)",
     "TIDE is off for this communicator (a TIDE call or the comm's creation failed; its WARN says why)",
     "reduce-scatter whose output overlaps its input other than NCCL's in-place form",
     "inside a group with a call on a stream under CUDA graph capture (the group goes to NCCL whole)",
-    "recorded in a group whose ncclGroupEnd failed (NCCL reports the communicator's error for it)",
+    "recorded in a group whose ncclGroupEnd failed (NCCL cancels the group: not run)",
+    "inside a group that finalizes or destroys the call's communicator (the group goes to NCCL whole)",
+    "inside a group ended by ncclGroupSimulateEnd (NCCL simulates it, nothing runs)",
+    "count times the element size does not fit in 64 bits",
 };
 
 std::mutex gMu;
@@ -93,9 +96,9 @@ void summary(void* ncclComm, char* buf, size_t len) {
   if (len > 0 && at >= len) buf[len - 1] = '\0';
 }
 
-void forget(void* ncclComm) {
+bool forget(void* ncclComm) {
   std::lock_guard<std::mutex> lock(gMu);
-  gByComm->erase(ncclComm);
+  return gByComm->erase(ncclComm) != 0;
 }
 
 }  // namespace interposer

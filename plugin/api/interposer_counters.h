@@ -33,6 +33,9 @@ enum Reason : int {
   kRsOverlapNotInPlace,
   kGroupCaptured,
   kGroupFailed,
+  kGroupWithTeardown,
+  kGroupSimulated,
+  kCountTooLarge,
   kNumReasons
 };
 static_assert(kNumReasons <= TIDE_INTERPOSER_MAX_REASONS, "tideInterposerCounters_t holds the reasons");
@@ -44,11 +47,11 @@ void count(void* ncclComm, Coll coll, Reason reason, uint64_t bytes);
 // One communicator's counters, or the process's totals (ncclComm NULL; released communicators included).
 void read(void* ncclComm, tideInterposerCounters_t* out);
 
-// Writes a one-line summary of a communicator's counters ("AG taken 12 calls / 3.0 MiB, to NCCL 2 calls ...").
+// Writes a one-line summary of a communicator's counters ("all-gather taken 12 calls / 3145728 bytes, to NCCL ...").
 void summary(void* ncclComm, char* buf, size_t len);
 
-// Drops a released communicator's own counters (its calls stay in the process's totals).
-void forget(void* ncclComm);
+// Drops a released communicator's own counters (its calls stay in the process's totals); false if it had none.
+bool forget(void* ncclComm);
 
 }  // namespace interposer
 }  // namespace tide

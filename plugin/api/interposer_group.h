@@ -8,10 +8,11 @@
 // recorded (its op already resolved: torch destroys a PREMUL_SUM op before the group ends) and returns success; any
 // other call goes to NCCL at once. At the outermost end the real ncclGroupEnd is forwarded first (TIDE's own NCCL
 // traffic must not land inside the application's group), then the recorded calls run through TIDE in call order,
-// each one TIDE cannot take handed to NCCL. A group whose calls span several communicators, or with a call on a
-// stream under CUDA graph capture, goes to NCCL whole: from that call on, what was recorded is handed to NCCL
-// inside the group, in order, and so is every later call of the group. Each decision depends only on the calls'
-// arguments, which every rank shares, so all ranks go the same way.
+// each one TIDE cannot take handed to NCCL. A group whose calls span several communicators or streams, has a call
+// on a stream under CUDA graph capture, or finalizes or destroys the communicator of a recorded call goes to NCCL
+// whole: from that call on, what was recorded is handed to NCCL inside the group, in order, and so is every later
+// call of the group. Each decision depends only on the calls' arguments, which every rank shares, so all ranks go
+// the same way.
 //
 // No NCCL and no CUDA here: the interposer supplies both through Hooks, which the unit tests fake
 // (tests/native/interposer_group_test.cc).
@@ -51,10 +52,14 @@ class Hooks {
   virtual ~Hooks() = default;
   // The call to NCCL's own entry point, counted with `why`; NCCL's result.
   virtual int forward(const Call& c, Reason why) = 0;
+  // Counts a call that neither NCCL nor TIDE runs (its group failed).
+  virtual void count(const Call& c, Reason why) = 0;
   // The call through TIDE: its ncclResult_t if TIDE took it (counted), else kPassToNccl with *why set.
   virtual int runTide(const Call& c, Reason* why) = 0;
   virtual int realGroupEnd() = 0;
-  // A nonblocking communicator's group launch (ncclInProgress) has finished: NCCL's result for comm.
+  virtual int realGroupSimulateEnd() = 0;
+  // A nonblocking communicator's launch (ncclInProgress) has finished, however long it takes: NCCL's result for
+  // comm. No timer decides here: a rank that gave up would go another way than its peers.
   virtual int waitLaunched(void* comm) = 0;
   virtual bool capturing(void* stream) = 0;
   virtual int destroyOp(void* comm, int op) = 0;  // NCCL's ncclRedOpDestroy
@@ -68,16 +73,27 @@ bool open();
 
 // An all-gather or reduce-scatter inside a group, `eligible` or not (why: its reason when not). Records it, or
 // hands it to NCCL at once (what was recorded first, if this call makes the group go to NCCL whole). Returns the
-// ncclResult_t for the application: success for a recorded call.
-int call(const Call& c, bool eligible, Reason why, Hooks& h);
+// ncclResult_t for the application: success for a recorded call. forward false: the caller forwards the call itself
+// (a ...Config call, which has its own entry point); it still counts for the group's communicators and streams.
+int call(const Call& c, bool eligible, Reason why, Hooks& h, bool forward = true);
+
+// ncclCommFinalize / ncclCommDestroy of `comm` inside a group: NCCL runs them at the group's end, after the group's
+// calls, so a group with recorded calls on comm goes to NCCL whole. Returns NCCL's result of those forwards.
+int commGoing(void* comm, Hooks& h);
 
 // ncclRedOpDestroy inside a group of a PREMUL_SUM op a recorded call uses: kept until the group's end, when the
 // call has run (true); false if the op can be destroyed now.
 bool postponeDestroy(void* comm, int op);
 
 // ncclGroupEnd: the real one at depth > 1; at the outermost, the real one and then the recorded calls. Returns the
-// first error, else success (a nonblocking communicator's launch is waited for first).
+// real end's result (ncclInProgress stays ncclInProgress: the launch of a nonblocking communicator is waited for
+// before TIDE's calls, and the application's polling then finds it done), or the first error of the recorded
+// calls. A failed real end cancels the group whole, as NCCL does: the recorded calls are counted, not run.
 int ended(Hooks& h);
+
+// ncclGroupSimulateEnd: NCCL ends the group without launching it; at the outermost level the recorded calls go into
+// it first, so that NCCL's simulation sees them.
+int simulatedEnd(Hooks& h);
 
 }  // namespace group
 }  // namespace interposer

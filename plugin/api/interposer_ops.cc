@@ -52,6 +52,11 @@ void created(void* comm, int op, const void* scalar, int dtype, int residence) {
   (*gOps)[{comm, op}] = p;
 }
 
+bool known(void* comm, int op) {
+  std::lock_guard<std::mutex> lock(gMu);
+  return gOps->count({comm, op}) != 0;
+}
+
 void destroyed(void* comm, int op) {
   std::lock_guard<std::mutex> lock(gMu);
   gOps->erase({comm, op});

@@ -30,6 +30,9 @@ struct Resolved {
 // (read now, as NCCL reads a host scalar now; not read for a device scalar).
 void created(void* comm, int op, const void* scalar, int dtype, int residence);
 
+// A PREMUL_SUM op of comm that the application created and has not destroyed.
+bool known(void* comm, int op);
+
 // Forgets an op (NCCL's ncclRedOpDestroy succeeded) or every op of a communicator (finalize, destroy, abort).
 void destroyed(void* comm, int op);
 void forgetComm(void* comm);

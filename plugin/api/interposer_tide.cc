@@ -441,8 +441,8 @@ void releaseComm(void* ncclComm, bool collective) {
   ops::forgetComm(ncclComm);
   char counts[256];
   summary(ncclComm, counts, sizeof(counts));
-  forget(ncclComm);
-  TIDE_INFO(kComponent, "NCCL communicator %p released: %s", ncclComm, counts);
+  // Once per communicator: a finalize and then a destroy release it twice.
+  if (forget(ncclComm)) TIDE_INFO(kComponent, "NCCL communicator %p released: %s", ncclComm, counts);
   std::shared_ptr<CommState> s;
   {
     std::lock_guard<std::mutex> lock(gMu);

@@ -25,7 +25,7 @@ enum Level : int {
   kInterposerStates = 0,  // the interposer's communicator table (its per-communicator locks: see its child hook)
   kInterposerAttach,      // the interposer's attached layouts (taken under a per-communicator lock)
   kInterposerOps,         // the interposer's PREMUL_SUM op table
-  kInterposerCounters,    // the interposer's call counters (taken under a per-communicator lock)
+  kInterposerCounters,    // the interposer's call counters
   kNcclBinding,           // the resolved NCCL library (taken under a per-communicator lock; logs)
   kHandles,               // the handle registry
   kLogSettings,           // the logging settings' one-time load (reads the parameters)

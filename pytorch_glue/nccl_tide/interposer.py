@@ -47,7 +47,7 @@ def _comm_ptr(comm: Any) -> int:
         except Exception:
             name = "?"
         raise InvalidArgumentError(
-            f"attach_layout needs an NCCL process group (a group with the 'nccl' backend on a CUDA build of torch); "
+            f"the interposer's calls need an NCCL process group (a group with the 'nccl' backend on a CUDA build of torch); "
             f"this group's backend is {name!r} ({type(e).__name__}: {e})"
         ) from None
     return int(get_ptr())
@@ -94,7 +94,8 @@ def counters(comm: Optional[Any] = None) -> Dict[str, Dict[str, Any]]:
     {"taken": {"calls": n, "bytes": b}, "to_nccl": {reason: {"calls": n, "bytes": b}, ...}}, only reasons seen.
     Counts only in a process where NCCL_TIDE_ENABLE=1 and this library is the preloaded one."""
     lib = _native.lib()
-    out = _native.tideInterposerCounters_t()
+    out = _native.tideInterposerCounters_t(size=ctypes.sizeof(_native.tideInterposerCounters_t),
+                                           version=_native.TIDE_INTERPOSER_COUNTERS_VERSION)
     _native.check(lib.tideInterposerGetCounters(None if comm is None else _comm_ptr(comm), ctypes.byref(out)),
                   "tideInterposerGetCounters")
     result: Dict[str, Dict[str, Any]] = {}

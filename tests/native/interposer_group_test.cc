@@ -34,12 +34,13 @@ struct FakeHooks : g::Hooks {
   int groupEndResult = g::kNcclSuccess;
   int passFromId = -1;  // runTide passes calls with id >= this to NCCL (TIDE turned off)
   int forwardError = 0;
+  int forwardInProgressId = -1;  // forward of this id returns ncclInProgress (a nonblocking communicator)
   static int id(const g::Call& c) { return static_cast<int>(c.count); }
   std::vector<int> forwardedInsideGroup;  // ids NCCL got while the group was open
   int forward(const g::Call& c, ip::Reason why) override {
     if (g::open()) forwardedInsideGroup.push_back(id(c));
     log.push_back("nccl " + std::to_string(id(c)) + " " + std::to_string(why));
-    return forwardError;
+    return id(c) == forwardInProgressId ? g::kNcclInProgress : forwardError;
   }
   int runTide(const g::Call& c, ip::Reason* why) override {
     EXPECT(!g::open(), "TIDE runs call %d inside the group", id(c));
@@ -50,9 +51,16 @@ struct FakeHooks : g::Hooks {
     log.push_back("tide " + std::to_string(id(c)));
     return g::kNcclSuccess;
   }
+  void count(const g::Call& c, ip::Reason why) override {
+    log.push_back("count " + std::to_string(id(c)) + " " + std::to_string(why));
+  }
   int realGroupEnd() override {
     log.push_back("GE");
     return groupEndResult;
+  }
+  int realGroupSimulateEnd() override {
+    log.push_back("GSE");
+    return g::kNcclSuccess;
   }
   int waitLaunched(void* comm) override {
     log.push_back(comm == kCommA ? "wait A" : "wait B");
@@ -153,12 +161,10 @@ void frameworkSequences() {
     g::ended(h);
     expectLog(h, {"nccl 2 " + kBelow, "GE", "tide 1", "tide 3"}, "mixed eligibility");
   }
-  {  // A call on a capturing stream: the group is NCCL's from there, what was recorded first.
+  {  // Calls on a capturing stream: the group is NCCL's.
     FakeHooks h;
     g::started();
-    g::call(mk(1), true, ip::kTaken, h);
-    g::call(mk(2, kCommA, ip::kCollReduceScatter, 0, kCaptured), true, ip::kTaken, h);
-    g::call(mk(3), true, ip::kTaken, h);
+    for (int i = 1; i <= 3; ++i) g::call(mk(i, kCommA, ip::kCollReduceScatter, 0, kCaptured), true, ip::kTaken, h);
     g::ended(h);
     expectLog(h, {"nccl 1 " + kCapture, "nccl 2 " + kCapture, "nccl 3 " + kCapture, "GE"}, "capture");
   }
@@ -182,21 +188,81 @@ void frameworkSequences() {
     const std::string off = std::to_string(ip::kTideOff);
     expectLog(h, {"GE", "tide 1", "nccl 2 " + off, "nccl 3 " + off}, "failure in the middle");
   }
-  {  // A nonblocking communicator: the group's launch is waited for, then TIDE.
+  {  // A nonblocking communicator: the group's launch is waited for, then TIDE; the application still polls.
     FakeHooks h;
     h.groupEndResult = g::kNcclInProgress;
     g::started();
     g::call(mk(1), true, ip::kTaken, h);
-    EXPECT(g::ended(h) == g::kNcclSuccess, "in progress waited out");
+    EXPECT(g::ended(h) == g::kNcclInProgress, "ncclInProgress stays the application's answer");
     expectLog(h, {"GE", "wait A", "tide 1"}, "nonblocking");
   }
-  {  // The real end fails: NCCL gets the recorded calls (it reports the communicator's error), the error returned.
+  {  // A nonblocking group with nothing recorded: nothing to wait for here, ncclInProgress returned as is.
+    FakeHooks h;
+    h.groupEndResult = g::kNcclInProgress;
+    g::started();
+    g::call(mk(1), false, ip::kBelowThreshold, h);
+    EXPECT(g::ended(h) == g::kNcclInProgress, "plain nonblocking group");
+    expectLog(h, {"nccl 1 " + kBelow, "GE"}, "plain nonblocking group");
+  }
+  {  // TIDE passes calls back on a nonblocking communicator: each forward's launch settles before the next call.
+    FakeHooks h;
+    h.passFromId = 1;
+    h.forwardInProgressId = 1;
+    g::started();
+    g::call(mk(1), true, ip::kTaken, h);
+    g::call(mk(2), true, ip::kTaken, h);
+    EXPECT(g::ended(h) == g::kNcclSuccess, "settled forwards");
+    const std::string off = std::to_string(ip::kTideOff);
+    expectLog(h, {"GE", "nccl 1 " + off, "wait A", "nccl 2 " + off}, "settled forwards");
+  }
+  {  // The real end fails: NCCL cancels the group whole; the recorded calls are counted, not run; the error returned.
     FakeHooks h;
     h.groupEndResult = 3;  // ncclInternalError
     g::started();
-    g::call(mk(1), true, ip::kTaken, h);
+    g::call(mk(1, kCommA, ip::kCollReduceScatter, 7), true, ip::kTaken, h);
+    EXPECT(g::postponeDestroy(kCommA, 7), "op kept");
     EXPECT(g::ended(h) == 3, "the group's error is returned");
-    expectLog(h, {"GE", "nccl 1 " + std::to_string(ip::kGroupFailed)}, "failed group end");
+    expectLog(h, {"GE", "count 1 " + std::to_string(ip::kGroupFailed), "destroy 7"}, "failed group end");
+  }
+  {  // Two streams in one group: NCCL joins them, TIDE would not; the group goes to NCCL whole.
+    FakeHooks h;
+    g::started();
+    g::call(mk(1), true, ip::kTaken, h);
+    g::call(mk(2, kCommA, ip::kCollReduceScatter, 0, reinterpret_cast<void*>(0x5001)), true, ip::kTaken, h);
+    g::ended(h);
+    expectLog(h, {"nccl 1 " + kSeveral, "nccl 2 " + kSeveral, "GE"}, "two streams");
+  }
+  {  // A ...Config call on another communicator (forwarded by its own entry point) makes the group NCCL's too.
+    FakeHooks h;
+    g::started();
+    g::call(mk(1, kCommA), true, ip::kTaken, h);
+    g::call(mk(2, kCommB), false, ip::kConfigCall, h, /*forward=*/false);
+    g::ended(h);
+    expectLog(h, {"nccl 1 " + kSeveral, "GE"}, "Config call on another communicator");
+  }
+  {  // Finalizing the communicator of a recorded call inside the group: the group goes to NCCL whole.
+    FakeHooks h;
+    g::started();
+    g::call(mk(1, kCommA), true, ip::kTaken, h);
+    EXPECT(g::commGoing(kCommB, h) == 0 && h.log.empty(), "another communicator: nothing to do");
+    g::commGoing(kCommA, h);
+    g::call(mk(2, kCommA), true, ip::kTaken, h);
+    g::ended(h);
+    const std::string down = std::to_string(ip::kGroupWithTeardown);
+    expectLog(h, {"nccl 1 " + down, "nccl 2 " + down, "GE"}, "teardown inside the group");
+  }
+  {  // ncclGroupSimulateEnd: the recorded calls go into the simulated group; nested, it ends one level.
+    FakeHooks h;
+    g::started();
+    g::started();
+    g::call(mk(1), true, ip::kTaken, h);
+    g::simulatedEnd(h);
+    EXPECT(g::open(), "an inner simulated end leaves the outer group open");
+    g::call(mk(2), true, ip::kTaken, h);
+    g::simulatedEnd(h);
+    EXPECT(!g::open(), "closed");
+    const std::string sim = std::to_string(ip::kGroupSimulated);
+    expectLog(h, {"GSE", "nccl 1 " + sim, "nccl 2 " + sim, "GSE"}, "simulated end");
   }
   {  // An unmatched end is NCCL's to judge.
     FakeHooks h;
@@ -278,11 +344,15 @@ void randomSequences(int n) {
     for (int gi = 0; gi < groups; ++gi) {
       bool several = false, captured = false;
       void* first = nullptr;
+      bool firstCaptured = false;
       int lastTide = -1, lastNccl = -1;
       for (size_t c = 0; c < calls.size(); ++c) {
         if (groupOf[c] != gi) continue;
-        if (first == nullptr) first = calls[c].comm;
-        several = several || calls[c].comm != first;
+        if (first == nullptr) {
+          first = calls[c].comm;
+          firstCaptured = calls[c].captured;
+        }
+        several = several || calls[c].comm != first || calls[c].captured != firstCaptured;  // comm or stream
         captured = captured || calls[c].captured;
         if (tide[c]) {
           EXPECT(at[c] > lastTide, "sequence %d: TIDE ran call %zu out of order: %s", seq, c + 1, joined(h.log).c_str());

@@ -32,6 +32,7 @@ int ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, in
                       void* stream);
 int ncclGroupStart(void);
 int ncclGroupEnd(void);
+int ncclGroupSimulateEnd(void* simInfo);
 int ncclRedOpCreatePreMulSum(int* op, void* scalar, int datatype, int residence, void* comm);
 int ncclRedOpDestroy(int op, void* comm);
 int ncclCommFinalize(void* comm);
@@ -91,6 +92,7 @@ int run_calls(int config_rc) {
   bound("ncclReduceScatter", (void*)&ncclReduceScatter);
   bound("ncclGroupStart", (void*)&ncclGroupStart);
   bound("ncclGroupEnd", (void*)&ncclGroupEnd);
+  bound("ncclGroupSimulateEnd", (void*)&ncclGroupSimulateEnd);
   bound("ncclRedOpCreatePreMulSum", (void*)&ncclRedOpCreatePreMulSum);
   bound("ncclRedOpDestroy", (void*)&ncclRedOpDestroy);
   bound("ncclCommFinalize", (void*)&ncclCommFinalize);
@@ -110,6 +112,12 @@ int run_calls(int config_rc) {
   rs(P(0x9000), P(0xa000), (size_t)1 << 21, 7, 2, comm, stream);        /* max: ineligible op */
   check(ncclGroupEnd(), 0, "ncclGroupEnd");
   printf("EXPECT GE\n");
+  /* A simulated group: NCCL sees its calls, then the simulated end (nothing launches). */
+  check(ncclGroupStart(), 0, "ncclGroupStart");
+  printf("EXPECT GS\n");
+  ag(P(0x15000), P(0x16000), (size_t)1 << 20, 7, comm, stream);
+  printf("EXPECT GSE %p\n", P(0x51a));
+  check(ncclGroupSimulateEnd(P(0x51a)), 0, "ncclGroupSimulateEnd");
   /* PREMUL_SUM ops as torch sends them: created right before the call, destroyed right after; a host scalar of 1.0
    * (a sum), another host scalar (a premultiplied sum), a device scalar (NCCL's). */
   int op = premul(1.0f, 1, comm);
@@ -155,6 +163,8 @@ int run_calls(int config_rc) {
       uint64_t takenCalls[2], takenBytes[2], fwdCalls[2][32], fwdBytes[2][32];
     } c;
     memset(&c, 0, sizeof(c));
+    c.size = sizeof(c);
+    c.version = 1;
     check(counters(NULL, &c), 0, "tideInterposerGetCounters");
     for (int coll = 0; coll < 2; ++coll) {
       printf("COUNT %d 0 %llu %llu\n", coll, (unsigned long long)c.takenCalls[coll],

@@ -12,7 +12,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "ci" / "check_exports.sh"
 NCCL_NAMES = ["ncclAllGather", "ncclReduceScatter", "ncclAllGatherConfig", "ncclReduceScatterConfig",
-              "ncclGroupStart", "ncclGroupEnd", "ncclRedOpCreatePreMulSum", "ncclRedOpDestroy", "ncclCommFinalize",
+              "ncclGroupStart", "ncclGroupEnd", "ncclGroupSimulateEnd", "ncclRedOpCreatePreMulSum", "ncclRedOpDestroy",
+              "ncclCommFinalize",
               "ncclCommDestroy", "ncclCommAbort"]
 
 
@@ -31,7 +32,7 @@ def _check(*args):
 def test_the_product_rule_accepts_the_api_and_the_interposer_names(tmp_path):
     r = _check(_library(tmp_path, ["tideGetVersion", "tideAllGather"] + NCCL_NAMES))
     assert r.returncode == 0, r.stderr
-    assert "(13)" in r.stdout
+    assert "(14)" in r.stdout
 
 
 @pytest.mark.parametrize("extra", ["tideBenchReduce", "tideBenchGetLastError"])

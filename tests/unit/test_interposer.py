@@ -20,7 +20,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 STUB_SRC = os.path.join(HERE, "..", "native", "stub_nccl", "recording_stub_nccl.c")
 TEST_SRC = os.path.join(HERE, "..", "native", "interposer_test.c")
 NCCL_NAMES = {"ncclAllGather", "ncclReduceScatter", "ncclAllGatherConfig", "ncclReduceScatterConfig",
-              "ncclGroupStart", "ncclGroupEnd", "ncclRedOpCreatePreMulSum", "ncclRedOpDestroy", "ncclCommFinalize",
+              "ncclGroupStart", "ncclGroupEnd", "ncclGroupSimulateEnd", "ncclRedOpCreatePreMulSum", "ncclRedOpDestroy",
+              "ncclCommFinalize",
               "ncclCommDestroy", "ncclCommAbort"}
 # With NCCL_TIDE_ENABLE=1 the first eligible call tries to create a TIDE comm over the stub, which cannot work (no
 # GPU, and the stub is not a usable NCCL): TIDE turns itself off for that communicator, once, and NCCL gets the call.
@@ -352,3 +353,19 @@ def test_python_counters(native, programs, tmp_path, rng):
                                                   {"calls": len(rss), "bytes": rs_bytes}}, c
     assert got["other"]["all_gather"] == {"taken": {"calls": 0, "bytes": 0}, "to_nccl": {}}, got["other"]
     assert got["share"] == {"all_gather": 0.0, "reduce_scatter": 0.0}
+
+
+def test_counters_struct_size_and_version_are_checked(native):
+    import ctypes
+
+    from nccl_tide import _native as N
+
+    lib = N.lib()
+    c = N.tideInterposerCounters_t()
+    assert lib.tideInterposerGetCounters(None, None) == N.tideInvalidArgument
+    assert lib.tideInterposerGetCounters(None, ctypes.byref(c)) == N.tideInvalidArgument  # size 0: not set
+    assert "set both before the call" in N.last_error()
+    c.size, c.version = ctypes.sizeof(c), N.TIDE_INTERPOSER_COUNTERS_VERSION + 1
+    assert lib.tideInterposerGetCounters(None, ctypes.byref(c)) == N.tideInvalidArgument
+    c.version = N.TIDE_INTERPOSER_COUNTERS_VERSION
+    assert lib.tideInterposerGetCounters(None, ctypes.byref(c)) == N.tideSuccess

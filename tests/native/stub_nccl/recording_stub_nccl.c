@@ -88,6 +88,12 @@ int pncclGroupEnd(void) {
   return 0;
 }
 
+NCCL_API(int, ncclGroupSimulateEnd, void* simInfo);
+int pncclGroupSimulateEnd(void* simInfo) {
+  record("GSE %p", simInfo);
+  return 0;
+}
+
 #ifndef STUB_FAIL_PEER
 #define STUB_FAIL_PEER (-1)
 #endif
