@@ -8,9 +8,10 @@
 //
 // NCCL_TIDE_ENABLE unset or 0: pure pass-through (the flag is read once and cached; no allocation, no other work).
 // NCCL_TIDE_ENABLE=1: each call is classified (docs/usage.md "Eligibility"); an eligible one is run by TIDE
-// (interposer_tide.cc), any other is passed through unchanged, and each is counted (interposer_counters.h). Four
+// (interposer_tide.cc), any other is passed through unchanged, and each is counted (interposer_counters.h). Eight
 // more NCCL names serve the TIDE path and are exported too, each a plain forward when TIDE is off:
-// ncclGroupStart/ncclGroupEnd (grouped calls are recorded and run after the group: interposer_group.h),
+// ncclGroupStart/ncclGroupEnd/ncclGroupSimulateEnd (grouped calls are recorded and run after the group:
+// interposer_group.h),
 // ncclRedOpCreatePreMulSum/ncclRedOpDestroy (what a PREMUL_SUM op means: interposer_ops.h), and
 // ncclCommFinalize/ncclCommDestroy/ncclCommAbort (TIDE's state of a communicator is released before NCCL's).
 //
@@ -20,11 +21,10 @@
 #include <sched.h>
 
 #include <atomic>
-#include <chrono>
-#include <cinttypes>
 #include <cstddef>
 #include <cstdint>
 
+#include "../core/api_guard.h"
 #include "../core/errors.h"
 #include "../core/export.h"
 #include "../core/log.h"
@@ -218,6 +218,18 @@ ncclResult_t forwardComm(Entry e, ncclComm_t comm) {
   return f == nullptr ? kSystemError : f(comm);
 }
 
+// No exception may cross into the application's C code (allocations in the recorder and the tables): an entry point
+// that would throw answers ncclSystemError instead, with one WARN.
+template <typename F>
+ncclResult_t guarded(const char* name, F&& f) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    TIDE_WARN(kComponent, "%s: %s; returning ncclSystemError", name, e.what());
+    return kSystemError;
+  }
+}
+
 // NCCL, TIDE and the group's end as the group recorder sees them.
 class Hooks : public ip::group::Hooks {
  public:
@@ -304,7 +316,9 @@ extern "C" {
 TIDE_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, int datatype,
                                        ncclComm_t comm, cudaStream_t stream) {
   if (__builtin_expect(enabled(), 0)) {
-    return dispatch(kAllGather, callOf(ip::kCollAllGather, sendbuff, recvbuff, sendcount, datatype, 0, comm, stream));
+    return guarded("ncclAllGather", [&] {
+      return dispatch(kAllGather, callOf(ip::kCollAllGather, sendbuff, recvbuff, sendcount, datatype, 0, comm, stream));
+    });
   }
   auto f = reinterpret_cast<AllGatherFn>(real(kAllGather));
   if (f == nullptr) return kSystemError;
@@ -314,8 +328,10 @@ TIDE_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, siz
 TIDE_EXPORT ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, int datatype,
                                            int op, ncclComm_t comm, cudaStream_t stream) {
   if (__builtin_expect(enabled(), 0)) {
-    return dispatch(kReduceScatter,
-                    callOf(ip::kCollReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, comm, stream));
+    return guarded("ncclReduceScatter", [&] {
+      return dispatch(kReduceScatter,
+                      callOf(ip::kCollReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, comm, stream));
+    });
   }
   auto f = reinterpret_cast<ReduceScatterFn>(real(kReduceScatter));
   if (f == nullptr) return kSystemError;
@@ -363,8 +379,10 @@ TIDE_EXPORT ncclResult_t ncclGroupStart(void) {
 
 TIDE_EXPORT ncclResult_t ncclGroupEnd(void) {
   if (__builtin_expect(enabled(), 0)) {
-    Hooks hooks;
-    return ip::group::ended(hooks);
+    return guarded("ncclGroupEnd", [] {
+      Hooks hooks;
+      return ip::group::ended(hooks);
+    });
   }
   auto f = reinterpret_cast<VoidFn>(real(kGroupEnd));
   if (f == nullptr) return kSystemError;
@@ -374,9 +392,11 @@ TIDE_EXPORT ncclResult_t ncclGroupEnd(void) {
 // `simInfo` is an ncclSimInfo_t* (NCCL >= 2.22), passed untouched.
 TIDE_EXPORT ncclResult_t ncclGroupSimulateEnd(void* simInfo) {
   if (__builtin_expect(enabled(), 0)) {
-    Hooks hooks;
-    hooks.simInfo = simInfo;
-    return ip::group::simulatedEnd(hooks);
+    return guarded("ncclGroupSimulateEnd", [&] {
+      Hooks hooks;
+      hooks.simInfo = simInfo;
+      return ip::group::simulatedEnd(hooks);
+    });
   }
   auto f = reinterpret_cast<SimulateEndFn>(real(kGroupSimulateEnd));
   if (f == nullptr) return kSystemError;
@@ -389,7 +409,12 @@ TIDE_EXPORT ncclResult_t ncclRedOpCreatePreMulSum(int* op, void* scalar, int dat
   auto f = reinterpret_cast<PreMulSumFn>(real(kRedOpCreatePreMulSum));
   if (f == nullptr) return kSystemError;
   ncclResult_t r = f(op, scalar, datatype, residence, comm);
-  if (r == 0 && op != nullptr && enabled()) ip::ops::created(comm, *op, scalar, datatype, residence);
+  if (r == 0 && op != nullptr && enabled()) {
+    return guarded("ncclRedOpCreatePreMulSum", [&] {
+      ip::ops::created(comm, *op, scalar, datatype, residence);
+      return 0;
+    });
+  }
   return r;
 }
 
@@ -408,9 +433,13 @@ TIDE_EXPORT ncclResult_t ncclRedOpDestroy(int op, ncclComm_t comm) {
 // TIDE's state of a communicator goes before NCCL's: finalize and destroy are collective in NCCL too, so TIDE's
 // collective teardown (slot frees, comm destroy over this communicator) runs while every rank is there; abort is
 // not, so TIDE only lets go (interposer_tide.h).
-TIDE_EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm) { return release(kCommFinalize, comm); }
+TIDE_EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+  return guarded("ncclCommFinalize", [&] { return release(kCommFinalize, comm); });
+}
 
-TIDE_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) { return release(kCommDestroy, comm); }
+TIDE_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  return guarded("ncclCommDestroy", [&] { return release(kCommDestroy, comm); });
+}
 
 TIDE_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
   if (__builtin_expect(enabled(), 0)) ip::releaseComm(comm, /*collective=*/false);
@@ -421,6 +450,7 @@ TIDE_EXPORT tideResult_t tideInterposerGetCounters(struct ncclComm* ncclComm, ti
   if (out == nullptr) {
     return tide::fail(tideInvalidArgument, kComponent, "tideInterposerGetCounters: out is NULL");
   }
+  TIDE_API_BEGIN
   if (out->size != sizeof(*out) || out->version != TIDE_INTERPOSER_COUNTERS_VERSION) {
     return tide::fail(tideInvalidArgument, kComponent,
                       "tideInterposerGetCounters: out->size %zu / version %u, expected %zu / %d (set both before the "
@@ -428,6 +458,7 @@ TIDE_EXPORT tideResult_t tideInterposerGetCounters(struct ncclComm* ncclComm, ti
   }
   ip::read(ncclComm, out);
   return tideSuccess;
+  TIDE_API_END
 }
 
 TIDE_EXPORT const char* tideInterposerReasonString(int reason) {
