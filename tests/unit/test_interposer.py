@@ -169,8 +169,10 @@ def test_counters_match_every_call(native, programs, tmp_path):
              if lib.tideInterposerReasonString(r)}
     assert lib.tideInterposerReasonString(0) is None and len(index) >= 10
     # In a CUDA build an eligible call reaches NCCL because the stub's communicator turns TIDE off, or, inside the
-    # group over two communicators, because that group goes to NCCL whole: both count as "eligible" here.
-    eligible = {r for t, r in index.items() if t.startswith(("TIDE is off", "inside a group that spans"))}
+    # group over two communicators or the simulated group, because that group goes to NCCL whole: all count as
+    # "eligible" here.
+    eligible = {r for t, r in index.items()
+                if t.startswith(("TIDE is off", "inside a group that spans", "inside a group ended by"))}
     want = {}
     for m in filter(None, map(TRACE_CALL.search, p.stderr.splitlines())):
         coll = 0 if m.group(1) == "ncclAllGather" else 1
