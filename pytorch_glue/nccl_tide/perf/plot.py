@@ -40,9 +40,9 @@ def require_matplotlib() -> None:
 
 
 def series(doc) -> dict:
-    """{impl: [(size, busbw, sm_us)]} of the rows that ran, size 0 left out (out-of-place figures): tide-perf's every-impl rows
-    (extras.results), or the results of a JSON without them (nccl-tests', labelled by its experiment). Raises
-    ValueError naming the first thing that is not as these files have it."""
+    """{impl: [(size, busbw, sm_us)]} of the rows that ran, size 0 left out (out-of-place figures): tide-perf's
+    every-impl rows (extras.results), or the results of a JSON without them (nccl-tests', labelled by its
+    experiment). Raises ValueError naming the first thing that is not as these files have it."""
     if not isinstance(doc, dict):
         raise ValueError("the top level is not an object")
     _check_header(doc)
