@@ -16,7 +16,7 @@ from typing import List, NamedTuple, Optional, TextIO, Tuple
 
 from ..errors import TideError
 from ..models import model_params, numels_and_rows
-from . import collectives, host_backend, impls, output, preamble, report, results_json
+from . import collectives, host_backend, host_memory, impls, output, preamble, report, results_json
 from .collectives import BUSBW_FORMULA
 from .options import EXIT_OUTPUT, EXIT_WRONG, Options, die
 
@@ -246,8 +246,8 @@ def _host_row(o: Options, case: Case, size: int, count: int, impl: str, notes: s
     try:
         oop, ip, note = o.collective.run_host(hcase, hopts)
     except MemoryError as e:
-        die(f"out of host memory: {e or 'an allocation failed'}; the host backend holds every simulated rank: use "
-            "fewer --ranks or a smaller layout")
+        die(f"out of host memory: {e or 'an allocation failed'}; the host backend holds every simulated rank: "
+            f"{host_memory.advice(o)}")
     except TideError as e:
         die(str(e))
     if note:
