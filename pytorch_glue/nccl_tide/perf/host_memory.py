@@ -45,9 +45,9 @@ def peak_bytes(reduces: bool, numels: List[int], rows: List[int], world: int, el
     reference (S) with the comparison's one byte per element of a gathered parameter.
     reduce_scatter: while the gradients are made, the gradients so far (W x one rank's gradient bytes, G) and the
     temporaries of one gradient; then G, every rank's packed output (O) and with -c the reference (O again), and on
-    top of these the largest of: the C reduction's fp32 scratch, the reference's work on one rank (its output
-    in pieces before they are joined, fp32 vectors of a shard), and in place one gradient made again with its temporaries (the call overwrites
-    each rank's own block)."""
+    top of these the largest of: the C reduction's fp32 scratch, the reference's work on one rank (its output in
+    pieces before they are joined, fp32 vectors of a shard), and in place one gradient made again with its
+    temporaries (the call overwrites each rank's own block)."""
     shards = [-(-n // r // world) * r for n, r in zip(numels, rows)]
     if not shards:
         return 0
