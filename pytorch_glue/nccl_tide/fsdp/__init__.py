@@ -32,7 +32,7 @@ from .. import fsdp_switch
 from ..errors import InvalidArgumentError, InvalidUsageError
 from ..reference_executor import get_executor
 from . import _adapter, _patch, _slot_memory, _slot_pool
-from ._group import GroupState, cast_in_place_setting, static_reason
+from ._group import NOT_SHARDED, GroupState, TideAllGather, cast_in_place_setting, static_reason, unsharded_advice
 from ._pool_plan import build_pools, reshards_after_forward
 from ._warn import TideFSDPWarning, warn_once
 
@@ -65,6 +65,8 @@ class TideFSDPHandle:
         self.pools = []  # native: SlotPool objects (shared pools first per comm, then dedicated slots)
         self.groups: List[GroupState] = []
         self.stock: List[dict] = []  # {"group": label, "reason": why}
+        # groups that run TIDE through the handle of an earlier enable() on another module: {"group", "handle_of"}
+        self.elsewhere: List[dict] = []
         self.enabled = True
 
     def stats(self) -> dict:
@@ -104,6 +106,7 @@ class TideFSDPHandle:
             "slot_reuse": self.slot_reuse,
             "tide_groups": tide,
             "stock_groups": list(self.stock),
+            "other_handle_groups": list(self.elsewhere),
             "slot_pools": [p.stats() for p in self.pools],
             "slot_pool": {
                 "requested": self.slot_pool,
@@ -263,7 +266,10 @@ def enable(
       the slot pool and executor choice count only the groups it keeps. It must decide alike on
       every rank. A filter that raises or returns a non-bool raises InvalidArgumentError naming
       the module, and the model is left as stock FSDP2.
-    Call between steps (every group sharded), on every rank, with the same arguments.
+    Call between steps (every group sharded: under set_reshard_after_backward(False) call reshard() on each FSDP
+    module first, else those groups keep stock FSDP2, warned), on every rank, with the same arguments. Groups that
+    run TIDE through the handle of an earlier enable() on another module stay with it (warned; stats()
+    "other_handle_groups").
     Returns the handle (also nccl_tide.fsdp.handle_of(model)); enabling twice is an error.
     """
     _check_arguments(model, slot_pool, slot_trim, module_filter, ranks_per_node)
@@ -272,12 +278,17 @@ def enable(
     # Nothing is changed before this walk ends: a filter that raises leaves the model stock FSDP2.
     labels, where, excluded = _walk_fsdp_modules(model, module_filter, killed)
     _refuse_mid_step(model, labels)
+    elsewhere = _other_handles(model, labels)  # TIDE's already, through an earlier enable() on another module
+    labels = {k: v for k, v in labels.items() if k not in elsewhere}
     selection = _adapter.select()
     static = {}
     for pg, _label in labels.values():
         static[id(pg)] = excluded.get(id(pg)) or selection.reason or static_reason(
             pg, (DefaultAllGather, DefaultReduceScatter)
         )
+    unsharded = [pg for pg, _ in labels.values() if static[id(pg)] == NOT_SHARDED]
+    for pg in unsharded:  # between steps (enable() refuses mid-step above): only reshard() helps, say so
+        static[id(pg)] = _unsharded_reason(unsharded)
     candidates = [pg for pg, _ in labels.values() if not static[id(pg)]]
     if selection.adapter is not None:
         executor_name, why_stock = _pick_executor(executor, candidates)
@@ -285,6 +296,7 @@ def enable(
         executor_name, why_stock = executor, ""
     handle = TideFSDPHandle(model, executor_name, slot_reuse, selection.adapter.name if selection.adapter else None)
     handle.slot_pool = int(slot_pool or 0)
+    _report_elsewhere(handle, list(elsewhere.values()))
     stock = _StockGroups(handle)
     for pg, label in labels.values():
         reason = static[id(pg)] or why_stock
@@ -341,6 +353,48 @@ def _refuse_mid_step(model, labels) -> None:
         f"nccl_tide.fsdp.enable(): {_shown(pending)} ran forward and its backward has not run yet; call enable() "
         f"between steps, after backward{reset}; nothing was changed"
     )
+
+
+def _other_handles(model, labels) -> Dict[int, tuple]:
+    """The groups of `model` that run TIDE through the handle of an earlier enable() on another module (e.g.
+    enable(model.blocks[0]) before enable(model)): id(pg) -> (label, where that handle's enable() was called). That
+    handle keeps them: they are neither this handle's TIDE groups nor stock."""
+    names = {id(mod): name or "<root>" for name, mod in model.named_modules()}
+    owners = {}
+    for owner_model, h in list(_handles.items()):
+        if h.enabled and owner_model is not model:
+            for g in h.groups:
+                owners[id(g)] = names.get(id(owner_model), f"an enclosing {type(owner_model).__name__} module")
+    found = {}
+    for key, (pg, label) in labels.items():
+        comm = getattr(pg, "_all_gather_comm", None)
+        if isinstance(comm, TideAllGather):
+            found[key] = (label, owners.get(id(comm.state), "another module"))
+    return found
+
+
+def _report_elsewhere(handle: "TideFSDPHandle", groups: List[tuple]) -> None:
+    """One warning per earlier handle whose groups this enable() leaves to it: they run TIDE, not stock FSDP2, and
+    this handle's stats() and disable() do not cover them."""
+    by_owner: Dict[str, List[str]] = {}
+    for label, owner in groups:
+        handle.elsewhere.append({"group": label, "handle_of": owner})
+        by_owner.setdefault(owner, []).append(label)
+    for owner, names in by_owner.items():
+        warn_once(
+            f"nccl_tide.fsdp: {_shown(names)} already run{'s' if len(names) == 1 else ''} TIDE through the handle of "
+            f"an earlier enable() on {owner}; this enable() leaves {'it' if len(names) == 1 else 'them'} there: that "
+            f"handle's stats() count {'it' if len(names) == 1 else 'them'} and its disable() gives "
+            f"{'it' if len(names) == 1 else 'them'} back to stock FSDP2 (this handle's disable() does not)"
+        )
+
+
+def _unsharded_reason(pgs) -> str:
+    """enable()'s reason for groups unsharded between steps, one text for all of them (one warning)."""
+    kept = any(getattr(pg, "reshard_after_backward", True) is False for pg in pgs)
+    why = " (set_reshard_after_backward(False) keeps parameters unsharded after backward)" if kept else ""
+    return (f"unsharded between steps{why}; to have TIDE take them, call disable() on this model, reshard() on each "
+            "of these modules (FSDPModule.reshard() does not recurse), then enable() again")
 
 
 def _walk_fsdp_modules(model, module_filter, killed: bool) -> tuple:
@@ -520,13 +574,15 @@ def _filter_keeps(module_filter, name: str, module: nn.Module) -> bool:
 
 
 def disable(model: nn.Module) -> None:
-    """Give every group of `model` back to stock FSDP2 (between steps). No-op if not enabled."""
+    """Give every group of `model` back to stock FSDP2 (between steps, every group sharded: under
+    set_reshard_after_backward(False) call reshard() on each FSDP module first). No-op if not enabled."""
     handle = _handles.get(model)
     if handle is None or not handle.enabled:
         return
-    for g in handle.groups:  # check all first: nothing is half-undone
-        if g.views_installed and not g.pg.is_sharded:
-            raise InvalidUsageError(f"nccl_tide.fsdp.disable(): {g.label} is unsharded; call it between steps")
+    unsharded = [(g.pg, g.label) for g in handle.groups if g.views_installed and not g.pg.is_sharded]
+    if unsharded:  # checked for all first: nothing is half-undone
+        raise InvalidUsageError(f"nccl_tide.fsdp.disable(): {unsharded_advice('disable()', unsharded)}; "
+                                "nothing was changed")
     for g in handle.groups:
         g.uninstall()
     for pool in handle.pools:  # tideSlotFree (collective), in allocation order

@@ -87,6 +87,25 @@ def _compiled_autograd() -> bool:
     return bool(fn()) if fn is not None else False
 
 
+NOT_SHARDED = "group not sharded at enable() (call enable() between steps)"
+
+
+def unsharded_advice(call: str, groups) -> str:
+    """Why `call` (enable() / disable()) cannot take or give back the unsharded FSDP groups `groups` ((FSDPParamGroup,
+    label) pairs) and what to do. Between a forward and its backward: call it after backward. Between steps (FSDP2
+    keeps a group unsharded after backward under set_reshard_after_backward(False), or after a user's unshard()),
+    "between steps" is where the caller already is: only reshard() helps, and FSDPModule.reshard() does not recurse,
+    so every such module is named."""
+    labels = [label for _, label in groups]
+    shown = ", ".join(labels[:4]) + (f" and {len(labels) - 4} more" if len(labels) > 4 else "")
+    if any(getattr(pg, "_post_forward_indices", None) for pg, _ in groups):
+        return f"{shown} ran forward and its backward has not run yet: call {call} between steps, after backward"
+    kept = any(getattr(pg, "reshard_after_backward", True) is False for pg, _ in groups)
+    why = " (set_reshard_after_backward(False) keeps parameters unsharded after backward)" if kept else ""
+    return (f"{shown} {'is' if len(labels) == 1 else 'are'} unsharded between steps{why}: call reshard() on "
+            f"{'it' if len(labels) == 1 else 'each of them'} first (FSDPModule.reshard() does not recurse)")
+
+
 def static_reason(pg, default_comms: Tuple[type, type]) -> Optional[str]:
     """Why TIDE cannot take this FSDPParamGroup (None: it can). Checked once, at enable()."""
     if not pg.fsdp_params:
@@ -115,7 +134,7 @@ def static_reason(pg, default_comms: Tuple[type, type]) -> Optional[str]:
         if fp._sharded_param_data.is_meta:
             return "parameters on the meta device"
         if fp.sharded_state != ShardedState.SHARDED:
-            return "group not sharded at enable() (call enable() between steps)"
+            return NOT_SHARDED  # enable() says why and what to do (unsharded_advice)
         dtypes.add(effective_param_dtype(fp, param_mp_policy(fp, pg)))
     if len(dtypes) != 1:
         return f"mixed dtypes in one group ({', '.join(sorted(str(d) for d in dtypes))})"
@@ -247,7 +266,7 @@ class GroupState:
         pg = self.pg
         if self.views_installed:
             if not pg.is_sharded:
-                raise InvalidUsageError(f"{self.label}: disable() needs the group sharded (call it between steps)")
+                raise InvalidUsageError(f"disable(): {unsharded_advice('disable()', [(pg, self.label)])}")
             for fp in pg.fsdp_params:  # stock FSDP2 re-creates its own storage on the next unshard
                 fp.all_gather_outputs = []
                 if hasattr(fp, "_unsharded_param"):

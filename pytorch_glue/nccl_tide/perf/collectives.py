@@ -71,7 +71,7 @@ def sizes(minbytes: int, maxbytes: int, factor: int, step: int) -> List[int]:
 
 
 def per_rank_count(size: int, elem_size: int, world: int) -> int:
-    """nccl-tests' per-rank count of a size: whole 16-byte multiples (0: the size is skipped)."""
+    """nccl-tests' per-rank count of a size: whole 16-byte multiples (0: a row of size 0, as nccl-tests prints it)."""
     return ((size // elem_size) // world) & ~(16 // elem_size - 1)
 
 

@@ -16,7 +16,7 @@ from typing import List, NamedTuple, Optional, TextIO, Tuple
 
 from ..errors import TideError
 from ..models import model_params, numels_and_rows
-from . import collectives, host_backend, impls, output, preamble, report, results_json
+from . import collectives, host_backend, host_memory, impls, output, preamble, report, results_json
 from .collectives import BUSBW_FORMULA
 from .options import EXIT_OUTPUT, EXIT_WRONG, Options, die
 
@@ -33,8 +33,9 @@ class Case(NamedTuple):
 
 
 def cases(o: Options, out: TextIO) -> List[Case]:
-    """The model layout's one case, or one flat tensor per size of the size loop (sizes below 16 bytes per rank
-    are skipped with a comment line, as nccl-tests skips them)."""
+    """The model layout's one case, or one flat tensor per size of the size loop. A size below 16 bytes per rank
+    rounds down to a count of 0, whose row nccl-tests prints as `0 0 float ...` (its size loop has no skip): an empty
+    case, which measure_all turns into that row without a call."""
     if o.model:
         params = model_params(o.layout)
         numels, rows = numels_and_rows(params)
@@ -46,9 +47,6 @@ def cases(o: Options, out: TextIO) -> List[Case]:
     out_cases = []
     for size in o.sizes():
         base = collectives.per_rank_count(size, o.dtype.size, o.world)
-        if base == 0:
-            out.write(f"# size {size}: fewer than 16 bytes per rank, skipped\n")
-            continue
         out_cases.append(Case([base * o.world], [1], [(base * o.world,)]))
     return out_cases
 
@@ -199,6 +197,8 @@ def measure_all(o: Options, gpu_backend, run_cases: List[Case], table: dict, out
                 if reason:
                     row = report.Row(size, count, type_name, redop, -1, report.NA, report.NA, impl=impl, note=reason,
                                      ok=False)
+                elif count == 0:
+                    row = zero_row(o, impl, gpu_backend is None)
                 elif gpu_backend is None:
                     row = _host_row(o, case, size, count, impl, notes)
                 else:
@@ -222,6 +222,23 @@ def measure_all(o: Options, gpu_backend, run_cases: List[Case], table: dict, out
     return rows, notes, extras
 
 
+ZERO_NOTE = ("a count of 0 (fewer than 16 bytes per rank) moves nothing: no call is made, so time, algbw and busbw "
+             "are 0, as nccl-tests prints its zero-count rows")
+
+
+def zero_row(o: Options, impl: str, host: bool) -> report.Row:
+    """The row of a size whose per-rank count is 0, on every backend alike. nccl-tests prints it (size 0, count 0,
+    busbw 0, counted in the average bus bandwidth); TIDE has no zero-element layout to call, and no backend is asked
+    for one, so the figures are exact zeros rather than the time of a call. The in-place variant is 0 where the
+    run measures in place at all (the host backend, and for reduce-scatter an output type equal to -d), N/A
+    elsewhere, as the run's other rows have it."""
+    wrong = 0 if o.check else None  # -c 0: N/A, as every unchecked variant
+    zero = report.Variant(0.0, 0.0, 0.0, wrong, iter_us=[0.0] * o.iters if o.per_iter else None)
+    in_place = host and (not o.collective.reduces or o.out_dtype.name == o.dtype.name)
+    return report.Row(0, 0, o.dtype.nccl_tests_name, o.redop, -1, zero, zero if in_place else report.NA, impl=impl,
+                      note=ZERO_NOTE)
+
+
 def _host_row(o: Options, case: Case, size: int, count: int, impl: str, notes: set) -> report.Row:
     hcase = host_backend.Case(case.numels, case.rows, o.world, o.ranks_per_node, o.pace_bytes)
     hopts = host_backend.Opts(o.dtype, o.out_dtype, o.op, o.scale, o.iters, o.warmup, o.check, o.seed,
@@ -229,8 +246,8 @@ def _host_row(o: Options, case: Case, size: int, count: int, impl: str, notes: s
     try:
         oop, ip, note = o.collective.run_host(hcase, hopts)
     except MemoryError as e:
-        die(f"out of host memory: {e or 'an allocation failed'}; the host backend holds every simulated rank: use "
-            "fewer --ranks or a smaller layout")
+        die(f"out of host memory: {e or 'an allocation failed'}; the host backend holds every simulated rank: "
+            f"{host_memory.advice(o)}")
     except TideError as e:
         die(str(e))
     if note:

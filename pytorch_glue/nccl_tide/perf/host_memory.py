@@ -2,33 +2,95 @@
 # SPDX-License-Identifier: Apache-2.0
 """The host backend's memory need, estimated before anything is allocated: it holds every simulated rank's buffers
 in this process, so a large size times a large world can exceed the machine, and the out-of-memory killer would end
-the run minutes in without a word. Refused up front with both figures instead."""
+the run minutes in without a word. Refused up front with both figures instead, and with what lowers the need for
+the run's kind. The figure is what the run adds at its peak: the available figure it is compared with already leaves
+out what this process holds (the interpreter and the library, some 40 MB of resident set)."""
+
+from typing import List, Tuple
 
 from .._memory import available_host_memory
+from ..models import MODELS, model_params, numels_and_rows
 from . import collectives
 from .options import EXIT_UNSUPPORTED, Options, die
 
 GiB = 1 << 30
+RANDOM_TEMPORARIES = 3  # data.random_values holds its result and up to 3 more arrays of its size while it builds it
+REDUCE_SCRATCH = 3  # the C host reduce-scatter's fp32 vectors of the largest shard (host_reduce_scatter.cc)
+
+
+def largest_case(o: Options) -> Tuple[List[int], List[int]]:
+    """(element counts, row lengths) of the run's largest case: the model layout's parameters, or the one flat tensor
+    of the largest size (nothing for a run whose every size is below 16 bytes per rank)."""
+    if o.model:
+        return numels_and_rows(model_params(o.layout))
+    counts = [collectives.per_rank_count(s, o.dtype.size, o.world) for s in o.sizes()]
+    base = max(counts, default=0)
+    return ([base * o.world], [1]) if base else ([], [])
 
 
 def largest_case_bytes(o: Options) -> int:
     """Bytes of the run's largest size (the size column of its last row)."""
-    if o.model:
-        return collectives.model_bytes(o.layout, o.world, o.dtype)
-    runs = [s for s in o.sizes() if collectives.per_rank_count(s, o.dtype.size, o.world)]
-    s = max(runs) if runs else 0
-    return collectives.per_rank_count(s, o.dtype.size, o.world) * o.world * o.dtype.size
+    numels, rows = largest_case(o)
+    return collectives.rank_count(numels, rows, o.world) * o.world * o.dtype.size
+
+
+def peak_bytes(reduces: bool, numels: List[int], rows: List[int], world: int, elem: int, out_elem: int,
+               check: bool) -> int:
+    """Bytes the host backend (perf/host_backend.py) holds at its peak for one case, every simulated rank included:
+    what lives at once in each of its phases, the largest phase. A flat tensor of W x shard elements whose output
+    type is its input type (`out_elem == elem` there) is also measured in place.
+
+    all_gather: while the shards are made, the shards so far and random_values' temporaries of one shard; then every
+    rank's shards (S = W x one rank's shard bytes), every rank's gathered parameters (W x S), and with -c the
+    reference (S) with the comparison's one byte per element of a gathered parameter.
+    reduce_scatter: while the gradients are made, the gradients so far (W x one rank's gradient bytes, G) and the
+    temporaries of one gradient; then G, every rank's packed output (O) and with -c the reference (O again), and on
+    top of these the largest of: the C reduction's fp32 scratch, the reference's work on one rank (its output in
+    pieces before they are joined, fp32 vectors of a shard), and in place one gradient made again with its
+    temporaries (the call overwrites each rank's own block)."""
+    shards = [-(-n // r // world) * r for n, r in zip(numels, rows)]
+    if not shards:
+        return 0
+    if not reduces:
+        one_rank = sum(shards) * elem
+        S = one_rank * world
+        making = S + RANDOM_TEMPORARIES * max(shards) * elem
+        compare = world * max(shards) if check else 0  # _count_wrong's one byte per element of a gathered parameter
+        return max(making, S + world * S + (S + compare if check else 0))
+    G = world * sum(numels) * elem
+    O = world * sum(shards) * out_elem
+    making = G + RANDOM_TEMPORARIES * max(numels) * elem
+    in_place = len(numels) == 1 and rows[0] == 1 and out_elem == elem and numels[0] == world * shards[0]
+    extra = max(
+        REDUCE_SCRATCH * max(shards) * 4,
+        (O // world + 3 * max(shards) * 4) if check else 0,
+        (1 + RANDOM_TEMPORARIES) * numels[0] * elem if in_place else 0,  # the new gradient is a temporary too
+    )
+    return max(making, G + O + (O if check else 0) + extra)
 
 
 def host_bytes(o: Options) -> int:
-    """Every rank's inputs and outputs of the largest size, plus the reference the check compares against.
-    all_gather: S bytes of shards, W x S of gathered outputs, S of reference. reduce_scatter: W x S of inputs (each
-    rank holds a whole gradient), S x out/in of outputs, the same again for the reference."""
-    S, W = largest_case_bytes(o), o.world
-    if o.collective.reduces:
-        outputs = S * o.out_dtype.size // o.dtype.size
-        return W * S + outputs * (2 if o.check else 1)
-    return S + W * S + (S if o.check else 0)
+    """Peak bytes of the run's largest case on the host backend (peak_bytes)."""
+    numels, rows = largest_case(o)
+    return peak_bytes(o.collective.reduces, numels, rows, o.world, o.dtype.size, o.out_dtype.size, bool(o.check))
+
+
+def advice(o: Options) -> str:
+    """What lowers the need, for this run's kind: -e sizes a flat run, while a model layout's layer fixes its size
+    (-b/-e do not apply to it), so there the layout, the world and the type are what can change."""
+    if o.model:
+        mine = collectives.model_bytes(o.layout, o.world, o.dtype)
+        smaller = [m for m in sorted(MODELS) if collectives.model_bytes(m, o.world, o.dtype) < mine]
+        what = ["fewer --ranks"] + ([f"a smaller --layout ({', '.join(smaller)})"] if smaller else [])
+        what.append("--layout flat with a smaller -e")
+        if o.dtype.size > 2:
+            what.append("a narrower -d (bf16)")
+    else:
+        what = ["a smaller -e", "fewer --ranks"]
+    if o.check:
+        what.append("-c 0 (no reference copy)")
+    text = "use " + ", ".join(what[:-1]) + " or " + what[-1]
+    return text + (f"; -b/-e do not size a model layout: --layout {o.layout} fixes the size" if o.model else "")
 
 
 def check(o: Options) -> None:
@@ -36,6 +98,11 @@ def check(o: Options) -> None:
     need = host_bytes(o)
     avail, source = available_host_memory()
     if avail is not None and need > avail:
-        die(f"tide-perf {o.collective.name} --backend host needs about {need / GiB:.1f} GiB of host memory for its "
-            f"largest size ({largest_case_bytes(o)} bytes at {o.world} ranks, every rank simulated in this process), "
-            f"but only {avail / GiB:.1f} GiB are available ({source}): lower -e or --ranks", EXIT_UNSUPPORTED)
+        die(f"{message(o, need, avail)} ({source}): {advice(o)}", EXIT_UNSUPPORTED)
+
+
+def message(o: Options, need: int, avail: int) -> str:
+    what = f"--layout {o.layout}" if o.model else "its largest size"
+    return (f"tide-perf {o.collective.name} --backend host needs about {need / GiB:.1f} GiB of host memory for "
+            f"{what} ({largest_case_bytes(o)} bytes at {o.world} ranks, every rank simulated in this process), but "
+            f"only {avail / GiB:.1f} GiB are available")

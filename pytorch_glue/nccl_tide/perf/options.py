@@ -546,7 +546,8 @@ def min_busbw(a) -> Optional[float]:
 
 
 def check_some_size_runs(o: Options) -> None:
-    """A flat run whose every size is below 16 bytes per rank would print a header and no row: refuse it."""
+    """A flat run whose every size is below 16 bytes per rank would measure nothing (only rows of size 0, which make
+    no call): refuse it, so that a size meant per rank rather than in total is caught before the run."""
     if not o.model and not any(collectives.per_rank_count(s, o.dtype.size, o.world) for s in o.sizes()):
         die(f"every size from -b {o.minbytes} to -e {o.maxbytes} is below 16 bytes per rank at {o.world} ranks: "
             f"nothing to run (no size reaches {16 * o.world} bytes: raise -b, or -e with -f 2)")

@@ -40,9 +40,9 @@ def require_matplotlib() -> None:
 
 
 def series(doc) -> dict:
-    """{impl: [(size, busbw, sm_us)]} of the rows that ran (out-of-place figures): tide-perf's every-impl rows
-    (extras.results), or the results of a JSON without them (nccl-tests', labelled by its experiment). Raises
-    ValueError naming the first thing that is not as these files have it."""
+    """{impl: [(size, busbw, sm_us)]} of the rows that ran, size 0 left out (out-of-place figures): tide-perf's
+    every-impl rows (extras.results), or the results of a JSON without them (nccl-tests', labelled by its
+    experiment). Raises ValueError naming the first thing that is not as these files have it."""
     if not isinstance(doc, dict):
         raise ValueError("the top level is not an object")
     _check_header(doc)
@@ -74,7 +74,7 @@ def series(doc) -> dict:
         if sm is not None and not (_number(sm) and 0 <= sm <= MAX_FIGURE):
             raise ValueError(f"{what}.sm_time_us is not a time in us (0 to {MAX_FIGURE:g})")
         out.setdefault(impl, [])
-        if r.get("ran", True) and bus is not None:
+        if r.get("ran", True) and bus is not None and size > 0:  # a size of 0 has no place on the log size axis
             out[impl].append((size, bus, sm))
     return out
 

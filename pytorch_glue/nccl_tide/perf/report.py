@@ -130,16 +130,20 @@ def row_line(r: Row, t: Table = Table(wide=True), skip: int = 0) -> str:
 
 def note_lines(rows: List[Row]) -> List[str]:
     """The rows' notes as comment lines, one per (impl, note): `# note IMPL SIZES: text`, SIZES `all` when the note
-    is every row's of that impl, else the sizes joined by commas."""
+    is every row's of that impl, else the sizes joined by commas, each once (every size below 16 bytes per rank is
+    a row of size 0)."""
     by_note: Dict[Tuple[str, str], List[int]] = {}
     per_impl: Dict[str, int] = {}
     for r in rows:
         per_impl[r.impl] = per_impl.get(r.impl, 0) + 1
         if r.note:
-            by_note.setdefault((r.impl, r.note), []).append(r.size)
+            sizes = by_note.setdefault((r.impl, r.note), [])
+            if r.size not in sizes:
+                sizes.append(r.size)
     lines = []
     for (impl, note), sizes in by_note.items():
-        where = "all" if len(sizes) == per_impl[impl] else ",".join(str(s) for s in sizes)
+        every = sum(1 for r in rows if r.impl == impl and r.note == note) == per_impl[impl]
+        where = "all" if every else ",".join(str(s) for s in sizes)
         lines.append(f"# note {impl} {where}: {note}")
     return lines
 
