@@ -47,7 +47,7 @@ def _comm_ptr(comm: Any) -> int:
         except Exception:
             name = "?"
         raise InvalidArgumentError(
-            f"the interposer's calls need an NCCL process group (a group with the 'nccl' backend on a CUDA build of torch); "
+            f"this call needs an NCCL process group (a group with the 'nccl' backend on a CUDA build of torch); "
             f"this group's backend is {name!r} ({type(e).__name__}: {e})"
         ) from None
     return int(get_ptr())

@@ -8,15 +8,12 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-GLUE = str(Path(__file__).resolve().parents[2] / "pytorch_glue")
-
-
 def _env(*front):
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([*front, GLUE, os.environ.get("PYTHONPATH", "")]))
+    # The nccl_tide under test is whichever this interpreter imports (the installed package, or PYTHONPATH's).
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([*front, os.environ.get("PYTHONPATH", "")]))
 
 
 def _closed_pipe_run(argv):
