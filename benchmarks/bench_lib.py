@@ -14,13 +14,12 @@ default); the wheel does not ship it.
 
 import ctypes
 import os
-import threading
 from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_size_t, c_uint64, c_void_p
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
 
 from nccl_tide import _native as N
-from nccl_tide.errors import LibraryNotFoundError, error_for
+from nccl_tide.errors import LibraryNotFoundError
 
 LIB_NAME = "libnccl-tide-bench.so"
 ENV_LIBRARY_PATH = "NCCL_TIDE_BENCH_LIBRARY_PATH"
@@ -66,9 +65,6 @@ SIGNATURES = {
     "tideBenchGetLastError": (c_char_p, []),
 }
 
-_bound = None
-_lock = threading.Lock()
-
 
 def library_path() -> str:
     """Absolute path of libnccl-tide-bench.so: $NCCL_TIDE_BENCH_LIBRARY_PATH, else next to libnccl-tide.so."""
@@ -91,27 +87,13 @@ def library_path() -> str:
     return str(path.resolve())
 
 
+_library = N.LazyLibrary(library_path, SIGNATURES)  # loaded as nccl_tide loads libnccl-tide.so
+
+
 def lib() -> ctypes.CDLL:
     """The benchmark library with the tide_bench.h signatures set (LibraryNotFoundError if it is absent, does not
     load or lacks one of them)."""
-    global _bound
-    if _bound is not None:
-        return _bound
-    with _lock:
-        if _bound is None:
-            path = library_path()
-            try:
-                handle = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
-            except OSError as e:
-                raise LibraryNotFoundError(f"cannot load {path}: {e}") from e
-            for name, (res, args) in SIGNATURES.items():
-                try:
-                    fn = getattr(handle, name)
-                except AttributeError as e:
-                    raise LibraryNotFoundError(f"{path} does not export {name}: stale library") from e
-                fn.restype, fn.argtypes = res, args
-            _bound = handle
-    return _bound
+    return _library()
 
 
 def available() -> bool:
@@ -129,10 +111,7 @@ def check(result: int, what: str) -> None:
     if result == N.tideSuccess:
         return
     raw = lib().tideBenchGetLastError()
-    msg = raw.decode(errors="replace") if raw else f"tideResult_t {result}"
-    if not (msg.startswith(what + ":") or msg.startswith(what + " ")):
-        msg = f"{what}: {msg}"
-    raise error_for(result, msg)
+    raise N.named_error(result, raw.decode(errors="replace") if raw else f"tideResult_t {result}", what)
 
 
 def reduce_args(staging: int, src_stride: int, n_src: int, n: int, out: int, in_type: str = "bf16",

@@ -1,8 +1,11 @@
 # Copyright The nccl-tide authors
 # SPDX-License-Identifier: Apache-2.0
-"""A Llama-style decoder (RMSNorm, grouped-query attention, SwiGLU MLP) of configurable size, for the FSDP2 step
-benchmark. Same structure as the tiny model of tests/fsdp_llama.py (a copy: the tests keep their own), sized by
-arguments; parameter order per block matches nccl_tide.models (attention projections, MLP, then norms).
+"""The Llama-style decoder (RMSNorm, grouped-query attention, SwiGLU MLP) of the FSDP2 benchmarks and tests.
+
+The benchmarks build it sized by LlamaConfig, with the parameter names and per-block order of nccl_tide.models
+(attention projections, MLP, then norms) and N(0, 0.02) matrices. The FSDP2 tests (tests/fsdp_llama.py) build a
+tiny one from the same definition with their own names and order (each norm before its sublayer), a gate per
+block, and torch's default initialisation; examples/fsdp2_train.py keeps a standalone copy for users to start from.
 """
 
 from typing import NamedTuple
@@ -26,10 +29,39 @@ class LlamaConfig(NamedTuple):
         return self.layers * block + 2 * self.vocab * h + h
 
 
-def build(cfg: LlamaConfig, seed: int = 0, device=None):
+# Attribute names of the parts: attention (q, k, v, o), MLP (gate, up, down), and a block's four parts in the order
+# they are built and registered, which is FSDP2's parameter order and the order of the random draws.
+NAMES = {
+    "hf": {
+        "attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
+        "mlp": ("gate_proj", "up_proj", "down_proj"),
+        "block": (("attn", "self_attn"), ("mlp", "mlp"), ("attn_norm", "input_layernorm"),
+                  ("mlp_norm", "post_attention_layernorm")),
+    },
+    "short": {
+        "attn": ("wq", "wk", "wv", "wo"),
+        "mlp": ("w1", "w3", "w2"),
+        "block": (("attn_norm", "attn_norm"), ("attn", "attn"), ("mlp_norm", "mlp_norm"), ("mlp", "mlp")),
+    },
+}
+
+
+def build(cfg: LlamaConfig, seed: int = 0, device=None, *, names: str = "hf", gates: bool = False,
+          tied: bool = False, init: str = "normal"):
+    """The model, its random draws seeded with `seed`, built under `device` when given.
+
+    names: a key of NAMES. gates: each block gets a 3-row `gate` parameter (after its parts) scaling its attention
+    and MLP outputs; the third row only joins the graph times 0 (a parameter whose rows can be fewer than the ranks).
+    tied: the output projection shares the embedding's weight. init: "normal", every parameter of two or more
+    dimensions drawn from N(0, 0.02) after construction; "torch", torch's default initialisation, then the norms'
+    weights and the gates drawn from U(0.5, 1.5) so that their gradients are not symmetric."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
+
+    if init not in ("normal", "torch"):
+        raise ValueError(f"init must be 'normal' or 'torch', got {init!r}")
+    attn_names, mlp_names, block_names = NAMES[names]["attn"], NAMES[names]["mlp"], NAMES[names]["block"]
 
     class RMSNorm(nn.Module):
         def __init__(self, dim, eps=1e-5):
@@ -45,42 +77,53 @@ def build(cfg: LlamaConfig, seed: int = 0, device=None):
         def __init__(self):
             super().__init__()
             hd = cfg.head_dim
-            self.q_proj = nn.Linear(cfg.hidden, cfg.heads * hd, bias=False)
-            self.k_proj = nn.Linear(cfg.hidden, cfg.kv_heads * hd, bias=False)
-            self.v_proj = nn.Linear(cfg.hidden, cfg.kv_heads * hd, bias=False)
-            self.o_proj = nn.Linear(cfg.heads * hd, cfg.hidden, bias=False)
+            shapes = ((cfg.hidden, cfg.heads * hd), (cfg.hidden, cfg.kv_heads * hd), (cfg.hidden, cfg.kv_heads * hd),
+                      (cfg.heads * hd, cfg.hidden))
+            for name, (n_in, n_out) in zip(attn_names, shapes):
+                setattr(self, name, nn.Linear(n_in, n_out, bias=False))
 
         def forward(self, x):
             b, t, _ = x.shape
             hd = cfg.head_dim
-            q = self.q_proj(x).view(b, t, cfg.heads, hd).transpose(1, 2)
-            k = self.k_proj(x).view(b, t, cfg.kv_heads, hd).transpose(1, 2)
-            v = self.v_proj(x).view(b, t, cfg.kv_heads, hd).transpose(1, 2)
+            wq, wk, wv, wo = (getattr(self, name) for name in attn_names)
+            q = wq(x).view(b, t, cfg.heads, hd).transpose(1, 2)
+            k = wk(x).view(b, t, cfg.kv_heads, hd).transpose(1, 2)
+            v = wv(x).view(b, t, cfg.kv_heads, hd).transpose(1, 2)
             if cfg.kv_heads != cfg.heads:
                 rep = cfg.heads // cfg.kv_heads
                 k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            return self.o_proj(y.transpose(1, 2).reshape(b, t, cfg.heads * hd))
+            return wo(y.transpose(1, 2).reshape(b, t, cfg.heads * hd))
 
     class MLP(nn.Module):  # SwiGLU
         def __init__(self):
             super().__init__()
-            self.gate_proj = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
-            self.up_proj = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
-            self.down_proj = nn.Linear(cfg.ffn, cfg.hidden, bias=False)
+            shapes = ((cfg.hidden, cfg.ffn), (cfg.hidden, cfg.ffn), (cfg.ffn, cfg.hidden))
+            for name, (n_in, n_out) in zip(mlp_names, shapes):
+                setattr(self, name, nn.Linear(n_in, n_out, bias=False))
 
         def forward(self, x):
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            gate, up, down = (getattr(self, name) for name in mlp_names)
+            return down(F.silu(gate(x)) * up(x))
+
+    parts = {"attn": Attention, "mlp": MLP, "attn_norm": lambda: RMSNorm(cfg.hidden),
+             "mlp_norm": lambda: RMSNorm(cfg.hidden)}
 
     class Block(nn.Module):
         def __init__(self):
             super().__init__()
-            self.self_attn, self.mlp = Attention(), MLP()
-            self.input_layernorm, self.post_attention_layernorm = RMSNorm(cfg.hidden), RMSNorm(cfg.hidden)
+            for role, name in block_names:
+                setattr(self, name, parts[role]())
+            if gates:
+                self.gate = nn.Parameter(torch.ones(3))
 
         def forward(self, x):
-            x = x + self.self_attn(self.input_layernorm(x))
-            return x + self.mlp(self.post_attention_layernorm(x))
+            p = {role: getattr(self, name) for role, name in block_names}
+            if gates:
+                x = x + self.gate[0] * p["attn"](p["attn_norm"](x))
+                return x + self.gate[1] * p["mlp"](p["mlp_norm"](x)) + 0 * self.gate[2]
+            x = x + p["attn"](p["attn_norm"](x))
+            return x + p["mlp"](p["mlp_norm"](x))
 
     class Llama(nn.Module):
         def __init__(self):
@@ -89,6 +132,8 @@ def build(cfg: LlamaConfig, seed: int = 0, device=None):
             self.layers = nn.ModuleList(Block() for _ in range(cfg.layers))
             self.norm = RMSNorm(cfg.hidden)
             self.out = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+            if tied:
+                self.out.weight = self.tok.weight
 
         def forward(self, tokens):
             x = self.tok(tokens)
@@ -103,7 +148,15 @@ def build(cfg: LlamaConfig, seed: int = 0, device=None):
     else:
         model = Llama()
     with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.02)
+        if init == "normal":
+            for p in model.parameters():
+                if p.dim() >= 2:
+                    p.normal_(0.0, 0.02)
+        else:
+            for m in model.modules():
+                if isinstance(m, RMSNorm):
+                    m.weight.uniform_(0.5, 1.5)
+            if gates:
+                for layer in model.layers:
+                    layer.gate.uniform_(0.5, 1.5)
     return model

@@ -1,7 +1,7 @@
 # Copyright The nccl-tide authors
 # SPDX-License-Identifier: Apache-2.0
-"""Shared by the FSDP2 tests: a tiny Llama-style model and the body of their gloo workers (started by
-multirank.harness.run_script).
+"""Shared by the FSDP2 tests: a tiny Llama-style model (benchmarks/fsdp_model.py's, built small) and the body of
+their gloo workers (started by multirank.harness.run_script).
 
 Sizes are chosen so that no dim-0 divides the world sizes used (2, 4), and one parameter
 has fewer rows than ranks (trailing ranks hold only padding).
@@ -10,11 +10,18 @@ has fewer rows than ranks (trailing ranks hold only padding).
 import json
 import os
 import sys
+from pathlib import Path
+
+_BENCHMARKS = str(Path(__file__).resolve().parents[1] / "benchmarks")
+if _BENCHMARKS not in sys.path:
+    sys.path.append(_BENCHMARKS)  # fsdp_model.py; appended, so that tests/ modules keep their names
+from fsdp_model import LlamaConfig, build  # noqa: E402
 
 # free_port: for benchmarks/tests/test_fsdp_memory_probe.py.
-from multirank.harness import free_port, init_gloo  # noqa: F401
+from multirank.harness import free_port, init_gloo  # noqa: E402, F401
 
 VOCAB, DIM, HEADS, HIDDEN, LAYERS = 37, 26, 2, 45, 2
+TINY = LlamaConfig(layers=LAYERS, hidden=DIM, heads=HEADS, kv_heads=HEADS, ffn=HIDDEN, vocab=VOCAB)
 
 
 def init_worker(rank: int, world: int, port: int):
@@ -41,81 +48,9 @@ def run_worker(rank: int, world: int, port: int, cases: str, run_case, counter) 
 
 
 def build_model(seed: int = 0, tied: bool = False, layers: int = LAYERS):
-    import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
-
-    class RMSNorm(nn.Module):
-        def __init__(self, dim, eps=1e-5):
-            super().__init__()
-            self.eps = eps
-            self.weight = nn.Parameter(torch.ones(dim))
-
-        def forward(self, x):
-            xf = x.float()
-            return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
-
-    class Attention(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.wq = nn.Linear(DIM, DIM, bias=False)
-            self.wk = nn.Linear(DIM, DIM, bias=False)
-            self.wv = nn.Linear(DIM, DIM, bias=False)
-            self.wo = nn.Linear(DIM, DIM, bias=False)
-
-        def forward(self, x):
-            b, t, _ = x.shape
-            hd = DIM // HEADS
-            q, k, v = (w(x).view(b, t, HEADS, hd).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            return self.wo(y.transpose(1, 2).reshape(b, t, DIM))
-
-    class MLP(nn.Module):  # SwiGLU
-        def __init__(self):
-            super().__init__()
-            self.w1 = nn.Linear(DIM, HIDDEN, bias=False)
-            self.w3 = nn.Linear(DIM, HIDDEN, bias=False)
-            self.w2 = nn.Linear(HIDDEN, DIM, bias=False)
-
-        def forward(self, x):
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.attn_norm, self.attn = RMSNorm(DIM), Attention()
-            self.mlp_norm, self.mlp = RMSNorm(DIM), MLP()
-            self.gate = nn.Parameter(torch.ones(3))  # 3 rows: rank 3 of 4 holds only padding
-
-        def forward(self, x):
-            x = x + self.gate[0] * self.attn(self.attn_norm(x))
-            return x + self.gate[1] * self.mlp(self.mlp_norm(x)) + 0 * self.gate[2]
-
-    class Llama(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.tok = nn.Embedding(VOCAB, DIM)
-            self.layers = nn.ModuleList(Block() for _ in range(layers))
-            self.norm = RMSNorm(DIM)
-            self.out = nn.Linear(DIM, VOCAB, bias=False)
-            if tied:
-                self.out.weight = self.tok.weight
-
-        def forward(self, tokens):
-            x = self.tok(tokens)
-            for layer in self.layers:
-                x = layer(x)
-            return self.out(self.norm(x))
-
-    torch.manual_seed(seed)
-    model = Llama()
-    with torch.no_grad():  # non-trivial norms and gates, so their gradients are not symmetric
-        for m in model.modules():
-            if isinstance(m, RMSNorm):
-                m.weight.uniform_(0.5, 1.5)
-        for layer in model.layers:
-            layer.gate.uniform_(0.5, 1.5)
-    return model
+    """The tiny model: benchmarks/fsdp_model.py's decoder with short names (wq.., w1/w3/w2, each norm before its
+    sublayer), a gate per block, multi-head attention and torch's default initialisation."""
+    return build(TINY._replace(layers=layers), seed, names="short", gates=True, tied=tied, init="torch")
 
 
 def batch(step: int, rank: int, b: int = 2, t: int = 7):

@@ -4,7 +4,8 @@
 
 The library is loaded lazily (first call of lib()), so `import nccl_tide` works
 without it. Lookup order: $NCCL_TIDE_LIBRARY_PATH (a dev build), then the copy
-shipped in the wheel at nccl_tide/lib/libnccl-tide.so.
+shipped in the wheel at nccl_tide/lib/libnccl-tide.so. benchmarks/bench_lib.py loads
+libnccl-tide-bench.so the same way (LazyLibrary, named_error).
 """
 
 import ctypes
@@ -14,9 +15,9 @@ import re
 import threading
 from ctypes import POINTER, c_char_p, c_float, c_int, c_size_t, c_uint, c_uint64, c_void_p
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
-from .errors import InvalidArgumentError, LibraryNotFoundError, error_for
+from .errors import InvalidArgumentError, LibraryNotFoundError, TideError, error_for
 
 LIB_NAME = "libnccl-tide.so"
 ENV_LIBRARY_PATH = "NCCL_TIDE_LIBRARY_PATH"
@@ -257,9 +258,6 @@ SIGNATURES = {
     "tideInterposerReasonString": (c_char_p, [c_int]),
 }
 
-_lock = threading.Lock()
-_lib: Optional[ctypes.CDLL] = None
-
 
 def packaged_library_path() -> Path:
     return Path(__file__).resolve().parent / "lib" / LIB_NAME
@@ -275,27 +273,48 @@ def library_path() -> str:
     return str(path.resolve())
 
 
+def load(path: str, signatures: dict) -> ctypes.CDLL:
+    """dlopen `path` (RTLD_LOCAL) and set the restype and argtypes of every function in `signatures` ({name:
+    (restype, argtypes)}); LibraryNotFoundError if it does not load or lacks one of them."""
+    try:
+        handle = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
+    except OSError as e:
+        raise LibraryNotFoundError(f"cannot load {path}: {e}") from e
+    for name, (restype, argtypes) in signatures.items():
+        try:
+            fn = getattr(handle, name)
+        except AttributeError as e:
+            raise LibraryNotFoundError(f"{path} does not export {name}: stale or foreign library") from e
+        fn.restype = restype
+        fn.argtypes = argtypes
+    return handle
+
+
+class LazyLibrary:
+    """A library loaded on first use: find_path() then load(path, signatures), once, thread-safe. A failure is
+    raised to the caller and retried on the next call."""
+
+    def __init__(self, find_path: Callable[[], str], signatures: dict) -> None:
+        self._find_path, self._signatures = find_path, signatures
+        self._lock = threading.Lock()
+        self._handle: Optional[ctypes.CDLL] = None
+
+    def __call__(self) -> ctypes.CDLL:
+        handle = self._handle
+        if handle is None:
+            with self._lock:
+                handle = self._handle
+                if handle is None:
+                    handle = self._handle = load(self._find_path(), self._signatures)
+        return handle
+
+
+_library = LazyLibrary(library_path, SIGNATURES)
+
+
 def lib() -> ctypes.CDLL:
     """The loaded library with argtypes/restype set for every tide.h function."""
-    global _lib
-    if _lib is not None:
-        return _lib
-    with _lock:
-        if _lib is None:
-            path = library_path()
-            try:
-                handle = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
-            except OSError as e:
-                raise LibraryNotFoundError(f"cannot load {path}: {e}") from e
-            for name, (restype, argtypes) in SIGNATURES.items():
-                try:
-                    fn = getattr(handle, name)
-                except AttributeError as e:
-                    raise LibraryNotFoundError(f"{path} does not export {name}: stale or foreign library") from e
-                fn.restype = restype
-                fn.argtypes = argtypes
-            _lib = handle
-    return _lib
+    return _library()
 
 
 def last_error() -> str:
@@ -307,11 +326,15 @@ def check(result: int, what: str = "") -> None:
     """Raise the typed TideError for a non-success tideResult_t."""
     if result == tideSuccess:
         return
-    msg = last_error() or lib().tideGetErrorString(result).decode(errors="replace")
-    # The library's messages usually start with the function's name already: never say it twice.
+    raise named_error(result, last_error() or lib().tideGetErrorString(result).decode(errors="replace"), what)
+
+
+def named_error(result: int, msg: str, what: str = "") -> TideError:
+    """The typed TideError for `result`, its message prefixed with `what` (the call) unless it starts with it
+    already: the libraries' messages usually name their function."""
     if what and not (msg.startswith(what + ":") or msg.startswith(what + " ")):
         msg = f"{what}: {msg}"
-    raise error_for(result, msg)
+    return error_for(result, msg)
 
 
 # -- range checks of Python integers that cross into C ----------------------------------------------------------------
@@ -407,7 +430,6 @@ def timeout_seconds(builtin: float) -> float:
     bootstrap all-gather): NCCL_TIDE_TIMEOUT_MS when it is set to a nonzero value, else `builtin`. An invalid value
     is reported once (a warning carrying the library's message) and ignored, as the library ignores it."""
     global _timeout_warned
-    from .errors import TideError
 
     try:
         ms = int(param_value("NCCL_TIDE_TIMEOUT_MS"))
