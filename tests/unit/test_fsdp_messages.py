@@ -16,7 +16,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -139,9 +138,7 @@ def _worker(store: str, seed: int) -> dict:
 
 @pytest.fixture(scope="module", params=[0, 1])
 def got(request, tmp_path_factory):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2] / "pytorch_glue"),
-                                         env.get("PYTHONPATH", "")])
+    env = dict(os.environ)  # the nccl_tide under test: the installed package, or PYTHONPATH's
     store = tmp_path_factory.mktemp("store") / "store"
     r = subprocess.run([sys.executable, __file__, "worker", str(store), str(request.param)], env=env,
                        capture_output=True, text=True, timeout=240)
