@@ -175,6 +175,8 @@ ip::Reason classify(Entry e, ip::group::Call* c) {
     r = ip::kConfigCall;
   } else if (elem == 0) {
     r = ip::kUnknownDtype;
+  } else if (c->count == 0) {
+    r = ip::kEmpty;
   } else if (c->bytes == UINT64_MAX) {
     r = ip::kCountTooLarge;  // NCCL refuses it; TIDE must not try (a failed layout would turn it off)
   } else if (rs && !half && c->dtype != ip::ops::kNcclFloat32) {

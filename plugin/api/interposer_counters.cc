@@ -13,7 +13,7 @@ namespace tide {
 namespace interposer {
 namespace {
 
-const char* const kReasonText[kNumReasons] = {
+const char* const kReasonText[] = {
     "taken by TIDE",
     "a ...Config call (per-collective config is honoured only by NCCL)",
     "unknown ncclDataType_t",
@@ -31,7 +31,9 @@ const char* const kReasonText[kNumReasons] = {
     "inside a group that finalizes or destroys the call's communicator (the group goes to NCCL whole)",
     "inside a group ended by ncclGroupSimulateEnd (NCCL simulates it, nothing runs)",
     "count times the element size does not fit in 64 bits",
+    "count 0: nothing to move (a TIDE layout has at least one element)",
 };
+static_assert(sizeof(kReasonText) / sizeof(kReasonText[0]) == kNumReasons, "one text per reason");
 
 std::mutex gMu;
 // Never freed: calls may be counted by threads still running while the process exits.

@@ -36,6 +36,7 @@ enum Reason : int {
   kGroupWithTeardown,
   kGroupSimulated,
   kCountTooLarge,
+  kEmpty,
   kNumReasons
 };
 static_assert(kNumReasons <= TIDE_INTERPOSER_MAX_REASONS, "tideInterposerCounters_t holds the reasons");
