@@ -157,9 +157,10 @@ void logReasonOnce(ip::Reason r, const char* name, const char* detail) {
       TIDE_WARN(kComponent, "NCCL_TIDE_ENABLE=1, but %s; every call goes to NCCL (said once)", ip::reasonText(r));
     }
   } else if (!gReasonLogged[r].exchange(true)) {
-    TIDE_INFO(kComponent, "%s call %s%s%s (each reason is logged once at INFO; NCCL_TIDE_DEBUG=TRACE logs every call)",
-              name, r == ip::kTaken ? kEligibleText : "to NCCL: ",
-              r == ip::kTaken ? "" : ip::reasonText(r), detail != nullptr ? detail : "");
+    const bool more = detail != nullptr && detail[0] != '\0';
+    TIDE_INFO(kComponent, "%s call %s%s%s%s (each reason is logged once at INFO; NCCL_TIDE_DEBUG=TRACE logs every "
+              "call)", name, r == ip::kTaken ? kEligibleText : "to NCCL: ", r == ip::kTaken ? "" : ip::reasonText(r),
+              more ? ": " : "", more ? detail : "");
   }
 }
 
