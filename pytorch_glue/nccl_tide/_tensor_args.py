@@ -18,7 +18,7 @@ gradients of a reduce-scatter, the shards of an all-gather) goes through a Tenso
    uint16 for bf16) and raises the error that names the tensor.
 
 Neither tier sees a storage resized under its tensor (same metadata, fewer bytes behind it), so both also read each
-tensor's storage size (one sweep, about 0.5 us a tensor on a CPU host). Tier 1 refuses torch's negative bit (a
+tensor's storage size and offset (one sweep, about 0.3 us a tensor on a CPU host). Tier 1 refuses torch's negative bit (a
 dispatch key), tier 2 reads it; a conjugate bit comes only with complex dtypes, which both refuse.
 
 Then the addresses, one map over the list (about 4 us for 64), and the ctypes table: cached by the tuple of
@@ -133,9 +133,6 @@ _CONTIGUOUS = operator.methodcaller("is_contiguous")
 _IS_NEG = operator.methodcaller("is_neg")
 
 
-def _storages_cover(tensors: Sequence[Any]) -> bool:
-    # Neither a guard nor the facts see a storage resized under a tensor: read for every list, every call.
-    return all(_storage_short(t) is None for t in tensors)
 
 _guards_state: Optional[bool] = None  # whether _new_guard can be used (decided once per process)
 
@@ -190,6 +187,7 @@ class TensorTable:
     def __init__(self, dtypes: Sequence[DType], nbytes: Sequence[int]):
         self._dtypes: List[DType] = list(dtypes)
         self._nbytes: Tuple[int, ...] = tuple(int(n) for n in nbytes)
+        self._elem_sizes: Tuple[int, ...] = tuple(d.size for d in self._dtypes)
         self._array_type = ctypes.c_void_p * max(len(self._nbytes), 1)
         self._canonical: Optional[Tuple[Any, ...]] = None  # the dtypes as torch dtypes (torch imported lazily)
         self._guard = None
@@ -208,8 +206,17 @@ class TensorTable:
             and all(map(_IS_CUDA, tensors))
             and all(map(_CONTIGUOUS, tensors))
             and not any(map(_IS_NEG, tensors))
-            and _storages_cover(tensors)
+            and self._storages_cover(tensors)
         )
+
+    def _storages_cover(self, tensors: Sequence[Any]) -> bool:
+        """Neither a guard nor the facts see a storage resized under a tensor: read for every list, every call, in
+        one sweep that takes each tensor's element size and byte size from the layout (both tiers matched them)."""
+        try:
+            return all(t.untyped_storage().nbytes() >= t.storage_offset() * e + n
+                       for t, e, n in zip(tensors, self._elem_sizes, self._nbytes))
+        except (RuntimeError, NotImplementedError, AttributeError):  # no readable storage: the other checks decide
+            return all(_storage_short(t) is None for t in tensors)
 
     def _remember(self, tensors: Sequence[Any]) -> None:
         """A guard over tensors that passed a check (all of them torch tensors), replacing the last one; at most
@@ -230,7 +237,7 @@ class TensorTable:
         the list in errors: entry i is f"{what}[{i}]"."""
         guard = self._guard
         try:
-            if guard is not None and guard.check(*tensors) and _storages_cover(tensors):
+            if guard is not None and guard.check(*tensors) and self._storages_cover(tensors):
                 return tuple(map(self._data_ptr, tensors))
             ptrs = tuple(map(self._data_ptr, tensors)) if self._facts_match(tensors) else None
         except (AttributeError, TypeError):  # an entry that is no tensor: the full check names it
