@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import time
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, NoReturn, Optional, Sequence
 
 from . import _native as N
 from ._log import get_logger
@@ -423,7 +423,7 @@ class Comm:
         self._handle = None
         self._slots = []
 
-    def __reduce__(self):
+    def __reduce__(self) -> NoReturn:
         # Its handle names memory and peers of this process only: a copy elsewhere (a spawn worker) would name
         # nothing. A Layout, which is a description, pickles by value instead.
         raise TypeError("a Comm cannot be pickled: it is this process's communicator; create one in the other "
