@@ -15,8 +15,9 @@
 #   frameworks  install DeepSpeed, Megatron-Core and torchtitan in the background from TIDE_FRAMEWORK_WHEELS=DIR
 #               (ci/framework_wheels.sh download DIR) for tests/multirank/test_frameworks.py, which skips without them.
 #   build       the CUDA library into TIDE_GPU_BUILD (default build/gpu) for CMAKE_CUDA_ARCHITECTURES (default 90).
-#   tests       every file of tests/gpu (one card, one process) and, concurrently, of tests/multirank (several
-#               processes; this stream waits for the nccl and frameworks parts first), one pytest per file under its
+#   tests       every file of tests/gpu (one card, one process) and, concurrently, the files of tests/multirank that
+#               need a GPU (several processes; this stream waits for the nccl and frameworks parts first), then the
+#               files that exhaust or measure the card's memory (ALONE) by themselves; one pytest per file under its
 #               own limit (TIDE_GPU_FILE_TIMEOUT, default 240 s), so a hang costs one file. TIDE_GPU_TESTS="FILE ..."
 #               runs only those files.
 #   perf        tests/gpu/perf_smoke.py and tide-perf's loopback rows (AG and RS, 8 virtual ranks, every
@@ -132,11 +133,16 @@ run_files() {
   done
 }
 
+# Files that exhaust the card's memory on purpose, or measure its free memory: alone, after both streams.
+ALONE="tests/gpu/test_faults.py"
+
 part_tests() {
   have_library tests || return
-  local files single=() multi=() f
-  files="${TIDE_GPU_TESTS:-$(ls tests/gpu/test_*.py tests/multirank/test_*.py 2>/dev/null)}"
+  local files single=() multi=() alone=() f
+  # tests/multirank files that need no GPU (gloo, CPU) run in the CPU job, not here.
+  files="${TIDE_GPU_TESTS:-$(ls tests/gpu/test_*.py; grep -lE "mark\.gpu|torch_cuda|cuda_lib" tests/multirank/test_*.py)}"
   for f in $files; do
+    case " $ALONE " in *" $f "*) alone+=("$f"); continue ;; esac
     case $f in tests/multirank/*) multi+=("$f") ;; *) single+=("$f") ;; esac
   done
   # The streams share the card: single-card files are one process each, multi-process files a few small ranks.
@@ -145,6 +151,7 @@ part_tests() {
   await_background
   run_files "${multi[@]}"
   wait "$single_pid"
+  run_files "${alone[@]}"
 }
 
 part_perf() {

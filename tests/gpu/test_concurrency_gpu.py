@@ -36,7 +36,8 @@ MAX_SLOT = 1 << 20  # one slot per AG world, allocated before the threads start 
 def ag_loop(torch, world, tid, failures, slots):
     W = world.n_ranks
     rng = seeded("conc-ag", tid)
-    views = {1: np.uint8, 2: np.uint16, 4: np.uint32}
+    views = {1: np.uint8, 2: np.uint16, 4: np.uint32}  # the bit types TIDE accepts for floats
+    signed = {"int8": np.int8, "int32": np.int32}  # integer shards keep their own type
     for it in range(ITERS):
         n = int(rng.integers(1, 5))
         numels = [int(rng.integers(1, 20000)) for _ in range(n)]
@@ -48,7 +49,7 @@ def ag_loop(torch, world, tid, failures, slots):
             [
                 send_cpu[r][p.send_offset : p.send_offset + p.shard_numel * p.elem_size]
                 .numpy()
-                .view(views[p.elem_size])
+                .view(signed.get(p.dtype, views[p.elem_size]))
                 for p in L.params
             ]
             for r in range(W)

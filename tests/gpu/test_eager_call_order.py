@@ -29,7 +29,7 @@ SCRIPT = textwrap.dedent(
 
     W = int(sys.argv[1])
     rng = np.random.default_rng(11 + W)
-    INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
+    INT = {1: torch.uint8, 2: torch.uint16, 4: torch.uint32}  # the bit types TIDE accepts for bf16 and fp32
 
     class AG:
         def __init__(self, w):
