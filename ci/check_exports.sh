@@ -33,6 +33,10 @@ ALLOWED_NCCL=(
   ncclCommFinalize
   ncclCommDestroy
   ncclCommAbort
+  ncclCommWindowRegister
+  ncclCommWindowDeregister
+  ncclCommRegister
+  ncclCommDeregister
 )
 
 if [[ $bench -eq 1 ]]; then

@@ -618,6 +618,11 @@ typedef struct {
   uint64_t takenBytes[2];
   uint64_t forwardedCalls[2][TIDE_INTERPOSER_MAX_REASONS];
   uint64_t forwardedBytes[2][TIDE_INTERPOSER_MAX_REASONS];
+  /* Of the taken all-gathers, those gathered into TIDE's bounce slot and copied out to recvbuff (a same-device copy
+   * of W times the bytes, which runs on SMs); the others were gathered straight into recvbuff, a buffer in a window
+   * registered with NCCL_WIN_COLL_SYMMETRIC. */
+  uint64_t allGatherCopyOutCalls;
+  uint64_t allGatherCopyOutBytes;
 } tideInterposerCounters_t;
 
 /* The counters of the NCCL communicator `ncclComm` since it was first seen (all zero for one never seen or already

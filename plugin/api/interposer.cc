@@ -8,12 +8,14 @@
 //
 // NCCL_TIDE_ENABLE unset or 0: pure pass-through (the flag is read once and cached; no allocation, no other work).
 // NCCL_TIDE_ENABLE=1: each call is classified (docs/usage.md "Eligibility"); an eligible one is run by TIDE
-// (interposer_tide.cc), any other is passed through unchanged, and each is counted (interposer_counters.h). Eight
+// (interposer_tide.cc), any other is passed through unchanged, and each is counted (interposer_counters.h). Twelve
 // more NCCL names serve the TIDE path and are exported too, each a plain forward when TIDE is off:
 // ncclGroupStart/ncclGroupEnd/ncclGroupSimulateEnd (grouped calls are recorded and run after the group:
 // interposer_group.h),
 // ncclRedOpCreatePreMulSum/ncclRedOpDestroy (what a PREMUL_SUM op means: interposer_ops.h), and
-// ncclCommFinalize/ncclCommDestroy/ncclCommAbort (TIDE's state of a communicator is released before NCCL's).
+// ncclCommFinalize/ncclCommDestroy/ncclCommAbort (TIDE's state of a communicator is released before NCCL's), and
+// ncclCommWindowRegister/ncclCommWindowDeregister/ncclCommRegister/ncclCommDeregister (which buffers NCCL maps for
+// the peers: an all-gather into a symmetric window needs no copy-out, interposer_windows.h).
 //
 // No NCCL header: the types are the ABI-stable ones of nccl.h (enums are ints, handles pointers); the Config
 // variants (NCCL >= 2.31.2) take the ncclCollConfig_t pointer opaquely, so this builds against 2.28.9 headers too.
@@ -34,6 +36,7 @@
 #include "interposer_group.h"
 #include "interposer_ops.h"
 #include "interposer_tide.h"
+#include "interposer_windows.h"
 
 namespace {
 
@@ -56,6 +59,10 @@ using PreMulSumFn = ncclResult_t (*)(int*, void*, int, int, ncclComm_t);
 using OpDestroyFn = ncclResult_t (*)(int, ncclComm_t);
 using AsyncErrorFn = ncclResult_t (*)(ncclComm_t, ncclResult_t*);
 using SimulateEndFn = ncclResult_t (*)(void*);
+using WindowRegisterFn = ncclResult_t (*)(ncclComm_t, void*, size_t, void**, int);
+using WindowDeregisterFn = ncclResult_t (*)(ncclComm_t, void*);
+using RegisterFn = ncclResult_t (*)(ncclComm_t, void*, size_t, void**);
+using DeregisterFn = ncclResult_t (*)(ncclComm_t, void*);
 
 enum Entry : int {
   kAllGather = 0,
@@ -70,6 +77,10 @@ enum Entry : int {
   kRedOpCreatePreMulSum,
   kRedOpDestroy,
   kGroupSimulateEnd,
+  kCommWindowRegister,
+  kCommWindowDeregister,
+  kCommRegister,
+  kCommDeregister,
   kCommGetAsyncError,  // not exported: the wait for a nonblocking group's launch
   kNumEntries
 };
@@ -77,11 +88,13 @@ const char* const kRealNames[kNumEntries] = {
     "pncclAllGather",   "pncclReduceScatter", "pncclAllGatherConfig", "pncclReduceScatterConfig",
     "pncclGroupStart",  "pncclGroupEnd",      "pncclCommFinalize",    "pncclCommDestroy",
     "pncclCommAbort",   "pncclRedOpCreatePreMulSum", "pncclRedOpDestroy", "pncclGroupSimulateEnd",
+    "pncclCommWindowRegister", "pncclCommWindowDeregister", "pncclCommRegister", "pncclCommDeregister",
     "pncclCommGetAsyncError"};
 const char* const kPublicNames[kNumEntries] = {
     "ncclAllGather",   "ncclReduceScatter", "ncclAllGatherConfig", "ncclReduceScatterConfig",
     "ncclGroupStart",  "ncclGroupEnd",      "ncclCommFinalize",    "ncclCommDestroy",
     "ncclCommAbort",   "ncclRedOpCreatePreMulSum", "ncclRedOpDestroy", "ncclGroupSimulateEnd",
+    "ncclCommWindowRegister", "ncclCommWindowDeregister", "ncclCommRegister", "ncclCommDeregister",
     "ncclCommGetAsyncError"};
 
 std::atomic<void*> gReal[kNumEntries];
@@ -384,7 +397,9 @@ TIDE_EXPORT ncclResult_t ncclGroupEnd(void) {
   if (__builtin_expect(enabled(), 0)) {
     return guarded("ncclGroupEnd", [] {
       Hooks hooks;
-      return ip::group::ended(hooks);
+      const int r = ip::group::ended(hooks);
+      if (!ip::group::open()) ip::windows::groupEnded(r == 0);
+      return r;
     });
   }
   auto f = reinterpret_cast<VoidFn>(real(kGroupEnd));
@@ -447,6 +462,62 @@ TIDE_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 TIDE_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
   if (__builtin_expect(enabled(), 0)) ip::releaseComm(comm, /*collective=*/false);
   return forwardComm(kCommAbort, comm);
+}
+
+// `win` is an ncclWindow_t*. Inside a group NCCL fills it when the group ends.
+TIDE_EXPORT ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, void** win, int winFlags) {
+  auto f = reinterpret_cast<WindowRegisterFn>(real(kCommWindowRegister));
+  if (f == nullptr) return kSystemError;
+  ncclResult_t r = f(comm, buff, size, win, winFlags);
+  if (r == 0 && win != nullptr && enabled()) {
+    return guarded("ncclCommWindowRegister", [&] {
+      if (ip::group::open()) {
+        ip::windows::registeredInGroup(comm, buff, size, win, winFlags);
+      } else {
+        ip::windows::registered(comm, buff, size, *win, winFlags);
+      }
+      return 0;
+    });
+  }
+  return r;
+}
+
+// TIDE forgets the window (and the peers' addresses it learnt of it) before NCCL unmaps it.
+TIDE_EXPORT ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, void* win) {
+  if (__builtin_expect(enabled(), 0)) {
+    const ncclResult_t r = guarded("ncclCommWindowDeregister", [&] {
+      ip::forgetRegion(comm, ip::windows::deregistered(comm, win));
+      return 0;
+    });
+    if (r != 0) return r;
+  }
+  auto f = reinterpret_cast<WindowDeregisterFn>(real(kCommWindowDeregister));
+  return f == nullptr ? kSystemError : f(comm, win);
+}
+
+TIDE_EXPORT ncclResult_t ncclCommRegister(ncclComm_t comm, void* buff, size_t size, void** handle) {
+  auto f = reinterpret_cast<RegisterFn>(real(kCommRegister));
+  if (f == nullptr) return kSystemError;
+  ncclResult_t r = f(comm, buff, size, handle);
+  if (r == 0 && handle != nullptr && enabled()) {
+    return guarded("ncclCommRegister", [&] {
+      ip::windows::registeredLocal(comm, buff, size, *handle);
+      return 0;
+    });
+  }
+  return r;
+}
+
+TIDE_EXPORT ncclResult_t ncclCommDeregister(ncclComm_t comm, void* handle) {
+  if (__builtin_expect(enabled(), 0)) {
+    const ncclResult_t r = guarded("ncclCommDeregister", [&] {
+      ip::windows::deregisteredLocal(comm, handle);
+      return 0;
+    });
+    if (r != 0) return r;
+  }
+  auto f = reinterpret_cast<DeregisterFn>(real(kCommDeregister));
+  return f == nullptr ? kSystemError : f(comm, handle);
 }
 
 TIDE_EXPORT tideResult_t tideInterposerGetCounters(struct ncclComm* ncclComm, tideInterposerCounters_t* out) {

@@ -66,6 +66,14 @@ void count(void* ncclComm, Coll coll, Reason reason, uint64_t bytes) {
   add(&gTotal, coll, reason, bytes);
 }
 
+void countCopyOut(void* ncclComm, uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(gMu);
+  for (tideInterposerCounters_t* c : {&(*gByComm)[ncclComm], &gTotal}) {
+    ++c->allGatherCopyOutCalls;
+    c->allGatherCopyOutBytes += bytes;
+  }
+}
+
 void read(void* ncclComm, tideInterposerCounters_t* out) {
   std::lock_guard<std::mutex> lock(gMu);
   if (ncclComm == nullptr) {
@@ -94,6 +102,12 @@ void summary(void* ncclComm, char* buf, size_t len) {
                      static_cast<unsigned long long>(bytes));
     if (n < 0) break;
     at += static_cast<size_t>(n);
+    if (coll == 0 && at < len) {
+      n = snprintf(buf + at, len - at, " (%llu taken with the copy-out)",
+                   static_cast<unsigned long long>(c.allGatherCopyOutCalls));
+      if (n < 0) break;
+      at += static_cast<size_t>(n);
+    }
   }
   if (len > 0 && at >= len) buf[len - 1] = '\0';
 }

@@ -44,6 +44,8 @@ static_assert(kNumReasons <= TIDE_INTERPOSER_MAX_REASONS, "tideInterposerCounter
 const char* reasonText(Reason r);
 
 void count(void* ncclComm, Coll coll, Reason reason, uint64_t bytes);
+// A taken all-gather that went through the bounce slot and a copy-out (counted as taken too).
+void countCopyOut(void* ncclComm, uint64_t bytes);
 
 // One communicator's counters, or the process's totals (ncclComm NULL; released communicators included).
 void read(void* ncclComm, tideInterposerCounters_t* out);

@@ -6,10 +6,12 @@
 // * reduce-scatter: tideReduceScatter reads the send buffer directly (push to the owners' staging, fp32
 //   accumulation) and writes recvbuff, also in NCCL's in-place form (recvbuff is the rank's own block of
 //   sendbuff); no copy and no registration of the application's buffers;
-// * all-gather: TIDE's peers write into peer-mapped memory only, and an application buffer is not peer-mapped, so
-//   the gather lands in a TIDE slot of this comm ("bounce slot") and one copy moves it to recvbuff. Transport
-//   stays off the SMs; that copy-out is a same-device copy, which the driver runs on SMs (docs/usage.md). A
-//   layout-aware call (tideAllGather on a slot) has no copy-out.
+// * all-gather: TIDE's peers write into peer-mapped memory only. A receive buffer inside a window the application
+//   registered with NCCL_WIN_COLL_SYMMETRIC is peer-mapped by NCCL: the peers write straight into it, at the
+//   addresses NCCL gives for it (interposer_windows.h). Any other application buffer is not, so the gather lands in
+//   a TIDE slot of this comm ("bounce slot") and one copy moves it to recvbuff: transport stays off the SMs, but
+//   that copy-out is a same-device copy, which the driver runs on SMs (docs/usage.md). A layout-aware call
+//   (tideAllGather on a slot) has no copy-out either.
 // Collective steps (comm creation, bounce-slot growth, RS staging growth) happen on calls every rank makes in the
 // same order with the same sizes, so every rank takes them together.
 #include "interposer_tide.h"
@@ -27,7 +29,9 @@
 #include "fork_guard.h"
 #include "handles.h"
 #include "interposer_counters.h"
+#include "interposer_windows.h"
 #include "log.h"
+#include "nccl/nccl_lib.h"
 
 #ifdef TIDE_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -267,6 +271,68 @@ tideResult_t ensureBounce(CommState* s, size_t bytes) {
   return tideSuccess;
 }
 
+// Why an all-gather keeps the bounce slot and the copy-out; kDirect: it is gathered straight into recvbuff.
+enum class Target { kDirect, kNotRegistered, kWindowNotSymmetric, kLocalRegistration, kSeveralNodes, kMisaligned,
+                    kOverlap, kNoPeerPointerCall, kNoPeerAddress, kCount };
+const char* const kTargetText[] = {
+    "gathered straight into recvbuff",
+    "recvbuff is not in a window registered on this communicator (ncclCommWindowRegister)",
+    "recvbuff is in a window registered without NCCL_WIN_COLL_SYMMETRIC: its offset may differ between ranks",
+    "recvbuff is registered with ncclCommRegister, a local registration that maps nothing for the peers",
+    "the communicator spans several TIDE nodes",
+    "recvbuff is not aligned to TIDE_SLOT_ALIGN",
+    "sendbuff overlaps recvbuff other than in place",
+    "the loaded NCCL has no ncclGetPeerDevicePointer (NCCL >= 2.29.2)",
+    "ncclGetPeerDevicePointer gave no address for a peer of the window",
+};
+static_assert(sizeof(kTargetText) / sizeof(kTargetText[0]) == static_cast<size_t>(Target::kCount), "one text each");
+std::atomic<bool> gTargetNoticed[static_cast<size_t>(Target::kCount)];
+
+void noticeCopyOut(Target t) {
+  if (!gTargetNoticed[static_cast<size_t>(t)].exchange(true)) {
+    TIDE_INFO(kComponent, "an all-gather is gathered into TIDE's bounce slot and copied out to recvbuff (a "
+                          "same-device copy, on SMs): %s (said once; docs/usage.md \"All-gathers without the "
+                          "copy-out\")", kTargetText[static_cast<size_t>(t)]);
+  }
+}
+
+using PeerPointerFn = int (*)(void* window, size_t offset, int peer, void** out);
+
+// Where this all-gather can gather: straight into recvbuff when it lies in a symmetric window of this communicator
+// whose peers' addresses NCCL gives (learnt once per window, kept in the comm's peer regions until the window is
+// deregistered). Under NCCL's contract for such windows every rank decides alike (interposer_windows.h).
+Target targetOf(CommState* s, void* ncclComm, const void* sendbuff, void* recvbuff, size_t bytes, size_t total) {
+  if (s->ranksPerNode != s->world) return Target::kSeveralNodes;
+  if (reinterpret_cast<uintptr_t>(recvbuff) % TIDE_SLOT_ALIGN != 0) return Target::kMisaligned;
+  windows::Hit hit;
+  switch (windows::lookup(ncclComm, recvbuff, total, &hit)) {
+    case windows::Kind::kNone: return Target::kNotRegistered;
+    case windows::Kind::kWindow: return Target::kWindowNotSymmetric;
+    case windows::Kind::kLocalRegistration: return Target::kLocalRegistration;
+    case windows::Kind::kSymmetricWindow: break;
+  }
+  const char* in = static_cast<const char*>(sendbuff);
+  const char* out = static_cast<const char*>(recvbuff);
+  if (in < out + total && out < in + bytes && in != out + static_cast<size_t>(s->rank) * bytes) {
+    return Target::kOverlap;
+  }
+  tide::cuda::CommRef ref;
+  if (tide::cuda::checkComm(s->comm, "interposer", &ref) != tideSuccess) return Target::kNotRegistered;
+  if (ref->peerRegions.has(hit.base)) return Target::kDirect;
+  auto peerPointer = reinterpret_cast<PeerPointerFn>(nccl::loadedSymbol("ncclGetPeerDevicePointer"));
+  if (peerPointer == nullptr) return Target::kNoPeerPointerCall;
+  std::vector<char*> peers(static_cast<size_t>(s->world), nullptr);
+  for (int q = 0; q < s->world; ++q) {
+    void* p = hit.base;
+    if (q != s->rank && (peerPointer(hit.win, 0, q, &p) != 0 || p == nullptr)) return Target::kNoPeerAddress;
+    peers[static_cast<size_t>(q)] = static_cast<char*>(p);
+  }
+  ref->peerRegions.add(hit.base, hit.size, std::move(peers));
+  TIDE_INFO(kComponent, "NCCL communicator %p: all-gathers into the symmetric window at %p (%zu bytes) are gathered "
+                        "straight into it", ncclComm, static_cast<void*>(hit.base), hit.size);
+  return Target::kDirect;
+}
+
 bool capturing(void* stream) {
   // The legacy default stream cannot be captured, and querying it during another thread's global-mode capture
   // would invalidate that capture.
@@ -330,6 +396,20 @@ int tryAllGather(const void* sendbuff, void* recvbuff, size_t bytes, void* ncclC
     }
   }
   tideResult_t r = layout != nullptr ? tideSuccess : layoutFor(s.get(), 0, tideInt8, bytes, &layout);
+  const Target target = targetOf(s.get(), ncclComm, sendbuff, recvbuff, bytes, total);
+  if (target == Target::kDirect) {
+    if (r == tideSuccess) r = tideAllGather(s->comm, layout, sendbuff, nullptr, recvbuff, stream);
+    if (r != tideSuccess) {
+      turnOff(s.get(), ncclComm, "the TIDE all-gather", r);
+      *why = kTideOff;
+      return kPassToNccl;
+    }
+    ++s->taken;
+    TIDE_TRACE(kComponent, "ncclAllGather on %p (%zu bytes per rank) taken by TIDE (call %" PRIu64 "), gathered "
+               "straight into recvbuff", ncclComm, bytes, s->taken);
+    return 0;
+  }
+  noticeCopyOut(target);
   if (r == tideSuccess) r = ensureBounce(s.get(), total);
   if (r == tideSuccess && s->copyOutDone == nullptr &&
       cudaEventCreateWithFlags(&s->copyOutDone, cudaEventDisableTiming) != cudaSuccess) {
@@ -360,8 +440,9 @@ int tryAllGather(const void* sendbuff, void* recvbuff, size_t bytes, void* ncclC
     return kNcclUnhandledCudaError;
   }
   ++s->taken;
-  TIDE_TRACE(kComponent, "ncclAllGather on %p (%zu bytes per rank) taken by TIDE (call %" PRIu64 ")", ncclComm, bytes,
-             s->taken);
+  countCopyOut(ncclComm, bytes);
+  TIDE_TRACE(kComponent, "ncclAllGather on %p (%zu bytes per rank) taken by TIDE (call %" PRIu64 "), copied out "
+             "from the bounce slot: %s", ncclComm, bytes, s->taken, kTargetText[static_cast<size_t>(target)]);
   return 0;
 }
 
@@ -439,6 +520,7 @@ int tryReduceScatter(const void* sendbuff, void* recvbuff, size_t count, int ncc
 void releaseComm(void* ncclComm, bool collective) {
   dropAttachments(ncclComm);  // also when TIDE never took a call on it
   ops::forgetComm(ncclComm);
+  windows::forgetComm(ncclComm);
   char counts[256];
   summary(ncclComm, counts, sizeof(counts));
   // Once per communicator: a finalize and then a destroy release it twice.
@@ -476,6 +558,17 @@ void releaseComm(void* ncclComm, bool collective) {
   TIDE_INFO(kComponent, "NCCL communicator %p: TIDE comm released", ncclComm);
 }
 
+void forgetRegion(void* ncclComm, void* base) {
+  if (base == nullptr) return;
+  auto s = stateOf(ncclComm, false);
+  if (!s) return;
+  std::lock_guard<std::mutex> lock(s->mu);
+  tide::cuda::CommRef ref;
+  if (s->comm != nullptr && tide::cuda::checkComm(s->comm, "interposer", &ref) == tideSuccess) {
+    ref->peerRegions.remove(base);
+  }
+}
+
 #else  // no CUDA: nothing can be taken
 
 int tryAllGather(const void*, void*, size_t, void*, void*, Reason* why) {
@@ -487,8 +580,10 @@ int tryReduceScatter(const void*, void*, size_t, int, const ops::Resolved&, void
   return kPassToNccl;
 }
 bool streamCapturing(void*) { return false; }
+void forgetRegion(void*, void*) {}
 void releaseComm(void* ncclComm, bool) {
   ops::forgetComm(ncclComm);
+  windows::forgetComm(ncclComm);
   forget(ncclComm);
 }
 

@@ -36,6 +36,10 @@ int tryReduceScatter(const void* sendbuff, void* recvbuff, size_t count, int ncc
 // The stream is being captured into a CUDA graph (false in a build without CUDA).
 bool streamCapturing(void* stream);
 
+// Called before NCCL deregisters the application's window at `base` (nullptr: a window the interposer never
+// recorded): the comm forgets the peers' addresses it learnt of it.
+void forgetRegion(void* ncclComm, void* base);
+
 // Called before NCCL finalizes or destroys (collective: TIDE's resources are released with the peers) or aborts
 // (not collective: nothing that could wait for a peer is done, TIDE's memory of that comm is left allocated) the
 // communicator. A no-op for a communicator TIDE never touched.

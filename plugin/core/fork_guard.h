@@ -24,6 +24,7 @@ namespace forkguard {
 enum Level : int {
   kInterposerStates = 0,  // the interposer's communicator table (its per-communicator locks: see its child hook)
   kInterposerAttach,      // the interposer's attached layouts (taken under a per-communicator lock)
+  kInterposerWindows,     // the interposer's registered buffers (taken under a per-communicator lock)
   kInterposerOps,         // the interposer's PREMUL_SUM op table
   kInterposerCounters,    // the interposer's call counters
   kNcclBinding,           // the resolved NCCL library (taken under a per-communicator lock; logs)

@@ -3,8 +3,8 @@
 // TIDE-AG on the CUDA path: argument checks, then the layout's step program (plugin/core/program_ag.cc) bound to the
 // call's pointers and issued by the interpreter (program_exec.h). The protocol is in docs/architecture.md ("Step
 // programs"). A call whose pointers equal those of a recent call reuses that binding: its pointer checks, peer
-// addresses and driver arguments were made then (the provider's memory generation is part of the key, so a slot
-// allocated or freed since invalidates it).
+// addresses and driver arguments were made then (the provider's memory generation and the comm's peer regions' are
+// part of the key, so a slot allocated or freed, or a window registered or deregistered, since invalidates it).
 #include <cinttypes>
 #include <cstdio>
 #include <string>
@@ -123,6 +123,7 @@ tideResult_t allGather(tideComm* comm, tideLayout_t layout, const void* sendbuff
   std::vector<uintptr_t>& key = comm->keyScratch;
   key.clear();
   key.push_back(provider->memoryGeneration());
+  key.push_back(comm->peerRegions.generation());
   key.push_back(reinterpret_cast<uintptr_t>(slot));
   key.push_back(reinterpret_cast<uintptr_t>(mc));
   key.push_back(reinterpret_cast<uintptr_t>(sendbuff));

@@ -366,6 +366,7 @@ tideResult_t slotRegion(tideComm* comm, const void* local, size_t bytes, int pee
     *out = const_cast<void*>(local);
     return tideSuccess;
   }
+  if (comm->peerRegions.find(local, bytes, peer, out)) return tideSuccess;
   return comm->provider->peerPtr(local, bytes, peer, what, out);
 }
 

@@ -18,6 +18,7 @@
 
 #include "../core/internode.h"
 #include "../nccl/nccl_lib.h"
+#include "peer_regions.h"
 #include "provider.h"
 #include "reduce_kernel.h"
 #include "tide.h"
@@ -63,6 +64,8 @@ struct tideComm {
   // This rank's provider (provider.h), bound to `rank`: where its memory lives, its flags and transport, and the
   // checks around each call (IPC: the rank's own; loopback: one view of the shared world).
   std::shared_ptr<tide::cuda::Provider> provider;
+  // Application buffers the node's ranks already map to each other (peer_regions.h): slotRegion resolves them too.
+  tide::cuda::PeerRegions peerRegions;
 
   // Per-comm sequence numbers; every rank makes the same calls in the same order, so they agree across ranks.
   uint64_t agEpoch = 0;
@@ -214,7 +217,9 @@ tideResult_t checkDevicePointer(const tideComm* comm, const void* p, size_t alig
 // staging): the provider's peerPtr, except on a comm of world size 1, where nothing is peer-mapped and any device
 // memory of the comm's device is a slot region (checkDevicePointer only; tideSlotAlloc is not required, so a caller
 // may hand memory of its own allocator, e.g. torch's caching allocator: nccl_tide.fsdp's trimming pool at shard
-// world size 1). Such memory is the caller's: it orders its reuse after the TIDE work on its streams.
+// world size 1). Such memory is the caller's: it orders its reuse after the TIDE work on its streams. A region the
+// interposer registered (comm->peerRegions: an application's symmetric NCCL window) resolves to the peers' addresses
+// NCCL gave for it.
 tideResult_t slotRegion(tideComm* comm, const void* local, size_t bytes, int peer, const char* what, void** out);
 
 }  // namespace cuda

@@ -219,6 +219,7 @@ tideResult_t reduceScatter(tideComm* comm, tideLayout_t layout, const void* cons
   std::vector<uintptr_t>& key = comm->keyScratch;
   key.clear();
   key.push_back(comm->provider->memoryGeneration());
+  key.push_back(comm->peerRegions.generation());
   key.push_back(reinterpret_cast<uintptr_t>(out));
   // The output type, not only its size: a bound in-place call (output type = gradient type) must not serve a call of
   // another type of the same size at the same pointers, which overlaps and is refused.

@@ -188,6 +188,8 @@ class tideInterposerCounters_t(ctypes.Structure):
         ("takenBytes", ctypes.c_uint64 * 2),
         ("forwardedCalls", (ctypes.c_uint64 * TIDE_INTERPOSER_MAX_REASONS) * 2),
         ("forwardedBytes", (ctypes.c_uint64 * TIDE_INTERPOSER_MAX_REASONS) * 2),
+        ("allGatherCopyOutCalls", ctypes.c_uint64),
+        ("allGatherCopyOutBytes", ctypes.c_uint64),
     ]
 
 

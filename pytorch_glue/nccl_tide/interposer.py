@@ -91,8 +91,10 @@ def counters(comm: Optional[Any] = None) -> Dict[str, Dict[str, Any]]:
     """What the interposer did with the all-gathers and reduce-scatters of `comm` (a process group with the NCCL
     backend, or an ncclComm_t address) since it was first seen, or of every communicator of the process (None).
     Bytes are per rank (count times the element size). Returns, per collective ("all_gather", "reduce_scatter"):
-    {"taken": {"calls": n, "bytes": b}, "to_nccl": {reason: {"calls": n, "bytes": b}, ...}}, only reasons seen.
-    Counts only in a process where NCCL_TIDE_ENABLE=1 and this library is the preloaded one."""
+    {"taken": {"calls": n, "bytes": b}, "to_nccl": {reason: {"calls": n, "bytes": b}, ...}}, only reasons seen;
+    "all_gather" also has "copy_out": {"calls": n, "bytes": b}, the taken all-gathers that went through TIDE's
+    bounce slot and a copy-out to the receive buffer (on SMs; the others were gathered straight into a buffer of a
+    symmetric NCCL window). Counts only in a process where NCCL_TIDE_ENABLE=1 and this library is the preloaded one."""
     lib = _native.lib()
     out = _native.tideInterposerCounters_t(size=ctypes.sizeof(_native.tideInterposerCounters_t),
                                            version=_native.TIDE_INTERPOSER_COUNTERS_VERSION)
@@ -108,6 +110,8 @@ def counters(comm: Optional[Any] = None) -> Dict[str, Dict[str, Any]]:
                     "calls": int(out.forwardedCalls[i][r]), "bytes": int(out.forwardedBytes[i][r])}
         result[name] = {"taken": {"calls": int(out.takenCalls[i]), "bytes": int(out.takenBytes[i])},
                         "to_nccl": to_nccl}
+    result["all_gather"]["copy_out"] = {"calls": int(out.allGatherCopyOutCalls),
+                                        "bytes": int(out.allGatherCopyOutBytes)}
     return result
 
 

@@ -38,6 +38,10 @@ int ncclRedOpDestroy(int op, void* comm);
 int ncclCommFinalize(void* comm);
 int ncclCommDestroy(void* comm);
 int ncclCommAbort(void* comm);
+int ncclCommWindowRegister(void* comm, void* buff, size_t size, void** win, int winFlags);
+int ncclCommWindowDeregister(void* comm, void* win);
+int ncclCommRegister(void* comm, void* buff, size_t size, void** handle);
+int ncclCommDeregister(void* comm, void* handle);
 
 static int failures = 0;
 
@@ -83,6 +87,36 @@ static void destroy_op(int op, void* comm) {
   check(ncclRedOpDestroy(op, comm), 0, "ncclRedOpDestroy");
 }
 
+/* Buffer registrations as an application makes them (the stub numbers windows 0x7e00000000 + 0x1000 * k for the
+ * k-th registration of the process, and local handles 0x4e00000000 + buff): a symmetric window outside and inside a
+ * group, a local registration, an all-gather into each, then the deregistrations. */
+static void registrations(void* comm, void* stream) {
+  static unsigned long long k = 0;
+  void* win = NULL;
+  printf("EXPECT WR %p %p %zu %d %p\n", comm, P(0x20000000), (size_t)1 << 24, 1, P(0x7e00000000ull + 0x1000 * ++k));
+  check(ncclCommWindowRegister(comm, P(0x20000000), (size_t)1 << 24, &win, 1), 0, "ncclCommWindowRegister");
+  check(win == P(0x7e00000000ull + 0x1000 * k), 1, "the window NCCL gave");
+  check(ncclGroupStart(), 0, "ncclGroupStart");
+  printf("EXPECT GS\n");
+  void* grouped = NULL;
+  printf("EXPECT WR %p %p %zu %d %p\n", comm, P(0x30000000), (size_t)1 << 24, 0, P(0x7e00000000ull + 0x1000 * ++k));
+  check(ncclCommWindowRegister(comm, P(0x30000000), (size_t)1 << 24, &grouped, 0), 0, "ncclCommWindowRegister");
+  check(ncclGroupEnd(), 0, "ncclGroupEnd");
+  printf("EXPECT GE\n");
+  void* local = NULL;
+  printf("EXPECT REG %p %p %zu %p\n", comm, P(0x40000000), (size_t)1 << 24, P(0x4e00000000ull + 0x40000000));
+  check(ncclCommRegister(comm, P(0x40000000), (size_t)1 << 24, &local), 0, "ncclCommRegister");
+  ag(P(0x20000000), P(0x20000000), (size_t)1 << 20, 7, comm, stream); /* in place, in the symmetric window */
+  ag(P(0x3000f000), P(0x30000000), (size_t)1 << 20, 7, comm, stream); /* in the plain window */
+  ag(P(0x50000000), P(0x40000000), (size_t)1 << 20, 7, comm, stream); /* in the local registration */
+  printf("EXPECT WD %p %p\n", comm, win);
+  check(ncclCommWindowDeregister(comm, win), 0, "ncclCommWindowDeregister");
+  printf("EXPECT WD %p %p\n", comm, grouped);
+  check(ncclCommWindowDeregister(comm, grouped), 0, "ncclCommWindowDeregister");
+  printf("EXPECT DEREG %p %p\n", comm, local);
+  check(ncclCommDeregister(comm, local), 0, "ncclCommDeregister");
+}
+
 /* config_rc: what the ...Config calls must return (0 when the stub has them, 5 = ncclInvalidUsage when not). */
 #ifdef TIDE_TEST_CALLER_LIB
 __attribute__((visibility("default")))
@@ -98,6 +132,10 @@ int run_calls(int config_rc) {
   bound("ncclCommFinalize", (void*)&ncclCommFinalize);
   bound("ncclCommDestroy", (void*)&ncclCommDestroy);
   bound("ncclCommAbort", (void*)&ncclCommAbort);
+  bound("ncclCommWindowRegister", (void*)&ncclCommWindowRegister);
+  bound("ncclCommWindowDeregister", (void*)&ncclCommWindowDeregister);
+  bound("ncclCommRegister", (void*)&ncclCommRegister);
+  bound("ncclCommDeregister", (void*)&ncclCommDeregister);
   void* comm = P(0xc0ffee00);
   void* stream = P(0x5713a4);
   ag(P(0x1000), P(0x2000), 1, 7, comm, stream);                         /* small fp32 */
@@ -132,6 +170,7 @@ int run_calls(int config_rc) {
   ag(NULL, NULL, 0, 42, comm, stream);                                   /* unknown dtype, null buffers */
   rs(P(0xd000), P(0xd000), (size_t)1 << 30, 6, 4, comm, stream);        /* in place, avg */
   rs(P(0x14000000), P(0x14400000), (size_t)1 << 20, 7, 4, comm, stream); /* avg; NCCL's in-place form on rank 1 */
+  registrations(comm, stream);
 
   /* The Config variants (NCCL >= 2.31.2), looked up at run time as a caller built against a newer nccl.h would
    * bind them: with the interposer preloaded they resolve to it; without pnccl*Config in NCCL it must refuse. */
@@ -156,11 +195,11 @@ int run_calls(int config_rc) {
   counters_fn counters = (counters_fn)dlsym(RTLD_DEFAULT, "tideInterposerGetCounters");
   if (counters != NULL) {
     /* tideInterposerCounters_t: size, version, takenCalls[2], takenBytes[2], forwardedCalls[2][32],
-     * forwardedBytes[2][32] */
+     * forwardedBytes[2][32], allGatherCopyOutCalls, allGatherCopyOutBytes */
     struct {
       size_t size;
       unsigned version;
-      uint64_t takenCalls[2], takenBytes[2], fwdCalls[2][32], fwdBytes[2][32];
+      uint64_t takenCalls[2], takenBytes[2], fwdCalls[2][32], fwdBytes[2][32], copyOutCalls, copyOutBytes;
     } c;
     memset(&c, 0, sizeof(c));
     c.size = sizeof(c);

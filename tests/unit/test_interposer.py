@@ -21,8 +21,8 @@ STUB_SRC = os.path.join(HERE, "..", "native", "stub_nccl", "recording_stub_nccl.
 TEST_SRC = os.path.join(HERE, "..", "native", "interposer_test.c")
 NCCL_NAMES = {"ncclAllGather", "ncclReduceScatter", "ncclAllGatherConfig", "ncclReduceScatterConfig",
               "ncclGroupStart", "ncclGroupEnd", "ncclGroupSimulateEnd", "ncclRedOpCreatePreMulSum", "ncclRedOpDestroy",
-              "ncclCommFinalize",
-              "ncclCommDestroy", "ncclCommAbort"}
+              "ncclCommFinalize", "ncclCommDestroy", "ncclCommAbort", "ncclCommWindowRegister",
+              "ncclCommWindowDeregister", "ncclCommRegister", "ncclCommDeregister"}
 # With NCCL_TIDE_ENABLE=1 the first eligible call tries to create a TIDE comm over the stub, which cannot work (no
 # GPU, and the stub is not a usable NCCL): TIDE turns itself off for that communicator, once, and NCCL gets the call.
 OFF_WARN = "TIDE is off for NCCL communicator 0xc0ffee00 from now on"
@@ -348,12 +348,13 @@ def test_python_counters(native, programs, tmp_path, rng):
     rs_bytes = sum(c * size[d] for c, d, _ in rss)
     for scope in ("all", "comm"):
         c = got[scope]
-        assert c["all_gather"]["taken"] == {"calls": 0, "bytes": 0}, c
+        assert c["all_gather"]["taken"] == c["all_gather"]["copy_out"] == {"calls": 0, "bytes": 0}, c
         assert c["all_gather"]["to_nccl"] == {"smaller than NCCL_TIDE_ENABLE_MIN_BYTES":
                                               {"calls": len(ags), "bytes": ag_bytes}}, c
         assert c["reduce_scatter"]["to_nccl"] == {"reduce-scatter in a type other than fp32/fp16/bf16":
                                                   {"calls": len(rss), "bytes": rs_bytes}}, c
-    assert got["other"]["all_gather"] == {"taken": {"calls": 0, "bytes": 0}, "to_nccl": {}}, got["other"]
+    assert got["other"]["all_gather"] == {"taken": {"calls": 0, "bytes": 0}, "to_nccl": {},
+                                          "copy_out": {"calls": 0, "bytes": 0}}, got["other"]
     assert got["share"] == {"all_gather": 0.0, "reduce_scatter": 0.0}
 
 

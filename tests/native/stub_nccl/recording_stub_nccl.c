@@ -14,7 +14,8 @@
  *
  * Windows (tests/native/nccl_windows_test.cc), recorded the same way: ncclMemAlloc (malloc), ncclMemFree,
  * ncclCommWindowRegister (window handles 0x7e00000000 + 0x1000 * k for the k-th registration of the process),
- * ncclCommWindowDeregister, ncclCommSplit (child 0xc41d0000 + color) and, from 2.29.2, ncclGetPeerDevicePointer
+ * ncclCommWindowDeregister, ncclCommRegister (handle 0x4e00000000 + buff), ncclCommDeregister, ncclCommSplit
+ * (child 0xc41d0000 + color) and, from 2.29.2, ncclGetPeerDevicePointer
  * (0x100000000000 + (k << 32) + ((peer + 1) << 24) + offset). At call time, each of NCCL's ways of saying no:
  *   STUB_WINDOWS=none          registration returns ncclSuccess and no window (a communicator without symmetric
  *                              memory: NCCL 2.30's answer on one spanning NCCL hosts without GIN);
@@ -231,6 +232,19 @@ int pncclCommWindowRegister(void* comm, void* buff, size_t size, void** win, int
 NCCL_API(int, ncclCommWindowDeregister, void* comm, void* win);
 int pncclCommWindowDeregister(void* comm, void* win) {
   record("WD %p %p", comm, win);
+  return 0;
+}
+
+NCCL_API(int, ncclCommRegister, void* comm, void* buff, size_t size, void** handle);
+int pncclCommRegister(void* comm, void* buff, size_t size, void** handle) {
+  *handle = (void*)(uintptr_t)(0x4e00000000ull + (uintptr_t)buff);
+  record("REG %p %p %zu %p", comm, buff, size, *handle);
+  return 0;
+}
+
+NCCL_API(int, ncclCommDeregister, void* comm, void* handle);
+int pncclCommDeregister(void* comm, void* handle) {
+  record("DEREG %p %p", comm, handle);
   return 0;
 }
 
