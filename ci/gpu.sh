@@ -19,7 +19,7 @@
 #               faulthandler dumps every thread 15 s before it), so a hang costs one file. TIDE_GPU_TESTS="FILE ..."
 #               runs only those files.
 #   perf        tests/gpu/perf_smoke.py and tide-perf's loopback rows (AG and RS, 8 virtual ranks, every
-#               implementation) with JSON in $OUT.
+#               implementation, 1 MiB and 64 MiB: benchmarks/RESULTS.md's rows) with JSON in $OUT.
 #   sanitizer   compute-sanitizer memcheck, racecheck and synccheck on tests/gpu/sanitizer_case.py; with
 #               TIDE_GPU_SAN_TESTS="FILE ..." also TIDE_GPU_SAN_TOOL (default memcheck) over those test files, child
 #               processes included (TIDE_GPU_SAN_ARGS adds tool options, e.g. "--report-api-errors no" for tests
@@ -286,7 +286,7 @@ fi
 if want perf && have_library perf; then
   step perf_smoke 240 python3 tests/gpu/perf_smoke.py
   for op in all_gather reduce_scatter; do
-    step "tide-perf-$op" 120 python3 -m nccl_tide.perf "$op" --backend loopback --ranks 8 -b 1M -e 64M -f 4 -n 10 \
+    step "tide-perf-$op" 120 python3 -m nccl_tide.perf "$op" --backend loopback --ranks 8 -b 1M -e 64M -f 64 -n 10 \
       -d bf16 --impl all --interfere gemm -J "$OUT/tide-perf-$op.json"
   done
 fi
