@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Copyright The nccl-tide authors
 # SPDX-License-Identifier: Apache-2.0
-# The GPU job: the one script to run on a machine with an NVIDIA GPU (not part of CPU CI). The whole suite fits one
-# 9-minute call on one H100 with 16 CPU cores.
+# The GPU job: the one script to run on a machine with an NVIDIA GPU (not part of CPU CI). It runs the whole suite and
+# is sized for one 9-minute call on one H100 with 16 CPU cores.
 #
 #   bash ci/gpu.sh [part ...]        default: nccl frameworks build tests perf sanitizer
 #
