@@ -241,9 +241,9 @@ def test_captured_reduce_scatter_pipelined_refused_on_loopback(torch_cuda, world
 
 
 def _in_a_subprocess(token_rs_chunks, select, n_expected, files=(), **extra_env):
-    """Runs this file's tests (or those of `files`) matching `select` (pytest -k; None: all) in a process with
-    NCCL_TIDE_TOKEN_RS_CHUNKS (and extra_env) set (the library reads them once per process), and asserts that exactly
-    n_expected passed and none was skipped."""
+    """Runs this file's tests (or those of `files`: paths or node ids) matching `select` (pytest -k; None: all) in a
+    process with NCCL_TIDE_TOKEN_RS_CHUNKS (and extra_env) set (the library reads them once per process), and asserts
+    that exactly n_expected passed and none was skipped."""
     env = dict(os.environ, NCCL_TIDE_TOKEN_RS_CHUNKS=str(token_rs_chunks), CUDA_DEVICE_MAX_CONNECTIONS="32",
                NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1", **extra_env)
     env["PYTHONPATH"] = os.pathsep.join(p for p in [env.get("PYTHONPATH", ""), *sys.path] if p)
@@ -256,7 +256,7 @@ def _in_a_subprocess(token_rs_chunks, select, n_expected, files=(), **extra_env)
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
-        pytest.fail(f"{select!r} did not finish in 130 s:\n" + out[-4000:] + err[-3000:])
+        pytest.fail(f"{select or files!r} did not finish in 130 s:\n" + out[-4000:] + err[-3000:])
     assert p.returncode == 0 and f"{n_expected} passed" in p.stdout and "skipped" not in p.stdout, (
         p.stdout[-4000:] + p.stderr[-2000:])
 
@@ -268,56 +268,72 @@ def test_pipelined_in_a_subprocess(torch_cuda, cuda_lib):
     _in_a_subprocess(64, "pipelined and not subprocess", len(PIPELINED_CASES) + 3)
 
 
+def node(test, params=None, file=__file__):
+    """The pytest node id of `test` in `file` (this one by default), with its parametrization id if given."""
+    return f"{os.path.abspath(file)}::{test}" + (f"[{params}]" if params is not None else "")
+
+
+# The switches below change how every graph is built, not what it computes for a world size, dtype or op: each
+# flipped run takes one test per kind of graph, and this process runs the sweeps with the library's own settings.
+CAPTURE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_graph_capture.py")
+# AG graphs: the graph route at 8 ranks (the most flag batches), strided runs; user-captured, alone and beside RS.
+AG_GRAPH_TESTS = [node("test_eager_all_gather_graph_route_bit_exact", 8),
+                  node("test_eager_all_gather_strided_runs_bit_exact", 4),
+                  node("test_captured_all_gather_replays", 4, CAPTURE_FILE),
+                  node("test_captured_ag_and_rs_graphs_interleaved", file=CAPTURE_FILE)]
+# RS graphs: the graph route and the pipelined route (more chunks than buffers), each with own and Slot-Reuse staging.
+RS_GRAPH_TESTS = [node("test_eager_reduce_scatter_graph_route_bit_exact", "8-bf16-fp32-sum-2-True"),
+                  node("test_eager_reduce_scatter_graph_route_bit_exact", "4-bf16-bf16-premul-2-False"),
+                  node("test_eager_reduce_scatter_pipelined_bit_exact", "8-bf16-fp32-sum-4-True"),
+                  node("test_eager_reduce_scatter_pipelined_bit_exact", "4-bf16-bf16-premul-4-False")]
+# Both, and user-captured RS of one and two chunks, the capture refusals, value and pointer changes between calls.
+GRAPH_TESTS = AG_GRAPH_TESTS + RS_GRAPH_TESTS + [
+    node("test_captured_reduce_scatter_replays", "2-bf16-fp32-sum-1", CAPTURE_FILE),
+    node("test_captured_reduce_scatter_replays", "4-bf16-bf16-sum-2", CAPTURE_FILE),
+    node("test_captured_reduce_scatter_pipelined_refused_on_loopback", "4-5"),
+    node("test_uncapturable_is_refused_at_capture_time", file=CAPTURE_FILE),
+    node("test_values_and_pointer_changes")]
+
+
 SIGNAL_KERNELS = N.param_value("NCCL_TIDE_SIGNAL_KERNELS") == "1"
 
 
 @pytest.mark.skipif(not route_on(), reason="NCCL_TIDE_EAGER_GRAPHS=0")
 def test_signal_kernels_other_setting_in_a_subprocess(torch_cuda, cuda_lib):
-    """The RS graph-route and pipelined tests with NCCL_TIDE_SIGNAL_KERNELS flipped (this process runs them with its
-    own setting): write-only flag batches in the RS graphs as memop nodes (0) or as signal kernels (1), bit-exact
-    with the host executor either way."""
+    """RS_GRAPH_TESTS with NCCL_TIDE_SIGNAL_KERNELS flipped (this process runs every RS test with its own setting):
+    write-only flag batches in the RS graphs as memop nodes (0) or as signal kernels (1), bit-exact with the host
+    executor either way."""
     other = "0" if SIGNAL_KERNELS else "1"
-    _in_a_subprocess(64, "reduce_scatter and (graph_route or pipelined) and not subprocess and not refused",
-                     len(RS_CASES) + len(PIPELINED_CASES), NCCL_TIDE_TEST_SWITCHES="1", NCCL_TIDE_SIGNAL_KERNELS=other)
+    _in_a_subprocess(64, None, len(RS_GRAPH_TESTS), files=RS_GRAPH_TESTS, NCCL_TIDE_TEST_SWITCHES="1",
+                     NCCL_TIDE_SIGNAL_KERNELS=other)
 
 
-def _flipped_in_a_subprocess(param, select, n_expected):
-    """This file's and test_graph_capture.py's tests matching `select` in a process with the test-only bool switch
-    `param` flipped (this process runs them with its own setting); exactly n_expected must pass."""
+def _flipped_in_a_subprocess(param, tests):
+    """The tests (node ids) in a process with the test-only bool switch `param` flipped (this process runs them with
+    its own setting); every one must pass."""
     other = "0" if N.param_value(param) == "1" else "1"
-    here = os.path.dirname(os.path.abspath(__file__))
-    _in_a_subprocess(64, select, n_expected, files=[__file__, os.path.join(here, "test_graph_capture.py")],
-                     NCCL_TIDE_TEST_SWITCHES="1", **{param: other})
-
-
-# Every graph test of both files: here AG route 3, strided runs 3, RS route and pipelined, the 3 refusals, value and
-# pointer changes 1; test_graph_capture.py: its 9 tests with "captured" and the uncapturable one.
-GRAPH_TESTS = "graph_route or pipelined_bit_exact or captured or strided_runs or values_and_pointer or uncapturable"
-GRAPH_TESTS_N = 3 + 3 + len(RS_CASES) + len(PIPELINED_CASES) + 3 + 1 + 9 + 1
+    _in_a_subprocess(64, None, len(tests), files=tests, NCCL_TIDE_TEST_SWITCHES="1", **{param: other})
 
 
 @pytest.mark.skipif(not route_on(), reason="NCCL_TIDE_EAGER_GRAPHS=0")
 def test_merge_flag_batches_other_setting_in_a_subprocess(torch_cuda, cuda_lib):
-    """Every graph test with NCCL_TIDE_MERGE_FLAG_BATCHES flipped: adjacent flag batches in a graph as one memop node
-    (1) or one node each (0), bit-exact with the host executor either way."""
-    _flipped_in_a_subprocess("NCCL_TIDE_MERGE_FLAG_BATCHES", GRAPH_TESTS, GRAPH_TESTS_N)
+    """GRAPH_TESTS with NCCL_TIDE_MERGE_FLAG_BATCHES flipped: adjacent flag batches in a graph as one memop node (1)
+    or one node each (0), bit-exact with the host executor either way."""
+    _flipped_in_a_subprocess("NCCL_TIDE_MERGE_FLAG_BATCHES", GRAPH_TESTS)
 
 
 @pytest.mark.skipif(not route_on(), reason="NCCL_TIDE_EAGER_GRAPHS=0")
 def test_pair_tokens_other_setting_in_a_subprocess(torch_cuda, cuda_lib):
-    """Every graph test with NCCL_TIDE_PAIR_TOKENS flipped: the tokens waited for (and the barrier tokens reset) two
-    words per 64-bit memop (1) or one word per 32-bit memop (0), bit-exact with the host executor either way."""
-    _flipped_in_a_subprocess("NCCL_TIDE_PAIR_TOKENS", GRAPH_TESTS, GRAPH_TESTS_N)
+    """GRAPH_TESTS with NCCL_TIDE_PAIR_TOKENS flipped: the tokens waited for (and the barrier tokens reset) two words
+    per 64-bit memop (1) or one word per 32-bit memop (0), bit-exact with the host executor either way."""
+    _flipped_in_a_subprocess("NCCL_TIDE_PAIR_TOKENS", GRAPH_TESTS)
 
 
 @pytest.mark.skipif(not route_on(), reason="NCCL_TIDE_EAGER_GRAPHS=0")
 def test_ag_signal_kernels_other_setting_in_a_subprocess(torch_cuda, cuda_lib):
-    """The AG graph-route and strided-run tests here and the captured AG tests of test_graph_capture.py with
-    NCCL_TIDE_AG_SIGNAL_KERNELS flipped: the all-gather's write-only flag batches (announce, done tokens) as one-warp
-    kernel nodes (1) or memop operations (0), bit-exact with the host executor either way."""
-    # here: AG route 3, strided runs 3; test_graph_capture.py: captured AG 3, AG and RS graphs interleaved 1
-    _flipped_in_a_subprocess("NCCL_TIDE_AG_SIGNAL_KERNELS",
-                             "all_gather_graph_route or strided_runs or captured_all_gather or captured_ag_and_rs", 10)
+    """AG_GRAPH_TESTS with NCCL_TIDE_AG_SIGNAL_KERNELS flipped: the all-gather's write-only flag batches (announce,
+    done tokens) as one-warp kernel nodes (1) or memop operations (0), bit-exact with the host executor either way."""
+    _flipped_in_a_subprocess("NCCL_TIDE_AG_SIGNAL_KERNELS", AG_GRAPH_TESTS)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -8,7 +8,9 @@ ranks that share the card as 2 NCCL hosts (NCCL_HOSTID per rank, sockets over lo
 Every job runs stock and with TIDE, and the per-step losses of every rank must be equal bit for bit: the
 all-gathers TIDE takes are byte copies, and at 2 ranks TIDE's fp32 reduce-scatter fold (docs/architecture.md
 "Accumulation order") is one addition per element, as NCCL's. Should they differ, the stock job runs once more: a
-stock job that does not repeat itself is reported as such, not blamed on TIDE.
+stock job that does not repeat itself is reported as such, not blamed on TIDE. A job's stock run goes once per file,
+beside its first TIDE run (processes of their own on the same card, which changes what neither computes): starting
+the ranks and importing the framework take most of a run's time, and the two runs spend it together.
 
 With the interposer (LD_PRELOAD=libnccl-tide.so NCCL_TIDE_ENABLE=1, NCCL_TIDE_RS_ACCUM=FP32, the size threshold at
 0 so the small model's calls count, every call logged at TRACE into one file per rank), each job must give TIDE at
@@ -18,6 +20,7 @@ share is read from the TRACE lines, every call's classification (count, type) ag
 
 import os
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pytest
@@ -99,13 +102,16 @@ def _run(framework, args, tmp_path, tag, env=None):
                rank_env=rank_env, timeout=420)
 
 
-_STOCK = {}  # (framework, args) -> losses of its stock run, shared by the tests of this file
+_STOCK = {}  # (framework, args) -> the losses of its stock run (a Future), shared by the tests of this file
+_BESIDE = ThreadPoolExecutor(max_workers=1)
 
 
-def _stock(framework, args, tmp_path):
+def _stock(framework, args, tmp_path) -> Future:
+    """The job's stock run, started in the background on first use: the caller runs its TIDE job meanwhile, then
+    takes the losses with .result()."""
     key = (framework, tuple(args))
     if key not in _STOCK:
-        _STOCK[key] = _run(framework, [*args, "--tide", "off"], tmp_path, "stock")[1]
+        _STOCK[key] = _BESIDE.submit(lambda: _run(framework, [*args, "--tide", "off"], tmp_path, "stock")[1])
     return _STOCK[key]
 
 
@@ -129,7 +135,7 @@ def test_interposer_matches_stock_and_takes_the_data_parallel_bytes(tmp_path, na
     env = {"LD_PRELOAD": _native.library_path(), "NCCL_TIDE_ENABLE": "1", "NCCL_TIDE_DEBUG": "TRACE",
            "NCCL_TIDE_ENABLE_MIN_BYTES": "0", "NCCL_TIDE_RS_ACCUM": "FP32", **job.env}
     _, tide = _run(job.framework, [*job.args, "--tide", "interposer"], tmp_path, "tide", env)
-    _assert_same_losses(job.framework, job.args, tmp_path, stock, tide, "the interposer")
+    _assert_same_losses(job.framework, job.args, tmp_path, stock.result(), tide, "the interposer")
     for r in range(WORLD):
         log = (tmp_path / f"tide-rank{r}.log").read_text()
         s = shares(log)
@@ -149,7 +155,7 @@ def test_torchtitan_with_nccl_tide_fsdp_matches_stock(tmp_path):
         pytest.skip(why)
     stock = _stock("torchtitan", [], tmp_path)
     outs, tide = _run("torchtitan", ["--tide", "fsdp"], tmp_path, "fsdp")
-    _assert_same_losses("torchtitan", [], tmp_path, stock, tide, "nccl_tide.fsdp")
+    _assert_same_losses("torchtitan", [], tmp_path, stock.result(), tide, "nccl_tide.fsdp")
     for o in outs:
         line = [x for x in o.stdout.splitlines() if x.startswith("TIDE_FSDP ")]
         assert len(line) == 1, o.stdout[-3000:]

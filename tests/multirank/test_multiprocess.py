@@ -11,6 +11,7 @@ run_world(..., mode="cpu") runs the same spawning, gloo bootstrap and gather/che
 it (tests/multirank/test_nccl_bootstrap.py) so this file's logic is rehearsed where no GPU exists.
 """
 
+import itertools
 import os
 import sys
 import time
@@ -99,9 +100,9 @@ def _start_watchdog(rank, state):
     return t
 
 
-def _worker(rank, world, port, report, mode, rpn=None):
-    """One rank (rpn: the layouts' ranks per node; None = one node, fewer = virtual nodes across processes). Adds
-    "checked" (comparisons made) to its report."""
+def _worker(rank, world, port, report, mode, rpns=(None,)):
+    """One rank: every case on layouts of each ranks-per-node in rpns, in turn, on one comm (None = one node, fewer =
+    virtual nodes across processes). Adds "checked" (comparisons made) to its report."""
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
     report["checked"] = 0
     state = {"step": "start", "comm": None}
@@ -131,7 +132,7 @@ def _worker(rank, world, port, report, mode, rpn=None):
             report["provider"] = comm.provider
             assert comm.provider == "ipc", comm.provider
             assert (comm.rank, comm.world_size) == (rank, world)
-        for ci, (kind, numels, rows, dts, extra) in enumerate(_cases(world)):
+        for rpn, (ci, (kind, numels, rows, dts, extra)) in itertools.product(rpns, enumerate(_cases(world))):
             L = nccl_tide.Layout(
                 numels,
                 dts,
@@ -146,7 +147,7 @@ def _worker(rank, world, port, report, mode, rpn=None):
             for err in report["errors"][state.get("shown", 0) :]:
                 _say(rank, f"ERROR {err}")
             state["shown"] = len(report["errors"])
-            state["step"] = f"case {ci} ({kind}, {dts[0]}, {extra})"
+            state["step"] = f"rpn {rpn} case {ci} ({kind}, {dts[0]}, {extra})"
             _say(rank, f"{state['step']}: start")
             if kind == "ag":
                 send = torch.from_numpy(data_rng.integers(0, 256, size=L.send_bytes, dtype=np.uint8))
@@ -187,11 +188,13 @@ def _worker(rank, world, port, report, mode, rpn=None):
                             if not np.array_equal(region, exp):
                                 bad = np.flatnonzero(region != exp)
                                 report["errors"].append(
-                                    f"AG W={world} case {ci}: rank {r} param {i} ({p.dtype}): {bad.size} bytes differ"
+                                    f"AG W={world} rpn {rpn} case {ci}: rank {r} param {i} ({p.dtype}): "
+                                    f"{bad.size} bytes differ"
                                 )
                             touched[p.slot_offset : p.slot_offset + exp.size] = True
                         if not np.all(g[~touched] == POISON):
-                            report["errors"].append(f"AG W={world} case {ci}: rank {r} wrote outside the params")
+                            report["errors"].append(f"AG W={world} rpn {rpn} case {ci}: rank {r} wrote outside the "
+                                                    "params")
                         report["checked"] += 1
             else:
                 grads = [_float_data(torch, data_rng, p.numel, p.dtype) for p in L.params]
@@ -231,7 +234,7 @@ def _worker(rank, world, port, report, mode, rpn=None):
                         if not np.array_equal(g, exp):
                             bad = np.flatnonzero(g != exp)
                             report["errors"].append(
-                                f"RS W={world} case {ci} ({dts[0]}->fp32 {op}, chunk {extra['chunk']}, "
+                                f"RS W={world} rpn {rpn} case {ci} ({dts[0]}->fp32 {op}, chunk {extra['chunk']}, "
                                 f"{'slot' if extra['slot'] else 'own'} staging): rank {r}: {bad.size} bytes differ"
                             )
                         report["checked"] += 1
@@ -246,22 +249,22 @@ def _worker(rank, world, port, report, mode, rpn=None):
         _say(rank, f"stopped at step {state['step']}")
 
 
-def run_world(world, tmp_path, mode="gpu", rpn=None):
-    reports = run_ranks(_worker, world, (mode, rpn), tmp_path, SPAWN_TIMEOUT)
-    assert reports[0]["checked"] >= 1 + (len(_cases(world)) * world if mode == "gpu" else 0)
+def run_world(world, tmp_path, mode="gpu", rpns=(None,)):
+    reports = run_ranks(_worker, world, (mode, rpns), tmp_path, SPAWN_TIMEOUT)
+    assert reports[0]["checked"] >= 1 + (len(_cases(world)) * world * len(rpns) if mode == "gpu" else 0)
     return reports
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_processes_share_one_gpu(torch_cuda, cuda_lib, tmp_path, world):
-    reports = run_world(world, tmp_path, mode="gpu")
+def test_two_processes_share_one_gpu(torch_cuda, cuda_lib, tmp_path):
+    reports = run_world(2, tmp_path, mode="gpu")
     assert all(rep.get("provider") == "ipc" for rep in reports)
 
 
-def test_processes_virtual_nodes_2x2(torch_cuda, cuda_lib, tmp_path):
-    """4 processes as 2 virtual nodes of 2 ranks (layout ranks_per_node=2): the AG rail schedule and the RS running
-    sum across nodes cross process boundaries over CUDA IPC, bit-exact against the host executor."""
-    reports = run_world(4, tmp_path, mode="gpu", rpn=2)
+def test_four_processes_as_one_node_then_virtual_nodes_2x2(torch_cuda, cuda_lib, tmp_path):
+    """4 processes on one comm: layouts of one node, then of 2 virtual nodes of 2 ranks (ranks_per_node=2), where the
+    AG rail schedule and the RS running sum across nodes cross process boundaries over CUDA IPC; every case bit-exact
+    against the host executor."""
+    reports = run_world(4, tmp_path, mode="gpu", rpns=(None, 2))
     assert all(rep.get("provider") == "ipc" for rep in reports)
 
 

@@ -17,12 +17,12 @@ import test_multiprocess as mpt  # noqa: E402
 pytestmark = pytest.mark.timeout(180)
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_spawn_gloo_bootstrap_and_oracle_plumbing(native, tmp_path, world, monkeypatch):
+@pytest.mark.parametrize("world,rpns", [(2, (None, 1)), (3, (None,))])
+def test_spawn_gloo_bootstrap_and_oracle_plumbing(native, tmp_path, world, rpns, monkeypatch):
     monkeypatch.setenv("NCCL_TIDE_LIBRARY_PATH", native.library_path())
-    reports = mpt.run_world(world, tmp_path, mode="cpu")
-    # rank 0 checked every rank of every case, plus its callback check
-    assert reports[0]["checked"] == 1 + len(mpt._cases(world)) * world
+    reports = mpt.run_world(world, tmp_path, mode="cpu", rpns=rpns)
+    # rank 0 checked every rank of every case on every node split, plus its callback check
+    assert reports[0]["checked"] == 1 + len(mpt._cases(world)) * world * len(rpns)
     assert all(r["checked"] >= 1 for r in reports)
 
 

@@ -10,9 +10,14 @@ talking through NCCL's network transport over loopback sockets. Marker gpu: one 
   comm on a caller's bootstrap, which has no NCCL communicator, is refused with what to do.
 * FSDP2, stock and with nccl_tide.fsdp.enable: bit-identical losses, gradients and parameters; peak memory reported.
 * The NCCL_TIDE_ENABLE interposer under plain torch.distributed: eligible all-gathers taken by TIDE, results equal.
+* With NCCL >= 2.30 (NCCL_MULTI_RANK_GPU_ENABLE=1): two NCCL hosts of two ranks refuse a comm on a caller's
+  bootstrap alike. The collectives on one NCCL host of two ranks and on two hosts of two, declared one node or not,
+  are test_nccl_windows.py's, which checks the provider NCCL gives them too.
 
 Each rank is one process (multirank.harness); every rank derives every rank's inputs from seeds, so each checks its
-own result against the host executor without exchanging data.
+own result against the host executor without exchanging data. Starting a world (W processes importing torch, NCCL's
+initialization over sockets) costs more than most checks: where several checks need the same world they run in turn
+on one ("in_turn"), each with its own report.
 """
 
 import json
@@ -200,7 +205,23 @@ def _interposed_all_gather(rank, world, report):
         report["checked"] += 1
 
 
-MODES = {"collectives": _collectives, "refusal": _refusal, "fsdp": _fsdp, "interposer": _interposed_all_gather}
+def _in_turn(rank, world, report, checks):
+    """Several checks on one world (one process start and NCCL initialization for all): each (mode, kwargs) of checks
+    in order, each filling its own report, report["checks"][i], whose errors become the rank's, prefixed with the
+    check's place and mode. A check that raises ends the world's run: the communicator may be unusable after it."""
+    report["checks"] = []
+    for i, (mode, kwargs) in enumerate(checks):
+        name = f"check {i} ({mode if isinstance(mode, str) else mode.__name__})"
+        mine = {"checked": 0, "errors": []}
+        report["checks"].append(mine)
+        try:
+            (MODES[mode] if isinstance(mode, str) else mode)(rank, world, mine, **kwargs)
+        finally:
+            report["errors"] += [f"{name}: {e}" for e in mine["errors"]]
+
+
+MODES = {"collectives": _collectives, "refusal": _refusal, "fsdp": _fsdp, "interposer": _interposed_all_gather,
+         "in_turn": _in_turn}
 
 
 def _rank(rank, world, port, report, mode, kwargs):
@@ -234,10 +255,18 @@ def _gpu(torch_cuda, cuda_lib):
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_declared_one_node_bit_exact(tmp_path, world):
-    for rep in launch(tmp_path, world, "collectives", {"NCCL_TIDE_RANKS_PER_NODE": str(world)}):
-        assert rep["provider"] == "ipc" and rep["checked"] == len(_cases(world)) * len({world, max(1, world // 2)})
-        assert rep["comm_ranks_per_node"] == world, rep
+def test_declared_one_node_bit_exact_and_fsdp2_matches_stock(tmp_path, world):
+    """One world: TIDE's AG and RS on layouts of one node and of virtual nodes, then FSDP2 stock and with TIDE."""
+    reports = launch(tmp_path, world, "in_turn", {"NCCL_TIDE_RANKS_PER_NODE": str(world)}, timeout=400,
+                     checks=[("collectives", {}), ("fsdp", {})])
+    for rep in reports:
+        collectives, fsdp = rep["checks"]
+        assert collectives["provider"] == "ipc", collectives
+        assert collectives["checked"] == len(_cases(world)) * len({world, max(1, world // 2)}), collectives
+        assert collectives["comm_ranks_per_node"] == world, collectives
+        assert not fsdp["stock_groups"], fsdp["stock_groups"]
+        assert fsdp["tide_calls"]["ag_calls"] > 0 and fsdp["tide_calls"]["rs_calls"] > 0, fsdp["tide_calls"]
+    print(json.dumps({"world": world, "peak_bytes_stock_tide": [r["checks"][1]["peak_bytes"] for r in reports]}))
 
 
 def test_bootstrap_across_nccl_hosts_is_refused(tmp_path):
@@ -246,15 +275,6 @@ def test_bootstrap_across_nccl_hosts_is_refused(tmp_path):
         msg = rep["message"]
         assert "2 TIDE nodes (NCCL hosts" in msg and "NCCL communicator (tideCommCreate)" in msg, msg
         assert "NCCL_TIDE_RANKS_PER_NODE=2" in msg, msg
-
-
-@pytest.mark.parametrize("world", [2, 4])
-def test_fsdp2_with_tide_matches_stock(tmp_path, world):
-    reports = launch(tmp_path, world, "fsdp", {"NCCL_TIDE_RANKS_PER_NODE": str(world)}, timeout=400)
-    for rep in reports:
-        assert not rep["stock_groups"], rep["stock_groups"]
-        assert rep["tide_calls"]["ag_calls"] > 0 and rep["tide_calls"]["rs_calls"] > 0, rep["tide_calls"]
-    print(json.dumps({"world": world, "peak_bytes_stock_tide": [r["peak_bytes"] for r in reports]}))
 
 
 def test_interposer_takes_eligible_all_gathers(tmp_path):
@@ -279,17 +299,8 @@ MULTI_RANK_ENV = {"LD_PRELOAD": NCCL_MULTI_RANK, "NCCL_MULTI_RANK_GPU_ENABLE": "
 
 
 @needs_multi_rank_nccl
-def test_two_ranks_of_one_nccl_host(tmp_path):
-    for rep in launch(tmp_path, 2, "collectives", MULTI_RANK_ENV, host_of=lambda r: "tide-one-host"):
-        assert rep["nccl"] >= "2.30" and rep["checked"] == len(_cases(2)) * 2, rep
-
-
-@needs_multi_rank_nccl
-def test_two_nccl_hosts_of_two_ranks(tmp_path):
-    """Declared one TIDE node; undeclared, the same world runs through NCCL (test_nccl_transport.py)."""
-    hosts = lambda r: f"tide-host-{r // 2}"  # noqa: E731
-    for rep in launch(tmp_path / "refusal", 4, "refusal", MULTI_RANK_ENV, host_of=hosts):
+def test_bootstrap_across_two_nccl_hosts_of_two_ranks_is_refused(tmp_path):
+    """Undeclared, the same world runs through NCCL (test_nccl_windows.py); declared one TIDE node, it runs bit for bit
+    on CUDA IPC (test_nccl_windows.py's fallback test)."""
+    for rep in launch(tmp_path, 4, "refusal", MULTI_RANK_ENV, host_of=lambda r: f"tide-host-{r // 2}"):
         assert "2 TIDE nodes (NCCL hosts" in rep["message"], rep
-    declared = dict(MULTI_RANK_ENV, NCCL_TIDE_RANKS_PER_NODE="4")
-    for rep in launch(tmp_path / "declared", 4, "collectives", declared, host_of=hosts):
-        assert rep["checked"] == len(_cases(4)) * 2, rep

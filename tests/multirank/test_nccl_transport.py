@@ -4,14 +4,15 @@
 communicator), W ranks sharing one GPU as NCCL hosts (test_nccl_hosts.py's set-up: NCCL_HOSTID per rank, NCCL's
 socket transport over loopback). Marker gpu: one card.
 
-* Every rank its own NCCL host, nothing declared: each is its own TIDE node, the IPC provider maps no peer, and
-  TIDE's AG and RS on layouts of one rank per node run as two-sided programs, bit for bit against the host
-  executor (odd sizes, mixed dtypes, sum / avg); a layout whose nodes span the comm's nodes is refused.
+* Every rank its own NCCL host, nothing declared (2 and 4 ranks): each is its own TIDE node, the IPC provider maps
+  no peer, and TIDE's AG and RS on layouts of one rank per node run as two-sided programs, bit for bit against the
+  host executor (odd sizes, mixed dtypes, sum / avg). On the world of 2, in turn (test_nccl_hosts.py's "in_turn"):
+  a layout whose nodes span the comm's nodes is refused; FSDP2 stock and with nccl_tide.fsdp, losses and
+  parameters bit-identical.
 * Two NCCL hosts of two ranks (NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1): two TIDE nodes of two ranks,
-  layouts of 1 and 2 ranks per node.
+  layouts of 1 and 2 ranks per node: test_nccl_windows.py's, whose provider there is windows inside each host.
 * One declared node with NCCL_TIDE_INTERNODE=sendrecv and layouts of 2 ranks per node: peer-mapped node-local steps
   and p2p groups meet in one call.
-* FSDP2 at two NCCL hosts: stock and nccl_tide.fsdp losses and parameters bit-identical.
 * Forced NCCL_TIDE_INTERNODE=rma: tideCommCreate refuses it as not built.
 
 Each rank logs at INFO into its own file; the comm's transport line is checked there.
@@ -62,28 +63,30 @@ def _spanning(rank, world, report):
 
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_each_nccl_host_its_own_node(tmp_path, world):
-    for rep in hosts.launch(tmp_path, world, "collectives", INFO, rpns=[1]):
-        assert rep["provider"] == "ipc" and rep["checked"] == len(hosts._cases(world)), rep
-        assert rep["comm_ranks_per_node"] == 1, rep
-        line = _transport_line(tmp_path, rep["rank"])
-        assert f"inter-node transport sendrecv ({world} TIDE nodes of 1 ranks do not map" in line, line
-        assert "NCCL's kernels, which use SMs" in line, line
+def _assert_own_nodes_bit_exact(collectives, world, tmp_path, rank):
+    """The collectives check of a world whose every rank is its own NCCL host and TIDE node."""
+    assert collectives["provider"] == "ipc" and collectives["checked"] == len(hosts._cases(world)), collectives
+    assert collectives["comm_ranks_per_node"] == 1, collectives
+    line = _transport_line(tmp_path, rank)
+    assert f"inter-node transport sendrecv ({world} TIDE nodes of 1 ranks do not map" in line, line
+    assert "NCCL's kernels, which use SMs" in line, line
 
 
-def test_layout_spanning_the_comm_nodes_is_refused(tmp_path):
-    for rep in hosts.launch(tmp_path, 2, _spanning):
-        assert rep["checked"] == 1, rep
-        assert "span the comm's TIDE nodes of 1 ranks" in rep["message"], rep["message"]
+def test_two_nccl_hosts_bit_exact_spanning_refused_and_fsdp2_matches_stock(tmp_path):
+    # enable() without ranks_per_node: the layouts take the comm's node size (one rank per NCCL host).
+    checks = [("collectives", {"rpns": [1]}), (_spanning, {}), ("fsdp", {})]
+    for rep in hosts.launch(tmp_path, 2, "in_turn", INFO, timeout=400, checks=checks):
+        collectives, spanning, fsdp = rep["checks"]
+        _assert_own_nodes_bit_exact(collectives, 2, tmp_path, rep["rank"])
+        assert spanning["checked"] == 1, spanning
+        assert "span the comm's TIDE nodes of 1 ranks" in spanning["message"], spanning["message"]
+        assert not fsdp["stock_groups"], fsdp["stock_groups"]
+        assert fsdp["tide_calls"]["ag_calls"] > 0 and fsdp["tide_calls"]["rs_calls"] > 0, fsdp["tide_calls"]
 
 
-@hosts.needs_multi_rank_nccl
-def test_two_nccl_hosts_of_two_ranks_through_nccl(tmp_path):
-    env = dict(hosts.MULTI_RANK_ENV, **INFO)
-    for rep in hosts.launch(tmp_path, 4, "collectives", env, host_of=lambda r: f"tide-host-{r // 2}", rpns=[1, 2]):
-        assert rep["nccl"] >= "2.30" and rep["checked"] == len(hosts._cases(4)) * 2, rep
-        assert "sendrecv (2 TIDE nodes of 2 ranks do not map" in _transport_line(tmp_path, rep["rank"])
+def test_four_nccl_hosts_each_its_own_node(tmp_path):
+    for rep in hosts.launch(tmp_path, 4, "collectives", INFO, rpns=[1]):
+        _assert_own_nodes_bit_exact(rep, 4, tmp_path, rep["rank"])
 
 
 def test_forced_sendrecv_between_virtual_nodes_of_one_declared_node(tmp_path):
@@ -91,14 +94,6 @@ def test_forced_sendrecv_between_virtual_nodes_of_one_declared_node(tmp_path):
     for rep in hosts.launch(tmp_path, 4, "collectives", env, rpns=[2, 1, 4]):
         assert rep["checked"] == len(hosts._cases(4)) * 3, rep
         assert "sendrecv (forced by NCCL_TIDE_INTERNODE=sendrecv)" in _transport_line(tmp_path, rep["rank"])
-
-
-def test_fsdp2_across_two_nccl_hosts_matches_stock(tmp_path):
-    # enable() without ranks_per_node: the layouts take the comm's node size (one rank per NCCL host).
-    for rep in hosts.launch(tmp_path, 2, "fsdp", INFO, timeout=400):
-        assert not rep["stock_groups"], rep["stock_groups"]
-        assert rep["tide_calls"]["ag_calls"] > 0 and rep["tide_calls"]["rs_calls"] > 0, rep["tide_calls"]
-        assert "inter-node transport sendrecv" in _transport_line(tmp_path, rep["rank"])
 
 
 def test_forced_rma_is_refused(tmp_path):

@@ -8,10 +8,10 @@ a process, their NCCL hosts given by NCCL_HOSTID. Marker gpu: one card.
   executor's on random layouts (one node and virtual nodes; slots allocated and freed per case, own RS staging
   grown); NCCL_TIDE_PROVIDER=ipc keeps CUDA IPC on the same NCCL.
 * Two NCCL hosts of two ranks: windows inside each host, on a communicator split off per TIDE node, and grouped
-  ncclSend / ncclRecv across.
+  ncclSend / ncclRecv across (the sendrecv transport of test_nccl_transport.py, its INFO line checked too).
 * One TIDE node declared across the two NCCL hosts: NCCL has no symmetric memory on such a communicator over
-  sockets (ncclCommWindowRegister gives no window), so every rank falls back to IPC, runs bit for bit and names the
-  NCCL call that said no; forced windows are refused there with that reason.
+  sockets (ncclCommWindowRegister gives no window), so every rank falls back to IPC, runs bit for bit (one node and
+  virtual nodes) and names the NCCL call that said no; forced windows are refused there with that reason.
 * torch's own NCCL (2.28.9): NCCL_TIDE_PROVIDER=window is refused with what to change, on an NCCL communicator and
   on a bootstrap.
 
@@ -20,6 +20,7 @@ Each rank logs at INFO into its own file; the provider line of tideCommCreate is
 
 import pytest
 import test_nccl_hosts as hosts
+import test_nccl_transport as transport
 
 pytestmark = [pytest.mark.gpu]
 INFO = {"NCCL_TIDE_DEBUG": "INFO"}
@@ -61,10 +62,12 @@ def test_two_ranks_of_one_host_on_windows(tmp_path, setting, provider):
 def test_two_hosts_windows_inside_sendrecv_across(tmp_path):
     env = dict(hosts.MULTI_RANK_ENV, **INFO)
     for rep in hosts.launch(tmp_path, 4, "collectives", env, host_of=TWO_HOSTS, rpns=[2, 1]):
-        assert rep["checked"] == len(hosts._cases(4)) * 2, rep
+        assert rep["nccl"] >= "2.30" and rep["checked"] == len(hosts._cases(4)) * 2, rep
         assert rep["provider"] == "window" and rep["comm_ranks_per_node"] == 2, rep
         line = _provider_line(tmp_path, rep["rank"])
         assert "windows on a communicator split off per TIDE node" in line and "inter-node sendrecv" in line, line
+        line = transport._transport_line(tmp_path, rep["rank"])
+        assert "sendrecv (2 TIDE nodes of 2 ranks do not map" in line, line
 
 
 # The NCCL calls whose answer makes the window provider fall back (plugin/nccl/window_memory.h). On a communicator
@@ -80,9 +83,9 @@ FALLBACK = "provider ipc (NCCL has no windows for this comm's TIDE nodes: "
 def test_node_across_nccl_hosts_falls_back_to_ipc(tmp_path):
     env = dict(hosts.MULTI_RANK_ENV, NCCL_TIDE_RANKS_PER_NODE="4", **INFO)
     calls = set()
-    for rep in hosts.launch(tmp_path / "auto", 4, "collectives", env, host_of=TWO_HOSTS, rpns=[4]):
+    for rep in hosts.launch(tmp_path / "auto", 4, "collectives", env, host_of=TWO_HOSTS, rpns=[4, 2]):
         # Every case bit for bit against the host executor (the harness fails on any rank's error).
-        assert rep["checked"] == len(hosts._cases(4)), rep
+        assert rep["checked"] == len(hosts._cases(4)) * 2, rep
         assert rep["provider"] == "ipc" and rep["comm_ranks_per_node"] == 4, rep
         line = _provider_line(tmp_path / "auto", rep["rank"])
         assert FALLBACK in line, line
