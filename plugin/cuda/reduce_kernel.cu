@@ -10,6 +10,8 @@
 // after each launch (a waiting GEMM gets it). Each CTA keeps many bytes in flight:
 // every thread issues up to 16 independent 16-byte loads (U vectors of 8 elements x 8 sources) before its first
 // add, 128 KiB per CTA, which is what one SM needs to approach its own bandwidth (benchmarks/sm_bandwidth.py).
+// The staged kernel (reduce_staged.cu) keeps its bytes in flight in shared memory instead; this file launches
+// either on the 16-byte path (ReduceKernel), and the element path where neither applies.
 #include <cuda_fp16.h>
 
 #include "../core/errors.h"
@@ -17,12 +19,13 @@
 #include "cuda_check.h"
 #include "reduce_fold.cuh"
 #include "reduce_kernel.h"
+#include "reduce_staged.h"
 
 namespace tide {
 namespace cuda {
 namespace {
 
-using namespace fold;  // the fold's vocabulary (reduce_fold.cuh)
+using namespace fold;  // the fold's vocabulary, shared with reduce_staged.cu
 
 constexpr int kThreads = 512;
 
@@ -144,16 +147,20 @@ tideResult_t launchShape(const ReduceArgs& a, const ReduceShape& sh, cudaStream_
   const char* s = static_cast<const char*>(a.staging);
   OutT* out = static_cast<OutT*>(a.out);
   const uint64_t units = sh.vector ? a.n / kVec : a.n;
-  for (int l = 0; l < sh.launches; ++l) {
-    const uint64_t base = static_cast<uint64_t>(l) * static_cast<uint64_t>(sh.ctas) * sh.perCta;
-    if (sh.vector) {
-      vecKernelFor<InT, OutT, kPrev>(op, a.nSrc)<<<sh.ctas, kThreads, 0, stream>>>(s, a.srcStride, a.nSrc, units, a.prev, out,
-                                                                           op, base, sh.perCta);
-    } else {
-      reduceScalarKernel<InT, OutT, kPrev><<<sh.ctas, kThreads, 0, stream>>>(s, a.srcStride, a.nSrc, units, a.prev,
-                                                                             out, op, base, sh.perCta);
+  if (sh.staged) {
+    TIDE_CHECK(launchStaged(a, sh, stream));
+  } else {
+    for (int l = 0; l < sh.launches; ++l) {
+      const uint64_t base = static_cast<uint64_t>(l) * static_cast<uint64_t>(sh.ctas) * sh.perCta;
+      if (sh.vector) {
+        vecKernelFor<InT, OutT, kPrev>(op, a.nSrc)<<<sh.ctas, kThreads, 0, stream>>>(
+            s, a.srcStride, a.nSrc, units, a.prev, out, op, base, sh.perCta);
+      } else {
+        reduceScalarKernel<InT, OutT, kPrev><<<sh.ctas, kThreads, 0, stream>>>(s, a.srcStride, a.nSrc, units, a.prev,
+                                                                               out, op, base, sh.perCta);
+      }
+      TIDE_CUDA_CHECK(cudaGetLastError());
     }
-    TIDE_CUDA_CHECK(cudaGetLastError());
   }
   if (sh.vector && units * kVec < a.n) {
     // The n % 8 tail (fewer than 8 elements): one CTA of the scalar kernel.
@@ -209,7 +216,8 @@ tideResult_t preloadIn() {
 tideResult_t preloadReduceKernels() {
   TIDE_CHECK(preloadIn<float>());
   TIDE_CHECK(preloadIn<Bf16>());
-  return preloadIn<Fp16>();
+  TIDE_CHECK(preloadIn<Fp16>());
+  return preloadStagedKernels();
 }
 
 uint64_t reduceArrivingBytes(int nSrc, uint64_t n, tideDataType_t inType, bool prev) {
@@ -232,7 +240,7 @@ int reduceMaxCtas(const ReduceArgs& a, const ReducePace& pace) {
   const uint64_t deadline = a.followingBytes > 0 ? static_cast<uint64_t>(a.followingBytes) : incoming;
   const double rate =
       kReducePaceHeadroom * pace.linkGBps * static_cast<double>(traffic) / static_cast<double>(deadline);
-  double c = rate / kReduceCtaGBps;
+  double c = rate / pace.ctaGBps;
   if (!(c < kReduceMaxPacedCtas)) c = kReduceMaxPacedCtas;  // also NaN; before the cast, which would overflow
   int ctas = static_cast<int>(c);
   if (static_cast<double>(ctas) < c) ++ctas;
@@ -252,7 +260,8 @@ tideResult_t devicePace(int device, bool singleRank, ReducePace* out) {
   return tideSuccess;
 }
 
-ReduceShape reduceShape(const ReduceArgs& a, int maxCtas, uint64_t ctaBytes, const ReducePace& pace) {
+ReduceShape reduceShape(const ReduceArgs& a, int maxCtas, uint64_t ctaBytes, const ReducePace& pace,
+                        ReduceKernel kernel) {
   ReduceShape sh;
   sh.threads = kThreads;
   const uintptr_t in = reinterpret_cast<uintptr_t>(a.staging), o = reinterpret_cast<uintptr_t>(a.out);
@@ -268,6 +277,9 @@ ReduceShape reduceShape(const ReduceArgs& a, int maxCtas, uint64_t ctaBytes, con
     sh.perCta = 0;
     return sh;
   }
+  sh.tileVectors = kernel == ReduceKernel::kStaged && sh.vector ? stagedTileVectors(a) : 0;
+  sh.staged = sh.tileVectors > 0;
+  if (sh.staged) sh.threads = kStagedThreads;
   const uint64_t perUnit = perElem * (sh.vector ? kVec : 1);
   const uint64_t cta = ctaBytes > 0 ? ctaBytes : kReduceCtaBytes;
   if (maxCtas <= 0) maxCtas = reduceMaxCtas(a, pace);
@@ -292,7 +304,7 @@ ReduceShape reduceShape(const ReduceArgs& a, int maxCtas, uint64_t ctaBytes, con
 }
 
 tideResult_t launchReduce(const ReduceArgs& a, cudaStream_t stream, const ReducePace& pace, int maxCtas,
-                          uint64_t ctaBytes) {
+                          uint64_t ctaBytes, ReduceKernel kernel) {
   if (a.n == 0) return tideSuccess;
   if (a.nSrc < 1) return fail(tideInvalidArgument, "Cuda", "reduce: nSrc is %d (at least 1)", a.nSrc);
   if (!supported(a.inType) || !supported(a.outType)) {
@@ -311,7 +323,7 @@ tideResult_t launchReduce(const ReduceArgs& a, cudaStream_t stream, const Reduce
                 a.staging, a.srcStride, a.out, static_cast<const void*>(a.prev), typeSize(a.inType),
                 typeSize(a.outType));
   }
-  const ReduceShape sh = reduceShape(a, maxCtas, ctaBytes, pace);
+  const ReduceShape sh = reduceShape(a, maxCtas, ctaBytes, pace, kernel);
   switch (a.inType) {
     case tideFloat32:
       return launchIn<float>(a, sh, stream);
