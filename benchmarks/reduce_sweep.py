@@ -17,19 +17,22 @@ ring, plugin/cuda/reduce_staged.cu), both through the benchmark library (bench_l
    (occupancy-weighted), the baseline's SM time over it, the GEMM's slowdown and the share's end to end over the
    link floor, every output checked bit for bit.
 Prints the per-CTA rates and one table of ratios; writes DIR/reduce_sweep.json. Exit status 1 if an output was not
-bit-exact or a step failed; 2 for bad arguments or no GPU. About 3 minutes on an H100 with the defaults.
+bit-exact or a step failed; 2 for bad arguments or no GPU; 3 if a reduce did not end within 30 s (the figures
+measured before it are written). About 3 minutes on an H100 with the defaults.
 
     NCCL_TIDE_LIBRARY_PATH=build/gpu/libnccl-tide.so PYTHONPATH=pytorch_glue python3 benchmarks/reduce_sweep.py \\
         --out DIR
 """
 
 import argparse
+import functools
 import gc
 import json
 import math
 import os
 import statistics
 import sys
+import threading
 import time
 import traceback
 from typing import Dict, List, Optional, Sequence
@@ -115,10 +118,25 @@ def sizing_rate(beside: Sequence[dict], explicit: float) -> Optional[float]:
     return min(wide or got) if got else None
 
 
-def time_ms(torch, fn, stream, iters: int = 5) -> float:
-    """ms per call of fn, enqueued on `stream` (CUDA events around `iters` calls after one warm-up)."""
+class GpuHang(RuntimeError):
+    """A kernel did not end: the GPU context is stuck, nothing more can run in this process."""
+
+
+def synchronize_within(torch, seconds: float, what: str) -> None:
+    """torch.cuda.synchronize(), but a kernel that never ends (a ring that waits forever) raises GpuHang after
+    `seconds` instead of holding the run until its call's limit, so the figures so far can still be written."""
+    waiter = threading.Thread(target=torch.cuda.synchronize, daemon=True)
+    waiter.start()
+    waiter.join(seconds)
+    if waiter.is_alive():
+        raise GpuHang(f"{what}: still running after {seconds:g} s")
+
+
+def time_ms(torch, fn, stream, what: str, iters: int = 5) -> float:
+    """ms per call of fn, enqueued on `stream` (CUDA events around `iters` calls after one warm-up, which must end
+    within 30 s)."""
     fn()
-    torch.cuda.synchronize()
+    synchronize_within(torch, 30.0, what)
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     a.record(stream)
     for _ in range(iters):
@@ -146,7 +164,7 @@ def alone(g: Gpu, B, W: int, n: int, ctas: Sequence[int], seed: int) -> List[dic
                                  cta_bytes=traffic // G + 8 * (2 * W + 4), kernel=kernel)
             shape = B.reduce_shape(args)
             out.fill_(float("nan"))
-            ms = time_ms(t, lambda: B.reduce(args, stream.cuda_stream), stream)
+            ms = time_ms(t, functools.partial(B.reduce, args, stream.cuda_stream), stream, f"{kernel} on {G} CTAs")
             exact = bool(t.equal(out.view(t.int32), ref.view(t.int32)))
             rows.append({"kernel": kernel, "ctas": G, "shape": shape, "ms": ms, "GBps": traffic / ms / 1e6,
                          "GBps_per_cta": traffic / ms / 1e6 / shape["ctas"], "bit_exact": exact})
@@ -266,7 +284,8 @@ def report(res: dict) -> List[str]:
     lines.append(f"# the staged grid in step 3 is sized for {fmt(res.get('staged_cta_gbps'))} GB/s per CTA "
                  f"(target beside the arrivals: >= {TARGETS['GBps_per_cta_beside']:g})")
     lines += ["| link GB/s | reduce | paced CTAs | SM us | SM time: NCCL-like 32 / this | target | GEMM x (IQR), "
-              f"target <= {TARGETS['gemm_slowdown']:g} | e2e / floor | exact |", "|---|---|---|---|---|---|---|---|---|"]
+              f"target <= {TARGETS['gemm_slowdown']:g} | e2e / floor | exact |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in res["ratios"]:
         target = TARGETS["sm_ratio"].get(r["link_gbps"])
         lines.append(f"| {r['link_gbps']:g} | {r['variant']} | {fmt(r['paced_ctas'], 'd')} | "
@@ -277,7 +296,8 @@ def report(res: dict) -> List[str]:
     return lines
 
 
-def run(a) -> dict:
+def run(a, res: dict) -> None:
+    """Steps 1-3 into res (filled as they go: a GpuHang leaves what was measured before it)."""
     import bench_lib as B
     from nccl_tide import Layout
     from nccl_tide.models import model_params, numels_and_rows
@@ -289,28 +309,27 @@ def run(a) -> dict:
     numels, rows = numels_and_rows(shapes_named)
     kw = {"rs_chunk_bytes": a.rs_chunk_bytes} if a.rs_chunk_bytes else {}
     lay = Layout(numels, "bf16", a.ranks, rank=0, row_numels=rows, **kw)
-    res = {"command": "python benchmarks/reduce_sweep.py " + " ".join(sys.argv[1:]),
-           "device": t.cuda.get_device_name(g.dev), "sms": g.n_sm, "torch": t.__version__,
-           "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "args": vars(a),
-           "rs_chunk_numel": lay.rs_chunk_numel, "rs_num_chunks": lay.rs_num_chunks, "alone": [], "beside": [],
-           "share": [], "errors": []}
+    res.update({"device": t.cuda.get_device_name(g.dev), "sms": g.n_sm, "torch": t.__version__,
+                "rs_chunk_numel": lay.rs_chunk_numel, "rs_num_chunks": lay.rs_num_chunks})
 
-    def step(name, fn):
+    def step(name, fn, *args):
         try:
-            return fn()
+            return fn(*args)
+        except GpuHang:
+            raise
         except Exception as e:  # one step failing must not cost the others
             tb = traceback.format_exc()
             print(f"[sweep] {name} FAILED:\n{tb}", flush=True)
             res["errors"].append({"step": name, "error": f"{type(e).__name__}: {e}", "traceback": tb})
             return None
 
-    res["alone"] = step("alone", lambda: alone(g, B, a.ranks, a.alone_numel, a.ctas, a.seed)) or []
+    res["alone"] = step("alone", alone, g, B, a.ranks, a.alone_numel, a.ctas, a.seed) or []
     h = Harness(g, a.runs)
     pacer = B.Pacer(a.rate_link, a.piece_bytes)
     try:
         for kernel in KERNELS:
             for G in a.ctas:
-                d = step(f"beside {kernel} {G}", lambda: beside(g, h, lay, a, shapes, pacer, kernel, G))
+                d = step(f"beside {kernel} {G}", beside, g, h, lay, a, shapes, pacer, kernel, G)
                 if d:
                     res["beside"].append(d)
     finally:
@@ -318,10 +337,8 @@ def run(a) -> dict:
         pacer.close()
     res["staged_cta_gbps"] = sizing_rate(res["beside"], a.staged_cta_gbps)
     for link in a.links:
-        res["share"] += step(f"share {link:g}", lambda: share_at(g, h, lay, a, shapes, B, link,
-                                                                 res["staged_cta_gbps"])) or []
+        res["share"] += step(f"share {link:g}", share_at, g, h, lay, a, shapes, B, link, res["staged_cta_gbps"]) or []
     res["ratios"] = ratio_rows(res["share"])
-    return res
 
 
 def failures(res: dict) -> List[str]:
@@ -329,6 +346,13 @@ def failures(res: dict) -> List[str]:
     bad += [f"beside {d['kernel']} {d['ctas']}" for d in res["beside"] if not d["check"].get("ok")]
     bad += [f"share {d['link_gbps']:g} {d['variant']}" for d in res["share"] if not d["check"].get("ok")]
     return bad + [e["step"] for e in res["errors"]]
+
+
+def write(out: Optional[str], res: dict) -> None:
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "reduce_sweep.json"), "w") as f:
+            json.dump(res, f, indent=1, default=str)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -343,12 +367,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not torch.cuda.is_available():
         print("reduce_sweep: needs a CUDA GPU", file=sys.stderr)
         return 2
-    res = run(a)
+    res = {"command": "python benchmarks/reduce_sweep.py " + " ".join(sys.argv[1:] if argv is None else argv),
+           "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "args": vars(a), "alone": [],
+           "beside": [], "share": [], "ratios": [], "errors": []}
+    try:
+        run(a, res)
+    except GpuHang as e:
+        res["errors"].append({"step": "hang", "error": str(e)})
+        print(f"reduce_sweep: {e}; writing what was measured and exiting", file=sys.stderr, flush=True)
+        write(a.out, res)
+        os._exit(3)  # the stuck context would hold an orderly exit too
     print("\n".join(report(res)), flush=True)
-    if a.out:
-        os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, "reduce_sweep.json"), "w") as f:
-            json.dump(res, f, indent=1, default=str)
+    write(a.out, res)
     bad = failures(res)
     if bad:
         print(f"reduce_sweep: not bit-exact or failed: {', '.join(bad)}", file=sys.stderr)

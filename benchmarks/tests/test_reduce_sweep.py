@@ -7,6 +7,7 @@ share (share_stand_ins), so that the one GPU call it is written for meets no Pyt
 import json
 import math
 import random
+from types import SimpleNamespace
 
 import pytest
 import reduce_sweep as S
@@ -109,3 +110,18 @@ def test_sweep_end_to_end_with_host_stand_ins(monkeypatch, tmp_path, native, cap
     for link, variant in variants:
         assert any(line.startswith(f"| {link:g} | {variant} |") for line in out.splitlines()), (link, variant)
     assert "| staged / loads |" in out
+
+
+def test_a_reduce_that_never_ends_is_reported_not_waited_for():
+    """synchronize_within gives up after its limit (a stuck ring would otherwise hold the GPU call to its end)."""
+    import threading
+    import time
+
+    release = threading.Event()
+    stuck = SimpleNamespace(cuda=SimpleNamespace(synchronize=lambda: release.wait(10)))
+    t0 = time.perf_counter()
+    with pytest.raises(S.GpuHang, match="staged on 4 CTAs: still running after 0.2 s"):
+        S.synchronize_within(stuck, 0.2, "staged on 4 CTAs")
+    assert time.perf_counter() - t0 < 5
+    release.set()
+    S.synchronize_within(SimpleNamespace(cuda=SimpleNamespace(synchronize=lambda: None)), 5.0, "quick")
