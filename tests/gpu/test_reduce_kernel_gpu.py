@@ -128,9 +128,10 @@ def test_reduce_bit_exact_vs_host_executor(torch_cuda, n, nsrc, it, ot, op, mis,
     assert (out_raw[:mis] == 0xFF).all() and (out_raw[mis + n * osz:] == 0xFF).all()
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("in_off,stride_off,out_off,ot", [(0, 0, 2, "fp32"), (1, 0, 0, "fp32"), (0, 1, 0, "bf16"),
                                                           (0, 0, 1, "bf16")])
-def test_reduce_refuses_element_misaligned_pointers(torch_cuda, in_off, stride_off, out_off, ot):
+def test_reduce_refuses_element_misaligned_pointers(torch_cuda, in_off, stride_off, out_off, ot, kernel):
     """A pointer or stride that is not a multiple of its element size is refused with a message, before any launch
     (the device would fault with a sticky misaligned-address error); the context stays usable."""
     torch = torch_cuda
@@ -139,12 +140,13 @@ def test_reduce_refuses_element_misaligned_pointers(torch_cuda, in_off, stride_o
     n, nsrc = 1000, 3
     raw = torch.randn(nsrc * n + 64, device="cuda").bfloat16()
     out = torch.full((n + 16,), float("nan"), device="cuda")
-    args = B.reduce_args(raw.data_ptr() + in_off, n * 2 + stride_off, nsrc, n, out.data_ptr() + out_off, "bf16", ot)
+    args = B.reduce_args(raw.data_ptr() + in_off, n * 2 + stride_off, nsrc, n, out.data_ptr() + out_off, "bf16", ot,
+                         kernel=kernel)
     with pytest.raises(Exception, match="not aligned"):
         B.reduce(args, torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
     assert torch.isnan(out).all()  # nothing written
-    ok = B.reduce_args(raw.data_ptr(), n * 2, nsrc, n, out.data_ptr(), "bf16", "fp32")
+    ok = B.reduce_args(raw.data_ptr(), n * 2, nsrc, n, out.data_ptr(), "bf16", "fp32", kernel=kernel)
     B.reduce(ok, torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
     ref = raw[:nsrc * n].view(nsrc, n).float()
