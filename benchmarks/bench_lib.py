@@ -23,9 +23,11 @@ from nccl_tide.errors import LibraryNotFoundError
 
 LIB_NAME = "libnccl-tide-bench.so"
 ENV_LIBRARY_PATH = "NCCL_TIDE_BENCH_LIBRARY_PATH"
-TIDE_BENCH_REDUCE_ARGS_VERSION = 2
+TIDE_BENCH_REDUCE_ARGS_VERSION = 3
 _TYPES = {"bf16": N.tideBfloat16, "fp16": N.tideFloat16, "fp32": N.tideFloat32}
 _OPS = {"sum": N.tideSum, "avg": N.tideAvg, "premul": N.tidePremulSum}
+# The reduce's 16-byte-path kernels (tide_bench.h TIDE_BENCH_KERNEL_*): "library" is the one the executors launch.
+KERNELS = {"library": 0, "loads": 1, "staged": 2}
 
 
 class tideBenchReduceArgs_t(ctypes.Structure):
@@ -46,6 +48,8 @@ class tideBenchReduceArgs_t(ctypes.Structure):
         ("maxCtas", c_int),
         ("ctaBytes", c_uint64),
         ("followingBytes", ctypes.c_int64),
+        ("kernel", c_int),
+        ("ctaGBps", c_double),
     ]
 
 
@@ -55,7 +59,8 @@ _PA = _P(tideBenchReduceArgs_t)
 
 SIGNATURES = {
     "tideBenchReduce": (N.tideResult_t, [_PA, c_void_p]),
-    "tideBenchReduceShape": (N.tideResult_t, [_PA, _P(c_int), _P(c_int), _P(c_int), _P(c_int), _P(c_uint64)]),
+    "tideBenchReduceShape": (N.tideResult_t, [_PA, _P(c_int), _P(c_int), _P(c_int), _P(c_int), _P(c_uint64),
+                                              _P(c_int)]),
     "tideBenchCopy": (N.tideResult_t, [c_int, _PPV, _PPV, _P(c_size_t), c_void_p]),
     "tideBenchPacerCreate": (N.tideResult_t, [c_double, c_size_t, _P(c_void_p)]),
     "tideBenchPacedCopy": (N.tideResult_t, [c_void_p, c_int, _PPV, _PPV, _P(c_size_t), c_void_p]),
@@ -117,17 +122,21 @@ def check(result: int, what: str) -> None:
 def reduce_args(staging: int, src_stride: int, n_src: int, n: int, out: int, in_type: str = "bf16",
                 out_type: str = "fp32", op: str = "sum", scale: float = 1.0, divisor: float = 1.0,
                 prev: Optional[int] = None, max_ctas: int = 0, cta_bytes: int = 0,
-                following_bytes: int = -1) -> tideBenchReduceArgs_t:
+                following_bytes: int = -1, kernel: str = "library", cta_gbps: float = 0.0) -> tideBenchReduceArgs_t:
     """following_bytes: what arrives over links while this reduce runs (the next chunk's inputs), its deadline;
-    -1: its own incoming bytes stand in; 0: nothing follows (the last reduce of a collective: a drain)."""
+    -1: its own incoming bytes stand in; 0: nothing follows (the last reduce of a collective: a drain).
+    kernel: the 16-byte path's kernel (KERNELS); cta_gbps: the per-CTA rate the grid rule sizes by (0: the
+    library's)."""
     if in_type not in _TYPES or out_type not in _TYPES:
         raise ValueError(f"in_type/out_type must be one of {sorted(_TYPES)}, got {in_type!r}/{out_type!r}")
     if op not in _OPS:
         raise ValueError(f"op must be one of {sorted(_OPS)}, got {op!r}")
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {sorted(KERNELS)}, got {kernel!r}")
     return tideBenchReduceArgs_t(
         ctypes.sizeof(tideBenchReduceArgs_t), TIDE_BENCH_REDUCE_ARGS_VERSION, staging, src_stride, n_src, n, out,
         _TYPES[in_type], _TYPES[out_type], _OPS[op], scale, divisor, prev, max_ctas, cta_bytes,
-        N.int_arg(following_bytes, "following_bytes", -1, 2**63 - 1),
+        N.int_arg(following_bytes, "following_bytes", -1, 2**63 - 1), KERNELS[kernel], cta_gbps,
     )
 
 
@@ -136,12 +145,15 @@ def reduce(args: tideBenchReduceArgs_t, stream: int) -> None:
 
 
 def reduce_shape(args: tideBenchReduceArgs_t) -> dict:
-    ctas, launches, threads, vector, nbytes = c_int(), c_int(), c_int(), c_int(), c_uint64()
+    """kernel: the 16-byte path's ("loads" or "staged"), None on the element path."""
+    ctas, launches, threads, vector, nbytes, kernel = c_int(), c_int(), c_int(), c_int(), c_uint64(), c_int()
     check(lib().tideBenchReduceShape(ctypes.byref(args), ctypes.byref(ctas), ctypes.byref(launches),
-                                       ctypes.byref(threads), ctypes.byref(vector), ctypes.byref(nbytes)),
+                                       ctypes.byref(threads), ctypes.byref(vector), ctypes.byref(nbytes),
+                                       ctypes.byref(kernel)),
             "tideBenchReduceShape")
+    names = {v: k for k, v in KERNELS.items() if k != "library"}
     return {"ctas": ctas.value, "launches": launches.value, "threads": threads.value, "vector": bool(vector.value),
-            "bytes": nbytes.value}
+            "bytes": nbytes.value, "kernel": names.get(kernel.value)}
 
 
 def _tables(copies: Sequence[Tuple[int, int, int]]):

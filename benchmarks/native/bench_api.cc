@@ -37,7 +37,14 @@ tideResult_t preloadOnce() {
 
 bool reducible(tideDataType_t t) { return t == tideFloat32 || t == tideBfloat16 || t == tideFloat16; }
 
-tideResult_t toReduceArgs(const tideBenchReduceArgs_t* a, const char* fn, tide::cuda::ReduceArgs* r) {
+// The launch options of args beside the reduce itself: the kernel and the rule's per-CTA rate.
+struct LaunchChoice {
+  tide::cuda::ReduceKernel kernel = tide::cuda::kReduceDefaultKernel;
+  double ctaGBps = tide::cuda::kReduceCtaGBps;
+};
+
+tideResult_t toReduceArgs(const tideBenchReduceArgs_t* a, const char* fn, tide::cuda::ReduceArgs* r,
+                          LaunchChoice* choice) {
   if (a == nullptr) return tide::fail(tideInvalidArgument, "Bench", "%s: args is NULL", fn);
   if (a->size < sizeof(tideBenchReduceArgs_t) || a->version != TIDE_BENCH_REDUCE_ARGS_VERSION) {
     return tide::fail(tideInvalidArgument, "Bench", "%s: args size %zu / version %d; expected %zu / %d", fn, a->size,
@@ -64,6 +71,19 @@ tideResult_t toReduceArgs(const tideBenchReduceArgs_t* a, const char* fn, tide::
   if (a->prev != nullptr && a->outType != tideFloat32 && static_cast<const void*>(a->prev) == a->out) {
     return tide::fail(tideInvalidArgument, "Bench", "%s: prev may equal out only with an fp32 output", fn);
   }
+  if (a->kernel < TIDE_BENCH_KERNEL_LIBRARY || a->kernel > TIDE_BENCH_KERNEL_STAGED) {
+    return tide::fail(tideInvalidArgument, "Bench", "%s: kernel %d (0 the library's, 1 loads, 2 staged)", fn,
+                      a->kernel);
+  }
+  if (!(a->ctaGBps >= 0) || a->ctaGBps > 1e6) {  // also NaN
+    return tide::fail(tideInvalidArgument, "Bench", "%s: ctaGBps %g (0: the rule's, else a rate in GB/s)", fn,
+                      a->ctaGBps);
+  }
+  if (a->kernel != TIDE_BENCH_KERNEL_LIBRARY) {
+    choice->kernel = a->kernel == TIDE_BENCH_KERNEL_STAGED ? tide::cuda::ReduceKernel::kStaged
+                                                           : tide::cuda::ReduceKernel::kLoads;
+  }
+  if (a->ctaGBps > 0) choice->ctaGBps = a->ctaGBps;
   r->staging = a->staging;
   r->srcStride = a->srcStride;
   r->nSrc = a->nSrc;
@@ -111,27 +131,33 @@ TIDE_EXPORT const char* tideBenchGetLastError(void) { return tide::lastError(); 
 TIDE_EXPORT tideResult_t tideBenchReduce(const tideBenchReduceArgs_t* args, void* stream) {
   TIDE_API_BEGIN
   tide::cuda::ReduceArgs r{};
-  TIDE_CHECK(toReduceArgs(args, __func__, &r));
+  LaunchChoice choice;
+  TIDE_CHECK(toReduceArgs(args, __func__, &r, &choice));
   TIDE_CHECK(preloadOnce());
   tide::cuda::ReducePace pace;
   if (args->maxCtas <= 0) TIDE_CHECK(currentPace(&pace));  // an explicit CTA cap needs no pace
-  return tide::cuda::launchReduce(r, static_cast<cudaStream_t>(stream), pace, args->maxCtas, args->ctaBytes);
+  pace.ctaGBps = choice.ctaGBps;
+  return tide::cuda::launchReduce(r, static_cast<cudaStream_t>(stream), pace, args->maxCtas, args->ctaBytes,
+                                  choice.kernel);
   TIDE_API_END
 }
 
 TIDE_EXPORT tideResult_t tideBenchReduceShape(const tideBenchReduceArgs_t* args, int* ctas, int* launches,
-                                              int* threads, int* vector, uint64_t* bytes) {
+                                              int* threads, int* vector, uint64_t* bytes, int* kernel) {
   TIDE_API_BEGIN
   tide::cuda::ReduceArgs r{};
-  TIDE_CHECK(toReduceArgs(args, __func__, &r));
+  LaunchChoice choice;
+  TIDE_CHECK(toReduceArgs(args, __func__, &r, &choice));
   tide::cuda::ReducePace pace;
   if (args->maxCtas <= 0) TIDE_CHECK(currentPace(&pace));
-  const tide::cuda::ReduceShape sh = tide::cuda::reduceShape(r, args->maxCtas, args->ctaBytes, pace);
+  pace.ctaGBps = choice.ctaGBps;
+  const tide::cuda::ReduceShape sh = tide::cuda::reduceShape(r, args->maxCtas, args->ctaBytes, pace, choice.kernel);
   if (ctas) *ctas = sh.ctas;
   if (launches) *launches = sh.launches;
   if (threads) *threads = sh.threads;
   if (vector) *vector = sh.vector ? 1 : 0;
   if (bytes) *bytes = sh.bytes;
+  if (kernel) *kernel = !sh.vector ? 0 : sh.staged ? TIDE_BENCH_KERNEL_STAGED : TIDE_BENCH_KERNEL_LOADS;
   return tideSuccess;
   TIDE_API_END
 }
@@ -197,7 +223,8 @@ TIDE_EXPORT tideResult_t tideBenchPersistentReduce(const tideBenchReduceArgs_t* 
                                                    void* stream) {
   TIDE_API_BEGIN
   tide::cuda::ReduceArgs r{};
-  TIDE_CHECK(toReduceArgs(args, __func__, &r));
+  LaunchChoice choice;  // the baseline is a kernel of its own: the choice does not apply
+  TIDE_CHECK(toReduceArgs(args, __func__, &r, &choice));
   TIDE_CHECK(preloadOnce());
   if (r.inType != tideBfloat16 || r.outType != tideFloat32 || r.op != tideSum || r.prev != nullptr) {
     return tide::fail(tideUnsupported, "Bench", "%s: the baseline folds bf16 into fp32 with SUM and no prev only",

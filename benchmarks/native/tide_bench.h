@@ -22,13 +22,20 @@
 extern "C" {
 #endif
 
-#define TIDE_BENCH_REDUCE_ARGS_VERSION 2
+#define TIDE_BENCH_REDUCE_ARGS_VERSION 3
+
+/* The kernels of the reduce's 16-byte path (plugin/cuda/reduce_kernel.h, ReduceKernel), bit for bit alike. */
+#define TIDE_BENCH_KERNEL_LIBRARY 0 /* the one the executors launch */
+#define TIDE_BENCH_KERNEL_LOADS 1   /* each thread's 16-byte loads held in registers (the reference path) */
+#define TIDE_BENCH_KERNEL_STAGED 2  /* TMA bulk copies into a ring of shared-memory stages */
 
 /* One reduce on device buffers: out[k] = post(prev[k] + fold over s < nSrc of pre(in_s[k])), in_s at
  * staging + s * srcStride bytes, in the accumulation order of include/tide.h. The shape follows the library's rule
  * (plugin/cuda/reduce_kernel.h) with NCCL_TIDE_LINK_GBPS and the current device's SM count, nSrc - 1 inputs (and
  * prev) taken as arriving over links (one input and no prev: a world of one rank, unpaced). maxCtas / ctaBytes
- * override the rule's CTA cap and bytes per CTA (0: the rule's own). */
+ * override the rule's CTA cap and bytes per CTA (0: the rule's own); ctaGBps the per-CTA rate the rule sizes the
+ * grid by (0: the library's kReduceCtaGBps); kernel picks the 16-byte path's kernel (TIDE_BENCH_KERNEL_*; the
+ * staged kernel falls back to the loads kernel where its stage cannot hold 32 vectors of every source). */
 typedef struct {
   size_t size;       /* sizeof(tideBenchReduceArgs_t) */
   int version;       /* TIDE_BENCH_REDUCE_ARGS_VERSION */
@@ -46,6 +53,8 @@ typedef struct {
   int maxCtas;       /* 0: the rule's */
   uint64_t ctaBytes; /* 0: the rule's */
   int64_t followingBytes; /* bytes arriving while it runs (its deadline); -1: its own incoming; 0: a drain */
+  int kernel;        /* TIDE_BENCH_KERNEL_* */
+  double ctaGBps;    /* 0: the rule's; else > 0 */
 } tideBenchReduceArgs_t;
 
 /* The message of this library's last failed call on the calling thread ("" if none): its errors are recorded
@@ -56,10 +65,11 @@ const char* tideBenchGetLastError(void);
 tideResult_t tideBenchReduce(const tideBenchReduceArgs_t* args, void* stream);
 
 /* The shape the launcher would use for args: CTAs per launch, launches, threads per CTA, whether the 16-byte path
- * applies, and the reduce's HBM traffic in bytes. Launches nothing; it reads the current device's SM count when a
- * device is present (else 132, an H200's). */
+ * applies, the reduce's HBM traffic in bytes, and the kernel of the 16-byte path (TIDE_BENCH_KERNEL_LOADS or
+ * _STAGED; 0 on the element path). Launches nothing; it reads the current device's SM count when a device is
+ * present (else 132, an H200's). */
 tideResult_t tideBenchReduceShape(const tideBenchReduceArgs_t* args, int* ctas, int* launches, int* threads,
-                                  int* vector, uint64_t* bytes);
+                                  int* vector, uint64_t* bytes, int* kernel);
 
 /* count device-to-device copies through the library's copy-engine path (one hinted cudaMemcpyBatchAsync). The
  * stream must not be NULL (the batch API rejects the legacy stream; the fallback could use SMs); nor for the pacer. */

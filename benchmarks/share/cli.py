@@ -123,33 +123,8 @@ def run(a) -> dict:
             side = None
             try:
                 side = make_side(name, g, a, lay, shapes, numels, rows, pacer)
-                d = {"side": name, "name": side.name, "tide": side.tide}
-                if a.check:
-                    d["check"] = side.check()
-                unit, host_ms = h.unit_time(side)
-                d["unit_ms"], d["host_enqueue_ms"] = unit, host_ms
-                um = unit["median"]
-                d["hbm_bytes_per_unit"] = side.bytes
-                d["hbm_GBps"] = side.bytes / (um * 1e6) if um > 0 else None
-                if side.floor_s:
-                    d["link_floor_ms"] = side.floor_s * 1e3
-                    d["e2e_over_floor"] = um / (side.floor_s * 1e3)
-                kernels, mem = profile_unit(g, side.unit, iters=3)
-                d["sm"] = sm_summary(g, kernels, mem, 3)
-                if isinstance(side, RsShare):
-                    d["reduce_shape"] = side.shapes[0]
-                    d["reduce_shapes"] = side.shapes
-                if a.timeline:
-                    try:  # a diagnostic: its failure must not cost the side its measurement
-                        tl = unit_timeline(g, side, host_ms)
-                    except Exception as e:
-                        tl = {"error": f"{type(e).__name__}: {e}"}
-                    if tl is not None:
-                        d["timeline"] = tl
-                        print("\n".join(tl.get("lines") or [f"[timeline] {side.name}: {tl.get('error')}"]), flush=True)
-                k = side_ops_for(um, base)
-                d.update({"k_units": k, "order": a.order})
-                d.update(beside_summary(h.beside(side, k, host_ms, a.order), base))
+                d = {"side": name}
+                d.update(measure_side(g, h, side, base, a.check, a.timeline, a.order))
                 res["sides"].append(d)
                 print(side_line(d), flush=True)
             except Exception as e:  # one side failing must not cost the others
@@ -177,6 +152,39 @@ def run(a) -> dict:
     res["gemm_alone_after_ms"] = stats(h.alone())
     res["summary"] = summarize(res)
     return res
+
+
+def measure_side(g: Gpu, h: Harness, side, base: float, check: bool, timeline: bool, order: str) -> dict:
+    """One side's figures: its output check, its unit alone (time, HBM rate, against the link floor), its SM time,
+    its timeline (with `timeline`), and the GEMM beside it (base: the GEMM's median alone, ms)."""
+    d = {"name": side.name, "tide": side.tide}
+    if check:
+        d["check"] = side.check()
+    unit, host_ms = h.unit_time(side)
+    d["unit_ms"], d["host_enqueue_ms"] = unit, host_ms
+    um = unit["median"]
+    d["hbm_bytes_per_unit"] = side.bytes
+    d["hbm_GBps"] = side.bytes / (um * 1e6) if um > 0 else None
+    if side.floor_s:
+        d["link_floor_ms"] = side.floor_s * 1e3
+        d["e2e_over_floor"] = um / (side.floor_s * 1e3)
+    kernels, mem = profile_unit(g, side.unit, iters=3)
+    d["sm"] = sm_summary(g, kernels, mem, 3)
+    if isinstance(side, RsShare):
+        d["reduce_shape"] = side.shapes[0]
+        d["reduce_shapes"] = side.shapes
+    if timeline:
+        try:  # a diagnostic: its failure must not cost the side its measurement
+            tl = unit_timeline(g, side, host_ms)
+        except Exception as e:
+            tl = {"error": f"{type(e).__name__}: {e}"}
+        if tl is not None:
+            d["timeline"] = tl
+            print("\n".join(tl.get("lines") or [f"[timeline] {side.name}: {tl.get('error')}"]), flush=True)
+    k = side_ops_for(um, base)
+    d.update({"k_units": k, "order": order})
+    d.update(beside_summary(h.beside(side, k, host_ms, order), base))
+    return d
 
 
 def side_line(d) -> str:

@@ -10,8 +10,8 @@ from .plan import ag_plan, incoming_hbm_bytes, rs_chunk_plan, source_tag
 
 
 SIDES = ("ag-share", "ag-share-unpaced", "ag-share-incoming", "rs-share", "rs-share-unpaced", "rs-share-serial",
-         "nccl-like-16", "nccl-like-32", "ag-loopback", "rs-loopback")
-DEFAULT_SIDES = tuple(s for s in SIDES if s not in ("rs-share-serial", "ag-share-incoming"))
+         "rs-share-staged", "nccl-like-16", "nccl-like-32", "ag-loopback", "rs-loopback")
+DEFAULT_SIDES = tuple(s for s in SIDES if s not in ("rs-share-serial", "ag-share-incoming", "rs-share-staged"))
 
 
 def known_side(name: str) -> bool:
@@ -110,17 +110,23 @@ class RsShare(Side):
     `rs-share-serial` side) puts every chunk on one stream: the pacer then learns of
     chunk k+1 only after chunk k's last copy has run and its arrival write has reached the host, and releases the
     first piece a piece's link time after that, so the link idles about 19 us at every chunk boundary (the timeline
-    of a 70B share on an H200, 12 boundaries), which no node does."""
+    of a 70B share on an H200, 12 boundaries), which no node does.
+
+    kernel: the reduce's 16-byte-path kernel (bench_lib.KERNELS; `rs-share-staged`: "staged"); cta_gbps > 0: the
+    grid rule sized by that per-CTA rate instead of the library's (benchmarks/reduce_sweep.py: the grid a measured
+    rate gives)."""
 
     def __init__(self, g: Gpu, lay, world, pacer, seed, shapes, max_ctas=0, cta_bytes=0, drain_ctas=0,
-                 source="device", serial=False):
+                 source="device", serial=False, kernel="library", cta_gbps=0.0):
         import bench_lib as B
 
         t = g.torch
         self.B, self.g, self.pacer, self.lay, self.world, self.source = B, g, pacer, lay, world, source
         drain = f", drain {drain_ctas} CTAs" if drain_ctas else ""
+        variant = (", staged kernel" if kernel == "staged" else ", loads kernel" if kernel == "loads" else "") + (
+            f", grid for {cta_gbps:g} GB/s per CTA" if cta_gbps else "")
         self.name = ("TIDE-RS share" + ("" if pacer else " (unpaced)") + drain + (", one incoming stream" if serial else "")
-                     + source_tag(source))
+                     + variant + source_tag(source))
         self.tide = True
         M = lay.rs_out_numel
         self.grads = [g.rand(math.prod(s), t.bfloat16, seed + 100 + i) for i, s in enumerate(shapes)]
@@ -140,12 +146,14 @@ class RsShare(Side):
         # As the library's programs do (program_exec.cc).
         following = [sum(c[2] for c in inc) for _, inc, _ in self.plans[1:]] + [0]
         self.args = [B.reduce_args(buf, chunk * 2, world, n, self.out.data_ptr() + c0 * 4, "bf16", "fp32", "sum",
-                                   1.0, float(world), None, max_ctas, cta_bytes, following_bytes=f)
+                                   1.0, float(world), None, max_ctas, cta_bytes, following_bytes=f, kernel=kernel,
+                                   cta_gbps=cta_gbps)
                      for (_, _, (buf, n, c0)), f in zip(self.plans, following)]
         if drain_ctas:
             buf, n, c0 = self.plans[-1][2]
             self.args[-1] = B.reduce_args(buf, chunk * 2, world, n, self.out.data_ptr() + c0 * 4, "bf16", "fp32",
-                                          "sum", 1.0, float(world), None, drain_ctas, cta_bytes, following_bytes=0)
+                                          "sum", 1.0, float(world), None, drain_ctas, cta_bytes, following_bytes=0,
+                                          kernel=kernel, cta_gbps=cta_gbps)
         self.shapes = [B.reduce_shape(a) for a in self.args]
         self.s_in, self.s_own, self.s_red = g.stream(), g.stream(), g.stream()
         self.streams = [self.s_in, self.s_own, self.s_red]
@@ -299,6 +307,9 @@ def make_side(name, g, a, lay, shapes, numels, rows, pacer):
         return RsShare(g, lay, W, pacer, a.seed, shapes, a.reduce_max_ctas, a.reduce_cta_bytes, source=src)
     if name == "rs-share-serial":
         return RsShare(g, lay, W, pacer, a.seed, shapes, a.reduce_max_ctas, a.reduce_cta_bytes, source=src, serial=True)
+    if name == "rs-share-staged":
+        return RsShare(g, lay, W, pacer, a.seed, shapes, a.reduce_max_ctas, a.reduce_cta_bytes, source=src,
+                       kernel="staged")
     if name == "rs-share-unpaced":
         return RsShare(g, lay, W, None, a.seed, shapes, a.reduce_max_ctas, a.reduce_cta_bytes, source=src)
     if name.startswith("rs-share-drain"):

@@ -166,6 +166,51 @@ def test_reduce_shape_deadline_and_drain():
         B.reduce_args(256, n * 2, W, n, 4096, following_bytes=-2)
 
 
+def test_reduce_shape_kernel_choice():
+    """The 16-byte path's kernel: the library's (the register kernel), or the staged one on the same grid with one
+    producer warp more, where its stage holds 32 vectors of every source and prev (else the register kernel); the
+    element path for unaligned bases whatever is asked."""
+    _bench_lib_or_skip()
+    W, n = 8, 8 << 20
+    lib = B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096))
+    loads = B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, kernel="loads"))
+    staged = B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, kernel="staged"))
+    assert lib == loads and lib["kernel"] == "loads" and lib["threads"] == 512
+    assert staged["kernel"] == "staged" and staged["threads"] == 544
+    assert {k: v for k, v in staged.items() if k not in ("kernel", "threads")} == (
+        {k: v for k, v in loads.items() if k not in ("kernel", "threads")})
+    # a stage of 64 KiB: 32 vectors of 128 bf16 sources (16 bytes each) fit, of 129 not; with prev 32 bytes more each
+    n = 1 << 16
+    for n_src, prev, want in ((128, None, "staged"), (129, None, "loads"), (126, 8192, "staged"),
+                              (127, 8192, "loads")):
+        sh = B.reduce_shape(B.reduce_args(256, n * 2, n_src, n, 4096, prev=prev, kernel="staged"))
+        assert sh["kernel"] == want, (n_src, prev, sh)
+    assert B.reduce_shape(B.reduce_args(258, n * 2, W, n, 4096, kernel="staged"))["kernel"] is None
+    with pytest.raises(ValueError, match="kernel"):
+        B.reduce_args(256, 16, 1, 8, 256, kernel="tma")
+    bad = B.reduce_args(256, 16, 1, 8, 256)
+    bad.kernel = 3
+    with pytest.raises(InvalidArgumentError, match="kernel 3"):
+        B.reduce_shape(bad)
+
+
+def test_reduce_shape_follows_a_given_cta_rate():
+    """ctaGBps replaces the rule's per-CTA rate: 8 bf16 inputs -> fp32 at 370 GB/s need 634 GB/s with the headroom,
+    10 CTAs at the library's 66 GB/s, 6 at 110, 20 at 33; a drain keeps its cap. A rate that is not a positive
+    number is refused."""
+    _bench_lib_or_skip()
+    W, n = 8, 32 << 20
+    for rate in (0.0, 66.0, 110.0, 33.0):
+        sh = B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, cta_gbps=rate, kernel="staged"))
+        assert sh["ctas"] == _rule_ctas(W, 2, 4, False, cta_gbps=rate or 66.0), rate
+    assert _rule_ctas(W, 2, 4, False, cta_gbps=110.0) == 6
+    drain = B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, following_bytes=0, cta_gbps=500.0))
+    assert drain["ctas"] == min(32, _sm_count())
+    for rate in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(InvalidArgumentError, match="ctaGBps"):
+            B.reduce_shape(B.reduce_args(256, n * 2, W, n, 4096, cta_gbps=rate))
+
+
 def _sm_count():
     """The SM count the rule uses: the current device's, or 132 (an H200) where the process sees no GPU."""
     try:

@@ -1,11 +1,8 @@
 // Copyright The nccl-tide authors
 // SPDX-License-Identifier: Apache-2.0
-// Phase 2 of TIDE-RS: sum the node-local inputs of one staged chunk in fp32 and write the output shard.
-//
-// Accumulation order (include/tide.h, bit for bit): x_s = (float) in_s[k] (exact), with PREMUL_SUM
-// x_s = __fmul_rn(x_s, scale); acc = x_0; acc = __fadd_rn(acc, x_s) for s = 1 .. nSrc-1 (left fold, rank order);
-// AVG: acc = __fdiv_rn(acc, W); then fp32 out, or RNE narrowing to bf16/fp16; a NaN result is stored as the
-// canonical NaN of the output type, as on the host (plugin/core/dtype.cc). Padding needs no special case: phase 1 fills it with zeros from a zero buffer.
+// Phase 2 of TIDE-RS: sum the node-local inputs of one staged chunk in fp32 and write the output shard, in the
+// accumulation order of reduce_fold.cuh (include/tide.h, bit for bit). Padding needs no special case: phase 1
+// fills it with zeros from a zero buffer.
 //
 // Shape (reduce_kernel.h, reduceShape): as many CTAs of 512 threads as keep pace with the inputs' arrival
 // over the links (10 for 8 bf16 inputs at 370 GB/s, with the rule's headroom), each CTA a bounded contiguous slice, then exit; a large chunk is
@@ -13,92 +10,30 @@
 // after each launch (a waiting GEMM gets it). Each CTA keeps many bytes in flight:
 // every thread issues up to 16 independent 16-byte loads (U vectors of 8 elements x 8 sources) before its first
 // add, 128 KiB per CTA, which is what one SM needs to approach its own bandwidth (benchmarks/sm_bandwidth.py).
+// The staged kernel (reduce_staged.cu) keeps its bytes in flight in shared memory instead; this file launches
+// either on the 16-byte path (ReduceKernel), and the element path where neither applies.
 #include <cuda_fp16.h>
 
 #include "../core/errors.h"
 #include "../core/params.h"
 #include "cuda_check.h"
+#include "reduce_fold.cuh"
 #include "reduce_kernel.h"
+#include "reduce_staged.h"
 
 namespace tide {
 namespace cuda {
 namespace {
 
+using namespace fold;  // the fold's vocabulary, shared with reduce_staged.cu
+
 constexpr int kThreads = 512;
-constexpr int kVec = 8;  // elements per 16-byte-path unit
 
-// Per-element NaN canonicalisation at the store (include/tide.h "NaN results"): a NaN result is written as the one
-// canonical quiet NaN of the output type, whichever NaN the fp32 adds produced, as the host executor does.
-__device__ __forceinline__ bool isNanBits(uint32_t x) { return (x & 0x7fffffffu) > 0x7f800000u; }
-__device__ __forceinline__ float canonicalNanF32(float f) {
-  // f != f is true exactly for NaN (no fast-math here): one compare instead of three integer operations.
-  return f != f ? __uint_as_float(TIDE_CANONICAL_NAN_F32) : f;
-}
-
-template <typename T>
-struct Elem;
-template <>
-struct Elem<float> {
-  static __device__ __forceinline__ float toFloat(float v) { return v; }
-  static __device__ __forceinline__ float fromFloat(float v) { return canonicalNanF32(v); }
-};
-struct Bf16 {
-  uint16_t bits;
-};
-struct Fp16 {
-  uint16_t bits;
-};
-template <>
-struct Elem<Bf16> {
-  static __device__ __forceinline__ float toFloat(Bf16 v) { return __uint_as_float(static_cast<uint32_t>(v.bits) << 16); }
-  static __device__ __forceinline__ Bf16 fromFloat(float f) {
-    uint32_t x = __float_as_uint(f);
-    if (isNanBits(x)) return Bf16{static_cast<uint16_t>(TIDE_CANONICAL_NAN_BF16)};
-    uint32_t rounded = x + 0x7fffu + ((x >> 16) & 1u);
-    return Bf16{static_cast<uint16_t>(rounded >> 16)};
-  }
-};
-template <>
-struct Elem<Fp16> {
-  static __device__ __forceinline__ float toFloat(Fp16 v) { return __half2float(__ushort_as_half(v.bits)); }
-  static __device__ __forceinline__ Fp16 fromFloat(float f) {
-    uint32_t x = __float_as_uint(f);
-    if (isNanBits(x)) return Fp16{static_cast<uint16_t>(TIDE_CANONICAL_NAN_FP16)};
-    return Fp16{__half_as_ushort(__float2half_rn(f))};
-  }
-};
-
-// 8 consecutive elements as raw 16-byte words (caller guarantees alignment), then converted to fp32.
-template <typename T>
-struct Raw8 {
-  static constexpr int kWords = kVec * sizeof(T) / 16;
-  uint4 w[kWords];
-};
-
+// 8 consecutive elements from global memory (caller guarantees 16-byte alignment).
 template <typename T>
 __device__ __forceinline__ void loadRaw8(const T* p, Raw8<T>& r) {
 #pragma unroll
   for (int c = 0; c < Raw8<T>::kWords; ++c) r.w[c] = __ldg(reinterpret_cast<const uint4*>(p) + c);
-}
-
-template <typename T>
-__device__ __forceinline__ void convert8(const Raw8<T>& r, float (&v)[kVec]) {
-  const T* e = reinterpret_cast<const T*>(r.w);
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) v[k] = Elem<T>::toFloat(e[k]);
-}
-
-template <typename T>
-__device__ __forceinline__ void store8(T* p, const float (&v)[kVec]) {
-  constexpr int kPer16 = 16 / sizeof(T);
-#pragma unroll
-  for (int c = 0; c < kVec / kPer16; ++c) {
-    uint4 raw;
-    T* e = reinterpret_cast<T*>(&raw);
-#pragma unroll
-    for (int k = 0; k < kPer16; ++k) e[k] = Elem<T>::fromFloat(v[c * kPer16 + k]);
-    reinterpret_cast<uint4*>(p)[c] = raw;
-  }
 }
 
 // Sources whose loads are all issued before the first add (memory-level parallelism); more are folded one by one.
@@ -110,27 +45,9 @@ struct Unroll {
   static constexpr int value = 16 / (kPrefetch * Raw8<T>::kWords) > 0 ? 16 / (kPrefetch * Raw8<T>::kWords) : 1;
 };
 
-struct Op {
-  bool premul;
-  bool avg;
-  float scale;
-  float divisor;
-};
-
-__device__ __forceinline__ float pre(float x, const Op& op) { return op.premul ? __fmul_rn(x, op.scale) : x; }
-__device__ __forceinline__ float post(float x, const Op& op) { return op.avg ? __fdiv_rn(x, op.divisor) : x; }
-
-// The 16-byte path is compiled per op (SUM, PREMUL_SUM, AVG) and for at most / more than kPrefetch sources (kMany):
-// with the op tested at run time inside its unrolled fold and the loop over further sources always present, it
-// used 108 registers (bf16 -> fp32) and one CTA moved 83.5 GB/s, while a bench copy of the same schedule for SUM and
-// at most 8 sources (88 registers) moved 111.0 (benchmarks/sm_bandwidth.py "baseline512", H200). This
-// form uses 92 registers for SUM with 8 bf16 inputs. The scalar path keeps the runtime op (tails, unaligned bases).
-enum OpKind { kOpSum = 0, kOpPremul = 1, kOpAvg = 2 };
-template <int K>
-__device__ __forceinline__ float preK(float x, const Op& op) { return K == kOpPremul ? __fmul_rn(x, op.scale) : x; }
-template <int K>
-__device__ __forceinline__ float postK(float x, const Op& op) { return K == kOpAvg ? __fdiv_rn(x, op.divisor) : x; }
-
+// The 16-byte path is compiled per op (reduce_fold.cuh, OpKind) and for at most / more than kPrefetch sources
+// (kMany): with the loop over further sources always present it used more registers; this form uses 92 registers
+// for SUM with 8 bf16 inputs.
 // The 16-byte path over vectors [unitBase + blockIdx.x * perCta, + perCta) ∩ [0, nVec). kPrev: acc = prev + fold;
 // out may alias prev (neither is __restrict__; prev is read with plain loads before the same thread writes the
 // same element).
@@ -230,16 +147,20 @@ tideResult_t launchShape(const ReduceArgs& a, const ReduceShape& sh, cudaStream_
   const char* s = static_cast<const char*>(a.staging);
   OutT* out = static_cast<OutT*>(a.out);
   const uint64_t units = sh.vector ? a.n / kVec : a.n;
-  for (int l = 0; l < sh.launches; ++l) {
-    const uint64_t base = static_cast<uint64_t>(l) * static_cast<uint64_t>(sh.ctas) * sh.perCta;
-    if (sh.vector) {
-      vecKernelFor<InT, OutT, kPrev>(op, a.nSrc)<<<sh.ctas, kThreads, 0, stream>>>(s, a.srcStride, a.nSrc, units, a.prev, out,
-                                                                           op, base, sh.perCta);
-    } else {
-      reduceScalarKernel<InT, OutT, kPrev><<<sh.ctas, kThreads, 0, stream>>>(s, a.srcStride, a.nSrc, units, a.prev,
-                                                                             out, op, base, sh.perCta);
+  if (sh.staged) {
+    TIDE_CHECK(launchStaged(a, sh, stream));
+  } else {
+    for (int l = 0; l < sh.launches; ++l) {
+      const uint64_t base = static_cast<uint64_t>(l) * static_cast<uint64_t>(sh.ctas) * sh.perCta;
+      if (sh.vector) {
+        vecKernelFor<InT, OutT, kPrev>(op, a.nSrc)<<<sh.ctas, kThreads, 0, stream>>>(
+            s, a.srcStride, a.nSrc, units, a.prev, out, op, base, sh.perCta);
+      } else {
+        reduceScalarKernel<InT, OutT, kPrev><<<sh.ctas, kThreads, 0, stream>>>(s, a.srcStride, a.nSrc, units, a.prev,
+                                                                               out, op, base, sh.perCta);
+      }
+      TIDE_CUDA_CHECK(cudaGetLastError());
     }
-    TIDE_CUDA_CHECK(cudaGetLastError());
   }
   if (sh.vector && units * kVec < a.n) {
     // The n % 8 tail (fewer than 8 elements): one CTA of the scalar kernel.
@@ -295,7 +216,8 @@ tideResult_t preloadIn() {
 tideResult_t preloadReduceKernels() {
   TIDE_CHECK(preloadIn<float>());
   TIDE_CHECK(preloadIn<Bf16>());
-  return preloadIn<Fp16>();
+  TIDE_CHECK(preloadIn<Fp16>());
+  return preloadStagedKernels();
 }
 
 uint64_t reduceArrivingBytes(int nSrc, uint64_t n, tideDataType_t inType, bool prev) {
@@ -318,7 +240,7 @@ int reduceMaxCtas(const ReduceArgs& a, const ReducePace& pace) {
   const uint64_t deadline = a.followingBytes > 0 ? static_cast<uint64_t>(a.followingBytes) : incoming;
   const double rate =
       kReducePaceHeadroom * pace.linkGBps * static_cast<double>(traffic) / static_cast<double>(deadline);
-  double c = rate / kReduceCtaGBps;
+  double c = rate / pace.ctaGBps;
   if (!(c < kReduceMaxPacedCtas)) c = kReduceMaxPacedCtas;  // also NaN; before the cast, which would overflow
   int ctas = static_cast<int>(c);
   if (static_cast<double>(ctas) < c) ++ctas;
@@ -338,7 +260,8 @@ tideResult_t devicePace(int device, bool singleRank, ReducePace* out) {
   return tideSuccess;
 }
 
-ReduceShape reduceShape(const ReduceArgs& a, int maxCtas, uint64_t ctaBytes, const ReducePace& pace) {
+ReduceShape reduceShape(const ReduceArgs& a, int maxCtas, uint64_t ctaBytes, const ReducePace& pace,
+                        ReduceKernel kernel) {
   ReduceShape sh;
   sh.threads = kThreads;
   const uintptr_t in = reinterpret_cast<uintptr_t>(a.staging), o = reinterpret_cast<uintptr_t>(a.out);
@@ -354,6 +277,9 @@ ReduceShape reduceShape(const ReduceArgs& a, int maxCtas, uint64_t ctaBytes, con
     sh.perCta = 0;
     return sh;
   }
+  sh.tileVectors = kernel == ReduceKernel::kStaged && sh.vector ? stagedTileVectors(a) : 0;
+  sh.staged = sh.tileVectors > 0;
+  if (sh.staged) sh.threads = kStagedThreads;
   const uint64_t perUnit = perElem * (sh.vector ? kVec : 1);
   const uint64_t cta = ctaBytes > 0 ? ctaBytes : kReduceCtaBytes;
   if (maxCtas <= 0) maxCtas = reduceMaxCtas(a, pace);
@@ -378,7 +304,7 @@ ReduceShape reduceShape(const ReduceArgs& a, int maxCtas, uint64_t ctaBytes, con
 }
 
 tideResult_t launchReduce(const ReduceArgs& a, cudaStream_t stream, const ReducePace& pace, int maxCtas,
-                          uint64_t ctaBytes) {
+                          uint64_t ctaBytes, ReduceKernel kernel) {
   if (a.n == 0) return tideSuccess;
   if (a.nSrc < 1) return fail(tideInvalidArgument, "Cuda", "reduce: nSrc is %d (at least 1)", a.nSrc);
   if (!supported(a.inType) || !supported(a.outType)) {
@@ -397,7 +323,7 @@ tideResult_t launchReduce(const ReduceArgs& a, cudaStream_t stream, const Reduce
                 a.staging, a.srcStride, a.out, static_cast<const void*>(a.prev), typeSize(a.inType),
                 typeSize(a.outType));
   }
-  const ReduceShape sh = reduceShape(a, maxCtas, ctaBytes, pace);
+  const ReduceShape sh = reduceShape(a, maxCtas, ctaBytes, pace, kernel);
   switch (a.inType) {
     case tideFloat32:
       return launchIn<float>(a, sh, stream);

@@ -1,10 +1,12 @@
 # Copyright The nccl-tide authors
 # SPDX-License-Identifier: Apache-2.0
-"""The reduce kernel (plugin/cuda/reduce_kernel.cu; its shape: CTAs paced to the link, bounded work, several
+"""The reduce kernels (plugin/cuda/reduce_kernel.cu; its shape: CTAs paced to the link, bounded work, several
 launches) on given buffers through tideBenchReduce (the benchmark library, benchmarks/bench_lib.py), bit for bit
 against the host executor (tideHostReduceScatter) across sizes, source counts, dtypes, ops, alignments and shape
-overrides; with a running sum (prev, also in place) against the documented order computed on the CPU. Outputs are
-poisoned first.
+overrides; with a running sum (prev, also in place) against the documented order computed on the CPU. Each runs with
+both kernels of the 16-byte path: the register kernel ("loads") and the staged one (TMA bulk copies into a ring of
+shared-memory stages, plugin/cuda/reduce_staged.cu), whose tails, unaligned bases and too-wide tiles go to the other
+paths. Outputs are poisoned first.
 """
 
 import sys
@@ -18,10 +20,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 pytestmark = pytest.mark.gpu
 
 TORCH_T = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+KERNELS = ("loads", "staged")
+STAGE_BYTES = 64 << 10  # reduce_staged.cu kStageBytes: a tile of 32 vectors of every source (and prev) must fit
 
 
 def _tt(torch, name):
     return getattr(torch, TORCH_T[name])
+
+
+def _expected_kernel(kernel, vector, nsrc, in_size, prev=False):
+    """The kernel the 16-byte path runs (None: the element path): the staged one where its stage holds a tile of
+    32 vectors of every source and prev, else the register kernel."""
+    if not vector:
+        return None
+    fits = 32 * (nsrc * 8 * in_size + (32 if prev else 0)) <= STAGE_BYTES
+    return "staged" if kernel == "staged" and fits else "loads"
 
 
 def _poison(torch, t):
@@ -68,8 +81,9 @@ CASES = [
 
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("n,nsrc,it,ot,op,mis,mc,cb", CASES)
-def test_reduce_bit_exact_vs_host_executor(torch_cuda, n, nsrc, it, ot, op, mis, mc, cb):
+def test_reduce_bit_exact_vs_host_executor(torch_cuda, n, nsrc, it, ot, op, mis, mc, cb, kernel):
     torch = torch_cuda
     import bench_lib as B
 
@@ -90,9 +104,11 @@ def test_reduce_bit_exact_vs_host_executor(torch_cuda, n, nsrc, it, ot, op, mis,
     _poison(torch, out_raw)
     scale = 0.37
     args = B.reduce_args(raw.data_ptr() + mis, stride, nsrc, n, out_raw.data_ptr() + mis, it, ot, op, scale,
-                         float(nsrc), None, mc, cb)
+                         float(nsrc), None, mc, cb, kernel=kernel)
     shape = B.reduce_shape(args)
     assert shape["vector"] == (mis == 0 and stride % 16 == 0)
+    assert shape["kernel"] == _expected_kernel(kernel, shape["vector"], nsrc, esz)
+    assert shape["threads"] == (544 if shape["kernel"] == "staged" else 512)
     if mc:
         assert shape["ctas"] <= mc
     else:  # paced to the link: at most kReduceMaxPacedCtas (one input: nothing arrives, the whole GPU)
@@ -112,9 +128,10 @@ def test_reduce_bit_exact_vs_host_executor(torch_cuda, n, nsrc, it, ot, op, mis,
     assert (out_raw[:mis] == 0xFF).all() and (out_raw[mis + n * osz:] == 0xFF).all()
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("in_off,stride_off,out_off,ot", [(0, 0, 2, "fp32"), (1, 0, 0, "fp32"), (0, 1, 0, "bf16"),
                                                           (0, 0, 1, "bf16")])
-def test_reduce_refuses_element_misaligned_pointers(torch_cuda, in_off, stride_off, out_off, ot):
+def test_reduce_refuses_element_misaligned_pointers(torch_cuda, in_off, stride_off, out_off, ot, kernel):
     """A pointer or stride that is not a multiple of its element size is refused with a message, before any launch
     (the device would fault with a sticky misaligned-address error); the context stays usable."""
     torch = torch_cuda
@@ -123,21 +140,23 @@ def test_reduce_refuses_element_misaligned_pointers(torch_cuda, in_off, stride_o
     n, nsrc = 1000, 3
     raw = torch.randn(nsrc * n + 64, device="cuda").bfloat16()
     out = torch.full((n + 16,), float("nan"), device="cuda")
-    args = B.reduce_args(raw.data_ptr() + in_off, n * 2 + stride_off, nsrc, n, out.data_ptr() + out_off, "bf16", ot)
+    args = B.reduce_args(raw.data_ptr() + in_off, n * 2 + stride_off, nsrc, n, out.data_ptr() + out_off, "bf16", ot,
+                         kernel=kernel)
     with pytest.raises(Exception, match="not aligned"):
         B.reduce(args, torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
     assert torch.isnan(out).all()  # nothing written
-    ok = B.reduce_args(raw.data_ptr(), n * 2, nsrc, n, out.data_ptr(), "bf16", "fp32")
+    ok = B.reduce_args(raw.data_ptr(), n * 2, nsrc, n, out.data_ptr(), "bf16", "fp32", kernel=kernel)
     B.reduce(ok, torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
     ref = raw[:nsrc * n].view(nsrc, n).float()
     assert torch.equal(out[:n], ref[0] + ref[1] + ref[2])
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("in_place", [False, True])
 @pytest.mark.parametrize("n,ot,op", [(100_003, "fp32", "sum"), (1 << 20, "fp32", "avg"), (4101, "bf16", "premul")])
-def test_reduce_with_running_sum(torch_cuda, n, ot, op, in_place):
+def test_reduce_with_running_sum(torch_cuda, n, ot, op, in_place, kernel):
     torch = torch_cuda
     import bench_lib as B
 
@@ -151,8 +170,10 @@ def test_reduce_with_running_sum(torch_cuda, n, ot, op, in_place):
     prev = torch.randn(n, generator=g, device="cuda")
     prev_cpu = prev.cpu()
     out = prev if in_place else torch.full((n,), float("nan"), device="cuda").to(_tt(torch, ot))
-    args = B.reduce_args(xp.data_ptr(), npad * 2, W, n, out.data_ptr(), "bf16", ot, op, scale, 8.0, prev.data_ptr())
-    assert B.reduce_shape(args)["vector"]
+    args = B.reduce_args(xp.data_ptr(), npad * 2, W, n, out.data_ptr(), "bf16", ot, op, scale, 8.0, prev.data_ptr(),
+                         kernel=kernel)
+    shape = B.reduce_shape(args)
+    assert shape["vector"] and shape["kernel"] == _expected_kernel(kernel, True, W, 2, prev=True)
     B.reduce(args, torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
     xc = x.cpu().float()
@@ -167,3 +188,58 @@ def test_reduce_with_running_sum(torch_cuda, n, ot, op, in_place):
     got = out.cpu()
     assert not torch.isnan(got.float()).any()
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("nsrc", [64, 65])
+def test_staged_kernel_takes_a_tile_of_32_vectors_and_leaves_wider_ones_to_the_register_kernel(torch_cuda, nsrc):
+    """fp32 inputs: 64 sources fill a stage with a tile of 32 vectors (the least the staged kernel takes), 65 do not
+    fit and run on the register kernel; both bit for bit the left fold, several CTAs of several tiles each."""
+    torch = torch_cuda
+    import bench_lib as B
+
+    n, npad = 40_003, 40_008  # a tail of 3 elements past the last 8-element vector; 16-byte source stride
+    g = torch.Generator(device="cuda").manual_seed(nsrc)
+    x = torch.randn(nsrc, npad, generator=g, device="cuda")
+    out = torch.full((n,), float("nan"), device="cuda")
+    args = B.reduce_args(x.data_ptr(), npad * 4, nsrc, n, out.data_ptr(), "fp32", "fp32", max_ctas=3,
+                         kernel="staged")
+    shape = B.reduce_shape(args)
+    assert shape["kernel"] == ("staged" if nsrc == 64 else "loads") and shape["ctas"] == 3
+    B.reduce(args, torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    xc = x[:, :n].cpu()
+    want = xc[0].clone()
+    for s in range(1, nsrc):
+        want = want + xc[s]
+    assert torch.equal(out.cpu().view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("it,ot", [("bf16", "fp32"), ("fp16", "fp16"), ("fp32", "bf16")])
+def test_reduce_nan_and_infinity_inputs_store_the_host_executors_bits(torch_cuda, it, ot, kernel):
+    """NaNs of both signs with payloads and infinities of both signs among random inputs: every output element's
+    bits, the canonical NaN included, are the host executor's."""
+    torch = torch_cuda
+    import bench_lib as B
+
+    n, nsrc = 50_000, 8
+    g = torch.Generator().manual_seed(len(it) + len(ot) + len(kernel))
+    xs = [torch.randn(n, generator=g).to(_tt(torch, it)) for _ in range(nsrc)]
+    bits_t = torch.int32 if it == "fp32" else torch.int16
+    specials = {"bf16": [0x7FC1, -0x3F, 0x7F80, -0x80], "fp16": [0x7E01, -0x1FF, 0x7C00, -0x400],
+                "fp32": [0x7FC00001, -0x3FFFFF, 0x7F800000, -0x800000]}[it]  # +NaN, -NaN, +inf, -inf (as signed ints)
+    for x in xs:
+        at = torch.randint(0, n, (n // 50,), generator=g)
+        x.view(bits_t)[at] = torch.tensor(specials, dtype=bits_t)[torch.randint(0, 4, (at.numel(),), generator=g)]
+    esz, osz = (4 if it == "fp32" else 2), (4 if ot == "fp32" else 2)
+    stack = torch.stack(xs).cuda()
+    out = torch.empty(n * osz, dtype=torch.uint8, device="cuda")
+    _poison(torch, out)
+    args = B.reduce_args(stack.data_ptr(), n * esz, nsrc, n, out.data_ptr(), it, ot, kernel=kernel)
+    assert B.reduce_shape(args)["kernel"] == _expected_kernel(kernel, True, nsrc, esz)
+    B.reduce(args, torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    got = out.cpu().view(torch.int32 if osz == 4 else torch.int16).numpy()
+    want = _host_oracle(torch, xs, ot, "sum", 1.0)
+    bad = np.flatnonzero(got != want)
+    assert bad.size == 0, f"{bad.size} of {n} elements differ from the host executor, first at {bad[:5]}"
