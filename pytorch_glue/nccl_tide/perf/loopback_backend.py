@@ -20,7 +20,7 @@ slot, every parameter); reduce-scatter against an fp64 sum of the inputs within 
 
 from typing import Callable, List, Optional, Sequence
 
-from . import gpu
+from . import fsdp2_ops, gpu
 from .impls import MULTI_NODE_RS_REASON, loopback_stand_in
 from .runner import Bench, CaseSpec, Unavailable
 
@@ -31,47 +31,6 @@ def _torch():
     import torch
 
     return torch
-
-
-def copy_out_impl():
-    """FSDP2's copy-out op: torch.ops.fsdp.split_with_sizes_copy, else torch.split_with_sizes_copy."""
-    torch = _torch()
-    try:
-        import torch.distributed.fsdp  # noqa: F401  (registers torch.ops.fsdp.*)
-    except Exception:
-        pass
-    try:
-        op = torch.ops.fsdp.split_with_sizes_copy
-        return "torch.ops.fsdp.split_with_sizes_copy", lambda flat, sizes, outs: op(flat, sizes, dim=1, out=outs)
-    except (AttributeError, RuntimeError):
-        pass
-    return "torch.split_with_sizes_copy", lambda flat, sizes, outs: torch.split_with_sizes_copy(
-        flat, sizes, dim=1, out=outs
-    )
-
-
-def chunk_cat_impl():
-    """FSDP2's copy-in op: torch.ops.fsdp.chunk_cat, else torch._chunk_cat (fp32 output from bf16 grads)."""
-    torch = _torch()
-    try:
-        import torch.distributed.fsdp  # noqa: F401
-    except Exception:
-        pass
-    try:
-        op = torch.ops.fsdp.chunk_cat
-        return "torch.ops.fsdp.chunk_cat", lambda ts, n, out: op(ts, dim=0, num_chunks=n, out=out)
-    except (AttributeError, RuntimeError):
-        pass
-    return "torch._chunk_cat", lambda ts, n, out: torch._chunk_cat(ts, 0, n, out=out)
-
-
-def param_views(buf_u8, layout, world: int, bits):
-    """Per-parameter (world, shard_numel) views (element type `bits`) of a slot-layout byte buffer."""
-    out = []
-    for p in layout.params:
-        nb = p.shard_numel * world * p.elem_size
-        out.append(buf_u8[p.slot_offset : p.slot_offset + nb].view(bits).view(world, p.shard_numel))
-    return out
 
 
 def rs_reference(grads, layout, rank: int, world: int, op: str, scale: float, out):
@@ -250,10 +209,10 @@ class LoopbackBackend:
 
                 return Bench(flat_ag, check, note=note, cleanup=lambda: world.free_slot(flat))
 
-            op_name, copy_out = copy_out_impl()
+            op_name, copy_out = fsdp2_ops.copy_out_impl()
             sizes = [p.shard_numel for p in lay.params]
             outs = [torch.empty(lay.slot_bytes, dtype=torch.uint8, device=dev) for _ in range(W)]
-            out_views = [param_views(o, lay, W, cdt) for o in outs]
+            out_views = [fsdp2_ops.param_views(o, lay, W, cdt) for o in outs]
 
             def call():
                 flat_ag()
@@ -324,7 +283,7 @@ class LoopbackBackend:
             raise Unavailable(MULTI_NODE_RS_REASON)
         if impl in ("nccl", "fsdp2"):
             # NCCL reduces in one type: FSDP2 copies the grads into the reduce type (--out-type) first.
-            op_name, chunk_cat = chunk_cat_impl()
+            op_name, chunk_cat = fsdp2_ops.chunk_cat_impl()
             rsin = torch.empty(W, W * M, dtype=out_t, device=dev)
             base = torch.empty(W, M, dtype=out_t, device=dev)
 

@@ -28,9 +28,9 @@ from typing import List, Sequence
 
 from .. import _dist
 from ..devices import SHARED_GPU_CAVEAT
-from . import gpu
+from . import fsdp2_ops, gpu
 from .impls import NO_AG_DTYPE_ROW
-from .loopback_backend import SYNC_TIMEOUT_S, chunk_cat_impl, copy_out_impl, param_views, rs_reference
+from .loopback_backend import SYNC_TIMEOUT_S, rs_reference
 from .runner import Bench, CaseSpec, Unavailable
 
 
@@ -57,20 +57,6 @@ def gpu_key(d: dict) -> tuple:
 def shares_gpus(devices: list) -> bool:
     """True when two ranks of the world run on one GPU."""
     return len({gpu_key(d) for d in devices}) < len(devices)
-
-
-def all_gather_copy_in_impl():
-    """FSDP2's AG copy-in, torch.ops.fsdp.all_gather_copy_in (every parameter's shard into this rank's block of the
-    flat AG output, one foreach copy), as (name, fn(shards, flat_out, sizes, numel, rank) -> input view); None
-    where torch has no such op."""
-    torch = _torch()
-    try:
-        import torch.distributed.fsdp  # noqa: F401  (registers torch.ops.fsdp.*)
-
-        op = torch.ops.fsdp.all_gather_copy_in
-    except Exception:
-        return None
-    return "torch.ops.fsdp.all_gather_copy_in", lambda shards, out, sizes, n, rank: op(shards, out, sizes, n, rank)[0]
 
 
 class TorchrunBackend:
@@ -256,7 +242,7 @@ class TorchrunBackend:
         shards = [send[p.send_offset : p.send_offset + n * case.dtype.size].view(cdt).clone()
                   for p, n in zip(lay.params, sizes)]
         flat_c = flat_out.view(cdt)
-        copy_in = all_gather_copy_in_impl()
+        copy_in = fsdp2_ops.all_gather_copy_in_impl()
         if copy_in is None:
             in_name = f"no torch.ops.fsdp.all_gather_copy_in in torch {torch.__version__}: input copied by one torch.cat"
             block = flat_c[me * S : (me + 1) * S]
@@ -271,9 +257,9 @@ class TorchrunBackend:
             def gather_in():
                 return copy_in[1](shards, flat_c, sizes, S, me)
 
-        op_name, copy_out = copy_out_impl()
+        op_name, copy_out = fsdp2_ops.copy_out_impl()
         out = torch.empty(lay.slot_bytes, dtype=torch.uint8, device=dev)
-        views = param_views(out, lay, W, cdt)
+        views = fsdp2_ops.param_views(out, lay, W, cdt)
         flat2d = flat_c.view(W, S)
 
         def fsdp2():
@@ -398,7 +384,7 @@ class TorchrunBackend:
         if impl == "nccl-dtype" and red_name == case.out_dtype.name:
             raise Unavailable(f"not run: -d is --out-type ({red_name}): the nccl row already reduces in it")
         tol = gpu.RS_TOL[red_name]
-        op_name, chunk_cat = chunk_cat_impl()
+        op_name, chunk_cat = fsdp2_ops.chunk_cat_impl()
         rsin = torch.empty(W * M, dtype=gpu.torch_dtype(red_name), device=dev)
         out = torch.empty(M, dtype=rsin.dtype, device=dev)
         if case.op == "premul":
