@@ -244,7 +244,7 @@ def _host_row(o: Options, case: Case, size: int, count: int, impl: str, notes: s
     hopts = host_backend.Opts(o.dtype, o.out_dtype, o.op, o.scale, o.iters, o.warmup, o.check, o.seed,
                               agg=o.agg_iters, per_iter=o.per_iter)
     try:
-        oop, ip, note = o.collective.run_host(hcase, hopts)
+        oop, ip, note = host_backend.measure(o.collective, hcase, hopts)
     except MemoryError as e:
         die(f"out of host memory: {e or 'an allocation failed'}; the host backend holds every simulated rank: "
             f"{host_memory.advice(o)}")
