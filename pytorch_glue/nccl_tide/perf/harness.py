@@ -204,7 +204,7 @@ def measure_all(o: Options, gpu_backend, run_cases: List[Case], table: dict, out
                 else:
                     from . import runner
 
-                    spec = runner.CaseSpec(o.collective.name, case.numels, case.rows, case.shapes, o.dtype,
+                    spec = runner.CaseSpec(o.collective, case.numels, case.rows, case.shapes, o.dtype,
                                            o.out_dtype, o.op, o.scale, o.seed)
                     row = runner.measure(gpu_backend, impl, spec, size, count, type_name, redop, o.world, mopts,
                                          extras)

@@ -66,7 +66,8 @@ def _timed(fn: Callable[[], None], o: Opts, total_bytes: int, W: int, coll, wron
             fn()
         laps.append((time.perf_counter() - t) / o.agg * 1e6)
     mean = (time.perf_counter() - t0) / (o.iters * o.agg) * 1e6
-    return Variant(mean, *coll.bandwidth(total_bytes, W, mean), wrong, iter_us=laps if o.per_iter else None)
+    algbw, busbw = coll.bandwidth(total_bytes, W, mean)
+    return Variant(mean, algbw, busbw, wrong, iter_us=laps if o.per_iter else None)
 
 
 def corrupt(arr: np.ndarray) -> None:
@@ -109,8 +110,8 @@ def measure(coll: Collective, case: Case, o: Opts) -> Tuple[Variant, Variant, Op
 
 
 def _measure(v: HostVariant, o: Opts, total_bytes: int, W: int, coll: Collective, first_call: bool) -> Variant:
-    """The Variant of `v`: an untimed first call (checked with -c 1) when asked for, then the timed calls, each
-    starting from the same inputs."""
+    """The Variant of `v`: an untimed first call (checked with -c 1) when asked for, then the timed calls, from the
+    inputs as they were made (reset before each of the two)."""
     wrong = None
     v.reset()
     if first_call:
