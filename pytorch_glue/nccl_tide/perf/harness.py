@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The harness every collective shares (nccl-tests' common.cu in Python): the cases of the size loop or of a model
 layout, one row per (case, implementation) measured on the run's backend, the footer, the JSON and the plot, and
-the exit status. What differs between collectives comes from their descriptor (perf/collectives.py)."""
+the exit status. What differs between collectives comes from their descriptor (perf/collective.py)."""
 
 import contextlib
 import json
