@@ -11,7 +11,7 @@ import tracemalloc
 
 import pytest
 from nccl_tide.dtypes import dtype
-from nccl_tide.perf import collectives, harness, host_backend, host_memory
+from nccl_tide.perf import collectives, harness, host_backend, host_memory, reduce_scatter
 from nccl_tide.perf.options import check_flags, parser, resolve
 
 SLACK = 256 << 10  # the run's Python objects (lists, the layout's tables): a few KiB to a few tens of KiB
@@ -37,7 +37,7 @@ def traced_peak(coll: str, numels, rows, world, dt, out_dt, check) -> int:
 
 def scratch(numels, rows, world) -> int:
     """The C reduce-scatter's fp32 vectors, which tracemalloc does not see."""
-    return host_backend.REDUCE_SCRATCH * 4 * max(-(-n // r // world) * r for n, r in zip(numels, rows))
+    return reduce_scatter.REDUCE_SCRATCH * 4 * max(-(-n // r // world) * r for n, r in zip(numels, rows))
 
 
 @pytest.mark.parametrize("coll", ["all_gather", "reduce_scatter"])

@@ -25,7 +25,6 @@ from .collective import Collective, HostVariant
 from .report import NA, Variant
 
 RANDOM_TEMPORARIES = 3  # data.random_values holds its result and up to 3 more arrays of its size while it builds it
-REDUCE_SCRATCH = 3  # the C host reduce-scatter's fp32 vectors of the largest shard (host_reduce_scatter.cc)
 
 # Test-only hook: when set, one byte of the checked result is flipped before comparison,
 # so tests can prove that a wrong result is counted and fails the run. Never set it otherwise.

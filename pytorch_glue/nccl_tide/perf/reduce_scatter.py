@@ -17,9 +17,11 @@ from ..data import random_values, rank_rng
 from ..host import host_reduce_scatter, poisoned
 from . import fsdp2_ops, gpu
 from .collective import Collective, HostVariant, not_run, shard_numels
-from .host_backend import RANDOM_TEMPORARIES, REDUCE_SCRATCH, corrupt, count_wrong
+from .host_backend import RANDOM_TEMPORARIES, corrupt, count_wrong
 from .impls import MULTI_NODE_RS_REASON, loopback_stand_in
 from .runner import SYNC_TIMEOUT_S, Bench, Unavailable
+
+REDUCE_SCRATCH = 3  # the C host reduce-scatter's fp32 vectors of the largest shard (host_reduce_scatter.cc)
 
 
 def _torch():
