@@ -19,7 +19,7 @@ ANCHOR = {"llama3-70b-layer": {"copy_out_ms": 0.90, "copy_in_ms": (2.3, 2.6), "d
 
 
 def _ops():
-    from nccl_tide.perf.loopback_backend import chunk_cat_impl, copy_out_impl
+    from nccl_tide.perf.fsdp2_ops import chunk_cat_impl, copy_out_impl
 
     return copy_out_impl(), chunk_cat_impl()
 

@@ -110,15 +110,16 @@ def test_loopback_layouts_are_multi_node():
     """The loopback backend's layouts (what LoopbackWorld runs) carry R and the pacing cap: N x R virtual nodes.
     Only the C library is needed (no torch, no GPU)."""
     from nccl_tide.dtypes import dtype as to_dtype
-    from nccl_tide.perf import loopback_backend, runner
+    from nccl_tide.perf import collectives, loopback_backend, runner
 
     b = loopback_backend.LoopbackBackend.__new__(loopback_backend.LoopbackBackend)
     b._topology(8, 2, 512)
     assert (b.W, b.R, b.nodes, b.pace) == (8, 2, 4, 512)
     assert "4 virtual nodes of 2 ranks" in b.describe()
     bf16, fp32 = to_dtype("bf16"), to_dtype("fp32")
-    case = runner.CaseSpec("all_gather", [5000, 64 * 9], [1, 64], [(5000,), (9, 64)], bf16, fp32, "sum", 1.0, 1)
-    lays = b._layouts(case, case.numels, case.rows)
+    ag = collectives.ALL_GATHER
+    case = runner.CaseSpec(ag, [5000, 64 * 9], [1, 64], [(5000,), (9, 64)], bf16, fp32, "sum", 1.0, 1)
+    lays = b.layouts(case, case.numels, case.rows)
     try:
         assert [x.rank for x in lays] == list(range(8))
         for x in lays:
@@ -157,13 +158,12 @@ def test_cli_loopback_virtual_nodes_header_rows_and_json(coll, monkeypatch, tmp_
     """The CLI around a multi-node loopback run: the topology and busbw lines, the rows that cannot mean anything on
     virtual nodes (RS stand-ins, nccl-ce) printed as not run with their reason, ranks_per_node / nodes in the JSON."""
     from nccl_tide.perf import cli, gpu, loopback_backend, runner
-    from nccl_tide.perf.collectives import COLLECTIVES
 
     measured = []
 
     def fake_measure(backend, impl, spec, size, count, type_name, redop, world, o, extras):
         measured.append(impl)
-        alg, bus = COLLECTIVES[spec.collective].bandwidth(size, world, 10.0)
+        alg, bus = spec.collective.bandwidth(size, world, 10.0)
         return report.Row(
             size, count, type_name, redop, -1, report.Variant(10.0, alg, bus, 0), report.NA, impl=impl, sm_us=0.0
         )

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from nccl_tide.dtypes import dtype as to_dtype  # noqa: E402
-from nccl_tide.perf import loopback_backend, runner  # noqa: E402
+from nccl_tide.perf import collectives, loopback_backend, runner  # noqa: E402
 
 SHAPES = [(5, 3), (7,), (2, 4), (9, 2)]  # 2 of 4 ranks hold padding rows; one parameter has fewer rows than ranks
 
@@ -78,7 +78,7 @@ def backend(W, corrupt=False):
 def spec(coll, shapes, dt="bf16", out="fp32", op="sum", scale=1.0):
     numels = [int(torch.Size(s).numel()) for s in shapes]
     rows = [int(torch.Size(s[1:]).numel()) for s in shapes]
-    return runner.CaseSpec(coll, numels, rows, shapes, to_dtype(dt), to_dtype(out), op, scale, 7)
+    return runner.CaseSpec(collectives.by_name(coll), numels, rows, shapes, to_dtype(dt), to_dtype(out), op, scale, 7)
 
 
 @pytest.mark.parametrize("impl", ["tide", "nccl", "fsdp2"])
@@ -117,7 +117,7 @@ def test_loopback_virtual_node_benches():
     AG stand-ins run over the same virtual nodes and say so; the RS stand-ins are not run (no node structure)."""
     b = backend(4)
     b._topology(4, 2, 1024)
-    lays = b._layouts(spec("all_gather", SHAPES), [15, 7, 8, 18], [3, 1, 4, 2])
+    lays = b.layouts(spec("all_gather", SHAPES), [15, 7, 8, 18], [3, 1, 4, 2])
     assert all((x.ranks_per_node, x.n_nodes, x.pace_bytes) == (2, 2, 1024) for x in lays)
     for impl in ("tide", "nccl", "fsdp2"):
         bench = b.bench(impl, spec("all_gather", SHAPES, "bf16"))

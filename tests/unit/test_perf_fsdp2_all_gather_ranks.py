@@ -16,7 +16,7 @@ pytest.importorskip("torch.distributed.fsdp")
 import torch.distributed as dist  # noqa: E402
 
 from nccl_tide import _dist  # noqa: E402
-from nccl_tide.perf import collectives, torchrun_backend  # noqa: E402
+from nccl_tide.perf import collectives, fsdp2_ops, torchrun_backend  # noqa: E402
 from test_perf_bench_logic import no_cuda_sync, spec  # noqa: E402,F401
 
 
@@ -114,7 +114,7 @@ def test_fsdp2_all_gather_row_counts_what_the_copies_miss(monkeypatch):
     that writes nothing leaves every checked element wrong (no expected value is the fill pattern)."""
     world, shapes = 3, [(7, 5), (11,), (2, 9)]
     case = spec("all_gather", shapes, "bf16")
-    name, copy_in = torchrun_backend.all_gather_copy_in_impl()
+    name, copy_in = fsdp2_ops.all_gather_copy_in_impl()
 
     def corrupt(shards, out, sizes, n, rank):
         block = copy_in(shards, out, sizes, n, rank)
@@ -122,12 +122,12 @@ def test_fsdp2_all_gather_row_counts_what_the_copies_miss(monkeypatch):
             block[:1].view(torch.int16).bitwise_xor_(1)  # the lowest bit: a different pattern whatever the value
         return block
 
-    monkeypatch.setattr(torchrun_backend, "all_gather_copy_in_impl", lambda: (name, corrupt))
+    monkeypatch.setattr(fsdp2_ops, "all_gather_copy_in_impl", lambda: (name, corrupt))
     gather, benches = rank_benches(world, case, monkeypatch)
     assert gather.run(benches) == [1] * world
 
-    monkeypatch.setattr(torchrun_backend, "all_gather_copy_in_impl", lambda: (name, copy_in))
-    monkeypatch.setattr(torchrun_backend, "copy_out_impl", lambda: ("nothing", lambda flat, sizes, outs: None))
+    monkeypatch.setattr(fsdp2_ops, "all_gather_copy_in_impl", lambda: (name, copy_in))
+    monkeypatch.setattr(fsdp2_ops, "copy_out_impl", lambda: ("nothing", lambda flat, sizes, outs: None))
     gather, benches = rank_benches(world, case, monkeypatch)
     checked = collectives.rank_count(case.numels, case.rows, world) * world  # every parameter's W padded shards
     assert gather.run(benches) == [checked] * world

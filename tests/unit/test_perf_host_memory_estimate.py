@@ -11,7 +11,7 @@ import tracemalloc
 
 import pytest
 from nccl_tide.dtypes import dtype
-from nccl_tide.perf import harness, host_backend, host_memory
+from nccl_tide.perf import collectives, harness, host_backend, host_memory, reduce_scatter
 from nccl_tide.perf.options import check_flags, parser, resolve
 
 SLACK = 256 << 10  # the run's Python objects (lists, the layout's tables): a few KiB to a few tens of KiB
@@ -29,7 +29,7 @@ def traced_peak(coll: str, numels, rows, world, dt, out_dt, check) -> int:
     tracemalloc.start()
     try:
         base = tracemalloc.get_traced_memory()[0]
-        (host_backend.reduce_scatter if coll == "reduce_scatter" else host_backend.all_gather)(case, o)
+        host_backend.measure(collectives.by_name(coll), case, o)
         return tracemalloc.get_traced_memory()[1] - base
     finally:
         tracemalloc.stop()
@@ -37,7 +37,7 @@ def traced_peak(coll: str, numels, rows, world, dt, out_dt, check) -> int:
 
 def scratch(numels, rows, world) -> int:
     """The C reduce-scatter's fp32 vectors, which tracemalloc does not see."""
-    return host_memory.REDUCE_SCRATCH * 4 * max(-(-n // r // world) * r for n, r in zip(numels, rows))
+    return reduce_scatter.REDUCE_SCRATCH * 4 * max(-(-n // r // world) * r for n, r in zip(numels, rows))
 
 
 @pytest.mark.parametrize("coll", ["all_gather", "reduce_scatter"])
@@ -67,8 +67,8 @@ def test_model_shaped_estimate_covers_the_runs_peak(coll):
     d = rng.choice(["bf16", "fp16", "fp32"])
     out = "fp32" if coll == "reduce_scatter" else d
     for check in (0, 1):
-        est = host_memory.peak_bytes(coll == "reduce_scatter", numels, rows, world, dtype(d).size, dtype(out).size,
-                                     bool(check))
+        est = collectives.by_name(coll).host_peak_bytes(numels, rows, world, dtype(d).size, dtype(out).size,
+                                                        bool(check))
         peak = traced_peak(coll, numels, rows, world, d, out, check)
         assert peak <= est + SLACK, (check, peak, est)
         assert est <= 1.3 * peak + (scratch(numels, rows, world) if coll == "reduce_scatter" else 0), (check, peak, est)

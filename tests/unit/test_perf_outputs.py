@@ -123,7 +123,7 @@ def test_a_host_run_beyond_memory_is_refused_up_front():
     t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, preexec_fn=_cap_address_space)
     assert p.returncode == 255 and p.stdout == "", p.stdout + p.stderr  # before the header: nothing measured
-    # 8 ranks of 64 GiB: the inputs, the gathered outputs and the reference (perf/host_memory.py, peak_bytes)
+    # 8 ranks of 64 GiB: the inputs, the gathered outputs and the reference (host_peak_bytes, perf/all_gather.py)
     need = re.search(r"tide-perf all_gather --backend host needs about ([0-9.]+) GiB of host memory", p.stderr)
     assert need and float(need.group(1)) >= 640.0, p.stderr
     assert "GiB are available" in p.stderr and len(p.stderr.splitlines()) == 1

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 from nccl_tide import devices  # noqa: E402
 from nccl_tide.devices import SHARED_GPU_CAVEAT  # noqa: E402
 from nccl_tide.errors import InvalidUsageError  # noqa: E402
-from nccl_tide.perf import cli, impls, options, runner, torchrun_backend  # noqa: E402
+from nccl_tide.perf import cli, fsdp2_ops, impls, options, runner, torchrun_backend  # noqa: E402
 from test_perf_bench_logic import SHAPES, gloo1, no_cuda_sync, spec, torchrun_backend_on_cpu  # noqa: E402,F401
 
 
@@ -180,15 +180,15 @@ def test_fsdp2_all_gather_row_uses_fsdp2_copy_in(gloo1, monkeypatch):
     bench = b.bench("fsdp2", spec("all_gather", SHAPES, "bf16"))
     assert bench.check() == 0
     assert "all_gather_copy_in" in bench.note and "split_with_sizes_copy" in bench.note
-    name, copy_in = torchrun_backend.all_gather_copy_in_impl()
+    name, copy_in = fsdp2_ops.all_gather_copy_in_impl()
 
     def corrupt(shards, out, sizes, n, rank):  # one element of the copied-in block wrong: the check must see it
         block = copy_in(shards, out, sizes, n, rank)
         block[:1].neg_()  # the sign bit flipped: a different bit pattern whatever the value
         return block
 
-    monkeypatch.setattr(torchrun_backend, "all_gather_copy_in_impl", lambda: (name, corrupt))
+    monkeypatch.setattr(fsdp2_ops, "all_gather_copy_in_impl", lambda: (name, corrupt))
     assert b.bench("fsdp2", spec("all_gather", SHAPES, "bf16")).check() == 1
-    monkeypatch.setattr(torchrun_backend, "all_gather_copy_in_impl", lambda: None)  # a torch without the op
+    monkeypatch.setattr(fsdp2_ops, "all_gather_copy_in_impl", lambda: None)  # a torch without the op
     bench = b.bench("fsdp2", spec("all_gather", SHAPES, "fp32"))
     assert bench.check() == 0 and "no torch.ops.fsdp.all_gather_copy_in" in bench.note

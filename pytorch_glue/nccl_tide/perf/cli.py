@@ -13,8 +13,9 @@ tide-perf plot FILE.json FILE.png
 busbw = algbw * (W - 1) / W for both collectives, nccl-tests' all-gather/reduce-scatter factor, whatever the node
 topology (--ranks-per-node): the same convention as nccl-tests on several nodes (collectives.BUSBW_FORMULA).
 
-Flags -> Options (perf/options.py) -> the backend -> the shared harness (perf/harness.py), which reads what is
-particular to a collective from its descriptor (perf/collectives.py).
+Flags -> Options (perf/options.py) -> the backend -> the shared harness (perf/harness.py); the harness and the
+backends read what is particular to a collective from its descriptor (perf/collective.py: perf/all_gather.py,
+perf/reduce_scatter.py).
 """
 
 import dataclasses

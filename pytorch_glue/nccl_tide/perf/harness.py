@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The harness every collective shares (nccl-tests' common.cu in Python): the cases of the size loop or of a model
 layout, one row per (case, implementation) measured on the run's backend, the footer, the JSON and the plot, and
-the exit status. What differs between collectives comes from their descriptor (perf/collectives.py)."""
+the exit status. What differs between collectives comes from their descriptor (perf/collective.py)."""
 
 import contextlib
 import json
@@ -204,7 +204,7 @@ def measure_all(o: Options, gpu_backend, run_cases: List[Case], table: dict, out
                 else:
                     from . import runner
 
-                    spec = runner.CaseSpec(o.collective.name, case.numels, case.rows, case.shapes, o.dtype,
+                    spec = runner.CaseSpec(o.collective, case.numels, case.rows, case.shapes, o.dtype,
                                            o.out_dtype, o.op, o.scale, o.seed)
                     row = runner.measure(gpu_backend, impl, spec, size, count, type_name, redop, o.world, mopts,
                                          extras)
@@ -244,7 +244,7 @@ def _host_row(o: Options, case: Case, size: int, count: int, impl: str, notes: s
     hopts = host_backend.Opts(o.dtype, o.out_dtype, o.op, o.scale, o.iters, o.warmup, o.check, o.seed,
                               agg=o.agg_iters, per_iter=o.per_iter)
     try:
-        oop, ip, note = o.collective.run_host(hcase, hopts)
+        oop, ip, note = host_backend.measure(o.collective, hcase, hopts)
     except MemoryError as e:
         die(f"out of host memory: {e or 'an allocation failed'}; the host backend holds every simulated rank: "
             f"{host_memory.advice(o)}")

@@ -5,24 +5,26 @@
 Timings are wall time of one host-executor call (all ranks), so bandwidths measure the
 simulation, not a network. Inputs are generated once per size; the numpy reference
 (nccl_tide.reference, independent of the C library) is computed once per size.
+
+The backend runs whichever collective it is given: the descriptor's host_variants (perf/collective.py) make the
+buffers, the calls and the checks; here is what every collective shares: the memory check, the checked first call,
+the timed loop.
 """
 
 import os
 import time
-from collections.abc import Sequence
-from typing import Callable, List, NamedTuple, Optional
+from typing import Callable, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
-from .. import reference as ref
 from .._memory import check_host_memory, host_collective_bytes
-from ..data import random_values, rank_rng
 from ..dtypes import DType
 from ..errors import InvalidArgumentError
-from ..host import host_all_gather, host_reduce_scatter, poisoned
 from ..layout import Layout
-from .collectives import ALL_GATHER, REDUCE_SCATTER
+from .collective import Collective, HostVariant
 from .report import NA, Variant
+
+RANDOM_TEMPORARIES = 3  # data.random_values holds its result and up to 3 more arrays of its size while it builds it
 
 # Test-only hook: when set, one byte of the checked result is flipped before comparison,
 # so tests can prove that a wrong result is counted and fails the run. Never set it otherwise.
@@ -63,125 +65,57 @@ def _timed(fn: Callable[[], None], o: Opts, total_bytes: int, W: int, coll, wron
             fn()
         laps.append((time.perf_counter() - t) / o.agg * 1e6)
     mean = (time.perf_counter() - t0) / (o.iters * o.agg) * 1e6
-    return Variant(mean, *coll.bandwidth(total_bytes, W, mean), wrong, iter_us=laps if o.per_iter else None)
+    algbw, busbw = coll.bandwidth(total_bytes, W, mean)
+    return Variant(mean, algbw, busbw, wrong, iter_us=laps if o.per_iter else None)
 
 
-def _corrupt(arr: np.ndarray) -> None:
+def corrupt(arr: np.ndarray) -> None:
     if os.environ.get(CORRUPT_ENV):
         arr.view(np.uint8)[arr.nbytes // 2] ^= 0x01
 
 
-def _count_wrong(got: np.ndarray, want: np.ndarray) -> int:
+def count_wrong(got: np.ndarray, want: np.ndarray) -> int:
     """Elements whose bits differ (bit-exact; NaN poison counts as wrong)."""
     isz = got.itemsize
     bits = {1: np.uint8, 2: np.uint16, 4: np.uint32}[isz]
     return int(np.count_nonzero(got.view(bits) != want.view(bits)))
 
 
-def _fill(dst: np.ndarray, byte: int = 0xFF) -> None:
+def fill(dst: np.ndarray, byte: int = 0xFF) -> None:
     dst.view(np.uint8)[...] = byte
 
 
-def all_gather(case: Case, o: Opts):
-    """Returns (out-of-place Variant, in-place Variant, note or None)."""
+def measure(coll: Collective, case: Case, o: Opts) -> Tuple[Variant, Variant, Optional[str]]:
+    """One size of `coll` on every simulated rank: (out-of-place Variant, in-place Variant, note or None)."""
     W = case.world
     with Layout(
         case.numels, o.dtype.name, W, case.ranks_per_node, row_numels=case.row_numels, pace_bytes=case.pace_bytes
     ) as lay:
-        infos = lay.params
-        need = host_collective_bytes(lay, "all_gather", results_copy=bool(o.check))
-        check_host_memory(need, "tide-perf all_gather --backend host")
-        shards = [[random_values(rank_rng(o.seed, r), o.dtype, p.shard_numel) for p in infos] for r in range(W)]
-        params = [[poisoned(p.shard_numel * W, o.dtype) for p in infos] for _ in range(W)]
-        total_bytes = sum(p.shard_numel for p in infos) * W * o.dtype.size
-        # The reference is one more unsharded copy of the layer: made only when a check reads it (-c 0: none).
-        expected = [ref.all_gather_param([shards[s][i] for s in range(W)]) for i in range(len(infos) if o.check else 0)]
-
-        def check() -> int:
-            _corrupt(params[-1][-1])
-            return sum(_count_wrong(params[r][i], expected[i]) for r in range(W) for i in range(len(infos)))
-
-        # out-of-place
-        wrong = None
-        if o.check:
-            host_all_gather(lay, shards, params)
-            wrong = check()
-        oop = _timed(lambda: host_all_gather(lay, shards, params), o, total_bytes, W, ALL_GATHER, wrong)
-
-        # in-place: each rank's shard is read from its own position in its unsharded storage
-        ip_shards = [
-            [params[r][i][r * p.shard_numel : (r + 1) * p.shard_numel] for i, p in enumerate(infos)] for r in range(W)
-        ]
-
-        def reset() -> None:
-            for r in range(W):
-                for i in range(len(infos)):
-                    _fill(params[r][i])
-                    ip_shards[r][i][...] = shards[r][i]
-
+        need = host_collective_bytes(lay, coll.name, o.out_dtype.size, results_copy=bool(o.check))
+        check_host_memory(need, f"tide-perf {coll.name} --backend host")
+        out_of_place, in_place = coll.host_variants(lay, o)
+        total_bytes = sum(p.shard_numel for p in lay.params) * W * o.dtype.size
+        oop = _measure(out_of_place, o, total_bytes, W, coll, first_call=bool(o.check))
+        if isinstance(in_place, str):
+            return oop, NA, in_place
         try:
-            wrong = None
-            reset()
-            host_all_gather(lay, ip_shards, params)
-            if o.check:
-                wrong = check()
-            ip = _timed(lambda: host_all_gather(lay, ip_shards, params), o, total_bytes, W, ALL_GATHER, wrong)
-            return oop, ip, None
+            # In place, the first call is made with -c 0 too: a form the host executor refuses ends the variant
+            # there, before anything is timed.
+            ip = _measure(in_place, o, total_bytes, W, coll, first_call=True)
         except InvalidArgumentError as e:
-            return oop, NA, f"in-place all-gather not accepted by the host executor: {e.detail}"
-
-
-def reduce_scatter(case: Case, o: Opts):
-    W = case.world
-    with Layout(
-        case.numels, o.dtype.name, W, case.ranks_per_node, row_numels=case.row_numels, pace_bytes=case.pace_bytes
-    ) as lay:
-        infos = lay.params
-        R = lay.ranks_per_node
-        need = host_collective_bytes(lay, "reduce_scatter", o.out_dtype.size, results_copy=bool(o.check))
-        check_host_memory(need, "tide-perf reduce_scatter --backend host")
-        grads = [[random_values(rank_rng(o.seed, r), o.dtype, p.numel) for p in infos] for r in range(W)]
-        outs = [poisoned(lay.rs_out_numel, o.out_dtype) for _ in range(W)]
-        total_bytes = lay.rs_out_numel * W * o.dtype.size
-        expected = None
-        if o.check:
-            expected = ref.rs_reference(
-                grads, case.numels, case.row_numels, [o.dtype] * len(infos), R, o.out_dtype, o.op, o.scale
-            )
-
-        def run(g: Sequence, out: List[np.ndarray]) -> None:
-            host_reduce_scatter(lay, g, o.out_dtype, o.op, o.scale, outs=out)
-
-        def check(out: List[np.ndarray]) -> int:
-            _corrupt(out[-1])
-            return sum(_count_wrong(out[r], expected[r]) for r in range(W))
-
-        wrong = None
-        if o.check:
-            run(grads, outs)
-            wrong = check(outs)
-        oop = _timed(lambda: run(grads, outs), o, total_bytes, W, REDUCE_SCATTER, wrong)
-
-        # in-place (nccl-tests: recvbuff = sendbuff + rank * recvcount) only means something
-        # for one flat tensor whose output type equals its input type.
-        if len(infos) != 1 or o.out_dtype.name != o.dtype.name:
-            return oop, NA, "in-place reduce-scatter needs --layout flat and an output type equal to -d: N/A"
-        # TIDE takes that form only without padding (include/tide.h, tideHostReduceScatter): say so without calling
-        # the library, whose refusal would log a WARN line under NCCL_DEBUG=WARN for a probe of tide-perf's own making.
-        p = infos[0]
-        if p.row_numel != 1 or p.numel != W * p.shard_numel:
-            return oop, NA, "in-place reduce-scatter: TIDE's in-place form needs a count divisible by the ranks: N/A"
-        ip_outs = [grads[r][0][r * p.shard_numel : (r + 1) * p.shard_numel] for r in range(W)]
-
-        def reset() -> None:  # the in-place call overwrites each rank's own block: the same inputs again
-            for r in range(W):
-                grads[r][0][...] = random_values(rank_rng(o.seed, r), o.dtype, p.numel)
-
-        wrong = None
-        reset()
-        run(grads, ip_outs)
-        if o.check:
-            wrong = check(ip_outs)
-        reset()
-        ip = _timed(lambda: run(grads, ip_outs), o, total_bytes, W, REDUCE_SCATTER, wrong)
+            what = coll.name.replace("_", "-")
+            return oop, NA, f"in-place {what} not accepted by the host executor: {e.detail}"
         return oop, ip, None
+
+
+def _measure(v: HostVariant, o: Opts, total_bytes: int, W: int, coll: Collective, first_call: bool) -> Variant:
+    """The Variant of `v`: an untimed first call (checked with -c 1) when asked for, then the timed calls, from the
+    inputs as they were made (reset before each of the two)."""
+    wrong = None
+    v.reset()
+    if first_call:
+        v.run()
+        if o.check:
+            wrong = v.check()
+        v.reset()
+    return _timed(v.run, o, total_bytes, W, coll, wrong)

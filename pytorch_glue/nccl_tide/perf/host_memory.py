@@ -14,8 +14,6 @@ from . import collectives
 from .options import EXIT_UNSUPPORTED, Options, die
 
 GiB = 1 << 30
-RANDOM_TEMPORARIES = 3  # data.random_values holds its result and up to 3 more arrays of its size while it builds it
-REDUCE_SCRATCH = 3  # the C host reduce-scatter's fp32 vectors of the largest shard (host_reduce_scatter.cc)
 
 
 def largest_case(o: Options) -> Tuple[List[int], List[int]]:
@@ -34,45 +32,12 @@ def largest_case_bytes(o: Options) -> int:
     return collectives.rank_count(numels, rows, o.world) * o.world * o.dtype.size
 
 
-def peak_bytes(reduces: bool, numels: List[int], rows: List[int], world: int, elem: int, out_elem: int,
-               check: bool) -> int:
-    """Bytes the host backend (perf/host_backend.py) holds at its peak for one case, every simulated rank included:
-    what lives at once in each of its phases, the largest phase. A flat tensor of W x shard elements whose output
-    type is its input type (`out_elem == elem` there) is also measured in place.
-
-    all_gather: while the shards are made, the shards so far and random_values' temporaries of one shard; then every
-    rank's shards (S = W x one rank's shard bytes), every rank's gathered parameters (W x S), and with -c the
-    reference (S) with the comparison's one byte per element of a gathered parameter.
-    reduce_scatter: while the gradients are made, the gradients so far (W x one rank's gradient bytes, G) and the
-    temporaries of one gradient; then G, every rank's packed output (O) and with -c the reference (O again), and on
-    top of these the largest of: the C reduction's fp32 scratch, the reference's work on one rank (its output in
-    pieces before they are joined, fp32 vectors of a shard), and in place one gradient made again with its
-    temporaries (the call overwrites each rank's own block)."""
-    shards = [-(-n // r // world) * r for n, r in zip(numels, rows)]
-    if not shards:
-        return 0
-    if not reduces:
-        one_rank = sum(shards) * elem
-        S = one_rank * world
-        making = S + RANDOM_TEMPORARIES * max(shards) * elem
-        compare = world * max(shards) if check else 0  # _count_wrong's one byte per element of a gathered parameter
-        return max(making, S + world * S + (S + compare if check else 0))
-    G = world * sum(numels) * elem
-    O = world * sum(shards) * out_elem
-    making = G + RANDOM_TEMPORARIES * max(numels) * elem
-    in_place = len(numels) == 1 and rows[0] == 1 and out_elem == elem and numels[0] == world * shards[0]
-    extra = max(
-        REDUCE_SCRATCH * max(shards) * 4,
-        (O // world + 3 * max(shards) * 4) if check else 0,
-        (1 + RANDOM_TEMPORARIES) * numels[0] * elem if in_place else 0,  # the new gradient is a temporary too
-    )
-    return max(making, G + O + (O if check else 0) + extra)
-
-
 def host_bytes(o: Options) -> int:
-    """Peak bytes of the run's largest case on the host backend (peak_bytes)."""
+    """Peak bytes of the run's largest case on the host backend (the collective's host_peak_bytes)."""
     numels, rows = largest_case(o)
-    return peak_bytes(o.collective.reduces, numels, rows, o.world, o.dtype.size, o.out_dtype.size, bool(o.check))
+    if not numels:
+        return 0
+    return o.collective.host_peak_bytes(numels, rows, o.world, o.dtype.size, o.out_dtype.size, bool(o.check))
 
 
 def advice(o: Options) -> str:

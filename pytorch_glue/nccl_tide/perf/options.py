@@ -21,7 +21,8 @@ from ..errors import TideError
 from ..layout import default_ranks_per_node
 from ..models import MODELS
 from . import collectives, impls
-from .collectives import COLLECTIVES, Collective
+from .collective import Collective
+from .collectives import COLLECTIVES
 
 SUFFIX = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 # Model layouts are one whole layer per row and simulate every rank in host memory: keep runs short.

@@ -7,11 +7,15 @@ then the row is printed with N/A figures and the reason in its note instead of d
 """
 
 import traceback
-from typing import Callable, List, NamedTuple, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, List, NamedTuple, Optional, Tuple
 
 from ..dtypes import DType
-from .collectives import COLLECTIVES
 from .report import NA, Row, Variant
+
+if TYPE_CHECKING:
+    from .collective import Collective
+
+SYNC_TIMEOUT_S = 30.0  # a TIDE call not done by then is a cross-rank deadlock: the row fails instead of hanging
 
 
 class Unavailable(Exception):
@@ -19,7 +23,7 @@ class Unavailable(Exception):
 
 
 class CaseSpec(NamedTuple):
-    collective: str  # all_gather | reduce_scatter
+    collective: "Collective"  # what to run: its descriptor makes the buffers, the calls and the checks
     numels: List[int]
     rows: List[int]
     shapes: List[Tuple[int, ...]]
@@ -85,7 +89,7 @@ def measure(
         wrong = o.reduce_wrong(bench.check()) if o.check else None
         t, laps, proc_laps = gpu_time(bench.call, o)
         t = o.reduce_time(t)
-        algbw, busbw = COLLECTIVES[case.collective].bandwidth(size, world, t)
+        algbw, busbw = case.collective.bandwidth(size, world, t)
         sm = None
         detail = {}
         gemm_note = ""

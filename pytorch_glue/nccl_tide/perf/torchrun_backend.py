@@ -6,17 +6,19 @@
 
 Rank 0 prints. Per row: time = mean per call on each rank, averaged over ranks (-a 1, nccl-tests' default) or rank
 0's (-a 0); #wrong summed over ranks. Every rank regenerates every rank's inputs from the seed, so each checks its
-own output locally (all-gather bit-exact; reduce-scatter within gpu.RS_TOL x sum|x_i| of an fp64 sum).
+own output locally.
 
-* tide: nccl_tide.comm.Comm.from_process_group (tideCommCreate on the process group's ncclComm_t);
+The backend runs whichever collective it is given; the collective's descriptor (perf/collective.py) makes the
+buffers, checks the result and holds the calls:
+* tide: nccl_tide.comm.Comm.from_process_group (tideCommCreate on the process group's ncclComm_t), through CommCalls;
 * nccl: ncclAllGather / ncclReduceScatter on flat buffers (nccl_tide._dist: torch's all_gather_single /
   reduce_scatter_single, or the older *_tensor names); RS in --out-type of grads cast to it beforehand (fp32 by
   default: NCCL reduces in one type, which is why FSDP2 copies bf16 grads into fp32 first);
 * nccl-dtype: reduce-scatter in -d's type (bf16 grads reduced in bf16, FSDP2 with reduce_dtype=bf16);
 * fsdp2: the nccl call inside FSDP2's own copy ops (torch.ops.fsdp.*): all_gather_copy_in of each parameter's
   shard, the AG, split_with_sizes_copy copy-out; chunk_cat copy-in (-d -> --out-type) before the RS;
-* nccl-ce: NCCL's AllGather on symmetric buffers (torch symmetric memory, NCCL backend); the row reports the
-  kernels NCCL launched (0 SM time means the zero-CTA CE path ran).
+* nccl-ce: NCCL's AllGather on symmetric buffers (torch symmetric memory, NCCL backend, a zero-CTA group from
+  zero_cta_group()); the row reports the kernels NCCL launched (0 SM time means the zero-CTA CE path ran).
 
 Ranks may share GPUs when asked (--ranks-per-gpu / NCCL_TIDE_RANKS_PER_GPU; nccl_tide.devices): rank -> GPU
 LOCAL_RANK % device count, and the header and the JSON carry devices.SHARED_GPU_CAVEAT.
@@ -26,11 +28,8 @@ import os
 import socket
 from typing import List, Sequence
 
-from .. import _dist
 from ..devices import SHARED_GPU_CAVEAT
 from . import gpu
-from .impls import NO_AG_DTYPE_ROW
-from .loopback_backend import SYNC_TIMEOUT_S, chunk_cat_impl, copy_out_impl, param_views, rs_reference
 from .runner import Bench, CaseSpec, Unavailable
 
 
@@ -40,11 +39,38 @@ def _torch():
     return torch
 
 
-def _flat_name(dist, collective: str) -> str:
-    """The torch.distributed function nccl_tide._dist calls for a flat all_gather / reduce_scatter (row notes)."""
-    new, old = {"all_gather": ("all_gather_single", "all_gather_into_tensor"),
-                "reduce_scatter": ("reduce_scatter_single", "reduce_scatter_tensor")}[collective]
-    return new if hasattr(dist, new) else old
+class CommCalls:
+    """TIDE's calls for this process's one rank, in loopback_backend.WorldCalls' shape: lists of one, this rank's."""
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def alloc_slot(self, nbytes: int) -> list:
+        return [self.comm.alloc_slot(nbytes)]
+
+    def free_slot(self, slots) -> None:
+        self.comm.free_slot(slots[0])
+
+    def all_gather(self, layouts, slots, sendbufs) -> None:
+        self.comm.all_gather(layouts[0], slots[0], sendbuf=sendbufs[0])
+
+    def reduce_scatter(self, layouts, grads, outs, op: str, scale: float) -> None:
+        self.comm.reduce_scatter(layouts[0], grads[0], outs[0], op=op, scale=scale)
+
+    def synchronize(self, timeout: float) -> None:
+        self.comm.synchronize(timeout=timeout)
+
+    def prepare_all_gather(self, layouts, slots, sendbufs):
+        from . import issue_cost
+
+        return issue_cost.prepare_comm_all_gather(self.comm, layouts[0], slots[0], sendbufs[0])
+
+    def prepare_reduce_scatter(self, layouts, grads, outs, op_code: int, out_code: int, scale: float):
+        from . import issue_cost
+
+        return issue_cost.prepare_comm_reduce_scatter(
+            self.comm, layouts[0], grads[0], outs[0], op_code, out_code, scale=scale
+        )
 
 
 def gpu_key(d: dict) -> tuple:
@@ -57,20 +83,6 @@ def gpu_key(d: dict) -> tuple:
 def shares_gpus(devices: list) -> bool:
     """True when two ranks of the world run on one GPU."""
     return len({gpu_key(d) for d in devices}) < len(devices)
-
-
-def all_gather_copy_in_impl():
-    """FSDP2's AG copy-in, torch.ops.fsdp.all_gather_copy_in (every parameter's shard into this rank's block of the
-    flat AG output, one foreach copy), as (name, fn(shards, flat_out, sizes, numel, rank) -> input view); None
-    where torch has no such op."""
-    torch = _torch()
-    try:
-        import torch.distributed.fsdp  # noqa: F401  (registers torch.ops.fsdp.*)
-
-        op = torch.ops.fsdp.all_gather_copy_in
-    except Exception:
-        return None
-    return "torch.ops.fsdp.all_gather_copy_in", lambda shards, out, sizes, n, rank: op(shards, out, sizes, n, rank)[0]
 
 
 class TorchrunBackend:
@@ -136,7 +148,7 @@ class TorchrunBackend:
         if self.dist.is_initialized():
             self.dist.destroy_process_group()
 
-    # -- helpers -----------------------------------------------------------------------------
+    # -- what a collective's descriptor runs on (perf/collective.py) -------------------------------------------------
     def comm(self):
         if self._comm is None and self._comm_error is None:
             try:
@@ -149,186 +161,25 @@ class TorchrunBackend:
             raise Unavailable(self._comm_error[:300])
         return self._comm
 
-    def _layout(self, case: CaseSpec, numels, rows):
+    def tide(self) -> CommCalls:
+        return CommCalls(self.comm())
+
+    @property
+    def mine(self) -> List[int]:
+        return [self.rank]
+
+    def layouts(self, case: CaseSpec, numels, rows) -> list:
+        """This rank's Layout (ranks per node: NCCL_TIDE_RANKS_PER_NODE or the library's default)."""
         from ..layout import Layout
 
-        return Layout(numels, case.dtype.name, self.W, rank=self.rank, row_numels=rows)
+        return [Layout(numels, case.dtype.name, self.W, rank=self.rank, row_numels=rows)]
 
-    def _sends(self, case: CaseSpec, nbytes: int):
+    def rank_generators(self, seed: int) -> list:
+        """Rank s's generator, seeded from the seed and s: every process draws every rank's inputs alike."""
         torch = _torch()
-        out = []
-        for s in range(self.W):
-            g = torch.Generator(device=self.device).manual_seed(case.seed * 1000 + s)
-            out.append(torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=self.device, generator=g))
-        return out
+        return [torch.Generator(device=self.device).manual_seed(seed * 1000 + s) for s in range(self.W)]
 
-    def _grads(self, case: CaseSpec):
-        torch = _torch()
-        in_t = gpu.torch_dtype(case.dtype.name)
-        out = []
-        for s in range(self.W):
-            g = torch.Generator(device=self.device).manual_seed(case.seed * 1000 + s)
-            out.append(
-                [
-                    torch.randn(tuple(sh), dtype=torch.float32, device=self.device, generator=g).to(in_t)
-                    for sh in case.shapes
-                ]
-            )
-        return out
-
-    def bench(self, impl: str, case: CaseSpec) -> Bench:
-        return self._ag(impl, case) if case.collective == "all_gather" else self._rs(impl, case)
-
-    # -- all-gather ----------------------------------------------------------------------------
-    def _ag(self, impl: str, case: CaseSpec) -> Bench:
-        torch = _torch()
-        dist, W, dev, me = self.dist, self.W, self.device, self.rank
-        bits = gpu.bits_dtype(case.dtype.size)
-        lay = self._layout(case, case.numels, case.rows)
-        sends = self._sends(case, lay.send_bytes)
-        cdt = gpu.copy_dtype(case.dtype.name, case.dtype.size)
-        if impl == "fsdp2":  # FSDP2's copy-in keeps values, not NaN payloads: its inputs hold no NaN
-            for s_ in sends:
-                gpu.zero_nans(s_, cdt)
-        send = sends[me]
-        S = lay.send_bytes // case.dtype.size
-        expect = torch.full((lay.slot_bytes,), 255, dtype=torch.uint8, device=dev)
-        regions = []
-        for p in lay.params:
-            nb = p.shard_numel * p.elem_size
-            for s in range(W):
-                expect[p.slot_offset + s * nb : p.slot_offset + (s + 1) * nb] = sends[s][
-                    p.send_offset : p.send_offset + nb
-                ]
-            regions.append((p.slot_offset, p.slot_offset + W * nb))
-        flat_want = torch.cat([x.view(bits) for x in sends])
-        del sends
-
-        def wrong_in(buf) -> int:
-            return sum(gpu.count_wrong_bits(buf[lo:hi].view(bits), expect[lo:hi].view(bits)) for lo, hi in regions)
-
-        if impl == "tide":
-            comm = self.comm()
-            slot = comm.alloc_slot(lay.slot_bytes)
-
-            def call():
-                comm.all_gather(lay, slot, sendbuf=send)
-
-            def check():
-                slot.fill_(255)
-                call()
-                comm.synchronize(timeout=SYNC_TIMEOUT_S)  # a hung peer raises instead of hanging
-                torch.cuda.synchronize()
-                return wrong_in(slot)
-
-            def prepare_issue():
-                from . import issue_cost
-
-                return issue_cost.prepare_comm_all_gather(comm, lay, slot, send)
-
-            return Bench(call, check, cleanup=lambda: comm.free_slot(slot), prepare_issue=prepare_issue)
-
-        if impl == "nccl-ce":
-            return self._nccl_ce(send, flat_want, bits)
-        if impl == "nccl-dtype":
-            raise Unavailable(NO_AG_DTYPE_ROW)
-
-        # NCCL collectives move bytes here (uint8): NCCL has no 16-bit integer type, and the bytes are what counts.
-        flat_out = torch.empty(W * lay.send_bytes, dtype=torch.uint8, device=dev)
-
-        def nccl():
-            _dist.all_gather_flat(flat_out, send)
-
-        if impl == "nccl":
-
-            def check():
-                flat_out.fill_(255)
-                nccl()
-                torch.cuda.synchronize()
-                return gpu.count_wrong_bits(flat_out.view(bits), flat_want)
-
-            return Bench(nccl, check, note=f"torch.distributed.{_flat_name(self.dist, 'all_gather')}")
-
-        # fsdp2: FSDP2's foreach_all_gather and foreach_all_gather_copy_out around the same NCCL call: every
-        # parameter's shard (its own tensor, as FSDP2's sharded parameters are) copied into this rank's block of the
-        # flat output, the all-gather in place from that block, the copy-out into each parameter's storage.
-        sizes = [p.shard_numel for p in lay.params]
-        shards = [send[p.send_offset : p.send_offset + n * case.dtype.size].view(cdt).clone()
-                  for p, n in zip(lay.params, sizes)]
-        flat_c = flat_out.view(cdt)
-        copy_in = all_gather_copy_in_impl()
-        if copy_in is None:
-            in_name = f"no torch.ops.fsdp.all_gather_copy_in in torch {torch.__version__}: input copied by one torch.cat"
-            block = flat_c[me * S : (me + 1) * S]
-
-            def gather_in():
-                torch.cat(shards, out=block)
-                return block
-
-        else:
-            in_name = copy_in[0]
-
-            def gather_in():
-                return copy_in[1](shards, flat_c, sizes, S, me)
-
-        op_name, copy_out = copy_out_impl()
-        out = torch.empty(lay.slot_bytes, dtype=torch.uint8, device=dev)
-        views = param_views(out, lay, W, cdt)
-        flat2d = flat_c.view(W, S)
-
-        def fsdp2():
-            _dist.all_gather_flat(flat_c, gather_in())
-            copy_out(flat2d, sizes, views)
-
-        def check():
-            out.fill_(255)
-            flat_out.fill_(255)
-            fsdp2()
-            torch.cuda.synchronize()
-            return wrong_in(out)
-
-        note = (f"copy-in: {in_name}; torch.distributed.{_flat_name(self.dist, 'all_gather')}; copy-out: {op_name}"
-                + ("; inputs without NaNs (the CUDA copy-in canonicalises them)" if cdt.is_floating_point else ""))
-        return Bench(fsdp2, check, note=note)
-
-    def _nccl_ce(self, send_u8, flat_want, bits) -> Bench:
-        """NCCL's CE AllGather: symmetric buffers registered as NCCL windows (torch symmetric memory, NCCL backend).
-        Whether NCCL took the zero-CTA path shows in the SM column (0 us: no kernel)."""
-        torch = _torch()
-        if self.W < 2:
-            raise Unavailable("not run: world size 1 (NCCL's CE AllGather copies between GPUs: run with >= 2 ranks)")
-        v = torch.cuda.nccl.version()
-        v = v if isinstance(v, tuple) else (v // 10000, (v % 10000) // 100, v % 100)
-        if tuple(v[:2]) < (2, 28):
-            raise Unavailable(f"not run: NCCL {'.'.join(map(str, v))} in torch; CE collectives need NCCL >= 2.28")
-        try:
-            import torch.distributed._symmetric_memory as symm
-        except ImportError as e:
-            raise Unavailable(f"not run: torch {torch.__version__} has no symmetric memory module ({e})") from None
-        if not hasattr(symm, "set_backend"):
-            raise Unavailable(f"not run: torch {torch.__version__} cannot put symmetric memory on NCCL windows")
-        symm.set_backend("NCCL")
-        group, policy = self._zero_cta_group()
-        n = send_u8.numel()
-        inp = symm.empty(n, dtype=torch.uint8, device=self.device)
-        out = symm.empty(n * self.W, dtype=torch.uint8, device=self.device)
-        symm.rendezvous(inp, group)
-        symm.rendezvous(out, group)
-        inp.copy_(send_u8)
-
-        def call():
-            _dist.all_gather_flat(out, inp, group=group)
-
-        def check():
-            out.fill_(255)
-            call()
-            torch.cuda.synchronize()
-            return gpu.count_wrong_bits(out.view(bits), flat_want)
-
-        note = f"symmetric windows (torch symm_mem, NCCL backend), {policy}; SM column 0 = no kernel (CE path)"
-        return Bench(call, check, note=note)
-
-    def _zero_cta_group(self):
+    def zero_cta_group(self):
         """A process group whose NCCL communicator has the zero-CTA policy (what torch documents for CE AllGather:
         ProcessGroupNCCL.Options().config.cta_policy = NCCL_CTA_POLICY_ZERO), created once; else the world group and
         whatever NCCL_CTA_POLICY the environment sets."""
@@ -347,86 +198,9 @@ class TorchrunBackend:
             self._ce_group = (dist.group.WORLD, f"NCCL_CTA_POLICY={pol or 'unset'} (torch has no cta_policy option)")
         return self._ce_group
 
-    # -- reduce-scatter ----------------------------------------------------------------------
-    def _rs(self, impl: str, case: CaseSpec) -> Bench:
-        torch = _torch()
-        dist, W, dev, me = self.dist, self.W, self.device, self.rank
-        if impl == "nccl-ce":
-            raise Unavailable("not run: NCCL's copy-engine collectives include no reduce-scatter")
-        lay = self._layout(case, case.numels, case.rows)
-        M = lay.rs_out_numel
-        out_t = gpu.torch_dtype(case.out_dtype.name)
-        all_grads = self._grads(case)
-        tol = gpu.RS_TOL[case.out_dtype.name]
-        grads = all_grads[me]
-        cache = []
-
-        def wrong_in(out) -> int:
-            if not cache:
-                cache.append(rs_reference(all_grads, lay, me, W, case.op, case.scale, out))
-                all_grads[:] = [grads if s == me else None for s in range(W)]  # free the others
-            return gpu.count_wrong_close(out, *cache[0], tol)  # tol: of the row's reduce type
-
-        if impl == "tide":
-            comm = self.comm()
-            out = torch.empty(M, dtype=out_t, device=dev)
-
-            def call():
-                comm.reduce_scatter(lay, grads, out, op=case.op, scale=case.scale)
-
-            def check():
-                out.fill_(float("nan"))
-                call()
-                comm.synchronize(timeout=SYNC_TIMEOUT_S)
-                torch.cuda.synchronize()
-                return wrong_in(out)
-
-            def prepare_issue():
-                from ..dtypes import dtype as to_dtype
-                from ..dtypes import op_code
-                from . import issue_cost
-
-                return issue_cost.prepare_comm_reduce_scatter(
-                    comm, lay, grads, out, op_code(case.op), to_dtype(case.out_dtype.name).code, scale=case.scale
-                )
-
-            return Bench(call, check, prepare_issue=prepare_issue)
-
-        # nccl, fsdp2: NCCL reduces in --out-type (fp32 by default, FSDP2's reduce_dtype); nccl-dtype: in -d's type
-        # (bf16 grads reduced in bf16), the input never cast.
-        red_name = case.dtype.name if impl == "nccl-dtype" else case.out_dtype.name
-        if impl == "nccl-dtype" and red_name == case.out_dtype.name:
-            raise Unavailable(f"not run: -d is --out-type ({red_name}): the nccl row already reduces in it")
-        tol = gpu.RS_TOL[red_name]
-        op_name, chunk_cat = chunk_cat_impl()
-        rsin = torch.empty(W * M, dtype=gpu.torch_dtype(red_name), device=dev)
-        out = torch.empty(M, dtype=rsin.dtype, device=dev)
-        if case.op == "premul":
-            red = dist._make_nccl_premul_sum(case.scale)
-        else:
-            red = dist.ReduceOp.AVG if case.op == "avg" else dist.ReduceOp.SUM
-
-        def copy_in():
-            chunk_cat(grads, W, rsin.view(W, M))
-
-        def nccl():
-            _dist.reduce_scatter_flat(out, rsin, op=red)
-
-        copy_in()  # nccl, nccl-dtype: the input already in the reduce type (its cast is not timed)
-        call = (lambda: (copy_in(), nccl())) if impl == "fsdp2" else nccl
-
-        def check():
-            out.fill_(float("nan"))
-            if impl == "fsdp2":
-                rsin.fill_(float("nan"))
-            call()
-            torch.cuda.synchronize()
-            return wrong_in(out)
-
-        note = f"reduce type {red_name}; torch.distributed.{_flat_name(dist, 'reduce_scatter')}"
-        if impl == "fsdp2":
-            note += f"; copy-in: {op_name}"
-        return Bench(call, check, note=note)
+    def bench(self, impl: str, case: CaseSpec) -> Bench:
+        """TIDE's call of the case's collective, or its NCCL row for `impl`."""
+        return case.collective.bench(impl, self, case, case.collective.nccl_rows)
 
 
 def make(average: int = 1) -> TorchrunBackend:
