@@ -1,6 +1,8 @@
 # Copyright The nccl-tide authors
 # SPDX-License-Identifier: Apache-2.0
-"""Helpers for the GPU tests: random layouts and data, poisoned outputs, host-executor oracles."""
+"""Helpers for the GPU tests: seeded generators, random layouts and data, poisoned outputs, host-executor oracles."""
+
+import zlib
 
 import numpy as np
 
@@ -9,6 +11,12 @@ import nccl_tide
 ALL_DTYPES = ["bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e5m2", "int8", "int32"]
 RS_DTYPES = ["bf16", "fp16", "fp32"]
 POISON = 0xFF
+
+
+def seeded(*key):
+    """A generator drawn from `key` (a test's name and parameters): the same draws on every run, others for another
+    key."""
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
 
 
 def int_dtype(torch, size):

@@ -6,38 +6,16 @@ Every output is poisoned (0xFF bytes) before each run, so an element the GPU did
 that no byte of the slot outside the parameters' regions changed.
 """
 
-import zlib
-
 import numpy as np
 import pytest
 
 import nccl_tide
 from gpu_util import ALL_DTYPES, POISON, RS_DTYPES, as_bits, bits_dtype, make_layouts, random_bytes, random_float
-from gpu_util import random_layout_spec
+from gpu_util import random_layout_spec, seeded
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(120)]
 
 WORLDS = list(range(2, 9))
-
-
-@pytest.fixture(scope="module")
-def worlds(torch_cuda, cuda_lib):
-    from nccl_tide.cuda import LoopbackWorld
-
-    made = {}
-
-    def get(n):
-        if n not in made:
-            made[n] = LoopbackWorld(n)
-        return made[n]
-
-    yield get
-    for w in made.values():
-        w.close()
-
-
-def seeded(*key):
-    return np.random.default_rng(zlib.crc32(repr(key).encode()))
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -21,12 +21,11 @@ import os
 import subprocess
 import sys
 import textwrap
-import zlib
 
 import nccl_tide
 import numpy as np
 import pytest
-from gpu_util import POISON, as_bits, bits_dtype, make_layouts, random_bytes, random_float
+from gpu_util import POISON, as_bits, bits_dtype, make_layouts, random_bytes, random_float, seeded
 from nccl_tide import _native as N
 from nccl_tide.errors import UnsupportedError
 from test_graph_capture import (  # noqa: F401 (world_of: the fixture, shared)
@@ -38,10 +37,6 @@ CALLS = 5
 DIRECT = "issued directly"
 CAPTURED = "captured into a graph and replayed from it"
 REPLAYED = "replayed from a graph"
-
-
-def seeded(*key):
-    return np.random.default_rng(zlib.crc32(repr(key).encode()))
 
 
 def route_on() -> bool:

@@ -12,11 +12,11 @@ import subprocess
 import sys
 import textwrap
 import time
-import zlib
 
 import nccl_tide
 import numpy as np
 import pytest
+from gpu_util import seeded
 from nccl_tide.errors import TideOutOfMemoryError, TideTimeoutError
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(180)]
@@ -24,10 +24,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(180)]
 POISON = 0xFF
 MIB = 1 << 20
 LEAK_TOLERANCE = 16 * MIB  # device-wide free memory before vs after a failed allocation
-
-
-def seeded(*key):
-    return np.random.default_rng(zlib.crc32(repr(key).encode()))
 
 
 @pytest.fixture

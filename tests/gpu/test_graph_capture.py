@@ -15,21 +15,16 @@ so a rank's copies must not be enqueued ahead of work of another rank that they 
 """
 
 import ctypes
-import zlib
 
 import nccl_tide
 import numpy as np
 import pytest
-from gpu_util import POISON, as_bits, bits_dtype, make_layouts, random_bytes, random_float, random_layout_spec
+from gpu_util import POISON, as_bits, bits_dtype, make_layouts, random_bytes, random_float, random_layout_spec, seeded
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 
 REPLAYS = 24
 CU_STREAM_CAPTURE_MODE_GLOBAL = 0
-
-
-def seeded(*key):
-    return np.random.default_rng(zlib.crc32(repr(key).encode()))
 
 
 class Driver:

@@ -39,22 +39,6 @@ def nan_grads(torch, rng, numel, dt, W):
     return out
 
 
-@pytest.fixture(scope="module")
-def worlds(torch_cuda, cuda_lib):
-    from nccl_tide.cuda import LoopbackWorld
-
-    made = {}
-
-    def get(n):
-        if n not in made:
-            made[n] = LoopbackWorld(n)
-        return made[n]
-
-    yield get
-    for w in made.values():
-        w.close()
-
-
 @pytest.mark.parametrize("W,rpn", [(2, 2), (4, 4), (4, 2), (8, 4)])
 @pytest.mark.parametrize("gdt", ["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("odt", ["fp32", "bf16", "fp16"])

@@ -6,13 +6,11 @@ host executor's out-of-place result (computed from copies of the inputs before t
 and every other block of every gradient must be left as it was. A near miss of the form is refused before anything is
 enqueued."""
 
-import zlib
-
 import numpy as np
 import pytest
 
 import nccl_tide
-from gpu_util import RS_DTYPES, as_bits, make_layouts, random_float
+from gpu_util import RS_DTYPES, as_bits, make_layouts, random_float, seeded
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 
@@ -21,26 +19,6 @@ SPLITS = [(2, 2), (2, 1), (3, 3), (3, 1), (4, 4), (4, 2), (8, 8), (8, 4), (8, 2)
 # chunk bytes of fp32 output: 32 (8 elements, dozens of chunks), 512 (a few), None (the layout default: one)
 CHUNKS = [32, 512, None]
 OPS = ["sum", "avg", "premul"]
-
-
-@pytest.fixture(scope="module")
-def worlds(torch_cuda, cuda_lib):
-    from nccl_tide.cuda import LoopbackWorld
-
-    made = {}
-
-    def get(n):
-        if n not in made:
-            made[n] = LoopbackWorld(n)
-        return made[n]
-
-    yield get
-    for w in made.values():
-        w.close()
-
-
-def seeded(*key):
-    return np.random.default_rng(zlib.crc32(repr(key).encode()))
 
 
 @pytest.mark.parametrize("dt", RS_DTYPES)

@@ -10,13 +10,11 @@ pipeline steps; both Slot-Reuse and own staging; epochs and chunk counters carry
 calls on the same world.
 """
 
-import zlib
-
 import numpy as np
 import pytest
 
 import nccl_tide
-from gpu_util import ALL_DTYPES, RS_DTYPES, make_layouts, random_layout_spec
+from gpu_util import ALL_DTYPES, RS_DTYPES, make_layouts, random_layout_spec, seeded
 from test_cuda_collectives import run_ag, run_rs
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(240)]
@@ -24,26 +22,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(240)]
 # (W, R): nodes of R ranks. 2x4, 4x2, 3x2, 2x3, 4x1, 8x1, 5x1 (non-power-of-two node counts: 3, 5), 3x1.
 SPLITS = [(8, 4), (8, 2), (6, 2), (6, 3), (4, 1), (8, 1), (5, 1), (3, 1), (4, 2)]
 PACES = [256, 4096, 1 << 16, None]  # bytes per schedule step (None: the layout default, 8 MiB: one step per block)
-
-
-@pytest.fixture(scope="module")
-def worlds(torch_cuda, cuda_lib):
-    from nccl_tide.cuda import LoopbackWorld
-
-    made = {}
-
-    def get(n):
-        if n not in made:
-            made[n] = LoopbackWorld(n)
-        return made[n]
-
-    yield get
-    for w in made.values():
-        w.close()
-
-
-def seeded(*key):
-    return np.random.default_rng(zlib.crc32(repr(key).encode()))
 
 
 def split_id(split):
