@@ -5,34 +5,27 @@ views of stock FSDP2's unsharded parameters, and TIDE's unsharding into its own 
 reading freed storage. After the backward, enable() takes the groups; after a forward without backward,
 reset_iter_state() (the way out the refusal names) makes enable() legal again.
 
-One gloo process (world size 1, the reference executor), in a subprocess: the process group is process state.
+One gloo process of world size 1 in a subprocess (one_process_group.py).
 
 Run by hand: python tests/unit/test_fsdp_enable_mid_step.py worker <store file> <seed>
 """
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from one_process_group import run_worker, serve_worker
 
 pytest.importorskip("torch")
 
 
-def _worker(store: str, seed: int) -> dict:
+def _worker(seed: int) -> dict:
     import warnings
 
     import torch
-    import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
     import nccl_tide.fsdp as tf
     from nccl_tide.errors import InvalidUsageError
 
     warnings.simplefilter("ignore")
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     g = torch.Generator().manual_seed(seed)
     dims = [int(d) for d in torch.randint(2, 17, (4,), generator=g)]
 
@@ -74,19 +67,12 @@ def _worker(store: str, seed: int) -> dict:
         out["after_no_grad"] = str(e)
     m.reset_iter_state()
     out["groups_after_reset"] = len(tf.enable(m).groups)
-    dist.destroy_process_group()
     return out
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_enable_between_forward_and_backward_is_refused(tmp_path, seed):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2] / "pytorch_glue"),
-                                         env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, __file__, "worker", str(tmp_path / "store"), str(seed)], env=env,
-                       capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr[-4000:]
-    got = json.loads(r.stdout.strip().splitlines()[-1])
+    got = run_worker(__file__, tmp_path, seed)
     assert "ran forward and its backward has not run yet" in got["mid_step"], got
     assert "reset_iter_state()" in got["mid_step"] and "nothing was changed" in got["mid_step"]
     assert not got["handle_after_refusal"]
@@ -96,5 +82,5 @@ def test_enable_between_forward_and_backward_is_refused(tmp_path, seed):
     assert got["groups_after_reset"] == 3
 
 
-if __name__ == "__main__" and sys.argv[1:2] == ["worker"]:
-    print(json.dumps(_worker(sys.argv[2], int(sys.argv[3]))))
+if __name__ == "__main__":
+    serve_worker(_worker)

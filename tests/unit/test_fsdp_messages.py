@@ -7,32 +7,26 @@
   "call reshard() on each of them first" (not "call it between steps", which is where the caller is), and enable()
   keeps them stock with one warning saying why and how to have TIDE take them; following either advice works.
 
-One gloo process (world size 1, the reference executor), in a subprocess: the process group is process state.
+One gloo process of world size 1 in a subprocess (one_process_group.py).
 
 Run by hand: python tests/unit/test_fsdp_messages.py worker <store file> <seed>
 """
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+from one_process_group import run_worker, serve_worker
 
 pytest.importorskip("torch")
 
 
-def _worker(store: str, seed: int) -> dict:
+def _worker(seed: int) -> dict:
     import warnings
 
     import torch
-    import torch.distributed as dist
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
     import nccl_tide.fsdp as tf
     from nccl_tide.errors import InvalidUsageError
 
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     g = torch.Generator().manual_seed(seed)
     n_blocks = int(torch.randint(2, 5, (1,), generator=g))
     width = int(torch.randint(2, 17, (1,), generator=g))
@@ -132,18 +126,12 @@ def _worker(store: str, seed: int) -> dict:
     step(m)
     reshard_all(m)  # the sharded parameters, which hold the gradients, are the module's again
     out["grads_after_advice_equal"] = all(torch.equal(a, b) for a, b in zip(grads(m), want))
-    dist.destroy_process_group()
     return out
 
 
 @pytest.fixture(scope="module", params=[0, 1])
 def got(request, tmp_path_factory):
-    env = dict(os.environ)  # the nccl_tide under test: the installed package, or PYTHONPATH's
-    store = tmp_path_factory.mktemp("store") / "store"
-    r = subprocess.run([sys.executable, __file__, "worker", str(store), str(request.param)], env=env,
-                       capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_worker(__file__, tmp_path_factory.mktemp("store"), request.param)
 
 
 def test_a_group_of_an_earlier_handle_is_said_to_run_tide_there(got):
@@ -182,5 +170,5 @@ def test_enable_of_groups_kept_unsharded_warns_why_and_what_to_do(got):
     assert got["groups_after_advice"] == [n + 1, 0] and got["grads_after_advice_equal"]
 
 
-if __name__ == "__main__" and sys.argv[1:2] == ["worker"]:
-    print(json.dumps(_worker(sys.argv[2], int(sys.argv[3]))))
+if __name__ == "__main__":
+    serve_worker(_worker)
