@@ -3,8 +3,9 @@
 """Benchmark: AG placement, TIDE CE writes in place vs FSDP2's copy-out.
 
 FSDP2 all-gathers into one flat rank-major buffer and then copies it out into every
-parameter's storage (torch.ops.fsdp.split_with_sizes_copy, pytorch_fsdp2.md 1.3-1.4). TIDE's CE
-writes land in the parameters' storage directly: zero extra copies, zero kernels.
+parameter's storage (torch.ops.fsdp.split_with_sizes_copy in FSDP2's
+foreach_all_gather_copy_out). TIDE's CE writes land in the parameters' storage directly: zero
+extra copies, zero kernels.
 
   * loopback 8 (8 virtual ranks on one GPU): TIDE AG end to end vs a stand-in FSDP2 AG made of
     the same CE batch copies (a TIDE AG of one flat parameter = the rank-major flat output)

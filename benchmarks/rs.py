@@ -8,9 +8,9 @@
      Measured twice: the default pipelined plan (phase-1 CE copies may run beside the kernel) and
      a one-chunk plan (rs_chunk_bytes = whole output, so a rank's kernel follows its own copies).
 (2b) TIDE RS end to end (bf16 grads -> fp32 shards, Llama-3.1-8B / 70B layer) against the FSDP2
-     path on the same data: fp32 chunk_cat copy-in (torch.ops.fsdp.chunk_cat, pytorch_fsdp2.md
-     2.2-2.3) of each rank's grads, then an SM reduction standing in for NCCL's fp32 RS (one
-     torch.sum over the 8 ranks' fp32 inputs). Time and (modelled) HBM bytes.
+     path on the same data: fp32 chunk_cat copy-in (torch.ops.fsdp.chunk_cat in FSDP2's
+     foreach_reduce_scatter_copy_in) of each rank's grads, then an SM reduction standing in for
+     NCCL's fp32 RS (one torch.sum over the 8 ranks' fp32 inputs). Time and (modelled) HBM bytes.
 (3)  SM time per RS: sum of kernel durations (torch.profiler), TIDE vs that SM baseline.
 Outputs are poisoned (NaN) first and checked: bit-exact against a left-to-right fp32 sum
 (the tide.h accumulation order), and close to the SM baseline.

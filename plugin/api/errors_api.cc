@@ -10,7 +10,7 @@
 extern "C" {
 
 TIDE_EXPORT const char* tideGetErrorString(tideResult_t result) {
-  const int raw = tide::rawEnum(result);  // any int may come in (tide/c_enum.h)
+  const int raw = tide::rawEnum(result);  // any int may come in (plugin/core/c_enum.h)
   if (!tide::enumInRange(raw, tideNumResults)) return tide::resultString(tideNumResults);  // "unknown result code"
   return tide::resultString(static_cast<tideResult_t>(raw));
 }

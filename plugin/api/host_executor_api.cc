@@ -23,7 +23,7 @@ TIDE_EXPORT tideResult_t tideHostReduceScatter(tideLayout_t handle, const void* 
   TIDE_API_BEGIN
   std::shared_ptr<const tide::Layout> layout;
   TIDE_CHECK(tide::checkHandle(handle, tide::HandleKind::kLayout, __func__, "layout", &layout));
-  // Range-check the caller's ints before they are used as enums (tide/c_enum.h); the core validates the rest.
+  // Range-check the caller's ints before they are used as enums (plugin/core/c_enum.h); the core validates the rest.
   const int rawOut = tide::rawEnum(outType), rawOp = tide::rawEnum(op);
   if (!tide::enumInRange(rawOp, tideNumRedOps)) {
     return tide::fail(tideInvalidArgument, "HostRS", "op is %d; use tideSum, tideAvg or tidePremulSum", rawOp);

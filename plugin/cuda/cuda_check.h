@@ -2,8 +2,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Error handling for CUDA runtime and driver calls inside plugin/cuda.
 //
-// CONVENTIONS.md (Errors): the root cause logs one WARN with the CUDA error's name and string, clears the sticky
-// error (cudaGetLastError) and returns tideCudaError; callers propagate with TIDE_CHECK.
+// As everywhere (docs/architecture.md, "Errors, logging, parameters"): the root cause logs one WARN, here with the
+// CUDA error's name and string, clears the sticky error (cudaGetLastError) and returns tideCudaError; callers
+// propagate with TIDE_CHECK.
 #ifndef TIDE_CUDA_CUDA_CHECK_H_
 #define TIDE_CUDA_CUDA_CHECK_H_
 

@@ -8,7 +8,7 @@
 // points newer than 2.28 are looked up one by one with dlsym; a feature is present only if all of its symbols are,
 // and a missing one is never called.
 //
-// No NCCL header is included: the few types used are declared here from the public API (nccl_api.md), so the same
+// No NCCL header is included: the few types used are declared here from NCCL's public API (nccl.h), so the same
 // source builds against 2.28.9 and 2.32.3 headers (or none). Host-only: no CUDA either.
 #ifndef TIDE_NCCL_NCCL_LIB_H_
 #define TIDE_NCCL_NCCL_LIB_H_

@@ -8,6 +8,11 @@ nccl_tide/ (the package, under pytorch_glue/). Where a text means a pattern it s
 globs within one name, and `<name>` or `{name}` stand for any part of one name; a pattern must match at least one
 path. `{a,b}` is the shell's: each of its paths must exist. A name without a suffix (plugin/core/internode) stands
 for the files it is the stem of (internode.h, internode.cc).
+
+A path written from below the top (`cuda/comm.h`, `perf/harness.py`) means a file of this tree when its first folder
+is the name of one of the tree's folders or its file name the name of one of the tree's files: it must be the end of
+a path of the tree. A document named alone (`env.md`) must be one of the tree's. Other projects' paths (nccl-tests'
+`src/util.cu`, torch's `torch/optim/adam.py`) share neither with this tree and are not read.
 """
 
 import fnmatch
@@ -23,13 +28,15 @@ TOKEN = re.compile(r"(?<![\w./-])(?:" + "|".join(re.escape(r) for r in ROOTS) + 
 PLACEHOLDER = re.compile(r"<[^<>/]*>|\{[^{},/]*\}")
 ALTERNATIVES = re.compile(r"\{([^{}/]*,[^{}/]*)\}")
 
-# Paths that a build or an install writes, named on purpose by the text that explains where they come from.
+# Paths that a build, an install or a benchmark writes, named on purpose by the text that explains where they come
+# from.
 GENERATED = {
     "examples/c/host_all_gather",  # examples/c/Makefile's program
     "pytorch_glue/nccl_tide/lib",  # setup.py copies the built library and the header into the package
     "pytorch_glue/nccl_tide/lib/libnccl-tide.so",
     "pytorch_glue/nccl_tide/include",
     "pytorch_glue/nccl_tide/include/tide.h",
+    "results.md",  # benchmarks/run_all.py writes it into its --out folder
 }
 # Not read: the changelog records the past, paths a change removed included; this file names dead paths on purpose
 # (test_the_check_sees_a_dead_path); data files hold no prose.
@@ -87,10 +94,55 @@ def named_paths(repo):
                 yield clean(m.group(0)), f"{name}:{number}"
 
 
+class InnerPaths:
+    """The paths of a text that start below the top and mean a file of this tree, and the documents it names alone
+    (the rules in the docstring)."""
+
+    def __init__(self, tracked):
+        self.folders = {part for t in tracked for part in t.split("/")[:-1]}
+        self.files = {t.rsplit("/", 1)[-1] for t in tracked}
+        suffixes = sorted({n.rsplit(".", 1)[1] for n in self.files if "." in n.lstrip(".")}, key=len, reverse=True)
+        # A file name with one of the tree's suffixes and the folders written before it, starting where no other
+        # path character precedes it (so not inside `../core/log.h` or `$PWD/build/...`).
+        self.token = re.compile(r"(?<![\w./$-])[\w-][\w.-]*(?:/[\w.-]+)*\.(?:" + "|".join(map(re.escape, suffixes))
+                                + r")(?![\w/-])")
+
+    def of(self, line):
+        found = []
+        for m in self.token.finditer(line):
+            path = m.group(0)
+            first, _, rest = path.partition("/")
+            if first in ROOTS:
+                continue  # TOKEN's
+            if (first in self.folders or path.rsplit("/", 1)[-1] in self.files) if rest else path.endswith(".md"):
+                found.append(path)
+        return found
+
+
+def ends_a_path(path, tracked):
+    return path in GENERATED or any(t == path or t.endswith("/" + path) for t in tracked)
+
+
+def inner_paths(repo, tracked):
+    inner = InnerPaths(tracked)
+    for name, text in text_files(repo):
+        for number, line in enumerate(text.splitlines(), 1):
+            for path in inner.of(line):
+                yield path, f"{name}:{number}"
+
+
 def test_every_named_path_exists(repo):
     tracked = set(repo_files(repo))
     assert {"README.md", "docs/env.md", "ci/cpu.sh"} <= tracked, sorted(tracked)[:20]
     dead = [f"{where}: {path}" for path, where in named_paths(repo) if not resolves(repo, path, tracked)]
+    assert not dead, "\n".join(dead)
+
+
+def test_every_path_from_below_the_top_and_every_named_document_exists(repo):
+    tracked = set(repo_files(repo))
+    named = list(inner_paths(repo, tracked))
+    assert any(path == "env.md" for path, _ in named) and any(path == "perf/harness.py" for path, _ in named)
+    dead = [f"{where}: {path}" for path, where in named if not ends_a_path(path, tracked)]
     assert not dead, "\n".join(dead)
 
 
@@ -111,3 +163,15 @@ def test_the_check_sees_a_dead_path(repo):
     line = "see nccl-tests/src/x.cu, https://github.com/NVIDIA/nccl/tree/master/docs/x and `ci/cpu.sh`."
     assert [clean(m.group(0)) for m in TOKEN.finditer(line)] == ["ci/cpu.sh"]
     assert clean("nccl_tide/fsdp/") == "pytorch_glue/nccl_tide/fsdp"
+
+
+def test_the_check_sees_a_dead_path_from_below_the_top():
+    # Read: a path whose folder or file name is the tree's, a document alone. Not read: a path of another project, a
+    # path inside a longer one, a file named alone that is not a document.
+    tracked = {"plugin/core/c_enum.h", "pytorch_glue/nccl_tide/perf/harness.py", "docs/env.md"}
+    line = ("c_enum.h (tide/c_enum.h, core/c_enum.h), perf/harness.py, perf/cli.py, ../core/errors.h, env.md and "
+            "NOTES.md; nccl-tests' src/util.cu, torch/optim/adam.py, $PWD/build/x.py, docs/env.md")
+    found = InnerPaths(tracked).of(line)
+    assert found == ["tide/c_enum.h", "core/c_enum.h", "perf/harness.py", "perf/cli.py", "env.md", "NOTES.md"]
+    assert [p for p in found if not ends_a_path(p, tracked)] == ["tide/c_enum.h", "perf/cli.py", "NOTES.md"]
+    assert ends_a_path("results.md", tracked)  # written by a benchmark (GENERATED)
