@@ -13,7 +13,6 @@ namespace cuda {
 namespace {
 
 constexpr const char* kComponent = "Ipc";
-constexpr size_t kZeroBytes = 1 << 20;
 
 // cudaMalloc may sub-allocate small requests from a larger block, and CUDA IPC then shares (and maps in the
 // importer) the whole underlying block, other sub-allocations included (CUDA C++ Programming Guide, Interprocess
@@ -48,8 +47,7 @@ tideResult_t IpcProvider::create(int rank, int worldSize, int device, uint64_t c
     size_t flagBytes = sizeof(uint32_t) * flag::kWords;
     if (err == cudaSuccess) err = cudaMalloc(reinterpret_cast<void**>(&p->flags_.base), ipcAllocBytes(flagBytes));
     if (err == cudaSuccess) err = cudaMemset(p->flags_.base, 0, ipcAllocBytes(flagBytes));
-    if (err == cudaSuccess) err = cudaMalloc(&p->zeros_, kZeroBytes);
-    if (err == cudaSuccess) err = cudaMemset(p->zeros_, 0, kZeroBytes);
+    if (err == cudaSuccess) err = p->zeros_.allocate();
     if (err == cudaSuccess) err = cudaDeviceSynchronize();  // memsets on the legacy stream: finish before use
     if (err == cudaSuccess) err = cudaIpcGetMemHandle(&mine.ipcFlags, p->flags_.base);
     if (err != cudaSuccess) {
@@ -58,7 +56,6 @@ tideResult_t IpcProvider::create(int rank, int worldSize, int device, uint64_t c
     }
     p->flags_.bytes = flagBytes;
     p->flags_.live = p->flags_.base != nullptr;
-    p->zeroBytes_ = kZeroBytes;
   }
   std::vector<Hello> all(worldSize);
   tideResult_t ex = p->ex_.exchange(&mine, all.data(), sizeof(Hello));
@@ -106,7 +103,7 @@ IpcProvider::~IpcProvider() {
     if (stuck) ex_.keepResources();
     // tideCommAbort: nothing collective. abort() closed the peer mappings if the device went idle; memory exported
     // to peers stays allocated (a peer's queued work may still write into it) until process exit.
-    if (!stuck && zeros_) (void)cudaFree(zeros_);
+    if (!stuck) zeros_.release();
     (void)cudaGetLastError();
     TIDE_WARN(kComponent,
               "rank %d: comm aborted; its exported device memory (%zu slots, %zu staging buffers, flags) stays "
@@ -146,7 +143,7 @@ IpcProvider::~IpcProvider() {
   for (auto& s : slots_) unshare(&s);
   for (auto& s : staging_) unshare(&s);
   unshare(&flags_);
-  if (zeros_) (void)cudaFree(zeros_);
+  zeros_.release();
   (void)cudaGetLastError();
 }
 
@@ -367,10 +364,7 @@ tideResult_t IpcProvider::ownStaging(int owner, uint64_t bytes, uint64_t epoch, 
   return tideSuccess;
 }
 
-const void* IpcProvider::zeros(size_t* bytes) {
-  *bytes = zeroBytes_;
-  return zeros_;
-}
+const void* IpcProvider::zeros(size_t* bytes) { return zeros_.get(bytes); }
 
 }  // namespace cuda
 }  // namespace tide

@@ -24,6 +24,7 @@
 
 #include "provider.h"
 #include "rank_exchange.h"
+#include "zero_buffer.h"
 
 namespace tide {
 namespace cuda {
@@ -109,8 +110,7 @@ class IpcProvider final : public Provider {
   bool aborted_ = false;  // abort() ran: the destructor makes no exchange and frees only local memory
   std::mutex mu_;
   Shared flags_;
-  void* zeros_ = nullptr;
-  size_t zeroBytes_ = 0;
+  ZeroBuffer zeros_;
   std::vector<Shared> slots_;
   std::vector<Shared> staging_;  // generations; the last is current (older ones kept: enqueued work may use them)
 };

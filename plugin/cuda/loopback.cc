@@ -11,9 +11,6 @@ namespace tide {
 namespace cuda {
 namespace {
 
-// Zero source for RS padding; a larger padding run is filled with several copies of it.
-constexpr size_t kZeroBytes = 1 << 20;
-
 // Switches to `device` for the lifetime of the object and back afterwards.
 class DeviceGuard {
  public:
@@ -42,10 +39,8 @@ tideResult_t LoopbackWorld::create(int nRanks, int device, std::vector<std::shar
   TIDE_CUDA_CHECK(cudaSetDevice(device));
   size_t flagBytes = sizeof(uint32_t) * flag::kWords * nRanks;
   TIDE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p->flagMem_), flagBytes));
-  TIDE_CUDA_CHECK(cudaMalloc(&p->zeros_, kZeroBytes));
-  p->zeroBytes_ = kZeroBytes;
   TIDE_CUDA_CHECK(cudaMemset(p->flagMem_, 0, flagBytes));
-  TIDE_CUDA_CHECK(cudaMemset(p->zeros_, 0, kZeroBytes));
+  TIDE_CUDA_CHECK(p->zeros_.allocate());
   // The memsets run on the legacy stream, which non-blocking streams do not wait for: finish them here.
   TIDE_CUDA_CHECK(cudaDeviceSynchronize());
   TIDE_INFO("Cuda", "loopback world: %d virtual ranks on device %d", nRanks, device);
@@ -67,7 +62,7 @@ LoopbackWorld::~LoopbackWorld() {
   for (auto& g : staging_)
     for (void* p : g.ptrs) (void)cudaFree(p);
   if (flagMem_) (void)cudaFree(flagMem_);
-  if (zeros_) (void)cudaFree(zeros_);
+  zeros_.release();
   (void)cudaGetLastError();
 }
 
@@ -248,10 +243,7 @@ tideResult_t LoopbackWorld::ownStaging(int rank, int owner, uint64_t bytes, uint
   return tideSuccess;
 }
 
-const void* LoopbackWorld::zeros(size_t* bytes) {
-  *bytes = zeroBytes_;
-  return zeros_;
-}
+const void* LoopbackWorld::zeros(size_t* bytes) { return zeros_.get(bytes); }
 
 tideResult_t LoopbackWorld::checkStream(int rank, CollKind kind, uint64_t epoch, cudaStream_t stream) {
   if (stream == nullptr || stream == cudaStreamLegacy) {

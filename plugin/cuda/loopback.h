@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "provider.h"
+#include "zero_buffer.h"
 
 namespace tide {
 namespace cuda {
@@ -108,8 +109,7 @@ class LoopbackWorld {
   std::mutex mu_;
   std::vector<std::vector<Slot>> slots_;  // [rank][allocation index]
   uint32_t* flagMem_ = nullptr;           // nRanks_ * flag::kWords words
-  void* zeros_ = nullptr;
-  size_t zeroBytes_ = 0;
+  ZeroBuffer zeros_;
   std::vector<StagingGen> staging_;
   StreamUse streamUse_[2][kMaxRanks];
   struct PendingPushes {

@@ -13,7 +13,6 @@ namespace cuda {
 namespace {
 
 constexpr const char* kComponent = "Window";
-constexpr size_t kZeroBytes = 1 << 20;
 
 }  // namespace
 
@@ -29,14 +28,12 @@ tideResult_t WindowProvider::create(const nccl::Lib& lib, nccl::ncclComm_t paren
   tideResult_t local = tideSuccess;
   {
     cudaError_t err = cudaSetDevice(device);
-    if (err == cudaSuccess) err = cudaMalloc(&p->zeros_, kZeroBytes);
-    if (err == cudaSuccess) err = cudaMemset(p->zeros_, 0, kZeroBytes);
+    if (err == cudaSuccess) err = p->zeros_.allocate();
     if (err == cudaSuccess) err = cudaDeviceSynchronize();  // a memset on the legacy stream: finish before use
     if (err != cudaSuccess) {
       local = cudaFail(err, "window provider setup (zeros)", __FILE__, __LINE__);
       mine.ok = 0;
     }
-    p->zeroBytes_ = kZeroBytes;
   }
   std::vector<Hello> all(worldSize);
   TIDE_CHECK(p->ex_.exchange(&mine, all.data(), sizeof(Hello)));
@@ -68,22 +65,14 @@ tideResult_t WindowProvider::create(const nccl::Lib& lib, nccl::ncclComm_t paren
 
 WindowProvider::~WindowProvider() {
   (void)cudaSetDevice(device_);
-  if (mem_ == nullptr) {  // creation did not finish: nothing was shared
-    // After a failed exchange whose all-gather may still be queued, a cudaFree would wait for it: left to exit.
+  // Creation did not finish (nothing was shared), or abort() released the windows if the device went idle (else it
+  // left everything to process exit). After a failed exchange whose all-gather may still be queued, or with device
+  // work stuck, a cudaFree would wait for it: left to exit.
+  if (mem_ == nullptr || aborted_) {
     if (ex_.stuck()) {
       ex_.keepResources();
-    } else if (zeros_) {
-      (void)cudaFree(zeros_);
-    }
-    (void)cudaGetLastError();
-    return;
-  }
-  if (aborted_) {
-    // abort() released the windows if the device went idle, else left everything to process exit.
-    if (ex_.stuck()) {
-      ex_.keepResources();
-    } else if (zeros_) {
-      (void)cudaFree(zeros_);
+    } else {
+      zeros_.release();
     }
     (void)cudaGetLastError();
     return;
@@ -106,7 +95,7 @@ WindowProvider::~WindowProvider() {
   // Over a broken exchange the peers may be gone: a split node communicator is aborted (local), not destroyed.
   if (ex_.broken()) mem_->abortRelease();
   mem_.reset();
-  if (zeros_) (void)cudaFree(zeros_);
+  zeros_.release();
   (void)cudaGetLastError();
 }
 
@@ -164,10 +153,7 @@ tideResult_t WindowProvider::ownStaging(int owner, uint64_t bytes, uint64_t epoc
   return tideSuccess;
 }
 
-const void* WindowProvider::zeros(size_t* bytes) {
-  *bytes = zeroBytes_;
-  return zeros_;
-}
+const void* WindowProvider::zeros(size_t* bytes) { return zeros_.get(bytes); }
 
 uint32_t* WindowProvider::flags(int owner) { return reinterpret_cast<uint32_t*>(mem_->flags(owner)); }
 

@@ -26,6 +26,7 @@
 #include "../nccl/window_memory.h"
 #include "provider.h"
 #include "rank_exchange.h"
+#include "zero_buffer.h"
 
 namespace tide {
 namespace cuda {
@@ -76,8 +77,7 @@ class WindowProvider final : public Provider {
   bool aborted_ = false;
   std::mutex mu_;
   std::unique_ptr<nccl::WindowMemory> mem_;
-  void* zeros_ = nullptr;  // local cudaMalloc: read by copy engines for padding, never shared
-  size_t zeroBytes_ = 0;
+  ZeroBuffer zeros_;
 };
 
 }  // namespace cuda
