@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """A/B of library settings or builds in host_issue's rows, paired by round so that a few us can be told from noise.
 
-    python benchmarks/host_ab.py --variant pairs:NCCL_TIDE_PAIR_TOKENS=1 --variant nopairs:NCCL_TIDE_PAIR_TOKENS=0 \
+    python benchmarks/host_ab.py --variant pairs --variant nopairs:NCCL_TIDE_TEST_SWITCHES=1,NCCL_TIDE_PAIR_TOKENS=0 \
         [--rounds 6] [--only "64 params"] [--samples 15] [--json FILE] [-- CHILD ARGS]
 
 Why: a parameter is read once per process, so two settings cannot alternate inside one; and
@@ -19,7 +19,9 @@ interval shows how far they got. Rounds cost about one process start each (CUDA,
 the loopback worlds, warm-up): --only keeps them short.
 
 A variant is NAME[:VAR=VALUE[,VAR=VALUE...]]; its variables are set in its processes only (another build:
-NCCL_TIDE_LIBRARY_PATH=/path/libnccl-tide.so, with TIDE_BENCH_OLD_LIBRARY=1 for one that lacks newer functions).
+NCCL_TIDE_LIBRARY_PATH=/path/libnccl-tide.so, with TIDE_BENCH_OLD_LIBRARY=1 for one that lacks newer functions). A
+test-only switch, as in the example, needs a test build of the library (-DTIDE_TEST_SWITCHES=ON; docs/env.md, "Test
+builds") and NCCL_TIDE_TEST_SWITCHES=1 beside it.
 The child is benchmarks/host_issue.py --route on (override with --child; it must accept --json FILE and write a list
 of rows with "case", "W", "coll" and numeric metrics); arguments after "--" go to it (default: --samples and --only
 from here). Compared metrics: host_us, replay_host_us, gpu_us, host_floors and replay_floors (host_us and

@@ -13,7 +13,8 @@
 #               once the build is done) preload it in their own processes. Skipped when TIDE_NCCL_BUILD is unset.
 #   frameworks  install DeepSpeed, Megatron-Core and torchtitan in the background from TIDE_FRAMEWORK_WHEELS=DIR
 #               (ci/framework_wheels.sh download DIR) for tests/multirank/test_frameworks.py, which skips without them.
-#   build       the CUDA library into TIDE_GPU_BUILD (default build/gpu) for CMAKE_CUDA_ARCHITECTURES (default 90).
+#   build       the CUDA library into TIDE_GPU_BUILD (default build/gpu) for CMAKE_CUDA_ARCHITECTURES (default 90), a
+#               test build (-DTIDE_TEST_SWITCHES=ON: the tests flip the test-only switches, docs/env.md "Test builds").
 #   tests       every file of tests/gpu (one card, one process) and the files of tests/multirank that need a GPU
 #               (several processes); one pytest per file under its own limit (TIDE_GPU_FILE_TIMEOUT, default 240 s;
 #               faulthandler dumps every thread 15 s before it), so a hang costs one file. TIDE_GPU_TESTS="FILE ..."
@@ -141,7 +142,7 @@ part_frameworks() {
 
 part_build() {
   step build 400 bash -c "cmake -S . -B '$BUILD' -G Ninja -DTIDE_BUILD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES='$ARCHS' \
-    -DCMAKE_BUILD_TYPE=Release && cmake --build '$BUILD' -j" || return
+    -DCMAKE_BUILD_TYPE=Release -DTIDE_TEST_SWITCHES=ON && cmake --build '$BUILD' -j" || return
   grep -q "CUDA data path ON" "$OUT/build.log" || record build-check "FAILED (CUDA data path not enabled)" - - - 0 0
 }
 

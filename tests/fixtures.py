@@ -87,3 +87,18 @@ def cuda_lib(torch_cuda):
     for c in comms:
         lib.tideCommDestroy(c)
     return lib
+
+
+NO_TEST_SWITCHES = ("the library is no test build (-DTIDE_TEST_SWITCHES=ON): it has no test-only switches "
+                    "(docs/env.md, Test builds)")
+
+
+def has_test_switches() -> bool:
+    """Whether the loaded library is a test build (-DTIDE_TEST_SWITCHES=ON): its registry has the test-only switches."""
+    from nccl_tide import _native
+
+    try:
+        _native.param_value("NCCL_TIDE_TEST_SWITCHES")
+    except KeyError:
+        return False
+    return True

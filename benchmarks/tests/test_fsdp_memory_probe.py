@@ -294,13 +294,15 @@ def _fake_child(variant, out_path, port, binder="alloc"):
     import torch.distributed as dist
 
     import fsdp_step
-    from nccl_tide.fsdp import _slot_pool
+
+    sys.path.insert(0, str(REPO / "tests"))  # the suite's shared helpers (this child process ran no conftest)
+    from forced_binder import force_binder
 
     # The markers' plumbing is about slots TIDE allocates (tideSlotAlloc, outside torch's trace): keep the trimming
     # pool on them. The default at world size 1 (binder "torch") puts the slots in torch's own trace, which this fake
     # trace does not have; tests/multirank/test_fsdp_slot_trim.py covers that path (and outside_torch_bytes / the
     # hook's bytes).
-    _slot_pool.force_binder(binder)
+    force_binder(binder)
     from sim_comm import use_sim_native
 
     use_sim_native()

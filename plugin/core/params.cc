@@ -38,7 +38,8 @@ struct Def {
   const char* form;          // the accepted form, for error messages
 };
 
-// THE registry. docs/env.md must list exactly these rows (a test compares them).
+// THE registry. docs/env.md must list exactly these rows (a test compares them): the main table, and in a test build
+// also the table of "Test builds".
 const Def kDefs[kNumParams] = {
     {"NCCL_TIDE_DEBUG", Type::kString, "string", "NCCL",
      "Log level of TIDE's lines, overriding NCCL_DEBUG: NONE, VERSION, WARN, INFO or TRACE; NCCL follows NCCL_DEBUG "
@@ -116,35 +117,39 @@ const Def kDefs[kNumParams] = {
      "(ncclMemAlloc memory registered with ncclCommWindowRegister; tideCommCreate fails where NCCL cannot). A comm on "
      "a caller's bootstrap uses ipc (window is refused there). Must match on all ranks.",
      0, 0, "auto|ipc|window", "one of auto, ipc, window"},
+#ifdef TIDE_TEST_SWITCHES
     {"NCCL_TIDE_TEST_SWITCHES", Type::kBool, "bool", "0",
      "Tests only: 1 lets the test-only switches below take effect (they select the other side of a measured choice "
      "so that the tests keep both sides working); 0: a test-only switch that is set is ignored, with one WARN.",
      0, 1, nullptr, "0 or 1"},
-    {"NCCL_TIDE_SIGNAL_KERNELS", Type::kBool, "bool", "1",
+    {"NCCL_TIDE_SIGNAL_KERNELS", Type::kBool, "bool", kSignalKernelsDefault ? "1" : "0",
      "Test-only. 1: in the CUDA graphs of a reduce-scatter the trailing writes of each flag batch are a one-warp "
      "kernel node (a launched graph's memop node costs the host about 0.8 us, a kernel node a few hundredths); 0: "
      "stream memory operations.",
      0, 1, nullptr, "0 or 1"},
-    {"NCCL_TIDE_MERGE_FLAG_BATCHES", Type::kBool, "bool", "1",
+    {"NCCL_TIDE_MERGE_FLAG_BATCHES", Type::kBool, "bool", kMergeFlagBatchesDefault ? "1" : "0",
      "Test-only. 1: in a CUDA graph of a TIDE collective, flag batches that follow each other on one stream are "
      "captured as one memop node (a captured all-gather: 2 memop nodes per rank instead of 4); 0: one node per "
      "batch.",
      0, 1, nullptr, "0 or 1"},
-    {"NCCL_TIDE_PAIR_TOKENS", Type::kBool, "bool", "1",
+    {"NCCL_TIDE_PAIR_TOKENS", Type::kBool, "bool", kPairTokensDefault ? "1" : "0",
      "Test-only. 1: the token programs wait for and reset two token words per 64-bit stream memory operation where "
      "the device has them (a captured all-gather at 8 ranks: 33 operations instead of 45); 0: one 32-bit operation "
      "per word. Local to each rank.",
      0, 1, nullptr, "0 or 1"},
-    {"NCCL_TIDE_AG_SIGNAL_KERNELS", Type::kBool, "bool", "0",
+    {"NCCL_TIDE_AG_SIGNAL_KERNELS", Type::kBool, "bool", kAgSignalKernelsDefault ? "1" : "0",
      "Test-only. 1: in the CUDA graphs of an all-gather too, the trailing writes of each flag batch are one-warp "
      "kernel nodes (no less host time per replay; more GPU time at 2 ranks); 0: all-gathers use no SM for flags.",
      0, 1, nullptr, "0 or 1"},
+#endif
 };
 
 struct Entry {
   bool fromEnv = false;
   bool valid = true;
+#ifdef TIDE_TEST_SWITCHES
   bool ignored = false;  // a test-only switch set without NCCL_TIDE_TEST_SWITCHES=1: the default is in force
+#endif
   uint64_t value = 0;   // bool / bytes / uint64; int64 stored two's complement; string: index into choices
   char text[256] = {0};  // canonical effective value
   char envText[256] = {0};
@@ -219,11 +224,27 @@ bool parseValue(const Def& def, const char* text, Entry* e) {
   return false;
 }
 
+#ifdef TIDE_TEST_SWITCHES
 // Switches that select the other side of a measured choice, for the tests that keep both sides working: honoured only
-// with NCCL_TIDE_TEST_SWITCHES=1.
+// with NCCL_TIDE_TEST_SWITCHES=1 (parsed before them: it precedes them in the registry).
 bool testOnly(Id id) {
   return id == kSignalKernels || id == kMergeFlagBatches || id == kPairTokens || id == kAgSignalKernels;
 }
+
+void gateTestSwitches(State* st) {
+  const bool gate = st->entries[kTestSwitches].valid && st->entries[kTestSwitches].value != 0;
+  for (int i = 0; i < kNumParams; ++i) {
+    Entry& e = st->entries[i];
+    if (!testOnly(static_cast<Id>(i)) || !e.fromEnv || gate) continue;
+    Entry dflt;
+    parseValue(kDefs[i], kDefs[i].defaultValue, &dflt);
+    snprintf(dflt.envText, sizeof(dflt.envText), "%s", e.envText);
+    dflt.fromEnv = true;
+    dflt.ignored = true;
+    e = dflt;
+  }
+}
+#endif
 
 // Reads the environment once. Must not log: logging asks for the debug level, which comes from here.
 State load() {
@@ -243,18 +264,9 @@ State load() {
       e.valid = false;  // keeps the default's value and text
     }
   }
-  // The test-only switches take their environment value only behind the gate (parsed above: it precedes them).
-  const bool gate = st.entries[kTestSwitches].valid && st.entries[kTestSwitches].value != 0;
-  for (int i = 0; i < kNumParams; ++i) {
-    Entry& e = st.entries[i];
-    if (!testOnly(static_cast<Id>(i)) || !e.fromEnv || gate) continue;
-    Entry dflt;
-    parseValue(kDefs[i], kDefs[i].defaultValue, &dflt);
-    snprintf(dflt.envText, sizeof(dflt.envText), "%s", e.envText);
-    dflt.fromEnv = true;
-    dflt.ignored = true;
-    e = dflt;
-  }
+#ifdef TIDE_TEST_SWITCHES
+  gateTestSwitches(&st);
+#endif
   return st;
 }
 
@@ -344,10 +356,14 @@ const State& loggedState() {
     for (int i = 0; i < kNumParams; ++i) {
       const Entry& e = st.entries[i];
       if (!e.fromEnv) continue;
+#ifdef TIDE_TEST_SWITCHES
       if (e.ignored) {
         TIDE_WARN(kComponent, "%s is a test-only switch and is ignored without NCCL_TIDE_TEST_SWITCHES=1 (docs/env.md)",
                   kDefs[i].name);
-      } else if (e.valid) {
+        continue;
+      }
+#endif
+      if (e.valid) {
         TIDE_INFO(kComponent, "%s=%s (from the environment)", kDefs[i].name, e.text);
       } else if (strictWhenInvalid(static_cast<Id>(i))) {
         TIDE_WARN(kComponent, "%s='%s' is not valid (accepted: %s); the calls that use it fail until it is fixed or "
@@ -455,10 +471,12 @@ bool eagerGraphs() { return loggedState().entries[kEagerGraphs].value != 0; }
 int tokenRsChunks() { return static_cast<int>(loggedState().entries[kTokenRsChunks].value); }
 InterNodeSetting interNode() { return static_cast<InterNodeSetting>(loggedState().entries[kInterNode].value); }
 ProviderSetting provider() { return static_cast<ProviderSetting>(loggedState().entries[kProvider].value); }
+#ifdef TIDE_TEST_SWITCHES
 bool signalKernels() { return loggedState().entries[kSignalKernels].value != 0; }
 bool mergeFlagBatches() { return loggedState().entries[kMergeFlagBatches].value != 0; }
 bool pairTokens() { return loggedState().entries[kPairTokens].value != 0; }
 bool agSignalKernels() { return loggedState().entries[kAgSignalKernels].value != 0; }
+#endif
 
 tideResult_t status(Id id) {
   if (id < 0 || id >= kNumParams) return fail(tideInvalidArgument, kComponent, "parameter index %d out of range", id);

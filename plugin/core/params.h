@@ -38,13 +38,18 @@ enum Id : int {
   kTokenRsChunks = 13,  // NCCL_TIDE_TOKEN_RS_CHUNKS
   kInterNode = 14,      // NCCL_TIDE_INTERNODE
   kProvider = 15,       // NCCL_TIDE_PROVIDER
-  // Test-only switches (docs/env.md): their environment value counts only with NCCL_TIDE_TEST_SWITCHES=1.
+#ifdef TIDE_TEST_SWITCHES
+  // Test-only switches (a build with -DTIDE_TEST_SWITCHES=ON; docs/env.md, "Test builds"): their environment value
+  // counts only with NCCL_TIDE_TEST_SWITCHES=1.
   kTestSwitches = 16,      // NCCL_TIDE_TEST_SWITCHES
   kSignalKernels = 17,     // NCCL_TIDE_SIGNAL_KERNELS
   kMergeFlagBatches = 18,  // NCCL_TIDE_MERGE_FLAG_BATCHES
   kPairTokens = 19,        // NCCL_TIDE_PAIR_TOKENS
   kAgSignalKernels = 20,   // NCCL_TIDE_AG_SIGNAL_KERNELS
   kNumParams = 21
+#else
+  kNumParams = 16
+#endif
 };
 
 // Typed accessors (effective values: environment if valid, else default).
@@ -73,11 +78,24 @@ InterNodeSetting interNode();
 // (plugin/nccl/provider_choice.h decides with it).
 enum ProviderSetting : int { kProviderAuto = 0, kProviderIpc = 1, kProviderWindow = 2 };
 ProviderSetting provider();
-// Test-only switches (their default unless NCCL_TIDE_TEST_SWITCHES=1).
-bool signalKernels();             // NCCL_TIDE_SIGNAL_KERNELS: RS graphs write flags by a kernel node, not a memop node
-bool mergeFlagBatches();          // NCCL_TIDE_MERGE_FLAG_BATCHES: adjacent flag batches in a graph as one memop node
-bool pairTokens();                // NCCL_TIDE_PAIR_TOKENS: token barriers waited for / reset two words per memop
-bool agSignalKernels();           // NCCL_TIDE_AG_SIGNAL_KERNELS: AG graphs write flags by a kernel node too
+// Four protocol choices that measurement settled (docs/protocol.md, "How a graph is built"): every build takes the
+// measured side, these constants. A test build (-DTIDE_TEST_SWITCHES=ON) lets the tests select the other side
+// through the test-only switches named below, honoured only with NCCL_TIDE_TEST_SWITCHES=1 (docs/env.md).
+constexpr bool kSignalKernelsDefault = true;     // RS graphs write flags by a kernel node, not a memop node
+constexpr bool kMergeFlagBatchesDefault = true;  // adjacent flag batches in a graph as one memop node
+constexpr bool kPairTokensDefault = true;        // token barriers waited for / reset two words per memop
+constexpr bool kAgSignalKernelsDefault = false;  // AG graphs write flags by a kernel node too
+#ifdef TIDE_TEST_SWITCHES
+bool signalKernels();     // NCCL_TIDE_SIGNAL_KERNELS
+bool mergeFlagBatches();  // NCCL_TIDE_MERGE_FLAG_BATCHES
+bool pairTokens();        // NCCL_TIDE_PAIR_TOKENS
+bool agSignalKernels();   // NCCL_TIDE_AG_SIGNAL_KERNELS
+#else
+constexpr bool signalKernels() { return kSignalKernelsDefault; }
+constexpr bool mergeFlagBatches() { return kMergeFlagBatchesDefault; }
+constexpr bool pairTokens() { return kPairTokensDefault; }
+constexpr bool agSignalKernels() { return kAgSignalKernelsDefault; }
+#endif
 
 // NCCL_TIDE_TOKEN_RS_CHUNKS's default (a macro: the registry holds it as text); the layout agreement salts its key
 // only for other values, and mismatch reports name them.

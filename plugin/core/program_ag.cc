@@ -55,7 +55,7 @@ void captured(const Layout& l, bool pairs, Builder& b) {
   b.tokenWaits(me, word::kCapAgReady, W, pairs);
   // The resets stay ahead of the copies (unlike the RS's, docs/architecture.md "Trailing resets"): behind them they
   // are barriered memop writes that wait for the copies in flight (measured on an H100: 20-28 us per AG at W = 8),
-  // and the AG's flags are memops (NCCL_TIDE_AG_SIGNAL_KERNELS is 0).
+  // and the AG's flags are memops (params::kAgSignalKernelsDefault is false).
   b.tokenResets(me, word::kCapAgReady, W, pairs);
   b.write(me, word::kCapAgPhase, Val::kConst, 2);
   for (int i = 0; i < l.nParams; ++i) {

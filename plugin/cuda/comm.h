@@ -95,7 +95,7 @@ struct tideComm {
   // NCCL_TIDE_TOKEN_RS_CHUNKS, read once by commInit (agreed with the layout, as eagerGraphs): the most RS chunks a
   // token program (eager route or capture) may have.
   int tokenRsChunks = 2;
-  // Token programs pair their barrier tokens (prog::Options::pairTokens): NCCL_TIDE_PAIR_TOKENS and the device's
+  // Token programs pair their barrier tokens (prog::Options::pairTokens): params::pairTokens() and the device's
   // 64-bit stream memory operations, read once by commInit. Local: no other rank needs to agree.
   bool pairTokens = false;
   cudaStream_t captureStream = nullptr;

@@ -146,10 +146,10 @@ class BoundProgram {
   std::vector<BoundReduce> reduces_;
   std::vector<std::vector<nccl::P2pCall>> p2p_;  // each kP2p op's group, pointers resolved
   std::vector<std::pair<int, int>> groupRange_;  // deferred groups and token rounds: steps [first, second) of each
-  // Write-only flag batches in graphs as kernel nodes: RS with NCCL_TIDE_SIGNAL_KERNELS, AG with
-  // NCCL_TIDE_AG_SIGNAL_KERNELS.
+  // Write-only flag batches in graphs as kernel nodes: RS with params::signalKernels(), AG with
+  // params::agSignalKernels() (the measured choices; a test build's switches select the other side).
   bool signalKernels_ = false;
-  // NCCL_TIDE_MERGE_FLAG_BATCHES: while capturing (under issueMu_), flag batches are held here and enqueued as one
+  // params::mergeFlagBatches(): while capturing (under issueMu_), flag batches are held here and enqueued as one
   // memop node when something else is issued (flushCapturedFlags), so adjacent batches on one stream become one node.
   bool mergeFlags_ = false;
   MemOpBatch capFlags_;

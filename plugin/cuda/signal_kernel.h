@@ -1,7 +1,7 @@
 // Copyright The nccl-tide authors
 // SPDX-License-Identifier: Apache-2.0
-// Flag writes by a one-warp kernel, for flag batches inside CUDA graphs (the RS's rounds and captures; the AG's with
-// NCCL_TIDE_AG_SIGNAL_KERNELS).
+// Flag writes by a one-warp kernel, for flag batches inside CUDA graphs (the RS's rounds and captures; the AG's only
+// where a test build's NCCL_TIDE_AG_SIGNAL_KERNELS=1 selects it: params.h).
 //
 // Why: in a launched graph every memop node after the first costs the host about 0.8 us and every memop operation
 // about 0.25 (a replay census of benchmarks/host_issue.py), a kernel node a few hundredths

@@ -13,7 +13,8 @@ and poisoned outputs, and is compared bit for bit with the host executor; the de
 its last call, so the tests also check that the graph route was taken when it should be (and not when it should
 not). Interleaved on one world: eager graph-route calls, eager epoch-protocol calls (RS of 4 chunks) and
 user-captured graphs of TIDE calls. The switch off (a subprocess, since the parameter is read once) is exactly the
-epoch protocol. The test-only switches (docs/env.md) are flipped in subprocesses with NCCL_TIDE_TEST_SWITCHES=1.
+epoch protocol. The test-only switches (docs/env.md, "Test builds") are flipped in subprocesses with
+NCCL_TIDE_TEST_SWITCHES=1; those tests skip on a library that is no test build (-DTIDE_TEST_SWITCHES=ON).
 """
 
 import ctypes
@@ -25,6 +26,7 @@ import textwrap
 import nccl_tide
 import numpy as np
 import pytest
+from fixtures import NO_TEST_SWITCHES, has_test_switches
 from gpu_util import POISON, as_bits, bits_dtype, make_layouts, random_bytes, random_float, seeded
 from nccl_tide import _native as N
 from nccl_tide.errors import UnsupportedError
@@ -290,17 +292,7 @@ GRAPH_TESTS = AG_GRAPH_TESTS + RS_GRAPH_TESTS + [
     node("test_values_and_pointer_changes")]
 
 
-SIGNAL_KERNELS = N.param_value("NCCL_TIDE_SIGNAL_KERNELS") == "1"
-
-
-@pytest.mark.skipif(not route_on(), reason="NCCL_TIDE_EAGER_GRAPHS=0")
-def test_signal_kernels_other_setting_in_a_subprocess(torch_cuda, cuda_lib):
-    """RS_GRAPH_TESTS with NCCL_TIDE_SIGNAL_KERNELS flipped (this process runs every RS test with its own setting):
-    write-only flag batches in the RS graphs as memop nodes (0) or as signal kernels (1), bit-exact with the host
-    executor either way."""
-    other = "0" if SIGNAL_KERNELS else "1"
-    _in_a_subprocess(64, None, len(RS_GRAPH_TESTS), files=RS_GRAPH_TESTS, NCCL_TIDE_TEST_SWITCHES="1",
-                     NCCL_TIDE_SIGNAL_KERNELS=other)
+needs_test_switches = pytest.mark.skipif(not has_test_switches(), reason=NO_TEST_SWITCHES)
 
 
 def _flipped_in_a_subprocess(param, tests):
@@ -310,6 +302,16 @@ def _flipped_in_a_subprocess(param, tests):
     _in_a_subprocess(64, None, len(tests), files=tests, NCCL_TIDE_TEST_SWITCHES="1", **{param: other})
 
 
+@needs_test_switches
+@pytest.mark.skipif(not route_on(), reason="NCCL_TIDE_EAGER_GRAPHS=0")
+def test_signal_kernels_other_setting_in_a_subprocess(torch_cuda, cuda_lib):
+    """RS_GRAPH_TESTS with NCCL_TIDE_SIGNAL_KERNELS flipped (this process runs every RS test with its own setting):
+    write-only flag batches in the RS graphs as memop nodes (0) or as signal kernels (1), bit-exact with the host
+    executor either way."""
+    _flipped_in_a_subprocess("NCCL_TIDE_SIGNAL_KERNELS", RS_GRAPH_TESTS)
+
+
+@needs_test_switches
 @pytest.mark.skipif(not route_on(), reason="NCCL_TIDE_EAGER_GRAPHS=0")
 def test_merge_flag_batches_other_setting_in_a_subprocess(torch_cuda, cuda_lib):
     """GRAPH_TESTS with NCCL_TIDE_MERGE_FLAG_BATCHES flipped: adjacent flag batches in a graph as one memop node (1)
@@ -317,6 +319,7 @@ def test_merge_flag_batches_other_setting_in_a_subprocess(torch_cuda, cuda_lib):
     _flipped_in_a_subprocess("NCCL_TIDE_MERGE_FLAG_BATCHES", GRAPH_TESTS)
 
 
+@needs_test_switches
 @pytest.mark.skipif(not route_on(), reason="NCCL_TIDE_EAGER_GRAPHS=0")
 def test_pair_tokens_other_setting_in_a_subprocess(torch_cuda, cuda_lib):
     """GRAPH_TESTS with NCCL_TIDE_PAIR_TOKENS flipped: the tokens waited for (and the barrier tokens reset) two words
@@ -324,6 +327,7 @@ def test_pair_tokens_other_setting_in_a_subprocess(torch_cuda, cuda_lib):
     _flipped_in_a_subprocess("NCCL_TIDE_PAIR_TOKENS", GRAPH_TESTS)
 
 
+@needs_test_switches
 @pytest.mark.skipif(not route_on(), reason="NCCL_TIDE_EAGER_GRAPHS=0")
 def test_ag_signal_kernels_other_setting_in_a_subprocess(torch_cuda, cuda_lib):
     """AG_GRAPH_TESTS with NCCL_TIDE_AG_SIGNAL_KERNELS flipped: the all-gather's write-only flag batches (announce,

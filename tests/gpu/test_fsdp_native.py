@@ -155,9 +155,10 @@ def worker(port: int, out_path: str, mode: str) -> None:
             return {"losses": losses, "grads": grads, "params": params, "param_dtype_in_forward": seen.get("dtype")}
 
         def run(executor, raf=True, accum=1, after_disable=False, slot_pool=3, binder=None, slot_trim=False):
-            from nccl_tide.fsdp import _pool_plan, _slot_binders
+            from forced_binder import force_binder
+            from nccl_tide.fsdp import _pool_plan
 
-            _slot_binders.force_binder(binder)
+            force_binder(binder)
             _pool_plan.POOL_SMALL_GROUPS = slot_pool == 2  # the pool cases (tiny groups)
             model = build(raf)
             with warnings.catch_warnings(record=True) as caught:

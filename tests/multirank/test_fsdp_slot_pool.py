@@ -70,11 +70,10 @@ def _build(opts):
 
 def _native(opts, rank, k, counter):
     import nccl_tide.fsdp as tfsdp
-
-    from nccl_tide.fsdp import _slot_binders
+    from forced_binder import force_binder
 
     comms = _use_sim_native()
-    _slot_binders.force_binder(opts.get("bind"))  # None: the default (alloc, emulated on CPU)
+    force_binder(opts.get("bind"))  # None: the library's choice (alloc, emulated on CPU)
     model = _build(opts)
     counter.take()
     os.environ["NCCL_TIDE_FSDP_CAST_IN_PLACE"] = opts.get("cast", "1")  # read by enable()
@@ -94,7 +93,7 @@ def _native(opts, rank, k, counter):
         "ag_in_place": comm.ag_in_place,  # shards the AG found in their own slot position
         "ag_params": sum(g["ag_calls"] * g["n_params"] for g in out["stats"]["tide_groups"]),
     }
-    _slot_binders.force_binder(None)
+    force_binder(None)
     tfsdp.disable(model)
     sim.update(live_after_disable=comm.live_slots, freed_empty=comm.freed_empty)
     more = _run_accum(model, rank, 1, 1)  # stock FSDP2 again after disable()

@@ -859,7 +859,8 @@ void prepare(World& w, const std::vector<std::unique_ptr<Layout>>& layouts, Mode
       checkTwoSided(P->rs[r], *layouts[r]);
     }
     if (rsTokens) checkWriteBatchesDistinct(P->rsT[r], r);
-    if (agTokens) checkWriteBatchesDistinct(P->agT[r], r);  // NCCL_TIDE_AG_SIGNAL_KERNELS may carry them as kernels
+    // A test build's NCCL_TIDE_AG_SIGNAL_KERNELS=1 carries the AG's write batches as kernels too.
+    if (agTokens) checkWriteBatchesDistinct(P->agT[r], r);
     checkPairs(P->agT[r]);
     checkPairs(P->rsT[r]);
     if (g_inPlaceMutant == InPlaceMutant::kMirror) {

@@ -1,6 +1,8 @@
 # Copyright The nccl-tide authors
 # SPDX-License-Identifier: Apache-2.0
-"""docs/env.md's table equals what the library's parameter registry describes."""
+"""docs/env.md's tables equal what the library's parameter registry describes: the main table in every build, and
+the table of "Test builds" too in a test build (-DTIDE_TEST_SWITCHES=ON), the only build that has the test-only
+switches."""
 
 import ctypes
 import os
@@ -8,7 +10,12 @@ import re
 import subprocess
 import sys
 
+import pytest
+from fixtures import NO_TEST_SWITCHES, has_test_switches
 from nccl_tide import _native as N
+
+TEST_SWITCHES = ("NCCL_TIDE_SIGNAL_KERNELS", "NCCL_TIDE_MERGE_FLAG_BATCHES", "NCCL_TIDE_PAIR_TOKENS",
+                 "NCCL_TIDE_AG_SIGNAL_KERNELS", "NCCL_TIDE_TEST_SWITCHES")
 
 
 def describe_all():
@@ -23,19 +30,27 @@ def describe_all():
     return rows
 
 
-def doc_rows(repo):
+def table_rows(text):
     rows = []
-    for line in (repo / "docs" / "env.md").read_text().splitlines():
+    for line in text.splitlines():
         cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
         if line.startswith("|") and cells and cells[0].startswith("NCCL_TIDE_"):
             rows.append(tuple(cells))
     return rows
 
 
+def doc_rows(repo):
+    """docs/env.md's parameter rows: (the main table's, the "Test builds" table's)."""
+    main, _, test_builds = (repo / "docs" / "env.md").read_text().partition("\n## Test builds\n")
+    return table_rows(main), table_rows(test_builds)
+
+
 def test_env_md_matches_registry(native, repo):
     described = describe_all()
     assert len(described) >= 3 and all(r[0].startswith("NCCL_TIDE_") for r in described)
-    docs = doc_rows(repo)
+    main, test_builds = doc_rows(repo)
+    assert sorted(r[0] for r in test_builds) == sorted(TEST_SWITCHES)
+    docs = main + test_builds if has_test_switches() else main
     # name | type | default | description, in registry order.
     assert [d[:4] for d in docs] == [(n, t, dflt, doc) for n, t, dflt, doc, _ in described]
 
@@ -72,12 +87,12 @@ def test_unparsable_env_value_is_an_error():
     assert re.fullmatch(r"\d+", got["NCCL_TIDE_RS_CHUNK_BYTES"][1])
 
 
-def _params_in_subprocess(native, env_extra):
-    """The effective values of the test-only switches, and TIDE's log lines, in a fresh process with env_extra."""
+def _params_in_subprocess(native, env_extra, names=TEST_SWITCHES):
+    """The effective values of the parameters `names` (the test-only switches), and TIDE's log lines, in a fresh
+    process with env_extra."""
     code = (
         "from nccl_tide import _native as N\n"
-        "for n in ('NCCL_TIDE_SIGNAL_KERNELS', 'NCCL_TIDE_MERGE_FLAG_BATCHES', 'NCCL_TIDE_PAIR_TOKENS',\n"
-        "          'NCCL_TIDE_AG_SIGNAL_KERNELS', 'NCCL_TIDE_TEST_SWITCHES'):\n"
+        f"for n in {tuple(names)!r}:\n"
         "    print(n, N.param_value(n))\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
@@ -89,6 +104,7 @@ def _params_in_subprocess(native, env_extra):
     return values, warns
 
 
+@pytest.mark.skipif(not has_test_switches(), reason=NO_TEST_SWITCHES)
 def test_test_only_switches_take_effect_only_behind_the_gate(native):
     flipped = {"NCCL_TIDE_SIGNAL_KERNELS": "0", "NCCL_TIDE_MERGE_FLAG_BATCHES": "0", "NCCL_TIDE_PAIR_TOKENS": "0",
                "NCCL_TIDE_AG_SIGNAL_KERNELS": "1"}
@@ -110,10 +126,23 @@ def test_test_only_switches_take_effect_only_behind_the_gate(native):
     assert warns == []
 
 
+@pytest.mark.skipif(has_test_switches(), reason="a test build has the test-only switches")
+def test_a_build_without_test_switches_has_none_of_them(native, rng):
+    """Not in the registry, and each one set is reported as no TIDE parameter (one WARN), like a misspelt name."""
+    described = [r[0] for r in describe_all()]
+    assert not set(TEST_SWITCHES) & set(described)
+    set_all = {n: str(rng.integers(2)) for n in TEST_SWITCHES}
+    values, warns = _params_in_subprocess(native, set_all, names=("NCCL_TIDE_EAGER_GRAPHS",))
+    assert values == {"NCCL_TIDE_EAGER_GRAPHS": "1"}
+    assert len(warns) == len(TEST_SWITCHES), warns
+    for name in TEST_SWITCHES:
+        assert sum(f"Params: {name} is not a TIDE parameter and is ignored" in w for w in warns) == 1, warns
+
+
 def test_a_removed_variable_is_reported_once_and_ignored(native):
-    values, warns = _params_in_subprocess(native, {"NCCL_TIDE_AG_BATCH": "0"})
-    assert values["NCCL_TIDE_TEST_SWITCHES"] == "0"
+    values, warns = _params_in_subprocess(native, {"NCCL_TIDE_AG_BATCH": "0"}, names=("NCCL_TIDE_EAGER_GRAPHS",))
+    assert values["NCCL_TIDE_EAGER_GRAPHS"] == "1"
     assert len(warns) == 1, warns
     assert "Params: NCCL_TIDE_AG_BATCH was removed and is ignored: copies use cudaMemcpyBatchAsync" in warns[0]
     described = [r[0] for r in describe_all()]
-    assert "NCCL_TIDE_AG_BATCH" not in described and "NCCL_TIDE_TEST_SWITCHES" in described
+    assert "NCCL_TIDE_AG_BATCH" not in described and "NCCL_TIDE_EAGER_GRAPHS" in described

@@ -77,10 +77,11 @@ def test_token_rs_of_more_chunks_than_buffers(model_exe):
 
 @pytest.mark.parametrize("chunks", ["2", "64"])
 def test_token_pairs(model_exe, chunks):
-    """Options::pairTokens (NCCL_TIDE_PAIR_TOKENS): the barrier tokens (AG ready and done, RS enter) waited for and
-    reset two words per operation, each pair run as one operation whose wait needs both words EQUAL to their values
-    (the GPU's 64-bit equality wait): every case bit-exact and hazard-free, no deadlock, no word ever seen past its
-    value when its pair's wait passes, and pairs actually run (without the option none do)."""
+    """Options::pairTokens (the library's default; a test build's NCCL_TIDE_PAIR_TOKENS=0 turns it off): the barrier
+    tokens (AG ready and done, RS enter) waited for and reset two words per operation, each pair run as one operation
+    whose wait needs both words EQUAL to their values (the GPU's 64-bit equality wait): every case bit-exact and
+    hazard-free, no deadlock, no word ever seen past its value when its pair's wait passes, and pairs actually run
+    (without the option none do)."""
     r = subprocess.run([str(model_exe), "--token-rs-chunks", chunks, "--pair-tokens", "4"], capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0 and "all cases passed" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]

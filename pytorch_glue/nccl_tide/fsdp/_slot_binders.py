@@ -8,31 +8,17 @@ the pool they serve).
 * _SwapBinder ("swap"): UntypedStorage._swap_data_ptr_ swaps the slot's memory in and out.
 * _TorchBinder ("torch"): the slots are torch memory (a trimming pool at shard world size 1).
 
-make_binder picks one for a device (force_binder overrides it for tests and benchmarks); alloc_request is the
-caching allocator's segment rule the alloc binder sizes slots to.
+make_binder picks one for a device; alloc_request is the caching allocator's segment rule the alloc binder sizes slots
+to.
 """
 
 import ctypes
-from typing import Optional
 
 import torch
 
 
 SWAP_SUPPORTED = hasattr(torch.UntypedStorage, "_swap_data_ptr_")
 MEMPOOL_SUPPORTED = hasattr(torch.cuda, "MemPool") and hasattr(torch._C, "_cuda_customAllocator")
-BINDERS = ("alloc", "swap", "torch")
-_forced: Optional[str] = None  # tests: force a binder (force_binder)
-
-
-def force_binder(name: Optional[str]) -> None:
-    """Tests and benchmarks: use binder `name` ('alloc', 'swap' or 'torch') for pools built from now on;
-    None: the default (torch for trimming pools at shard world size 1; else alloc where it works, else swap)."""
-    global _forced
-    if name is not None and name not in BINDERS:
-        raise ValueError(f"binder {name!r}: use one of {BINDERS} or None")
-    _forced = name
-
-
 # -- the caching allocator's segment rule (c10 CUDACachingAllocator: round_size, get_allocation_size)
 _MIN_BLOCK = 512
 _SMALL_SIZE = 1 << 20
@@ -371,18 +357,17 @@ class _CpuAllocBinder(_Binder):
 
 def make_binder(device: torch.device, torch_memory: bool = False) -> tuple:
     """(binder, "") for pools on `device`, or (None, why none works on this torch). `torch_memory`: the pool trims at
-    shard world size 1, where its slots are torch memory (_TorchBinder) unless another binder is forced."""
-    want = _forced
-    if want == "torch" or (want is None and torch_memory):
+    shard world size 1, where its slots are torch memory (_TorchBinder); else alloc where it works, else swap."""
+    if torch_memory:
         return _TorchBinder(device), ""
     if device.type == "cuda":
-        if want in (None, "alloc") and MEMPOOL_SUPPORTED:
+        if MEMPOOL_SUPPORTED:
             return _CudaAllocBinder(), ""
-        if want in (None, "swap") and SWAP_SUPPORTED:
+        if SWAP_SUPPORTED:
             return _SwapBinder(), ""
     elif SWAP_SUPPORTED:
-        return (_SwapBinder() if want == "swap" else _CpuAllocBinder()), ""
+        return _CpuAllocBinder(), ""
     return None, (
         f"torch {torch.__version__} on {device.type} has neither torch.cuda.MemPool with a custom allocator nor "
-        "UntypedStorage._swap_data_ptr_" + (f" (binder {want!r} forced)" if want else "")
+        "UntypedStorage._swap_data_ptr_"
     )

@@ -1,14 +1,16 @@
 # Copyright The nccl-tide authors
 # SPDX-License-Identifier: Apache-2.0
-"""Slot memory accounting: which slot bytes are resident, which of them torch's counters miss, and the peak meter
-of the benchmarks (MemoryMeter, read at every bind and unbind)."""
+"""Slot memory accounting over the process's live pools: the slot bytes resident now (resident_bytes; the part TIDE
+allocated: tide_resident_bytes), the part torch's counters miss now (outside_torch_bytes: the handle's
+stats()["slot_pool"]["outside_torch_bytes"], docs/fsdp.md), hooks told of every slot allocation and free
+(residency_hooks), and a peak meter of torch's allocations plus the slot bytes outside torch (MemoryMeter, read at
+every bind and unbind)."""
 
 import weakref
 from typing import List, Optional
 
 import torch
 
-# -- memory accounting for benchmarks: peak of torch's allocations plus slot memory outside torch
 _live_pools: "weakref.WeakSet" = weakref.WeakSet()  # every SlotPool not yet freed
 
 

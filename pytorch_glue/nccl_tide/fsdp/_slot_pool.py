@@ -75,8 +75,7 @@ import torch
 
 from ._slot_binders import _Binder, BindError
 from ._slot_memory import _live_pools, _resident_changed, _tick
-# The benchmarks (benchmarks/fsdp_step.py, the memory probe) and tools read the meter and pick binders through this module.
-from ._slot_binders import force_binder  # noqa: F401
+# The benchmarks (benchmarks/fsdp_step.py, the memory probe) and tools read the meter through this module.
 from ._slot_memory import outside_torch_bytes, resident_bytes, start_meter, stop_meter, tide_resident_bytes  # noqa: F401
 
 # The idle points a trimming pool may free its slots at, named by the phase of the release that opens the idle gap
