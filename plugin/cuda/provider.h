@@ -1,8 +1,7 @@
 // Copyright The nccl-tide authors
 // SPDX-License-Identifier: Apache-2.0
 // The provider of one rank of a comm: where the rank's memory for peers lives (slots, own RS staging, flags), how it
-// addresses the other ranks' copies, which InterNodeTransport carries what crosses a node boundary, and the checks a
-// provider makes around each call. tideComm holds one per rank (comm.h); the executors (ag_executor.cc,
+// addresses the other ranks' copies, and the checks a provider makes around each call. tideComm holds one per rank (comm.h); the executors (ag_executor.cc,
 // rs_executor.cc) and the program interpreter (program_exec.cc) see only this interface.
 //
 // Built: IpcProvider (one rank per process, CUDA IPC; ipc_provider.h), WindowProvider (one rank per process, NCCL
@@ -23,7 +22,6 @@
 #include <functional>
 
 #include "../core/program.h"
-#include "internode_transport.h"
 #include "tide.h"
 
 namespace tide {
@@ -67,8 +65,6 @@ class Provider {
   // device). Without peerMapsAllRanks, peers on other nodes have no address here: peerPtr fails and flags returns
   // nullptr for them (two-sided programs never address them).
   int nodeRanks() const { return nodeRanks_; }
-  // The transport of cross-node operations (internode_transport.h), chosen when the provider is created.
-  InterNodeTransport* transport() const { return transport_; }
 
   // --- Memory for peers ---
 
@@ -143,8 +139,7 @@ class Provider {
   virtual SharedQueues* sharedQueues() { return nullptr; }
 
  protected:
-  Provider(const char* name, Traits traits, InterNodeTransport* transport = peerMappedTransport())
-      : name_(name), traits_(traits), transport_(transport) {}
+  Provider(const char* name, Traits traits) : name_(name), traits_(traits) {}
   // While the provider is being created (its node split is known only after the ranks' exchange): the node size, and
   // whether ranks on other nodes are mapped too.
   void setNodes(int nodeRanks, bool peerMapsAllRanks) {
@@ -155,7 +150,6 @@ class Provider {
  private:
   const char* const name_;
   Traits traits_;
-  InterNodeTransport* const transport_;
   int nodeRanks_ = 0;
 };
 
