@@ -133,7 +133,7 @@ struct tideComm {
     std::shared_ptr<tide::cuda::ExecCache> exec;  // compiled programs and bound pointer sets of this layout
   };
   std::unordered_map<const void*, CacheEntry> layoutCache;
-  // Layout hashes every rank has agreed on (Provider::agreeOnLayout), keyed by hash rather than by handle, so
+  // Layout hashes every rank has agreed on (RankOrdering::agreeOnLayout), keyed by hash rather than by handle, so
   // a rank that recreates an identical layout object does not start an exchange its peers do not make.
   std::unordered_set<uint64_t> agreedLayouts;
 };
@@ -167,7 +167,7 @@ prog::Transport programTransport(const tideComm* comm);
 void commRelease(tideComm* comm);
 
 // Cached view of `layout` for this comm (validates nothing about the comm). The first use of a layout's hash agrees
-// on it across ranks (Provider::agreeOnLayout); while capturing (`capturing`), a layout that still needs an
+// on it across ranks (RankOrdering::agreeOnLayout); while capturing (`capturing`), a layout that still needs an
 // exchanging agreement is refused with tideUnsupported (the capture stays valid).
 // The cache entry is owned by the comm (valid until the next call on this comm).
 tideResult_t layoutEntry(tideComm* comm, tideLayout_t layout, bool capturing, tideComm::CacheEntry** out);

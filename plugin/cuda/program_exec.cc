@@ -56,7 +56,7 @@ bool captureWithRunsFallback(cudaStream_t s, const std::function<bool(cudaStream
 
 // A flag op of the program as one cuStreamBatchMemOp parameter array: every address through the provider, a token
 // pair as one 64-bit operation.
-MemOpBatch bindFlags(const prog::Program& p, const prog::Op& op, Provider* provider) {
+MemOpBatch bindFlags(const prog::Program& p, const prog::Op& op, RankOrdering* ordering) {
   MemOpBatch m;
   // The batch's trailing writes that a graph may carry as a signal kernel, as flag indices (prog::kernelTail)
   // and then as indices of params (a pair is one of them).
@@ -67,7 +67,7 @@ MemOpBatch bindFlags(const prog::Program& p, const prog::Op& op, Provider* provi
     if (f >= tail && m.kernelFrom == SIZE_MAX) m.kernelFrom = m.params.size();
     if (f >= tail && f < tail + ordered) m.kernelOrdered = m.params.size() + 1 - m.kernelFrom;
     const prog::FlagOp& x = p.flags[f];
-    uint32_t* a = provider->flags(x.owner) + x.word;
+    uint32_t* a = ordering->flags(x.owner) + x.word;
     // A token pair (compiled only where the comm's device has 64-bit memops): one operation for both words.
     const prog::FlagOp* y = x.pairNext && f + 1 < op.end ? &p.flags[f + 1] : nullptr;
     if (y != nullptr && y->kind == x.kind && y->owner == x.owner && y->word == x.word + 1 &&

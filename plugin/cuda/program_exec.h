@@ -77,8 +77,8 @@ class BoundProgram {
   // An eager call of a token (kCaptured) program: replays this binding's graph, or captures it first, or issues the
   // steps directly (prog::GraphAmortizer decides; a capture or launch failure falls back to direct issue, logged
   // once). Each is the same operations in the same order on `stream`, so the choice is this rank's alone.
-  // On a provider whose ranks share hardware queues (Provider::sharedQueues: loopback) the program is issued in its
-  // rounds (the steps' groups; docs/architecture.md "Issue rounds"): the announce (group -1) now, rounds 1 and 2
+  // On a provider whose ranks share hardware queues (RankOrdering::sharedQueues: loopback) the program is issued in
+  // its rounds (the steps' groups; docs/architecture.md "Issue rounds"): the announce (group -1) now, rounds 1 and 2
   // through scheduleSteps, round-major over the ranks once every rank has announced, each round that holds copies or
   // reduces from a graph of that round. Every wait is then enqueued after the writes it waits for, in whatever
   // queues the device puts them.
