@@ -61,6 +61,7 @@ tideResult_t commInit(tideComm* comm) {
   w.provider = comm->provider->name();
   char line[512];
   TIDE_CHECK(internode::choose(params::interNode(), w, &comm->interNode, line, sizeof(line)));
+  comm->transport = makeTransport(comm->interNode, comm->ncclLib, comm->ncclComm);
   TIDE_INFO("Cuda", "rank %d: %s", comm->rank, line);
   return tideSuccess;
 }

@@ -18,6 +18,7 @@
 
 #include "../core/internode.h"
 #include "../nccl/nccl_lib.h"
+#include "internode_transport.h"
 #include "peer_regions.h"
 #include "provider.h"
 #include "reduce_kernel.h"
@@ -59,10 +60,12 @@ struct tideComm {
   const tide::nccl::Lib* ncclLib = nullptr;
   tide::nccl::ncclComm_t ncclComm = nullptr;
   // What carries the steps between TIDE nodes, chosen once by commInit (plugin/core/internode.h): the programs of
-  // layouts of several nodes are compiled one-sided (peer-mapped) or two-sided (sendrecv) accordingly.
+  // layouts of several nodes are compiled one-sided (peer-mapped) or two-sided (sendrecv) accordingly, and their
+  // cross-node operations go through `transport` (internode_transport.h), made for that choice.
   tide::internode::Transport interNode = tide::internode::Transport::kPeerMapped;
-  // This rank's provider (provider.h), bound to `rank`: where its memory lives, its flags and transport, and the
-  // checks around each call (IPC: the rank's own; loopback: one view of the shared world).
+  std::unique_ptr<tide::cuda::InterNodeTransport> transport;
+  // This rank's provider (provider.h), bound to `rank`: where its memory lives, its flags, and the checks around each
+  // call (IPC: the rank's own; loopback: one view of the shared world).
   std::shared_ptr<tide::cuda::Provider> provider;
   // Application buffers the node's ranks already map to each other (peer_regions.h): slotRegion resolves them too.
   tide::cuda::PeerRegions peerRegions;
@@ -130,7 +133,7 @@ struct tideComm {
     std::shared_ptr<tide::cuda::ExecCache> exec;  // compiled programs and bound pointer sets of this layout
   };
   std::unordered_map<const void*, CacheEntry> layoutCache;
-  // Layout hashes every rank has agreed on (Provider::agreeOnLayout), keyed by hash rather than by handle, so
+  // Layout hashes every rank has agreed on (RankOrdering::agreeOnLayout), keyed by hash rather than by handle, so
   // a rank that recreates an identical layout object does not start an exchange its peers do not make.
   std::unordered_set<uint64_t> agreedLayouts;
 };
@@ -149,8 +152,9 @@ tideResult_t checkComm(tideComm_t handle, const char* fn, CommRef* out);
 tideResult_t checkOpen(const tideComm* comm, tideComm_t handle, const char* fn);
 
 // Creates the comm's internal stream and events (on the provider's device), reads the comm's parameters and chooses
-// its inter-node transport (one INFO line saying which and why; tideUnsupported if NCCL_TIDE_INTERNODE asks for one
-// this comm cannot have). The provider, and for a comm on an NCCL communicator ncclLib / ncclComm, are set before.
+// and makes its inter-node transport (one INFO line saying which and why; tideUnsupported if NCCL_TIDE_INTERNODE asks
+// for one this comm cannot have). The provider, and for a comm on an NCCL communicator ncclLib / ncclComm, are set
+// before.
 tideResult_t commInit(tideComm* comm);
 
 // Whether this rank addresses rank `peer`'s memory and flags (the provider maps every rank, or peer is on its node).
@@ -163,7 +167,7 @@ prog::Transport programTransport(const tideComm* comm);
 void commRelease(tideComm* comm);
 
 // Cached view of `layout` for this comm (validates nothing about the comm). The first use of a layout's hash agrees
-// on it across ranks (Provider::agreeOnLayout); while capturing (`capturing`), a layout that still needs an
+// on it across ranks (RankOrdering::agreeOnLayout); while capturing (`capturing`), a layout that still needs an
 // exchanging agreement is refused with tideUnsupported (the capture stays valid).
 // The cache entry is owned by the comm (valid until the next call on this comm).
 tideResult_t layoutEntry(tideComm* comm, tideLayout_t layout, bool capturing, tideComm::CacheEntry** out);

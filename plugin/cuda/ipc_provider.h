@@ -42,13 +42,15 @@ class IpcProvider final : public Provider {
                              ExchangeFn exchange, std::shared_ptr<IpcProvider>* out, WorkLeftFn workLeft = nullptr);
   ~IpcProvider() override;
 
-  // Memory for peers.
+  // PeerMemory (peer_memory.h).
   uint64_t memoryGeneration() const override { return memGeneration_.load(std::memory_order_relaxed); }
   tideResult_t slotAlloc(size_t bytes, void** ptr) override;
   tideResult_t slotFree(void* ptr) override;
   tideResult_t peerPtr(const void* local, size_t bytes, int peer, const char* what, void** out) override;
   tideResult_t ownStaging(int owner, uint64_t bytes, uint64_t epoch, void** out) override;
   const void* zeros(size_t* bytes) override;
+
+  // RankOrdering (rank_ordering.h).
   uint32_t* flags(int owner) override;
 
   // Collective: every rank learns every rank's layout hash; tideMismatch on every rank (naming the ranks and hashes)

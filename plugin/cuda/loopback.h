@@ -46,7 +46,7 @@ class LoopbackWorld {
   static tideResult_t create(int nRanks, int device, std::vector<std::shared_ptr<LoopbackRank>>* ranks);
   ~LoopbackWorld();
 
-  // One counter for the world (Provider::memoryGeneration): a slot of any virtual rank changes what the others'
+  // One counter for the world (PeerMemory::memoryGeneration): a slot of any virtual rank changes what the others'
   // peerPtr resolves. slotAlloc and slotFree bump it on entry.
   uint64_t memoryGeneration() const { return memGeneration_.load(std::memory_order_relaxed); }
   tideResult_t slotAlloc(int rank, size_t bytes, void** ptr);
@@ -152,6 +152,7 @@ class LoopbackRank final : public Provider, public SharedQueues {
   // programs (and through them its destroyed comm), so the world drops it and becomes unusable.
   ~LoopbackRank() override { world_->rankDestroyed(rank_); }
 
+  // PeerMemory (peer_memory.h).
   uint64_t memoryGeneration() const override { return world_->memoryGeneration(); }
   tideResult_t slotAlloc(size_t bytes, void** ptr) override { return world_->slotAlloc(rank_, bytes, ptr); }
   tideResult_t slotFree(void* ptr) override { return world_->slotFree(rank_, ptr); }
@@ -162,6 +163,8 @@ class LoopbackRank final : public Provider, public SharedQueues {
     return world_->ownStaging(rank_, owner, bytes, epoch, out);
   }
   const void* zeros(size_t* bytes) override { return world_->zeros(bytes); }
+
+  // RankOrdering (rank_ordering.h).
   uint32_t* flags(int owner) override { return world_->flags(owner); }
   // One process, one layout object per rank, ranks submitting one after another: nothing to compare, and no point
   // at which the ranks could wait for each other.
@@ -172,6 +175,7 @@ class LoopbackRank final : public Provider, public SharedQueues {
   bool abort(uint64_t boundMs) override { return world_->abort(rank_, boundMs); }
   SharedQueues* sharedQueues() override { return this; }
 
+  // SharedQueues (shared_queues.h).
   tideResult_t scheduleSteps(CollKind kind, uint64_t epoch, int numSteps, IssueFn issue) override {
     return world_->scheduleSteps(rank_, kind, epoch, numSteps, std::move(issue));
   }

@@ -10,9 +10,7 @@
 #include "../core/layout.h"
 #include "../core/log.h"
 #include "../core/params.h"
-#include "../nccl/p2p_group.h"
 #include "graph_replay.h"
-#include "internode_transport.h"
 #include "signal_kernel.h"
 
 namespace tide {
@@ -58,7 +56,7 @@ bool captureWithRunsFallback(cudaStream_t s, const std::function<bool(cudaStream
 
 // A flag op of the program as one cuStreamBatchMemOp parameter array: every address through the provider, a token
 // pair as one 64-bit operation.
-MemOpBatch bindFlags(const prog::Program& p, const prog::Op& op, Provider* provider) {
+MemOpBatch bindFlags(const prog::Program& p, const prog::Op& op, RankOrdering* ordering) {
   MemOpBatch m;
   // The batch's trailing writes that a graph may carry as a signal kernel, as flag indices (prog::kernelTail)
   // and then as indices of params (a pair is one of them).
@@ -69,7 +67,7 @@ MemOpBatch bindFlags(const prog::Program& p, const prog::Op& op, Provider* provi
     if (f >= tail && m.kernelFrom == SIZE_MAX) m.kernelFrom = m.params.size();
     if (f >= tail && f < tail + ordered) m.kernelOrdered = m.params.size() + 1 - m.kernelFrom;
     const prog::FlagOp& x = p.flags[f];
-    uint32_t* a = provider->flags(x.owner) + x.word;
+    uint32_t* a = ordering->flags(x.owner) + x.word;
     // A token pair (compiled only where the comm's device has 64-bit memops): one operation for both words.
     const prog::FlagOp* y = x.pairNext && f + 1 < op.end ? &p.flags[f + 1] : nullptr;
     if (y != nullptr && y->kind == x.kind && y->owner == x.owner && y->word == x.word + 1 &&
@@ -290,7 +288,7 @@ tideResult_t BoundProgram::issueStep(const StepItems& s, const CallValues& v, cu
         MemOpBatch& m = memops_[it.index];
         m.patch(v.epoch, v.task);
         if (it.peer >= 0) {
-          TIDE_CHECK(comm->provider->transport()->flags(stream, it.peer, m));
+          TIDE_CHECK(comm->transport->flags(stream, it.peer, m));
           break;
         }
         if (hold) {  // one memop node with the batches next to it (its ops run in order, as theirs did)
@@ -308,7 +306,7 @@ tideResult_t BoundProgram::issueStep(const StepItems& s, const CallValues& v, cu
       }
       case prog::Op::kCopies:
         if (it.peer >= 0) {
-          TIDE_CHECK(comm->provider->transport()->put(stream, it.peer, copies_[it.index], v.batchApi, comm->device));
+          TIDE_CHECK(comm->transport->put(stream, it.peer, copies_[it.index], v.batchApi, comm->device));
         } else {
           TIDE_CHECK(enqueueCopyBatch(stream, comm->device, copies_[it.index], v.batchApi));
         }
@@ -342,7 +340,7 @@ tideResult_t BoundProgram::issueStep(const StepItems& s, const CallValues& v, cu
       }
       case prog::Op::kP2p: {  // one NCCL group on the lane: what follows on it runs once the group has completed
         const std::vector<nccl::P2pCall>& calls = p2p_[it.index];
-        TIDE_CHECK(nccl::issueGroup(*comm->ncclLib, comm->ncclComm, stream, calls.data(), calls.size()));
+        TIDE_CHECK(comm->transport->sendRecv(stream, calls.data(), calls.size()));
         break;
       }
     }

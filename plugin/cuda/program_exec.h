@@ -7,10 +7,11 @@
 // one ReduceArgs per reduce. A bound program is kept (per layout, per pointer set) and reused while the pointers stay
 // the same; a call only patches the flag values (epoch, RS task base) and the reduce's op/type/scale, then issues.
 // Issue: every step at call time in program order (kInOrder, kCaptured), or the call-time steps now and the issue
-// groups through the provider's SharedQueues::scheduleSteps (kDeferred). Cross-node operations go through the
-// provider's InterNodeTransport; a two-sided program's p2p groups (prog::Op::kP2p: the comm's sendrecv transport)
-// through the comm's NCCL communicator (plugin/nccl/p2p_group.h), in program order at the call (kInOrder only). Eager calls on the token route (issueTokens) replay a CUDA graph of the bound program
-// (graph_replay.h) once the same binding and call values repeat; docs/architecture.md "Eager calls as graph replays".
+// groups through the provider's SharedQueues::scheduleSteps (kDeferred). Every operation that crosses a node boundary
+// goes through the comm's InterNodeTransport (internode_transport.h): a one-sided program's puts and flag batches, a
+// two-sided program's p2p groups (prog::Op::kP2p; in program order at the call, kInOrder only). Eager calls on the
+// token route (issueTokens) replay a CUDA graph of the bound program (graph_replay.h) once the same binding and call
+// values repeat; docs/architecture.md "Eager calls as graph replays".
 #ifndef TIDE_CUDA_PROGRAM_EXEC_H_
 #define TIDE_CUDA_PROGRAM_EXEC_H_
 
@@ -76,8 +77,8 @@ class BoundProgram {
   // An eager call of a token (kCaptured) program: replays this binding's graph, or captures it first, or issues the
   // steps directly (prog::GraphAmortizer decides; a capture or launch failure falls back to direct issue, logged
   // once). Each is the same operations in the same order on `stream`, so the choice is this rank's alone.
-  // On a provider whose ranks share hardware queues (Provider::sharedQueues: loopback) the program is issued in its
-  // rounds (the steps' groups; docs/architecture.md "Issue rounds"): the announce (group -1) now, rounds 1 and 2
+  // On a provider whose ranks share hardware queues (RankOrdering::sharedQueues: loopback) the program is issued in
+  // its rounds (the steps' groups; docs/architecture.md "Issue rounds"): the announce (group -1) now, rounds 1 and 2
   // through scheduleSteps, round-major over the ranks once every rank has announced, each round that holds copies or
   // reduces from a graph of that round. Every wait is then enqueued after the writes it waits for, in whatever
   // queues the device puts them.

@@ -66,7 +66,7 @@ class RankExchange {
   // Waits for this device's queued work, bounded by NCCL_TIDE_TIMEOUT_MS (unbounded when 0): tideTimeout (the device
   // counts as stuck) if it is still running then (a peer never signalled); `what` names the caller.
   tideResult_t syncDevice(const char* what);
-  // Provider::agreeOnLayout: every rank learns every rank's layout hash and settings; tideMismatch on every rank
+  // RankOrdering::agreeOnLayout: every rank learns every rank's layout hash and settings; tideMismatch on every rank
   // (naming the ranks and hashes) if they differ.
   tideResult_t agreeOnLayout(uint64_t layoutHash, bool eagerGraphs, int tokenRsChunks);
   // The health check before an eager AG/RS, if one is set.

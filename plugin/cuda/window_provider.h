@@ -43,12 +43,15 @@ class WindowProvider final : public Provider {
                              std::shared_ptr<WindowProvider>* out, std::string* unavailable);
   ~WindowProvider() override;
 
+  // PeerMemory (peer_memory.h).
   uint64_t memoryGeneration() const override { return memGeneration_.load(std::memory_order_relaxed); }
   tideResult_t slotAlloc(size_t bytes, void** ptr) override;
   tideResult_t slotFree(void* ptr) override;
   tideResult_t peerPtr(const void* local, size_t bytes, int peer, const char* what, void** out) override;
   tideResult_t ownStaging(int owner, uint64_t bytes, uint64_t epoch, void** out) override;
   const void* zeros(size_t* bytes) override;
+
+  // RankOrdering (rank_ordering.h).
   uint32_t* flags(int owner) override;
   tideResult_t agreeOnLayout(uint64_t layoutHash, bool eagerGraphs, int tokenRsChunks) override;
   // The parent NCCL communicator's health (setHealthCheck), as for IPC.

@@ -1,8 +1,8 @@
 // Copyright The nccl-tide authors
 // SPDX-License-Identifier: Apache-2.0
-// A rank's device buffer of zeros (Provider::zeros): copy engines read it to fill padding, a longer padding run with
-// several copies of it. Local memory, never shared with peers. Nothing frees it by itself: its provider releases it
-// only when no queued work can still read it (a cudaFree would wait behind stuck work, which leaves it to process
+// A rank's device buffer of zeros (PeerMemory::zeros): copy engines read it to fill padding, a longer padding run
+// with several copies of it. Local memory, never shared with peers. Nothing frees it by itself: its provider releases
+// it only when no queued work can still read it (a cudaFree would wait behind stuck work, which leaves it to process
 // exit).
 #ifndef TIDE_CUDA_ZERO_BUFFER_H_
 #define TIDE_CUDA_ZERO_BUFFER_H_

@@ -1,9 +1,10 @@
 // Copyright The nccl-tide authors
 // SPDX-License-Identifier: Apache-2.0
-// One p2p group of a two-sided step program (prog::Op::kP2p, plugin/core/p2p_plan.h) through the process's NCCL:
-// ncclGroupStart, each transfer as ncclSend / ncclRecv of bytes (ncclUint8) on `stream` in the group's order,
-// ncclGroupEnd. NCCL matches a pair's sends and receives in this issue order, which is the program order the CPU
-// model (tests/native/nccl_p2p_model.h) checks. Host-only: pointers are opaque here.
+// One p2p group of a two-sided step program (prog::Op::kP2p, plugin/core/p2p_plan.h; issued by the sendrecv
+// transport, plugin/cuda/internode_transport.h) through the process's NCCL: ncclGroupStart, each transfer as
+// ncclSend / ncclRecv of bytes (ncclUint8) on `stream` in the group's order, ncclGroupEnd. NCCL matches a pair's
+// sends and receives in this issue order, which is the program order the CPU model (tests/native/nccl_p2p_model.h)
+// checks. Host-only: pointers are opaque here.
 #ifndef TIDE_NCCL_P2P_GROUP_H_
 #define TIDE_NCCL_P2P_GROUP_H_
 

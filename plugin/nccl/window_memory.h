@@ -91,7 +91,7 @@ class WindowMemory {
   tideResult_t slotAlloc(size_t bytes, void** ptr);
   // Collective: quiesce, then release the slot.
   tideResult_t slotFree(void* ptr, const Quiesce& quiesce);
-  // Peer `peer`'s address of [local, local + bytes) of one of this rank's slots (Provider::peerPtr's contract).
+  // Peer `peer`'s address of [local, local + bytes) of one of this rank's slots (PeerMemory::peerPtr's contract).
   tideResult_t peerPtr(const void* local, size_t bytes, int peer, const char* what, void** out) const;
   // Own RS staging of `owner` of at least `bytes`: grows collectively (a new buffer; older ones stay for work
   // already enqueued). *grown tells whether it did.
