@@ -20,6 +20,7 @@
 #include "reduce_fold.cuh"
 #include "reduce_kernel.h"
 #include "reduce_staged.h"
+#include "reduce_types.h"
 
 namespace tide {
 namespace cuda {
@@ -141,16 +142,16 @@ decltype(&reduceVecKernel<InT, OutT, kPrev, kOpSum, false>) vecKernelFor(const O
   return nSrc > kPrefetch ? vecKernelOp<InT, OutT, kPrev, true>(op) : vecKernelOp<InT, OutT, kPrev, false>(op);
 }
 
+// The register kernel's launches over the chunk (none when the staged kernel takes its vectors: launchReduce), then
+// the n % 8 tail of the 16-byte path.
 template <typename InT, typename OutT, bool kPrev>
-tideResult_t launchShape(const ReduceArgs& a, const ReduceShape& sh, cudaStream_t stream) {
-  Op op{a.op == tidePremulSum, a.op == tideAvg, a.scale, a.divisor};
-  const char* s = static_cast<const char*>(a.staging);
-  OutT* out = static_cast<OutT*>(a.out);
-  const uint64_t units = sh.vector ? a.n / kVec : a.n;
-  if (sh.staged) {
-    TIDE_CHECK(launchStaged(a, sh, stream));
-  } else {
-    for (int l = 0; l < sh.launches; ++l) {
+struct RegisterLaunch {
+  static tideResult_t run(const ReduceArgs& a, const ReduceShape& sh, cudaStream_t stream) {
+    Op op{a.op == tidePremulSum, a.op == tideAvg, a.scale, a.divisor};
+    const char* s = static_cast<const char*>(a.staging);
+    OutT* out = static_cast<OutT*>(a.out);
+    const uint64_t units = sh.vector ? a.n / kVec : a.n;
+    for (int l = 0; !sh.staged && l < sh.launches; ++l) {
       const uint64_t base = static_cast<uint64_t>(l) * static_cast<uint64_t>(sh.ctas) * sh.perCta;
       if (sh.vector) {
         vecKernelFor<InT, OutT, kPrev>(op, a.nSrc)<<<sh.ctas, kThreads, 0, stream>>>(
@@ -161,62 +162,36 @@ tideResult_t launchShape(const ReduceArgs& a, const ReduceShape& sh, cudaStream_
       }
       TIDE_CUDA_CHECK(cudaGetLastError());
     }
-  }
-  if (sh.vector && units * kVec < a.n) {
-    // The n % 8 tail (fewer than 8 elements): one CTA of the scalar kernel.
-    reduceScalarKernel<InT, OutT, kPrev><<<1, kThreads, 0, stream>>>(s, a.srcStride, a.nSrc, a.n, a.prev, out, op,
-                                                                     units * kVec, kVec);
-    TIDE_CUDA_CHECK(cudaGetLastError());
-  }
-  return tideSuccess;
-}
-
-template <typename InT, typename OutT>
-tideResult_t launchTyped(const ReduceArgs& a, const ReduceShape& sh, cudaStream_t stream) {
-  return a.prev != nullptr ? launchShape<InT, OutT, true>(a, sh, stream) : launchShape<InT, OutT, false>(a, sh, stream);
-}
-
-template <typename InT>
-tideResult_t launchIn(const ReduceArgs& a, const ReduceShape& sh, cudaStream_t stream) {
-  switch (a.outType) {
-    case tideFloat32:
-      return launchTyped<InT, float>(a, sh, stream);
-    case tideBfloat16:
-      return launchTyped<InT, Bf16>(a, sh, stream);
-    case tideFloat16:
-      return launchTyped<InT, Fp16>(a, sh, stream);
-    default:
-      return fail(tideInvalidArgument, "Cuda", "reduce: unsupported output type %d", static_cast<int>(a.outType));
-  }
-}
-
-template <typename InT, typename OutT>
-tideResult_t preloadPair() {
-  cudaFuncAttributes attr;
-  for (const Op& op : {Op{false, false, 1.0f, 1.0f}, Op{true, false, 1.0f, 1.0f}, Op{false, true, 1.0f, 1.0f}}) {
-    for (int nSrc : {kPrefetch, kPrefetch + 1}) {
-      TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, vecKernelFor<InT, OutT, false>(op, nSrc)));
-      TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, vecKernelFor<InT, OutT, true>(op, nSrc)));
+    if (sh.vector && units * kVec < a.n) {
+      // The n % 8 tail (fewer than 8 elements): one CTA of the scalar kernel.
+      reduceScalarKernel<InT, OutT, kPrev><<<1, kThreads, 0, stream>>>(s, a.srcStride, a.nSrc, a.n, a.prev, out, op,
+                                                                       units * kVec, kVec);
+      TIDE_CUDA_CHECK(cudaGetLastError());
     }
+    return tideSuccess;
   }
-  TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, reduceScalarKernel<InT, OutT, false>));
-  TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, reduceScalarKernel<InT, OutT, true>));
-  return tideSuccess;
-}
+};
 
-template <typename InT>
-tideResult_t preloadIn() {
-  TIDE_CHECK((preloadPair<InT, float>()));
-  TIDE_CHECK((preloadPair<InT, Bf16>()));
-  return preloadPair<InT, Fp16>();
-}
+template <typename InT, typename OutT>
+struct PreloadRegister {
+  static tideResult_t run() {
+    cudaFuncAttributes attr;
+    for (const Op& op : {Op{false, false, 1.0f, 1.0f}, Op{true, false, 1.0f, 1.0f}, Op{false, true, 1.0f, 1.0f}}) {
+      for (int nSrc : {kPrefetch, kPrefetch + 1}) {
+        TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, vecKernelFor<InT, OutT, false>(op, nSrc)));
+        TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, vecKernelFor<InT, OutT, true>(op, nSrc)));
+      }
+    }
+    TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, reduceScalarKernel<InT, OutT, false>));
+    TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, reduceScalarKernel<InT, OutT, true>));
+    return tideSuccess;
+  }
+};
 
 }  // namespace
 
 tideResult_t preloadReduceKernels() {
-  TIDE_CHECK(preloadIn<float>());
-  TIDE_CHECK(preloadIn<Bf16>());
-  TIDE_CHECK(preloadIn<Fp16>());
+  TIDE_CHECK(forEveryTypePair<PreloadRegister>());
   return preloadStagedKernels();
 }
 
@@ -324,16 +299,8 @@ tideResult_t launchReduce(const ReduceArgs& a, cudaStream_t stream, const Reduce
                 typeSize(a.outType));
   }
   const ReduceShape sh = reduceShape(a, maxCtas, ctaBytes, pace, kernel);
-  switch (a.inType) {
-    case tideFloat32:
-      return launchIn<float>(a, sh, stream);
-    case tideBfloat16:
-      return launchIn<Bf16>(a, sh, stream);
-    case tideFloat16:
-      return launchIn<Fp16>(a, sh, stream);
-    default:
-      return fail(tideInvalidArgument, "Cuda", "reduce: unsupported input type %d", static_cast<int>(a.inType));
-  }
+  if (sh.staged) TIDE_CHECK(launchStaged(a, sh, stream));
+  return launchForTypes<RegisterLaunch>(a, sh, stream);
 }
 
 }  // namespace cuda

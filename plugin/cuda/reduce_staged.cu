@@ -32,6 +32,7 @@
 #include "cuda_check.h"
 #include "reduce_fold.cuh"
 #include "reduce_staged.h"
+#include "reduce_types.h"
 
 namespace tide {
 namespace cuda {
@@ -297,60 +298,38 @@ decltype(&reduceStagedKernel<InT, OutT, kPrev, kOpSum>) stagedKernelFor(const Op
 }
 
 template <typename InT, typename OutT, bool kPrev>
-tideResult_t launchTyped(const ReduceArgs& a, const ReduceShape& sh, cudaStream_t stream) {
-  const Op op{a.op == tidePremulSum, a.op == tideAvg, a.scale, a.divisor};
-  const auto kernel = stagedKernelFor<InT, OutT, kPrev>(op);
-  const uint32_t smem = kStages * stageBytesFor(a.nSrc, sizeof(Raw8<InT>), sh.tileVectors, kPrev);
-  const char* s = static_cast<const char*>(a.staging);
-  OutT* out = static_cast<OutT*>(a.out);
-  const uint64_t nVec = a.n / kVec;
-  for (int l = 0; l < sh.launches; ++l) {
-    const uint64_t base = static_cast<uint64_t>(l) * static_cast<uint64_t>(sh.ctas) * sh.perCta;
-    kernel<<<sh.ctas, kStagedThreads, smem, stream>>>(s, a.srcStride, a.nSrc, nVec, a.prev, out, op, base, sh.perCta,
-                                                      sh.tileVectors);
-    TIDE_CUDA_CHECK(cudaGetLastError());
-  }
-  return tideSuccess;
-}
-
-template <typename InT, typename OutT>
-tideResult_t launchOut(const ReduceArgs& a, const ReduceShape& sh, cudaStream_t stream) {
-  return a.prev != nullptr ? launchTyped<InT, OutT, true>(a, sh, stream) : launchTyped<InT, OutT, false>(a, sh, stream);
-}
-
-template <typename InT>
-tideResult_t launchIn(const ReduceArgs& a, const ReduceShape& sh, cudaStream_t stream) {
-  switch (a.outType) {
-    case tideFloat32:
-      return launchOut<InT, float>(a, sh, stream);
-    case tideBfloat16:
-      return launchOut<InT, Bf16>(a, sh, stream);
-    case tideFloat16:
-      return launchOut<InT, Fp16>(a, sh, stream);
-    default:
-      return fail(tideInvalidArgument, "Cuda", "reduce: unsupported output type %d", static_cast<int>(a.outType));
-  }
-}
-
-template <typename InT, typename OutT>
-tideResult_t preloadPair() {
-  cudaFuncAttributes attr;
-  for (const Op& op : {Op{false, false, 1.0f, 1.0f}, Op{true, false, 1.0f, 1.0f}, Op{false, true, 1.0f, 1.0f}}) {
-    for (const auto kernel : {stagedKernelFor<InT, OutT, false>(op), stagedKernelFor<InT, OutT, true>(op)}) {
-      TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-      TIDE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(kRingBytes)));
+struct StagedLaunch {
+  static tideResult_t run(const ReduceArgs& a, const ReduceShape& sh, cudaStream_t stream) {
+    const Op op{a.op == tidePremulSum, a.op == tideAvg, a.scale, a.divisor};
+    const auto kernel = stagedKernelFor<InT, OutT, kPrev>(op);
+    const uint32_t smem = kStages * stageBytesFor(a.nSrc, sizeof(Raw8<InT>), sh.tileVectors, kPrev);
+    const char* s = static_cast<const char*>(a.staging);
+    OutT* out = static_cast<OutT*>(a.out);
+    const uint64_t nVec = a.n / kVec;
+    for (int l = 0; l < sh.launches; ++l) {
+      const uint64_t base = static_cast<uint64_t>(l) * static_cast<uint64_t>(sh.ctas) * sh.perCta;
+      kernel<<<sh.ctas, kStagedThreads, smem, stream>>>(s, a.srcStride, a.nSrc, nVec, a.prev, out, op, base,
+                                                        sh.perCta, sh.tileVectors);
+      TIDE_CUDA_CHECK(cudaGetLastError());
     }
+    return tideSuccess;
   }
-  return tideSuccess;
-}
+};
 
-template <typename InT>
-tideResult_t preloadIn() {
-  TIDE_CHECK((preloadPair<InT, float>()));
-  TIDE_CHECK((preloadPair<InT, Bf16>()));
-  return preloadPair<InT, Fp16>();
-}
+template <typename InT, typename OutT>
+struct PreloadStaged {
+  static tideResult_t run() {
+    cudaFuncAttributes attr;
+    for (const Op& op : {Op{false, false, 1.0f, 1.0f}, Op{true, false, 1.0f, 1.0f}, Op{false, true, 1.0f, 1.0f}}) {
+      for (const auto kernel : {stagedKernelFor<InT, OutT, false>(op), stagedKernelFor<InT, OutT, true>(op)}) {
+        TIDE_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+        TIDE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(kRingBytes)));
+      }
+    }
+    return tideSuccess;
+  }
+};
 
 }  // namespace
 
@@ -364,23 +343,10 @@ uint32_t stagedTileVectors(const ReduceArgs& a) {
 }
 
 tideResult_t launchStaged(const ReduceArgs& a, const ReduceShape& sh, cudaStream_t stream) {
-  switch (a.inType) {
-    case tideFloat32:
-      return launchIn<float>(a, sh, stream);
-    case tideBfloat16:
-      return launchIn<Bf16>(a, sh, stream);
-    case tideFloat16:
-      return launchIn<Fp16>(a, sh, stream);
-    default:
-      return fail(tideInvalidArgument, "Cuda", "reduce: unsupported input type %d", static_cast<int>(a.inType));
-  }
+  return launchForTypes<StagedLaunch>(a, sh, stream);
 }
 
-tideResult_t preloadStagedKernels() {
-  TIDE_CHECK(preloadIn<float>());
-  TIDE_CHECK(preloadIn<Bf16>());
-  return preloadIn<Fp16>();
-}
+tideResult_t preloadStagedKernels() { return forEveryTypePair<PreloadStaged>(); }
 
 }  // namespace cuda
 }  // namespace tide
