@@ -32,6 +32,18 @@ def repo_files(repo=REPO) -> list:
     return sorted(n for n in names if (repo / n).is_file())
 
 
+def build_native_test(out: Path, sources, repo: Path = REPO) -> Path:
+    """Compiles a host-only test program of tests/native with the library's sources into `out` (C++17, -Wall -Werror,
+    the library's include paths); the calling test fails with the compiler's output when it does not build."""
+    includes = [repo / "include", repo / "plugin" / "core", repo / "plugin" / "api", repo / "plugin",
+                repo / "tests" / "native"]
+    cmd = ["g++", "-std=c++17", "-O1", "-Wall", "-Werror", *(f"-I{d}" for d in includes), *map(str, sources), "-o",
+           str(out), "-pthread"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
 def register_markers(config) -> None:
     for m in MARKERS:
         config.addinivalue_line("markers", m)
@@ -83,7 +95,8 @@ def cuda_lib(torch_cuda):
     lib = _native.lib()
     comms = (ctypes.c_void_p * 2)()
     res = lib.tideLoopbackCreate(2, 0, comms)
-    assert res == 0, f"tideLoopbackCreate failed ({res}): {_native.last_error()} (is {_native.library_path()} a CUDA build?)"
+    assert res == 0, (f"tideLoopbackCreate failed ({res}): {_native.last_error()} "
+                      f"(is {_native.library_path()} a CUDA build?)")
     for c in comms:
         lib.tideCommDestroy(c)
     return lib

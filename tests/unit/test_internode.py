@@ -9,19 +9,15 @@ import os
 import subprocess
 
 import pytest
+from fixtures import build_native_test
 
 
 @pytest.fixture(scope="module")
 def internode_exe(repo, tmp_path_factory):
-    out = tmp_path_factory.mktemp("internode") / "internode_test"
     core = repo / "plugin" / "core"
-    srcs = [repo / "tests" / "native" / "internode_test.cc", core / "internode.cc", core / "errors.cc",
-            core / "log.cc", core / "params.cc", core / "fork_guard.cc"]
-    cmd = ["g++", "-std=c++17", "-O1", "-Wall", "-Werror", f"-I{repo / 'include'}", f"-I{core}", "-I",
-           str(repo / "plugin")]
-    subprocess.run(cmd + [str(s) for s in srcs] + ["-o", str(out), "-pthread"], check=True, capture_output=True,
-                   text=True)
-    return out
+    return build_native_test(tmp_path_factory.mktemp("internode") / "internode_test",
+                             [repo / "tests" / "native" / "internode_test.cc", core / "internode.cc",
+                              core / "errors.cc", core / "log.cc", core / "params.cc", core / "fork_guard.cc"])
 
 
 @pytest.mark.parametrize("value,expected", [(None, "0"), ("auto", "0"), ("SendRecv", "1"), ("sendrecv", "1"),

@@ -8,19 +8,16 @@ group end) against fake NCCL and TIDE hooks, then random sequences checked again
 import subprocess
 
 import pytest
+from fixtures import build_native_test
 
 
 @pytest.fixture(scope="module")
 def group_exe(repo, tmp_path_factory):
-    out = tmp_path_factory.mktemp("interposer_group") / "interposer_group_test"
     api, core = repo / "plugin" / "api", repo / "plugin" / "core"
-    srcs = [repo / "tests" / "native" / "interposer_group_test.cc", api / "interposer_group.cc",
-            api / "interposer_ops.cc", api / "interposer_counters.cc", core / "dtype.cc", core / "fork_guard.cc"]
-    cmd = ["g++", "-std=c++17", "-O1", "-Wall", "-Werror", f"-I{repo / 'include'}", f"-I{core}", f"-I{api}",
-           f"-I{repo / 'plugin'}", f"-I{repo / 'tests' / 'native'}"]
-    r = subprocess.run(cmd + [str(s) for s in srcs] + ["-o", str(out), "-pthread"], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return out
+    return build_native_test(tmp_path_factory.mktemp("interposer_group") / "interposer_group_test",
+                             [repo / "tests" / "native" / "interposer_group_test.cc", api / "interposer_group.cc",
+                              api / "interposer_ops.cc", api / "interposer_counters.cc", core / "dtype.cc",
+                              core / "fork_guard.cc"])
 
 
 def test_groups_run_after_the_real_end_in_call_order(group_exe):

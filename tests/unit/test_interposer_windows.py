@@ -9,19 +9,15 @@ import random
 import subprocess
 
 import pytest
+from fixtures import build_native_test
 
 
 @pytest.fixture(scope="module")
 def windows_exe(repo, tmp_path_factory):
-    out = tmp_path_factory.mktemp("interposer_windows") / "interposer_windows_test"
-    api, core = repo / "plugin" / "api", repo / "plugin" / "core"
-    srcs = [repo / "tests" / "native" / "interposer_windows_test.cc", api / "interposer_windows.cc",
-            core / "fork_guard.cc"]
-    cmd = ["g++", "-std=c++17", "-O1", "-Wall", "-Werror", f"-I{repo / 'include'}", f"-I{core}", f"-I{api}",
-           f"-I{repo / 'plugin'}", f"-I{repo / 'tests' / 'native'}"]
-    r = subprocess.run(cmd + [str(s) for s in srcs] + ["-o", str(out), "-pthread"], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return out
+    return build_native_test(tmp_path_factory.mktemp("interposer_windows") / "interposer_windows_test",
+                             [repo / "tests" / "native" / "interposer_windows_test.cc",
+                              repo / "plugin" / "api" / "interposer_windows.cc",
+                              repo / "plugin" / "core" / "fork_guard.cc"])
 
 
 def test_registered_buffers_and_peer_regions(windows_exe):

@@ -7,18 +7,15 @@ ranks of one machine across NCCL hosts but never across machines."""
 import subprocess
 
 import pytest
+from fixtures import build_native_test
 
 
 @pytest.fixture(scope="module")
 def node_map_exe(repo, tmp_path_factory):
-    out = tmp_path_factory.mktemp("node_map") / "node_map_test"
     core = repo / "plugin" / "core"
-    srcs = [repo / "tests" / "native" / "node_map_test.cc", core / "node_map.cc", core / "errors.cc", core / "log.cc",
-            core / "params.cc", core / "fork_guard.cc"]
-    cmd = ["g++", "-std=c++17", "-O1", "-Wall", "-Werror", f"-I{repo / 'include'}", f"-I{core}", "-I", str(repo / "plugin")]
-    subprocess.run(cmd + [str(s) for s in srcs] + ["-o", str(out), "-pthread"], check=True, capture_output=True,
-                   text=True)
-    return out
+    return build_native_test(tmp_path_factory.mktemp("node_map") / "node_map_test",
+                             [repo / "tests" / "native" / "node_map_test.cc", core / "node_map.cc",
+                              core / "errors.cc", core / "log.cc", core / "params.cc", core / "fork_guard.cc"])
 
 
 def test_nodes_follow_nccl_hosts_unless_declared(node_map_exe):
